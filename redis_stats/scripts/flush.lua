@@ -1,0 +1,90 @@
+-- redis_stats flush: apply one writer's batch atomically and exactly once.
+--
+-- KEYS[1] seq hash       writer id -> last applied sequence number
+-- KEYS[2] engines zset   engine -> last heartbeat (ms, server time)
+-- KEYS[3] writers zset   writer id -> last heartbeat (ms; negative: closed at -score)
+-- KEYS[4] meta hash      schema, _v (catalogue version), m:<metric> -> spec JSON
+--
+-- ARGV: prefix, writer, seq, closing (0/1), schema, nspecs, {name, json} * nspecs,
+--       then per engine: engine, nint, nfloat, ngauge,
+--                        {field, int delta} * nint, {field, float delta} * nfloat,
+--                        {field, "<wall ms>|<value>"} * ngauge
+--
+-- Returns {applied (1) or duplicate (0), meta existed before (1/0), failed fields, now ms}.
+-- Only the keys of one namespace are touched; they share one hash tag, so one Cluster slot.
+
+local prefix, writer = ARGV[1], ARGV[2]
+local seq = tonumber(ARGV[3])
+local closing = ARGV[4] == '1'
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local meta_existed = redis.call('EXISTS', KEYS[4])
+
+local last = tonumber(redis.call('HGET', KEYS[1], writer) or '0') or 0
+if seq <= last then
+  -- Already applied: the reply of an earlier attempt was lost. Apply nothing twice.
+  return {0, meta_existed, 0, now}
+end
+redis.call('HSET', KEYS[1], writer, seq)
+
+local i = 6
+local nspecs = tonumber(ARGV[i]); i = i + 1
+local changed = false
+if nspecs > 0 then
+  redis.call('HSET', KEYS[4], 'schema', ARGV[5])
+end
+for _ = 1, nspecs do
+  local f, doc = 'm:' .. ARGV[i], ARGV[i + 1]
+  if redis.call('HGET', KEYS[4], f) ~= doc then
+    redis.call('HSET', KEYS[4], f, doc)
+    changed = true
+  end
+  i = i + 2
+end
+if changed then
+  redis.call('HINCRBY', KEYS[4], '_v', 1)
+end
+
+local failed = 0
+local n = #ARGV
+while i <= n do
+  local engine = ARGV[i]
+  local nint, nfloat, ngauge = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+  i = i + 4
+  local ckey = prefix .. 'e:' .. engine .. ':c'
+  for _ = 1, nint do
+    -- A field that already holds a float refuses HINCRBY; HINCRBYFLOAT adds integers exactly too.
+    local r = redis.pcall('HINCRBY', ckey, ARGV[i], ARGV[i + 1])
+    if type(r) == 'table' and r.err then
+      r = redis.pcall('HINCRBYFLOAT', ckey, ARGV[i], ARGV[i + 1])
+      if type(r) == 'table' and r.err then failed = failed + 1 end
+    end
+    i = i + 2
+  end
+  for _ = 1, nfloat do
+    local r = redis.pcall('HINCRBYFLOAT', ckey, ARGV[i], ARGV[i + 1])
+    if type(r) == 'table' and r.err then failed = failed + 1 end
+    i = i + 2
+  end
+  if ngauge > 0 then
+    local gkey = prefix .. 'e:' .. engine .. ':g'
+    -- HSET in chunks: unpack() of a very long table overflows Lua's C stack.
+    local stop = i + 2 * ngauge
+    while i < stop do
+      local args = {}
+      local chunk_end = math.min(i + 1000, stop)
+      for j = i, chunk_end - 1 do args[#args + 1] = ARGV[j] end
+      redis.call('HSET', gkey, unpack(args))
+      i = chunk_end
+    end
+  end
+  redis.call('ZADD', KEYS[2], now, engine)
+end
+
+if closing then
+  redis.call('ZADD', KEYS[3], -now, writer)
+else
+  redis.call('ZADD', KEYS[3], now, writer)
+end
+return {1, meta_existed, failed, now}

@@ -1,0 +1,325 @@
+"""Snapshot: every engine's series at one instant, decoded from one reply of ``read.lua``.
+
+Decoding is sans-I/O (the sync and asyncio readers share it) and tolerant: a field or value that
+does not parse (written by hand, or by a newer version) is skipped and counted in
+``Snapshot.skipped``; it never fails the read.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter as _Tally
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import fields
+from .catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, MetricSpec
+
+__all__ = ["EngineSnapshot", "HistogramValue", "SeriesKey", "Snapshot", "SnapshotDecoder", "WriterInfo"]
+
+SeriesKey = tuple[str, tuple[str, ...]]
+_INF = math.inf
+_FIELD_CACHE_LIMIT = 1_000_000
+
+
+@dataclass(frozen=True)
+class HistogramValue:
+    """A histogram series: ascending bucket bounds (the last is ``+Inf``), cumulative counts, sum."""
+
+    bounds: tuple[float, ...]
+    cumulative: tuple[float, ...]
+    sum: float
+
+    @property
+    def count(self) -> float:
+        """Number of observations (the ``+Inf`` bucket)."""
+        return self.cumulative[-1] if self.cumulative else 0.0
+
+    def quantile(self, q: float) -> float:
+        """The *q*-quantile (0..1), interpolated within buckets as Prometheus' histogram_quantile.
+
+        NaN without observations; the highest finite bound when it falls in the ``+Inf`` bucket.
+        """
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile q={q!r} must be between 0 and 1")
+        total = self.count
+        if total <= 0:
+            return math.nan
+        rank = q * total
+        prev_bound, prev_count = 0.0, 0.0
+        for bound, cum in zip(self.bounds, self.cumulative):
+            if cum >= rank:
+                if bound == _INF:
+                    return prev_bound if len(self.bounds) > 1 else math.nan
+                if cum == prev_count:
+                    return bound
+                lower = prev_bound if prev_bound < bound else 0.0
+                return lower + (bound - lower) * (rank - prev_count) / (cum - prev_count)
+            prev_bound, prev_count = bound, cum
+        return self.bounds[-2] if len(self.bounds) > 1 else math.nan
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form: ``{"buckets": [[le, cumulative], ...], "sum", "count"}``."""
+        return {
+            "buckets": [["+Inf" if b == _INF else b, c] for b, c in zip(self.bounds, self.cumulative)],
+            "sum": self.sum,
+            "count": self.count,
+        }
+
+
+@dataclass
+class EngineSnapshot:
+    """One engine: liveness, and its series by ``(metric name, label values)``.
+
+    ``gauges`` holds only values from live writers of a live engine; a stale engine shows none.
+    """
+
+    engine: int
+    heartbeat: float
+    age: float
+    up: bool
+    counters: dict[SeriesKey, float] = field(default_factory=dict)
+    gauges: dict[SeriesKey, float] = field(default_factory=dict)
+    histograms: dict[SeriesKey, HistogramValue] = field(default_factory=dict)
+
+    def counter(self, name: str, *labels: str) -> float:
+        """The counter total for these label values (0 when never written)."""
+        return self.counters.get((name, labels), 0.0)
+
+    def gauge(self, name: str, *labels: str) -> float | None:
+        """The current gauge value, or None when absent or not current."""
+        return self.gauges.get((name, labels))
+
+    def histogram(self, name: str, *labels: str) -> HistogramValue | None:
+        """The histogram for these label values, or None."""
+        return self.histograms.get((name, labels))
+
+
+@dataclass(frozen=True)
+class WriterInfo:
+    """A writer's last heartbeat (server time, s), its age, and whether it closed or went stale."""
+
+    heartbeat: float
+    age: float
+    closed: bool
+    live: bool
+
+
+@dataclass
+class Snapshot:
+    """All engines of a namespace at server time ``time`` (seconds since the epoch)."""
+
+    time: float
+    engines: dict[int, EngineSnapshot]
+    writers: dict[str, WriterInfo]
+    catalog: Catalog
+    skipped: _Tally[str] = field(default_factory=_Tally)
+
+    def total(self, name: str, *labels: str) -> float:
+        """A counter summed over every engine."""
+        return sum(e.counter(name, *labels) for e in self.engines.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form, for routers and autoscalers."""
+
+        def series(d: dict[SeriesKey, Any], spec_of: Any) -> list[dict[str, Any]]:
+            out = []
+            for (name, values), v in sorted(d.items()):
+                spec = spec_of(name)
+                labels = dict(zip(spec.labels, values)) if spec else {}
+                out.append(
+                    {"name": name, "labels": labels, "value": v.to_dict() if hasattr(v, "to_dict") else v}
+                )
+            return out
+
+        spec_of = self.catalog.get
+        return {
+            "time": self.time,
+            "engines": {
+                str(e.engine): {
+                    "up": e.up,
+                    "age_seconds": e.age,
+                    "counters": series(e.counters, spec_of),
+                    "gauges": series(e.gauges, spec_of),
+                    "histograms": series(e.histograms, spec_of),
+                }
+                for e in sorted(self.engines.values(), key=lambda e: e.engine)
+            },
+            "writers": {
+                w: {"age_seconds": i.age, "closed": i.closed, "live": i.live} for w, i in self.writers.items()
+            },
+            "skipped": dict(self.skipped),
+        }
+
+
+def _pairs(flat: list[Any]) -> Iterable[tuple[Any, Any]]:
+    it = iter(flat)
+    return zip(it, it)
+
+
+class SnapshotDecoder:
+    """Turns replies of ``read.lua`` into :class:`Snapshot` objects.
+
+    Keeps what does not change between reads: the catalogue stored in Redis (re-read only when
+    its version changes) and the parse of every field seen.
+    """
+
+    def __init__(self, catalog: Catalog | None = None, *, stale_after: float = 30.0) -> None:
+        self.local = catalog if catalog is not None else Catalog()
+        self.stale_after_ms = stale_after * 1000.0
+        self.meta_version = ""
+        self.catalog = self.local
+        self._fields: dict[str, tuple[MetricSpec, tuple[str, ...], str] | str] = {}
+
+    def _update_meta(self, version: str, flat: list[Any], skipped: _Tally[str]) -> None:
+        if not flat and version == self.meta_version:
+            return
+        stored = []
+        for name, value in _pairs(flat):
+            if not name.startswith("m:"):
+                continue
+            try:
+                stored.append(MetricSpec.from_json(name[2:], value))
+            except (ValueError, TypeError):
+                skipped["bad_spec"] += 1
+        self.catalog = self.local.merged(stored)
+        self.meta_version = version
+        self._fields.clear()
+
+    def _parse(self, name: str) -> tuple[MetricSpec, tuple[str, ...], str] | str:
+        """(spec, label values, suffix) of a field, or the reason it is skipped."""
+        try:
+            parts = fields.decode(name)
+        except ValueError:
+            return "bad_field"
+        spec = self.catalog.get(parts[0])
+        if spec is None:
+            return "unknown_metric"
+        extra = 1 if (spec.kind != COUNTER) else 0
+        if len(parts) != 1 + len(spec.labels) + extra:
+            return "bad_field"
+        return spec, tuple(parts[1 : 1 + len(spec.labels)]), parts[-1] if extra else ""
+
+    def _field(self, name: str) -> tuple[MetricSpec, tuple[str, ...], str] | str:
+        parsed = self._fields.get(name)
+        if parsed is None:
+            if len(self._fields) > _FIELD_CACHE_LIMIT:
+                self._fields.clear()
+            parsed = self._fields[name] = self._parse(name)
+        return parsed
+
+    def decode(self, reply: list[Any]) -> Snapshot:
+        """Build a snapshot from ``{now, engines, writers, version, meta, c, g, c, g, ...}``."""
+        skipped: _Tally[str] = _Tally()
+        now_ms = float(reply[0])
+        self._update_meta(str(reply[3]), reply[4], skipped)
+        writers: dict[str, WriterInfo] = {}
+        for wid, score in _pairs(reply[2]):
+            score = float(score)
+            closed = score < 0
+            beat = abs(score)
+            age = max(0.0, (now_ms - beat) / 1000.0)
+            writers[wid] = WriterInfo(
+                beat / 1000.0, age, closed, not closed and age * 1000.0 <= self.stale_after_ms
+            )
+        engines: dict[int, EngineSnapshot] = {}
+        hashes = reply[5:]
+        for idx, (engine_text, score) in enumerate(_pairs(reply[1])):
+            try:
+                engine = int(engine_text)
+            except ValueError:
+                skipped["bad_engine"] += 1
+                continue
+            beat = float(score)
+            age = max(0.0, (now_ms - beat) / 1000.0)
+            snap = EngineSnapshot(engine, beat / 1000.0, age, age * 1000.0 <= self.stale_after_ms)
+            self._decode_counters(snap, hashes[2 * idx], skipped)
+            if snap.up:
+                self._decode_gauges(snap, hashes[2 * idx + 1], writers, skipped)
+            engines[engine] = snap
+        return Snapshot(now_ms / 1000.0, engines, writers, self.catalog, skipped)
+
+    def _decode_counters(self, snap: EngineSnapshot, flat: list[Any], skipped: _Tally[str]) -> None:
+        buckets: dict[SeriesKey, dict[float, float]] = {}
+        sums: dict[SeriesKey, float] = {}
+        specs: dict[SeriesKey, MetricSpec] = {}
+        for name, raw in _pairs(flat):
+            parsed = self._field(name)
+            if isinstance(parsed, str):
+                skipped[parsed] += 1
+                continue
+            spec, labels, suffix = parsed
+            try:
+                value = float(raw)
+            except ValueError:
+                skipped["bad_value"] += 1
+                continue
+            if value != value:
+                skipped["bad_value"] += 1
+                continue
+            key = (spec.name, labels)
+            if spec.kind == COUNTER:
+                snap.counters[key] = value
+            elif spec.kind == HISTOGRAM:
+                specs[key] = spec
+                if suffix == "sum":
+                    sums[key] = value
+                else:
+                    try:
+                        bound = float(suffix)
+                    except ValueError:
+                        skipped["bad_field"] += 1
+                        continue
+                    per = buckets.setdefault(key, {})
+                    per[bound] = per.get(bound, 0.0) + value
+            else:
+                skipped["bad_field"] += 1
+        for key in specs.keys() | buckets.keys():
+            spec = specs[key]
+            per = buckets.get(key, {})
+            bounds = sorted(set(spec.buckets) | per.keys() | {_INF})
+            running = 0.0
+            cumulative = []
+            for b in bounds:
+                running += per.get(b, 0.0)
+                cumulative.append(running)
+            snap.histograms[key] = HistogramValue(tuple(bounds), tuple(cumulative), sums.get(key, 0.0))
+
+    def _decode_gauges(
+        self, snap: EngineSnapshot, flat: list[Any], writers: dict[str, WriterInfo], skipped: _Tally[str]
+    ) -> None:
+        newest: dict[SeriesKey, tuple[float, float]] = {}
+        combined: dict[SeriesKey, list[float]] = {}
+        modes: dict[SeriesKey, str] = {}
+        for name, raw in _pairs(flat):
+            parsed = self._field(name)
+            if isinstance(parsed, str):
+                skipped[parsed] += 1
+                continue
+            spec, labels, writer = parsed
+            if spec.kind != GAUGE:
+                skipped["bad_field"] += 1
+                continue
+            info = writers.get(writer)
+            if info is None or not info.live:
+                continue  # not current: a stale, closed or removed writer's value
+            stamp_text, _, value_text = raw.partition("|")
+            try:
+                stamp, value = float(stamp_text), float(value_text)
+            except ValueError:
+                skipped["bad_value"] += 1
+                continue
+            key = (spec.name, labels)
+            if spec.mode == "mostrecent":
+                best = newest.get(key)
+                if best is None or stamp > best[0]:
+                    newest[key] = (stamp, value)
+            else:
+                modes[key] = spec.mode
+                combined.setdefault(key, []).append(value)
+        for key, (_, value) in newest.items():
+            snap.gauges[key] = value
+        for key, values in combined.items():
+            mode = modes[key]
+            snap.gauges[key] = sum(values) if mode == "sum" else max(values) if mode == "max" else min(values)

@@ -1,0 +1,286 @@
+"""StatsWriter: record counters, gauges and histograms per engine; a thread flushes them to Redis.
+
+    writer = StatsWriter(StatsConfig.from_env(), catalog, engines=[0, 1])
+    tokens = writer.counter("generation_tokens").labels(engine=0)   # bind once
+    tokens.inc(17)                                                   # hot path: memory only
+    writer.close()                                                   # last flush
+
+Every flush interval the thread sends one script call with every change since the last one
+(see :mod:`redis_stats.accumulator` for the exactly-once rules). Start-up does not need Redis;
+while Redis is down, updates keep landing in memory and nothing raises into the caller.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections import Counter as _Tally
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from .accumulator import Accumulator, FlushProtocol, FlushResult
+from .catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, CatalogError, MetricSpec
+from .config import StatsConfig
+from .connection import make_client
+from .keys import Keys
+from .scripts import load_script
+
+__all__ = ["MetricHandle", "StatsWriter", "WriterStats", "error_kind", "new_writer_id"]
+
+log = logging.getLogger("redis_stats.writer")
+
+
+def new_writer_id(role: str = "") -> str:
+    """A writer id unique per process incarnation: ``host:pid[:role]:random``."""
+    parts = [socket.gethostname(), str(os.getpid())]
+    if role:
+        parts.append(role)
+    parts.append(secrets.token_hex(3))
+    return ":".join(parts)
+
+
+def error_kind(exc: BaseException) -> str:
+    """A short, stable name for a flush failure (the ``kind`` label of the error counter)."""
+    if isinstance(exc, redis.TimeoutError):
+        return "timeout"
+    if isinstance(exc, redis.ConnectionError):
+        return "connection"
+    if isinstance(exc, redis.exceptions.NoPermissionError):
+        return "noperm"
+    if isinstance(exc, redis.ResponseError):
+        text = str(exc)
+        if text.startswith("OOM"):
+            return "oom"
+        if text.startswith(("READONLY", "MASTERDOWN")):
+            return "readonly"
+        return "response"
+    return "other"
+
+
+@dataclass
+class WriterStats:
+    """What a writer has done so far (the source of its self-metrics)."""
+
+    flushes: int = 0
+    duplicates: int = 0
+    errors: _Tally[str] = field(default_factory=_Tally)
+    failed_fields: int = 0
+    last_success: float = 0.0
+    last_duration: float = 0.0
+
+
+class MetricHandle:
+    """One metric of a writer; :meth:`labels` binds a series for the hot path."""
+
+    __slots__ = ("_writer", "spec")
+
+    def __init__(self, writer: StatsWriter, spec: MetricSpec) -> None:
+        self._writer = writer
+        self.spec = spec
+
+    def labels(self, engine: int = 0, **labels: object) -> Any:
+        """The series of *engine* with these label values (a CatalogError if names are wrong).
+
+        Keep the returned child and call ``inc``/``set``/``observe`` on it: that is the cheap path.
+        """
+        if not isinstance(engine, int) or isinstance(engine, bool) or engine < 0:
+            raise CatalogError(f"metric {self.spec.name!r}: engine={engine!r} must be an int >= 0")
+        values = self.spec.label_values(labels)
+        return self._writer._acc.child(self.spec, engine, values, self._writer.writer_id)
+
+    def inc(self, amount: float = 1, engine: int = 0, **labels: object) -> None:
+        """Shortcut for ``labels(engine, **labels).inc(amount)`` (counters and gauges)."""
+        self.labels(engine, **labels).inc(amount)
+
+    def set(self, value: float, engine: int = 0, **labels: object) -> None:
+        """Shortcut for ``labels(engine, **labels).set(value)`` (gauges)."""
+        self.labels(engine, **labels).set(value)
+
+    def observe(self, value: float, engine: int = 0, **labels: object) -> None:
+        """Shortcut for ``labels(engine, **labels).observe(value)`` (histograms)."""
+        self.labels(engine, **labels).observe(value)
+
+
+class StatsWriter:
+    """Records stats of one process incarnation and flushes them to Redis from a thread.
+
+    *engines* are heartbeated on every flush (so an idle engine stays up); engines that get data
+    are heartbeated too. *client* overrides the client built from ``config.url`` (tests pass a
+    fakeredis client). With ``start=False`` no thread runs and :meth:`flush` is called by hand.
+    """
+
+    def __init__(
+        self,
+        config: StatsConfig | None = None,
+        catalog: Catalog | None = None,
+        *,
+        engines: tuple[int, ...] | list[int] = (),
+        writer_id: str | None = None,
+        role: str = "",
+        client: Any = None,
+        start: bool = True,
+    ) -> None:
+        self.config = config or StatsConfig.from_env()
+        self.catalog = catalog if catalog is not None else Catalog()
+        self.writer_id = writer_id or new_writer_id(role)
+        self.keys = Keys(self.config.namespace)
+        self.engines = tuple(int(e) for e in engines)
+        self.stats = WriterStats()
+        self._acc = Accumulator(
+            self.catalog,
+            max_label_length=self.config.max_label_length,
+            max_series_per_metric=self.config.max_series_per_metric,
+            engine_offset=self.config.engine_offset,
+        )
+        self._protocol = FlushProtocol(self._acc)
+        self._client = client if client is not None else make_client(self.config)  # no I/O yet
+        self._script = self._client.register_script(load_script("flush"))
+        self._flush_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        if start:
+            self.start()
+
+    def __repr__(self) -> str:
+        return (
+            f"StatsWriter(id={self.writer_id!r}, url={self.config.safe_url!r}, "
+            f"namespace={self.config.namespace!r}, engines={list(self.engines)})"
+        )
+
+    # -- defining and binding ---------------------------------------------------------------
+
+    def metric(self, name: str) -> MetricHandle:
+        """The handle of metric *name* (CatalogError if the catalogue does not define it)."""
+        return MetricHandle(self, self.catalog[name])
+
+    def _kind(self, name: str, kind: str) -> MetricHandle:
+        handle = self.metric(name)
+        if handle.spec.kind != kind:
+            raise CatalogError(f"metric {name!r} is a {handle.spec.kind}, not a {kind}")
+        return handle
+
+    def counter(self, name: str) -> MetricHandle:
+        """The handle of counter *name*."""
+        return self._kind(name, COUNTER)
+
+    def gauge(self, name: str) -> MetricHandle:
+        """The handle of gauge *name*."""
+        return self._kind(name, GAUGE)
+
+    def histogram(self, name: str) -> MetricHandle:
+        """The handle of histogram *name*."""
+        return self._kind(name, HISTOGRAM)
+
+    def define(self, spec: MetricSpec) -> MetricHandle:
+        """Add *spec* to the catalogue after start; it is stored in Redis with the next flush."""
+        return MetricHandle(self, self._acc.add_spec(spec))
+
+    # -- flushing ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the flusher thread (idempotent). Needs no Redis connection."""
+        if self._thread is not None or self._closed:
+            return
+        self._thread = threading.Thread(
+            target=self._run, name=f"redis_stats-flusher-{self.writer_id}", daemon=True
+        )
+        self._thread.start()
+        atexit.register(self.close)
+
+    def _run(self) -> None:
+        interval = self.config.flush_interval
+        while not self._stop.wait(interval):
+            self.flush()
+
+    def flush(self, *, closing: bool = False) -> bool:
+        """Send what is pending now, in one script call. True if Redis confirmed it.
+
+        Never raises for a Redis problem: a failure is counted in :attr:`stats` and the same
+        batch is sent again next time.
+        """
+        with self._flush_lock:
+            batch = self._protocol.next_batch(self.engines, closing=closing)
+            args = batch.script_args(self.keys.prefix, self.writer_id)
+            keys = [self.keys.seq, self.keys.engines, self.keys.writers, self.keys.meta]
+            started = time.perf_counter()
+            try:
+                reply = self._script(keys=keys, args=args)
+            except Exception as exc:  # never raise into the host
+                kind = error_kind(exc)
+                first = not self.stats.errors
+                self.stats.errors[kind] += 1
+                log_fn = log.warning if first or self.stats.errors[kind] == 1 else log.debug
+                log_fn(
+                    "flush to %s failed (%s: %s); will retry with the same batch",
+                    self.config.safe_url,
+                    kind,
+                    exc,
+                )
+                return False
+            result = FlushResult.from_reply(reply)
+            self._protocol.confirmed(result)
+            self.stats.last_duration = time.perf_counter() - started
+            self.stats.last_success = time.time()
+            self.stats.flushes += 1
+            self.stats.duplicates += not result.applied
+            self.stats.failed_fields += result.failed_fields
+            return True
+
+    @property
+    def drops(self) -> dict[str, int]:
+        """Updates dropped on the hot path, by reason (invalid_value, label_too_long, ...)."""
+        return dict(self._acc.drops)
+
+    def pending(self) -> bool:
+        """Whether any update has not been confirmed by Redis yet."""
+        return self._protocol.has_pending()
+
+    def close(self, timeout: float = 5.0) -> bool:
+        """Stop the thread and flush what is left (for at most *timeout* seconds).
+
+        Returns True when everything recorded was confirmed by Redis. The writer is marked
+        closed in Redis, so its gauges stop counting as current at once.
+        """
+        if self._closed:
+            return not self.pending()
+        self._closed = True
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        atexit.unregister(self.close)
+        deadline = time.monotonic() + timeout
+        done = False
+        while True:
+            ok = self.flush(closing=True)
+            if ok and not self.pending():
+                done = True
+                break
+            if time.monotonic() >= deadline:
+                break
+            if not ok:
+                time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+        if not done:
+            log.warning(
+                "closing writer %s: updates not confirmed by %s were lost",
+                self.writer_id,
+                self.config.safe_url,
+            )
+        try:
+            self._client.close()
+        except Exception:
+            pass
+        return done
+
+    def __enter__(self) -> StatsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,94 @@
+"""Shared fixtures: fakeredis clients, a private real redis-server, unique namespaces."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from pathlib import Path
+
+import fakeredis
+import pytest
+
+from redis_stats import Catalog, StatsConfig
+from redis_stats.embedded import EmbeddedRedis, NoServerBinary
+
+ROOT = Path(__file__).resolve().parent.parent
+_counter = itertools.count()
+
+
+def sample_catalog() -> Catalog:
+    """A small catalogue with every kind and roll-up, used across the suite."""
+    cat = Catalog()
+    cat.counter("requests", "Finished requests.", labels=["reason"])
+    cat.counter("tokens", "Generated tokens.")
+    cat.gauge("running", "Requests running (newest writer wins).")
+    cat.gauge("inflight", "Requests in flight, summed over writers.", mode="sum")
+    cat.gauge("peak", "Largest value over writers.", mode="max")
+    cat.gauge("floor", "Smallest value over writers.", mode="min")
+    cat.histogram("latency_seconds", "Request latency.", buckets=[0.1, 0.5, 1.0, 5.0])
+    return cat
+
+
+@pytest.fixture
+def catalog() -> Catalog:
+    return sample_catalog()
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest) -> str:
+    return f"t{os.getpid()}-{next(_counter)}"
+
+
+@pytest.fixture
+def fake_server() -> fakeredis.FakeServer:
+    return fakeredis.FakeServer()
+
+
+@pytest.fixture
+def fake_client(fake_server: fakeredis.FakeServer):
+    """A factory of clients that share one fake server (as processes share one Redis)."""
+
+    def make() -> fakeredis.FakeRedis:
+        return fakeredis.FakeRedis(server=fake_server, decode_responses=True, encoding_errors="replace")
+
+    return make
+
+
+@pytest.fixture
+def config(namespace: str) -> StatsConfig:
+    return StatsConfig(url="redis://127.0.0.1:1/0", namespace=namespace, flush_interval=0.05)
+
+
+def _start_server() -> EmbeddedRedis:
+    try:
+        return EmbeddedRedis().start()
+    except NoServerBinary as exc:  # pragma: no cover - the machine has redis-server
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """A private redis-server on a free loopback port for the whole session."""
+    server = _start_server()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def own_redis_server():
+    """A private redis-server for one test that may stop and restart it."""
+    server = _start_server()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def python_env() -> dict[str, str]:
+    """Environment for child Python processes that import this checkout."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    return env
+
+
+PYTHON = sys.executable

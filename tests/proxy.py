@@ -1,0 +1,95 @@
+"""A loopback TCP proxy that can cut a connection after forwarding a request, before the reply.
+
+That is the failure that makes a non-idempotent retry count twice: the server applied the command,
+the client never heard so.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import threading
+import time
+
+from redis_stats.embedded import free_port
+
+
+class CuttingProxy:
+    """Forwards 127.0.0.1:<port> to 127.0.0.1:<target_port>.
+
+    ``cut_probability``: chance that a reply from the server is dropped and both sides closed.
+    ``delay``: seconds added before each reply is forwarded. ``refuse``: close new connections.
+    """
+
+    def __init__(self, target_port: int, *, seed: int = 1) -> None:
+        self.target_port = target_port
+        self.port = free_port()
+        self.cut_probability = 0.0
+        self.delay = 0.0
+        self.cuts = 0
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", self.port))
+        self._closed = False
+        self._conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self._conns += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
+
+    def _should_cut(self) -> bool:
+        with self._lock:
+            if self._rng.random() < self.cut_probability:
+                self.cuts += 1
+                return True
+            return False
+
+    def _pump(self, src: socket.socket, dst: socket.socket, is_reply: bool) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if is_reply:
+                    if self.delay:
+                        time.sleep(self.delay)
+                    if self._should_cut():
+                        break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()
+        with self._lock:
+            for s in self._conns:
+                try:
+                    s.close()
+                except OSError:
+                    pass
