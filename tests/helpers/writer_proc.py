@@ -1,0 +1,35 @@
+"""A writer process for the integration tests: N increments per series on its engines, then close.
+
+Usage: python writer_proc.py URL NAMESPACE ENGINES(comma) N
+Exits 0 only if every update was confirmed by Redis.
+"""
+
+import sys
+
+from redis_stats import StatsConfig, StatsWriter
+from tests.conftest import sample_catalog
+
+
+def main() -> int:
+    url, namespace, engines, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    engine_ids = [int(e) for e in engines.split(",")]
+    cfg = StatsConfig(url=url, namespace=namespace, flush_interval=0.05)
+    writer = StatsWriter(cfg, sample_catalog(), engines=engine_ids, role="test")
+    children = []
+    for e in engine_ids:
+        children.append(writer.counter("requests").labels(engine=e, reason="stop").inc)
+        children.append(writer.counter("tokens").labels(engine=e).inc)
+        children.append(writer.histogram("latency_seconds").labels(engine=e).observe)
+    gauges = [writer.gauge("inflight").labels(engine=e) for e in engine_ids]
+    for i in range(n):
+        for record in children:
+            record(0.3 if record.__name__ == "observe" else 1)
+        if i % 1000 == 0:
+            for g in gauges:
+                g.set(1)
+    ok = writer.close(timeout=30)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
