@@ -50,8 +50,11 @@ def test_every_kind_is_exposed_with_engine_label(writer, config, catalog, fake_c
     }
     hist = samples(fams["latency_seconds"])
     for engine in ("0", "1"):
-        le = lambda b: hist[("latency_seconds_bucket", (("engine", engine), ("le", b)))]  # noqa: E731
-        assert [le(b) for b in ("0.1", "0.5", "1.0", "5.0", "+Inf")] == [0, 1, 1, 1, 2]
+        le = [
+            hist[("latency_seconds_bucket", (("engine", engine), ("le", b)))]
+            for b in ("0.1", "0.5", "1.0", "5.0", "+Inf")
+        ]
+        assert le == [0, 1, 1, 1, 2]
         assert hist[("latency_seconds_count", (("engine", engine),))] == 2
         assert hist[("latency_seconds_sum", (("engine", engine),))] == pytest.approx(7.2)
     assert samples(fams["redis_stats_engine_up"]) == {

@@ -15,7 +15,7 @@ def main() -> None:
     registry = CollectorRegistry()
     # No catalogue in code: everything is rendered from the catalogue stored in Redis.
     registry.register(RedisCollector(StatsReader(StatsConfig(url=url, namespace=namespace), Catalog())))
-    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    server, _thread = start_http_server(port, addr="127.0.0.1", registry=registry)
     print("ready", flush=True)
     sys.stdin.read()
     server.shutdown()

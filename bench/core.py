@@ -1,0 +1,166 @@
+"""Core benchmarks: record cost, flush cost by size, scrape cost by engine count.
+
+Prints, in one run and against a private redis-server on a free loopback port:
+
+(a) the cost of a record call next to prometheus_client's in-process Counter.inc and
+    Histogram.observe for the same updates (ratio; target <= 2x);
+(b) flush time against the number of fields (10 .. 10,000): round trips (target: 1) and ms;
+(c) scrape time (read + exposition) against the number of engines (1 .. 256) with ~40 series
+    each: round trips (target: 1) and ms, and ms per engine (target: roughly flat = linear).
+
+Usage: python bench/core.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import timeit
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from redis_stats import Catalog, RedisCollector, StatsConfig, StatsReader, StatsWriter
+from redis_stats.embedded import EmbeddedRedis
+
+BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
+
+
+def per_call_ns(stmt, number: int, repeat: int = 5) -> float:
+    """Best-of-*repeat* nanoseconds per call of *stmt*."""
+    return min(timeit.repeat(stmt, number=number, repeat=repeat)) / number * 1e9
+
+
+class RoundTrips:
+    """Counts commands sent by a redis-py client (each is one round trip here: no pipelines)."""
+
+    def __init__(self, client) -> None:
+        self.count = 0
+        original = client.execute_command
+
+        def counted(*args, **kw):
+            self.count += 1
+            return original(*args, **kw)
+
+        client.execute_command = counted
+
+
+def bench_record(n: int) -> list[tuple[str, float, float]]:
+    cat = Catalog()
+    cat.counter("tokens", "t")
+    cat.histogram("lat", "l", buckets=BUCKETS)
+    cfg = StatsConfig(url="redis://127.0.0.1:1/0", namespace="bench")
+    writer = StatsWriter(cfg, cat, start=False)  # no flusher: measures the record call alone
+    ours_inc = writer.counter("tokens").labels(engine=0).inc
+    ours_obs = writer.histogram("lat").labels(engine=0).observe
+    reg = CollectorRegistry()
+    theirs_inc = Counter("tokens", "t", ["engine"], registry=reg).labels("0").inc
+    theirs_obs = Histogram("lat", "l", ["engine"], buckets=BUCKETS, registry=reg).labels("0").observe
+    rows = []
+    for name, ours, theirs in (
+        ("counter inc", lambda: ours_inc(1), lambda: theirs_inc(1)),
+        ("histogram observe", lambda: ours_obs(0.07), lambda: theirs_obs(0.07)),
+    ):
+        a, b = per_call_ns(ours, n), per_call_ns(theirs, n)
+        rows.append((name, a, b))
+    writer._closed = True
+    return rows
+
+
+def bench_flush(url: str, sizes: list[int], repeats: int) -> list[tuple[int, int, float]]:
+    rows = []
+    for size in sizes:
+        cat = Catalog()
+        cat.counter("c", "c", labels=["i"])
+        cfg = StatsConfig(url=url, namespace=f"bench-flush-{size}", max_series_per_metric=size + 1)
+        writer = StatsWriter(cfg, cat, engines=[0], start=False)
+        trips = RoundTrips(writer._client)
+        children = [writer.counter("c").labels(engine=0, i=str(i)) for i in range(size)]
+        for c in children:
+            c.inc()
+        writer.flush()  # first flush loads the script and stores the catalogue
+        times = []
+        trips.count = 0
+        for _ in range(repeats):
+            for c in children:
+                c.inc()
+            t0 = time.perf_counter()
+            assert writer.flush()
+            times.append(time.perf_counter() - t0)
+        rows.append((size, trips.count // repeats, statistics.median(times) * 1e3))
+        writer.close()
+    return rows
+
+
+def bench_scrape(url: str, engine_counts: list[int], repeats: int) -> list[tuple[int, int, int, float]]:
+    cat = Catalog()
+    for i in range(20):
+        cat.counter(f"counter_{i}", "c")
+    for i in range(16):
+        cat.gauge(f"gauge_{i}", "g")
+    for i in range(4):
+        cat.histogram(f"hist_{i}", "h", buckets=BUCKETS)
+    rows = []
+    for n in engine_counts:
+        cfg = StatsConfig(url=url, namespace=f"bench-scrape-{n}")
+        writer = StatsWriter(cfg, cat, engines=list(range(n)), start=False)
+        for e in range(n):
+            for i in range(20):
+                writer.counter(f"counter_{i}").labels(engine=e).inc(e + i)
+            for i in range(16):
+                writer.gauge(f"gauge_{i}").labels(engine=e).set(i)
+            for i in range(4):
+                h = writer.histogram(f"hist_{i}").labels(engine=e)
+                for v in BUCKETS:
+                    h.observe(v)
+        assert writer.flush()
+        reader = StatsReader(cfg, cat)
+        trips = RoundTrips(reader._client)
+        reg = CollectorRegistry()
+        reg.register(RedisCollector(reader))
+        text = generate_latest(reg)  # warm: script load, field cache
+        samples = sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
+        trips.count = 0
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            generate_latest(reg)
+            times.append(time.perf_counter() - t0)
+        rows.append((n, samples, trips.count // repeats, statistics.median(times) * 1e3))
+        writer.close()
+        reader.close()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
+    opts = parser.parse_args()
+    n = 20_000 if opts.quick else 200_000
+    repeats = 3 if opts.quick else 10
+
+    print("(a) record cost, ns per call (best of 5)")
+    print(f"    {'update':<20}{'redis_stats':>14}{'prometheus_client':>20}{'ratio':>8}")
+    for name, ours, theirs in bench_record(n):
+        print(f"    {name:<20}{ours:>14.0f}{theirs:>20.0f}{ours / theirs:>8.2f}")
+
+    with EmbeddedRedis() as server:
+        print(f"\n(b) flush cost by fields (median of {repeats}; server {Path(server.binary).name})")
+        print(f"    {'fields':>8}{'round trips':>14}{'ms':>10}{'us/field':>10}")
+        for size, trips, ms in bench_flush(server.url, [10, 100, 1000, 10_000], repeats):
+            print(f"    {size:>8}{trips:>14}{ms:>10.2f}{ms * 1000 / size:>10.2f}")
+
+        print(f"\n(c) scrape cost by engines, ~40 series each (median of {repeats})")
+        print(f"    {'engines':>8}{'samples':>10}{'round trips':>14}{'ms':>10}{'ms/engine':>11}")
+        for engines, samples, trips, ms in bench_scrape(server.url, [1, 8, 64, 256], repeats):
+            print(f"    {engines:>8}{samples:>10}{trips:>14}{ms:>10.2f}{ms / engines:>11.3f}")
+
+
+if __name__ == "__main__":
+    main()
