@@ -55,7 +55,7 @@ def _bound_text(bound: float) -> str:
 class CounterChild:
     """One counter series of one engine. ``inc`` is the hot path: memory only, never raises."""
 
-    __slots__ = ("_acc", "_lock", "delta", "dirty", "engine", "field")
+    __slots__ = ("_acc", "_lock", "delta", "dirty", "engine", "field", "stored")
 
     def __init__(self, acc: Accumulator, engine: int, field_name: str) -> None:
         self._acc = acc
@@ -64,6 +64,7 @@ class CounterChild:
         self.field = field_name
         self.delta: int | float = 0
         self.dirty = False
+        self.stored = False  # a bound series shows as 0 from the start, as in prometheus_client
 
     def inc(self, amount: int | float = 1) -> None:
         """Add *amount* (>= 0, finite). Anything else is dropped and counted as ``invalid_value``."""
@@ -82,7 +83,8 @@ class CounterChild:
 
     def _take(self, batch: Batch) -> None:
         delta, self.delta, self.dirty = self.delta, 0, False
-        if delta:
+        if delta or not self.stored:
+            self.stored = True
             batch.add_delta(self.engine, self.field, delta)
 
 
@@ -341,6 +343,10 @@ class Accumulator:
                 made = HistogramChild(self, engine, spec, components)
             self._children[key] = made
             self._series_count[(spec.name, engine)] += 1
+            if spec.kind != GAUGE:
+                # Counters and histograms are exposed (at 0) as soon as they are bound.
+                made.dirty = True
+                self.dirty.append(made)
             return made
 
     def add_spec(self, spec: MetricSpec) -> MetricSpec:

@@ -1,0 +1,199 @@
+"""The ``vllm:*`` metric catalogue: the names, help texts, labels, kinds and buckets of vLLM's
+``PrometheusStatLogger`` (vllm/v1/metrics/loggers.py), so dashboards work unchanged.
+
+Every series also carries ``engine`` (added by redis_stats) and ``model_name``.
+"""
+
+from __future__ import annotations
+
+from ...catalog import Catalog
+
+__all__ = [
+    "FINISH_REASONS",
+    "ITERATION_TOKEN_BUCKETS",
+    "ITL_BUCKETS",
+    "PROMPT_TOKEN_SOURCES",
+    "REQUEST_LATENCY_BUCKETS",
+    "SLEEP_STATES",
+    "TTFT_BUCKETS",
+    "build_1_2_5_buckets",
+    "vllm_catalog",
+]
+
+MODEL = "model_name"
+
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+)  # fmt: skip
+REQUEST_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+PREFILL_TOKEN_TIME_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+N_PARAM_BUCKETS = (1, 2, 5, 10, 20)
+
+# vLLM's FinishReason values as they appear in the finished_reason label.
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+PROMPT_TOKEN_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
+
+
+def build_1_2_5_buckets(max_value: int) -> tuple[int, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to *max_value* inclusive, as vLLM's ``build_1_2_5_buckets``."""
+    out: list[int] = []
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > max_value:
+                return tuple(out) or (1,)
+            out.append(value)
+        exponent += 1
+
+
+def vllm_catalog(max_model_len: int = 8192, cache_config_labels: tuple[str, ...] = ()) -> Catalog:
+    """The vLLM catalogue; token-count buckets follow *max_model_len* as in vLLM.
+
+    *cache_config_labels* are the keys of ``CacheConfig.metrics_info()`` (they vary by vLLM
+    version), used for ``vllm:cache_config_info``.
+    """
+    tokens = build_1_2_5_buckets(max_model_len)
+    cat = Catalog()
+    m = (MODEL,)
+    # Scheduler state: one value per engine step; the newest write wins across API servers.
+    cat.gauge("vllm:num_requests_running", "Number of requests in model execution batches.", m)
+    cat.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", m)
+    cat.gauge(
+        "vllm:num_requests_waiting_by_reason",
+        "Number of requests waiting to be processed, by the reason they wait.",
+        (MODEL, "reason"),
+    )
+    cat.gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", m)
+    cat.gauge(
+        "vllm:engine_sleep_state",
+        "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake. "
+        "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+        (MODEL, "sleep_state"),
+    )
+    cat.gauge(
+        "vllm:lora_requests_info",
+        "Running stats on lora requests.",
+        ("max_lora", "waiting_lora_adapters", "running_lora_adapters"),
+        mode="max",
+    )
+    cat.gauge(
+        "vllm:cache_config_info",
+        "Information of the LLMEngine CacheConfig",
+        tuple(label for label in cache_config_labels if label != "engine"),
+    )
+    # Prefix caches.
+    cat.counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", m)
+    cat.counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", m)
+    cat.counter(
+        "vllm:external_prefix_cache_queries",
+        "External prefix cache queries from KV connector cross-instance cache sharing, in terms of "
+        "number of queried tokens.",
+        m,
+    )
+    cat.counter(
+        "vllm:external_prefix_cache_hits",
+        "External prefix cache hits from KV connector cross-instance cache sharing, in terms of "
+        "number of cached tokens.",
+        m,
+    )
+    cat.counter("vllm:mm_cache_queries", "Multi-modal cache queries, in terms of number of queried items.", m)
+    cat.counter("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.", m)
+    # Tokens and requests.
+    cat.counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", m)
+    cat.counter("vllm:prompt_tokens", "Number of prefill tokens processed.", m)
+    cat.counter(
+        "vllm:prompt_tokens_by_source",
+        "Number of prompt tokens by source.",
+        (MODEL, "source"),
+    )
+    cat.counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).", m)
+    cat.counter("vllm:generation_tokens", "Number of generation tokens processed.", m)
+    cat.counter(
+        "vllm:request_success",
+        "Count of successfully processed requests.",
+        (MODEL, "finished_reason"),
+    )
+    cat.counter("vllm:corrupted_requests", "Corrupted requests, in terms of total number of requests.", m)
+    cat.counter(
+        "vllm:admission_rejections",
+        "Requests rejected at admission, by reason (redis_stats: from record_admission_rejection).",
+        (MODEL, "reason"),
+    )
+    # Speculative decoding.
+    cat.counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", m)
+    cat.counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", m)
+    cat.counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", m)
+    cat.counter(
+        "vllm:spec_decode_num_accepted_tokens_per_pos",
+        "Accepted tokens per draft position.",
+        (MODEL, "position"),
+    )
+    # Histograms of counts.
+    cat.histogram(
+        "vllm:iteration_tokens_total",
+        "Histogram of number of tokens per engine_step.",
+        ITERATION_TOKEN_BUCKETS,
+        m,
+    )
+    cat.histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens, m)
+    cat.histogram("vllm:request_generation_tokens", "Number of generation tokens processed.", tokens, m)
+    cat.histogram(
+        "vllm:request_max_num_generation_tokens",
+        "Histogram of maximum number of requested generation tokens.",
+        tokens,
+        m,
+    )
+    cat.histogram("vllm:request_params_n", "Histogram of the n request parameter.", N_PARAM_BUCKETS, m)
+    cat.histogram(
+        "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", tokens, m
+    )
+    cat.histogram(
+        "vllm:request_prefill_kv_computed_tokens",
+        "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+        tokens,
+        m,
+    )
+    # Histograms of times.
+    cat.histogram(
+        "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS, m
+    )
+    cat.histogram(
+        "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS, m
+    )
+    cat.histogram(
+        "vllm:request_time_per_output_token_seconds",
+        "Histogram of time_per_output_token_seconds per request.",
+        ITL_BUCKETS,
+        m,
+    )
+    cat.histogram(
+        "vllm:time_per_prefill_token_request_seconds",
+        "Time spent per token during prefill phase in seconds",
+        PREFILL_TOKEN_TIME_BUCKETS,
+        m,
+    )
+    for name, phase in (
+        ("vllm:e2e_request_latency_seconds", None),
+        ("vllm:request_queue_time_seconds", "WAITING"),
+        ("vllm:request_inference_time_seconds", "RUNNING"),
+        ("vllm:request_prefill_time_seconds", "PREFILL"),
+        ("vllm:request_decode_time_seconds", "DECODE"),
+    ):
+        help_text = (
+            "Histogram of e2e request latency in seconds."
+            if phase is None
+            else f"Histogram of time spent in {phase} phase for request."
+        )
+        cat.histogram(name, help_text, REQUEST_LATENCY_BUCKETS, m)
+    return cat

@@ -1,0 +1,46 @@
+"""vLLM-shaped stats objects (the attributes vLLM's SchedulerStats/IterationStats carry)."""
+
+from types import SimpleNamespace
+
+
+def scheduler(running=0, waiting=0, kv=0.0, queries=0, hits=0, spec=None, by_reason=None):
+    return SimpleNamespace(
+        num_running_reqs=running,
+        num_waiting_reqs=waiting,
+        kv_cache_usage=kv,
+        prefix_cache_stats=SimpleNamespace(queries=queries, hits=hits, requests=1),
+        connector_prefix_cache_stats=None,
+        spec_decoding_stats=spec,
+        num_corrupted_reqs=0,
+        num_waiting_reqs_by_reason=by_reason,
+    )
+
+
+def finished(reason="stop", prompt=10, generation=20, e2e=1.2, queued=0.1, prefill=0.2, decode=0.9):
+    return SimpleNamespace(
+        finish_reason=reason,
+        e2e_latency=e2e,
+        num_prompt_tokens=prompt,
+        num_generation_tokens=generation,
+        max_tokens_param=64,
+        queued_time=queued,
+        prefill_time=prefill,
+        inference_time=prefill + decode,
+        decode_time=decode,
+        mean_time_per_output_token=decode / max(1, generation - 1),
+        num_cached_tokens=4,
+    )
+
+
+def iteration(prompt=0, generation=0, ttft=(), itl=(), done=(), preempted=0):
+    return SimpleNamespace(
+        num_prompt_tokens=prompt,
+        num_generation_tokens=generation,
+        num_preempted_reqs=preempted,
+        max_num_generation_tokens_iter=[],
+        n_params_iter=[],
+        time_to_first_tokens_iter=list(ttft),
+        inter_token_latencies_iter=list(itl),
+        finished_requests=list(done),
+        prompt_token_stats=None,
+    )
