@@ -16,6 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 __all__ = ["ENV_PREFIX", "ConfigError", "StatsConfig", "mask_url"]
 
 ENV_PREFIX = "REDIS_STATS_"
+LEADER_MODES = ("rank0", "lease", "none")
 
 # A namespace becomes part of every key (`rs:{NS}:...`). Braces would break the Cluster hash tag
 # and glob characters would widen ACL key patterns, so only a conservative alphabet is allowed.
@@ -106,6 +107,21 @@ class StatsConfig:
         10000,
         "Label sets per metric and engine beyond this are dropped and counted, never stored.",
     )
+    leader: str = _opt(
+        "rank0",
+        "Who prints the periodic log: ``rank0`` (the process managing engine ``leader_rank``), "
+        "``lease`` (the holder of a Redis lease that fails over), or ``none``.",
+    )
+    leader_rank: int = _opt(0, "The engine whose process prints when ``leader`` is ``rank0``.")
+    lease_ttl: float = _opt(
+        10.0,
+        "Seconds a log lease lives without renewal; another process takes over within about "
+        "4/3 of it when the holder dies.",
+    )
+    log_interval: float = _opt(
+        10.0,
+        "Seconds between two periodic log reports (under vLLM: ``VLLM_LOG_STATS_INTERVAL``).",
+    )
     engine_offset: int = _opt(
         0,
         "Added to every engine index a writer records (independent instances that each call their engine 0).",
@@ -123,7 +139,7 @@ class StatsConfig:
                 "A-Z a-z 0-9 . _ - / : (no braces, spaces or glob characters, which would break "
                 "the key prefix rs:{NS}: and its ACL pattern)"
             )
-        for name in ("flush_interval", "stale_after", "retention"):
+        for name in ("flush_interval", "stale_after", "retention", "lease_ttl", "log_interval"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
                 raise ConfigError(f"{name}={value!r} must be a positive number of seconds")
@@ -137,6 +153,10 @@ class StatsConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name}={value!r} must be a positive integer")
+        if self.leader not in LEADER_MODES:
+            raise ConfigError(f"leader={self.leader!r} must be one of {', '.join(LEADER_MODES)}")
+        if not isinstance(self.leader_rank, int) or self.leader_rank < 0:
+            raise ConfigError(f"leader_rank={self.leader_rank!r} must be an integer >= 0")
         if not isinstance(self.engine_offset, int) or self.engine_offset < 0:
             raise ConfigError(f"engine_offset={self.engine_offset!r} must be an integer >= 0")
 

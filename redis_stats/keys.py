@@ -52,6 +52,11 @@ class Keys:
         return self.prefix + "leader"
 
     @property
+    def leader_epoch(self) -> str:
+        """Integer: the last fencing token handed out with the log lease."""
+        return self.prefix + "leader_epoch"
+
+    @property
     def gc_lock(self) -> str:
         """String with a TTL: the process currently collecting garbage."""
         return self.prefix + "gc"

@@ -14,6 +14,10 @@ from typing import Any
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 
 from ...config import StatsConfig
+from ...connection import make_client
+from ...leader import make_leader
+from ...reader import StatsReader
+from ...reporter import StatsReporter
 from ...writer import StatsWriter
 from . import namespace_for_model
 from .catalog import vllm_catalog
@@ -33,6 +37,7 @@ class RedisStatLogger(AggregateStatLoggerBase):
         self.engine_indexes = list(engine_indexes or [0])
         self.recorder: VllmRecorder | None = None
         self.writer: StatsWriter | None = None
+        self.reporter: StatsReporter | None = None
         self.vllm_config = vllm_config
         if not os.environ.get("REDIS_STATS_URL"):
             if not _warned_inactive:
@@ -42,7 +47,8 @@ class RedisStatLogger(AggregateStatLoggerBase):
         model_config = vllm_config.model_config
         model = str(model_config.served_model_name)
         config = StatsConfig.from_env(
-            namespace=os.environ.get("REDIS_STATS_NAMESPACE") or namespace_for_model(model)
+            namespace=os.environ.get("REDIS_STATS_NAMESPACE") or namespace_for_model(model),
+            log_interval=float(os.environ.get("VLLM_LOG_STATS_INTERVAL", "10")),
         )
         cache_labels = self._cache_config_labels(vllm_config)
         catalog = vllm_catalog(int(getattr(model_config, "max_model_len", 8192) or 8192), cache_labels)
@@ -59,6 +65,18 @@ class RedisStatLogger(AggregateStatLoggerBase):
         from .serve import maybe_serve
 
         maybe_serve(config, catalog)
+        # vLLM turns its own periodic log off with several API servers; this one is right in every
+        # topology because it reads deployment-wide totals. log() drives it.
+        recorded = [e + config.engine_offset for e in self.engine_indexes]
+        leader = make_leader(
+            config, make_client(config), recorded, process_rank=rank, holder=self.writer.writer_id
+        )
+        self.reporter = StatsReporter(
+            StatsReader(config, catalog),
+            leader,
+            interval=config.log_interval,
+            logger=logging.getLogger("vllm.redis_stats"),
+        )
 
     @staticmethod
     def _cache_config_labels(vllm_config: Any) -> tuple[str, ...]:
@@ -84,7 +102,9 @@ class RedisStatLogger(AggregateStatLoggerBase):
             self.recorder.record_cache_config(info)
 
     def log(self) -> None:
-        """Called every VLLM_LOG_STATS_INTERVAL; the periodic log lines come from the reporter."""
+        """Called every VLLM_LOG_STATS_INTERVAL: the leader prints every engine's line from Redis."""
+        if self.reporter is not None:
+            self.reporter.tick()
 
     def record_sleep_state(self, sleep: int = 0, level: int = 0) -> None:
         """vLLM's sleep mode: the engine_sleep_state gauge."""
