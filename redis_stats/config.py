@@ -206,9 +206,22 @@ class StatsConfig:
         return cls(**values)
 
 
+def options_markdown() -> str:
+    """The options table of docs/configuration.md (regenerate it with ``python -m redis_stats.config``)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(StatsConfig)}
+    rows = ["| option | environment variable | default | meaning |", "|---|---|---|---|"]
+    for o in _options().values():
+        rows.append(f"| `{o.name}` | `{o.env}` | `{defaults[o.name]}` | {o.help} |")
+    return "\n".join(rows)
+
+
 def _options() -> dict[str, _Option]:
     kinds = {"str": str, "float": float, "int": int}
     return {
         f.name: _Option(f.name, ENV_PREFIX + f.name.upper(), kinds[str(f.type)], f.metadata["help"])
         for f in dataclasses.fields(StatsConfig)
     }
+
+
+if __name__ == "__main__":
+    print(options_markdown())

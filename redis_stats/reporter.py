@@ -181,6 +181,7 @@ class StatsReporter:
         self.metrics = metrics or LogMetrics()
         self.logger = logger or log
         self._previous: Snapshot | None = None
+        self._older: Snapshot | None = None
         self._idle_intervals: dict[int, int] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -219,9 +220,13 @@ class StatsReporter:
                         "stats unavailable: reading %s failed (%s)", self.reader.config.safe_url, exc
                     )
                 return []
-            previous, self._previous = self._previous, snap
+            previous, older = self._previous, self._older
+            self._older, self._previous = previous, snap
             if previous is None or not self.leader.is_leader():
                 return []
+            if older is not None and snap.time - previous.time < self.interval / 2:
+                # An early tick (a lease takeover): measure over a full-length window instead.
+                previous = older
             return self._emit(previous, snap)
 
     def intervals(self, previous: Snapshot, current: Snapshot) -> dict[int, EngineInterval]:

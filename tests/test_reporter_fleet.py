@@ -13,7 +13,7 @@ from .conftest import PYTHON, ROOT
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
 
 RATES = {0: (1000.0, 100.0), 1: (2000.0, 200.0), 2: (500.0, 300.0)}
-INTERVAL = 2.0
+INTERVAL = 3.0
 TTL = 3.0
 LINE = re.compile(
     r"^(?P<t>[\d.]+) (?P<pid>\d+) Engine (?P<e>\d{3}): Avg prompt throughput: (?P<p>[\d.]+) "

@@ -29,7 +29,7 @@ def main() -> None:
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
 
-    cfg = StatsConfig(url=url, namespace=namespace, flush_interval=0.05, stale_after=5)
+    cfg = StatsConfig(url=url, namespace=namespace, flush_interval=0.02, stale_after=5)
     cat = vllm_catalog()
     writer = StatsWriter(cfg, cat, engines=[rank], role=f"node{rank}")
     recorder = VllmRecorder(writer, "m", [rank])
