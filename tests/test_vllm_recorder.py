@@ -55,8 +55,10 @@ def test_counters_from_two_api_servers_sum_per_engine(api_servers, config, fake_
     assert by_engine(fams, "vllm:prompt_tokens") == {"0": 150.0, "1": 5.0}
     assert by_engine(fams, "vllm:generation_tokens") == {"0": 10.0, "1": 1.0}
     assert {s.name for s in fams["vllm:prompt_tokens"].samples} == {"vllm:prompt_tokens_total"}
-    assert by_engine(fams, "vllm:request_success", finished_reason="stop") == {"0": 2.0}
-    assert by_engine(fams, "vllm:request_success", finished_reason="length") == {"0": 1.0}
+    # Every known finish reason exists for every engine from the start, as in vLLM.
+    assert by_engine(fams, "vllm:request_success", finished_reason="stop") == {"0": 2.0, "1": 0.0}
+    assert by_engine(fams, "vllm:request_success", finished_reason="length") == {"0": 1.0, "1": 0.0}
+    assert by_engine(fams, "vllm:request_success", finished_reason="repetition") == {"0": 0.0, "1": 0.0}
 
 
 def test_scheduler_gauges_take_the_newest_step_across_api_servers(api_servers, config, fake_client):
@@ -155,13 +157,15 @@ def test_spec_decoding_sleep_and_admission(api_servers, config, fake_client):
     )
     a.record(scheduler(spec=spec), None, engine_idx=0)
     a.record_sleep_state(1, 1)
-    a.record_admission_rejection("queue_full", engine_idx=1)
+    a.record_admission_rejection("max_num_queued_reqs")
     fams = flush_and_scrape(writers, config, cat, fake_client)
     assert by_engine(fams, "vllm:spec_decode_num_drafts") == {"0": 2.0, "1": 0.0}
     assert by_engine(fams, "vllm:spec_decode_num_accepted_tokens_per_pos", position="0") == {"0": 2.0}
     assert by_engine(fams, "vllm:engine_sleep_state", sleep_state="weights_offloaded") == {"0": 1.0, "1": 1.0}
     assert by_engine(fams, "vllm:engine_sleep_state", sleep_state="awake") == {"0": 0.0, "1": 0.0}
-    assert by_engine(fams, "vllm:admission_rejections", reason="queue_full") == {"1": 1.0}
+    # vLLM's counter has no engine label; it is kept under the first engine of the API server.
+    assert by_engine(fams, "vllm:admission_rejections", reason="max_num_queued_reqs") == {"0": 1.0}
+    assert by_engine(fams, "vllm:admission_rejections", reason="max_num_queued_tokens") == {"0": 0.0}
 
 
 def test_namespace_from_model_name_is_always_valid():

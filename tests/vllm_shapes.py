@@ -32,7 +32,15 @@ def finished(reason="stop", prompt=10, generation=20, e2e=1.2, queued=0.1, prefi
     )
 
 
-def iteration(prompt=0, generation=0, ttft=(), itl=(), done=(), preempted=0):
+def iteration(prompt=0, generation=0, ttft=(), itl=(), done=(), preempted=0, cached=0):
+    """IterationStats; *cached* of the *prompt* tokens came from the local prefix cache."""
+    tokens = SimpleNamespace(
+        computed=prompt - cached,
+        local_cache_hit=cached,
+        external_kv_transfer=0,
+        cached_tokens=cached,
+        total=prompt,
+    )
     return SimpleNamespace(
         num_prompt_tokens=prompt,
         num_generation_tokens=generation,

@@ -1,5 +1,6 @@
 """The ``vllm:*`` metric catalogue: the names, help texts, labels, kinds and buckets of vLLM's
-``PrometheusStatLogger`` (vllm/v1/metrics/loggers.py), so dashboards work unchanged.
+``PrometheusStatLogger`` (vllm/v1/metrics/loggers.py), so dashboards work unchanged. Checked
+against vLLM 0.32 by tests/test_vllm_conformance.py.
 
 Every series also carries ``engine`` (added by redis_stats) and ``model_name``.
 """
@@ -35,12 +36,15 @@ REQUEST_LATENCY_BUCKETS = (
     480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-PREFILL_TOKEN_TIME_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 N_PARAM_BUCKETS = (1, 2, 5, 10, 20)
+REQUEST_NUM_PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 
 # vLLM's FinishReason values as they appear in the finished_reason label.
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 PROMPT_TOKEN_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+CACHE_HIT_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
+WAITING_REASONS = ("capacity", "deferred")
+ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
 
 
@@ -71,28 +75,42 @@ def vllm_catalog(max_model_len: int = 8192, cache_config_labels: tuple[str, ...]
     cat.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", m)
     cat.gauge(
         "vllm:num_requests_waiting_by_reason",
-        "Number of requests waiting to be processed, by the reason they wait.",
+        "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling "
+        "capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked "
+        "status). Sum of all reasons equals vllm:num_requests_waiting.",
         (MODEL, "reason"),
     )
-    cat.gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", m)
+    cat.gauge(
+        "vllm:num_requests_kv_fetch_by_stage",
+        "Number of waiting requests by async KV load stage. Stage labels: 'waiting_to_start' = needs "
+        "an async KV load that has not started; 'in_progress' = load started and not yet reported "
+        "finished; 'completed_waiting' = load finished, request not running yet.",
+        (MODEL, "stage"),
+    )
     cat.gauge(
         "vllm:engine_sleep_state",
-        "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake. "
+        "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
         "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
         (MODEL, "sleep_state"),
     )
+    cat.gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", m)
     cat.gauge(
         "vllm:lora_requests_info",
         "Running stats on lora requests.",
         ("max_lora", "waiting_lora_adapters", "running_lora_adapters"),
-        mode="max",
+        mode="max",  # the value is a timestamp (set_to_current_time): the newest wins
     )
     cat.gauge(
         "vllm:cache_config_info",
         "Information of the LLMEngine CacheConfig",
         tuple(label for label in cache_config_labels if label != "engine"),
     )
-    # Prefix caches.
+    cat.counter(
+        "vllm:corrupted_requests",
+        "Corrupted requests, in terms of total number of requests with NaNs in logits.",
+        m,
+    )
+    # Prefix and multi-modal caches.
     cat.counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", m)
     cat.counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", m)
     cat.counter(
@@ -112,22 +130,23 @@ def vllm_catalog(max_model_len: int = 8192, cache_config_labels: tuple[str, ...]
     # Tokens and requests.
     cat.counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", m)
     cat.counter("vllm:prompt_tokens", "Number of prefill tokens processed.", m)
+    cat.counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", (MODEL, "source"))
+    cat.counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).", m)
     cat.counter(
-        "vllm:prompt_tokens_by_source",
-        "Number of prompt tokens by source.",
+        "vllm:prompt_tokens_cached_by_source",
+        "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), host "
+        "(offloaded to DRAM), disk, p2p (transferred from another vLLM instance) or "
+        "external_unspecified. Counted at admission; sums to vllm:prefix_cache_hits + "
+        "vllm:external_prefix_cache_hits.",
         (MODEL, "source"),
     )
-    cat.counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).", m)
     cat.counter("vllm:generation_tokens", "Number of generation tokens processed.", m)
     cat.counter(
-        "vllm:request_success",
-        "Count of successfully processed requests.",
-        (MODEL, "finished_reason"),
+        "vllm:request_success", "Count of successfully processed requests.", (MODEL, "finished_reason")
     )
-    cat.counter("vllm:corrupted_requests", "Corrupted requests, in terms of total number of requests.", m)
     cat.counter(
         "vllm:admission_rejections",
-        "Requests rejected at admission, by reason (redis_stats: from record_admission_rejection).",
+        "Number of admission attempts rejected by a queue limit, by reason.",
         (MODEL, "reason"),
     )
     # Speculative decoding.
@@ -140,14 +159,14 @@ def vllm_catalog(max_model_len: int = 8192, cache_config_labels: tuple[str, ...]
         (MODEL, "position"),
     )
     # Histograms of counts.
+    cat.histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens, m)
+    cat.histogram("vllm:request_generation_tokens", "Number of generation tokens processed.", tokens, m)
     cat.histogram(
         "vllm:iteration_tokens_total",
         "Histogram of number of tokens per engine_step.",
         ITERATION_TOKEN_BUCKETS,
         m,
     )
-    cat.histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens, m)
-    cat.histogram("vllm:request_generation_tokens", "Number of generation tokens processed.", tokens, m)
     cat.histogram(
         "vllm:request_max_num_generation_tokens",
         "Histogram of maximum number of requested generation tokens.",
@@ -157,12 +176,6 @@ def vllm_catalog(max_model_len: int = 8192, cache_config_labels: tuple[str, ...]
     cat.histogram("vllm:request_params_n", "Histogram of the n request parameter.", N_PARAM_BUCKETS, m)
     cat.histogram(
         "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", tokens, m
-    )
-    cat.histogram(
-        "vllm:request_prefill_kv_computed_tokens",
-        "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
-        tokens,
-        m,
     )
     # Histograms of times.
     cat.histogram(
@@ -175,12 +188,6 @@ def vllm_catalog(max_model_len: int = 8192, cache_config_labels: tuple[str, ...]
         "vllm:request_time_per_output_token_seconds",
         "Histogram of time_per_output_token_seconds per request.",
         ITL_BUCKETS,
-        m,
-    )
-    cat.histogram(
-        "vllm:time_per_prefill_token_request_seconds",
-        "Time spent per token during prefill phase in seconds",
-        PREFILL_TOKEN_TIME_BUCKETS,
         m,
     )
     for name, phase in (
@@ -196,4 +203,16 @@ def vllm_catalog(max_model_len: int = 8192, cache_config_labels: tuple[str, ...]
             else f"Histogram of time spent in {phase} phase for request."
         )
         cat.histogram(name, help_text, REQUEST_LATENCY_BUCKETS, m)
+    cat.histogram(
+        "vllm:request_num_preemptions",
+        "Histogram of the number of times a request was preempted.",
+        REQUEST_NUM_PREEMPTIONS_BUCKETS,
+        m,
+    )
+    cat.histogram(
+        "vllm:request_prefill_kv_computed_tokens",
+        "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+        tokens,
+        m,
+    )
     return cat

@@ -54,7 +54,13 @@ class RedisStatLogger(AggregateStatLoggerBase):
         catalog = vllm_catalog(int(getattr(model_config, "max_model_len", 8192) or 8192), cache_labels)
         rank = getattr(vllm_config.parallel_config, "_api_process_rank", 0)
         self.writer = StatsWriter(config, catalog, engines=self.engine_indexes, role=f"api{rank}")
-        self.recorder = VllmRecorder(self.writer, model, self.engine_indexes)
+        lora = getattr(vllm_config, "lora_config", None)
+        self.recorder = VllmRecorder(
+            self.writer,
+            model,
+            self.engine_indexes,
+            max_lora=getattr(lora, "max_loras", None) if lora else None,
+        )
         log.info(
             "redis_stats: recording engines %s to %s namespace %r as %s",
             self.engine_indexes,
@@ -111,7 +117,7 @@ class RedisStatLogger(AggregateStatLoggerBase):
         if self.recorder is not None:
             self.recorder.record_sleep_state(sleep, level)
 
-    def record_admission_rejection(self, reason: Any = "unknown", *args: Any, **kwargs: Any) -> None:
-        """A request rejected at admission."""
+    def record_admission_rejection(self, reason: str) -> None:
+        """A request rejected at admission by a queue limit."""
         if self.recorder is not None:
             self.recorder.record_admission_rejection(str(reason))

@@ -8,10 +8,17 @@ so ``record`` (called on vLLM's event loop for every engine-step batch) only add
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ...writer import StatsWriter
-from .catalog import SLEEP_STATES
+from .catalog import (
+    ADMISSION_REASONS,
+    CACHE_HIT_SOURCES,
+    FINISH_REASONS,
+    PROMPT_TOKEN_SOURCES,
+    SLEEP_STATES,
+)
 
 __all__ = ["VllmRecorder"]
 
@@ -29,6 +36,7 @@ class _EngineSeries:
             return writer.metric(name).labels(engine, model_name=model, **labels)
 
         self._bind = bind
+        self.engine = engine
         self.running = bind("vllm:num_requests_running")
         self.waiting = bind("vllm:num_requests_waiting")
         self.kv_usage = bind("vllm:kv_cache_usage_perc")
@@ -53,7 +61,7 @@ class _EngineSeries:
         self.prefill_time = bind("vllm:request_prefill_time_seconds")
         self.inference_time = bind("vllm:request_inference_time_seconds")
         self.decode_time = bind("vllm:request_decode_time_seconds")
-        self.prefill_token_time = bind("vllm:time_per_prefill_token_request_seconds")
+        self.req_preemptions = bind("vllm:request_num_preemptions")
         self.tpot = bind("vllm:request_time_per_output_token_seconds")
         self.req_prompt_tokens = bind("vllm:request_prompt_tokens")
         self.req_gen_tokens = bind("vllm:request_generation_tokens")
@@ -63,6 +71,13 @@ class _EngineSeries:
         self.draft_tokens = bind("vllm:spec_decode_num_draft_tokens")
         self.accepted_tokens = bind("vllm:spec_decode_num_accepted_tokens")
         self._by_label: dict[tuple[str, str], Any] = {}
+        # As vLLM: labelled counters exist (at 0) for every known label value from the start.
+        for reason in FINISH_REASONS:
+            self.labelled("vllm:request_success", "finished_reason", reason)
+        for source in PROMPT_TOKEN_SOURCES:
+            self.labelled("vllm:prompt_tokens_by_source", "source", source)
+        for source in CACHE_HIT_SOURCES:
+            self.labelled("vllm:prompt_tokens_cached_by_source", "source", source)
 
     def labelled(self, metric: str, label: str, value: str) -> Any:
         """A child with one extra label (finished_reason, source, position, reason, ...)."""
@@ -76,10 +91,17 @@ class _EngineSeries:
 class VllmRecorder:
     """Records vLLM's per-step stats for the engines one API-server process manages."""
 
-    def __init__(self, writer: StatsWriter, model_name: str, engine_indexes: list[int]) -> None:
+    def __init__(
+        self, writer: StatsWriter, model_name: str, engine_indexes: list[int], *, max_lora: int | None = None
+    ) -> None:
         self.writer = writer
         self.model_name = model_name
+        self.max_lora = max_lora
         self.engines = {e: _EngineSeries(writer, model_name, e) for e in engine_indexes}
+        self.first_engine = min(engine_indexes) if engine_indexes else 0
+        for reason in ADMISSION_REASONS:
+            self._admission(reason)
+        self.record_sleep_state()  # as vLLM: awake until told otherwise
 
     def _engine(self, engine_idx: int) -> _EngineSeries:
         series = self.engines.get(engine_idx)
@@ -105,24 +127,27 @@ class VllmRecorder:
             self._iteration(s, iteration_stats)
 
     def _scheduler(self, s: _EngineSeries, st: Any) -> None:
+        waiting, deferred = _g(st, "num_waiting_reqs"), _g(st, "num_skipped_waiting_reqs")
         s.running.set(_g(st, "num_running_reqs"))
-        s.waiting.set(_g(st, "num_waiting_reqs"))
-        s.kv_usage.set(_g(st, "kv_cache_usage", _g(st, "gpu_cache_usage")))
-        by_reason = _g(st, "num_waiting_reqs_by_reason", None)
-        if by_reason:
-            for reason, n in by_reason.items():
-                s.labelled("vllm:num_requests_waiting_by_reason", "reason", str(reason)).set(n)
+        s.waiting.set(waiting + deferred)
+        s.labelled("vllm:num_requests_waiting_by_reason", "reason", "capacity").set(waiting)
+        s.labelled("vllm:num_requests_waiting_by_reason", "reason", "deferred").set(deferred)
+        for stage, n in _g(st, "num_kv_fetch_reqs_by_stage", {}).items():
+            s.labelled("vllm:num_requests_kv_fetch_by_stage", "stage", str(stage)).set(n)
+        s.kv_usage.set(_g(st, "kv_cache_usage"))
         prefix = _g(st, "prefix_cache_stats", None)
         if prefix is not None:
+            hits = _g(prefix, "hits")
             s.prefix_queries.inc(_g(prefix, "queries"))
-            s.prefix_hits.inc(_g(prefix, "hits"))
+            s.prefix_hits.inc(hits)
+            s.labelled("vllm:prompt_tokens_cached_by_source", "source", "device").inc(hits)
         external = _g(st, "connector_prefix_cache_stats", None)
         if external is not None:
             s.ext_queries.inc(_g(external, "queries"))
             s.ext_hits.inc(_g(external, "hits"))
-        corrupted = _g(st, "num_corrupted_reqs")
-        if corrupted:
-            s.corrupted.inc(corrupted)
+            for tier, n in _g(external, "hits_by_source", {}).items():
+                tier_name = getattr(tier, "value", tier)
+                s.labelled("vllm:prompt_tokens_cached_by_source", "source", str(tier_name)).inc(n)
         spec = _g(st, "spec_decoding_stats", None)
         if spec is not None:
             s.drafts.inc(_g(spec, "num_drafts"))
@@ -130,33 +155,45 @@ class VllmRecorder:
             s.accepted_tokens.inc(_g(spec, "num_accepted_tokens"))
             for pos, n in enumerate(_g(spec, "num_accepted_tokens_per_pos", ())):
                 s.labelled("vllm:spec_decode_num_accepted_tokens_per_pos", "position", str(pos)).inc(n)
+        if self.max_lora is not None:
+            running = ",".join(_g(st, "running_lora_adapters", {}).keys())
+            waiting_lora = ",".join(_g(st, "waiting_lora_adapters", {}).keys())
+            self.writer.metric("vllm:lora_requests_info").labels(
+                s.engine,
+                max_lora=str(self.max_lora),
+                waiting_lora_adapters=waiting_lora,
+                running_lora_adapters=running,
+            ).set(time.time())
 
     def _iteration(self, s: _EngineSeries, it: Any) -> None:
         prompt, generation = _g(it, "num_prompt_tokens"), _g(it, "num_generation_tokens")
+        corrupted = _g(it, "num_corrupted_reqs")
+        if corrupted:
+            s.corrupted.inc(corrupted)
         s.preemptions.inc(_g(it, "num_preempted_reqs"))
         s.prompt_tokens.inc(prompt)
-        s.generation_tokens.inc(generation)
-        s.iteration_tokens.observe(prompt + generation)
+        computed = prompt
         sources = _g(it, "prompt_token_stats", None)
-        if sources is not None:
+        if sources is None:  # a vLLM without the breakdown: every prompt token was computed
+            s.labelled("vllm:prompt_tokens_by_source", "source", "local_compute").inc(prompt)
+        else:
+            computed = _g(sources, "computed")
             for source, attr in (
                 ("local_compute", "computed"),
                 ("local_cache_hit", "local_cache_hit"),
                 ("external_kv_transfer", "external_kv_transfer"),
             ):
-                n = _g(sources, attr)
-                if n:
-                    s.labelled("vllm:prompt_tokens_by_source", "source", source).inc(n)
-            cached = _g(sources, "cached_tokens")
-            if cached:
-                s.prompt_cached.inc(cached)
+                s.labelled("vllm:prompt_tokens_by_source", "source", source).inc(_g(sources, attr))
+            s.prompt_cached.inc(_g(sources, "cached_tokens"))
+        s.generation_tokens.inc(generation)
+        s.iteration_tokens.observe(computed + generation)
         for v in _g(it, "max_num_generation_tokens_iter", ()):
             s.max_gen_tokens.observe(v)
         for v in _g(it, "n_params_iter", ()):
             s.n_param.observe(v)
         for v in _g(it, "time_to_first_tokens_iter", ()):
             s.ttft.observe(v)
-        for v in _g(it, "inter_token_latencies_iter", None) or _g(it, "time_per_output_tokens_iter", ()):
+        for v in _g(it, "inter_token_latencies_iter", ()):
             s.itl.observe(v)
         for fin in _g(it, "finished_requests", ()):
             self._finished(s, fin)
@@ -166,24 +203,18 @@ class VllmRecorder:
         s.labelled("vllm:request_success", "finished_reason", reason).inc()
         s.e2e.observe(_g(fin, "e2e_latency"))
         s.queue_time.observe(_g(fin, "queued_time"))
-        prefill = _g(fin, "prefill_time")
-        s.prefill_time.observe(prefill)
+        s.prefill_time.observe(_g(fin, "prefill_time"))
         s.inference_time.observe(_g(fin, "inference_time"))
         s.decode_time.observe(_g(fin, "decode_time"))
+        s.req_preemptions.observe(_g(fin, "num_preemptions"))
         n_prompt = _g(fin, "num_prompt_tokens")
-        if n_prompt > 0:
-            s.prefill_token_time.observe(prefill / n_prompt)
+        s.req_kv_computed.observe(n_prompt - max(_g(fin, "num_cached_tokens"), 0))
         s.req_prompt_tokens.observe(n_prompt)
         s.req_gen_tokens.observe(_g(fin, "num_generation_tokens"))
-        tpot = _g(fin, "mean_time_per_output_token", None)
-        if tpot is not None:
-            s.tpot.observe(tpot)
+        s.tpot.observe(_g(fin, "mean_time_per_output_token"))
         max_tokens = _g(fin, "max_tokens_param", None)
         if max_tokens:
             s.req_max_tokens.observe(max_tokens)
-        cached = _g(fin, "num_cached_tokens", None)
-        if cached is not None and n_prompt:
-            s.req_kv_computed.observe(max(0, n_prompt - cached))
 
     def record_sleep_state(self, sleep: int = 0, level: int = 0) -> None:
         """vLLM's sleep/wake: awake=1 while awake; level 1 offloads weights, level 2 discards all."""
@@ -196,9 +227,16 @@ class VllmRecorder:
             for name in SLEEP_STATES:
                 s.labelled("vllm:engine_sleep_state", "sleep_state", name).set(state[name])
 
-    def record_admission_rejection(self, reason: str, engine_idx: int = 0) -> None:
-        """Count a request rejected at admission (e.g. the waiting queue is full)."""
-        self._engine(engine_idx).labelled("vllm:admission_rejections", "reason", str(reason)).inc()
+    def record_admission_rejection(self, reason: str) -> None:
+        """Count a request rejected at admission by a queue limit.
+
+        vLLM's counter has no engine label (the front end rejects before choosing an engine); here
+        it is recorded under the first engine this process manages.
+        """
+        self._admission(str(reason)).inc()
+
+    def _admission(self, reason: str) -> Any:
+        return self._engine(self.first_engine).labelled("vllm:admission_rejections", "reason", reason)
 
     def record_cache_config(self, info: dict[str, Any]) -> None:
         """``vllm:cache_config_info``: a gauge at 1 whose labels are the cache config."""
