@@ -50,5 +50,6 @@ def iteration(prompt=0, generation=0, ttft=(), itl=(), done=(), preempted=0, cac
         time_to_first_tokens_iter=list(ttft),
         inter_token_latencies_iter=list(itl),
         finished_requests=list(done),
-        prompt_token_stats=None,
+        prompt_token_stats=tokens,
+        num_corrupted_reqs=0,
     )
