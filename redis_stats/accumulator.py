@@ -279,16 +279,26 @@ class Batch:
 class FlushResult:
     """What the flush script answered."""
 
-    applied: bool
+    status: int
     meta_existed: bool
     failed_fields: int
     server_time_ms: int
 
+    @property
+    def applied(self) -> bool:
+        """Applied now (False: an earlier attempt had applied it; the reply was lost)."""
+        return self.status != 0
+
+    @property
+    def writer_removed(self) -> bool:
+        """gc removed this writer: its counters counted, its gauges were refused."""
+        return self.status == 2
+
     @classmethod
     def from_reply(cls, reply: list[object]) -> FlushResult:
-        """Parse the script's reply ``{applied, meta_existed, failed, now}``."""
-        applied, meta, failed, now = (int(x) for x in reply)  # type: ignore[call-overload]
-        return cls(bool(applied), bool(meta), failed, now)
+        """Parse the script's reply ``{status, meta_existed, failed, now}``."""
+        status, meta, failed, now = (int(x) for x in reply)  # type: ignore[call-overload]
+        return cls(status, bool(meta), failed, now)
 
 
 class Accumulator:
@@ -348,6 +358,12 @@ class Accumulator:
                 made.dirty = True
                 self.dirty.append(made)
             return made
+
+    def rename_writer(self, writer_id: str) -> None:
+        """Point every gauge series at a new writer id (after gc removed the old one)."""
+        with self.lock:
+            for g in self._gauges:
+                g.field = fields.encode((*fields.decode(g.field)[:-1], writer_id))
 
     def add_spec(self, spec: MetricSpec) -> MetricSpec:
         """Add *spec* to the catalogue (after start) and queue it for storing in Redis."""
@@ -413,8 +429,9 @@ class FlushProtocol:
     def confirmed(self, result: FlushResult) -> None:
         """Redis answered: the in-flight batch is applied (now or by an earlier attempt)."""
         self.in_flight = None
-        if not result.meta_existed:
-            # The namespace had no catalogue: Redis is new or lost its data. Store it all again.
+        if not result.meta_existed or result.writer_removed:
+            # The namespace had no catalogue (Redis is new or lost its data), or gc removed this
+            # writer (it will come back under a new id): store the catalogue and gauges again.
             self._resend_all = True
 
     def has_pending(self) -> bool:

@@ -159,6 +159,58 @@ def format_spec_line(iv: EngineInterval) -> tuple[str, list[Any]] | None:
     )
 
 
+def engine_intervals(
+    previous: Snapshot, current: Snapshot, m: LogMetrics | None = None
+) -> dict[int, EngineInterval]:
+    """Per live engine, what happened between two snapshots (also used by ``redis-stats top``)."""
+    seconds = max(current.time - previous.time, 1e-9)
+    m = m or LogMetrics()
+    out: dict[int, EngineInterval] = {}
+    for engine, now in sorted(current.engines.items()):
+        if not now.up:
+            continue
+        before = previous.engines.get(engine) or EngineSnapshot(engine, 0.0, 0.0, False)
+
+        def delta(
+            name: str,
+            label: str | None = None,
+            now: EngineSnapshot = now,
+            before: EngineSnapshot = before,
+        ) -> float:
+            # max(0, ...): a counter reset (Redis lost its data) is not negative throughput.
+            return max(0.0, _sum_counter(now, name, label) - _sum_counter(before, name, label))
+
+        computed_name, computed_label = m.computed_prompt_tokens
+        if _has_counter(now, computed_name, computed_label):
+            prompt = delta(computed_name, computed_label)
+        else:
+            prompt = delta(m.prompt_tokens)
+        pos_now, pos_before = (
+            _per_position(now, m.accepted_per_pos),
+            _per_position(before, m.accepted_per_pos),
+        )
+        out[engine] = EngineInterval(
+            prompt_throughput=prompt / seconds,
+            generation_throughput=delta(m.generation_tokens) / seconds,
+            running=_sum_gauge(now, m.running) or 0.0,
+            waiting=_sum_gauge(now, m.waiting) or 0.0,
+            preemptions=delta(m.preemptions),
+            kv_usage=_sum_gauge(now, m.kv_usage) or 0.0,
+            prefix_queries=delta(m.prefix_queries),
+            prefix_hits=delta(m.prefix_hits),
+            external_queries=delta(m.external_queries),
+            external_hits=delta(m.external_hits),
+            mm_queries=delta(m.mm_queries),
+            mm_hits=delta(m.mm_hits),
+            drafts=delta(m.drafts),
+            draft_tokens=delta(m.draft_tokens),
+            accepted_tokens=delta(m.accepted_tokens),
+            accepted_per_pos=tuple(max(0.0, pos_now[p] - pos_before.get(p, 0.0)) for p in sorted(pos_now)),
+            seconds=seconds,
+        )
+    return out
+
+
 class StatsReporter:
     """Reads a snapshot every interval; the leader logs one line per engine and an aggregate.
 
@@ -231,54 +283,7 @@ class StatsReporter:
 
     def intervals(self, previous: Snapshot, current: Snapshot) -> dict[int, EngineInterval]:
         """Per live engine, what happened between two snapshots."""
-        seconds = max(current.time - previous.time, 1e-9)
-        m = self.metrics
-        out: dict[int, EngineInterval] = {}
-        for engine, now in sorted(current.engines.items()):
-            if not now.up:
-                continue
-            before = previous.engines.get(engine) or EngineSnapshot(engine, 0.0, 0.0, False)
-
-            def delta(
-                name: str,
-                label: str | None = None,
-                now: EngineSnapshot = now,
-                before: EngineSnapshot = before,
-            ) -> float:
-                # max(0, ...): a counter reset (Redis lost its data) is not negative throughput.
-                return max(0.0, _sum_counter(now, name, label) - _sum_counter(before, name, label))
-
-            computed_name, computed_label = m.computed_prompt_tokens
-            if _has_counter(now, computed_name, computed_label):
-                prompt = delta(computed_name, computed_label)
-            else:
-                prompt = delta(m.prompt_tokens)
-            pos_now, pos_before = (
-                _per_position(now, m.accepted_per_pos),
-                _per_position(before, m.accepted_per_pos),
-            )
-            out[engine] = EngineInterval(
-                prompt_throughput=prompt / seconds,
-                generation_throughput=delta(m.generation_tokens) / seconds,
-                running=_sum_gauge(now, m.running) or 0.0,
-                waiting=_sum_gauge(now, m.waiting) or 0.0,
-                preemptions=delta(m.preemptions),
-                kv_usage=_sum_gauge(now, m.kv_usage) or 0.0,
-                prefix_queries=delta(m.prefix_queries),
-                prefix_hits=delta(m.prefix_hits),
-                external_queries=delta(m.external_queries),
-                external_hits=delta(m.external_hits),
-                mm_queries=delta(m.mm_queries),
-                mm_hits=delta(m.mm_hits),
-                drafts=delta(m.drafts),
-                draft_tokens=delta(m.draft_tokens),
-                accepted_tokens=delta(m.accepted_tokens),
-                accepted_per_pos=tuple(
-                    max(0.0, pos_now[p] - pos_before.get(p, 0.0)) for p in sorted(pos_now)
-                ),
-                seconds=seconds,
-            )
-        return out
+        return engine_intervals(previous, current, self.metrics)
 
     @staticmethod
     def aggregate(per_engine: dict[int, EngineInterval]) -> EngineInterval:

@@ -59,12 +59,31 @@ class HistogramValue:
             prev_bound, prev_count = bound, cum
         return self.bounds[-2] if len(self.bounds) > 1 else math.nan
 
+    def minus(self, earlier: HistogramValue | None) -> HistogramValue:
+        """The observations made since *earlier* (same series, an older snapshot)."""
+        if earlier is None:
+            return self
+        before = dict(zip(earlier.bounds, earlier.cumulative))
+        cumulative = tuple(max(0.0, c - before.get(b, 0.0)) for b, c in zip(self.bounds, self.cumulative))
+        return HistogramValue(self.bounds, cumulative, max(0.0, self.sum - earlier.sum))
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form: ``{"buckets": [[le, cumulative], ...], "sum", "count"}``."""
+        """JSON-ready form: buckets ``[[le, cumulative], ...]``, sum, count and p50/p90/p99.
+
+        Quantiles are None without observations (JSON has no NaN).
+        """
+
+        def q(x: float) -> float | None:
+            value = self.quantile(x)
+            return None if math.isnan(value) else value
+
         return {
             "buckets": [["+Inf" if b == _INF else b, c] for b, c in zip(self.bounds, self.cumulative)],
             "sum": self.sum,
             "count": self.count,
+            "p50": q(0.5),
+            "p90": q(0.9),
+            "p99": q(0.99),
         }
 
 

@@ -129,6 +129,7 @@ class StatsWriter:
     ) -> None:
         self.config = config or StatsConfig.from_env()
         self.catalog = catalog if catalog is not None else Catalog()
+        self._role = role
         self.writer_id = writer_id or new_writer_id(role)
         self.keys = Keys(self.config.namespace)
         self.engines = tuple(int(e) for e in engines)
@@ -227,6 +228,12 @@ class StatsWriter:
                 return False
             result = FlushResult.from_reply(reply)
             self._protocol.confirmed(result)
+            if result.writer_removed:
+                # Silent for longer than the retention (a paused process?): gc removed this id and
+                # refuses its gauges. Carry on as a new incarnation; the next flush re-sends them.
+                old_id, self.writer_id = self.writer_id, new_writer_id(self._role)
+                self._acc.rename_writer(self.writer_id)
+                log.warning("writer %s was removed by gc; continuing as %s", old_id, self.writer_id)
             self.stats.last_duration = time.perf_counter() - started
             self.stats.last_success = time.time()
             self.stats.flushes += 1

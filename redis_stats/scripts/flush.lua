@@ -10,7 +10,8 @@
 --                        {field, int delta} * nint, {field, float delta} * nfloat,
 --                        {field, "<wall ms>|<value>"} * ngauge
 --
--- Returns {applied (1) or duplicate (0), meta existed before (1/0), failed fields, now ms}.
+-- Returns {status, meta existed before (1/0), failed fields, now ms}; status 1 applied, 0 already
+-- applied (duplicate), 2 applied without gauges because gc removed this writer.
 -- Only the keys of one namespace are touched; they share one hash tag, so one Cluster slot.
 
 local prefix, writer = ARGV[1], ARGV[2]
@@ -21,12 +22,20 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local meta_existed = redis.call('EXISTS', KEYS[4])
 
-local last = tonumber(redis.call('HGET', KEYS[1], writer) or '0') or 0
+local raw = redis.call('HGET', KEYS[1], writer) or '0'
+-- "x<seq>:<ms>": gc removed this writer. Its late flushes still count (deduplicated), but its
+-- gauges stay gone and it is not heartbeated back to life.
+local removed = string.sub(raw, 1, 1) == 'x'
+local last = tonumber(removed and string.match(raw, '^x(%d+)') or raw) or 0
 if seq <= last then
   -- Already applied: the reply of an earlier attempt was lost. Apply nothing twice.
   return {0, meta_existed, 0, now}
 end
-redis.call('HSET', KEYS[1], writer, seq)
+if removed then
+  redis.call('HSET', KEYS[1], writer, 'x' .. seq .. string.match(raw, '(:%d+)$'))
+else
+  redis.call('HSET', KEYS[1], writer, seq)
+end
 
 local i = 6
 local nspecs = tonumber(ARGV[i]); i = i + 1
@@ -67,7 +76,7 @@ while i <= n do
     if type(r) == 'table' and r.err then failed = failed + 1 end
     i = i + 2
   end
-  if ngauge > 0 then
+  if ngauge > 0 and not removed then
     local gkey = prefix .. 'e:' .. engine .. ':g'
     -- HSET in chunks: unpack() of a very long table overflows Lua's C stack.
     local stop = i + 2 * ngauge
@@ -78,10 +87,20 @@ while i <= n do
       redis.call('HSET', gkey, unpack(args))
       i = chunk_end
     end
+  else
+    i = i + 2 * ngauge
   end
-  redis.call('ZADD', KEYS[2], now, engine)
+  if removed then
+    -- Keep the counters reachable, but do not make the engine look alive.
+    redis.call('ZADD', KEYS[2], 'NX', 0, engine)
+  else
+    redis.call('ZADD', KEYS[2], now, engine)
+  end
 end
 
+if removed then
+  return {2, meta_existed, failed, now}
+end
 if closing then
   redis.call('ZADD', KEYS[3], -now, writer)
 else

@@ -1,0 +1,168 @@
+"""The ``redis-stats`` command: demo, exporter, top, inspect, gc."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from . import __version__
+from .config import ConfigError, StatsConfig
+
+__all__ = ["main"]
+
+
+def _config(redis_url: str | None, namespace: str | None) -> StatsConfig:
+    try:
+        return StatsConfig.from_env(url=redis_url, namespace=namespace)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _engines(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(e) for e in text.split(",") if e.strip()]
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is not a comma-separated list of engine indexes, e.g. 0,1"
+        ) from None
+
+
+url_option = click.option("--redis-url", envvar="REDIS_STATS_URL", help="Redis URL [env: REDIS_STATS_URL].")
+namespace_option = click.option(
+    "--namespace",
+    envvar="REDIS_STATS_NAMESPACE",
+    help="Namespace (one deployment) [env: REDIS_STATS_NAMESPACE].",
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="redis-stats")
+def main() -> None:
+    """redis_stats: a Redis-backed distributed stats store for LLM serving fleets."""
+
+
+@main.command()
+@click.option("--redis-url", help="Use this Redis instead of starting a private one.")
+@click.option("--nodes", default=2, show_default=True, type=click.IntRange(1, 64), help="Simulated nodes.")
+@click.option(
+    "--api-servers",
+    default=2,
+    show_default=True,
+    type=click.IntRange(1, 16),
+    help="API-server processes per node.",
+)
+@click.option(
+    "--port",
+    default=9400,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="Port of the Redis view (0: any free port).",
+)
+@click.option("--namespace", default="demo", show_default=True)
+@click.option("--log-interval", default=5.0, show_default=True, type=click.FloatRange(0.5, 3600))
+@click.option("--duration", type=click.FloatRange(1), help="Stop after this many seconds (default: Ctrl-C).")
+def demo(
+    redis_url: str | None,
+    nodes: int,
+    api_servers: int,
+    port: int,
+    namespace: str,
+    log_interval: float,
+    duration: float | None,
+) -> None:
+    """Simulate a multi-node vLLM fleet writing to one Redis; print the rank-0 log; serve /metrics."""
+    from .demo import DemoOptions, run_demo
+    from .embedded import NoServerBinary
+
+    try:
+        code = run_demo(
+            DemoOptions(
+                redis_url=redis_url,
+                nodes=nodes,
+                api_servers=api_servers,
+                port=port,
+                namespace=namespace,
+                duration=duration,
+                log_interval=log_interval,
+            )
+        )
+    except NoServerBinary as exc:
+        raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(f"{exc} (is port {port} taken? try --port 0)") from None
+    sys.exit(code)
+
+
+@main.command()
+@url_option
+@namespace_option
+@click.option("--engines", help="Only these engines, e.g. 0,1 (default: all).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=9400, show_default=True, type=click.IntRange(0, 65535))
+def exporter(redis_url: str | None, namespace: str | None, engines: str | None, host: str, port: int) -> None:
+    """Serve /metrics (every engine), /snapshot (JSON) and /healthz from Redis."""
+    from .exporter import Exporter
+    from .integrations.vllm import vllm_catalog
+    from .reader import StatsReader
+
+    config = _config(redis_url, namespace)
+    server = Exporter(StatsReader(config, vllm_catalog()), engines=_engines(engines), host=host, port=port)
+    click.echo(f"serving {config.namespace!r} from {config.safe_url} on {server.url}/metrics")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        server.close()
+
+
+@main.command()
+@url_option
+@namespace_option
+@click.option("--interval", default=2.0, show_default=True, type=click.FloatRange(0.2, 3600))
+@click.option("--once", is_flag=True, help="Print one table (over one interval) and exit.")
+def top(redis_url: str | None, namespace: str | None, interval: float, once: bool) -> None:
+    """A live per-engine table: throughput, requests, KV usage, TTFT and ITL percentiles."""
+    from .integrations.vllm import vllm_catalog
+    from .reader import StatsReader
+    from .top import run_top
+
+    run_top(StatsReader(_config(redis_url, namespace), vllm_catalog()), interval=interval, once=once)
+
+
+@main.command()
+@url_option
+@namespace_option
+def inspect(redis_url: str | None, namespace: str | None) -> None:
+    """The keys, engines, writers and series of a namespace."""
+    from .inspect import inspect_namespace
+
+    for line in inspect_namespace(_config(redis_url, namespace)):
+        click.echo(line)
+
+
+@main.command()
+@url_option
+@namespace_option
+@click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
+@click.option(
+    "--retention",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds of silence after which engines and writers go (default: config retention).",
+)
+def gc(redis_url: str | None, namespace: str | None, dry_run: bool, retention: float | None) -> None:
+    """Remove engines and writers that stopped heartbeating longer than the retention ago."""
+    from .gc import collect_garbage
+
+    config = _config(redis_url, namespace)
+    if retention is not None:
+        config = config.replace(retention=retention)
+    result = collect_garbage(config, dry_run=dry_run)
+    verb = "would remove" if dry_run else "removed"
+    click.echo(
+        f"{verb} {len(result.engines)} engines {sorted(result.engines)} and "
+        f"{len(result.writers)} writers (retention {config.retention:g} s)"
+    )
+    for w in sorted(result.writers):
+        click.echo(f"  writer {w}")

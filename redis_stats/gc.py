@@ -1,0 +1,56 @@
+"""Retention: remove engines and writers that stopped heartbeating, one collector at a time.
+
+``collect_garbage`` takes a short lease (``rs:{NS}:gc``, SET NX PX) so that when several processes
+run it (every exporter may, on a timer) only one collects at a time, then runs ``gc.lua``, which
+removes in one atomic step:
+
+- engines whose last heartbeat is older than ``retention``: their counter and gauge hashes;
+- writers silent (or closed) for longer than ``retention``: their gauge fields on every engine and
+  their heartbeat; their sequence number becomes a tombstone, so a late flush from them is still
+  deduplicated but cannot bring their gauges back. Tombstones go after one more retention.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import StatsConfig
+from .connection import make_client
+from .keys import Keys
+from .scripts import load_script
+
+__all__ = ["GcResult", "collect_garbage"]
+
+GC_LEASE_MS = 60_000
+
+
+@dataclass
+class GcResult:
+    """What a collection removed (or, in a dry run, would remove)."""
+
+    engines: list[int] = field(default_factory=list)
+    writers: list[str] = field(default_factory=list)
+    tombstones: list[str] = field(default_factory=list)
+    skipped: bool = False
+    """True when another process held the gc lease: nothing was done."""
+
+
+def collect_garbage(config: StatsConfig, *, dry_run: bool = False, client: Any = None) -> GcResult:
+    """Remove what is past ``config.retention`` (or, with *dry_run*, only list it)."""
+    client = client if client is not None else make_client(config)
+    keys = Keys(config.namespace)
+    token = secrets.token_hex(8)
+    if not dry_run and not client.set(keys.gc_lock, token, nx=True, px=GC_LEASE_MS):
+        return GcResult(skipped=True)
+    try:
+        script = client.register_script(load_script("gc"))
+        engines, writers, tombstones = script(
+            keys=[keys.engines, keys.writers, keys.seq],
+            args=[keys.prefix, int(config.retention * 1000), "1" if dry_run else "0"],
+        )
+    finally:
+        if not dry_run and client.get(keys.gc_lock) == token:
+            client.delete(keys.gc_lock)
+    return GcResult(sorted(int(e) for e in engines), list(writers), list(tombstones))

@@ -1,0 +1,164 @@
+"""A simulated vLLM API server: vLLM-shaped stats at realistic rates, for the demo and benchmarks.
+
+Each simulated API server owns the requests routed to it on one engine: requests arrive (Poisson),
+wait, prefill (TTFT), decode one token per engine step (ITL), and finish by ``stop`` or
+``length``. Every step it records the same objects vLLM's front end hands to stat loggers
+(SchedulerStats-like and IterationStats-like), through :class:`VllmRecorder`, so the demo
+exercises the real integration path.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from .integrations.vllm.recorder import VllmRecorder
+
+__all__ = ["LoadProfile", "SimulatedApiServer"]
+
+
+@dataclass(frozen=True)
+class LoadProfile:
+    """How busy one simulated API server is."""
+
+    arrivals_per_s: float = 4.0
+    prompt_tokens: tuple[int, int] = (64, 1024)
+    output_tokens: tuple[int, int] = (16, 256)
+    max_running: int = 32
+    step_s: float = 0.05
+    itl_s: float = 0.03
+    cache_hit_fraction: float = 0.3
+
+
+@dataclass
+class _Request:
+    prompt: int
+    max_tokens: int
+    arrived: float
+    started: float = 0.0
+    first_token: float = 0.0
+    generated: int = 0
+    stop_at: int = 0
+
+
+@dataclass
+class SimulatedApiServer:
+    """Drives a recorder for one engine with a synthetic request stream."""
+
+    recorder: VllmRecorder
+    engine: int
+    profile: LoadProfile = field(default_factory=LoadProfile)
+    seed: int = 0
+    kv_capacity_tokens: int = 65536
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.seed)
+        self._waiting: list[_Request] = []
+        self._running: list[_Request] = []
+        self._last = time.monotonic()
+
+    def step(self, now: float | None = None) -> None:
+        """Advance the simulation to *now* and record one engine-step batch."""
+        now = time.monotonic() if now is None else now
+        dt = max(0.0, now - self._last)
+        self._last = now
+        rng, p = self._rng, self.profile
+        for _ in range(self._poisson(p.arrivals_per_s * dt)):
+            self._waiting.append(
+                _Request(
+                    prompt=rng.randint(*p.prompt_tokens),
+                    max_tokens=rng.randint(*p.output_tokens),
+                    arrived=now,
+                )
+            )
+        prompt_computed = prompt_cached = 0
+        ttfts: list[float] = []
+        new_max_tokens: list[int] = []
+        while self._waiting and len(self._running) < p.max_running:
+            req = self._waiting.pop(0)
+            req.started = now
+            req.first_token = now + rng.uniform(0.02, 0.2) + req.prompt / 20000
+            req.stop_at = req.max_tokens if rng.random() < 0.3 else rng.randint(1, req.max_tokens)
+            cached = int(req.prompt * p.cache_hit_fraction * rng.random())
+            prompt_computed += req.prompt - cached
+            prompt_cached += cached
+            ttfts.append(req.first_token - req.arrived)
+            new_max_tokens.append(req.max_tokens)
+            self._running.append(req)
+        generated = 0
+        itls: list[float] = []
+        finished = []
+        for req in list(self._running):
+            if now < req.first_token:
+                continue
+            new = max(1, int(dt / p.itl_s)) if req.generated else 1
+            new = min(new, req.stop_at - req.generated)
+            generated += new
+            req.generated += new
+            itls += [rng.gauss(p.itl_s, p.itl_s / 5) for _ in range(max(0, new - 1))]
+            if req.generated >= req.stop_at:
+                self._running.remove(req)
+                finished.append(self._finished(req, now))
+        used = sum(r.prompt + r.generated for r in self._running)
+        sched = SimpleNamespace(
+            num_running_reqs=len(self._running),
+            num_waiting_reqs=len(self._waiting),
+            num_skipped_waiting_reqs=0,
+            kv_cache_usage=min(1.0, used / self.kv_capacity_tokens),
+            prefix_cache_stats=SimpleNamespace(queries=prompt_computed + prompt_cached, hits=prompt_cached),
+            connector_prefix_cache_stats=None,
+            spec_decoding_stats=None,
+        )
+        it = SimpleNamespace(
+            num_generation_tokens=generated,
+            num_preempted_reqs=0,
+            num_corrupted_reqs=0,
+            prompt_token_stats=SimpleNamespace(
+                computed=prompt_computed,
+                local_cache_hit=prompt_cached,
+                external_kv_transfer=0,
+                cached_tokens=prompt_cached,
+                total=prompt_computed + prompt_cached,
+            ),
+            num_prompt_tokens=prompt_computed + prompt_cached,
+            time_to_first_tokens_iter=[max(0.0, t) for t in ttfts],
+            inter_token_latencies_iter=[max(0.001, x) for x in itls],
+            n_params_iter=[1] * len(ttfts),
+            max_num_generation_tokens_iter=new_max_tokens,
+            finished_requests=finished,
+        )
+        self.recorder.record(sched, it, engine_idx=self.engine)
+
+    def _finished(self, req: _Request, now: float) -> SimpleNamespace:
+        decode = max(0.0, now - req.first_token)
+        return SimpleNamespace(
+            finish_reason="length" if req.generated >= req.max_tokens else "stop",
+            e2e_latency=now - req.arrived,
+            num_prompt_tokens=req.prompt,
+            num_generation_tokens=req.generated,
+            max_tokens_param=req.max_tokens,
+            queued_time=req.started - req.arrived,
+            prefill_time=max(0.0, req.first_token - req.started),
+            inference_time=now - req.started,
+            decode_time=decode,
+            mean_time_per_output_token=decode / max(1, req.generated - 1),
+            num_cached_tokens=0,
+            num_preemptions=0,
+        )
+
+    def _poisson(self, lam: float) -> int:
+        # Knuth's method: fine for the small means of one step.
+        threshold, k, prod = pow(2.718281828459045, -lam), 0, self._rng.random()
+        while prod > threshold:
+            k += 1
+            prod *= self._rng.random()
+        return k
+
+    def run(self, stop_event: object, duration: float | None = None) -> None:
+        """Step every ``profile.step_s`` until *stop_event* is set (or *duration* passes)."""
+        end = None if duration is None else time.monotonic() + duration
+        while not stop_event.is_set() and (end is None or time.monotonic() < end):  # type: ignore[attr-defined]
+            self.step()
+            time.sleep(self.profile.step_s)
