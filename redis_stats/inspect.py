@@ -22,8 +22,10 @@ def inspect_namespace(config: StatsConfig) -> Iterator[str]:
     yield f"namespace {config.namespace!r} at {config.safe_url} (key prefix {keys.prefix})"
     meta = client.hgetall(keys.meta)
     specs = [f for f in meta if f.startswith("m:")]
-    yield (f"  schema {meta.get('schema', '?')}, catalogue version {meta.get('_v', '?')}, "
-           f"{len(specs)} metrics stored")
+    yield (
+        f"  schema {meta.get('schema', '?')}, catalogue version {meta.get('_v', '?')}, "
+        f"{len(specs)} metrics stored"
+    )
     leader = client.get(keys.leader)
     if leader:
         holder, _, token = leader.rpartition("|")

@@ -1,0 +1,79 @@
+"""Retention: engines and writers gone for good are removed; a late write cannot bring gauges back."""
+
+import time
+
+from redis_stats import StatsReader, StatsWriter
+from redis_stats.gc import collect_garbage
+from redis_stats.keys import Keys
+
+
+def age(client, keys, engine=None, writer=None, seconds=0.0):
+    old = (time.time() - seconds) * 1000
+    if engine is not None:
+        client.zadd(keys.engines, {str(engine): old})
+    if writer is not None:
+        client.zadd(keys.writers, {writer: old})
+
+
+def test_gc_removes_what_is_past_retention_and_dry_run_only_lists(config, catalog, fake_client):
+    cfg = config.replace(retention=60)
+    keys = Keys(cfg.namespace)
+    old = StatsWriter(cfg, catalog, engines=[0], client=fake_client(), start=False)
+    new = StatsWriter(cfg, catalog, engines=[1], client=fake_client(), start=False)
+    for w, e in ((old, 0), (new, 1)):
+        w.gauge("inflight").labels(engine=e).set(3)
+        w.gauge("inflight").labels(engine=1).set(1)
+        w.counter("tokens").labels(engine=e).inc(5)
+        assert w.flush()
+    client = fake_client()
+    age(client, keys, engine=0, writer=old.writer_id, seconds=120)
+
+    dry = collect_garbage(cfg, dry_run=True, client=client)
+    assert (dry.engines, dry.writers) == ([0], [old.writer_id])
+    assert client.exists(keys.counters(0))
+
+    done = collect_garbage(cfg, client=client)
+    assert (done.engines, done.writers) == ([0], [old.writer_id])
+    assert not client.exists(keys.counters(0))
+    snap = StatsReader(cfg, catalog, client=fake_client()).snapshot()
+    assert sorted(snap.engines) == [1]
+    assert old.writer_id not in snap.writers
+    # The removed writer's gauge field on engine 1 is gone, the live writer's stays.
+    assert [f for f in client.hkeys(keys.gauges(1)) if f.endswith(old.writer_id)] == []
+    assert snap.engines[1].gauge("inflight") == 1
+    assert client.hget(keys.seq, old.writer_id).startswith("x")
+
+
+def test_late_write_from_removed_writer_counts_but_does_not_resurrect_gauges(config, catalog, fake_client):
+    cfg = config.replace(retention=60)
+    keys = Keys(cfg.namespace)
+    w = StatsWriter(cfg, catalog, engines=[0], client=fake_client(), start=False)
+    w.gauge("running").labels(engine=0).set(99)
+    w.counter("tokens").labels(engine=0).inc(1)
+    assert w.flush()
+    other = StatsWriter(cfg, catalog, engines=[0], client=fake_client(), start=False)
+    assert other.flush()
+    client = fake_client()
+    old_id = w.writer_id
+    age(client, keys, writer=old_id, seconds=120)
+    collect_garbage(cfg, client=client)
+
+    # The paused process wakes up: its pending flush carries counters and its stale gauge.
+    w.counter("tokens").labels(engine=0).inc(2)
+    w.gauge("running").labels(engine=0).set(98)
+    assert w.flush()
+    snap = StatsReader(cfg, catalog, client=fake_client()).snapshot()
+    assert snap.engines[0].counter("tokens") == 3  # counted, exactly once
+    assert snap.engines[0].gauge("running") is None  # not resurrected
+    assert old_id not in snap.writers
+    # It carries on as a new incarnation: its next flush re-sends its current gauges, now live.
+    assert w.writer_id != old_id
+    assert w.flush()
+    assert StatsReader(cfg, catalog, client=fake_client()).snapshot().engines[0].gauge("running") == 98
+
+
+def test_only_one_process_collects_at_a_time(config, fake_client):
+    keys = Keys(config.namespace)
+    client = fake_client()
+    client.set(keys.gc_lock, "someone-else", px=60_000)
+    assert collect_garbage(config, client=client).skipped
