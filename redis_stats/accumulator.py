@@ -250,14 +250,34 @@ class Batch:
         """Number of hash fields this batch writes."""
         return sum((len(b.ints) + len(b.floats) + len(b.gauges)) // 2 for b in self.engines.values())
 
-    def script_args(self, prefix: str, writer_id: str) -> list[str]:
-        """The ARGV of ``flush.lua`` for this batch."""
+    def script_args(
+        self,
+        prefix: str,
+        writer_id: str,
+        *,
+        owner: str = "",
+        stale_ms: int = 0,
+        claims: Iterable[int] = (),
+        stats: list[str] | tuple[str, ...] = (),
+    ) -> list[str]:
+        """The ARGV of ``flush.lua`` for this batch.
+
+        *owner* claims the *claims* engines for conflict detection; *stats* are the writer's
+        self-metrics as ``field, value`` pairs (absolute values: safe to send again).
+        """
+        claimed = [str(e) for e in claims]
         args = [
             prefix,
             writer_id,
             str(self.seq),
             "1" if self.closing else "0",
             SCHEMA_VERSION,
+            owner,
+            str(stale_ms),
+            str(len(claimed)),
+            *claimed,
+            str(len(stats) // 2),
+            *stats,
             str(len(self.specs)),
         ]
         for spec in self.specs:
@@ -283,6 +303,7 @@ class FlushResult:
     meta_existed: bool
     failed_fields: int
     server_time_ms: int
+    conflicts: int = 0
 
     @property
     def applied(self) -> bool:
@@ -296,9 +317,9 @@ class FlushResult:
 
     @classmethod
     def from_reply(cls, reply: list[object]) -> FlushResult:
-        """Parse the script's reply ``{status, meta_existed, failed, now}``."""
-        status, meta, failed, now = (int(x) for x in reply)  # type: ignore[call-overload]
-        return cls(status, bool(meta), failed, now)
+        """Parse the script's reply ``{status, meta_existed, failed, now, conflicts}``."""
+        status, meta, failed, now, conflicts = (int(x) for x in reply)  # type: ignore[call-overload]
+        return cls(status, bool(meta), failed, now, conflicts)
 
 
 class Accumulator:

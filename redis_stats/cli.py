@@ -120,14 +120,34 @@ def demo(
 @click.option("--engines", help="Only these engines, e.g. 0,1 (default: all).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=9400, show_default=True, type=click.IntRange(0, 65535))
-def exporter(redis_url: str | None, namespace: str | None, engines: str | None, host: str, port: int) -> None:
+@click.option(
+    "--gc-interval",
+    default=300.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="Seconds between retention runs (gc); 0 turns it off.",
+)
+def exporter(
+    redis_url: str | None,
+    namespace: str | None,
+    engines: str | None,
+    host: str,
+    port: int,
+    gc_interval: float,
+) -> None:
     """Serve /metrics (every engine), /snapshot (JSON) and /healthz from Redis."""
     from .exporter import Exporter
     from .integrations.vllm import vllm_catalog
     from .reader import StatsReader
 
     config = _config(redis_url, namespace)
-    server = Exporter(StatsReader(config, vllm_catalog()), engines=_engines(engines), host=host, port=port)
+    server = Exporter(
+        StatsReader(config, vllm_catalog()),
+        engines=_engines(engines),
+        host=host,
+        port=port,
+        gc_interval=gc_interval,
+    )
     click.echo(f"serving {config.namespace!r} from {config.safe_url} on {server.url}/metrics")
     try:
         server.serve_forever()

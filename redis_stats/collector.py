@@ -94,8 +94,17 @@ class RedisCollector:
         for e in sorted(snapshot.engines.values(), key=lambda e: e.engine):
             engine_up.add_metric([str(e.engine)], 1.0 if e.up else 0.0)
             age.add_metric([str(e.engine)], e.age)
+        conflict = GaugeMetricFamily(
+            "redis_stats_engine_conflict",
+            "1 if two live instances (owners) claimed this engine within stale_after, else 0.",
+            labels=[ENGINE_LABEL],
+        )
+        for e in sorted(snapshot.engines.values(), key=lambda e: e.engine):
+            conflict.add_metric([str(e.engine)], 1.0 if e.conflict else 0.0)
         yield engine_up
         yield age
+        yield conflict
+        yield from writer_families(snapshot)
         skipped = GaugeMetricFamily(
             "redis_stats_skipped_fields",
             "Fields of the last read that could not be decoded and were skipped, by reason.",
@@ -104,6 +113,75 @@ class RedisCollector:
         for reason, n in sorted(snapshot.skipped.items()):
             skipped.add_metric([reason], n)
         yield skipped
+
+
+def writer_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """Every writer's self-metrics, as stored with its last flush (``WriterStats.as_fields``)."""
+    w = ["writer"]
+    up = GaugeMetricFamily(
+        "redis_stats_writer_up", "1 if the writer heartbeated within stale_after.", labels=w
+    )
+    flushes = CounterMetricFamily("redis_stats_writer_flushes", "Flushes confirmed by Redis.", labels=w)
+    errors = CounterMetricFamily(
+        "redis_stats_writer_flush_errors",
+        "Failed flush attempts, by kind (reported after Redis answers again).",
+        labels=[*w, "kind"],
+    )
+    drops = CounterMetricFamily(
+        "redis_stats_writer_dropped_updates",
+        "Updates dropped on the hot path, by reason.",
+        labels=[*w, "reason"],
+    )
+    conflicts = CounterMetricFamily(
+        "redis_stats_writer_conflicts", "Flushes that found another live owner of a claimed engine.", labels=w
+    )
+    pending = GaugeMetricFamily(
+        "redis_stats_writer_pending_series", "Series changed but not yet sent, at the last flush.", labels=w
+    )
+    age = GaugeMetricFamily(
+        "redis_stats_writer_last_flush_age_seconds",
+        "Seconds since the writer's last successful flush.",
+        labels=w,
+    )
+    duration = HistogramMetricFamily(
+        "redis_stats_writer_flush_duration_seconds",
+        "Duration of successful flushes (one script call).",
+        labels=w,
+    )
+    now_ms = snapshot.time * 1000.0
+    for wid, info in sorted(snapshot.writers.items()):
+        up.add_metric([wid], 1.0 if info.live else 0.0)
+        st = info.stats
+        if not st:
+            continue
+        num = _number_reader(st)
+        flushes.add_metric([wid], num("flushes"))
+        conflicts.add_metric([wid], num("conflicts"))
+        pending.add_metric([wid], num("pending"))
+        if "last_ok_ms" in st:
+            age.add_metric([wid], max(0.0, (now_ms - num("last_ok_ms")) / 1000.0))
+        buckets, running = [], 0.0
+        for key in sorted((k for k in st if k.startswith("dur:")), key=lambda k: float(k[4:])):
+            running += num(key)
+            buckets.append((floatToGoString(float(key[4:])), running))
+        if buckets:
+            duration.add_metric([wid], buckets, num("dur_sum"))
+        for key in st:
+            if key.startswith("err:"):
+                errors.add_metric([wid, key[4:]], num(key))
+            elif key.startswith("drop:"):
+                drops.add_metric([wid, key[5:]], num(key))
+    yield from (up, flushes, errors, drops, conflicts, pending, age, duration)
+
+
+def _number_reader(stats: dict[str, str]):
+    def num(key: str) -> float:
+        try:
+            return float(stats.get(key, 0))
+        except ValueError:
+            return 0.0
+
+    return num
 
 
 def families(snapshot: Snapshot) -> Iterator[Metric]:

@@ -30,7 +30,8 @@ log = logging.getLogger("redis_stats.exporter")
 class Exporter:
     """Serves ``/metrics``, ``/snapshot`` and ``/healthz`` from a thread.
 
-    *port* 0 picks a free port (see :attr:`port` after :meth:`start`).
+    *port* 0 picks a free port (see :attr:`port` after :meth:`start`). With *gc_interval* > 0 it
+    also runs retention (``redis_stats.gc``) that often.
     """
 
     def __init__(
@@ -40,6 +41,7 @@ class Exporter:
         engines: list[int] | None = None,
         host: str = "127.0.0.1",
         port: int = 9400,
+        gc_interval: float = 0.0,
     ) -> None:
         self.reader = reader
         self.engines = engines
@@ -48,6 +50,8 @@ class Exporter:
         self._server = ThreadingHTTPServer((host, port), self._handler())
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
+        self.gc_interval = gc_interval
+        self._stop = threading.Event()
 
     @property
     def port(self) -> int:

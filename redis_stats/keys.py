@@ -61,6 +61,20 @@ class Keys:
         """String with a TTL: the process currently collecting garbage."""
         return self.prefix + "gc"
 
+    @property
+    def claims(self) -> str:
+        """Hash: engine -> ``<owner>|<ms>``, the instance that last claimed the engine."""
+        return self.prefix + "claims"
+
+    @property
+    def conflicts(self) -> str:
+        """Hash: engine -> ``<owner a>|<owner b>|<ms>``, when two live instances claimed it."""
+        return self.prefix + "conflicts"
+
+    def writer_stats(self, writer_id: str) -> str:
+        """Hash: one writer's self-metrics (flushes, errors, drops, flush durations, ...)."""
+        return f"{self.prefix}w:{writer_id}"
+
     def counters(self, engine: int) -> str:
         """Hash: counters and histogram buckets/sums of one engine, field -> number."""
         return f"{self.prefix}e:{engine}:c"

@@ -37,7 +37,7 @@ class StatsReader:
 
     def read_args(self, engines: Iterable[int] | None = None) -> tuple[list[str], list[str]]:
         """KEYS and ARGV of ``read.lua`` (shared with the asyncio reader)."""
-        keys = [self.keys.engines, self.keys.writers, self.keys.meta]
+        keys = [self.keys.engines, self.keys.writers, self.keys.meta, self.keys.conflicts]
         args = [self.keys.prefix, self._decoder.meta_version]
         if engines is not None:
             args += [str(int(e)) for e in engines]

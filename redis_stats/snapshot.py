@@ -99,6 +99,8 @@ class EngineSnapshot:
     age: float
     up: bool
     counters: dict[SeriesKey, float] = field(default_factory=dict)
+    conflict: tuple[str, ...] = ()
+    """Owners of two live instances that both claimed this engine within stale_after, if any."""
     gauges: dict[SeriesKey, float] = field(default_factory=dict)
     histograms: dict[SeriesKey, HistogramValue] = field(default_factory=dict)
 
@@ -115,14 +117,16 @@ class EngineSnapshot:
         return self.histograms.get((name, labels))
 
 
-@dataclass(frozen=True)
+@dataclass
 class WriterInfo:
-    """A writer's last heartbeat (server time, s), its age, and whether it closed or went stale."""
+    """A writer's last heartbeat (server time, s), its age, whether it closed or went stale, and
+    the self-metrics it stored with its last flush (field -> text, see ``WriterStats.as_fields``)."""
 
     heartbeat: float
     age: float
     closed: bool
     live: bool
+    stats: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -242,9 +246,13 @@ class SnapshotDecoder:
             writers[wid] = WriterInfo(
                 beat / 1000.0, age, closed, not closed and age * 1000.0 <= self.stale_after_ms
             )
+        conflicts = self._conflicts(reply[5], now_ms)
         engines: dict[int, EngineSnapshot] = {}
-        hashes = reply[5:]
-        for idx, (engine_text, score) in enumerate(_pairs(reply[1])):
+        engine_pairs = list(_pairs(reply[1]))
+        hashes = reply[6 : 6 + 2 * len(engine_pairs)]
+        for stats, info in zip(reply[6 + 2 * len(engine_pairs) :], writers.values()):
+            info.stats = dict(_pairs(stats))
+        for idx, (engine_text, score) in enumerate(engine_pairs):
             try:
                 engine = int(engine_text)
             except ValueError:
@@ -253,11 +261,25 @@ class SnapshotDecoder:
             beat = float(score)
             age = max(0.0, (now_ms - beat) / 1000.0)
             snap = EngineSnapshot(engine, beat / 1000.0, age, age * 1000.0 <= self.stale_after_ms)
+            snap.conflict = conflicts.get(engine_text, ())
             self._decode_counters(snap, hashes[2 * idx], skipped)
             if snap.up:
                 self._decode_gauges(snap, hashes[2 * idx + 1], writers, skipped)
             engines[engine] = snap
         return Snapshot(now_ms / 1000.0, engines, writers, self.catalog, skipped)
+
+    def _conflicts(self, flat: list[Any], now_ms: float) -> dict[str, tuple[str, ...]]:
+        """Engines claimed by two live owners within stale_after: engine -> (owner a, owner b)."""
+        out = {}
+        for engine, text in _pairs(flat):
+            parts = text.split("|")
+            try:
+                at = float(parts[-1])
+            except ValueError:
+                continue
+            if len(parts) >= 3 and now_ms - at <= self.stale_after_ms:
+                out[engine] = tuple(parts[:-1])
+        return out
 
     def _decode_counters(self, snap: EngineSnapshot, flat: list[Any], skipped: _Tally[str]) -> None:
         buckets: dict[SeriesKey, dict[float, float]] = {}

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import secrets
 import socket
 import threading
 import time
+from bisect import bisect_left
 from collections import Counter as _Tally
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,16 +66,59 @@ def error_kind(exc: BaseException) -> str:
     return "other"
 
 
+# Upper bounds (s) of the flush-duration histogram of every writer's self-metrics.
+FLUSH_DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
 @dataclass
 class WriterStats:
-    """What a writer has done so far (the source of its self-metrics)."""
+    """What a writer has done so far (the source of its self-metrics, stored with every flush)."""
 
     flushes: int = 0
     duplicates: int = 0
     errors: _Tally[str] = field(default_factory=_Tally)
     failed_fields: int = 0
+    conflicts: int = 0
     last_success: float = 0.0
     last_duration: float = 0.0
+    duration_counts: list[int] = field(default_factory=lambda: [0] * (len(FLUSH_DURATION_BUCKETS) + 1))
+    duration_sum: float = 0.0
+
+    def observe_duration(self, seconds: float) -> None:
+        """Count one successful flush's duration."""
+        self.last_duration = seconds
+        self.duration_sum += seconds
+        self.duration_counts[bisect_left(FLUSH_DURATION_BUCKETS, seconds)] += 1
+
+    def as_fields(
+        self, drops: dict[str, int], pending: int, engines: tuple[int, ...], owner: str
+    ) -> list[str]:
+        """Field/value pairs for the writer's stats hash (absolute values)."""
+        out = [
+            "flushes",
+            str(self.flushes),
+            "duplicates",
+            str(self.duplicates),
+            "failed_fields",
+            str(self.failed_fields),
+            "conflicts",
+            str(self.conflicts),
+            "pending",
+            str(pending),
+            "dur_sum",
+            repr(self.duration_sum),
+            "engines",
+            ",".join(map(str, engines)),
+            "owner",
+            owner,
+        ]
+        for kind, n in self.errors.items():
+            out += (f"err:{kind}", str(n))
+        for reason, n in drops.items():
+            out += (f"drop:{reason}", str(n))
+        for bound, n in zip((*FLUSH_DURATION_BUCKETS, math.inf), self.duration_counts):
+            out += (f"dur:{'+Inf' if bound == math.inf else repr(bound)}", str(n))
+        return out
 
 
 class MetricHandle:
@@ -112,8 +157,11 @@ class StatsWriter:
     """Records stats of one process incarnation and flushes them to Redis from a thread.
 
     *engines* are heartbeated on every flush (so an idle engine stays up); engines that get data
-    are heartbeated too. *client* overrides the client built from ``config.url`` (tests pass a
-    fakeredis client). With ``start=False`` no thread runs and :meth:`flush` is called by hand.
+    are heartbeated too. *owner* names the instance that runs those engines (all API servers of
+    one vLLM instance share it): when two live owners claim the same engine, both are warned and
+    ``redis_stats_engine_conflict`` shows it. *client* overrides the client built from
+    ``config.url`` (tests pass a fakeredis client). With ``start=False`` no thread runs and
+    :meth:`flush` is called by hand.
     """
 
     def __init__(
@@ -124,12 +172,14 @@ class StatsWriter:
         engines: tuple[int, ...] | list[int] = (),
         writer_id: str | None = None,
         role: str = "",
+        owner: str = "",
         client: Any = None,
         start: bool = True,
     ) -> None:
         self.config = config or StatsConfig.from_env()
         self.catalog = catalog if catalog is not None else Catalog()
         self._role = role
+        self.owner = owner
         self.writer_id = writer_id or new_writer_id(role)
         self.keys = Keys(self.config.namespace)
         self.engines = tuple(int(e) for e in engines)
@@ -209,16 +259,31 @@ class StatsWriter:
         """
         with self._flush_lock:
             batch = self._protocol.next_batch(self.engines, closing=closing)
-            args = batch.script_args(self.keys.prefix, self.writer_id)
-            keys = [self.keys.seq, self.keys.engines, self.keys.writers, self.keys.meta]
+            offset = self.config.engine_offset
+            args = batch.script_args(
+                self.keys.prefix,
+                self.writer_id,
+                owner=self.owner,
+                stale_ms=int(self.config.stale_after * 1000),
+                claims=[e + offset for e in self.engines] if self.owner else (),
+                stats=self.stats.as_fields(self.drops, self._acc.pending_series(), self.engines, self.owner),
+            )
+            keys = [
+                self.keys.seq,
+                self.keys.engines,
+                self.keys.writers,
+                self.keys.meta,
+                self.keys.claims,
+                self.keys.conflicts,
+            ]
             started = time.perf_counter()
             try:
                 reply = self._script(keys=keys, args=args)
             except Exception as exc:  # never raise into the host
                 kind = error_kind(exc)
-                first = not self.stats.errors
                 self.stats.errors[kind] += 1
-                log_fn = log.warning if first or self.stats.errors[kind] == 1 else log.debug
+                # Warn on the first failure of each kind; the rest go to DEBUG (and the counters).
+                log_fn = log.warning if self.stats.errors[kind] == 1 else log.debug
                 log_fn(
                     "flush to %s failed (%s: %s); will retry with the same batch",
                     self.config.safe_url,
@@ -228,17 +293,28 @@ class StatsWriter:
                 return False
             result = FlushResult.from_reply(reply)
             self._protocol.confirmed(result)
+            self.stats.observe_duration(time.perf_counter() - started)
+            self.stats.last_success = time.time()
+            self.stats.flushes += 1
+            self.stats.duplicates += not result.applied
+            self.stats.failed_fields += result.failed_fields
+            if result.conflicts:
+                if not self.stats.conflicts:
+                    log.warning(
+                        "another live instance also claims engine(s) %s of namespace %r (this one: %r): "
+                        "their scheduler gauges will mix; give each instance its own engine index "
+                        "(REDIS_STATS_ENGINE_OFFSET) or namespace",
+                        [e + offset for e in self.engines],
+                        self.config.namespace,
+                        self.owner,
+                    )
+                self.stats.conflicts += result.conflicts
             if result.writer_removed:
                 # Silent for longer than the retention (a paused process?): gc removed this id and
                 # refuses its gauges. Carry on as a new incarnation; the next flush re-sends them.
                 old_id, self.writer_id = self.writer_id, new_writer_id(self._role)
                 self._acc.rename_writer(self.writer_id)
                 log.warning("writer %s was removed by gc; continuing as %s", old_id, self.writer_id)
-            self.stats.last_duration = time.perf_counter() - started
-            self.stats.last_success = time.time()
-            self.stats.flushes += 1
-            self.stats.duplicates += not result.applied
-            self.stats.failed_fields += result.failed_fields
             return True
 
     @property

@@ -17,16 +17,20 @@ from redis_stats.embedded import free_port
 class CuttingProxy:
     """Forwards 127.0.0.1:<port> to 127.0.0.1:<target_port>.
 
-    ``cut_probability``: chance that a reply from the server is dropped and both sides closed.
-    ``delay``: seconds added before each reply is forwarded. ``refuse``: close new connections.
+    ``cut_probability``: chance that a reply from the server is dropped and both sides closed
+    (the server applied the command; the client never hears so).
+    ``reset_probability``: chance that a request is dropped and both sides closed before the
+    server sees it. ``delay``: seconds added before each reply is forwarded.
     """
 
     def __init__(self, target_port: int, *, seed: int = 1) -> None:
         self.target_port = target_port
         self.port = free_port()
         self.cut_probability = 0.0
+        self.reset_probability = 0.0
         self.delay = 0.0
         self.cuts = 0
+        self.resets = 0
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", self.port))
@@ -55,10 +59,13 @@ class CuttingProxy:
             threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
             threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
 
-    def _should_cut(self) -> bool:
+    def _should_cut(self, is_reply: bool) -> bool:
         with self._lock:
-            if self._rng.random() < self.cut_probability:
-                self.cuts += 1
+            if self._rng.random() < (self.cut_probability if is_reply else self.reset_probability):
+                if is_reply:
+                    self.cuts += 1
+                else:
+                    self.resets += 1
                 return True
             return False
 
@@ -68,11 +75,10 @@ class CuttingProxy:
                 data = src.recv(65536)
                 if not data:
                     break
-                if is_reply:
-                    if self.delay:
-                        time.sleep(self.delay)
-                    if self._should_cut():
-                        break
+                if is_reply and self.delay:
+                    time.sleep(self.delay)
+                if self._should_cut(is_reply):
+                    break
                 dst.sendall(data)
         except OSError:
             pass

@@ -77,3 +77,24 @@ def test_only_one_process_collects_at_a_time(config, fake_client):
     client = fake_client()
     client.set(keys.gc_lock, "someone-else", px=60_000)
     assert collect_garbage(config, client=client).skipped
+
+
+def test_exporter_runs_retention_on_a_timer(redis_server, namespace, catalog):
+    from redis_stats import StatsConfig
+    from redis_stats.connection import make_client
+    from redis_stats.exporter import Exporter
+
+    cfg = StatsConfig(url=redis_server.url, namespace=namespace, retention=60)
+    w = StatsWriter(cfg, catalog, engines=[5], start=False)
+    assert w.flush()
+    client = make_client(cfg)
+    age(client, Keys(namespace), engine=5, seconds=120)
+    exporter = Exporter(StatsReader(cfg, catalog), port=0, gc_interval=0.2).start()
+    try:
+        deadline = time.monotonic() + 5
+        while client.zscore(Keys(namespace).engines, "5") is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        exporter.close()
+    assert client.zscore(Keys(namespace).engines, "5") is None
+    w._closed = True

@@ -1,22 +1,28 @@
 -- redis_stats flush: apply one writer's batch atomically and exactly once.
 --
--- KEYS[1] seq hash       writer id -> last applied sequence number
--- KEYS[2] engines zset   engine -> last heartbeat (ms, server time)
--- KEYS[3] writers zset   writer id -> last heartbeat (ms; negative: closed at -score)
--- KEYS[4] meta hash      schema, _v (catalogue version), m:<metric> -> spec JSON
+-- KEYS[1] seq hash        writer id -> last applied sequence number ("x<seq>:<ms>": removed by gc)
+-- KEYS[2] engines zset    engine -> last heartbeat (ms, server time)
+-- KEYS[3] writers zset    writer id -> last heartbeat (ms; negative: closed at -score)
+-- KEYS[4] meta hash       schema, _v (catalogue version), m:<metric> -> spec JSON
+-- KEYS[5] claims hash     engine -> "<owner>|<ms>": which instance last claimed the engine
+-- KEYS[6] conflicts hash  engine -> "<owner a>|<owner b>|<ms>": two live owners seen
 --
--- ARGV: prefix, writer, seq, closing (0/1), schema, nspecs, {name, json} * nspecs,
+-- ARGV: prefix, writer, seq, closing (0/1), schema, owner, stale ms,
+--       nclaims, {engine} * nclaims,
+--       nstats, {field, value} * nstats           (the writer's self-metrics, absolute values)
+--       nspecs, {name, json} * nspecs,
 --       then per engine: engine, nint, nfloat, ngauge,
 --                        {field, int delta} * nint, {field, float delta} * nfloat,
 --                        {field, "<wall ms>|<value>"} * ngauge
 --
--- Returns {status, meta existed before (1/0), failed fields, now ms}; status 1 applied, 0 already
--- applied (duplicate), 2 applied without gauges because gc removed this writer.
+-- Returns {status, meta existed before (1/0), failed fields, now ms, conflicts}; status 1 applied,
+-- 0 already applied (a duplicate), 2 applied without gauges because gc removed this writer.
 -- Only the keys of one namespace are touched; they share one hash tag, so one Cluster slot.
 
 local prefix, writer = ARGV[1], ARGV[2]
 local seq = tonumber(ARGV[3])
 local closing = ARGV[4] == '1'
+local owner, stale = ARGV[6], tonumber(ARGV[7])
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -29,15 +35,44 @@ local removed = string.sub(raw, 1, 1) == 'x'
 local last = tonumber(removed and string.match(raw, '^x(%d+)') or raw) or 0
 if seq <= last then
   -- Already applied: the reply of an earlier attempt was lost. Apply nothing twice.
-  return {0, meta_existed, 0, now}
+  return {0, meta_existed, 0, now, 0}
 end
+-- The first write: under maxmemory an OOM aborts the script here, before anything is applied.
 if removed then
   redis.call('HSET', KEYS[1], writer, 'x' .. seq .. string.match(raw, '(:%d+)$'))
 else
   redis.call('HSET', KEYS[1], writer, seq)
 end
 
-local i = 6
+local i = 8
+local conflicts = 0
+local nclaims = tonumber(ARGV[i]); i = i + 1
+for _ = 1, nclaims do
+  local engine = ARGV[i]; i = i + 1
+  if not removed and owner ~= '' then
+    local cur = redis.call('HGET', KEYS[5], engine)
+    if cur then
+      local sep = string.find(cur, '|', 1, true)
+      local other, at = string.sub(cur, 1, sep - 1), tonumber(string.sub(cur, sep + 1))
+      if other ~= owner and now - at < stale then
+        -- Another live instance claims this engine: two sources of "the" scheduler gauges.
+        redis.call('HSET', KEYS[6], engine, other .. '|' .. owner .. '|' .. now)
+        conflicts = conflicts + 1
+      end
+    end
+    redis.call('HSET', KEYS[5], engine, owner .. '|' .. now)
+  end
+end
+
+local nstats = tonumber(ARGV[i]); i = i + 1
+if nstats > 0 then
+  local wkey = prefix .. 'w:' .. writer
+  local args = {}
+  for j = 1, 2 * nstats do args[j] = ARGV[i + j - 1] end
+  redis.call('HSET', wkey, 'last_ok_ms', now, unpack(args))
+end
+i = i + 2 * nstats
+
 local nspecs = tonumber(ARGV[i]); i = i + 1
 local changed = false
 if nspecs > 0 then
@@ -99,11 +134,11 @@ while i <= n do
 end
 
 if removed then
-  return {2, meta_existed, failed, now}
+  return {2, meta_existed, failed, now, conflicts}
 end
 if closing then
   redis.call('ZADD', KEYS[3], -now, writer)
 else
   redis.call('ZADD', KEYS[3], now, writer)
 end
-return {1, meta_existed, failed, now}
+return {1, meta_existed, failed, now, conflicts}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from typing import Any
 
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
@@ -53,7 +54,13 @@ class RedisStatLogger(AggregateStatLoggerBase):
         cache_labels = self._cache_config_labels(vllm_config)
         catalog = vllm_catalog(int(getattr(model_config, "max_model_len", 8192) or 8192), cache_labels)
         rank = getattr(vllm_config.parallel_config, "_api_process_rank", 0)
-        self.writer = StatsWriter(config, catalog, engines=self.engine_indexes, role=f"api{rank}")
+        # All API servers of one `vllm serve` are children of its main process (or are it, with a
+        # single API server): host + that pid names the instance that owns these engines.
+        api_count = getattr(vllm_config.parallel_config, "_api_process_count", 1) or 1
+        owner = f"{socket.gethostname()}:{os.getppid() if api_count > 1 else os.getpid()}"
+        self.writer = StatsWriter(
+            config, catalog, engines=self.engine_indexes, role=f"api{rank}", owner=owner
+        )
         lora = getattr(vllm_config, "lora_config", None)
         self.recorder = VllmRecorder(
             self.writer,
