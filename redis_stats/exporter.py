@@ -70,14 +70,36 @@ class Exporter:
             target=self._server.serve_forever, name="redis_stats-exporter", daemon=True
         )
         self._thread.start()
+        self._start_gc()
         return self
 
     def serve_forever(self) -> None:
         """Serve in the calling thread (until :meth:`close` from another thread, or Ctrl-C)."""
+        self._start_gc()
         self._server.serve_forever()
 
+    def _start_gc(self) -> None:
+        # Retention on a timer: every exporter may run it; the gc lease lets one collect at a time.
+        if self.gc_interval > 0:
+            threading.Thread(target=self._gc_loop, name="redis_stats-gc", daemon=True).start()
+
+    def _gc_loop(self) -> None:
+        from .gc import collect_garbage
+
+        while not self._stop.wait(self.gc_interval):
+            try:
+                result = collect_garbage(self.reader.config)
+            except Exception as exc:
+                log.debug("gc failed: %s", exc)
+                continue
+            if result.engines or result.writers:
+                log.info(
+                    "gc removed engines %s and %d writers past retention", result.engines, len(result.writers)
+                )
+
     def close(self) -> None:
-        """Stop serving."""
+        """Stop serving (and the retention timer)."""
+        self._stop.set()
         self._server.shutdown()
         self._server.server_close()
 

@@ -54,7 +54,8 @@ class Recorder:
         p99 = ordered[int(len(ordered) * 0.99)] * 1e6
         worst = ordered[-1] * 1e3
         print(
-            f"\n[{label}] record calls: {len(ordered)}, p50 {p50:.1f} us, p99 {p99:.1f} us, max {worst:.2f} ms"
+            f"\n[{label}] record calls: {len(ordered)}, p50 {p50:.1f} us, p99 {p99:.1f} us, "
+            f"max {worst:.2f} ms"
         )
         return ordered[-1]
 
@@ -191,7 +192,8 @@ def test_sigkilled_writers_leave_whole_flushes_and_their_gauges_go_stale(redis_s
             time.sleep(0.05)
     drain(survivor)
     print(
-        f"\n[SIGKILL] victims' gauges hidden {hidden_after:.2f} s after the kill (stale_after {stale_after} s)"
+        f"\n[SIGKILL] victims' gauges hidden {hidden_after:.2f} s after the kill "
+        f"(stale_after {stale_after} s)"
     )
     assert hidden_after is not None and hidden_after <= 2 * stale_after
     snap = reader.snapshot()
