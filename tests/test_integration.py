@@ -21,12 +21,12 @@ N = 10_000
 
 
 def test_four_writer_processes_totals_exact_and_fifth_process_metrics_lists_every_engine(
-    redis_server, namespace, python_env
+    core_server, namespace, python_env
 ):
     layout = ["0,1", "2,3", "0,2", "1,3"]  # 4 processes x 2 engines, engines shared by writers
     procs = [
         subprocess.Popen(
-            [PYTHON, "-m", "tests.helpers.writer_proc", redis_server.url, namespace, engines, str(N)],
+            [PYTHON, "-m", "tests.helpers.writer_proc", core_server.url, namespace, engines, str(N)],
             cwd=ROOT,
             env=python_env,
         )
@@ -36,7 +36,7 @@ def test_four_writer_processes_totals_exact_and_fifth_process_metrics_lists_ever
 
     port = free_port()
     reader = subprocess.Popen(
-        [PYTHON, "-m", "tests.helpers.reader_proc", redis_server.url, namespace, str(port)],
+        [PYTHON, "-m", "tests.helpers.reader_proc", core_server.url, namespace, str(port)],
         cwd=ROOT,
         env=python_env,
         stdin=subprocess.PIPE,
@@ -65,8 +65,8 @@ def test_four_writer_processes_totals_exact_and_fifth_process_metrics_lists_ever
     assert up == {"0": 1.0, "1": 1.0, "2": 1.0, "3": 1.0}
 
 
-def test_exactly_once_over_a_thousand_flushes_with_cut_replies(redis_server, namespace):
-    proxy = CuttingProxy(redis_server.port, seed=7)
+def test_exactly_once_over_a_thousand_flushes_with_cut_replies(core_server, namespace):
+    proxy = CuttingProxy(core_server.port, seed=7)
     cfg = StatsConfig(url=proxy.url, namespace=namespace, socket_timeout_ms=2000)
     writer = StatsWriter(cfg, sample_catalog(), engines=[0], start=False)
     tokens = writer.counter("tokens").labels(engine=0)
@@ -86,15 +86,15 @@ def test_exactly_once_over_a_thousand_flushes_with_cut_replies(redis_server, nam
     assert not writer.pending()
     assert proxy.cuts > 100
     assert writer.stats.duplicates > 50  # replies were lost after Redis applied the batch
-    snap = StatsReader(StatsConfig(url=redis_server.url, namespace=namespace), sample_catalog()).snapshot()
+    snap = StatsReader(StatsConfig(url=core_server.url, namespace=namespace), sample_catalog()).snapshot()
     assert snap.engines[0].counter("tokens") == sum(i % 7 + 1 for i in range(1000))
     h = snap.engines[1].histogram("latency_seconds")
     assert h.count == 1000
     assert h.sum == pytest.approx(300.0)
 
 
-def test_server_down_then_back_record_never_blocks_and_totals_are_exact(own_redis_server, namespace):
-    server = own_redis_server
+def test_server_down_then_back_record_never_blocks_and_totals_are_exact(own_core_server, namespace):
+    server = own_core_server
     cfg = StatsConfig(
         url=server.url,
         namespace=namespace,
@@ -152,8 +152,8 @@ def test_writer_starts_before_redis_exists(namespace):
         assert snap.engines[0].counter("tokens") == 3
 
 
-def test_scraper_never_sees_a_torn_histogram(redis_server, namespace):
-    cfg = StatsConfig(url=redis_server.url, namespace=namespace, flush_interval=0.01)
+def test_scraper_never_sees_a_torn_histogram(core_server, namespace):
+    cfg = StatsConfig(url=core_server.url, namespace=namespace, flush_interval=0.01)
     writers = [StatsWriter(cfg, sample_catalog(), engines=[0]) for _ in range(3)]
     stop = threading.Event()
 

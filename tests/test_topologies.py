@@ -1,0 +1,203 @@
+"""Where users outgrow one Redis: Cluster, Sentinel with failover, TLS, ACL users, secrets.
+
+Each test starts its own servers on free loopback ports and stops them by pid.
+"""
+
+import logging
+import subprocess
+import time
+import urllib.request
+
+import pytest
+import redis
+
+from redis_stats import StatsConfig, StatsReader, StatsWriter
+from redis_stats.connection import make_client
+from redis_stats.embedded import EmbeddedRedis, free_port
+from redis_stats.exporter import Exporter
+from redis_stats.keys import Keys
+
+from . import acl
+from .conftest import PYTHON, ROOT, sample_catalog
+from .servers import Cluster, SentinelSetup, make_certificates
+
+pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
+
+N = 3000
+LAYOUT = ["0,1", "0,1"]  # 2 writer processes x 2 engines, both writing every engine
+
+
+def run_writers(url: str, namespace: str, python_env, *, spread: float = 0.0, env: dict | None = None):
+    procs = [
+        subprocess.Popen(
+            [PYTHON, "-m", "tests.helpers.writer_proc", url, namespace, engines, str(N), str(spread)],
+            cwd=ROOT,
+            env={**python_env, **(env or {})},
+        )
+        for engines in LAYOUT
+    ]
+    return procs
+
+
+def assert_exact(snapshot) -> None:
+    assert sorted(snapshot.engines) == [0, 1]
+    for e in (0, 1):
+        engine = snapshot.engines[e]
+        assert engine.counter("tokens") == N * len(LAYOUT)
+        assert engine.counter("requests", "stop") == N * len(LAYOUT)
+        assert engine.histogram("latency_seconds").count == N * len(LAYOUT)
+
+
+def full_scrape_families(reader) -> set[str]:
+    from .test_collector import scrape
+
+    fams, _ = scrape(reader)
+    return {name for name, fam in fams.items() if fam.samples}
+
+
+@pytest.fixture
+def cluster():
+    c = Cluster().start()
+    yield c
+    c.close()
+
+
+def test_cluster_exact_totals_and_namespaces_spread_over_nodes(cluster, namespace, python_env):
+    procs = run_writers(cluster.url, namespace, python_env)
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    reader = StatsReader(StatsConfig(url=cluster.url, namespace=namespace), sample_catalog())
+    assert_exact(reader.snapshot())
+    assert {"tokens", "requests", "latency_seconds", "redis_stats_engine_up"} <= full_scrape_families(reader)
+    # One namespace = one slot (its hash tag); many namespaces spread over the masters.
+    client = make_client(StatsConfig(url=cluster.url))
+    owners = {client.get_node_from_key(Keys(f"ns-{i}").seq).port for i in range(30)}
+    assert len(owners) == 3
+
+
+@pytest.fixture
+def sentinel():
+    s = SentinelSetup().start()
+    yield s
+    s.close()
+
+
+def test_sentinel_failover_while_writers_run_with_wait_acknowledgement(sentinel, namespace, python_env):
+    before = sentinel.master_port()
+    procs = run_writers(
+        sentinel.url,
+        namespace,
+        python_env,
+        spread=6.0,
+        env={
+            "REDIS_STATS_WAIT_REPLICAS": "1",
+            "REDIS_STATS_WAIT_TIMEOUT_MS": "200",
+            "REDIS_STATS_SOCKET_TIMEOUT_MS": "500",
+            "REDIS_STATS_CONNECT_TIMEOUT_MS": "500",
+        },
+    )
+    time.sleep(2.5)
+    sentinel.failover()
+    deadline = time.monotonic() + 30
+    while sentinel.master_port() == before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert sentinel.master_port() != before
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    reader = StatsReader(StatsConfig(url=sentinel.url, namespace=namespace), sample_catalog())
+    assert_exact(reader.snapshot())
+
+
+def test_tls_with_verified_certificates(tmp_path, namespace, python_env):
+    certs = make_certificates(tmp_path)
+    server = EmbeddedRedis()
+    tls_port = free_port()
+    server.extra_args = [
+        "--tls-port",
+        str(tls_port),
+        "--tls-cert-file",
+        str(certs["cert"]),
+        "--tls-key-file",
+        str(certs["key"]),
+        "--tls-ca-cert-file",
+        str(certs["ca"]),
+        "--tls-auth-clients",
+        "optional",
+    ]
+    server.start()
+    try:
+        url = f"rediss://127.0.0.1:{tls_port}/0?ssl_ca_certs={certs['ca']}&ssl_cert_reqs=required"
+        procs = run_writers(url, namespace, python_env)
+        assert [p.wait(timeout=120) for p in procs] == [0, 0]
+        assert_exact(StatsReader(StatsConfig(url=url, namespace=namespace), sample_catalog()).snapshot())
+        # Without the CA, verification fails: the flush is refused, counted, and nothing raises.
+        bad = StatsWriter(
+            StatsConfig(url=f"rediss://127.0.0.1:{tls_port}/0", namespace=namespace),
+            sample_catalog(),
+            engines=[0],
+            start=False,
+        )
+        assert not bad.flush()
+        assert bad.stats.errors
+        bad._closed = True
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def acl_server():
+    server = EmbeddedRedis().start()
+    yield server
+    server.close()
+
+
+def test_acl_users_limited_to_the_documented_rules(acl_server, namespace, python_env):
+    admin = redis.Redis(port=acl_server.port, decode_responses=True)
+    admin.execute_command("ACL", "SETUSER", "stats-writer", *acl.rules(namespace, "wpass", acl.WRITER))
+    admin.execute_command(
+        "ACL", "SETUSER", "stats-reader", *acl.rules(namespace, "rpass", acl.READER, read_only=True)
+    )
+    writer_url = f"redis://stats-writer:wpass@127.0.0.1:{acl_server.port}/0"
+    reader_url = f"redis://stats-reader:rpass@127.0.0.1:{acl_server.port}/0"
+    procs = run_writers(writer_url, namespace, python_env)
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    reader = StatsReader(StatsConfig(url=reader_url, namespace=namespace), sample_catalog())
+    assert_exact(reader.snapshot())
+    assert "tokens" in full_scrape_families(reader)
+
+    # The reader cannot write; the writer cannot touch another namespace; both fail cleanly.
+    as_reader = StatsWriter(StatsConfig(url=reader_url, namespace=namespace), sample_catalog(), start=False)
+    assert not as_reader.flush() and as_reader.stats.errors["noperm"] == 1
+    other = StatsWriter(
+        StatsConfig(url=writer_url, namespace=namespace + "-other"), sample_catalog(), start=False
+    )
+    assert not other.flush() and other.stats.errors["noperm"] == 1
+    for w in (as_reader, other):
+        w._closed = True
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        redis.Redis.from_url(writer_url).get("unrelated-key")
+
+
+def test_the_password_never_shows(acl_server, namespace, caplog):
+    admin = redis.Redis(port=acl_server.port, decode_responses=True)
+    admin.execute_command("ACL", "SETUSER", "stats-writer", *acl.rules(namespace, "s3cr3t-pw", acl.WRITER))
+    wrong = f"redis://stats-writer:wrong-s3cr3t-pw@127.0.0.1:{acl_server.port}/0"
+    cfg = StatsConfig(url=wrong, namespace=namespace)
+    with caplog.at_level(logging.DEBUG):
+        writer = StatsWriter(cfg, sample_catalog(), engines=[0], start=False)
+        assert not writer.flush()
+        reader = StatsReader(cfg, sample_catalog())
+        exporter = Exporter(reader, port=0).start()
+        try:
+            bodies = []
+            for path in ("/metrics", "/snapshot", "/healthz"):
+                try:
+                    bodies.append(urllib.request.urlopen(exporter.url + path, timeout=10).read().decode())
+                except urllib.error.HTTPError as err:
+                    bodies.append(err.read().decode())
+        finally:
+            exporter.close()
+    shown = "\n".join(
+        [repr(cfg), repr(writer), repr(reader), cfg.safe_url, caplog.text, *bodies, str(writer.stats)]
+    )
+    assert "s3cr3t" not in shown
+    assert "***" in cfg.safe_url and "stats-writer" in cfg.safe_url
+    writer._closed = True
