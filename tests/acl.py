@@ -5,6 +5,11 @@ WRITER = "+evalsha +script|load +time +exists +hget +hset +hincrby +hincrbyfloat
 # What the read script runs (called with EVALSHA_RO). With %R~ the user can read its namespace and
 # write nothing.
 READER = "+evalsha_ro +evalsha +script|load +time +zrange +zscore +hget +hgetall"
+# gc and inspect (an operator, or the exporter with --gc-interval).
+ADMIN = (
+    "+evalsha +evalsha_ro +script|load +time +zrange +zrangebyscore +zscore +zrem +hget +hgetall +hkeys "
+    "+hdel +hset +hlen +del +set +get +pttl"
+)
 # The log lease (a writer that also reports with leader=lease).
 LEASE = "+get +set +pexpire +incr +del"
 

@@ -175,6 +175,18 @@ def test_acl_users_limited_to_the_documented_rules(acl_server, namespace, python
     with pytest.raises(redis.exceptions.NoPermissionError):
         redis.Redis.from_url(writer_url).get("unrelated-key")
 
+    # The operator role runs gc and inspect.
+    admin.execute_command("ACL", "SETUSER", "stats-admin", *acl.rules(namespace, "apass", acl.ADMIN))
+    admin_cfg = StatsConfig(
+        url=f"redis://stats-admin:apass@127.0.0.1:{acl_server.port}/0", namespace=namespace, retention=0.001
+    )
+    from redis_stats.gc import collect_garbage
+    from redis_stats.inspect import inspect_namespace
+
+    assert "engines: 2" in "\n".join(inspect_namespace(admin_cfg))
+    time.sleep(0.01)
+    assert collect_garbage(admin_cfg).engines == [0, 1]
+
 
 def test_the_password_never_shows(acl_server, namespace, caplog):
     admin = redis.Redis(port=acl_server.port, decode_responses=True)
