@@ -267,19 +267,26 @@ class StatsReporter:
             try:
                 snap = self.reader.snapshot()
             except Exception as exc:
-                if self.leader.is_leader():
-                    self.logger.warning(
-                        "stats unavailable: reading %s failed (%s)", self.reader.config.safe_url, exc
-                    )
-                return []
-            previous, older = self._previous, self._older
-            self._older, self._previous = previous, snap
-            if previous is None or not self.leader.is_leader():
-                return []
-            if older is not None and snap.time - previous.time < self.interval / 2:
-                # An early tick (a lease takeover): measure over a full-length window instead.
-                previous = older
-            return self._emit(previous, snap)
+                return self.read_failed(exc)
+            return self.consume(snap)
+
+    def read_failed(self, exc: BaseException) -> list[str]:
+        """The read of this tick failed: the leader says so (once per tick), nobody crashes."""
+        if self.leader.is_leader():
+            self.logger.warning("stats unavailable: reading %s failed (%s)", self.reader.config.safe_url, exc)
+        return []
+
+    def consume(self, snap: Snapshot) -> list[str]:
+        """Take a new snapshot; if leader, log the interval since the previous one (sans-I/O:
+        the asyncio reporter shares it)."""
+        previous, older = self._previous, self._older
+        self._older, self._previous = previous, snap
+        if previous is None or not self.leader.is_leader():
+            return []
+        if older is not None and snap.time - previous.time < self.interval / 2:
+            # An early tick (a lease takeover): measure over a full-length window instead.
+            previous = older
+        return self._emit(previous, snap)
 
     def intervals(self, previous: Snapshot, current: Snapshot) -> dict[int, EngineInterval]:
         """Per live engine, what happened between two snapshots."""

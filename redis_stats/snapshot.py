@@ -143,6 +143,32 @@ class Snapshot:
         """A counter summed over every engine."""
         return sum(e.counter(name, *labels) for e in self.engines.values())
 
+    def rate(self, previous: Snapshot, name: str, *labels: str, engine: int | None = None) -> float:
+        """Per-second increase of a counter since *previous* (server clock), for one *engine* or
+        summed over all. A counter that went down (Redis lost its data) counts from 0, as
+        Prometheus' ``rate()`` treats a reset."""
+        seconds = self.time - previous.time
+        if seconds <= 0:
+            return 0.0
+        engines = [engine] if engine is not None else list(self.engines)
+        increase = 0.0
+        for e in engines:
+            now = self.engines[e].counter(name, *labels) if e in self.engines else 0.0
+            before = previous.engines[e].counter(name, *labels) if e in previous.engines else 0.0
+            increase += now - before if now >= before else now
+        return increase / seconds
+
+    def histogram_since(
+        self, previous: Snapshot, name: str, *labels: str, engine: int
+    ) -> HistogramValue | None:
+        """The observations of a histogram between two snapshots (for recent quantiles)."""
+        now = self.engines.get(engine)
+        hist = now.histogram(name, *labels) if now else None
+        if hist is None:
+            return None
+        before = previous.engines.get(engine)
+        return hist.minus(before.histogram(name, *labels) if before else None)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form, for routers and autoscalers."""
 

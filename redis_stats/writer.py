@@ -34,7 +34,15 @@ from .connection import make_client
 from .keys import Keys
 from .scripts import load_script
 
-__all__ = ["MetricHandle", "StatsWriter", "WriterStats", "error_kind", "new_writer_id"]
+__all__ = [
+    "MetricHandle",
+    "ReplicationLag",
+    "StatsWriter",
+    "WriterCore",
+    "WriterStats",
+    "error_kind",
+    "new_writer_id",
+]
 
 log = logging.getLogger("redis_stats.writer")
 
@@ -132,7 +140,7 @@ class MetricHandle:
 
     __slots__ = ("_writer", "spec")
 
-    def __init__(self, writer: StatsWriter, spec: MetricSpec) -> None:
+    def __init__(self, writer: WriterCore, spec: MetricSpec) -> None:
         self._writer = writer
         self.spec = spec
 
@@ -159,15 +167,12 @@ class MetricHandle:
         self.labels(engine, **labels).observe(value)
 
 
-class StatsWriter:
-    """Records stats of one process incarnation and flushes them to Redis from a thread.
+class WriterCore:
+    """A writer without its I/O: catalogue, series, sequence numbers and self-metrics, what each
+    flush sends and what each answer means.
 
-    *engines* are heartbeated on every flush (so an idle engine stays up); engines that get data
-    are heartbeated too. *owner* names the instance that runs those engines (all API servers of
-    one vLLM instance share it): when two live owners claim the same engine, both are warned and
-    ``redis_stats_engine_conflict`` shows it. *client* overrides the client built from
-    ``config.url`` (tests pass a fakeredis client). With ``start=False`` no thread runs and
-    :meth:`flush` is called by hand.
+    :class:`StatsWriter` (a thread) and :class:`redis_stats.aio.AsyncStatsWriter` (a task) wrap
+    it, so the exactly-once protocol exists once.
     """
 
     def __init__(
@@ -179,8 +184,6 @@ class StatsWriter:
         writer_id: str | None = None,
         role: str = "",
         owner: str = "",
-        client: Any = None,
-        start: bool = True,
     ) -> None:
         self.config = config or StatsConfig.from_env()
         self.catalog = catalog if catalog is not None else Catalog()
@@ -197,18 +200,11 @@ class StatsWriter:
             engine_offset=self.config.engine_offset,
         )
         self._protocol = FlushProtocol(self._acc)
-        self._client = client if client is not None else make_client(self.config)  # no I/O yet
-        self._script = self._client.register_script(load_script("flush"))
-        self._flush_lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._closed = False
-        if start:
-            self.start()
 
     def __repr__(self) -> str:
         return (
-            f"StatsWriter(id={self.writer_id!r}, url={self.config.safe_url!r}, "
+            f"{type(self).__name__}(id={self.writer_id!r}, url={self.config.safe_url!r}, "
             f"namespace={self.config.namespace!r}, engines={list(self.engines)})"
         )
 
@@ -240,7 +236,117 @@ class StatsWriter:
         """Add *spec* to the catalogue after start; it is stored in Redis with the next flush."""
         return MetricHandle(self, self._acc.add_spec(spec))
 
-    # -- flushing ----------------------------------------------------------------------------
+    @property
+    def drops(self) -> dict[str, int]:
+        """Updates dropped on the hot path, by reason (invalid_value, label_too_long, ...)."""
+        return dict(self._acc.drops)
+
+    def pending(self) -> bool:
+        """Whether any update has not been confirmed by Redis yet."""
+        return self._protocol.has_pending()
+
+    # -- the flush protocol, without I/O -------------------------------------------------------
+
+    def prepare_flush(self, *, closing: bool = False) -> tuple[list[str], list[str]]:
+        """KEYS and ARGV of the next flush: the unconfirmed batch again, or a new one."""
+        batch = self._protocol.next_batch(self.engines, closing=closing)
+        offset = self.config.engine_offset
+        args = batch.script_args(
+            self.keys.prefix,
+            self.writer_id,
+            owner=self.owner,
+            stale_ms=int(self.config.stale_after * 1000),
+            claims=[e + offset for e in self.engines] if self.owner else (),
+            stats=self.stats.as_fields(self.drops, self._acc.pending_series(), self.engines, self.owner),
+        )
+        keys = [
+            self.keys.seq,
+            self.keys.engines,
+            self.keys.writers,
+            self.keys.meta,
+            self.keys.claims,
+            self.keys.conflicts,
+        ]
+        return keys, args
+
+    def flush_failed(self, exc: BaseException) -> None:
+        """The flush did not get an answer: count it; the same batch goes next time."""
+        kind = error_kind(exc)
+        self.stats.errors[kind] += 1
+        # Warn on the first failure of each kind; the rest go to DEBUG (and the counters).
+        log_fn = log.warning if self.stats.errors[kind] == 1 else log.debug
+        log_fn("flush to %s failed (%s: %s); will retry with the same batch", self.config.safe_url, kind, exc)
+
+    def flush_succeeded(self, reply: Any, seconds: float) -> FlushResult:
+        """Redis answered the flush (applied now, or already applied): move on."""
+        result = FlushResult.from_reply(reply)
+        self._protocol.confirmed(result)
+        self.stats.observe_duration(seconds)
+        self.stats.last_success = time.time()
+        self.stats.flushes += 1
+        self.stats.duplicates += not result.applied
+        self.stats.failed_fields += result.failed_fields
+        if result.conflicts:
+            if not self.stats.conflicts:
+                log.warning(
+                    "another live instance also claims engine(s) %s of namespace %r (this one: %r): "
+                    "their scheduler gauges will mix; give each instance its own engine index "
+                    "(REDIS_STATS_ENGINE_OFFSET) or namespace",
+                    [e + self.config.engine_offset for e in self.engines],
+                    self.config.namespace,
+                    self.owner,
+                )
+            self.stats.conflicts += result.conflicts
+        if result.writer_removed:
+            # Silent for longer than the retention (a paused process?): gc removed this id and
+            # refuses its gauges. Carry on as a new incarnation; the next flush re-sends them.
+            old_id, self.writer_id = self.writer_id, new_writer_id(self._role)
+            self._acc.rename_writer(self.writer_id)
+            log.warning("writer %s was removed by gc; continuing as %s", old_id, self.writer_id)
+        return result
+
+    def replication_check(self, acked: Any) -> None:
+        """With ``wait_replicas``: raise :class:`ReplicationLag` if too few replicas acknowledged."""
+        wanted = self.config.wait_replicas
+        if int(acked) < wanted:
+            # Applied on the master, not yet on enough replicas: a failover now could lose it. Keep
+            # the batch; the retry is a duplicate here (skipped) or is applied on the new master.
+            raise ReplicationLag(
+                f"{acked} of {wanted} replicas acknowledged within {self.config.wait_timeout_ms} ms"
+            )
+
+
+class StatsWriter(WriterCore):
+    """Records stats of one process incarnation and flushes them to Redis from a thread.
+
+    *engines* are heartbeated on every flush (so an idle engine stays up); engines that get data
+    are heartbeated too. *owner* names the instance that runs those engines (all API servers of
+    one vLLM instance share it): when two live owners claim the same engine, both are warned and
+    ``redis_stats_engine_conflict`` shows it. *client* overrides the client built from
+    ``config.url`` (tests pass a fakeredis client). With ``start=False`` no thread runs and
+    :meth:`flush` is called by hand.
+    """
+
+    def __init__(
+        self,
+        config: StatsConfig | None = None,
+        catalog: Catalog | None = None,
+        *,
+        engines: tuple[int, ...] | list[int] = (),
+        writer_id: str | None = None,
+        role: str = "",
+        owner: str = "",
+        client: Any = None,
+        start: bool = True,
+    ) -> None:
+        super().__init__(config, catalog, engines=engines, writer_id=writer_id, role=role, owner=owner)
+        self._client = client if client is not None else make_client(self.config)  # no I/O yet
+        self._script = self._client.register_script(load_script("flush"))
+        self._flush_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if start:
+            self.start()
 
     def start(self) -> None:
         """Start the flusher thread (idempotent). Needs no Redis connection."""
@@ -264,63 +370,14 @@ class StatsWriter:
         batch is sent again next time.
         """
         with self._flush_lock:
-            batch = self._protocol.next_batch(self.engines, closing=closing)
-            offset = self.config.engine_offset
-            args = batch.script_args(
-                self.keys.prefix,
-                self.writer_id,
-                owner=self.owner,
-                stale_ms=int(self.config.stale_after * 1000),
-                claims=[e + offset for e in self.engines] if self.owner else (),
-                stats=self.stats.as_fields(self.drops, self._acc.pending_series(), self.engines, self.owner),
-            )
-            keys = [
-                self.keys.seq,
-                self.keys.engines,
-                self.keys.writers,
-                self.keys.meta,
-                self.keys.claims,
-                self.keys.conflicts,
-            ]
+            keys, args = self.prepare_flush(closing=closing)
             started = time.perf_counter()
             try:
                 reply = self._call(keys, args)
             except Exception as exc:  # never raise into the host
-                kind = error_kind(exc)
-                self.stats.errors[kind] += 1
-                # Warn on the first failure of each kind; the rest go to DEBUG (and the counters).
-                log_fn = log.warning if self.stats.errors[kind] == 1 else log.debug
-                log_fn(
-                    "flush to %s failed (%s: %s); will retry with the same batch",
-                    self.config.safe_url,
-                    kind,
-                    exc,
-                )
+                self.flush_failed(exc)
                 return False
-            result = FlushResult.from_reply(reply)
-            self._protocol.confirmed(result)
-            self.stats.observe_duration(time.perf_counter() - started)
-            self.stats.last_success = time.time()
-            self.stats.flushes += 1
-            self.stats.duplicates += not result.applied
-            self.stats.failed_fields += result.failed_fields
-            if result.conflicts:
-                if not self.stats.conflicts:
-                    log.warning(
-                        "another live instance also claims engine(s) %s of namespace %r (this one: %r): "
-                        "their scheduler gauges will mix; give each instance its own engine index "
-                        "(REDIS_STATS_ENGINE_OFFSET) or namespace",
-                        [e + offset for e in self.engines],
-                        self.config.namespace,
-                        self.owner,
-                    )
-                self.stats.conflicts += result.conflicts
-            if result.writer_removed:
-                # Silent for longer than the retention (a paused process?): gc removed this id and
-                # refuses its gauges. Carry on as a new incarnation; the next flush re-sends them.
-                old_id, self.writer_id = self.writer_id, new_writer_id(self._role)
-                self._acc.rename_writer(self.writer_id)
-                log.warning("writer %s was removed by gc; continuing as %s", old_id, self.writer_id)
+            self.flush_succeeded(reply, time.perf_counter() - started)
             return True
 
     def _call(self, keys: list[str], args: list[str]) -> Any:
@@ -346,20 +403,8 @@ class StatsWriter:
                 raise reply
             if isinstance(acked, Exception):
                 raise acked
-        if int(acked) < wanted:
-            # Applied on the master, not yet on enough replicas: a failover now could lose it. Keep
-            # the batch; the retry is a duplicate here (skipped) or is applied on the new master.
-            raise ReplicationLag(f"{acked} of {wanted} replicas acknowledged within {timeout} ms")
+        self.replication_check(acked)
         return reply
-
-    @property
-    def drops(self) -> dict[str, int]:
-        """Updates dropped on the hot path, by reason (invalid_value, label_too_long, ...)."""
-        return dict(self._acc.drops)
-
-    def pending(self) -> bool:
-        """Whether any update has not been confirmed by Redis yet."""
-        return self._protocol.has_pending()
 
     def close(self, timeout: float = 5.0) -> bool:
         """Stop the thread and flush what is left (for at most *timeout* seconds).

@@ -1,0 +1,309 @@
+"""The asyncio twins: writer, reader, lease and reporter on ``redis.asyncio``, with no thread.
+
+They share every rule with the threaded classes through the sans-I/O cores
+(:class:`~redis_stats.writer.WriterCore`, :class:`~redis_stats.reader.ReaderCore`,
+:class:`~redis_stats.leader.LeaseState`, :meth:`~redis_stats.reporter.StatsReporter.consume`):
+only the waiting differs. Recording stays synchronous and in memory (``child.inc(1)`` in a
+coroutine is fine); flushing is a task on the running loop.
+
+    async def main():
+        writer = AsyncStatsWriter(config, catalog, engines=[0])
+        writer.start()                       # needs a running loop
+        writer.counter("tokens").labels(engine=0).inc(5)
+        await writer.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from redis.exceptions import NoScriptError, ResponseError
+
+from .catalog import Catalog
+from .config import StatsConfig
+from .connection import make_async_client
+from .keys import Keys
+from .leader import Leader, LeaseState
+from .reader import ReaderCore
+from .reporter import LogMetrics, StatsReporter
+from .scripts import load_script
+from .snapshot import Snapshot
+from .writer import WriterCore
+
+__all__ = ["AsyncLeaseLeader", "AsyncStatsReader", "AsyncStatsReporter", "AsyncStatsWriter"]
+
+log = logging.getLogger("redis_stats.aio")
+
+
+class _AsyncScript:
+    """EVALSHA (or EVALSHA_RO) with NOSCRIPT handled: the twin of redis-py's Script and of
+    :class:`redis_stats.scripts.ReadOnlyScript`."""
+
+    def __init__(self, client: Any, source: str, *, read_only: bool = False) -> None:
+        self.client = client
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+        self.read_only = read_only
+
+    async def __call__(self, keys: list[str], args: list[Any]) -> Any:
+        for _ in range(3):
+            command = "EVALSHA_RO" if self.read_only else "EVALSHA"
+            try:
+                return await self.client.execute_command(command, self.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                await self.client.script_load(self.source)
+            except ResponseError as exc:
+                if self.read_only and "unknown command" in str(exc).lower():
+                    self.read_only = False
+                    continue
+                raise
+        return await self.client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+
+
+class AsyncStatsWriter(WriterCore):
+    """The asyncio twin of :class:`~redis_stats.writer.StatsWriter`: a flusher task, same
+    batches, same exactly-once protocol. Call :meth:`start` from a running loop."""
+
+    def __init__(
+        self,
+        config: StatsConfig | None = None,
+        catalog: Catalog | None = None,
+        *,
+        engines: tuple[int, ...] | list[int] = (),
+        writer_id: str | None = None,
+        role: str = "",
+        owner: str = "",
+        client: Any = None,
+    ) -> None:
+        super().__init__(config, catalog, engines=engines, writer_id=writer_id, role=role, owner=owner)
+        self._client = client if client is not None else make_async_client(self.config)  # no I/O yet
+        self._script = _AsyncScript(self._client, load_script("flush"))
+        self._flush_lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start the flusher task on the running loop (idempotent). Needs no Redis connection."""
+        if self._task is None and not self._closed:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="redis_stats-flusher")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.flush_interval)
+            await self.flush()
+
+    async def flush(self, *, closing: bool = False) -> bool:
+        """Send what is pending now, in one script call; True if Redis confirmed it. Never raises
+        for a Redis problem."""
+        async with self._flush_lock:
+            keys, args = self.prepare_flush(closing=closing)
+            started = time.perf_counter()
+            try:
+                reply = await self._call(keys, args)
+            except Exception as exc:  # never raise into the host
+                self.flush_failed(exc)
+                return False
+            self.flush_succeeded(reply, time.perf_counter() - started)
+            return True
+
+    async def _call(self, keys: list[str], args: list[str]) -> Any:
+        if not self.config.wait_replicas:
+            return await self._script(keys, args)
+        wanted, timeout = self.config.wait_replicas, self.config.wait_timeout_ms
+        if hasattr(self._client, "get_node_from_key"):  # Cluster: WAIT on the node of our slot
+            reply = await self._script(keys, args)
+            node = self._client.get_node_from_key(keys[0])
+            acked = await self._client.execute_command("WAIT", wanted, timeout, target_nodes=node)
+        else:  # script and WAIT pipelined on one connection: one round trip
+            for attempt in (1, 2):
+                pipe = self._client.pipeline(transaction=False)
+                pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+                pipe.execute_command("WAIT", wanted, timeout)
+                reply, acked = await pipe.execute(raise_on_error=False)
+                if isinstance(reply, NoScriptError) and attempt == 1:
+                    await self._client.script_load(self._script.source)
+                    continue
+                break
+            for part in (reply, acked):
+                if isinstance(part, Exception):
+                    raise part
+        self.replication_check(acked)
+        return reply
+
+    async def close(self, timeout: float = 5.0) -> bool:
+        """Stop the task and flush what is left (for at most *timeout* seconds); True when
+        everything recorded was confirmed. Marks the writer closed in Redis."""
+        if self._closed:
+            return not self.pending()
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        deadline = time.monotonic() + timeout
+        done = False
+        while True:
+            ok = await self.flush(closing=True)
+            if ok and not self.pending():
+                done = True
+                break
+            if time.monotonic() >= deadline:
+                break
+            if not ok:
+                await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+        if not done:
+            log.warning(
+                "closing writer %s: updates not confirmed by %s were lost",
+                self.writer_id,
+                self.config.safe_url,
+            )
+        with contextlib.suppress(Exception):
+            await self._client.aclose()
+        return done
+
+    async def __aenter__(self) -> AsyncStatsWriter:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AsyncStatsReader(ReaderCore):
+    """The asyncio twin of :class:`~redis_stats.reader.StatsReader`."""
+
+    def __init__(
+        self, config: StatsConfig | None = None, catalog: Catalog | None = None, *, client: Any = None
+    ) -> None:
+        super().__init__(config, catalog)
+        self._client = client if client is not None else make_async_client(self.config)
+        self._script = _AsyncScript(self._client, load_script("read"), read_only=True)
+
+    async def snapshot(self, engines: Iterable[int] | None = None) -> Snapshot:
+        """All engines (or only *engines*) at one instant, in one script call."""
+        return self.decode(await self._script(*self.read_args(engines)))
+
+    async def close(self) -> None:
+        """Close the connection pool."""
+        await self._client.aclose()
+
+
+class AsyncLeaseLeader:
+    """The asyncio twin of :class:`~redis_stats.leader.LeaseLeader`: a renewal task."""
+
+    def __init__(self, client: Any, keys: Keys, holder: str, *, ttl: float = 10.0) -> None:
+        self.state = LeaseState(keys, holder, ttl)
+        self.client = client
+        self._script = _AsyncScript(client, load_script("lease"))
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def on_acquire(self) -> Any:
+        """Called when this process becomes the holder."""
+        return self.state.on_acquire
+
+    @on_acquire.setter
+    def on_acquire(self, callback: Any) -> None:
+        self.state.on_acquire = callback
+
+    def start(self) -> None:
+        """Start renewing every ``ttl / 3`` on the running loop."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="redis_stats-lease")
+
+    async def _run(self) -> None:
+        while True:
+            await self.renew()
+            await asyncio.sleep(self.state.ttl / 3)
+
+    async def renew(self) -> bool:
+        """Take or renew the lease once; True if this process holds it now."""
+        sent = time.monotonic()
+        keys, args = self.state.call("acquire")
+        try:
+            token = int(await self._script(keys, args))
+        except Exception as exc:
+            return self.state.unanswered(exc)
+        return self.state.answered(token, sent)
+
+    def is_leader(self) -> bool:
+        """True until the locally computed end of the lease."""
+        return self.state.is_leader()
+
+    def close(self) -> None:
+        """Stop renewing (the lease expires by itself; :meth:`aclose` also releases it)."""
+        if self._task is not None:
+            self._task.cancel()
+
+    async def aclose(self) -> None:
+        """Stop renewing and release the lease if held."""
+        self.close()
+        if self.state.valid_until:
+            self.state.valid_until = 0.0
+            with contextlib.suppress(Exception):
+                await self._script(*self.state.call("release"))
+
+
+class AsyncStatsReporter:
+    """The asyncio twin of :class:`~redis_stats.reporter.StatsReporter` (same lines, same rules)."""
+
+    def __init__(
+        self,
+        reader: AsyncStatsReader,
+        leader: Leader,
+        *,
+        interval: float = 10.0,
+        metrics: LogMetrics | None = None,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self.reader = reader
+        self.leader = leader
+        self.interval = interval
+        self._core = StatsReporter(
+            reader,
+            leader,
+            interval=interval,
+            metrics=metrics,  # type: ignore[arg-type]
+            logger=logger,
+        )
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        if hasattr(leader, "on_acquire"):
+            # A new lease holder prints at once: schedule a tick on the loop.
+            leader.on_acquire = lambda: asyncio.get_running_loop().create_task(self.tick())
+
+    async def tick(self) -> list[str]:
+        """Read, and if leader log the interval since the previous read; returns the INFO lines."""
+        async with self._lock:
+            try:
+                snap = await self.reader.snapshot()
+            except Exception as exc:
+                return self._core.read_failed(exc)
+            return self._core.consume(snap)
+
+    def start(self) -> None:
+        """Tick every interval on the running loop."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="redis_stats-reporter")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            await self.tick()
+
+    async def close(self) -> None:
+        """Stop ticking and give up leadership."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        aclose = getattr(self.leader, "aclose", None)
+        if aclose is not None:
+            await aclose()
+        else:
+            self.leader.close()

@@ -1,0 +1,207 @@
+"""The asyncio twins, mirroring the sync core tests: exactness, exactly-once through the cutting
+proxy, an outage that never blocks the loop, the lease and the reporter."""
+
+import asyncio
+import math
+import time
+
+import fakeredis
+import pytest
+import redis
+
+from redis_stats import StatsConfig
+from redis_stats.aio import AsyncLeaseLeader, AsyncStatsReader, AsyncStatsReporter, AsyncStatsWriter
+from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
+from redis_stats.keys import Keys
+
+from .conftest import sample_catalog
+from .proxy import CuttingProxy
+from .vllm_shapes import iteration, scheduler
+
+
+@pytest.fixture
+def fake_async(fake_server):
+    def make():
+        return fakeredis.FakeAsyncRedis(server=fake_server, decode_responses=True, encoding_errors="replace")
+
+    return make
+
+
+async def test_async_writers_add_up_and_async_reader_reads(config, catalog, fake_async):
+    writers = [AsyncStatsWriter(config, catalog, engines=[0, 1], client=fake_async()) for _ in range(3)]
+    for i, w in enumerate(writers):
+        for _ in range(100):
+            w.counter("tokens").labels(engine=i % 2).inc()
+        w.gauge("inflight").labels(engine=0).set(i + 1)
+        w.histogram("latency_seconds").labels(engine=1).observe(0.3)
+        assert await w.flush()
+    snap = await AsyncStatsReader(config, catalog, client=fake_async()).snapshot()
+    assert snap.engines[0].counter("tokens") == 200 and snap.engines[1].counter("tokens") == 100
+    assert snap.engines[0].gauge("inflight") == 6  # sum over live writers
+    assert snap.engines[1].histogram("latency_seconds").count == 3
+    for w in writers:
+        assert await w.close()
+    snap = await AsyncStatsReader(config, catalog, client=fake_async()).snapshot()
+    assert snap.engines[0].gauge("inflight") is None  # closed writers' gauges are gone
+
+
+async def test_async_lost_reply_is_not_applied_twice(config, catalog, fake_async):
+    w = AsyncStatsWriter(config, catalog, engines=[0], client=fake_async())
+    real = w._script
+
+    class LoseOnce:
+        sha, source, lost = real.sha, real.source, False
+
+        async def __call__(self, keys, args):
+            reply = await real(keys, args)
+            if not self.lost:
+                self.lost = True
+                raise redis.ConnectionError("reply lost")
+            return reply
+
+    w._script = LoseOnce()
+    w.counter("tokens").labels(engine=0).inc(5)
+    assert not await w.flush()
+    w.counter("tokens").labels(engine=0).inc(1)
+    assert await w.flush() and await w.flush()
+    assert w.stats.duplicates == 1
+    snap = await AsyncStatsReader(config, catalog, client=fake_async()).snapshot()
+    assert snap.engines[0].counter("tokens") == 6
+
+
+@pytest.mark.redis_server
+async def test_async_exactly_once_over_cut_replies_on_a_real_server(redis_server, namespace):
+    proxy = CuttingProxy(redis_server.port, seed=5)
+    w = AsyncStatsWriter(
+        StatsConfig(url=proxy.url, namespace=namespace, socket_timeout_ms=2000), sample_catalog(), engines=[0]
+    )
+    tokens = w.counter("tokens").labels(engine=0)
+    try:
+        proxy.cut_probability = 0.25
+        for i in range(300):
+            tokens.inc(i % 5 + 1)
+            await w.flush()
+        proxy.cut_probability = 0.0
+        while w.pending():
+            await w.flush()
+    finally:
+        proxy.close()
+    assert w.stats.duplicates > 10
+    reader = AsyncStatsReader(StatsConfig(url=redis_server.url, namespace=namespace), sample_catalog())
+    assert (await reader.snapshot()).engines[0].counter("tokens") == sum(i % 5 + 1 for i in range(300))
+    await reader.close()
+    await w.close()
+
+
+@pytest.mark.redis_server
+async def test_async_writer_never_blocks_the_loop_while_redis_is_stopped(own_redis_server, namespace):
+    server = own_redis_server
+    cfg = StatsConfig(
+        url=server.url,
+        namespace=namespace,
+        flush_interval=0.05,
+        connect_timeout_ms=200,
+        socket_timeout_ms=200,
+    )
+    w = AsyncStatsWriter(cfg, sample_catalog(), engines=[0])
+    w.start()
+    tokens = w.counter("tokens").labels(engine=0)
+    lags: list[float] = []
+    sent = 0
+
+    async def probe(seconds: float) -> None:
+        nonlocal sent
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            t0 = time.monotonic()
+            await asyncio.sleep(0.005)
+            lags.append(time.monotonic() - t0 - 0.005)
+            for _ in range(50):
+                tokens.inc()
+                sent += 1
+
+    await probe(0.5)
+    server.stop(keep_data=True)
+    await probe(3.0)  # the flusher keeps failing meanwhile
+    assert w.stats.errors
+    server.start()
+    await probe(0.5)
+    deadline = time.monotonic() + 10
+    while w.pending() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert await w.close()
+    lags.sort()
+    print(f"\n[asyncio outage] loop lag p50 {lags[len(lags) // 2] * 1e3:.2f} ms, max {lags[-1] * 1e3:.2f} ms")
+    assert lags[-1] < 0.010
+    reader = AsyncStatsReader(StatsConfig(url=server.url, namespace=namespace), sample_catalog())
+    assert (await reader.snapshot()).engines[0].counter("tokens") == sent
+    await reader.close()
+
+
+async def test_async_lease_and_reporter(config, fake_async):
+    cat = vllm_catalog()
+    w = AsyncStatsWriter(config, cat, engines=[0], client=fake_async())
+    rec = VllmRecorder(w, "m", [0])
+    keys = Keys(config.namespace)
+    a = AsyncLeaseLeader(fake_async(), keys, "a", ttl=0.6)
+    b = AsyncLeaseLeader(fake_async(), keys, "b", ttl=0.6)
+    assert await a.renew() and not await b.renew()
+    reporter = AsyncStatsReporter(AsyncStatsReader(config, cat, client=fake_async()), a, interval=1)
+    rec.record(scheduler(running=3), iteration(prompt=10))
+    await w.flush()
+    assert await reporter.tick() == []
+    rec.record(scheduler(running=4), iteration(prompt=100, generation=10))
+    await w.flush()
+    lines = await reporter.tick()
+    assert any(
+        line.startswith("Engine 000: Avg prompt throughput") and "Running: 4 reqs" in line for line in lines
+    )
+    await asyncio.sleep(0.7)  # a stops renewing: b takes over, with a larger fencing token
+    assert not a.is_leader()
+    assert await b.renew() and b.state.token > a.state.token
+    await a.aclose()
+    await b.aclose()
+    await w.close()
+
+
+def test_rate_and_quantile_helpers_by_hand():
+    from redis_stats.snapshot import EngineSnapshot, HistogramValue, Snapshot
+
+    h = HistogramValue((1.0, 2.0, 4.0, math.inf), (1.0, 3.0, 4.0, 4.0), 6.5)  # 0.5, 1.5, 1.5, 3
+    assert h.quantile(0.5) == pytest.approx(1.5)  # rank 2 in (1, 2]: 1 + (2 - 1) * (2 - 1) / (3 - 1)
+    assert h.quantile(0.25) == pytest.approx(1.0)  # rank 1 closes (0, 1]
+    assert h.quantile(1.0) == pytest.approx(4.0)
+    assert math.isnan(HistogramValue((1.0, math.inf), (0.0, 0.0), 0.0).quantile(0.5))
+    inf_only = HistogramValue((1.0, 2.0, math.inf), (0.0, 0.0, 5.0), 50.0)
+    assert inf_only.quantile(0.99) == 2.0  # the highest finite bound, as histogram_quantile
+    earlier = HistogramValue((1.0, 2.0, 4.0, math.inf), (1.0, 1.0, 1.0, 1.0), 0.5)
+    assert h.minus(earlier).cumulative == (0.0, 2.0, 3.0, 3.0)
+
+    def snap(t, tokens):
+        e = EngineSnapshot(0, t, 0.0, True, counters={("tokens", ()): tokens})
+        return Snapshot(t, {0: e}, {}, None)
+
+    assert snap(12.0, 150.0).rate(snap(10.0, 50.0), "tokens") == 50.0
+    assert snap(12.0, 20.0).rate(snap(10.0, 50.0), "tokens") == 10.0  # a reset counts from 0
+
+
+def test_quantile_agrees_with_prometheus_client_exposition():
+    from prometheus_client import CollectorRegistry, Histogram
+    from prometheus_client.utils import floatToGoString
+
+    from redis_stats.snapshot import HistogramValue
+
+    bounds = (0.01, 0.05, 0.1, 0.5, 1.0)
+    reg = CollectorRegistry()
+    theirs = Histogram("h", "h", buckets=bounds, registry=reg)
+    values = [0.003, 0.02, 0.02, 0.04, 0.07, 0.2, 0.3, 0.6, 2.0, 0.09]
+    for v in values:
+        theirs.observe(v)
+    exposed = {s.labels["le"]: s.value for s in next(iter(reg.collect())).samples if s.name == "h_bucket"}
+    h = HistogramValue(
+        (*bounds, math.inf), tuple(exposed[floatToGoString(b)] for b in (*bounds, math.inf)), sum(values)
+    )
+    # Prometheus' histogram_quantile on the exposed buckets: rank 5 of 10 falls in (0.05, 0.1]
+    # holding ranks 5..6 (cumulative 4 -> 6): 0.05 + 0.05 * (5 - 4) / (6 - 4) = 0.075.
+    assert h.quantile(0.5) == pytest.approx(0.075)
+    assert h.count == len(values)
