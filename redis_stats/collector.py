@@ -11,6 +11,7 @@ never an exception (and so never an HTTP 500).
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections import Counter as _Tally
@@ -25,6 +26,7 @@ from prometheus_client.core import (
 from prometheus_client.utils import floatToGoString
 
 from .catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM
+from .exposition import TextRenderer, format_families
 from .reader import StatsReader
 from .snapshot import Snapshot
 from .writer import error_kind
@@ -44,6 +46,7 @@ class RedisCollector:
         self.reader = reader
         self.engines = None if engines is None else tuple(engines)
         self._errors: _Tally[str] = _Tally()
+        self._renderer = TextRenderer(reader._decoder)
 
     def describe(self) -> list[Metric]:
         """Nothing: registering must not read Redis (names are only known from a snapshot)."""
@@ -56,13 +59,34 @@ class RedisCollector:
         try:
             snapshot = self.reader.snapshot(self.engines)
         except Exception as exc:  # a scrape must not fail with a traceback
-            kind = error_kind(exc)
-            if not self._errors[kind]:
-                log.warning("reading %s failed (%s: %s)", self.reader.config.safe_url, kind, exc)
-            self._errors[kind] += 1
+            self.read_failed(exc)
         if snapshot is not None:
             yield from families(snapshot)
         yield from self._self_metrics(snapshot, time.perf_counter() - started)
+
+    def render_text(self) -> str:
+        """The same exposition as :meth:`collect` through ``generate_latest``, several times faster:
+        the reader's reply goes straight to text (:class:`~redis_stats.exposition.TextRenderer`)."""
+        started = time.perf_counter()
+        shell: Snapshot | None = None
+        text = ""
+        gc_was_on = gc.isenabled()
+        gc.disable()  # tens of thousands of short-lived strings: a collection mid-render only costs
+        try:
+            text, shell = self._renderer.render(self.reader.read(self.engines))
+        except Exception as exc:  # a scrape must not fail with a traceback
+            self.read_failed(exc)
+        finally:
+            if gc_was_on:
+                gc.enable()
+        return text + format_families(self._self_metrics(shell, time.perf_counter() - started))
+
+    def read_failed(self, exc: BaseException) -> None:
+        """Count a failed read (and warn on the first of its kind)."""
+        kind = error_kind(exc)
+        if not self._errors[kind]:
+            log.warning("reading %s failed (%s: %s)", self.reader.config.safe_url, kind, exc)
+        self._errors[kind] += 1
 
     def _self_metrics(self, snapshot: Snapshot | None, duration: float) -> Iterator[Metric]:
         up = GaugeMetricFamily("redis_stats_up", "1 if the last read of Redis succeeded, else 0.")

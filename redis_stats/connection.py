@@ -41,6 +41,9 @@ def _common_kwargs(config: StatsConfig) -> dict[str, Any]:
         # Bytes that are not UTF-8 (written into our hashes by hand) must not fail a whole read.
         "encoding_errors": "replace",
         "health_check_interval": 0,
+        # RESP2: flat replies, the same shape from scripts and from native reads (redis-py 8
+        # defaults to RESP3, where HGETALL is a map and ZRANGE WITHSCORES a list of pairs).
+        "protocol": 2,
     }
 
 

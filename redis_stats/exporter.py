@@ -16,7 +16,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from .collector import RedisCollector
 from .reader import StatsReader
@@ -45,8 +45,7 @@ class Exporter:
     ) -> None:
         self.reader = reader
         self.engines = engines
-        self.registry = CollectorRegistry()
-        self.registry.register(RedisCollector(reader, engines=engines))
+        self.collector = RedisCollector(reader, engines=engines)
         self._server = ThreadingHTTPServer((host, port), self._handler())
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -131,7 +130,7 @@ class Exporter:
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
-                    self._send(200, CONTENT_TYPE_LATEST, generate_latest(exporter.registry))
+                    self._send(200, CONTENT_TYPE_LATEST, exporter.collector.render_text().encode())
                 elif path == "/snapshot":
                     self._json(*exporter.snapshot_json())
                 elif path == "/healthz":

@@ -138,6 +138,9 @@ class Snapshot:
     writers: dict[str, WriterInfo]
     catalog: Catalog
     skipped: _Tally[str] = field(default_factory=_Tally)
+    engine_hashes: list[tuple[str, EngineSnapshot, list[Any], list[Any]]] = field(
+        default_factory=list, repr=False, compare=False
+    )
 
     def total(self, name: str, *labels: str) -> float:
         """A counter summed over every engine."""
@@ -222,8 +225,8 @@ class SnapshotDecoder:
         self._fields: dict[str, tuple[MetricSpec, tuple[str, ...], str] | str] = {}
 
     def _update_meta(self, version: str, flat: list[Any], skipped: _Tally[str]) -> None:
-        if not flat and version == self.meta_version:
-            return
+        if version == self.meta_version:
+            return  # the catalogue we hold is current (readers fetch it only when it changed)
         stored = []
         for name, value in _pairs(flat):
             if not name.startswith("m:"):
@@ -258,11 +261,12 @@ class SnapshotDecoder:
             parsed = self._fields[name] = self._parse(name)
         return parsed
 
-    def decode(self, reply: list[Any]) -> Snapshot:
-        """Build a snapshot from ``{now, engines, writers, version, meta, c, g, c, g, ...}``."""
-        skipped: _Tally[str] = _Tally()
+    def decode_shell(self, reply: list[Any], skipped: _Tally[str]) -> Snapshot:
+        """The snapshot of a reply without its series: catalogue, writers, engines and their
+        liveness; ``engine_hashes`` holds each engine's raw (counter, gauge) hashes for the caller
+        to decode (this decoder, or the text renderer)."""
         now_ms = float(reply[0])
-        self._update_meta(str(reply[3]), reply[4], skipped)
+        self._update_meta(str(reply[3]), reply[4] or [], skipped)
         writers: dict[str, WriterInfo] = {}
         for wid, score in _pairs(reply[2]):
             score = float(score)
@@ -278,6 +282,7 @@ class SnapshotDecoder:
         hashes = reply[6 : 6 + 2 * len(engine_pairs)]
         for stats, info in zip(reply[6 + 2 * len(engine_pairs) :], writers.values()):
             info.stats = dict(_pairs(stats))
+        shell = Snapshot(now_ms / 1000.0, engines, writers, self.catalog, skipped)
         for idx, (engine_text, score) in enumerate(engine_pairs):
             try:
                 engine = int(engine_text)
@@ -288,11 +293,20 @@ class SnapshotDecoder:
             age = max(0.0, (now_ms - beat) / 1000.0)
             snap = EngineSnapshot(engine, beat / 1000.0, age, age * 1000.0 <= self.stale_after_ms)
             snap.conflict = conflicts.get(engine_text, ())
-            self._decode_counters(snap, hashes[2 * idx], skipped)
-            if snap.up:
-                self._decode_gauges(snap, hashes[2 * idx + 1], writers, skipped)
             engines[engine] = snap
-        return Snapshot(now_ms / 1000.0, engines, writers, self.catalog, skipped)
+            shell.engine_hashes.append((engine_text, snap, hashes[2 * idx], hashes[2 * idx + 1]))
+        return shell
+
+    def decode(self, reply: list[Any]) -> Snapshot:
+        """Build a snapshot from ``{now, engines, writers, version, meta, conflicts, c, g, ...}``."""
+        skipped: _Tally[str] = _Tally()
+        shell = self.decode_shell(reply, skipped)
+        for _, snap, c_flat, g_flat in shell.engine_hashes:
+            self._decode_counters(snap, c_flat, skipped)
+            if snap.up:
+                self._decode_gauges(snap, g_flat, shell.writers, skipped)
+        shell.engine_hashes = []
+        return shell
 
     def _conflicts(self, flat: list[Any], now_ms: float) -> dict[str, tuple[str, ...]]:
         """Engines claimed by two live owners within stale_after: engine -> (owner a, owner b)."""
