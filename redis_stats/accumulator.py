@@ -43,15 +43,6 @@ _INF = math.inf
 DROP_REASONS = ("invalid_value", "label_too_long", "cardinality", "unknown_metric", "bad_labels")
 
 
-def _bound_text(bound: float) -> str:
-    """A bucket bound as Prometheus writes ``le`` (``0.005``, ``1e+06``, ``+Inf``)."""
-    if bound == _INF:
-        return "+Inf"
-    from prometheus_client.utils import floatToGoString
-
-    return floatToGoString(bound)
-
-
 class CounterChild:
     """One counter series of one engine. ``inc`` is the hot path: memory only, never raises."""
 
@@ -147,17 +138,20 @@ class GaugeChild:
 
 
 class HistogramChild:
-    """One histogram series of one engine: non-cumulative bucket counts and a sum."""
+    """One histogram series of one engine: non-cumulative bucket counts and a sum.
 
-    __slots__ = ("_acc", "_lock", "bounds", "bucket_fields", "counts", "dirty", "engine", "sum", "sum_field")
+    In Redis the whole series is one field, ``<series>|h:<layout>`` -> ``"<sum> <c0> ... <cN>"``,
+    so a flush updates it in one step and a read gets it in one value (see docs/key-schema.md).
+    """
+
+    __slots__ = ("_acc", "_lock", "bounds", "counts", "dirty", "engine", "field", "sum")
 
     def __init__(self, acc: Accumulator, engine: int, spec: MetricSpec, components: tuple[str, ...]) -> None:
         self._acc = acc
         self._lock = acc.lock
         self.engine = engine
         self.bounds = (*spec.buckets, _INF)
-        self.bucket_fields = tuple(fields.encode((*components, _bound_text(b))) for b in self.bounds)
-        self.sum_field = fields.encode((*components, "sum"))
+        self.field = fields.encode((*components, fields.bucket_layout(self.bounds)))
         self.counts = [0] * len(self.bounds)
         self.sum = 0.0
         self.dirty = False
@@ -182,10 +176,7 @@ class HistogramChild:
     def _take(self, batch: Batch) -> None:
         counts, self.counts = self.counts, [0] * len(self.bounds)
         total, self.sum, self.dirty = self.sum, 0.0, False
-        for f, c in zip(self.bucket_fields, counts):
-            if c:
-                batch.add_delta(self.engine, f, c)
-        batch.add_delta(self.engine, self.sum_field, float(total))
+        batch.add_histogram(self.engine, self.field, total, counts)
 
 
 class _DroppedChild:
@@ -208,6 +199,7 @@ class _EngineBlock:
     ints: list[str] = field(default_factory=list)
     floats: list[str] = field(default_factory=list)
     gauges: list[str] = field(default_factory=list)
+    hists: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -241,6 +233,10 @@ class Batch:
         """Set a gauge field to ``<wall ms>|<value>``."""
         self._block(engine).gauges += (field_name, stamped_value)
 
+    def add_histogram(self, engine: int, field_name: str, sum_delta: float, counts: list[int]) -> None:
+        """Add observations to a histogram series: the sum's and each bucket's increase."""
+        self._block(engine).hists += (field_name, repr(float(sum_delta)), " ".join(map(str, counts)))
+
     def touch(self, engine: int) -> None:
         """Make sure *engine* is heartbeated by this batch even without data."""
         self._block(engine)
@@ -248,7 +244,10 @@ class Batch:
     @property
     def field_count(self) -> int:
         """Number of hash fields this batch writes."""
-        return sum((len(b.ints) + len(b.floats) + len(b.gauges)) // 2 for b in self.engines.values())
+        return sum(
+            (len(b.ints) + len(b.floats) + len(b.gauges)) // 2 + len(b.hists) // 3
+            for b in self.engines.values()
+        )
 
     def script_args(
         self,
@@ -288,10 +287,12 @@ class Batch:
                 str(len(block.ints) // 2),
                 str(len(block.floats) // 2),
                 str(len(block.gauges) // 2),
+                str(len(block.hists) // 3),
             )
             args += block.ints
             args += block.floats
             args += block.gauges
+            args += block.hists
         return args
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter as _Tally
+from itertools import accumulate
 from typing import Any
 
 from prometheus_client.utils import floatToGoString
@@ -63,31 +64,34 @@ def _labels(engine: str, spec: MetricSpec, values: tuple[str, ...]) -> str:
 
 
 class _Histogram:
-    """One histogram series of one engine: cached line prefixes, this scrape's bucket counts."""
+    """One histogram series of one engine: its lines as one template, filled from its field."""
 
-    __slots__ = ("count_prefix", "counts", "index", "prefixes", "sum_prefix", "sum_text", "touched")
+    __slots__ = ("size", "template")
 
     def __init__(self, engine: str, spec: MetricSpec, values: tuple[str, ...]) -> None:
         labels = _labels(engine, spec, values)
         bounds = (*spec.buckets, _INF)
-        self.index = {floatToGoString(b): i for i, b in enumerate(bounds)}
-        self.prefixes = [f'{spec.name}_bucket{{{labels},le="{floatToGoString(b)}"}} ' for b in bounds]
-        self.count_prefix = f"{spec.name}_count{{{labels}}} "
-        self.sum_prefix = f"{spec.name}_sum{{{labels}}} "
-        self.counts: list[float] = [0] * len(bounds)
-        self.sum_text = "0"
-        self.touched = False
+        lines = [f'{spec.name}_bucket{{{labels},le="{floatToGoString(b)}"}} %s\n' for b in bounds]
+        lines += [f"{spec.name}_count{{{labels}}} %s\n", f"{spec.name}_sum{{{labels}}} %s\n"]
+        self.template = "".join(lines)
+        self.size = len(bounds)
 
-    def render(self, out: list[str]) -> None:
-        running: float = 0
-        for prefix, c in zip(self.prefixes, self.counts):
-            running += c
-            out.append(f"{prefix}{running if running.__class__ is int else _number(running)}\n")
-        out.append(f"{self.count_prefix}{running if running.__class__ is int else _number(running)}\n")
-        out.append(f"{self.sum_prefix}{self.sum_text}\n")
-        self.counts = [0] * len(self.counts)
-        self.sum_text = "0"
-        self.touched = False
+    def render(self, raw: str) -> str | None:
+        """The series' lines from ``"<sum> <c0> ... <cN>"``, or None if the value is malformed."""
+        parts = raw.split()
+        if len(parts) != self.size + 1:
+            return None
+        try:
+            total = float(parts[0])
+            try:
+                cumulative: list[Any] = list(accumulate(map(int, parts[1:])))
+            except ValueError:
+                cumulative = [_number(c) for c in accumulate(map(float, parts[1:]))]
+        except ValueError:
+            return None
+        if total != total:
+            return None
+        return self.template % (*cumulative, cumulative[-1], parts[0])
 
 
 class _Gauge:
@@ -123,8 +127,8 @@ class TextRenderer:
         self.decoder = decoder
         self._catalog: Any = None
         self._families: dict[str, _Family] = {}
-        # engine -> field -> plan: ("c", family, line prefix), ("b", family, histogram, bucket),
-        # ("s", family, histogram), (family, gauge, writer), or the reason to skip the field.
+        # engine -> field -> plan: ("c", family, line prefix), ("h", family, histogram lines),
+        # (family, gauge, writer), or the reason to skip the field.
         self._counter_plans: dict[str, dict[str, Any]] = {}
         self._gauge_plans: dict[str, dict[str, Any]] = {}
         self._series: dict[tuple[str, str, tuple[str, ...]], Any] = {}
@@ -149,21 +153,12 @@ class TextRenderer:
         parsed = self.decoder._field(name)
         if isinstance(parsed, str):
             return parsed  # the reason to skip it
-        spec, values, suffix = parsed
+        spec, values, _ = parsed
         family = self._families[spec.name]
         if spec.kind == COUNTER:
             return ("c", family, f"{spec.name}_total{{{_labels(engine, spec, values)}}} ")
         if spec.kind == HISTOGRAM:
-            hist = self._series_of(_Histogram, engine, spec, values)
-            if suffix == "sum":
-                return ("s", family, hist)
-            index = hist.index.get(suffix)
-            if index is None:
-                try:
-                    index = hist.index.get(floatToGoString(float(suffix)))
-                except ValueError:
-                    index = None
-            return ("b", family, hist, index) if index is not None else "unknown_bucket"
+            return ("h", family, _Histogram(engine, spec, values))
         return "bad_field"  # a gauge's field in the counters' hash
 
     def _plan_gauge_field(self, engine: str, name: str) -> Any:
@@ -184,14 +179,11 @@ class TextRenderer:
         skipped: _Tally[str] = _Tally()
         shell = self.decoder.decode_shell(reply, skipped)
         self._reset_if_catalog_changed()
-        hists: list[tuple[_Family, _Histogram]] = []
         gauges: list[tuple[_Family, _Gauge]] = []
         for engine_text, snap, c_flat, g_flat in shell.engine_hashes:
-            self._counters(engine_text, c_flat, hists, skipped)
+            self._counters(engine_text, c_flat, skipped)
             if snap.up:
                 self._gauges(engine_text, g_flat, shell.writers, gauges, skipped)
-        for family, hist in hists:
-            hist.render(family.lines)
         for family, gauge in gauges:
             gauge.render(family.lines)
         out: list[str] = []
@@ -202,7 +194,7 @@ class TextRenderer:
         shell.engine_hashes = []
         return "".join(out), shell
 
-    def _counters(self, engine: str, flat: list[Any], hists: list[Any], skipped: _Tally[str]) -> None:
+    def _counters(self, engine: str, flat: list[Any], skipped: _Tally[str]) -> None:
         plans = self._counter_plans.get(engine)
         if plans is None:
             plans = self._counter_plans[engine] = {}
@@ -214,29 +206,21 @@ class TextRenderer:
             if plan.__class__ is str:
                 skipped[plan] += 1
                 continue
-            tag = plan[0]
-            try:
-                if tag == "c":
+            if plan[0] == "c":
+                try:
                     value = float(raw)
-                    if value != value:  # NaN
-                        raise ValueError(raw)
-                    plan[1].lines.append(f"{plan[2]}{raw}\n")
+                except ValueError:
+                    value = math.nan
+                if value != value:
+                    skipped["bad_value"] += 1
                     continue
-                hist = plan[2]
-                if tag == "b":
-                    try:
-                        hist.counts[plan[3]] += int(raw)
-                    except ValueError:
-                        hist.counts[plan[3]] += float(raw)
-                else:
-                    float(raw)
-                    hist.sum_text = raw
-            except ValueError:
-                skipped["bad_value"] += 1
-                continue
-            if not hist.touched:
-                hist.touched = True
-                hists.append((plan[1], hist))
+                plan[1].lines.append(f"{plan[2]}{raw}\n")
+            else:
+                block = plan[2].render(raw)
+                if block is None:
+                    skipped["bad_value"] += 1
+                    continue
+                plan[1].lines.append(block)
 
     def _gauges(
         self,

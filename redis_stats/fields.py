@@ -9,6 +9,7 @@ decoding them is one ``str.split``.
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 __all__ = ["SEP", "decode", "encode"]
@@ -45,3 +46,17 @@ def decode(field: str) -> list[str]:
     if "\\" in field:
         parts = [_unescape(p) for p in parts]
     return parts
+
+
+def bound_text(bound: float) -> str:
+    """A bucket bound as Prometheus writes ``le`` (``0.005``, ``1e+06``, ``+Inf``)."""
+    from prometheus_client.utils import floatToGoString
+
+    return floatToGoString(bound)
+
+
+def bucket_layout(bounds: tuple[float, ...] | list[float]) -> str:
+    """``h:<8 hex>``: names a histogram's bucket bounds. It ends the field of a histogram series,
+    so a reader never applies counts to the wrong bounds when a bucket list changes."""
+    text = ",".join(bound_text(b) for b in bounds)
+    return "h:" + hashlib.sha1(text.encode()).hexdigest()[:8]

@@ -205,6 +205,37 @@ class Snapshot:
         }
 
 
+_LAYOUTS: dict[tuple[float, ...], str] = {}
+
+
+def layout_of(spec: MetricSpec) -> str:
+    """The bucket-layout tag a histogram's fields carry (see accumulator.bucket_layout)."""
+    tag = _LAYOUTS.get(spec.buckets)
+    if tag is None:
+        tag = _LAYOUTS[spec.buckets] = fields.bucket_layout((*spec.buckets, _INF))
+    return tag
+
+
+def parse_histogram(spec: MetricSpec, raw: str) -> HistogramValue | None:
+    """``"<sum> <c0> ... <cN>"`` (non-cumulative) as a cumulative HistogramValue, None if malformed."""
+    parts = raw.split()
+    bounds = (*spec.buckets, _INF)
+    if len(parts) != len(bounds) + 1:
+        return None
+    try:
+        total = float(parts[0])
+        counts = [float(x) for x in parts[1:]]
+    except ValueError:
+        return None
+    if total != total:
+        return None
+    running, cumulative = 0.0, []
+    for c in counts:
+        running += c
+        cumulative.append(running)
+    return HistogramValue(bounds, tuple(cumulative), total)
+
+
 def _pairs(flat: list[Any]) -> Iterable[tuple[Any, Any]]:
     it = iter(flat)
     return zip(it, it)
@@ -251,6 +282,8 @@ class SnapshotDecoder:
         extra = 1 if (spec.kind != COUNTER) else 0
         if len(parts) != 1 + len(spec.labels) + extra:
             return "bad_field"
+        if spec.kind == HISTOGRAM and parts[-1] != layout_of(spec):
+            return "unknown_bucket"  # written with other bucket bounds than the catalogue's
         return spec, tuple(parts[1 : 1 + len(spec.labels)]), parts[-1] if extra else ""
 
     def _field(self, name: str) -> tuple[MetricSpec, tuple[str, ...], str] | str:
@@ -322,50 +355,27 @@ class SnapshotDecoder:
         return out
 
     def _decode_counters(self, snap: EngineSnapshot, flat: list[Any], skipped: _Tally[str]) -> None:
-        buckets: dict[SeriesKey, dict[float, float]] = {}
-        sums: dict[SeriesKey, float] = {}
-        specs: dict[SeriesKey, MetricSpec] = {}
         for name, raw in _pairs(flat):
             parsed = self._field(name)
             if isinstance(parsed, str):
                 skipped[parsed] += 1
                 continue
-            spec, labels, suffix = parsed
-            try:
-                value = float(raw)
-            except ValueError:
-                skipped["bad_value"] += 1
-                continue
-            if value != value:
-                skipped["bad_value"] += 1
-                continue
-            key = (spec.name, labels)
+            spec, labels, _ = parsed
             if spec.kind == COUNTER:
-                snap.counters[key] = value
-            elif spec.kind == HISTOGRAM:
-                specs[key] = spec
-                if suffix == "sum":
-                    sums[key] = value
-                else:
-                    try:
-                        bound = float(suffix)
-                    except ValueError:
-                        skipped["bad_field"] += 1
-                        continue
-                    per = buckets.setdefault(key, {})
-                    per[bound] = per.get(bound, 0.0) + value
+                try:
+                    value = float(raw)
+                except ValueError:
+                    value = math.nan
+                if value != value:
+                    skipped["bad_value"] += 1
+                    continue
+                snap.counters[(spec.name, labels)] = value
+                continue
+            hist = parse_histogram(spec, raw)
+            if hist is None:
+                skipped["bad_value"] += 1
             else:
-                skipped["bad_field"] += 1
-        for key in specs.keys() | buckets.keys():
-            spec = specs[key]
-            per = buckets.get(key, {})
-            bounds = sorted(set(spec.buckets) | per.keys() | {_INF})
-            running = 0.0
-            cumulative = []
-            for b in bounds:
-                running += per.get(b, 0.0)
-                cumulative.append(running)
-            snap.histograms[key] = HistogramValue(tuple(bounds), tuple(cumulative), sums.get(key, 0.0))
+                snap.histograms[(spec.name, labels)] = hist
 
     def _decode_gauges(
         self, snap: EngineSnapshot, flat: list[Any], writers: dict[str, WriterInfo], skipped: _Tally[str]

@@ -2,12 +2,13 @@
 
 # Commands the flush script runs, plus what redis-py needs to load a script.
 WRITER = "+evalsha +script|load +time +exists +hget +hset +hincrby +hincrbyfloat +zadd"
-# What the read script runs (called with EVALSHA_RO). With %R~ the user can read its namespace and
-# write nothing.
-READER = "+evalsha_ro +evalsha +script|load +time +zrange +zscore +hget +hgetall"
+# A read: MULTI + native reads + EXEC on one server, read.lua with EVALSHA_RO on a Cluster. With
+# %R~ the user can read its namespace and write nothing.
+READER = "+multi +exec +evalsha_ro +script|load +time +zrange +zscore +hget +hgetall"
 # gc and inspect (an operator, or the exporter with --gc-interval).
 ADMIN = (
-    "+evalsha +evalsha_ro +script|load +time +zrange +zrangebyscore +zscore +zrem +hget +hgetall +hkeys "
+    "+multi +exec +evalsha +evalsha_ro +script|load +time +zrange +zrangebyscore +zscore +zrem +hget +hgetall "
+    "+hkeys "
     "+hdel +hset +hlen +del +set +get +pttl"
 )
 # The log lease (a writer that also reports with leader=lease).

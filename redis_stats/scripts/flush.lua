@@ -11,9 +11,12 @@
 --       nclaims, {engine} * nclaims,
 --       nstats, {field, value} * nstats           (the writer's self-metrics, absolute values)
 --       nspecs, {name, json} * nspecs,
---       then per engine: engine, nint, nfloat, ngauge,
+--       then per engine: engine, nint, nfloat, ngauge, nhist,
 --                        {field, int delta} * nint, {field, float delta} * nfloat,
---                        {field, "<wall ms>|<value>"} * ngauge
+--                        {field, "<wall ms>|<value>"} * ngauge,
+--                        {field, sum delta, "<d0> <d1> ... <dN>"} * nhist
+--
+-- A histogram series is one field: "<sum> <c0> <c1> ... <cN>" (non-cumulative bucket counts).
 --
 -- Returns {status, meta existed before (1/0), failed fields, now ms, conflicts}; status 1 applied,
 -- 0 already applied (a duplicate), 2 applied without gauges because gc removed this writer.
@@ -95,7 +98,8 @@ local n = #ARGV
 while i <= n do
   local engine = ARGV[i]
   local nint, nfloat, ngauge = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
-  i = i + 4
+  local nhist = tonumber(ARGV[i + 4])
+  i = i + 5
   local ckey = prefix .. 'e:' .. engine .. ':c'
   for _ = 1, nint do
     -- A field that already holds a float refuses HINCRBY; HINCRBYFLOAT adds integers exactly too.
@@ -124,6 +128,25 @@ while i <= n do
     end
   else
     i = i + 2 * ngauge
+  end
+  for _ = 1, nhist do
+    local f, dsum, deltas = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
+    i = i + 3
+    local d = {}
+    for x in string.gmatch(deltas, '%S+') do d[#d + 1] = tonumber(x) end
+    local cur = {}
+    local raw_cur = redis.call('HGET', ckey, f)
+    if raw_cur then
+      for x in string.gmatch(raw_cur, '%S+') do cur[#cur + 1] = tonumber(x) or false end
+      if #cur ~= #d + 1 then cur = {} end
+      for j = 1, #cur do
+        if not cur[j] then cur = {}; break end
+      end
+      if #cur == 0 then failed = failed + 1 end  -- garbage there: start the series again
+    end
+    local out = {string.format('%.17g', (cur[1] or 0) + dsum)}
+    for j = 1, #d do out[j + 1] = string.format('%d', (cur[j + 1] or 0) + d[j]) end
+    redis.call('HSET', ckey, f, table.concat(out, ' '))
   end
   if removed then
     -- Keep the counters reachable, but do not make the engine look alive.
