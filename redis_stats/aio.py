@@ -184,9 +184,40 @@ class AsyncStatsReader(ReaderCore):
         self._client = client if client is not None else make_async_client(self.config)
         self._script = _AsyncScript(self._client, load_script("read"), read_only=True)
 
+    async def read(self, engines: Iterable[int] | None = None) -> list[Any]:
+        """One consistent read of the namespace, as a read.lua-shaped reply (see StatsReader.read)."""
+        if hasattr(self._client, "get_node_from_key"):  # Cluster: the script, on the slot's node
+            return await self._script(*self.read_args(engines))
+        for _ in range(3):
+            reply = self.assemble(await self._transaction(self.transaction()), engines)
+            if reply is not None:
+                if reply[3] != self.meta_version:  # the catalogue changed: fetch it (rare)
+                    meta = await self._client.hgetall(self.keys.meta)
+                    reply[4] = [x for kv in meta.items() for x in kv]
+                return reply
+        return await self._script(*self.read_args(engines))
+
+    async def _transaction(self, cmds: list[tuple[Any, ...]]) -> list[Any]:
+        pool = self._client.connection_pool
+        conn = await pool.get_connection()
+        try:
+            await conn.send_packed_command(conn.pack_commands(cmds))
+            for _ in range(len(cmds) - 1):  # +OK and +QUEUED
+                await conn.read_response()
+            results = await conn.read_response()
+        except BaseException:
+            await conn.disconnect()
+            raise
+        finally:
+            await pool.release(conn)
+        for part in results:
+            if isinstance(part, Exception):
+                raise part
+        return results
+
     async def snapshot(self, engines: Iterable[int] | None = None) -> Snapshot:
-        """All engines (or only *engines*) at one instant, in one script call."""
-        return self.decode(await self._script(*self.read_args(engines)))
+        """All engines (or only *engines*) at one instant, in one round trip."""
+        return self.decode(await self.read(engines))
 
     async def close(self) -> None:
         """Close the connection pool."""
