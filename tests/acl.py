@@ -7,9 +7,8 @@ WRITER = "+evalsha +script|load +time +exists +hget +hset +hincrby +hincrbyfloat
 READER = "+multi +exec +evalsha_ro +script|load +time +zrange +zscore +hget +hgetall"
 # gc and inspect (an operator, or the exporter with --gc-interval).
 ADMIN = (
-    "+multi +exec +evalsha +evalsha_ro +script|load +time +zrange +zrangebyscore +zscore +zrem +hget +hgetall "
-    "+hkeys "
-    "+hdel +hset +hlen +del +set +get +pttl"
+    "+multi +exec +evalsha +evalsha_ro +script|load +time +zrange +zrangebyscore +zscore +zrem "
+    "+hget +hgetall +hkeys +hdel +hset +hlen +del +set +get +pttl"
 )
 # The log lease (a writer that also reports with leader=lease).
 LEASE = "+get +set +pexpire +incr +del"

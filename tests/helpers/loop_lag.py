@@ -59,6 +59,7 @@ async def main(server: EmbeddedRedis) -> dict:
         "sent": sent,
         "total": total,
         "p50_ms": lags[len(lags) // 2] * 1e3,
+        "p99_ms": lags[int(len(lags) * 0.99)] * 1e3,
         "max_ms": lags[-1] * 1e3,
         "errors": errors,
     }
