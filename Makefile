@@ -36,9 +36,23 @@ lint: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/redis-stats demo
 
-bench: $(STAMP)
+# The peers need their own virtualenvs: prometheus-redis-client pins redis<5.
+BENCH_VENV := .venv-bench
+PRC_VENV := .venv-bench-prc
+$(BENCH_VENV)/.installed: pyproject.toml
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[bench,hiredis]'
+	touch $@
+$(PRC_VENV)/.installed:
+	test -x $(PRC_VENV)/bin/python || $(PYTHON) -m venv $(PRC_VENV)
+	$(PRC_VENV)/bin/python -m pip install --quiet prometheus-redis-client prometheus_client hiredis
+	touch $@
+
+bench: $(STAMP) $(BENCH_VENV)/.installed $(PRC_VENV)/.installed
 	$(BIN)/python bench/core.py
 	$(BIN)/python bench/vllm_record.py
+	$(BIN)/python bench/memory.py
+	$(BENCH_VENV)/bin/python bench/peers.py --prc-python $(PRC_VENV)/bin/python
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(BENCH_VENV) $(PRC_VENV) .pytest_cache build *.egg-info
