@@ -79,7 +79,8 @@ class RedisCollector:
         finally:
             if gc_was_on:
                 gc.enable()
-        return text + format_families(self._self_metrics(shell, time.perf_counter() - started))
+        families = self._self_metrics(shell, time.perf_counter() - started, engines=False)
+        return text + (engine_lines(shell) if shell is not None else "") + format_families(families)
 
     def read_failed(self, exc: BaseException) -> None:
         """Count a failed read (and warn on the first of its kind)."""
@@ -88,7 +89,9 @@ class RedisCollector:
             log.warning("reading %s failed (%s: %s)", self.reader.config.safe_url, kind, exc)
         self._errors[kind] += 1
 
-    def _self_metrics(self, snapshot: Snapshot | None, duration: float) -> Iterator[Metric]:
+    def _self_metrics(
+        self, snapshot: Snapshot | None, duration: float, *, engines: bool = True
+    ) -> Iterator[Metric]:
         up = GaugeMetricFamily("redis_stats_up", "1 if the last read of Redis succeeded, else 0.")
         up.add_metric([], 1.0 if snapshot is not None else 0.0)
         yield up
@@ -105,29 +108,11 @@ class RedisCollector:
         yield took
         if snapshot is None:
             return
-        engine_up = GaugeMetricFamily(
-            "redis_stats_engine_up",
-            "1 if the engine heartbeated within stale_after, else 0.",
-            labels=[ENGINE_LABEL],
-        )
-        age = GaugeMetricFamily(
-            "redis_stats_engine_data_age_seconds",
-            "Seconds since the engine's last heartbeat.",
-            labels=[ENGINE_LABEL],
-        )
-        for e in sorted(snapshot.engines.values(), key=lambda e: e.engine):
-            engine_up.add_metric([str(e.engine)], 1.0 if e.up else 0.0)
-            age.add_metric([str(e.engine)], e.age)
-        conflict = GaugeMetricFamily(
-            "redis_stats_engine_conflict",
-            "1 if two live instances (owners) claimed this engine within stale_after, else 0.",
-            labels=[ENGINE_LABEL],
-        )
-        for e in sorted(snapshot.engines.values(), key=lambda e: e.engine):
-            conflict.add_metric([str(e.engine)], 1.0 if e.conflict else 0.0)
-        yield engine_up
-        yield age
-        yield conflict
+        for name, help_text, value in ENGINE_SELF_METRICS if engines else ():
+            fam = GaugeMetricFamily(name, help_text, labels=[ENGINE_LABEL])
+            for e in sorted(snapshot.engines.values(), key=lambda e: e.engine):
+                fam.add_metric([str(e.engine)], value(e))
+            yield fam
         yield from writer_families(snapshot)
         skipped = GaugeMetricFamily(
             "redis_stats_skipped_fields",
@@ -137,6 +122,33 @@ class RedisCollector:
         for reason, n in sorted(snapshot.skipped.items()):
             skipped.add_metric([reason], n)
         yield skipped
+
+
+# Per-engine self-metrics: (name, help, value of an EngineSnapshot). One table for both the
+# prometheus_client families and the fast text path (``engine_lines``).
+ENGINE_SELF_METRICS = (
+    (
+        "redis_stats_engine_up",
+        "1 if the engine heartbeated within stale_after, else 0.",
+        lambda e: 1.0 if e.up else 0.0,
+    ),
+    ("redis_stats_engine_data_age_seconds", "Seconds since the engine's last heartbeat.", lambda e: e.age),
+    (
+        "redis_stats_engine_conflict",
+        "1 if two live instances (owners) claimed this engine within stale_after, else 0.",
+        lambda e: 1.0 if e.conflict else 0.0,
+    ),
+)
+
+
+def engine_lines(snapshot: Snapshot) -> str:
+    """:data:`ENGINE_SELF_METRICS` as text, without building a sample object per engine."""
+    engines = sorted(snapshot.engines.values(), key=lambda e: e.engine)
+    out = []
+    for name, help_text, value in ENGINE_SELF_METRICS:
+        out.append(f"# HELP {name} {help_text}\n# TYPE {name} gauge\n")
+        out += [f'{name}{{engine="{e.engine}"}} {floatToGoString(value(e))}\n' for e in engines]
+    return "".join(out)
 
 
 def writer_families(snapshot: Snapshot) -> Iterator[Metric]:

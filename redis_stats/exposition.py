@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter as _Tally
-from itertools import accumulate
+from itertools import pairwise
 from typing import Any
 
 from prometheus_client.utils import floatToGoString
@@ -77,21 +77,27 @@ class _Histogram:
         self.size = len(bounds)
 
     def render(self, raw: str) -> str | None:
-        """The series' lines from ``"<sum> <c0> ... <cN>"``, or None if the value is malformed."""
+        """The series' lines from ``"<sum> <c0> ... <cN>"`` (cumulative, as stored), or None if
+        the value is malformed."""
         parts = raw.split()
         if len(parts) != self.size + 1:
             return None
+        counts = parts[1:]
+        if not "".join(counts).isdigit():  # integers, as the flush script writes them
+            try:
+                values = [float(c) for c in counts]
+            except ValueError:
+                return None
+            if any(b < a for a, b in pairwise(values)):
+                return None
+            counts = [_number(v) for v in values]
         try:
             total = float(parts[0])
-            try:
-                cumulative: list[Any] = list(accumulate(map(int, parts[1:])))
-            except ValueError:
-                cumulative = [_number(c) for c in accumulate(map(float, parts[1:]))]
         except ValueError:
             return None
         if total != total:
             return None
-        return self.template % (*cumulative, cumulative[-1], parts[0])
+        return self.template % (*counts, counts[-1], parts[0])
 
 
 class _Gauge:
@@ -103,12 +109,12 @@ class _Gauge:
         self.prefix = f"{spec.name}{{{_labels(engine, spec, values)}}} "
         self.mode = spec.mode
         self.values: list[float] = []
-        self.best: tuple[float, float] | None = None
+        self.best: tuple[float, str] | None = None  # (wall-clock stamp, value as written)
 
     def render(self, out: list[str]) -> None:
         if self.mode == "mostrecent":
             if self.best is not None:
-                out.append(f"{self.prefix}{floatToGoString(self.best[1])}\n")
+                out.append(f"{self.prefix}{self.best[1]}\n")
         elif self.values:
             rollup = sum if self.mode == "sum" else max if self.mode == "max" else min
             out.append(f"{self.prefix}{floatToGoString(rollup(self.values))}\n")
@@ -251,11 +257,14 @@ class TextRenderer:
             except ValueError:
                 skipped["bad_value"] += 1
                 continue
-            if not gauge.values and gauge.best is None:
+            if value != value:
+                skipped["bad_value"] += 1
+                continue
+            if gauge.best is None and not gauge.values:
                 gauges.append((family, gauge))
             if gauge.mode == "mostrecent":
                 if gauge.best is None or stamp > gauge.best[0]:
-                    gauge.best = (stamp, value)
+                    gauge.best = (stamp, value_text)  # the writer's repr(): valid sample text
             else:
                 gauge.values.append(value)
 

@@ -11,6 +11,7 @@ import math
 from collections import Counter as _Tally
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from . import fields
@@ -217,23 +218,19 @@ def layout_of(spec: MetricSpec) -> str:
 
 
 def parse_histogram(spec: MetricSpec, raw: str) -> HistogramValue | None:
-    """``"<sum> <c0> ... <cN>"`` (non-cumulative) as a cumulative HistogramValue, None if malformed."""
+    """``"<sum> <c0> ... <cN>"`` (cumulative counts) as a HistogramValue, None if malformed."""
     parts = raw.split()
     bounds = (*spec.buckets, _INF)
     if len(parts) != len(bounds) + 1:
         return None
     try:
         total = float(parts[0])
-        counts = [float(x) for x in parts[1:]]
+        cumulative = tuple(float(x) for x in parts[1:])
     except ValueError:
         return None
-    if total != total:
+    if total != total or any(b < a for a, b in pairwise(cumulative)):
         return None
-    running, cumulative = 0.0, []
-    for c in counts:
-        running += c
-        cumulative.append(running)
-    return HistogramValue(bounds, tuple(cumulative), total)
+    return HistogramValue(bounds, cumulative, total)
 
 
 def _pairs(flat: list[Any]) -> Iterable[tuple[Any, Any]]:
@@ -399,6 +396,8 @@ class SnapshotDecoder:
             try:
                 stamp, value = float(stamp_text), float(value_text)
             except ValueError:
+                value = math.nan
+            if value != value:
                 skipped["bad_value"] += 1
                 continue
             key = (spec.name, labels)

@@ -16,7 +16,8 @@
 --                        {field, "<wall ms>|<value>"} * ngauge,
 --                        {field, sum delta, "<d0> <d1> ... <dN>"} * nhist
 --
--- A histogram series is one field: "<sum> <c0> <c1> ... <cN>" (non-cumulative bucket counts).
+-- A histogram series is one field: "<sum> <c0> <c1> ... <cN>", cumulative bucket counts (+Inf
+-- last, so it is also the count).
 --
 -- Returns {status, meta existed before (1/0), failed fields, now ms, conflicts}; status 1 applied,
 -- 0 already applied (a duplicate), 2 applied without gauges because gc removed this writer.
@@ -144,8 +145,14 @@ while i <= n do
       end
       if #cur == 0 then failed = failed + 1 end  -- garbage there: start the series again
     end
+    -- Stored cumulative (bucket j counts every observation <= its bound), so that a reader can
+    -- print the stored numbers as they are; the batch carries per-bucket increases.
     local out = {string.format('%.17g', (cur[1] or 0) + dsum)}
-    for j = 1, #d do out[j + 1] = string.format('%d', (cur[j + 1] or 0) + d[j]) end
+    local running = 0
+    for j = 1, #d do
+      running = running + d[j]
+      out[j + 1] = string.format('%d', (cur[j + 1] or 0) + running)
+    end
     redis.call('HSET', ckey, f, table.concat(out, ' '))
   end
   if removed then
