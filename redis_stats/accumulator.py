@@ -213,7 +213,6 @@ class Batch:
     specs: list[MetricSpec] = field(default_factory=list)
     engines: dict[int, _EngineBlock] = field(default_factory=dict)
     closing: bool = False
-    resend_all: bool = False
 
     def _block(self, engine: int) -> _EngineBlock:
         block = self.engines.get(engine)
@@ -240,14 +239,6 @@ class Batch:
     def touch(self, engine: int) -> None:
         """Make sure *engine* is heartbeated by this batch even without data."""
         self._block(engine)
-
-    @property
-    def field_count(self) -> int:
-        """Number of hash fields this batch writes."""
-        return sum(
-            (len(b.ints) + len(b.floats) + len(b.gauges)) // 2 + len(b.hists) // 3
-            for b in self.engines.values()
-        )
 
     def script_args(
         self,
@@ -416,12 +407,6 @@ class Accumulator:
         for engine in engines:
             batch.touch(engine + self.engine_offset)
         return batch
-
-    def requeue_specs(self, specs: Iterable[MetricSpec]) -> None:
-        """Specs of a batch that was given up on go back to the next batch."""
-        with self.lock:
-            for spec in specs:
-                self._unsent_specs.setdefault(spec.name, spec)
 
     def pending_series(self) -> int:
         """Series changed since the last batch was taken."""

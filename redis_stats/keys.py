@@ -75,10 +75,10 @@ class Keys:
         """Hash: one writer's self-metrics (flushes, errors, drops, flush durations, ...)."""
         return f"{self.prefix}w:{writer_id}"
 
-    def counters(self, engine: int) -> str:
+    def counters(self, engine: int | str) -> str:
         """Hash: counters and histogram buckets/sums of one engine, field -> number."""
         return f"{self.prefix}e:{engine}:c"
 
-    def gauges(self, engine: int) -> str:
+    def gauges(self, engine: int | str) -> str:
         """Hash: gauges of one engine, field (series + writer) -> ``<wall ms>|<value>``."""
         return f"{self.prefix}e:{engine}:g"

@@ -75,8 +75,8 @@ class ReaderCore:
             ("HGETALL", k.conflicts),
         ]
         for e in engines:
-            cmds += [("HGETALL", f"{k.prefix}e:{e}:c"), ("HGETALL", f"{k.prefix}e:{e}:g")]
-        cmds += [("HGETALL", k.prefix + "w:" + w) for w in writers]
+            cmds += [("HGETALL", k.counters(e)), ("HGETALL", k.gauges(e))]
+        cmds += [("HGETALL", k.writer_stats(w)) for w in writers]
         cmds.append(("EXEC",))
         return cmds
 

@@ -164,6 +164,11 @@ def test_rate_and_quantile_helpers_by_hand():
         return Snapshot(t, {0: e}, {}, None)
 
     assert snap(12.0, 150.0).rate(snap(10.0, 50.0), "tokens") == 50.0
+    later = Snapshot(12.0, {0: EngineSnapshot(0, 12.0, 0.0, True, histograms={("lat", ()): h})}, {}, None)
+    earlier_snap = Snapshot(
+        10.0, {0: EngineSnapshot(0, 10.0, 0.0, True, histograms={("lat", ()): earlier})}, {}, None
+    )
+    assert later.histogram_since(earlier_snap, "lat", engine=0).count == 3.0
     assert snap(12.0, 20.0).rate(snap(10.0, 50.0), "tokens") == 10.0  # a reset counts from 0
 
 
