@@ -132,7 +132,11 @@ class EmbeddedRedis:
             "no",
             *self.extra_args,
         ]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # Its own session: a Ctrl-C in the terminal must not stop the server before the processes
+        # that write to it have flushed; its owner stops it, by pid, when they are done.
+        self.process = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
