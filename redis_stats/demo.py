@@ -54,7 +54,11 @@ def run_demo(
     children: list[subprocess.Popen[bytes]] = []
     exporter: Exporter | None = None
     stop = threading.Event()
-    previous_handler = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # Ctrl-C and SIGTERM both mean "stop cleanly" (SIGINT is handled explicitly: a shell may have
+    # started the demo with SIGINT ignored).
+    previous_handlers = {
+        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         url = opts.redis_url
         if url is None:
@@ -103,7 +107,8 @@ def run_demo(
     except KeyboardInterrupt:
         return 0
     finally:
-        signal.signal(signal.SIGTERM, previous_handler)
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
         if exporter is not None:
             exporter.close()
         for child in children:

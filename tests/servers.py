@@ -50,6 +50,13 @@ class Cluster:
         ]
 
     def start(self) -> Cluster:
+        try:
+            return self._start()
+        except BaseException:
+            self.close()  # never leave a node running when the set-up fails
+            raise
+
+    def _start(self) -> Cluster:
         for node in self.nodes:
             node.start()
         hosts = [f"127.0.0.1:{n.port}" for n in self.nodes]
@@ -96,6 +103,13 @@ class SentinelSetup:
         self.sentinels: list[subprocess.Popen[bytes]] = []
 
     def start(self) -> SentinelSetup:
+        try:
+            return self._start()
+        except BaseException:
+            self.close()  # never leave a server or sentinel running when the set-up fails
+            raise
+
+    def _start(self) -> SentinelSetup:
         self.master.start()
         self.replica.extra_args = ["--replicaof", "127.0.0.1", str(self.master.port)]
         self.replica.start()
