@@ -144,11 +144,12 @@ class EmbeddedRedis:
                 log = self.dir / "server.log"
                 detail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
                 self.process = None
+                self.close()  # nothing runs: leave no temp dir behind
                 raise RuntimeError(f"{self.binary} exited at start: {err} {detail}")
             if self._ping():
                 return self
             time.sleep(0.02)
-        self.stop()
+        self.close()
         raise RuntimeError(f"{self.binary} did not answer PING on port {self.port} within {timeout}s")
 
     def _ping(self) -> bool:
