@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 from typing import Any
 
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
@@ -39,6 +40,7 @@ class RedisStatLogger(AggregateStatLoggerBase):
         self.recorder: VllmRecorder | None = None
         self.writer: StatsWriter | None = None
         self.reporter: StatsReporter | None = None
+        self._tick_thread: threading.Thread | None = None
         self.vllm_config = vllm_config
         if not os.environ.get("REDIS_STATS_URL"):
             if not _warned_inactive:
@@ -115,9 +117,15 @@ class RedisStatLogger(AggregateStatLoggerBase):
             self.recorder.record_cache_config(info)
 
     def log(self) -> None:
-        """Called every VLLM_LOG_STATS_INTERVAL: the leader prints every engine's line from Redis."""
-        if self.reporter is not None:
-            self.reporter.tick()
+        """Called every VLLM_LOG_STATS_INTERVAL: the leader prints every engine's line from Redis.
+
+        vLLM calls this on its event loop; the read of Redis runs in a thread so the loop never
+        waits on the network (a tick still running when the next is due is not doubled).
+        """
+        if self.reporter is None or (self._tick_thread is not None and self._tick_thread.is_alive()):
+            return
+        self._tick_thread = threading.Thread(target=self.reporter.tick, name="redis_stats-log", daemon=True)
+        self._tick_thread.start()
 
     def record_sleep_state(self, sleep: int = 0, level: int = 0) -> None:
         """vLLM's sleep mode: the engine_sleep_state gauge."""
