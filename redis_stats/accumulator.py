@@ -40,7 +40,7 @@ __all__ = [
 _INF = math.inf
 
 # Why an update was dropped on the hot path (counted, never raised into the host).
-DROP_REASONS = ("invalid_value", "label_too_long", "cardinality", "unknown_metric", "bad_labels")
+DROP_REASONS = ("invalid_value", "label_too_long", "cardinality")
 
 
 class CounterChild:
