@@ -201,9 +201,7 @@ class TextRenderer:
         return "".join(out), shell
 
     def _counters(self, engine: str, flat: list[Any], skipped: _Tally[str]) -> None:
-        plans = self._counter_plans.get(engine)
-        if plans is None:
-            plans = self._counter_plans[engine] = {}
+        plans = self._counter_plans.setdefault(engine, {})
         it = iter(flat)
         for name, raw in zip(it, it):
             plan = plans.get(name)
@@ -236,9 +234,7 @@ class TextRenderer:
         gauges: list[Any],
         skipped: _Tally[str],
     ) -> None:
-        plans = self._gauge_plans.get(engine)
-        if plans is None:
-            plans = self._gauge_plans[engine] = {}
+        plans = self._gauge_plans.setdefault(engine, {})
         it = iter(flat)
         for name, raw in zip(it, it):
             plan = plans.get(name)
