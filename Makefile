@@ -33,8 +33,10 @@ test-vllm: $(VLLM_VENV)/.installed
 lint: $(STAMP)
 	$(BIN)/ruff check redis_stats tests bench
 
+# e.g. make demo DEMO_ARGS="--port 0 --nodes 4"
+DEMO_ARGS ?=
 demo: $(STAMP)
-	$(BIN)/redis-stats demo
+	$(BIN)/redis-stats demo $(DEMO_ARGS)
 
 # The peers need their own virtualenvs: prometheus-redis-client pins redis<5.
 BENCH_VENV := .venv-bench

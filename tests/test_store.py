@@ -258,3 +258,23 @@ def test_record_never_touches_the_network_and_never_raises(catalog, namespace):
     assert not w.flush()
     assert w.stats.errors["connection"] == 1
     assert w.pending()
+
+
+def test_memory_during_an_outage_grows_with_series_not_updates(catalog, namespace):
+    from redis_stats import StatsConfig
+
+    cfg = StatsConfig(url="redis://127.0.0.1:1/0", namespace=namespace, connect_timeout_ms=50)
+    w = StatsWriter(cfg, catalog, engines=[0], start=False)
+    children = [w.counter("requests").labels(engine=0, reason=r).inc for r in ("stop", "length")]
+    hist = w.histogram("latency_seconds").labels(engine=0).observe
+    for _ in range(5):  # five failed flushes, 20,000 updates each
+        for i in range(10_000):
+            children[i % 2]()
+            hist(0.3)
+        assert not w.flush()
+        # One unconfirmed batch (kept whole for its retry) plus the series changed since.
+        batch = w._protocol.in_flight
+        block = batch.engines[0]
+        assert len(block.ints) // 2 + len(block.hists) // 3 == 3
+        assert len(w._acc.dirty) <= 3
+    assert w.pending()
