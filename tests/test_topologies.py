@@ -49,9 +49,14 @@ def assert_exact(snapshot) -> None:
 
 
 def full_scrape_families(reader) -> set[str]:
-    from .test_collector import scrape
+    """Families with samples in a scrape; the exporter's fast text says the same."""
+    from redis_stats import RedisCollector
 
-    fams, _ = scrape(reader)
+    from .test_collector import scrape
+    from .test_exposition import parsed
+
+    fams, text = scrape(reader)
+    assert parsed(RedisCollector(reader).render_text()) == parsed(text)
     return {name for name, fam in fams.items() if fam.samples}
 
 
