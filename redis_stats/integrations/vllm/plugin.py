@@ -27,7 +27,7 @@ from .recorder import VllmRecorder
 
 __all__ = ["RedisStatLogger"]
 
-log = logging.getLogger("redis_stats.vllm")
+log = logging.getLogger("vllm.redis_stats")  # under vLLM's logger: its handlers and format
 _warned_inactive = False
 
 

@@ -15,7 +15,7 @@ from ...config import StatsConfig
 
 __all__ = ["maybe_serve"]
 
-log = logging.getLogger("redis_stats.vllm")
+log = logging.getLogger("vllm.redis_stats")  # under vLLM's logger: its handlers and format
 
 
 def maybe_serve(config: StatsConfig, catalog: Catalog) -> bool:
