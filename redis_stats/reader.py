@@ -82,22 +82,23 @@ class ReaderCore:
 
     def assemble(self, results: list[Any], engines: Iterable[int] | None = None) -> list[Any] | None:
         """The EXEC results as a read.lua-shaped reply, or None when the engine or writer lists
-        changed (then read again with :meth:`transaction`, which now asks for the new ones)."""
+        changed (then read again with :meth:`transaction`, which now asks for the new ones).
+
+        With *engines*, only those engines' hashes are asked for and returned.
+        """
         results = [_flat(r) for r in results]  # a client of the caller's may speak RESP3
         now, engine_flat, writer_flat, version, conflicts = results[:5]
+        if engines is not None:
+            wanted = {str(int(e)) for e in engines}
+            engine_flat = [
+                x for e, score in zip(engine_flat[0::2], engine_flat[1::2]) if e in wanted for x in (e, score)
+            ]
         planned = (tuple(engine_flat[0::2]), tuple(writer_flat[0::2]))
         if planned != self._planned:
             self._planned = planned
             return None
-        hashes = results[5:]
-        if engines is not None:
-            wanted = {str(int(e)) for e in engines}
-            keep = [i for i, e in enumerate(planned[0]) if e in wanted]
-            engine_flat = [x for i in keep for x in engine_flat[2 * i : 2 * i + 2]]
-            engine_hashes = [h for i in keep for h in hashes[2 * i : 2 * i + 2]]
-            hashes = engine_hashes + hashes[2 * len(planned[0]) :]
         now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
-        return [now_ms, engine_flat, writer_flat, version or "", None, conflicts, *hashes]
+        return [now_ms, engine_flat, writer_flat, version or "", None, conflicts, *results[5:]]
 
     @property
     def meta_version(self) -> str:
