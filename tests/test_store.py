@@ -278,3 +278,24 @@ def test_memory_during_an_outage_grows_with_series_not_updates(catalog, namespac
         assert len(block.ints) // 2 + len(block.hists) // 3 == 3
         assert len(w._acc.dirty) <= 3
     assert w.pending()
+
+
+def test_garbage_in_a_histogram_field_is_skipped_then_replaced_by_the_next_flush(
+    make_writer, reader, config, fake_client
+):
+    w = make_writer()
+    h = w.histogram("latency_seconds").labels(engine=0)
+    h.observe(0.3)
+    assert w.flush()
+    client = fake_client()
+    key = Keys(config.namespace).counters(0)
+    field = next(f for f in client.hkeys(key) if f.startswith("latency_seconds"))
+    client.hset(key, field, "not a histogram")
+    snap = reader.snapshot()
+    assert snap.engines[0].histogram("latency_seconds") is None
+    assert snap.skipped["bad_value"] == 1
+    h.observe(3.0)
+    assert w.flush()
+    assert w.stats.failed_fields == 1  # the script counted the garbage it replaced
+    hist = reader.snapshot().engines[0].histogram("latency_seconds")
+    assert hist.count == 1 and hist.sum == 3.0  # the series starts again from this flush
