@@ -21,7 +21,7 @@ from typing import Any
 from prometheus_client.utils import floatToGoString
 
 from .catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM, MetricSpec
-from .snapshot import Snapshot, SnapshotDecoder, WriterInfo
+from .snapshot import Snapshot, SnapshotDecoder
 
 __all__ = ["TextRenderer", "escape_label_value"]
 
@@ -186,10 +186,11 @@ class TextRenderer:
         shell = self.decoder.decode_shell(reply, skipped)
         self._reset_if_catalog_changed()
         gauges: list[tuple[_Family, _Gauge]] = []
+        live = {wid for wid, info in shell.writers.items() if info.live}
         for engine_text, snap, c_flat, g_flat in shell.engine_hashes:
             self._counters(engine_text, c_flat, skipped)
             if snap.up:
-                self._gauges(engine_text, g_flat, shell.writers, gauges, skipped)
+                self._gauges(engine_text, g_flat, live, gauges, skipped)
         for family, gauge in gauges:
             gauge.render(family.lines)
         out: list[str] = []
@@ -230,7 +231,7 @@ class TextRenderer:
         self,
         engine: str,
         flat: list[Any],
-        writers: dict[str, WriterInfo],
+        live: set[str],
         gauges: list[Any],
         skipped: _Tally[str],
     ) -> None:
@@ -244,8 +245,7 @@ class TextRenderer:
                 skipped[plan] += 1
                 continue
             family, gauge, writer = plan
-            info = writers.get(writer)
-            if info is None or not info.live:
+            if writer not in live:
                 continue  # not current: a stale, closed or removed writer's value
             stamp_text, _, value_text = raw.partition("|")
             try:
