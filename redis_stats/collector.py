@@ -190,34 +190,31 @@ def writer_families(snapshot: Snapshot) -> Iterator[Metric]:
         st = info.stats
         if not st:
             continue
-        num = _number_reader(st)
-        flushes.add_metric([wid], num("flushes"))
-        conflicts.add_metric([wid], num("conflicts"))
-        pending.add_metric([wid], num("pending"))
+        flushes.add_metric([wid], _num(st, "flushes"))
+        conflicts.add_metric([wid], _num(st, "conflicts"))
+        pending.add_metric([wid], _num(st, "pending"))
         if "last_ok_ms" in st:
-            age.add_metric([wid], max(0.0, (now_ms - num("last_ok_ms")) / 1000.0))
+            age.add_metric([wid], max(0.0, (now_ms - _num(st, "last_ok_ms")) / 1000.0))
         buckets, running = [], 0.0
         for key in sorted((k for k in st if k.startswith("dur:")), key=lambda k: float(k[4:])):
-            running += num(key)
+            running += _num(st, key)
             buckets.append((floatToGoString(float(key[4:])), running))
         if buckets:
-            duration.add_metric([wid], buckets, num("dur_sum"))
+            duration.add_metric([wid], buckets, _num(st, "dur_sum"))
         for key in st:
             if key.startswith("err:"):
-                errors.add_metric([wid, key[4:]], num(key))
+                errors.add_metric([wid, key[4:]], _num(st, key))
             elif key.startswith("drop:"):
-                drops.add_metric([wid, key[5:]], num(key))
+                drops.add_metric([wid, key[5:]], _num(st, key))
     yield from (up, flushes, errors, drops, conflicts, pending, age, duration)
 
 
-def _number_reader(stats: dict[str, str]):
-    def num(key: str) -> float:
-        try:
-            return float(stats.get(key, 0))
-        except ValueError:
-            return 0.0
-
-    return num
+def _num(stats: dict[str, str], key: str) -> float:
+    """A number of a writer's stats hash (0 when absent or not a number)."""
+    try:
+        return float(stats.get(key, 0))
+    except ValueError:
+        return 0.0
 
 
 def families(snapshot: Snapshot) -> Iterator[Metric]:

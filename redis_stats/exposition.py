@@ -47,13 +47,12 @@ def _number(value: float) -> str:
 class _Family:
     """Header and the lines of one metric in one scrape."""
 
-    __slots__ = ("header", "lines", "spec")
+    __slots__ = ("header", "lines")
 
     def __init__(self, spec: MetricSpec) -> None:
         # As prometheus_client's text format: a counter's HELP/TYPE name ends in _total.
         name = spec.name + "_total" if spec.kind == COUNTER else spec.name
         self.header = f"# HELP {name} {_escape_help(spec.help)}\n# TYPE {name} {spec.kind}\n"
-        self.spec = spec
         self.lines: list[str] = []
 
 
