@@ -14,6 +14,8 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from .errors import CatalogError  # defined in errors.py; importable from here as it always was
+
 __all__ = [
     "COUNTER",
     "ENGINE_LABEL",
@@ -36,10 +38,6 @@ ENGINE_LABEL = "engine"
 
 _METRIC_NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-
-
-class CatalogError(ValueError):
-    """A metric definition or use that can never work (a programming mistake)."""
 
 
 @dataclass(frozen=True)
