@@ -58,3 +58,86 @@ def test_spec_json_round_trips():
         MetricSpec("h", "histogram", "h", ("x",), buckets=(0.5, 1.0, 1e6)),
     ]:
         assert MetricSpec.from_json(spec.name, spec.to_json()) == spec
+
+
+@pytest.mark.parametrize(
+    "first, second, sample",
+    [
+        (lambda c: c.counter("x", "h"), lambda c: c.gauge("x_total", "h"), "x_total"),
+        (lambda c: c.gauge("x_total", "h"), lambda c: c.counter("x", "h"), "x_total"),
+        (lambda c: c.counter("x", "h"), lambda c: c.gauge("x_created", "h"), "x_created"),
+        (lambda c: c.counter("x", "h"), lambda c: c.counter("x_created", "h"), "x_created"),
+        (lambda c: c.histogram("h", "h", [1]), lambda c: c.gauge("h_count", "h"), "h_count"),
+        (lambda c: c.histogram("h", "h", [1]), lambda c: c.gauge("h_sum", "h"), "h_sum"),
+        (lambda c: c.histogram("h", "h", [1]), lambda c: c.counter("h_bucket", "h"), "h_bucket"),
+        (lambda c: c.histogram("h", "h", [1]), lambda c: c.counter("h_sum_total", "h"), "h_sum"),
+        (lambda c: c.gauge("h_created", "h"), lambda c: c.histogram("h", "h", [1]), "h_created"),
+        (lambda c: c.counter("a_count", "h"), lambda c: c.histogram("a", "h", [1]), "a_count"),
+    ],
+)
+def test_metrics_whose_samples_would_share_a_name_are_refused_at_definition(first, second, sample):
+    cat = Catalog()
+    a = first(cat)
+    with pytest.raises(CatalogError) as info:
+        second(cat)
+    message = str(info.value)
+    # Both metrics and the sample name they would both print are named.
+    assert repr(a.name) in message and repr(sample) in message and "rename one" in message
+    assert list(cat) == [a]  # nothing half-added
+
+
+def test_names_that_only_look_alike_are_accepted():
+    cat = Catalog()
+    cat.counter("x", "h")
+    cat.gauge("x_totals", "h")
+    cat.gauge("xx_total", "h")
+    cat.histogram("h", "h", [1])
+    cat.gauge("h_counts", "h")
+    cat.gauge("h_bucket_size", "h")
+    cat.counter("h_seconds", "h")
+    assert cat.counter("x_total", "h") is cat["x"]  # the same counter, `_total` stripped
+    assert len(cat) == 7
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda c: c.gauge("redis_stats_up", "h"),
+        lambda c: c.counter("redis_stats_read_errors", "h", labels=["kind"]),
+        lambda c: c.counter("redis_stats_writer_flushes_total", "h"),
+        lambda c: c.histogram("redis_stats_writer_flush_duration_seconds", "h", [1]),
+        lambda c: c.gauge("redis_stats_anything_new", "h"),
+    ],
+)
+def test_the_self_metrics_prefix_is_reserved(make):
+    with pytest.raises(CatalogError, match="'redis_stats_' are reserved"):
+        make(Catalog())
+    with pytest.raises(CatalogError, match="reserved"):  # nor can a reader load one from Redis
+        MetricSpec.from_json("redis_stats_up", '{"kind":"gauge","help":"h","labels":[]}')
+
+
+def test_the_vllm_catalogue_still_loads():
+    from redis_stats.integrations.vllm.catalog import vllm_catalog
+
+    cat = vllm_catalog()
+    samples = [s for spec in cat for s in spec.sample_names]
+    assert len(cat) > 30 and len(samples) == len(set(samples))
+
+
+def test_merged_leaves_out_a_stored_spec_that_clashes_and_says_why():
+    local = Catalog()
+    local.counter("x", "h")
+    stored = [
+        MetricSpec("x_total", "gauge", "h"),  # clashes with the reader's own counter
+        MetricSpec("h_sum", "gauge", "h"),  # clashes with h, first in name order
+        MetricSpec("h", "histogram", "h", buckets=(1.0,)),
+        MetricSpec("ok", "gauge", "h"),
+    ]
+    left_out: list[tuple[str, str]] = []
+    for order in (stored, stored[::-1]):  # the same result whatever order Redis returns
+        left_out.clear()
+        merged = local.merged(order, lambda spec, why: left_out.append((spec.name, why)))
+        assert sorted(s.name for s in merged) == ["h", "ok", "x"]
+        assert sorted(name for name, _ in left_out) == ["h_sum", "x_total"]
+        assert all("would both print" in why for _, why in left_out)
+
