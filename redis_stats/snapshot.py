@@ -263,7 +263,9 @@ class SnapshotDecoder:
                 stored.append(MetricSpec.from_json(name[2:], value))
             except (ValueError, TypeError):
                 skipped["bad_spec"] += 1
-        self.catalog = self.local.merged(stored)
+        # A stored spec whose samples would repeat another's (written by an older or foreign
+        # writer) is left out: one series printed twice is worse than one metric missing.
+        self.catalog = self.local.merged(stored, lambda spec, why: skipped.update(["name_clash"]))
         self.meta_version = version
         self._fields.clear()
 

@@ -1,8 +1,11 @@
 import math
+import time
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
-from redis_stats import Catalog, CatalogError, MetricSpec
+from redis_stats import Catalog, CatalogError, MetricSpec, RedisCollector, StatsReader, StatsWriter
+from redis_stats.keys import Keys
 
 
 @pytest.mark.parametrize(
@@ -141,3 +144,40 @@ def test_merged_leaves_out_a_stored_spec_that_clashes_and_says_why():
         assert sorted(name for name, _ in left_out) == ["h_sum", "x_total"]
         assert all("would both print" in why for _, why in left_out)
 
+
+def _series_lines(text: str) -> list[str]:
+    """Each sample line's name and labels (what must be unique in an exposition)."""
+    return [line.rsplit(" ", 1)[0] for line in text.splitlines() if line and not line.startswith("#")]
+
+
+def test_a_reader_never_prints_a_series_twice_when_redis_holds_clashing_names(config, fake_client):
+    # Two writers (an older version, another program) each with a valid catalogue of its own,
+    # whose union in Redis clashes: counter `x` prints x_total, and so would gauge `x_total`.
+    # And a spec named like a self-metric, stored by hand.
+    mine, theirs = Catalog(), Catalog()
+    mine.counter("x", "h")
+    theirs.gauge("x_total", "h")
+    theirs.gauge("ok", "h")
+    a = StatsWriter(config, mine, engines=[0], client=fake_client(), start=False)
+    b = StatsWriter(config, theirs, engines=[0], client=fake_client(), start=False)
+    a.counter("x").labels(engine=0).inc(5)
+    b.gauge("x_total").labels(engine=0).set(7)
+    b.gauge("ok").labels(engine=0).set(1)
+    assert a.flush() and b.flush()
+    keys, raw = Keys(config.namespace), fake_client()
+    raw.hset(keys.meta, "m:redis_stats_up", '{"kind":"gauge","help":"h","labels":[]}')
+    raw.hincrby(keys.meta, "_v", 1)
+    raw.hset(keys.gauges(0), f"redis_stats_up|{b.writer_id}", f"{int(time.time() * 1000)}|0")
+
+    reg = CollectorRegistry()
+    reg.register(RedisCollector(StatsReader(config, client=fake_client())))
+    slow = generate_latest(reg).decode()
+    fast = RedisCollector(StatsReader(config, client=fake_client())).render_text()
+    for text in (slow, fast):
+        lines = _series_lines(text)
+        assert len(lines) == len(set(lines)), text
+        assert 'x_total{engine="0"}' in lines and 'ok{engine="0"}' in lines
+        assert lines.count("redis_stats_up") == 1
+        assert 'redis_stats_skipped_fields{reason="name_clash"}' in lines
+    for w in (a, b):
+        w._closed = True
