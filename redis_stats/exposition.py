@@ -113,7 +113,8 @@ class _Gauge:
     def render(self, out: list[str]) -> None:
         if self.mode == "mostrecent":
             if self.best is not None:
-                out.append(f"{self.prefix}{self.best[1]}\n")
+                text = self.best[1]  # the writer's repr(); 'inf'/'-inf' are written as Prometheus does
+                out.append(f"{self.prefix}{text if text[-1].isdigit() else floatToGoString(float(text))}\n")
         elif self.values:
             rollup = sum if self.mode == "sum" else max if self.mode == "max" else min
             out.append(f"{self.prefix}{floatToGoString(rollup(self.values))}\n")
