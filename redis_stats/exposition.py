@@ -96,7 +96,9 @@ class _Histogram:
             return None
         if total != total:
             return None
-        return self.template % (*counts, counts[-1], parts[0])
+        # The sum as stored, unless Lua wrote an overflowed sum 'inf': Prometheus writes +Inf.
+        text = parts[0] if total - total == 0 else floatToGoString(total)
+        return self.template % (*counts, counts[-1], text)
 
 
 class _Gauge:

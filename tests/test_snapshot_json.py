@@ -80,6 +80,8 @@ def test_metrics_text_writes_plus_inf_as_prometheus_client_does(infinite):
         'g{engine="0",sign="pos"} +Inf',
         'g{engine="0",sign="neg"} -Inf',
         'g_sum_mode{engine="0"} +Inf',
+        'lat_sum{engine="0",sign="pos"} +Inf',
+        'lat_sum{engine="0",sign="neg"} -Inf',
     ]
     for text in (slow, fast):
         lines = text.splitlines()
