@@ -8,6 +8,7 @@ both of its reply parsers (hiredis and pure Python) and on an error a script ret
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -177,6 +178,27 @@ def test_a_server_over_maxmemory_with_noeviction_is_kind_oom(faults, caplog):
 
 def test_a_read_only_replica_is_kind_readonly(faults, caplog):
     assert flush_kinds(faults.replica.url, caplog) == {"readonly": 1}
+
+
+def test_the_asyncio_writer_counts_the_same_kinds(faults):
+    from redis_stats.aio import AsyncStatsWriter
+
+    async def kinds(url: str) -> dict[str, int]:
+        writer = AsyncStatsWriter(StatsConfig(url=url, namespace="errs"), sample_catalog(), engines=[0])
+        writer.counter("tokens").labels(engine=0).inc(3)
+        assert not await writer.flush()
+        await writer._client.aclose()
+        return dict(writer.stats.errors)
+
+    cases = {
+        _url(faults.auth, ":wrong"): "auth",
+        _url(faults.auth): "auth",
+        _url(faults.auth, "stats-reader:rpass"): "noperm",
+        faults.full.url: "oom",
+        faults.replica.url: "readonly",
+    }
+    got = {url: asyncio.run(kinds(url)) for url in cases}
+    assert got == {url: {kind: 1} for url, kind in cases.items()}
 
 
 def test_a_stopped_server_is_kind_timeout_and_a_closed_port_kind_connection(caplog):
