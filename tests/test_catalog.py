@@ -2,6 +2,8 @@ import math
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
 from redis_stats import Catalog, CatalogError, MetricSpec, RedisCollector, StatsReader, StatsWriter
@@ -181,3 +183,34 @@ def test_a_reader_never_prints_a_series_twice_when_redis_holds_clashing_names(co
         assert 'redis_stats_skipped_fields{reason="name_clash"}' in lines
     for w in (a, b):
         w._closed = True
+
+
+_BASES = ["a", "a_total", "a_created", "a_count", "a_sum", "a_bucket", "a_count_total", "a_sum_total"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["counter", "gauge", "histogram"]), st.sampled_from(_BASES))))
+def test_a_definition_is_refused_exactly_when_prometheus_client_refuses_to_register_it(definitions):
+    import prometheus_client
+
+    cat, registry = Catalog(), prometheus_client.CollectorRegistry()
+    make = {
+        "counter": lambda name: prometheus_client.Counter(name, "h", registry=registry),
+        "gauge": lambda name: prometheus_client.Gauge(name, "h", registry=registry),
+        "histogram": lambda name: prometheus_client.Histogram(name, "h", buckets=[1], registry=registry),
+    }
+    for kind, name in definitions:
+        spec = MetricSpec(name, kind, "h", buckets=(1.0,) if kind == "histogram" else ())
+        if cat.get(spec.name) == spec:
+            continue  # the same definition again: returned, where prometheus_client refuses
+        try:
+            cat.add(spec)
+            ours = True
+        except CatalogError:
+            ours = False
+        try:
+            make[kind](name)
+            theirs = True
+        except ValueError:  # "Duplicated timeseries in CollectorRegistry"
+            theirs = False
+        assert ours == theirs, (kind, name, [s.name for s in cat])
