@@ -79,6 +79,13 @@ class Faults:
         if binary is None:
             pytest.skip(f"no {kind} server binary here")
         self.servers: list[EmbeddedRedis] = []
+        try:
+            self._set_up(binary)
+        except BaseException:
+            self.close()  # never leave a server running when the set-up fails
+            raise
+
+    def _set_up(self, binary: str) -> None:
         self.auth = self._start(binary)
         admin = redis.Redis(port=self.auth.port)
         admin.execute_command("ACL", "SETUSER", "stats-writer", *acl.rules("errs", "wpass", acl.WRITER))
@@ -102,13 +109,9 @@ class Faults:
         self.replica = self._start(binary, ["--replicaof", "127.0.0.1", str(self.master.port)])
 
     def _start(self, binary: str, args: list[str] | None = None) -> EmbeddedRedis:
-        try:
-            srv = EmbeddedRedis(binary, extra_args=args or []).start()
-        except BaseException:
-            self.close()
-            raise
+        srv = EmbeddedRedis(binary, extra_args=args or [])
         self.servers.append(srv)
-        return srv
+        return srv.start()
 
     def close(self) -> None:
         for srv in reversed(self.servers):
