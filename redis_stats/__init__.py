@@ -6,9 +6,10 @@ every engine to Prometheus (:class:`RedisCollector`). See docs/architecture.md.
 
 from __future__ import annotations
 
-from .catalog import Catalog, CatalogError, MetricSpec
+from .catalog import Catalog, MetricSpec
 from .collector import RedisCollector
-from .config import ConfigError, StatsConfig
+from .config import StatsConfig
+from .errors import CatalogError, ConfigError, RedisStatsError
 from .keys import Keys
 from .reader import StatsReader
 from .snapshot import EngineSnapshot, HistogramValue, Snapshot
@@ -25,6 +26,7 @@ __all__ = [
     "Keys",
     "MetricSpec",
     "RedisCollector",
+    "RedisStatsError",
     "Snapshot",
     "StatsConfig",
     "StatsReader",

@@ -11,8 +11,10 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+
+from .errors import CatalogError  # defined in errors.py; importable from here as it always was
 
 __all__ = [
     "COUNTER",
@@ -20,6 +22,7 @@ __all__ = [
     "GAUGE",
     "GAUGE_MODES",
     "HISTOGRAM",
+    "RESERVED_PREFIX",
     "Catalog",
     "CatalogError",
     "MetricSpec",
@@ -33,13 +36,19 @@ KINDS = (COUNTER, GAUGE, HISTOGRAM)
 GAUGE_MODES = ("mostrecent", "sum", "max", "min")
 # Every series carries the engine index as this label; a spec may not declare it itself.
 ENGINE_LABEL = "engine"
+# redis_stats' own metrics (redis_stats_up, redis_stats_writer_*, ...) are served next to the
+# catalogue's: a catalogue metric with this prefix could print the same series twice.
+RESERVED_PREFIX = "redis_stats_"
+# Sample names a family of each kind prints besides its own name, as prometheus_client's registry
+# counts them when it refuses two collectors that would clash (registry.py, _get_names).
+_SUFFIXES = {
+    COUNTER: ("_total", "_created"),
+    GAUGE: (),
+    HISTOGRAM: ("_bucket", "_count", "_sum", "_created"),
+}
 
 _METRIC_NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-
-
-class CatalogError(ValueError):
-    """A metric definition or use that can never work (a programming mistake)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,12 @@ class MetricSpec:
             )
         if self.kind == COUNTER and self.name.endswith("_total"):
             object.__setattr__(self, "name", self.name[: -len("_total")])
+        if self.name.startswith(RESERVED_PREFIX):
+            raise CatalogError(
+                f"metric name {self.name!r}: names starting with {RESERVED_PREFIX!r} are reserved for "
+                "redis_stats' own metrics (redis_stats_up, redis_stats_writer_..., see "
+                "docs/operations.md); choose another prefix"
+            )
         labels = tuple(self.labels)
         object.__setattr__(self, "labels", labels)
         seen: set[str] = set()
@@ -113,6 +128,12 @@ class MetricSpec:
             )
         return tuple(str(labels[k]) for k in self.labels)
 
+    @property
+    def sample_names(self) -> tuple[str, ...]:
+        """Every sample name this metric can print: its name and its kind's suffixed names
+        (``_total``/``_created``; ``_bucket``/``_count``/``_sum``/``_created``)."""
+        return (self.name, *(self.name + suffix for suffix in _SUFFIXES[self.kind]))
+
     def to_json(self) -> str:
         """The spec as stored in ``rs:{NS}:meta`` (field ``m:<name>``)."""
         doc: dict[str, object] = {"kind": self.kind, "help": self.help, "labels": list(self.labels)}
@@ -142,11 +163,15 @@ class Catalog:
     """An ordered set of :class:`MetricSpec`, looked up by name.
 
     Defining the same metric twice with the same spec returns the existing one; with a different
-    spec it raises :class:`CatalogError` (two parts of a program disagreeing on a metric).
+    spec it raises :class:`CatalogError` (two parts of a program disagreeing on a metric). Two
+    metrics whose sample names overlap (counter ``x`` prints ``x_total``, so a gauge ``x_total``
+    beside it would print a second series of that name) raise :class:`CatalogError` too, as
+    prometheus_client refuses them at registration.
     """
 
     def __init__(self, specs: Iterable[MetricSpec] = ()) -> None:
         self._specs: dict[str, MetricSpec] = {}
+        self._owners: dict[str, MetricSpec] = {}  # sample name -> the spec that prints it
         for spec in specs:
             self.add(spec)
 
@@ -159,8 +184,29 @@ class Catalog:
                     f"metric {spec.name!r} is already defined differently: {existing} vs {spec}"
                 )
             return existing
-        self._specs[spec.name] = spec
+        clash = self.clash(spec)
+        if clash is not None:
+            raise CatalogError(clash)
+        self._insert(spec)
         return spec
+
+    def clash(self, spec: MetricSpec) -> str | None:
+        """Why *spec* cannot join this catalogue beside another metric (the sample name both
+        would print), or None."""
+        for sample in spec.sample_names:
+            other = self._owners.get(sample)
+            if other is not None and other.name != spec.name:
+                return (
+                    f"{spec.kind} {spec.name!r} and {other.kind} {other.name!r} would both print "
+                    f"samples named {sample!r} (a {spec.kind} prints {', '.join(spec.sample_names)}; "
+                    f"a {other.kind} prints {', '.join(other.sample_names)}): rename one of them"
+                )
+        return None
+
+    def _insert(self, spec: MetricSpec) -> None:
+        self._specs[spec.name] = spec
+        for sample in spec.sample_names:
+            self._owners[sample] = spec
 
     def counter(self, name: str, help: str, labels: Iterable[str] = ()) -> MetricSpec:
         """Define a monotonic counter (exposed as ``<name>_total``)."""
@@ -198,10 +244,25 @@ class Catalog:
     def __len__(self) -> int:
         return len(self._specs)
 
-    def merged(self, other: Iterable[MetricSpec]) -> Catalog:
-        """A new catalogue with this one's specs, plus those of *other* it does not define."""
+    def merged(
+        self,
+        other: Iterable[MetricSpec],
+        on_clash: Callable[[MetricSpec, str], None] | None = None,
+    ) -> Catalog:
+        """A new catalogue with this one's specs, plus those of *other* it does not define.
+
+        A spec of *other* whose sample names clash with this catalogue's, or with one of *other*
+        earlier in name order, is left out (a reader must never print one series twice) and
+        passed to *on_clash* with the reason. Name order, not the order *other* comes in, so that
+        every reader of the same stored catalogue keeps the same metrics.
+        """
         out = Catalog(self)
-        for spec in other:
-            if spec.name not in out:
-                out._specs[spec.name] = spec
+        for spec in sorted(other, key=lambda s: s.name):
+            if spec.name in out:
+                continue
+            clash = out.clash(spec)
+            if clash is None:
+                out._insert(spec)
+            elif on_clash is not None:
+                on_clash(spec, clash)
         return out

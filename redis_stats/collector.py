@@ -26,10 +26,10 @@ from prometheus_client.core import (
 from prometheus_client.utils import floatToGoString
 
 from .catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM
+from .errors import error_kind
 from .exposition import TextRenderer, format_families
 from .reader import StatsReader
 from .snapshot import Snapshot
-from .writer import error_kind
 
 __all__ = ["RedisCollector"]
 

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from .errors import ConfigError  # defined in errors.py; importable from here as it always was
+
 __all__ = ["ENV_PREFIX", "ConfigError", "StatsConfig", "mask_url"]
 
 ENV_PREFIX = "REDIS_STATS_"
@@ -21,10 +23,6 @@ LEADER_MODES = ("rank0", "lease", "none")
 # A namespace becomes part of every key (`rs:{NS}:...`). Braces would break the Cluster hash tag
 # and glob characters would widen ACL key patterns, so only a conservative alphabet is allowed.
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9._\-/:]{1,128}$")
-
-
-class ConfigError(ValueError):
-    """A setting has a value redis_stats cannot use; the message names it and says what to do."""
 
 
 def mask_url(url: str) -> str:

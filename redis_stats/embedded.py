@@ -20,11 +20,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from .errors import NoServerBinary  # defined in errors.py; importable from here as it always was
+
 __all__ = ["EmbeddedRedis", "NoServerBinary", "find_server_binary", "free_port"]
-
-
-class NoServerBinary(RuntimeError):
-    """Neither redis-server nor valkey-server could be found."""
 
 
 def find_server_binary(prefer: str | None = None) -> str:

@@ -19,8 +19,8 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from .collector import RedisCollector
+from .errors import error_kind
 from .reader import StatsReader
-from .writer import error_kind
 
 __all__ = ["Exporter"]
 

@@ -96,7 +96,9 @@ class _Histogram:
             return None
         if total != total:
             return None
-        return self.template % (*counts, counts[-1], parts[0])
+        # The sum as stored, unless Lua wrote an overflowed sum 'inf': Prometheus writes +Inf.
+        text = parts[0] if total - total == 0 else floatToGoString(total)
+        return self.template % (*counts, counts[-1], text)
 
 
 class _Gauge:
@@ -113,7 +115,8 @@ class _Gauge:
     def render(self, out: list[str]) -> None:
         if self.mode == "mostrecent":
             if self.best is not None:
-                out.append(f"{self.prefix}{self.best[1]}\n")
+                text = self.best[1]  # the writer's repr(); 'inf'/'-inf' are written as Prometheus does
+                out.append(f"{self.prefix}{text if text[-1].isdigit() else floatToGoString(float(text))}\n")
         elif self.values:
             rollup = sum if self.mode == "sum" else max if self.mode == "max" else min
             out.append(f"{self.prefix}{floatToGoString(rollup(self.values))}\n")

@@ -21,7 +21,17 @@ __all__ = ["EngineSnapshot", "HistogramValue", "SeriesKey", "Snapshot", "Snapsho
 
 SeriesKey = tuple[str, tuple[str, ...]]
 _INF = math.inf
+# JSON has no infinities or NaN (``json.dumps`` would write ``Infinity``, which strict parsers
+# refuse): such a value is written as the string Prometheus and OpenMetrics use for it.
+_NON_FINITE = {_INF: "+Inf", -_INF: "-Inf"}
 _FIELD_CACHE_LIMIT = 1_000_000
+
+
+def _json_number(value: float) -> float | str:
+    """*value* itself when finite, else ``"+Inf"``, ``"-Inf"`` or ``"NaN"`` (strict JSON)."""
+    if math.isfinite(value):
+        return value
+    return _NON_FINITE.get(value, "NaN")
 
 
 @dataclass(frozen=True)
@@ -71,17 +81,20 @@ class HistogramValue:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form: buckets ``[[le, cumulative], ...]``, sum, count and p50/p90/p99.
 
-        Quantiles are None without observations (JSON has no NaN).
+        Quantiles are None without observations (JSON has no NaN); a sum or count that is not
+        finite is written ``"+Inf"``, ``"-Inf"`` or ``"NaN"``, as Prometheus writes them.
         """
 
         def q(x: float) -> float | None:
             value = self.quantile(x)
-            return None if math.isnan(value) else value
+            return None if math.isnan(value) else _json_number(value)
 
         return {
-            "buckets": [["+Inf" if b == _INF else b, c] for b, c in zip(self.bounds, self.cumulative)],
-            "sum": self.sum,
-            "count": self.count,
+            "buckets": [
+                [_json_number(b), _json_number(c)] for b, c in zip(self.bounds, self.cumulative)
+            ],
+            "sum": _json_number(self.sum),
+            "count": _json_number(self.count),
             "p50": q(0.5),
             "p90": q(0.9),
             "p99": q(0.99),
@@ -174,25 +187,28 @@ class Snapshot:
         return hist.minus(before.histogram(name, *labels) if before else None)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form, for routers and autoscalers."""
+        """JSON-ready form, for routers and autoscalers (``/snapshot``).
+
+        Strict JSON: ``json.dumps(snapshot.to_dict(), allow_nan=False)`` always succeeds; a value
+        that is not finite (a gauge set to ``inf``) is written ``"+Inf"``, ``"-Inf"`` or ``"NaN"``.
+        """
 
         def series(d: dict[SeriesKey, Any], spec_of: Any) -> list[dict[str, Any]]:
             out = []
             for (name, values), v in sorted(d.items()):
                 spec = spec_of(name)
                 labels = dict(zip(spec.labels, values)) if spec else {}
-                out.append(
-                    {"name": name, "labels": labels, "value": v.to_dict() if hasattr(v, "to_dict") else v}
-                )
+                value = v.to_dict() if isinstance(v, HistogramValue) else _json_number(v)
+                out.append({"name": name, "labels": labels, "value": value})
             return out
 
         spec_of = self.catalog.get
         return {
-            "time": self.time,
+            "time": _json_number(self.time),
             "engines": {
                 str(e.engine): {
                     "up": e.up,
-                    "age_seconds": e.age,
+                    "age_seconds": _json_number(e.age),
                     "counters": series(e.counters, spec_of),
                     "gauges": series(e.gauges, spec_of),
                     "histograms": series(e.histograms, spec_of),
@@ -200,7 +216,8 @@ class Snapshot:
                 for e in sorted(self.engines.values(), key=lambda e: e.engine)
             },
             "writers": {
-                w: {"age_seconds": i.age, "closed": i.closed, "live": i.live} for w, i in self.writers.items()
+                w: {"age_seconds": _json_number(i.age), "closed": i.closed, "live": i.live}
+                for w, i in self.writers.items()
             },
             "skipped": dict(self.skipped),
         }
@@ -263,7 +280,9 @@ class SnapshotDecoder:
                 stored.append(MetricSpec.from_json(name[2:], value))
             except (ValueError, TypeError):
                 skipped["bad_spec"] += 1
-        self.catalog = self.local.merged(stored)
+        # A stored spec whose samples would repeat another's (written by an older or foreign
+        # writer) is left out: one series printed twice is worse than one metric missing.
+        self.catalog = self.local.merged(stored, lambda spec, why: skipped.update(["name_clash"]))
         self.meta_version = version
         self._fields.clear()
 

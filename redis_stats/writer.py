@@ -31,6 +31,7 @@ from .accumulator import Accumulator, FlushProtocol, FlushResult
 from .catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, CatalogError, MetricSpec
 from .config import StatsConfig
 from .connection import make_client
+from .errors import ReplicationLag, error_kind  # both importable from here as they always were
 from .keys import Keys
 from .scripts import load_script
 
@@ -54,30 +55,6 @@ def new_writer_id(role: str = "") -> str:
         parts.append(role)
     parts.append(secrets.token_hex(3))
     return ":".join(parts)
-
-
-class ReplicationLag(redis.RedisError):
-    """A flush was applied on the master but fewer replicas than ``wait_replicas`` acknowledged it."""
-
-
-def error_kind(exc: BaseException) -> str:
-    """A short, stable name for a flush failure (the ``kind`` label of the error counter)."""
-    if isinstance(exc, ReplicationLag):
-        return "replication"
-    if isinstance(exc, redis.TimeoutError):
-        return "timeout"
-    if isinstance(exc, redis.ConnectionError):
-        return "connection"
-    if isinstance(exc, redis.exceptions.NoPermissionError):
-        return "noperm"
-    if isinstance(exc, redis.ResponseError):
-        text = str(exc)
-        if text.startswith("OOM"):
-            return "oom"
-        if text.startswith(("READONLY", "MASTERDOWN")):
-            return "readonly"
-        return "response"
-    return "other"
 
 
 # Upper bounds (s) of the flush-duration histogram of every writer's self-metrics.

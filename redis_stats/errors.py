@@ -1,0 +1,120 @@
+"""Every exception redis_stats raises, and :func:`error_kind`, the name of a Redis failure.
+
+Catch :class:`RedisStatsError` for anything redis_stats itself refuses. Each class also keeps the
+base class it always had (``ConfigError`` and ``CatalogError`` are ``ValueError``\\s,
+``ReplicationLag`` is a ``redis.RedisError``, ``NoServerBinary`` a ``RuntimeError``), so code that
+caught those goes on working. The old import paths (``redis_stats.config.ConfigError`` ...) still
+work.
+"""
+
+from __future__ import annotations
+
+import builtins
+import re
+
+import redis
+from redis import exceptions as _rx
+
+__all__ = [
+    "ERROR_KINDS",
+    "CatalogError",
+    "ConfigError",
+    "NoServerBinary",
+    "RedisStatsError",
+    "ReplicationLag",
+    "error_kind",
+]
+
+
+class RedisStatsError(Exception):
+    """Base of every exception redis_stats defines."""
+
+
+class ConfigError(RedisStatsError, ValueError):
+    """A setting has a value redis_stats cannot use; the message names it and says what to do."""
+
+
+class CatalogError(RedisStatsError, ValueError):
+    """A metric definition or use that can never work (a programming mistake)."""
+
+
+class ReplicationLag(RedisStatsError, redis.RedisError):
+    """A flush was applied on the master but fewer replicas than ``wait_replicas`` acknowledged it."""
+
+
+class NoServerBinary(RedisStatsError, RuntimeError):
+    """Neither redis-server nor valkey-server could be found."""
+
+
+# The values of the ``kind`` label of ``redis_stats_writer_flush_errors_total`` and
+# ``redis_stats_read_errors_total`` (docs/operations.md lists them with what to do).
+ERROR_KINDS = (
+    "auth",
+    "noperm",
+    "oom",
+    "readonly",
+    "timeout",
+    "connection",
+    "replication",
+    "response",
+    "other",
+)
+
+# redis-py picks the class from the error code at the start of the reply (``OOM``, ``READONLY``...)
+# and strips the code from the message. A script that catches an error (``redis.pcall``) and
+# returns its own ``error_reply`` keeps the code only inside its text, behind a prefix, and the
+# class is a plain ResponseError: so the text is searched too, for the code or for the server's
+# own sentence (which stays when the code is stripped).
+_AUTH_CLASSES = (
+    _rx.AuthenticationError,
+    _rx.AuthenticationWrongNumberOfArgsError,
+    _rx.AuthorizationError,
+    _rx.ExternalAuthProviderError,
+)
+_BY_TEXT = (
+    (
+        "auth",
+        re.compile(
+            r"\b(?:WRONGPASS|NOAUTH)\b|invalid username-password pair|Authentication required"
+            # Redis closes an unauthenticated connection that sends a long command (a flush) with
+            # "Protocol error: unauthenticated multibulk length": a missing password, not a bug.
+            r"|\bunauthenticated (?:multi)?bulk\b"
+        ),
+    ),
+    ("noperm", re.compile(r"\bNOPERM\b|has no permissions to|No permissions to access")),
+    ("oom", re.compile(r"\bOOM\b|used memory > 'maxmemory'")),
+    ("readonly", re.compile(r"\b(?:READONLY|MASTERDOWN)\b|against a read only replica")),
+)
+
+
+def error_kind(exc: BaseException) -> str:
+    """A short, stable name for a failed flush or read (the ``kind`` label of the error counters).
+
+    One of :data:`ERROR_KINDS`: ``auth`` (wrong or missing password, unknown user), ``noperm``
+    (an ACL user without the command or key), ``oom`` (``maxmemory`` reached with
+    ``noeviction``), ``readonly`` (a replica, or one cut from its master), ``timeout``,
+    ``connection``, ``replication`` (:class:`ReplicationLag`), ``response`` (any other error
+    reply), ``other`` (not a Redis error).
+    """
+    if isinstance(exc, ReplicationLag):
+        return "replication"
+    # Before ConnectionError: redis-py makes a refused password a ConnectionError subclass.
+    if isinstance(exc, _AUTH_CLASSES):
+        return "auth"
+    if isinstance(exc, _rx.NoPermissionError):
+        return "noperm"
+    if isinstance(exc, _rx.OutOfMemoryError):
+        return "oom"
+    if isinstance(exc, (_rx.ReadOnlyError, _rx.MasterDownError)):
+        return "readonly"
+    if isinstance(exc, (redis.TimeoutError, builtins.TimeoutError)):
+        return "timeout"
+    if isinstance(exc, (redis.ConnectionError, builtins.ConnectionError)):
+        return "connection"
+    if isinstance(exc, redis.ResponseError):
+        text = str(exc)
+        for kind, pattern in _BY_TEXT:
+            if pattern.search(text):
+                return kind
+        return "response"
+    return "other"
