@@ -92,7 +92,10 @@ class CounterChild:
             self._acc.drop("invalid_value")
             return
         with self._lock:
-            self.delta += amount
+            try:
+                self.delta += amount
+            except OverflowError:  # an int delta beyond the float range meets a float amount
+                self.delta = _INF  # dropped (and counted) when the batch is built
             if not self.dirty:
                 self.dirty = True
                 self._acc.dirty.append(self)
