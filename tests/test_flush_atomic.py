@@ -256,3 +256,26 @@ def test_any_garbage_either_flush_applies_or_nothing_is_written(cfg, client, pla
     finally:
         w._closed = True
         w._client.close()
+
+
+def test_out_of_memory_refuses_the_whole_flush_then_retry_is_exact(own_redis_server, namespace):
+    cfg = StatsConfig(url=own_redis_server.url, namespace=namespace, flush_interval=0.05)
+    client = redis.Redis.from_url(own_redis_server.url, decode_responses=True)
+    w = StatsWriter(cfg, sample_catalog(), engines=[0], owner="inst-a", start=False)
+    try:
+        _record(w, 100, 1.0)
+        assert w.flush()
+        _record(w, 50, 7.0)
+        w.define(MetricSpec("late", "counter", "Defined after start.")).labels(engine=0).inc(3)
+        before = dump(client, namespace)
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", "1")  # every write is now over the limit
+        assert not w.flush()
+        client.config_set("maxmemory", "0")
+        assert dump(client, namespace) == before
+        assert w.flush()
+        _check_totals(cfg, tokens=150, late=3)
+    finally:
+        w._closed = True
+        w._client.close()
+        client.close()
