@@ -15,12 +15,14 @@ asyncio writer (:mod:`redis_stats.aio`) share every rule:
 from __future__ import annotations
 
 import math
+import numbers
 import threading
 import time
 from bisect import bisect_left
 from collections import Counter as _Tally
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import fields
 from .catalog import COUNTER, GAUGE, Catalog, MetricSpec
@@ -38,9 +40,31 @@ __all__ = [
 ]
 
 _INF = math.inf
+_NAN = math.nan
+# The largest finite float: an amount beyond it (e.g. the int 10**400) cannot be stored or summed.
+_MAX = 1.7976931348623157e308
+# What HINCRBY holds (signed 64 bit). A larger integer delta is sent as a float (HINCRBYFLOAT).
+_I64_MAX = 2**63 - 1
 
-# Why an update was dropped on the hot path (counted, never raised into the host).
-DROP_REASONS = ("invalid_value", "label_too_long", "cardinality")
+# Why an update was dropped (counted, never raised into the host). ``catalog_conflict``: the
+# metric's definition conflicts with the one stored in Redis first (see docs/key-schema.md).
+DROP_REASONS = ("invalid_value", "label_too_long", "cardinality", "catalog_conflict")
+
+
+def _real(x: object) -> int | float:
+    """*x* as a plain int or float, NaN when it is not a real number (the slow path of the
+    record calls: only for types other than int and float, e.g. bool, Decimal, Fraction, numpy).
+
+    Strings are refused although ``float()`` would parse them: an amount is a number. Never raises.
+    """
+    try:
+        if isinstance(x, (str, bytes, bytearray)):
+            return _NAN
+        if isinstance(x, numbers.Integral):
+            return int(x)  # type: ignore[call-overload]
+        return float(x)  # type: ignore[arg-type]
+    except Exception:  # OverflowError (Fraction(10**400)), ValueError (Decimal('sNaN')), ...
+        return _NAN
 
 
 class CounterChild:
@@ -58,22 +82,32 @@ class CounterChild:
         self.stored = False  # a bound series shows as 0 from the start, as in prometheus_client
 
     def inc(self, amount: int | float = 1) -> None:
-        """Add *amount* (>= 0, finite). Anything else is dropped and counted as ``invalid_value``."""
-        try:
-            ok = 0 <= amount < _INF
-        except TypeError:
-            ok = False
-        if not ok:
+        """Add *amount*: a real number, >= 0, at most the largest float (an int beyond that, NaN,
+        inf, a negative or a non-number is dropped and counted as ``invalid_value``; never raises).
+        """
+        kind = type(amount)
+        if kind is not int and kind is not float:
+            amount = _real(amount)  # Decimal, Fraction, bool, numpy...: a plain int or float, or NaN
+        if not 0 <= amount <= _MAX:  # NaN fails too
             self._acc.drop("invalid_value")
             return
         with self._lock:
-            self.delta += amount
+            try:
+                self.delta += amount
+            except OverflowError:  # an int delta beyond the float range meets a float amount
+                self.delta = _INF  # dropped (and counted) when the batch is built
             if not self.dirty:
                 self.dirty = True
                 self._acc.dirty.append(self)
 
     def _take(self, batch: Batch) -> None:
         delta, self.delta, self.dirty = self.delta, 0, False
+        if type(delta) is int and delta > _I64_MAX:
+            # More than HINCRBY holds: sent as a float (exact to 53 bits, as the stored total will be).
+            delta = float(delta) if delta <= _MAX else _INF
+        if delta == _INF:  # a sum of valid amounts beyond the largest float
+            self._acc.drop("invalid_value")
+            return
         if delta or not self.stored:
             self.stored = True
             batch.add_delta(self.engine, self.field, delta)
@@ -94,11 +128,15 @@ class GaugeChild:
         self.dirty = False
 
     def set(self, value: float) -> None:
-        """Set the value (any number but NaN); stamped with this host's wall clock."""
+        """Set the value (any number but NaN; +-inf allowed); stamped with this host's wall clock.
+
+        What ``float()`` refuses (e.g. the int 10**400, ``None``) is dropped and counted as
+        ``invalid_value``; never raises.
+        """
         try:
             value = float(value)
-        except (TypeError, ValueError):
-            value = math.nan
+        except Exception:  # OverflowError, TypeError, ValueError, or whatever a __float__ raises
+            value = _NAN
         if value != value:
             self._acc.drop("invalid_value")
             return
@@ -110,27 +148,30 @@ class GaugeChild:
                 self._acc.dirty.append(self)
 
     def inc(self, amount: float = 1) -> None:
-        """Add *amount* to this writer's value (e.g. requests in flight on this API server)."""
-        try:
-            ok = -_INF < amount < _INF
-        except TypeError:
-            ok = False
-        if not ok:
+        """Add *amount* to this writer's value (e.g. requests in flight on this API server).
+
+        *amount* must be a finite real number within the float range; anything else is dropped and
+        counted as ``invalid_value`` (never raised).
+        """
+        kind = type(amount)
+        if kind is not int and kind is not float:
+            amount = _real(amount)
+        if not -_MAX <= amount <= _MAX:  # NaN fails too
             self._acc.drop("invalid_value")
             return
         with self._lock:
-            self.value += amount
+            self.value += amount  # float + finite amount: never raises, never NaN
             self.stamp = time.time()
             if not self.dirty:
                 self.dirty = True
                 self._acc.dirty.append(self)
 
     def dec(self, amount: float = 1) -> None:
-        """Subtract *amount* from this writer's value."""
-        try:
-            self.inc(-amount)
-        except TypeError:
-            self._acc.drop("invalid_value")
+        """Subtract *amount* from this writer's value (the rules of :meth:`inc`)."""
+        kind = type(amount)
+        if kind is not int and kind is not float:
+            amount = _real(amount)  # negating an arbitrary object could raise
+        self.inc(-amount)
 
     def _take(self, batch: Batch) -> None:
         self.dirty = False
@@ -157,12 +198,15 @@ class HistogramChild:
         self.dirty = False
 
     def observe(self, value: float) -> None:
-        """Count *value* (finite) in the first bucket whose bound is >= it, and add it to the sum."""
-        try:
-            ok = -_INF < value < _INF
-        except TypeError:
-            ok = False
-        if not ok:
+        """Count *value* in the first bucket whose bound is >= it, and add it to the sum.
+
+        *value* must be a finite real number within the float range; anything else is dropped and
+        counted as ``invalid_value`` (never raised).
+        """
+        kind = type(value)
+        if kind is not int and kind is not float:
+            value = _real(value)
+        if not -_MAX <= value <= _MAX:  # NaN fails too
             self._acc.drop("invalid_value")
             return
         i = bisect_left(self.bounds, value)
@@ -192,6 +236,69 @@ class _DroppedChild:
         self._acc.drop(self._reason)
 
     inc = dec = set = observe = _count
+
+
+class _ConflictCounter(CounterChild):
+    """A counter whose metric conflicts with the stored definition: updates are counted as
+    ``catalog_conflict`` drops, nothing is sent. Same layout as its base, so a live child (held by
+    the caller) switches by ``__class__`` assignment and the hot path gains no check."""
+
+    __slots__ = ()
+
+    def inc(self, amount: int | float = 1) -> None:
+        """Dropped and counted (``catalog_conflict``)."""
+        self._acc.drop("catalog_conflict")
+
+    def _take(self, batch: Batch) -> None:
+        # Changes recorded before the conflict was known: one drop per series (the number of
+        # calls behind a counter delta is not kept).
+        self.delta, self.dirty = 0, False
+        self._acc.drop("catalog_conflict")
+
+
+class _ConflictGauge(GaugeChild):
+    """A gauge whose metric conflicts with the stored definition (see :class:`_ConflictCounter`)."""
+
+    __slots__ = ()
+
+    def set(self, value: float) -> None:
+        """Dropped and counted (``catalog_conflict``)."""
+        self._acc.drop("catalog_conflict")
+
+    def inc(self, amount: float = 1) -> None:
+        """Dropped and counted (``catalog_conflict``)."""
+        self._acc.drop("catalog_conflict")
+
+    def dec(self, amount: float = 1) -> None:
+        """Dropped and counted (``catalog_conflict``)."""
+        self._acc.drop("catalog_conflict")
+
+    def _take(self, batch: Batch) -> None:
+        self.dirty = False
+        self._acc.drop("catalog_conflict")
+
+
+class _ConflictHistogram(HistogramChild):
+    """A histogram whose metric conflicts with the stored definition (see :class:`_ConflictCounter`)."""
+
+    __slots__ = ()
+
+    def observe(self, value: float) -> None:
+        """Dropped and counted (``catalog_conflict``)."""
+        self._acc.drop("catalog_conflict")
+
+    def _take(self, batch: Batch) -> None:
+        # The observations recorded before the conflict was known: each one is a drop.
+        pending = sum(self.counts)
+        self.counts, self.sum, self.dirty = [0] * len(self.bounds), 0.0, False
+        self._acc.drop("catalog_conflict", max(pending, 1))
+
+
+_CONFLICT_CLASS: dict[type, type] = {
+    CounterChild: _ConflictCounter,
+    GaugeChild: _ConflictGauge,
+    HistogramChild: _ConflictHistogram,
+}
 
 
 @dataclass
@@ -296,6 +403,10 @@ class FlushResult:
     failed_fields: int
     server_time_ms: int
     conflicts: int = 0
+    catalog_conflicts: tuple[str, ...] = ()
+    """Metrics whose spec in this batch conflicts with the definition stored first in Redis."""
+    refused_series: int = 0
+    """Series of this batch not written because their metric's spec conflicts."""
 
     @property
     def applied(self) -> bool:
@@ -308,10 +419,12 @@ class FlushResult:
         return self.status == 2
 
     @classmethod
-    def from_reply(cls, reply: list[object]) -> FlushResult:
-        """Parse the script's reply ``{status, meta_existed, failed, now, conflicts}``."""
-        status, meta, failed, now, conflicts = (int(x) for x in reply)  # type: ignore[call-overload]
-        return cls(status, bool(meta), failed, now, conflicts)
+    def from_reply(cls, reply: list[Any]) -> FlushResult:
+        """Parse the script's reply ``{status, meta_existed, failed, now, conflicts, {metric, ...},
+        refused series}``."""
+        status, meta, failed, now, conflicts = (int(x) for x in reply[:5])
+        names = tuple(x.decode() if isinstance(x, bytes) else str(x) for x in reply[5])
+        return cls(status, bool(meta), failed, now, conflicts, names, int(reply[6]))
 
 
 class Accumulator:
@@ -331,10 +444,39 @@ class Accumulator:
         self._series_count: _Tally[tuple[str, int]] = _Tally()
         self._gauges: list[GaugeChild] = []
         self._unsent_specs: dict[str, MetricSpec] = {s.name: s for s in catalog}
+        # Metrics whose definition conflicts with the one stored first in Redis: never sent.
+        self.conflicted: set[str] = set()
 
-    def drop(self, reason: str) -> None:
-        """Count one dropped update (a dict increment; racing threads may rarely lose one count)."""
-        self.drops[reason] += 1
+    def drop(self, reason: str, n: int = 1) -> None:
+        """Count *n* dropped updates (a dict increment; racing threads may rarely lose one count)."""
+        self.drops[reason] += n
+
+    def catalog_conflict(self, names: Iterable[str], refused_series: int = 0) -> list[str]:
+        """Redis keeps another definition of the metrics *names*: from now on their updates are
+        dropped and counted (``catalog_conflict``), and neither their specs nor their series are
+        sent again. *refused_series* were refused by the flush that found the conflict.
+
+        Returns the names not known to conflict before (to warn once each).
+        """
+        new = [n for n in names if n not in self.conflicted]
+        with self.lock:
+            self.conflicted.update(new)
+            for (name, _engine, _values), child in self._children.items():
+                if name in self.conflicted and type(child) in _CONFLICT_CLASS:
+                    # Callers hold these objects: switch their class, so the hot path stays as is.
+                    child.__class__ = _CONFLICT_CLASS[type(child)]
+            for name in new:
+                self._unsent_specs.pop(name, None)
+        if refused_series:
+            self.drop("catalog_conflict", refused_series)
+        return new
+
+    def requeue_specs(self, specs: Iterable[MetricSpec]) -> None:
+        """Send *specs* again with the next batch (the answer about them was lost)."""
+        with self.lock:
+            for spec in specs:
+                if spec.name not in self.conflicted:
+                    self._unsent_specs.setdefault(spec.name, spec)
 
     def child(self, spec: MetricSpec, engine: int, values: tuple[str, ...], writer_id: str) -> object:
         """The child of *spec* for *engine* and label *values*, created on first use.
@@ -351,6 +493,8 @@ class Accumulator:
             found = self._children.get(key)
             if found is not None:
                 return found
+            if spec.name in self.conflicted:
+                return _DroppedChild(self, "catalog_conflict")
             if any(len(v) > self.max_label_length for v in values):
                 return _DroppedChild(self, "label_too_long")
             if self._series_count[(spec.name, engine)] >= self.max_series_per_metric:
@@ -399,7 +543,7 @@ class Accumulator:
                     if g.stamp and not g.dirty:
                         g.dirty = True
                         self.dirty.append(g)
-            batch.specs = list(self._unsent_specs.values())
+            batch.specs = [s for s in self._unsent_specs.values() if s.name not in self.conflicted]
             self._unsent_specs = {}
             dirty, self.dirty = self.dirty, []
             for child in dirty:
@@ -435,7 +579,11 @@ class FlushProtocol:
 
     def confirmed(self, result: FlushResult) -> None:
         """Redis answered: the in-flight batch is applied (now or by an earlier attempt)."""
-        self.in_flight = None
+        batch, self.in_flight = self.in_flight, None
+        if not result.applied and batch is not None and batch.specs:
+            # An earlier attempt applied it, but its answer (which would name catalogue conflicts)
+            # was lost: send the specs again, so the script can tell us.
+            self.acc.requeue_specs(batch.specs)
         if not result.meta_existed or result.writer_removed:
             # The namespace had no catalogue (Redis is new or lost its data), or gc removed this
             # writer (it will come back under a new id): store the catalogue and gauges again.

@@ -119,14 +119,50 @@ class MetricSpec:
         self._index.update({label: i for i, label in enumerate(labels)})
 
     def label_values(self, labels: dict[str, object]) -> tuple[str, ...]:
-        """Order *labels* as declared; a missing or unknown label name raises CatalogError."""
+        """Order *labels* as declared, as strings (``str()`` of each value).
+
+        Raises CatalogError for a missing or unknown label name, and for a value that has no
+        string form or cannot be encoded as UTF-8 (a lone surrogate): it could never be sent.
+        """
         if len(labels) != len(self.labels) or any(k not in self._index for k in labels):
             missing = [k for k in self.labels if k not in labels]
             unknown = [k for k in labels if k not in self._index]
             raise CatalogError(
                 f"metric {self.name!r} takes labels {list(self.labels)}; missing {missing}, unknown {unknown}"
             )
-        return tuple(str(labels[k]) for k in self.labels)
+        values = []
+        for k in self.labels:
+            v = labels[k]
+            if type(v) is not str:
+                try:
+                    v = str(v)
+                except Exception as exc:
+                    raise CatalogError(
+                        f"metric {self.name!r}: label {k!r}: str() of the value failed "
+                        f"({type(exc).__name__}: {exc}); pass a string"
+                    ) from None
+            if not v.isascii():  # the cheap test first: nearly every label value is ASCII
+                try:
+                    v.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    # Refused here, or every later flush of the writer would fail to encode it.
+                    raise CatalogError(
+                        f"metric {self.name!r}: label {k!r} value {v!r} cannot be encoded as UTF-8 "
+                        f"({exc.reason} at index {exc.start}); pass valid text, e.g. decode the "
+                        "source with errors='replace'"
+                    ) from None
+            values.append(v)
+        return tuple(values)
+
+    def conflicts_with(self, other: MetricSpec) -> bool:
+        """Whether *other* defines this metric differently in a way that changes what its stored
+        series mean: kind, label names, buckets or gauge mode (the help text does not count)."""
+        return (self.kind, self.labels, self.buckets, self.mode) != (
+            other.kind,
+            other.labels,
+            other.buckets,
+            other.mode,
+        )
 
     @property
     def sample_names(self) -> tuple[str, ...]:

@@ -7,6 +7,7 @@ does not parse (written by hand, or by a newer version) is skipped and counted i
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter as _Tally
 from collections.abc import Iterable
@@ -16,8 +17,11 @@ from typing import Any
 
 from . import fields
 from .catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, MetricSpec
+from .errors import CatalogError
 
 __all__ = ["EngineSnapshot", "HistogramValue", "SeriesKey", "Snapshot", "SnapshotDecoder", "WriterInfo"]
+
+log = logging.getLogger("redis_stats.reader")
 
 SeriesKey = tuple[str, tuple[str, ...]]
 _INF = math.inf
@@ -269,22 +273,53 @@ class SnapshotDecoder:
         self.catalog = self.local
         self._fields: dict[str, tuple[MetricSpec, tuple[str, ...], str] | str] = {}
 
+    # Local specs that conflict with the stored ones (names), counted in every read's ``skipped``.
+    _conflicting: tuple[str, ...] = ()
+
     def _update_meta(self, version: str, flat: list[Any], skipped: _Tally[str]) -> None:
-        if version == self.meta_version:
-            return  # the catalogue we hold is current (readers fetch it only when it changed)
-        stored = []
-        for name, value in _pairs(flat):
-            if not name.startswith("m:"):
-                continue
-            try:
-                stored.append(MetricSpec.from_json(name[2:], value))
-            except (ValueError, TypeError):
-                skipped["bad_spec"] += 1
-        # A stored spec whose samples would repeat another's (written by an older or foreign
-        # writer) is left out: one series printed twice is worse than one metric missing.
-        self.catalog = self.local.merged(stored, lambda spec, why: skipped.update(["name_clash"]))
-        self.meta_version = version
-        self._fields.clear()
+        """Merge the catalogue stored in Redis (*flat*, at *version*) with the local one.
+
+        The stored definition wins (it is the first one written, see docs/key-schema.md): stored
+        series are always read with the labels they were written with. A local spec that conflicts
+        with it (kind, labels, buckets, mode) is not used, and is counted in every read as
+        ``skipped["catalog_conflict"]``; local specs Redis does not hold are used as they are.
+        """
+        if version != self.meta_version:
+            stored: dict[str, MetricSpec] = {}
+            for name, value in _pairs(flat):
+                if not name.startswith("m:"):
+                    continue
+                try:
+                    stored[name[2:]] = MetricSpec.from_json(name[2:], value)
+                except (ValueError, TypeError):
+                    skipped["bad_spec"] += 1
+            conflicting = []
+            base = Catalog()
+            for spec in self.local:
+                theirs = stored.pop(spec.name, None)
+                if theirs is not None and theirs.conflicts_with(spec):
+                    conflicting.append(spec.name)
+                    log.warning(
+                        "metric %r is stored in Redis as %s, but this reader's code defines it as %s: "
+                        "shown as stored (the first definition wins); fix the code or the namespace",
+                        spec.name,
+                        theirs.to_json(),
+                        spec.to_json(),
+                    )
+                try:
+                    base.add(theirs if theirs is not None else spec)
+                except CatalogError:
+                    # A stored spec taking a local one's place whose samples would repeat another
+                    # local metric's: one series printed twice is worse than one metric missing.
+                    skipped["name_clash"] += 1
+            # A stored spec whose samples would repeat another's (written by an older or foreign
+            # writer) is left out, for the same reason.
+            self.catalog = base.merged(stored.values(), lambda spec, why: skipped.update(["name_clash"]))
+            self._conflicting = tuple(conflicting)
+            self.meta_version = version
+            self._fields.clear()
+        if self._conflicting:
+            skipped["catalog_conflict"] += len(self._conflicting)
 
     def _parse(self, name: str) -> tuple[MetricSpec, tuple[str, ...], str] | str:
         """(spec, label values, suffix) of a field, or the reason it is skipped."""

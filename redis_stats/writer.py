@@ -29,7 +29,7 @@ import redis
 
 from .accumulator import Accumulator, FlushProtocol, FlushResult
 from .catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, CatalogError, MetricSpec
-from .config import StatsConfig
+from .config import ConfigError, StatsConfig
 from .connection import make_client
 from .errors import ReplicationLag, error_kind  # both importable from here as they always were
 from .keys import Keys
@@ -46,6 +46,20 @@ __all__ = [
 ]
 
 log = logging.getLogger("redis_stats.writer")
+
+
+def _check_identity(what: str, value: object) -> None:
+    """A writer's *role*, *owner* or id goes to Redis as UTF-8 with every flush: refuse at
+    construction what could never be sent (one bad value would stop every flush)."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{what}={value!r} must be a string")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(
+            f"{what}={value!r} cannot be encoded as UTF-8 ({exc.reason} at index {exc.start}); "
+            "pass text without lone surrogates"
+        ) from None
 
 
 def new_writer_id(role: str = "") -> str:
@@ -164,6 +178,15 @@ class WriterCore:
     ) -> None:
         self.config = config or StatsConfig.from_env()
         self.catalog = catalog if catalog is not None else Catalog()
+        _check_identity("role", role)
+        _check_identity("owner", owner)
+        if owner and "|" in owner:
+            # Stored as "<owner>|<ms>" in the claims hash and joined with "|" in the conflicts hash.
+            raise ConfigError(
+                f"owner={owner!r} contains '|', which separates owners in Redis; use another character"
+            )
+        if writer_id is not None:
+            _check_identity("writer_id", writer_id)
         self._role = role
         self.owner = owner
         self.writer_id = writer_id or new_writer_id(role)
@@ -263,6 +286,17 @@ class WriterCore:
         self.stats.flushes += 1
         self.stats.duplicates += not result.applied
         self.stats.failed_fields += result.failed_fields
+        if result.catalog_conflicts:
+            for name in self._acc.catalog_conflict(result.catalog_conflicts, result.refused_series):
+                log.warning(
+                    "metric %r of this writer is defined differently in namespace %r (the first "
+                    "stored definition wins): this writer's updates of it are dropped and counted "
+                    "(reason catalog_conflict). This writer's spec: %s; stored: see `redis-stats "
+                    "inspect`. Rename the metric, or use another namespace",
+                    name,
+                    self.config.namespace,
+                    self.catalog[name].to_json(),
+                )
         if result.conflicts:
             if not self.stats.conflicts:
                 log.warning(

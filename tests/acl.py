@@ -1,7 +1,7 @@
 """The documented least-privilege ACL rules (docs/operations.md), as the tests apply them."""
 
 # Commands the flush script runs, plus what redis-py needs to load a script.
-WRITER = "+evalsha +script|load +time +exists +hget +hset +hincrby +hincrbyfloat +zadd"
+WRITER = "+evalsha +script|load +time +exists +type +hget +hset +hincrby +hincrbyfloat +zadd"
 # A read: MULTI + native reads + EXEC on one server, read.lua with EVALSHA_RO on a Cluster. With
 # %R~ the user can read its namespace and write nothing.
 READER = "+multi +exec +evalsha_ro +script|load +time +zrange +zscore +hget +hgetall"
