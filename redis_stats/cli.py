@@ -207,6 +207,13 @@ def demo(
     type=click.FloatRange(0),
     help="Seconds between retention runs (gc); 0 turns it off.",
 )
+@click.option(
+    "--request-timeout",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(0.1, 3600),
+    help="Seconds an HTTP connection may stay silent before it is closed (frees its thread).",
+)
 def exporter(
     redis_url: str | None,
     namespace: str | None,
@@ -214,6 +221,7 @@ def exporter(
     host: str,
     port: int,
     gc_interval: float,
+    request_timeout: float,
 ) -> None:
     """Serve /metrics (every engine), /snapshot (JSON) and /healthz from Redis."""
     from .exporter import Exporter
@@ -227,6 +235,7 @@ def exporter(
         host=host,
         port=port,
         gc_interval=gc_interval,
+        request_timeout=request_timeout,
     )
     click.echo(f"serving {config.namespace!r} from {config.safe_url} on {server.url}/metrics")
     try:
