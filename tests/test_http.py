@@ -12,6 +12,8 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
@@ -124,6 +126,78 @@ def test_openmetrics_on_request(exporter):
     assert samples(families.values()) == samples(parse_text(plain.decode()))
 
 
+def reference_openmetrics(exporter: Exporter) -> str:
+    """prometheus_client's own OpenMetrics writer over the collector's collect()."""
+    from prometheus_client.openmetrics.exposition import generate_latest
+
+    return generate_latest(exporter.collector).decode()
+
+
+def same_openmetrics(fast: str, reference: str) -> None:
+    """Metadata lines byte for byte, samples by parsed value (the fast path writes 5, not 5.0),
+    each family's samples in the same order and number (a parser alone would accept a series
+    twice). Families may come in another order (the fast path puts the per-engine self-metrics
+    first): OpenMetrics does not order families."""
+
+    def split(text: str):
+        meta = sorted(line for line in text.splitlines() if line.startswith("#"))
+        families = sorted(
+            (
+                f.name,
+                f.type,
+                f.documentation,
+                [
+                    (s.name, tuple(sorted(s.labels.items())), s.value)
+                    for s in f.samples
+                    if not VOLATILE.match(s.name + " ")
+                ],
+            )
+            for f in parse_openmetrics(text)
+        )
+        return meta, families
+
+    assert text_end(fast) == text_end(reference) == "# EOF\n"
+    assert split(fast) == split(reference)
+
+
+def text_end(text: str) -> str:
+    return text[-6:]
+
+
+def test_openmetrics_is_what_prometheus_client_writes(exporter):
+    _, _, body = request(exporter, "/metrics", Accept=PROMETHEUS_ACCEPT)
+    same_openmetrics(body.decode(), reference_openmetrics(exporter))
+
+
+def test_openmetrics_help_escaping_and_odd_label_values(config, fake_client):
+    from redis_stats import Catalog
+
+    cat = Catalog()
+    cat.counter("odd", 'Help with "quotes", a back\\slash\nand a newline.', labels=["who"])
+    cat.gauge("g_total", "A gauge whose name ends in _total.")
+    cat.histogram("h", 'Histogram "h".', buckets=(0.1, 1.0))
+    writer = StatsWriter(config, cat, engines=[0], client=fake_client(), start=False)
+    writer.counter("odd").labels(engine=0, who='a "b" \\ c\nd').inc(2)
+    writer.gauge("g_total").labels(engine=0).set(float("inf"))
+    writer.histogram("h").labels(engine=0).observe(0.5)
+    assert writer.flush()
+    server = Exporter(StatsReader(config, cat, client=fake_client()), port=0).start()
+    try:
+        _, _, body = request(server, "/metrics", Accept=PROMETHEUS_ACCEPT)
+        text = body.decode()
+        assert '# HELP odd Help with \\"quotes\\"' in text and "# TYPE g_total gauge" in text
+        same_openmetrics(text, reference_openmetrics(server))
+    finally:
+        server.close()
+        writer._closed = True
+
+
+def test_other_openmetrics_versions_come_from_prometheus_client(exporter):
+    _, headers, body = request(exporter, "/metrics", Accept="application/openmetrics-text;version=2.0.0")
+    assert "version=2.0.0" in headers["Content-Type"]
+    assert body.decode().endswith("# EOF\n") and "# TYPE tokens counter" in body.decode()
+
+
 def test_openmetrics_gzip_decompresses_to_the_openmetrics_body(exporter):
     _, headers, packed = request(exporter, "/metrics", Accept=PROMETHEUS_ACCEPT, Accept_Encoding="gzip")
     _, _, plain = request(exporter, "/metrics", Accept=PROMETHEUS_ACCEPT)
@@ -171,3 +245,33 @@ def test_a_slow_request_gets_the_same_timeout(exporter):
 def test_request_timeout_must_be_positive(config):
     with pytest.raises(ValueError, match="request_timeout"):
         Exporter(StatsReader(config, sample_catalog()), port=0, request_timeout=0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    helps=st.lists(st.text(), min_size=3, max_size=3),
+    value=st.text(),
+    number=st.floats(allow_nan=False) | st.integers(0, 2**53).map(float),
+)
+def test_openmetrics_from_text_matches_prometheus_client(helps, value, number):
+    # Any help text and label value through prometheus_client's two writers: converting its text
+    # gives its OpenMetrics, byte for byte.
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+    from prometheus_client.exposition import generate_latest as text_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as om_latest
+
+    from redis_stats.exporter import openmetrics_from_text
+
+    class Families:
+        def collect(self):
+            c = CounterMetricFamily("c", helps[0], labels=["l"])
+            c.add_metric([value], abs(number))
+            yield c
+            g = GaugeMetricFamily("g_total", helps[1], labels=["l"])
+            g.add_metric([value], number)
+            yield g
+            h = HistogramMetricFamily("h", helps[2], labels=["l"])
+            h.add_metric([value], [("1.0", 1), ("+Inf", 2)], sum_value=abs(number))
+            yield h
+
+    assert openmetrics_from_text(text_latest(Families()).decode()) == om_latest(Families()).decode()
