@@ -60,7 +60,7 @@ def _redis_errors(config: StatsConfig) -> Iterator[None]:
 
     try:
         yield
-    except (redis.RedisError, OSError) as exc:
+    except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
         raise click.ClickException(
             f"reading {config.safe_url} failed ({error_kind(exc)}: {redact(str(exc), config.url)})"
         ) from None
@@ -212,7 +212,8 @@ def demo(
     default=10.0,
     show_default=True,
     type=click.FloatRange(0.1, 3600),
-    help="Seconds an HTTP connection may stay silent before it is closed (frees its thread).",
+    help="Seconds an HTTP connection may stay silent (or take to send a response) before it is "
+    "closed, freeing its thread.",
 )
 def exporter(
     redis_url: str | None,
@@ -229,9 +230,13 @@ def exporter(
     from .reader import StatsReader
 
     config = _config(redis_url, namespace)
+    engine_list = _engines(engines)
+    # A Cluster client connects when it is built: an unreachable cluster is one line, not a traceback.
+    with _redis_errors(config):
+        reader = StatsReader(config, vllm_catalog())
     server = Exporter(
-        StatsReader(config, vllm_catalog()),
-        engines=_engines(engines),
+        reader,
+        engines=engine_list,
         host=host,
         port=port,
         gc_interval=gc_interval,

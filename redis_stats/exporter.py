@@ -98,8 +98,10 @@ class Exporter:
     """Serves ``/metrics``, ``/snapshot`` and ``/healthz`` from a thread.
 
     *port* 0 picks a free port (see :attr:`port` after :meth:`start`). With *gc_interval* > 0 it
-    also runs retention (``redis_stats.gc``) that often. A connection that sends nothing (or
-    reads nothing) for *request_timeout* seconds is closed and its thread freed.
+    also runs retention (``redis_stats.gc``) that often. *request_timeout* bounds each socket
+    operation of a connection: a client that sends no request for that long is disconnected and
+    its thread freed, and a response must be sent within it (``sendall``'s timeout covers the
+    whole body; the default, 10 s, is Prometheus' default scrape timeout).
     """
 
     def __init__(

@@ -431,3 +431,18 @@ def test_redact_replaces_raw_and_decoded_forms():
     cleaned = redact(text, url)
     assert_clean({"redacted": cleaned})
     assert "db=0 host h" in cleaned
+
+
+@pytest.mark.parametrize(
+    "cmd", [["inspect"], ["gc"], ["top", "--once", "--interval", "0.2"], ["exporter", "--port", "0"]]
+)
+def test_a_redis_failure_in_the_cli_is_one_clean_line(cmd):
+    # A Cluster client connects when it is built (even the exporter's): one line, exit code 1,
+    # masked URL, no traceback.
+    url = f"redis+cluster://statsuser:{PLAIN}@127.0.0.1:{free_port()}"
+    env = {"REDIS_STATS_URL": url, "REDIS_STATS_CONNECT_TIMEOUT_MS": "100"}
+    result = CliRunner().invoke(main, cmd, env=env)
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("Error: reading redis+cluster://statsuser:***@127.0.0.1:")
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert_clean({"cli": result.output})
