@@ -61,8 +61,8 @@ def main() -> None:
         for n in (int(x) for x in args.engines.split(",")):
             ns = f"bench-http-{n}"
             fill(server.url, ns, n)
-            exporter = Exporter(StatsReader(StatsConfig(url=server.url, namespace=ns), vllm_catalog()), port=0)
-            exporter.start()
+            reader = StatsReader(StatsConfig(url=server.url, namespace=ns), vllm_catalog())
+            exporter = Exporter(reader, port=0).start()
             try:
                 variants = {
                     "text": {},
@@ -89,7 +89,8 @@ def main() -> None:
                     rows[f"  gzip({level}) alone"] = (len(packed), statistics.median(times) * 1e3)
                 base_bytes, base_ms = rows["text"]
                 for name, (size, ms) in rows.items():
-                    print(f"{n:>8} {name:<22}{size:>12,}{ms:>10.1f}{ms / base_ms:>11.2f}{size / base_bytes:>14.3f}")
+                    ratios = f"{ms / base_ms:>11.2f}{size / base_bytes:>14.3f}"
+                    print(f"{n:>8} {name:<22}{size:>12,}{ms:>10.1f}{ratios}")
             finally:
                 exporter.close()
 
