@@ -2,14 +2,46 @@
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from . import __version__
-from .config import ConfigError, StatsConfig
+from .config import ConfigError, StatsConfig, redact
 
 __all__ = ["main"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _read_url_file(path: str) -> str:
+    """The URL held in *path* (stripped). Errors name the file, never its content."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            url = f.read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise click.BadParameter(f"cannot read {path}: {reason}", param_hint="--redis-url-file") from None
+    if not url:
+        raise click.BadParameter(
+            f"{path} is empty: it should hold the Redis URL", param_hint="--redis-url-file"
+        )
+    return url
+
+
+def _resolve_url(redis_url: str | None, redis_url_file: str | None) -> str | None:
+    """--redis-url-file wins over REDIS_STATS_URL; giving it with --redis-url is an error."""
+    if redis_url_file is None:
+        return redis_url
+    source = click.get_current_context().get_parameter_source("redis_url")
+    if redis_url is not None and source is ParameterSource.COMMANDLINE:
+        raise click.UsageError("give either --redis-url or --redis-url-file, not both")
+    return _read_url_file(redis_url_file)
 
 
 def _config(redis_url: str | None, namespace: str | None) -> StatsConfig:
@@ -17,6 +49,21 @@ def _config(redis_url: str | None, namespace: str | None) -> StatsConfig:
         return StatsConfig.from_env(url=redis_url, namespace=namespace)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
+
+
+@contextmanager
+def _redis_errors(config: StatsConfig) -> Iterator[None]:
+    """A Redis failure ends the command with one line (masked URL, redacted message), no traceback."""
+    import redis
+
+    from .writer import error_kind
+
+    try:
+        yield
+    except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
+        raise click.ClickException(
+            f"reading {config.safe_url} failed ({error_kind(exc)}: {redact(str(exc), config.url)})"
+        ) from None
 
 
 def _engines(text: str | None) -> list[int] | None:
@@ -30,7 +77,28 @@ def _engines(text: str | None) -> list[int] | None:
         ) from None
 
 
-url_option = click.option("--redis-url", envvar="REDIS_STATS_URL", help="Redis URL [env: REDIS_STATS_URL].")
+URL_FILE_HELP = (
+    "Read the Redis URL from this file (content stripped): keeps the password out of the process "
+    "table and shell history."
+)
+
+
+def url_option(func: F) -> F:
+    """--redis-url / --redis-url-file / REDIS_STATS_URL, resolved into one ``redis_url`` argument."""
+
+    @click.option(
+        "--redis-url",
+        envvar="REDIS_STATS_URL",
+        help="Redis URL [env: REDIS_STATS_URL]. On a command line the password shows in `ps`: "
+        "prefer the variable or --redis-url-file.",
+    )
+    @click.option("--redis-url-file", type=click.Path(dir_okay=False), help=URL_FILE_HELP)
+    @functools.wraps(func)
+    def wrapper(*args: Any, redis_url: str | None, redis_url_file: str | None, **kwargs: Any) -> Any:
+        return func(*args, redis_url=_resolve_url(redis_url, redis_url_file), **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
 namespace_option = click.option(
     "--namespace",
     envvar="REDIS_STATS_NAMESPACE",
@@ -45,7 +113,12 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--redis-url", help="Use this Redis instead of starting a private one.")
+@click.option(
+    "--redis-url",
+    help="Use this Redis instead of starting a private one (its password shows in `ps`: "
+    "prefer --redis-url-file).",
+)
+@click.option("--redis-url-file", type=click.Path(dir_okay=False), help=URL_FILE_HELP)
 @click.option("--nodes", default=2, show_default=True, type=click.IntRange(1, 64), help="Simulated nodes.")
 @click.option(
     "--first-engine",
@@ -80,6 +153,7 @@ def main() -> None:
 @click.option("--duration", type=click.FloatRange(1), help="Stop after this many seconds (default: Ctrl-C).")
 def demo(
     redis_url: str | None,
+    redis_url_file: str | None,
     nodes: int,
     first_engine: int,
     api_servers: int,
@@ -93,6 +167,12 @@ def demo(
     from .demo import DemoOptions, run_demo
     from .embedded import NoServerBinary
 
+    redis_url = _resolve_url(redis_url, redis_url_file)
+    if redis_url is not None:
+        try:  # a bad URL is a usage error, before anything starts
+            StatsConfig(url=redis_url, namespace=namespace)
+        except ConfigError as exc:
+            raise click.UsageError(str(exc)) from None
     try:
         code = run_demo(
             DemoOptions(
@@ -127,6 +207,14 @@ def demo(
     type=click.FloatRange(0),
     help="Seconds between retention runs (gc); 0 turns it off.",
 )
+@click.option(
+    "--request-timeout",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(0.1, 3600),
+    help="Seconds an HTTP connection may stay silent (or take to send a response) before it is "
+    "closed, freeing its thread.",
+)
 def exporter(
     redis_url: str | None,
     namespace: str | None,
@@ -134,6 +222,7 @@ def exporter(
     host: str,
     port: int,
     gc_interval: float,
+    request_timeout: float,
 ) -> None:
     """Serve /metrics (every engine), /snapshot (JSON) and /healthz from Redis."""
     from .exporter import Exporter
@@ -141,12 +230,17 @@ def exporter(
     from .reader import StatsReader
 
     config = _config(redis_url, namespace)
+    engine_list = _engines(engines)
+    # A Cluster client connects when it is built: an unreachable cluster is one line, not a traceback.
+    with _redis_errors(config):
+        reader = StatsReader(config, vllm_catalog())
     server = Exporter(
-        StatsReader(config, vllm_catalog()),
-        engines=_engines(engines),
+        reader,
+        engines=engine_list,
         host=host,
         port=port,
         gc_interval=gc_interval,
+        request_timeout=request_timeout,
     )
     click.echo(f"serving {config.namespace!r} from {config.safe_url} on {server.url}/metrics")
     try:
@@ -166,7 +260,9 @@ def top(redis_url: str | None, namespace: str | None, interval: float, once: boo
     from .reader import StatsReader
     from .top import run_top
 
-    run_top(StatsReader(_config(redis_url, namespace), vllm_catalog()), interval=interval, once=once)
+    config = _config(redis_url, namespace)
+    with _redis_errors(config):
+        run_top(StatsReader(config, vllm_catalog()), interval=interval, once=once)
 
 
 @main.command()
@@ -176,8 +272,10 @@ def inspect(redis_url: str | None, namespace: str | None) -> None:
     """The keys, engines, writers and series of a namespace."""
     from .inspect import inspect_namespace
 
-    for line in inspect_namespace(_config(redis_url, namespace)):
-        click.echo(line)
+    config = _config(redis_url, namespace)
+    with _redis_errors(config):
+        for line in inspect_namespace(config):
+            click.echo(line)
 
 
 @main.command()
@@ -196,7 +294,8 @@ def gc(redis_url: str | None, namespace: str | None, dry_run: bool, retention: f
     config = _config(redis_url, namespace)
     if retention is not None:
         config = config.replace(retention=retention)
-    result = collect_garbage(config, dry_run=dry_run)
+    with _redis_errors(config):
+        result = collect_garbage(config, dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
     click.echo(
         f"{verb} {len(result.engines)} engines {sorted(result.engines)} and "

@@ -11,11 +11,21 @@ import os
 import re
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, unquote_plus
 
 from .errors import ConfigError  # defined in errors.py; importable from here as it always was
 
-__all__ = ["ENV_PREFIX", "ConfigError", "StatsConfig", "mask_url"]
+__all__ = [
+    "ENV_PREFIX",
+    "SCHEMES",
+    "SECRET_QUERY_WORDS",
+    "ConfigError",
+    "StatsConfig",
+    "mask_url",
+    "redact",
+    "url_problem",
+    "url_secrets",
+]
 
 ENV_PREFIX = "REDIS_STATS_"
 LEADER_MODES = ("rank0", "lease", "none")
@@ -25,26 +35,184 @@ LEADER_MODES = ("rank0", "lease", "none")
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9._\-/:]{1,128}$")
 
 
-def mask_url(url: str) -> str:
-    """Return *url* with its password replaced by ``***`` (user names are kept).
+# A query parameter holds a secret when its name (lower-cased, percent-decoded) contains one of
+# these: ``password``, ``sentinel_password``, ``ssl_password``, ``passwd``, ``passphrase``, ``pwd``,
+# ``secret``, ``token``, ``auth``, ``credential(s)``, ``apikey``/``api_key``. Over-masking a value
+# costs a less helpful log line; under-masking leaks a credential, so the list errs wide.
+SECRET_QUERY_WORDS = ("pass", "pwd", "secret", "token", "auth", "cred", "apikey", "api_key")
 
-    Works for every scheme redis_stats accepts, including comma-separated Sentinel/Cluster hosts.
+# The URL schemes redis_stats connects to (redis_stats.connection builds the client for each).
+SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster")
+
+_SCHEME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*$")
+_MASK = "***"
+
+
+@dataclasses.dataclass(frozen=True)
+class _UrlParts:
+    """A URL cut where RFC 3986 cuts it, without decoding anything (no ``urlsplit``: it raises
+    on some inputs, and its messages quote the URL)."""
+
+    prefix: str  # "scheme://", or "" when there is none
+    userinfo: str | None  # before the last "@" of the authority
+    hosts: str  # the rest of the authority: host[:port][,host[:port]...]
+    path: str
+    query: str | None  # after the first "?", without it
+    fragment: str | None  # after the first "#", without it
+    at_after_hosts: bool  # an "@" beyond the authority: a password with a raw / ? or #
+
+
+def _cut(url: str) -> _UrlParts:
+    scheme, sep, rest = url.partition("://")
+    if not sep or not _SCHEME_RE.match(scheme):
+        scheme, sep, rest = "", "", url
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority, tail = rest[:end], rest[end:]
+    userinfo = None
+    if "@" in authority:
+        userinfo, authority = authority.rsplit("@", 1)
+    tail, hash_sign, fragment = tail.partition("#")
+    path, qmark, query = tail.partition("?")
+    return _UrlParts(
+        prefix=scheme + sep,
+        userinfo=userinfo,
+        hosts=authority,
+        path=path,
+        query=query if qmark else None,
+        fragment=fragment if hash_sign else None,
+        at_after_hosts="@" in rest[end:],
+    )
+
+
+def _is_secret_name(name: str) -> bool:
+    lowered = unquote_plus(name).lower()
+    return any(word in lowered for word in SECRET_QUERY_WORDS)
+
+
+def _mask_hosts(hosts: str) -> str:
+    # "redis://host:secret" (a forgotten "user@") puts the password where the port goes: a port
+    # that is not a number is never shown.
+    out = []
+    for part in hosts.split(","):
+        host, colon, port = part.rpartition(":")
+        if colon and port and not port.isdigit() and not part.endswith("]"):
+            part = f"{host}:{_MASK}"
+        out.append(part)
+    return ",".join(out)
+
+
+def mask_url(url: object) -> str:
+    """Return *url* with every credential replaced by ``***``; never raises.
+
+    Masked: the password of the user part (``user:***@``; a lone ``secret@`` becomes ``***@``),
+    the value of every query parameter named in :data:`SECRET_QUERY_WORDS` (``password=``,
+    ``sentinel_password=``, ...), a query piece without ``=`` and a ``#fragment`` (both are what
+    is left of a password holding a raw ``&`` or ``#``), and a port that is not a number. A URL
+    with an ``@`` after its host part (a password holding a raw ``/``, ``?`` or ``#``) cannot be
+    cut safely: only its scheme is shown. User names, hosts, ports, paths and other parameters
+    stay readable. Works for every scheme redis_stats accepts, including comma-separated
+    Sentinel/Cluster hosts.
     """
     try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable URL>"
-    netloc = parts.netloc
-    if "@" not in netloc:
-        return url
-    userinfo, hosts = netloc.rsplit("@", 1)
-    if ":" in userinfo:
-        user = userinfo.split(":", 1)[0]
-        userinfo = f"{user}:***"
-    elif parts.password is None and userinfo:
-        # redis://secret@host is the legacy password-only form: mask it too.
-        userinfo = "***"
-    return urlunsplit((parts.scheme, f"{userinfo}@{hosts}", parts.path, parts.query, parts.fragment))
+        return _mask(url)
+    except Exception:  # a mask that raises would turn a log line into a traceback quoting the URL
+        return "<URL not shown>"
+
+
+def _mask(url: object) -> str:
+    if not isinstance(url, str):
+        return f"<not a URL: {type(url).__name__}>"
+    parts = _cut(url)
+    if parts.at_after_hosts:
+        return f"{parts.prefix}<not shown: '@' after the host part>"
+    text = parts.prefix
+    if parts.userinfo is not None:
+        user, colon, _password = parts.userinfo.partition(":")
+        # A lone "secret@" is a password for Sentinel/Cluster URLs and a user name for redis-py:
+        # masked either way.
+        text += f"{user}:{_MASK}@" if colon else f"{_MASK}@"
+    text += _mask_hosts(parts.hosts) + parts.path
+    if parts.query is not None:
+        pieces = []
+        for piece in parts.query.split("&"):
+            name, eq, _value = piece.partition("=")
+            if not eq:
+                pieces.append(_MASK if piece else piece)
+            elif _is_secret_name(name):
+                pieces.append(f"{name}={_MASK}")
+            else:
+                pieces.append(piece)
+        text += "?" + "&".join(pieces)
+    if parts.fragment is not None:
+        text += "#" + _MASK
+    return text
+
+
+def url_secrets(url: str) -> list[str]:
+    """Every credential in *url*, as written and decoded (for :func:`redact`)."""
+    try:
+        parts = _cut(url)
+    except Exception:
+        return []
+    found: list[str] = []
+    if parts.userinfo is not None:
+        user, colon, password = parts.userinfo.partition(":")
+        found.append(password if colon else user)
+    for piece in (parts.query or "").split("&"):
+        name, eq, value = piece.partition("=")
+        if eq and _is_secret_name(name):
+            found.append(value)
+    secrets = set()
+    for raw in found:
+        secrets |= {raw, unquote(raw), unquote_plus(raw)}
+    # Longest first, so that a secret containing another one is replaced whole.
+    return sorted((s for s in secrets if s), key=len, reverse=True)
+
+
+def redact(text: str, url: str) -> str:
+    """*text* with every credential of *url* replaced by ``***``.
+
+    For messages that come from elsewhere (redis-py's exceptions) and could quote a password:
+    the last line of defence before a message is logged or served.
+    """
+    for secret in url_secrets(url):
+        text = text.replace(secret, _MASK)
+    return text
+
+
+def url_problem(url: object) -> str | None:
+    """Why *url* cannot be used as a Redis URL, without quoting any part of a secret; or None.
+
+    A password or query value must percent-encode ``/ ? # @ &`` (``%2F %3F %23 %40 %26``):
+    a raw one makes the URL ambiguous, and a wrong guess would send part of the password to
+    a DNS lookup or an error message.
+    """
+    if not isinstance(url, str):
+        return f"the Redis URL is a {type(url).__name__}, not a string"
+    parts = _cut(url)
+    if not parts.prefix:
+        return "it has no scheme:// (use e.g. redis://127.0.0.1:6379/0)"
+    scheme = parts.prefix[:-3].lower()
+    if scheme not in SCHEMES:
+        return f"scheme {scheme!r} is not supported; use one of {', '.join(SCHEMES)}"
+    if parts.at_after_hosts:
+        return (
+            "it has an '@' after its host part: a password (or query value) holding '/', '?', "
+            "'#' or '@' must percent-encode them as %2F, %3F, %23, %40"
+        )
+    if parts.fragment is not None:
+        return "it has a '#' (Redis URLs have no fragment): write a '#' in a password as %23"
+    for piece in (parts.query or "").split("&"):
+        if piece and "=" not in piece:
+            return (
+                "a query parameter has no '=' (a raw '&' in a password?): write parameters as "
+                "name=value and a '&' inside a value as %26"
+            )
+    for i, part in enumerate(parts.hosts.split(",") if parts.hosts else (), 1):
+        _host, colon, port = part.rpartition(":")
+        if colon and port and not part.endswith("]") and not (port.isdigit() and 0 < int(port) < 65536):
+            return f"the port of host {i} is not a number from 1 to 65535 (a password without 'user:...@'?)"
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,10 +300,12 @@ class StatsConfig:
     )
 
     def __post_init__(self) -> None:
-        if not isinstance(self.url, str) or "://" not in self.url:
+        problem = url_problem(self.url)
+        if problem is not None:
+            # Never quote the URL itself: only its masked form (the mask never shows a secret).
             raise ConfigError(
-                f"url={self.url!r} is not a Redis URL; use e.g. redis://127.0.0.1:6379/0 "
-                f"(or set {ENV_PREFIX}URL)"
+                f"url {mask_url(self.url)} is not a usable Redis URL: {problem} "
+                f"(set it with url=..., {ENV_PREFIX}URL or --redis-url-file)"
             )
         if not isinstance(self.namespace, str) or not _NAMESPACE_RE.match(self.namespace):
             raise ConfigError(

@@ -9,6 +9,11 @@ Schemes (the storage is chosen by the URL, as in alisaifee/limits):
   of *service_name*, followed across failovers.
 - ``redis+cluster://[user:pass@]host:port[,host:port...]``: a Redis Cluster.
 
+A password may also be given as ``?password=`` (and ``?username=``) for every scheme. Characters
+``/ ? # @ &`` in a password or query value must be percent-encoded (``%2F %3F %23 %40 %26``):
+such a URL is refused with an error that names the problem and quotes no part of the secret
+(see :func:`redis_stats.config.url_problem`). Every message here shows the URL masked.
+
 redis-py 8 retries a command that timed out; for a non-idempotent command (HINCRBY) that counts
 twice. Every client built here has ``Retry(NoBackoff(), 0)``: the writer's own retry is idempotent
 (same sequence number, same contents) and the only one.
@@ -23,11 +28,10 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from .config import ConfigError, StatsConfig, mask_url
+from .config import SCHEMES, ConfigError, StatsConfig, mask_url, redact
 
 __all__ = ["SCHEMES", "make_async_client", "make_client"]
 
-SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster")
 
 _TLS_QUERY = {"ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname"}
 
@@ -64,7 +68,10 @@ def _split_hosts(netloc: str) -> tuple[str | None, str | None, list[tuple[str, i
         try:
             hosts.append((host.strip("[]"), int(port)))
         except ValueError:
-            raise ConfigError(f"bad host:port {part!r} in the Redis URL") from None
+            # Not quoted: a misplaced password lands in the port (StatsConfig refuses that first).
+            raise ConfigError(
+                f"host {len(hosts) + 1} of the Redis URL has a port that is not a number"
+            ) from None
     return user, password, hosts
 
 
@@ -83,8 +90,12 @@ def _parse(config: StatsConfig) -> tuple[str, Any]:
     url = config.url
     try:
         parts = urlsplit(url)
-    except ValueError as exc:
-        raise ConfigError(f"cannot parse Redis URL {mask_url(url)}: {exc}") from None
+    except ValueError:
+        # urlsplit's own messages quote the netloc, password included: name the problem only.
+        raise ConfigError(
+            f"cannot parse Redis URL {mask_url(url)}: check the brackets of an IPv6 host and "
+            "percent-encode non-ASCII characters"
+        ) from None
     scheme = parts.scheme.lower()
     if scheme not in SCHEMES:
         raise ConfigError(
@@ -105,7 +116,8 @@ def _client_plan(config: StatsConfig, retry: Any) -> tuple[str, dict[str, Any]]:
         return "url", {"url": config.url, **kwargs}
     query = dict(parse_qsl(parts.query))
     user, password, hosts = _split_hosts(parts.netloc)
-    kwargs.update(username=user, password=password)
+    # ?password= / ?username= work here as they do for redis:// (where redis-py reads them).
+    kwargs.update(username=user or query.get("username"), password=password or query.get("password"))
     if scheme.startswith("rediss"):
         kwargs.update(_tls_kwargs(query))
     if scheme.endswith("+cluster"):
@@ -131,7 +143,7 @@ def make_client(config: StatsConfig) -> Any:
     """Return a synchronous client (``redis.Redis``, a Sentinel master or ``RedisCluster``)."""
     kind, kw = _client_plan(config, Retry(NoBackoff(), 0))
     if kind == "url":
-        return redis.Redis.from_url(kw.pop("url"), **kw)
+        return _from_url(redis.Redis, config, kw)
     if kind == "cluster":
         from redis.cluster import ClusterNode, RedisCluster
 
@@ -149,7 +161,7 @@ def make_async_client(config: StatsConfig) -> Any:
 
     kind, kw = _client_plan(config, AsyncRetry(NoBackoff(), 0))
     if kind == "url":
-        return aredis.Redis.from_url(kw.pop("url"), **kw)
+        return _from_url(aredis.Redis, config, kw)
     if kind == "cluster":
         from redis.asyncio.cluster import ClusterNode, RedisCluster
 
@@ -158,6 +170,17 @@ def make_async_client(config: StatsConfig) -> Any:
 
     hosts, service = kw.pop("hosts"), kw.pop("service")
     return Sentinel(hosts, **kw).master_for(service)
+
+
+def _from_url(cls: Any, config: StatsConfig, kw: dict[str, Any]) -> Any:
+    url = kw.pop("url")
+    try:
+        return cls.from_url(url, **kw)
+    except (ValueError, TypeError) as exc:
+        # redis-py's parse errors may quote the URL's netloc (urllib's do): redact them.
+        raise ConfigError(
+            f"redis-py cannot use Redis URL {mask_url(url)}: {redact(str(exc), url)}"
+        ) from None
 
 
 def _sentinel_path(path: str, url: str) -> tuple[str, int]:

@@ -21,13 +21,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from .config import StatsConfig
+from .config import ENV_PREFIX, StatsConfig, mask_url
 from .embedded import EmbeddedRedis
 from .exporter import Exporter
 from .integrations.vllm import vllm_catalog
 from .reader import StatsReader
 
 __all__ = ["DemoOptions", "run_demo", "run_node"]
+
+URL_ENV = ENV_PREFIX + "URL"  # how the demo hands the Redis URL to its node processes
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,8 @@ def run_demo(
             server = EmbeddedRedis().start()
             url = server.url
             print(
-                f"started a private {os.path.basename(server.binary)} at {url} (data in {server.dir})",
+                f"started a private {os.path.basename(server.binary)} at {mask_url(url)} "
+                f"(data in {server.dir})",
                 file=out,
                 flush=True,
             )
@@ -130,11 +133,13 @@ def run_demo(
 
 
 def _spawn_node(config: StatsConfig, node: int, api: int, api_servers: int) -> subprocess.Popen[bytes]:
+    # The URL goes by environment, never argv: a command line is readable by every user of the
+    # machine (ps, /proc/<pid>/cmdline), a process' environment only by its owner.
+    env = {**os.environ, URL_ENV: config.url}
     args = [
         sys.executable,
         "-m",
         "redis_stats.demo",
-        config.url,
         config.namespace,
         str(node),
         str(api),
@@ -144,7 +149,7 @@ def _spawn_node(config: StatsConfig, node: int, api: int, api_servers: int) -> s
     ]
     # Own process group: a Ctrl-C in the terminal reaches the demo, which then stops its children
     # in order (flushing their last updates) instead of all of them dying at once.
-    return subprocess.Popen(args, start_new_session=True)
+    return subprocess.Popen(args, start_new_session=True, env=env)
 
 
 def run_node(
@@ -200,11 +205,11 @@ def run_node(
 
 if __name__ == "__main__":
     run_node(
+        os.environ[URL_ENV],
         sys.argv[1],
-        sys.argv[2],
+        int(sys.argv[2]),
         int(sys.argv[3]),
-        int(sys.argv[4]),
+        float(sys.argv[4]),
         float(sys.argv[5]),
         float(sys.argv[6]),
-        float(sys.argv[7]),
     )
