@@ -239,3 +239,17 @@ def test_both_render_paths_agree_on_any_garbage(fake_client, namespace, data):
     lines = [line.rpartition(" ")[0] for line in fast.splitlines() if line and not line.startswith("#")]
     assert len(lines) == len(set(lines))  # no series twice (the parser would accept it)
     writer._closed = True
+
+
+def test_inspect_names_the_first_skipped_fields_and_counts_the_rest(redis_server, namespace):
+    cfg = StatsConfig(url=redis_server.url, namespace=namespace, stale_after=120)
+    writer = StatsWriter(cfg, sample_catalog(), engines=[0], start=False)
+    writer.counter("tokens").labels(engine=0).inc(1)
+    assert writer.flush()
+    make_client(cfg).hset(Keys(namespace).counters(0), mapping={f"nosuch{i}": "1" for i in range(200)})
+    lines = list(inspect_namespace(cfg))
+    named = [line for line in lines if line.strip().startswith("unknown_metric: key")]
+    assert len(named) == 50  # bounded: a namespace full of garbage does not flood the output
+    assert lines[-1].strip() == "... and 150 more"
+    assert "'unknown_metric': 200" in "\n".join(lines)
+    writer._closed = True

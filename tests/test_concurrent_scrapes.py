@@ -186,3 +186,34 @@ def test_a_read_overtaken_by_another_checks_its_reply_against_its_own_plan(confi
     assert overtaken
     assert {e: s.counter("tokens") for e, s in snap.engines.items()} == {0: 5.0, 1: 7.0}
     assert not snap.skipped
+
+
+def test_a_read_that_planned_before_a_catalogue_change_keeps_the_newer_catalogue(
+    config, catalog, fake_client
+):
+    """Scrape A read while the stored catalogue was at version 1 (so without the catalogue
+    itself); scrape B read and decoded version 2 first. A must not drop the stored catalogue: its
+    metrics would vanish from A's body (and the catalogue be fetched again)."""
+    from redis_stats import Catalog
+
+    theirs = Catalog()
+    theirs.counter("extra", "A metric only the writers define.")
+    writer = StatsWriter(config, theirs, engines=[0], client=fake_client(), start=False)
+    writer.counter("extra").labels(engine=0).inc(4)
+    assert writer.flush()
+    reader = StatsReader(config, catalog, client=fake_client())
+    assert reader.snapshot().engines[0].counter("extra") == 4.0  # the stored catalogue, version 1
+    late = reader.read()  # scrape A: version 1, the decoder has it, so no catalogue in the reply
+
+    newer = Catalog()
+    newer.counter("extra", "A metric only the writers define.")
+    newer.counter("extra2", "Defined later.")
+    other = StatsWriter(config, newer, engines=[0], client=fake_client(), start=False)
+    other.counter("extra2").labels(engine=0).inc(1)
+    assert other.flush()
+    assert reader.snapshot().engines[0].counter("extra2") == 1.0  # scrape B: version 2
+
+    snap = reader.decode(late)
+    assert snap.engines[0].counter("extra") == 4.0
+    assert not snap.skipped
+    assert reader.snapshot().engines[0].counter("extra2") == 1.0
