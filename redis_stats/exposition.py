@@ -56,7 +56,8 @@ def _labels(engine: str, spec: MetricSpec, values: tuple[str, ...]) -> str:
 
 
 class _Histogram:
-    """One histogram series of one engine: its lines as one template (immutable)."""
+    """One histogram series of one engine: its lines as one template (immutable), filled with
+    the cumulative counts, the count (the last of them) and the sum."""
 
     __slots__ = ("size", "template")
 
@@ -67,15 +68,6 @@ class _Histogram:
         lines += [f"{spec.name}_count{{{labels}}} %s\n", f"{spec.name}_sum{{{labels}}} %s\n"]
         self.template = "".join(lines)
         self.size = len(bounds)
-
-    def render(self, raw: Any) -> str | None:
-        """The series' lines from its stored value, or None if the value is malformed (the
-        decoder's rule: :func:`~redis_stats.snapshot.histogram_parts`)."""
-        parts = histogram_parts(raw, self.size)
-        if parts is None:
-            return None
-        total, counts = parts
-        return self.template % (*counts, counts[-1], total)
 
 
 class _Plan:
@@ -193,11 +185,13 @@ class TextRenderer:
                     continue
                 lines[field_plan[1]].append(f"{field_plan[2]}{text}\n")
             else:
-                block = field_plan[2].render(raw)
-                if block is None:
+                hist = field_plan[2]
+                parts = histogram_parts(raw, hist.size)  # the decoder's rule, as collect() uses
+                if parts is None:
                     skipped.note("bad_value", keys.counters(engine), name)
                     continue
-                lines[field_plan[1]].append(block)
+                counts = parts[1]
+                lines[field_plan[1]].append(hist.template % (*counts, counts[-1], parts[0]))
 
     def _gauges(
         self,

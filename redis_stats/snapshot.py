@@ -99,9 +99,16 @@ def histogram_parts(raw: Any, size: int) -> tuple[str, list[str]] | None:
     parts = raw.split(" ")
     if len(parts) != size + 1:
         return None
-    total = number_text(parts[0])
-    if total is None:
-        return None
+    total = parts[0]
+    if total.strip(_NUMBER_CHARS):  # number_text's rule, inlined: this runs per series per scrape
+        total = _INFINITIES.get(total.lower())  # type: ignore[assignment]
+        if total is None:
+            return None
+    else:
+        try:
+            float(total)
+        except ValueError:
+            return None
     counts = parts[1:]
     joined = "".join(counts)
     if joined.isdigit() and joined.isascii() and all(counts):  # integers: what the flush writes
