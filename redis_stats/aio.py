@@ -214,14 +214,19 @@ class AsyncStatsReader(ReaderCore):
         conn = await pool.get_connection()
         try:
             await conn.send_packed_command(conn.pack_commands(cmds))
-            for _ in range(len(cmds) - 1):  # +OK and +QUEUED
-                await conn.read_response()
-            results: list[Any] = await conn.read_response()
+            refused: ResponseError | None = None
+            for _ in range(len(cmds)):  # +OK, +QUEUED (or why not: -OOM), then EXEC's results
+                try:
+                    results: list[Any] = await conn.read_response()
+                except ResponseError as exc:  # read every reply: the connection stays usable
+                    refused = refused or exc
         except BaseException:
             await conn.disconnect()
             raise
         finally:
             await pool.release(conn)
+        if refused is not None:
+            raise refused
         return results  # a failed command (WRONGTYPE) is its exception, for the decoder to skip
 
     async def snapshot(self, engines: Iterable[int] | None = None) -> Snapshot:

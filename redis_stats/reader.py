@@ -173,14 +173,19 @@ class StatsReader(ReaderCore):
         conn = pool.get_connection()
         try:
             conn.send_packed_command(conn.pack_commands(cmds))
-            for _ in range(len(cmds) - 1):  # +OK and +QUEUED
-                conn.read_response()
-            results: list[Any] = conn.read_response()
+            refused: ResponseError | None = None
+            for _ in range(len(cmds)):  # +OK, +QUEUED (or why not: -OOM), then EXEC's results
+                try:
+                    results: list[Any] = conn.read_response()
+                except ResponseError as exc:  # read every reply: the connection stays usable
+                    refused = refused or exc
         except BaseException:
             conn.disconnect()
             raise
         finally:
             pool.release(conn)
+        if refused is not None:
+            raise refused
         return results  # a failed command (WRONGTYPE) is its exception, for the decoder to skip
 
     def snapshot(self, engines: Iterable[int] | None = None) -> Snapshot:

@@ -64,6 +64,11 @@ def test_reads_work_over_maxmemory_and_stay_one_snapshot(own_redis_server, names
         # each read was one read-only script (atomic), not separate reads
         scripts = admin.info("commandstats")["cmdstat_evalsha_ro"]["calls"] - scripts_before
         assert scripts >= 2
+        # and the refused transaction's replies were read: no new connection per scrape
+        connections = admin.info("stats")["total_connections_received"]
+        for _ in range(3):
+            reader.snapshot()
+        assert admin.info("stats")["total_connections_received"] == connections
 
         async def read_async() -> dict:
             reader = AsyncStatsReader(cfg, catalog)
