@@ -253,3 +253,30 @@ def test_inspect_names_the_first_skipped_fields_and_counts_the_rest(redis_server
     assert lines[-1].strip() == "... and 150 more"
     assert "'unknown_metric': 200" in "\n".join(lines)
     writer._closed = True
+
+
+def test_on_a_cluster_a_wrong_typed_key_costs_that_key_only(namespace):
+    """On a Cluster the read is read.lua on the namespace's node: it reads each key with pcall."""
+    from .servers import Cluster
+
+    cluster = Cluster().start()
+    try:
+        cfg = StatsConfig(url=cluster.url, namespace=namespace, stale_after=120)
+        writer = StatsWriter(cfg, sample_catalog(), engines=[0, 1], start=False)
+        for e in (0, 1):
+            writer.counter("tokens").labels(engine=e).inc(10 + e)
+        assert writer.flush()
+        client = make_client(cfg)
+        keys = Keys(namespace)
+        client.delete(keys.counters(1))
+        client.set(keys.counters(1), "garbage")
+        client.set(keys.conflicts, "garbage")
+        reg = CollectorRegistry()
+        reg.register(RedisCollector(StatsReader(cfg, sample_catalog())))
+        found = samples(generate_latest(reg).decode())
+        assert found[("redis_stats_up", ())] == 1.0
+        assert found[TOKENS_0] == 10.0 and TOKENS_1 not in found
+        assert skipped_of(found) == {"wrong_type": 2}
+        writer._closed = True
+    finally:
+        cluster.close()
