@@ -280,3 +280,31 @@ def test_on_a_cluster_a_wrong_typed_key_costs_that_key_only(namespace):
         writer._closed = True
     finally:
         cluster.close()
+
+
+def test_the_asyncio_reader_skips_a_wrong_typed_key_too(redis_server, namespace):
+    import asyncio
+
+    from redis_stats.aio import AsyncStatsReader
+
+    cfg = StatsConfig(url=redis_server.url, namespace=namespace, stale_after=120)
+    writer = StatsWriter(cfg, sample_catalog(), engines=[0, 1], start=False)
+    for e in (0, 1):
+        writer.counter("tokens").labels(engine=e).inc(10 + e)
+    assert writer.flush()
+    client = make_client(cfg)
+    client.delete(Keys(namespace).counters(1))
+    client.set(Keys(namespace).counters(1), "garbage")
+
+    async def read() -> Any:
+        reader = AsyncStatsReader(cfg, sample_catalog())
+        try:
+            return await reader.snapshot()
+        finally:
+            await reader.close()
+
+    snap = asyncio.run(read())
+    assert {e: s.counter("tokens") for e, s in snap.engines.items()} == {0: 10.0, 1: 0.0}
+    assert dict(snap.skipped) == {"wrong_type": 1}
+    assert snap.skipped.where == [("wrong_type", Keys(namespace).counters(1), "")]
+    writer._closed = True
