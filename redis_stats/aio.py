@@ -23,14 +23,14 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ExecAbortError, NoScriptError, OutOfMemoryError, ResponseError
 
 from .catalog import Catalog
 from .config import StatsConfig
 from .connection import make_async_client
 from .keys import Keys
 from .leader import Leader, LeaseState
-from .reader import ReaderCore
+from .reader import ReaderCore, refused_for_memory
 from .reporter import LogMetrics, StatsReporter
 from .scripts import load_script
 from .snapshot import Snapshot
@@ -188,32 +188,46 @@ class AsyncStatsReader(ReaderCore):
         """One consistent read of the namespace, as a read.lua-shaped reply (see StatsReader.read)."""
         if hasattr(self._client, "get_node_from_key"):  # Cluster: the script, on the slot's node
             return await self._script(*self.read_args(engines))
-        for _ in range(3):
-            reply = self.assemble(await self._transaction(self.transaction()), engines)
-            if reply is not None:
-                if reply[3] != self.meta_version:  # the catalogue changed: fetch it (rare)
-                    meta = await self._client.hgetall(self.keys.meta)
-                    reply[4] = [x for kv in meta.items() for x in kv]
-                return reply
+        try:
+            for _ in range(3):
+                planned = self.planned
+                reply = self.assemble(await self._transaction(self.transaction(planned)), engines, planned)
+                if reply is not None:
+                    if reply[3].__class__ is str and reply[3] != self.meta_version:
+                        reply[4] = await self._meta()  # the catalogue changed: fetch it (rare)
+                    return reply
+        except (OutOfMemoryError, ExecAbortError) as exc:
+            if not refused_for_memory(exc):
+                raise
+            # over maxmemory: MULTI is refused, a script that only reads is not (see StatsReader)
         return await self._script(*self.read_args(engines))
+
+    async def _meta(self) -> Any:
+        try:
+            meta = await self._client.hgetall(self.keys.meta)
+        except ResponseError as exc:  # retyped since the transaction: the decoder skips it
+            return exc
+        return [x for kv in meta.items() for x in kv]
 
     async def _transaction(self, cmds: list[tuple[Any, ...]]) -> list[Any]:
         pool = self._client.connection_pool
         conn = await pool.get_connection()
         try:
             await conn.send_packed_command(conn.pack_commands(cmds))
-            for _ in range(len(cmds) - 1):  # +OK and +QUEUED
-                await conn.read_response()
-            results = await conn.read_response()
+            refused: ResponseError | None = None
+            for _ in range(len(cmds)):  # +OK, +QUEUED (or why not: -OOM), then EXEC's results
+                try:
+                    results: list[Any] = await conn.read_response()
+                except ResponseError as exc:  # read every reply: the connection stays usable
+                    refused = refused or exc
         except BaseException:
             await conn.disconnect()
             raise
         finally:
             await pool.release(conn)
-        for part in results:
-            if isinstance(part, Exception):
-                raise part
-        return results
+        if refused is not None:
+            raise refused
+        return results  # a failed command (WRONGTYPE) is its exception, for the decoder to skip
 
     async def snapshot(self, engines: Iterable[int] | None = None) -> Snapshot:
         """All engines (or only *engines*) at one instant, in one round trip."""

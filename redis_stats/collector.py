@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import threading
 import time
 from collections import Counter as _Tally
 from collections.abc import Iterable, Iterator
@@ -46,6 +47,7 @@ class RedisCollector:
         self.reader = reader
         self.engines = None if engines is None else tuple(engines)
         self._errors: _Tally[str] = _Tally()
+        self._errors_lock = threading.Lock()  # scrapes run on several threads at once
         self._renderer = TextRenderer(reader._decoder)
 
     def describe(self) -> list[Metric]:
@@ -85,9 +87,11 @@ class RedisCollector:
     def read_failed(self, exc: BaseException) -> None:
         """Count a failed read (and warn on the first of its kind)."""
         kind = error_kind(exc)
-        if not self._errors[kind]:
+        with self._errors_lock:
+            first = not self._errors[kind]
+            self._errors[kind] += 1
+        if first:
             log.warning("reading %s failed (%s: %s)", self.reader.config.safe_url, kind, exc)
-        self._errors[kind] += 1
 
     def _self_metrics(
         self, snapshot: Snapshot | None, duration: float, *, engines: bool = True
@@ -98,7 +102,9 @@ class RedisCollector:
         errors = CounterMetricFamily(
             "redis_stats_read_errors", "Reads of Redis that failed, by kind.", labels=["kind"]
         )
-        for kind, n in sorted(self._errors.items()):
+        with self._errors_lock:
+            counts = sorted(self._errors.items())
+        for kind, n in counts:
             errors.add_metric([kind], n)
         yield errors
         took = GaugeMetricFamily(

@@ -251,7 +251,8 @@ class Exporter:
                     status, doc = exporter.health()
                 else:
                     status, doc = 404, {"error": "not found", "paths": list(PATHS)}
-                return status, "application/json", json.dumps(doc, allow_nan=False).encode(), "Accept-Encoding"
+                body = json.dumps(doc, allow_nan=False).encode()  # strict JSON: Snapshot.to_dict is
+                return status, "application/json", body, "Accept-Encoding"
 
             def _send(self, status: int, content_type: str, body: bytes, head: bool, vary: str) -> None:
                 if gzip_accepted(self.headers.get("Accept-Encoding", "")):

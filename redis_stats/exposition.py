@@ -6,22 +6,25 @@ Between two scrapes almost nothing but the numbers changes, so this renderer cac
 field, everything else: the decoded series and its rendered line prefix
 (``vllm:prompt_tokens_total{engine="3",model_name="m"} ``). A scrape then costs a dictionary
 lookup, a number check and a string join per field. The semantics are the decoder's
-(:mod:`redis_stats.snapshot`): cumulative buckets with ``+Inf``, gauges of live writers only,
-rolled up by mode, gauges of stale engines hidden, undecodable fields skipped and counted; a test
-parses both outputs with prometheus_client's parser and compares them.
+(:mod:`redis_stats.snapshot`), whose functions decide which fields and values are valid:
+cumulative buckets with ``+Inf``, gauges of live writers only, rolled up by mode, gauges of stale
+engines hidden, undecodable fields and wrong-typed keys skipped and counted; tests parse both
+outputs with prometheus_client's parser and compare them, on garbage too.
+
+The caches hold only what never changes for a catalogue (prefixes, templates, field parses),
+in one :class:`_Plan` swapped whole when the catalogue changes: concurrent scrapes share it and
+keep every per-scrape line and gauge value in locals.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter as _Tally
-from itertools import pairwise
 from typing import Any
 
 from prometheus_client.utils import floatToGoString
 
-from .catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM, MetricSpec
-from .snapshot import Snapshot, SnapshotDecoder
+from .catalog import COUNTER, ENGINE_LABEL, Catalog, MetricSpec
+from .snapshot import Skipped, Snapshot, SnapshotDecoder, gauge_parts, histogram_parts, number_text
 
 __all__ = ["TextRenderer", "escape_label_value"]
 
@@ -40,20 +43,10 @@ def _escape_help(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n")
 
 
-def _number(value: float) -> str:
-    return str(int(value)) if value.is_integer() and abs(value) < 1e15 else floatToGoString(value)
-
-
-class _Family:
-    """Header and the lines of one metric in one scrape."""
-
-    __slots__ = ("header", "lines")
-
-    def __init__(self, spec: MetricSpec) -> None:
-        # As prometheus_client's text format: a counter's HELP/TYPE name ends in _total.
-        name = spec.name + "_total" if spec.kind == COUNTER else spec.name
-        self.header = f"# HELP {name} {_escape_help(spec.help)}\n# TYPE {name} {spec.kind}\n"
-        self.lines: list[str] = []
+def _header(spec: MetricSpec) -> str:
+    # As prometheus_client's text format: a counter's HELP/TYPE name ends in _total.
+    name = spec.name + "_total" if spec.kind == COUNTER else spec.name
+    return f"# HELP {name} {_escape_help(spec.help)}\n# TYPE {name} {spec.kind}\n"
 
 
 def _labels(engine: str, spec: MetricSpec, values: tuple[str, ...]) -> str:
@@ -63,7 +56,8 @@ def _labels(engine: str, spec: MetricSpec, values: tuple[str, ...]) -> str:
 
 
 class _Histogram:
-    """One histogram series of one engine: its lines as one template, filled from its field."""
+    """One histogram series of one engine: its lines as one template (immutable), filled with
+    the cumulative counts, the count (the last of them) and the sum."""
 
     __slots__ = ("size", "template")
 
@@ -75,108 +69,65 @@ class _Histogram:
         self.template = "".join(lines)
         self.size = len(bounds)
 
-    def render(self, raw: str) -> str | None:
-        """The series' lines from ``"<sum> <c0> ... <cN>"`` (cumulative, as stored), or None if
-        the value is malformed."""
-        parts = raw.split()
-        if len(parts) != self.size + 1:
-            return None
-        counts = parts[1:]
-        if not "".join(counts).isdigit():  # integers, as the flush script writes them
-            try:
-                values = [float(c) for c in counts]
-            except ValueError:
-                return None
-            if any(b < a for a, b in pairwise(values)):
-                return None
-            counts = [_number(v) for v in values]
-        try:
-            total = float(parts[0])
-        except ValueError:
-            return None
-        if total != total:
-            return None
-        # The sum as stored, unless Lua wrote an overflowed sum 'inf': Prometheus writes +Inf.
-        text = parts[0] if total - total == 0 else floatToGoString(total)
-        return self.template % (*counts, counts[-1], text)
 
+class _Plan:
+    """What the renderer knows for one catalogue: each family's header, and per engine and hash
+    field how to render it. Shared by concurrent scrapes, so it holds no per-scrape state: the
+    field plans only gain entries (immutable tuples, one dict store each, safe under the GIL),
+    and a reset replaces the whole plan (``TextRenderer._plan``) while older scrapes finish
+    with the one they hold."""
 
-class _Gauge:
-    """One gauge series of one engine: its line prefix and this scrape's values by writer."""
+    __slots__ = ("catalog", "counter_fields", "gauge_fields", "gauges", "headers", "index", "size")
 
-    __slots__ = ("best", "mode", "prefix", "values")
-
-    def __init__(self, engine: str, spec: MetricSpec, values: tuple[str, ...]) -> None:
-        self.prefix = f"{spec.name}{{{_labels(engine, spec, values)}}} "
-        self.mode = spec.mode
-        self.values: list[float] = []
-        self.best: tuple[float, str] | None = None  # (wall-clock stamp, value as written)
-
-    def render(self, out: list[str]) -> None:
-        if self.mode == "mostrecent":
-            if self.best is not None:
-                text = self.best[1]  # the writer's repr(); 'inf'/'-inf' are written as Prometheus does
-                out.append(f"{self.prefix}{text if text[-1].isdigit() else floatToGoString(float(text))}\n")
-        elif self.values:
-            rollup = sum if self.mode == "sum" else max if self.mode == "max" else min
-            out.append(f"{self.prefix}{floatToGoString(rollup(self.values))}\n")
-        self.values = []
-        self.best = None
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        specs = list(catalog)
+        self.headers = tuple(_header(spec) for spec in specs)
+        self.index = {spec.name: i for i, spec in enumerate(specs)}
+        # engine -> field -> ("c", family index, line prefix), ("h", family index, _Histogram),
+        # or the reason to skip the field
+        self.counter_fields: dict[str, dict[str, Any]] = {}
+        # engine -> field -> (family index, series line prefix, roll-up mode, writer), or the reason
+        self.gauge_fields: dict[str, dict[str, Any]] = {}
+        self.size = 0  # fields planned (approximate under threads: only bounds the memory)
 
 
 class TextRenderer:
     """Renders replies of a reader (``StatsReader.read``) as Prometheus text.
 
     Shares the reader's :class:`~redis_stats.snapshot.SnapshotDecoder` for the catalogue, field
-    parsing and liveness, and keeps its own per-field cache of rendered prefixes.
+    parsing, value validation and liveness, and keeps its own per-field cache of rendered
+    prefixes. Safe to call from several threads at once (the exporter serves each request on
+    its own thread): every scrape's lines and gauge roll-ups live in locals of :meth:`render`.
     """
 
     def __init__(self, decoder: SnapshotDecoder) -> None:
         self.decoder = decoder
-        self._catalog: Any = None
-        self._families: dict[str, _Family] = {}
-        # engine -> field -> plan: ("c", family, line prefix), ("h", family, histogram lines),
-        # (family, gauge, writer), or the reason to skip the field.
-        self._counter_plans: dict[str, dict[str, Any]] = {}
-        self._gauge_plans: dict[str, dict[str, Any]] = {}
-        self._series: dict[tuple[str, str, tuple[str, ...]], Any] = {}
+        self._plan = _Plan(decoder.catalog)
 
-    def _reset_if_catalog_changed(self) -> None:
-        catalog = self.decoder.catalog
-        if catalog is not self._catalog or len(self._series) > _CACHE_LIMIT:
-            self._catalog = catalog
-            self._families = {spec.name: _Family(spec) for spec in catalog}
-            self._counter_plans.clear()
-            self._gauge_plans.clear()
-            self._series.clear()
+    def _plan_for(self, catalog: Catalog) -> _Plan:
+        plan = self._plan
+        if plan.catalog is not catalog or plan.size > _CACHE_LIMIT:
+            plan = self._plan = _Plan(catalog)  # one atomic swap; others keep the plan they hold
+        return plan
 
-    def _series_of(self, kind: type, engine: str, spec: MetricSpec, values: tuple[str, ...]) -> Any:
-        key = (engine, spec.name, values)
-        series = self._series.get(key)
-        if series is None:
-            series = self._series[key] = kind(engine, spec, values)
-        return series
-
-    def _plan_counter_field(self, engine: str, name: str) -> Any:
-        parsed = self.decoder._field(name)
-        if isinstance(parsed, str):
+    def _plan_counter_field(self, plan: _Plan, engine: str, name: str) -> Any:
+        parsed = self.decoder.counter_field(name, plan.catalog)
+        if parsed.__class__ is str:
             return parsed  # the reason to skip it
         spec, values, _ = parsed
-        family = self._families[spec.name]
+        family = plan.index[spec.name]
         if spec.kind == COUNTER:
             return ("c", family, f"{spec.name}_total{{{_labels(engine, spec, values)}}} ")
-        if spec.kind == HISTOGRAM:
-            return ("h", family, _Histogram(engine, spec, values))
-        return "bad_field"  # a gauge's field in the counters' hash
+        return ("h", family, _Histogram(engine, spec, values))
 
-    def _plan_gauge_field(self, engine: str, name: str) -> Any:
-        parsed = self.decoder._field(name)
-        if isinstance(parsed, str):
+    def _plan_gauge_field(self, plan: _Plan, engine: str, name: str) -> Any:
+        parsed = self.decoder.gauge_field(name, plan.catalog)
+        if parsed.__class__ is str:
             return parsed
         spec, values, writer = parsed
-        if spec.kind != GAUGE:
-            return "bad_field"
-        return (self._families[spec.name], self._series_of(_Gauge, engine, spec, values), writer)
+        prefix = f"{spec.name}{{{_labels(engine, spec, values)}}} "
+        return (plan.index[spec.name], prefix, spec.mode, writer)
 
     def render(self, reply: list[Any]) -> tuple[str, Snapshot]:
         """(text of every family, the snapshot without series) for one read reply.
@@ -184,87 +135,103 @@ class TextRenderer:
         The snapshot carries the engines' and writers' liveness and what was skipped, for the
         self-metrics that follow the data.
         """
-        skipped: _Tally[str] = _Tally()
+        skipped = Skipped()
         shell = self.decoder.decode_shell(reply, skipped)
-        self._reset_if_catalog_changed()
-        gauges: list[tuple[_Family, _Gauge]] = []
+        plan = self._plan_for(shell.catalog)
+        lines: list[list[str]] = [[] for _ in plan.headers]
+        # series line prefix -> [family index, mode, best stamp, best text] (mostrecent) or
+        # [family index, mode, value, value, ...] (sum, max, min), in order of first sight
+        gauges: dict[str, list[Any]] = {}
         live = {wid for wid, info in shell.writers.items() if info.live}
+        keys = self.decoder.keys
         for engine_text, snap, c_flat, g_flat in shell.engine_hashes:
-            self._counters(engine_text, c_flat, skipped)
+            self._counters(plan, engine_text, c_flat, lines, skipped, keys)
             if snap.up:
-                self._gauges(engine_text, g_flat, live, gauges, skipped)
-        for family, gauge in gauges:
-            gauge.render(family.lines)
+                self._gauges(plan, engine_text, g_flat, live, gauges, skipped, keys)
+        for prefix, state in gauges.items():
+            mode = state[1]
+            if mode == "mostrecent":
+                text = state[3]
+            else:
+                rollup = sum if mode == "sum" else max if mode == "max" else min
+                text = floatToGoString(rollup(state[2:]))
+            lines[state[0]].append(f"{prefix}{text}\n")
         out: list[str] = []
-        for family in self._families.values():
-            out.append(family.header)
-            out += family.lines
-            family.lines = []
+        for header, family_lines in zip(plan.headers, lines):
+            out.append(header)
+            out += family_lines
         shell.engine_hashes = []
         return "".join(out), shell
 
-    def _counters(self, engine: str, flat: list[Any], skipped: _Tally[str]) -> None:
-        plans = self._counter_plans.setdefault(engine, {})
+    def _counters(
+        self, plan: _Plan, engine: str, flat: list[Any], lines: list[list[str]], skipped: Skipped, keys: Any
+    ) -> None:
+        plans = plan.counter_fields.get(engine)
+        if plans is None:
+            plans = plan.counter_fields.setdefault(engine, {})
         it = iter(flat)
         for name, raw in zip(it, it):
-            plan = plans.get(name)
-            if plan is None:
-                plan = plans[name] = self._plan_counter_field(engine, name)
-            if plan.__class__ is str:
-                skipped[plan] += 1
+            field_plan = plans.get(name)
+            if field_plan is None:
+                field_plan = plans[name] = self._plan_counter_field(plan, engine, name)
+                plan.size += 1
+            if field_plan.__class__ is str:
+                skipped.note(field_plan, keys.counters(engine), str(name))
                 continue
-            if plan[0] == "c":
-                try:
-                    value = float(raw)
-                except ValueError:
-                    value = math.nan
-                if value != value:
-                    skipped["bad_value"] += 1
+            if field_plan[0] == "c":
+                text = raw if raw.__class__ is str and raw.isdigit() and raw.isascii() else number_text(raw)
+                if text is None:
+                    skipped.note("bad_value", keys.counters(engine), name)
                     continue
-                plan[1].lines.append(f"{plan[2]}{raw}\n")
+                lines[field_plan[1]].append(f"{field_plan[2]}{text}\n")
             else:
-                block = plan[2].render(raw)
-                if block is None:
-                    skipped["bad_value"] += 1
+                hist = field_plan[2]
+                parts = histogram_parts(raw, hist.size)  # the decoder's rule, as collect() uses
+                if parts is None:
+                    skipped.note("bad_value", keys.counters(engine), name)
                     continue
-                plan[1].lines.append(block)
+                counts = parts[1]
+                lines[field_plan[1]].append(hist.template % (*counts, counts[-1], parts[0]))
 
     def _gauges(
         self,
+        plan: _Plan,
         engine: str,
         flat: list[Any],
         live: set[str],
-        gauges: list[Any],
-        skipped: _Tally[str],
+        gauges: dict[str, list[Any]],
+        skipped: Skipped,
+        keys: Any,
     ) -> None:
-        plans = self._gauge_plans.setdefault(engine, {})
+        plans = plan.gauge_fields.get(engine)
+        if plans is None:
+            plans = plan.gauge_fields.setdefault(engine, {})
         it = iter(flat)
         for name, raw in zip(it, it):
-            plan = plans.get(name)
-            if plan is None:
-                plan = plans[name] = self._plan_gauge_field(engine, name)
-            if plan.__class__ is str:
-                skipped[plan] += 1
+            field_plan = plans.get(name)
+            if field_plan is None:
+                field_plan = plans[name] = self._plan_gauge_field(plan, engine, name)
+                plan.size += 1
+            if field_plan.__class__ is str:
+                skipped.note(field_plan, keys.gauges(engine), str(name))
                 continue
-            family, gauge, writer = plan
+            family, prefix, mode, writer = field_plan
             if writer not in live:
                 continue  # not current: a stale, closed or removed writer's value
-            stamp_text, _, value_text = raw.partition("|")
-            try:
-                stamp, value = float(stamp_text), float(value_text)
-            except ValueError:
-                skipped["bad_value"] += 1
+            parts = gauge_parts(raw)
+            if parts is None:
+                skipped.note("bad_value", keys.gauges(engine), name)
                 continue
-            if value != value:
-                skipped["bad_value"] += 1
-                continue
-            if gauge.best is None and not gauge.values:
-                gauges.append((family, gauge))
-            if gauge.mode == "mostrecent":
-                if gauge.best is None or stamp > gauge.best[0]:
-                    gauge.best = (stamp, value_text)  # the writer's repr(): valid sample text
+            state = gauges.get(prefix)
+            if mode == "mostrecent":
+                if state is None:
+                    gauges[prefix] = [family, mode, parts[0], parts[2]]
+                elif parts[0] > state[2]:
+                    state[2], state[3] = parts[0], parts[2]
+            elif state is None:
+                gauges[prefix] = [family, mode, parts[1]]
             else:
-                gauge.values.append(value)
+                state.append(parts[1])
 
 
 def format_families(families: Any) -> str:

@@ -1,17 +1,30 @@
-"""``redis-stats inspect``: what a namespace holds — keys, engines, writers, series, memory."""
+"""``redis-stats inspect``: what a namespace holds — keys, engines, writers, series, memory, and
+what a reader skips (each bad key and field by name)."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from redis.exceptions import ResponseError
 
 from .config import StatsConfig
 from .connection import make_client
 from .integrations.vllm import vllm_catalog
 from .keys import Keys
 from .reader import StatsReader
+from .snapshot import Skipped
 
 __all__ = ["inspect_namespace"]
+
+
+def _or_why(call: Callable[..., Any], *args: Any) -> Any:
+    """``call(*args)``, or why Redis refused it (a key of the wrong type: see "skipped" below)."""
+    try:
+        return call(*args)
+    except ResponseError as exc:
+        return f"unreadable ({str(exc).split(' ', 1)[0]})"
 
 
 def inspect_namespace(config: StatsConfig) -> Iterator[str]:
@@ -20,20 +33,26 @@ def inspect_namespace(config: StatsConfig) -> Iterator[str]:
     keys = Keys(config.namespace)
     snap = StatsReader(config, vllm_catalog(), client=client).snapshot()
     yield f"namespace {config.namespace!r} at {config.safe_url} (key prefix {keys.prefix})"
-    meta = client.hgetall(keys.meta)
-    specs = [f for f in meta if f.startswith("m:")]
-    yield (
-        f"  schema {meta.get('schema', '?')}, catalogue version {meta.get('_v', '?')}, "
-        f"{len(specs)} metrics stored"
-    )
-    leader = client.get(keys.leader)
-    if leader:
+    meta = _or_why(client.hgetall, keys.meta)
+    if isinstance(meta, dict):
+        specs = [f for f in meta if f.startswith("m:")]
+        yield (
+            f"  schema {meta.get('schema', '?')}, catalogue version {meta.get('_v', '?')}, "
+            f"{len(specs)} metrics stored"
+        )
+    else:
+        yield f"  catalogue {keys.meta}: {meta}"
+    leader = _or_why(client.get, keys.leader)
+    if leader and leader.startswith("unreadable"):
+        yield f"  log lease {keys.leader}: {leader}"
+    elif leader:
         holder, _, token = leader.rpartition("|")
         yield f"  log lease: {holder} (fencing token {token}, {client.pttl(keys.leader)} ms left)"
     yield f"  engines: {len(snap.engines)}"
     for e in sorted(snap.engines.values(), key=lambda e: e.engine):
         c_key, g_key = keys.counters(e.engine), keys.gauges(e.engine)
-        c_fields, g_fields = client.hlen(c_key), client.hlen(g_key)
+        c_fields = _or_why(client.hlen, c_key)
+        g_fields = _or_why(client.hlen, g_key)
         state = "up" if e.up else "STALE"
         series = len(e.counters) + len(e.gauges) + len(e.histograms)
         yield (
@@ -46,4 +65,10 @@ def inspect_namespace(config: StatsConfig) -> Iterator[str]:
         state = "closed" if w.closed else "live" if w.live else "stale"
         yield f"    {wid}: {state}, last heartbeat {w.age:.1f} s ago"
     if snap.skipped:
-        yield f"  skipped fields (could not decode): {dict(snap.skipped)}"
+        yield f"  skipped (could not decode): {dict(sorted(snap.skipped.items()))}"
+        where = snap.skipped.where if isinstance(snap.skipped, Skipped) else []
+        for reason, key, field in where:
+            yield f"    {reason}: key {key}" + (f" field {field!r}" if field else " (the whole key)")
+        more = sum(snap.skipped.values()) - len(where)
+        if more > 0:
+            yield f"    ... and {more} more"

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from redis.exceptions import ExecAbortError, OutOfMemoryError, ResponseError
+
 from .catalog import Catalog
 from .config import StatsConfig
 from .connection import make_client
@@ -13,6 +15,13 @@ from .scripts import ReadOnlyScript, load_script
 from .snapshot import Snapshot, SnapshotDecoder
 
 __all__ = ["ReaderCore", "StatsReader"]
+
+Plan = tuple[tuple[str, ...], tuple[str, ...]]  # (engines, writers) a transaction read asks for
+
+
+def refused_for_memory(exc: BaseException) -> bool:
+    """True when Redis refused a command for being over ``maxmemory`` (``OOM ...``)."""
+    return isinstance(exc, OutOfMemoryError) or "maxmemory" in str(exc)
 
 
 def _flat(reply: Any) -> Any:
@@ -35,7 +44,7 @@ class ReaderCore:
     def __init__(self, config: StatsConfig | None = None, catalog: Catalog | None = None) -> None:
         self.config = config or StatsConfig.from_env()
         self.keys = Keys(self.config.namespace)
-        self._decoder = SnapshotDecoder(catalog, stale_after=self.config.stale_after)
+        self._decoder = SnapshotDecoder(catalog, stale_after=self.config.stale_after, keys=self.keys)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self.config.safe_url!r}, namespace={self.config.namespace!r})"
@@ -59,12 +68,19 @@ class ReaderCore:
     # snapshot is read with MULTI / native reads / EXEC, packed into one write and parsed in C
     # (hiredis). The engine and writer lists of the previous read say which hashes to ask for;
     # when they changed, the read is repeated with the new lists (a second round trip, rare).
+    # Each read carries the plan it was built from: concurrent reads (an exporter serves each
+    # request on its own thread) must check their reply against their own plan, not the last one.
 
-    _planned: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    _planned: Plan = ((), ())
 
-    def transaction(self) -> list[tuple[Any, ...]]:
-        """The commands of one transaction read, for the engines and writers of the last read."""
-        engines, writers = self._planned
+    @property
+    def planned(self) -> Plan:
+        """The (engines, writers) of the last read: what the next transaction asks for."""
+        return self._planned
+
+    def transaction(self, planned: Plan | None = None) -> list[tuple[Any, ...]]:
+        """The commands of one transaction read, for *planned* (default: :attr:`planned`)."""
+        engines, writers = self._planned if planned is None else planned
         k = self.keys
         cmds: list[tuple[Any, ...]] = [
             ("MULTI",),
@@ -80,22 +96,30 @@ class ReaderCore:
         cmds.append(("EXEC",))
         return cmds
 
-    def assemble(self, results: list[Any], engines: Iterable[int] | None = None) -> list[Any] | None:
+    def assemble(
+        self, results: list[Any], engines: Iterable[int] | None = None, planned: Plan | None = None
+    ) -> list[Any] | None:
         """The EXEC results as a read.lua-shaped reply, or None when the engine or writer lists
-        changed (then read again with :meth:`transaction`, which now asks for the new ones).
+        differ from *planned*, the lists the transaction was built for (then read again with
+        :meth:`transaction`: :attr:`planned` now holds the new ones).
 
-        With *engines*, only those engines' hashes are asked for and returned.
+        With *engines*, only those engines' hashes are asked for and returned. A command that
+        failed (a key of the wrong type) stays in the reply as its exception, for the decoder
+        to skip and count: it costs that key only.
         """
         results = [_flat(r) for r in results]  # a client of the caller's may speak RESP3
         now, engine_flat, writer_flat, version, conflicts = results[:5]
-        if engines is not None:
+        if engines is not None and engine_flat.__class__ is list:
             wanted = {str(int(e)) for e in engines}
             engine_flat = [
                 x for e, score in zip(engine_flat[0::2], engine_flat[1::2]) if e in wanted for x in (e, score)
             ]
-        planned = (tuple(engine_flat[0::2]), tuple(writer_flat[0::2]))
-        if planned != self._planned:
-            self._planned = planned
+        found = (
+            tuple(engine_flat[0::2]) if engine_flat.__class__ is list else (),
+            tuple(writer_flat[0::2]) if writer_flat.__class__ is list else (),
+        )
+        if found != (self._planned if planned is None else planned):
+            self._planned = found
             return None
         now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
         return [now_ms, engine_flat, writer_flat, version or "", None, conflicts, *results[5:]]
@@ -123,31 +147,46 @@ class StatsReader(ReaderCore):
         """One consistent read of the namespace, as a read.lua-shaped reply."""
         if hasattr(self._client, "get_node_from_key"):  # Cluster: the script, on the slot's node
             return self._script(*self.read_args(engines))
-        for _ in range(3):
-            reply = self.assemble(self._transaction(self.transaction()), engines)
-            if reply is not None:
-                if reply[3] != self.meta_version:  # the catalogue changed: fetch it (rare)
-                    reply[4] = [x for kv in self._client.hgetall(self.keys.meta).items() for x in kv]
-                return reply
-        return self._script(*self.read_args(engines))  # the fleet changes faster than we read
+        try:
+            for _ in range(3):
+                planned = self._planned
+                reply = self.assemble(self._transaction(self.transaction(planned)), engines, planned)
+                if reply is not None:
+                    if reply[3].__class__ is str and reply[3] != self.meta_version:
+                        reply[4] = self._meta()  # the catalogue changed: fetch it (rare)
+                    return reply
+        except (OutOfMemoryError, ExecAbortError) as exc:
+            if not refused_for_memory(exc):
+                raise
+            # Over maxmemory (noeviction) Redis 7.0 refuses to queue any command in MULTI, but
+            # runs a script that only reads: the same consistent snapshot, some server time more.
+        return self._script(*self.read_args(engines))  # or the fleet changes faster than we read
+
+    def _meta(self) -> Any:
+        try:
+            return [x for kv in self._client.hgetall(self.keys.meta).items() for x in kv]
+        except ResponseError as exc:  # retyped since the transaction: the decoder skips it
+            return exc
 
     def _transaction(self, cmds: list[tuple[Any, ...]]) -> list[Any]:
         pool = self._client.connection_pool
         conn = pool.get_connection()
         try:
             conn.send_packed_command(conn.pack_commands(cmds))
-            for _ in range(len(cmds) - 1):  # +OK and +QUEUED
-                conn.read_response()
-            results = conn.read_response()
+            refused: ResponseError | None = None
+            for _ in range(len(cmds)):  # +OK, +QUEUED (or why not: -OOM), then EXEC's results
+                try:
+                    results: list[Any] = conn.read_response()
+                except ResponseError as exc:  # read every reply: the connection stays usable
+                    refused = refused or exc
         except BaseException:
             conn.disconnect()
             raise
         finally:
             pool.release(conn)
-        for part in results:
-            if isinstance(part, Exception):
-                raise part
-        return results
+        if refused is not None:
+            raise refused
+        return results  # a failed command (WRONGTYPE) is its exception, for the decoder to skip
 
     def snapshot(self, engines: Iterable[int] | None = None) -> Snapshot:
         """All engines (or only *engines*) at one instant, in one round trip."""

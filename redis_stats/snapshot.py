@@ -1,8 +1,11 @@
 """Snapshot: every engine's series at one instant, decoded from one reply of ``read.lua``.
 
 Decoding is sans-I/O (the sync and asyncio readers share it) and tolerant: a field or value that
-does not parse (written by hand, or by a newer version) is skipped and counted in
-``Snapshot.skipped``; it never fails the read.
+does not parse (written by hand, or by a newer version), or a key of the wrong type, is skipped
+and counted in ``Snapshot.skipped`` (which also names the first few keys and fields); it never
+fails the read. Whether a raw value is valid for a kind is decided here, once, by
+:func:`number_text`, :func:`gauge_parts` and :func:`histogram_parts`: the text renderer
+(:mod:`redis_stats.exposition`) calls the same functions, so both render paths skip the same data.
 """
 
 from __future__ import annotations
@@ -15,11 +18,25 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
+from prometheus_client.utils import floatToGoString
+
 from . import fields
 from .catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, MetricSpec
 from .errors import CatalogError
+from .keys import Keys
 
-__all__ = ["EngineSnapshot", "HistogramValue", "SeriesKey", "Snapshot", "SnapshotDecoder", "WriterInfo"]
+__all__ = [
+    "EngineSnapshot",
+    "HistogramValue",
+    "SeriesKey",
+    "Skipped",
+    "Snapshot",
+    "SnapshotDecoder",
+    "WriterInfo",
+    "gauge_parts",
+    "histogram_parts",
+    "number_text",
+]
 
 log = logging.getLogger("redis_stats.reader")
 
@@ -29,6 +46,109 @@ _INF = math.inf
 # refuse): such a value is written as the string Prometheus and OpenMetrics use for it.
 _NON_FINITE = {_INF: "+Inf", -_INF: "-Inf"}
 _FIELD_CACHE_LIMIT = 1_000_000
+_SKIPPED_NAMED = 50  # keys/fields a Skipped names; the counts go on past it
+
+# -- what a valid stored value is: one decision for both render paths ---------------------------
+#
+# A number as Prometheus' text format and Redis' own HINCRBYFLOAT write it: what float() takes,
+# but with no spaces, no "_" and no NaN (float() accepts all three; a NaN is no sample); the
+# infinities come out as +Inf / -Inf. Checked with str methods, not a regex: this runs per sample.
+_NUMBER_CHARS = "0123456789.+-eE"
+_INFINITIES = {"inf": "+Inf", "+inf": "+Inf", "-inf": "-Inf", "infinity": "+Inf", "+infinity": "+Inf"}
+_INFINITIES["-infinity"] = "-Inf"
+
+
+def number_text(raw: Any) -> str | None:
+    """*raw* (a stored counter or gauge value) as sample text, or None when it is not a number.
+
+    Numbers come back unchanged (what the flush script writes, so the text renderer prints them
+    as they are); ``inf`` forms as ``+Inf``/``-Inf``; anything else (NaN, spaces, ``1_000``,
+    words) is None: the value is skipped and counted as ``bad_value``.
+    """
+    if raw.__class__ is not str:
+        return None
+    if raw.isdigit() and raw.isascii():
+        return raw
+    if raw.strip(_NUMBER_CHARS):  # letters, spaces, "_", other digits: only an infinity passes
+        return _INFINITIES.get(raw.lower())
+    try:
+        float(raw)
+    except ValueError:  # "", "1.2.3", "--1"
+        return None
+    return raw
+
+
+def gauge_parts(raw: Any) -> tuple[float, float, str] | None:
+    """A stored gauge value ``"<wall ms>|<value>"`` as (stamp, value, value as sample text), or
+    None when either part is not a number (the value by :func:`number_text`'s rule, inlined:
+    this runs for every gauge of every scrape)."""
+    if raw.__class__ is not str:
+        return None
+    stamp_text, sep, value_text = raw.partition("|")
+    try:
+        stamp, value = float(stamp_text), float(value_text)
+    except ValueError:
+        return None
+    if not sep or stamp != stamp or value != value:
+        return None
+    if value_text.strip(_NUMBER_CHARS):  # float() took spaces, "_" or a word: only infinities
+        text = _INFINITIES.get(value_text.lower())
+        return None if text is None else (stamp, value, text)
+    return stamp, value, value_text
+
+
+def histogram_parts(raw: Any, size: int) -> tuple[str, list[str]] | None:
+    """A stored histogram value ``"<sum> <c0> ... <cN>"`` (*size* cumulative counts, ``+Inf``
+    last) as (sum text, count texts), or None when it is malformed: a wrong number of parts, a
+    part that is not a number, a negative count or counts that go down."""
+    if raw.__class__ is not str:
+        return None
+    parts = raw.split(" ")
+    if len(parts) != size + 1:
+        return None
+    total = parts[0]
+    if total.strip(_NUMBER_CHARS):  # number_text's rule, inlined: this runs per series per scrape
+        total = _INFINITIES.get(total.lower())  # type: ignore[assignment]
+        if total is None:
+            return None
+    else:
+        try:
+            float(total)
+        except ValueError:
+            return None
+    counts = parts[1:]
+    joined = "".join(counts)
+    if joined.isdigit() and joined.isascii() and all(counts):  # integers: what the flush writes
+        ints = [*map(int, counts)]
+        if ints != sorted(ints):
+            return None
+        return total, counts
+    texts = [number_text(c) for c in counts]
+    if None in texts:
+        return None
+    values = [float(t) for t in texts]  # type: ignore[arg-type]
+    if values[0] < 0 or any(b < a for a, b in pairwise(values)):
+        return None
+    return total, [_count_text(v) for v in values]
+
+
+def _count_text(value: float) -> str:
+    return str(int(value)) if value.is_integer() and abs(value) < 1e15 else floatToGoString(value)
+
+
+class Skipped(_Tally):
+    """What one read skipped: a count by reason (a ``Counter``), and ``where``, the first
+    ``(reason, key, field)`` it met (``field`` is ``""`` for a whole key), to name them."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.where: list[tuple[str, str, str]] = []
+
+    def note(self, reason: str, key: str, field: str = "") -> None:
+        """Count one skipped field (or key) and, while there is room, say which."""
+        self[reason] += 1
+        if len(self.where) < _SKIPPED_NAMED:
+            self.where.append((reason, key, field))
 
 
 def _json_number(value: float) -> float | str:
@@ -155,7 +275,8 @@ class Snapshot:
     engines: dict[int, EngineSnapshot]
     writers: dict[str, WriterInfo]
     catalog: Catalog
-    skipped: _Tally[str] = field(default_factory=_Tally)
+    skipped: _Tally[str] = field(default_factory=Skipped)
+    """Fields and keys skipped, by reason; a :class:`Skipped` also names the first few."""
     engine_hashes: list[tuple[str, EngineSnapshot, list[Any], list[Any]]] = field(
         default_factory=list, repr=False, compare=False
     )
@@ -239,19 +360,13 @@ def layout_of(spec: MetricSpec) -> str:
 
 
 def parse_histogram(spec: MetricSpec, raw: str) -> HistogramValue | None:
-    """``"<sum> <c0> ... <cN>"`` (cumulative counts) as a HistogramValue, None if malformed."""
-    parts = raw.split()
+    """``"<sum> <c0> ... <cN>"`` (cumulative counts) as a HistogramValue, None if malformed
+    (see :func:`histogram_parts`)."""
     bounds = (*spec.buckets, _INF)
-    if len(parts) != len(bounds) + 1:
+    parts = histogram_parts(raw, len(bounds))
+    if parts is None:
         return None
-    try:
-        total = float(parts[0])
-        cumulative = tuple(float(x) for x in parts[1:])
-    except ValueError:
-        return None
-    if total != total or any(b < a for a, b in pairwise(cumulative)):
-        return None
-    return HistogramValue(bounds, cumulative, total)
+    return HistogramValue(bounds, tuple(float(c) for c in parts[1]), float(parts[0]))
 
 
 def _pairs(flat: list[Any]) -> Iterable[tuple[Any, Any]]:
@@ -259,24 +374,50 @@ def _pairs(flat: list[Any]) -> Iterable[tuple[Any, Any]]:
     return zip(it, it)
 
 
+def unreadable(part: Any) -> str | None:
+    """Why a part of a read reply that should hold a key's contents (a list) does not: the key
+    has the wrong type (``wrong_type``) or the read of it failed (``unreadable``); None if it is
+    fine. One command of the read failing costs that key only."""
+    if part.__class__ is list:
+        return None
+    if isinstance(part, Exception) and str(part).startswith("WRONGTYPE"):
+        return "wrong_type"
+    return "unreadable"
+
+
+# A writer's stats hash (WriterStats.as_fields): fields holding text; every other known field
+# holds a number. Unknown fields (a newer writer's) are kept as they are: nothing reads them.
+_WRITER_TEXT_FIELDS = frozenset({"engines", "owner"})
+_WRITER_NUMBER_FIELDS = frozenset(
+    {"flushes", "duplicates", "failed_fields", "conflicts", "pending", "dur_sum", "last_ok_ms"}
+)
+
+
 class SnapshotDecoder:
     """Turns replies of ``read.lua`` into :class:`Snapshot` objects.
 
     Keeps what does not change between reads: the catalogue stored in Redis (re-read only when
-    its version changes) and the parse of every field seen.
+    its version changes) and the parse of every field seen. Safe to share between threads: the
+    field cache holds only immutable parses, each tagged with the catalogue it was made from, so
+    a thread still decoding with the previous catalogue never reads or leaves a wrong entry.
+    *keys* names the keys of what is skipped (default: a namespace called ``?``).
     """
 
-    def __init__(self, catalog: Catalog | None = None, *, stale_after: float = 30.0) -> None:
+    def __init__(
+        self, catalog: Catalog | None = None, *, stale_after: float = 30.0, keys: Keys | None = None
+    ) -> None:
         self.local = catalog if catalog is not None else Catalog()
         self.stale_after_ms = stale_after * 1000.0
         self.meta_version = ""
         self.catalog = self.local
-        self._fields: dict[str, tuple[MetricSpec, tuple[str, ...], str] | str] = {}
+        self.keys = keys if keys is not None else Keys("?")
+        # field -> (catalogue it was parsed with, (spec, label values, suffix) or reason)
+        self._fields: dict[str, tuple[Catalog, tuple[MetricSpec, tuple[str, ...], str] | str]] = {}
 
     # Local specs that conflict with the stored ones (names), counted in every read's ``skipped``.
     _conflicting: tuple[str, ...] = ()
 
-    def _update_meta(self, version: str, flat: list[Any], skipped: _Tally[str]) -> None:
+    def _update_meta(self, version: str, flat: list[Any], skipped: Skipped) -> None:
         """Merge the catalogue stored in Redis (*flat*, at *version*) with the local one.
 
         The stored definition wins (it is the first one written, see docs/key-schema.md): stored
@@ -292,7 +433,7 @@ class SnapshotDecoder:
                 try:
                     stored[name[2:]] = MetricSpec.from_json(name[2:], value)
                 except (ValueError, TypeError):
-                    skipped["bad_spec"] += 1
+                    skipped.note("bad_spec", self.keys.meta, name)
             conflicting = []
             base = Catalog()
             for spec in self.local:
@@ -311,23 +452,28 @@ class SnapshotDecoder:
                 except CatalogError:
                     # A stored spec taking a local one's place whose samples would repeat another
                     # local metric's: one series printed twice is worse than one metric missing.
-                    skipped["name_clash"] += 1
+                    skipped.note("name_clash", self.keys.meta, "m:" + spec.name)
             # A stored spec whose samples would repeat another's (written by an older or foreign
             # writer) is left out, for the same reason.
-            self.catalog = base.merged(stored.values(), lambda spec, why: skipped.update(["name_clash"]))
+            def clash(spec: MetricSpec, why: str) -> None:
+                skipped.note("name_clash", self.keys.meta, "m:" + spec.name)
+
+            self.catalog = base.merged(stored.values(), clash)
             self._conflicting = tuple(conflicting)
             self.meta_version = version
             self._fields.clear()
         if self._conflicting:
             skipped["catalog_conflict"] += len(self._conflicting)
 
-    def _parse(self, name: str) -> tuple[MetricSpec, tuple[str, ...], str] | str:
+    def _parse(self, name: str, catalog: Catalog) -> tuple[MetricSpec, tuple[str, ...], str] | str:
         """(spec, label values, suffix) of a field, or the reason it is skipped."""
+        if name.__class__ is not str:
+            return "bad_field"
         try:
             parts = fields.decode(name)
         except ValueError:
             return "bad_field"
-        spec = self.catalog.get(parts[0])
+        spec = catalog.get(parts[0])
         if spec is None:
             return "unknown_metric"
         extra = 1 if (spec.kind != COUNTER) else 0
@@ -337,22 +483,54 @@ class SnapshotDecoder:
             return "unknown_bucket"  # written with other bucket bounds than the catalogue's
         return spec, tuple(parts[1 : 1 + len(spec.labels)]), parts[-1] if extra else ""
 
-    def _field(self, name: str) -> tuple[MetricSpec, tuple[str, ...], str] | str:
-        parsed = self._fields.get(name)
-        if parsed is None:
-            if len(self._fields) > _FIELD_CACHE_LIMIT:
-                self._fields.clear()
-            parsed = self._fields[name] = self._parse(name)
+    def _field(self, name: str, catalog: Catalog) -> tuple[MetricSpec, tuple[str, ...], str] | str:
+        entry = self._fields.get(name)
+        if entry is not None and entry[0] is catalog:
+            return entry[1]
+        if len(self._fields) > _FIELD_CACHE_LIMIT:
+            self._fields.clear()
+        parsed = self._parse(name, catalog)
+        self._fields[name] = (catalog, parsed)  # one store of an immutable pair: thread-safe
+        return parsed
+
+    def counter_field(self, name: str, catalog: Catalog) -> tuple[MetricSpec, tuple[str, ...], str] | str:
+        """A field of an engine's counters hash: (spec, label values, suffix) of a counter or a
+        histogram, or the reason it is skipped. Both render paths ask this."""
+        parsed = self._field(name, catalog)
+        if parsed.__class__ is not str and parsed[0].kind == GAUGE:  # type: ignore[union-attr]
+            return "bad_field"  # a gauge's field in the counters' hash
+        return parsed
+
+    def gauge_field(self, name: str, catalog: Catalog) -> tuple[MetricSpec, tuple[str, ...], str] | str:
+        """A field of an engine's gauges hash: (spec, label values, writer) of a gauge, or the
+        reason it is skipped. Both render paths ask this."""
+        parsed = self._field(name, catalog)
+        if parsed.__class__ is not str and parsed[0].kind != GAUGE:  # type: ignore[union-attr]
+            return "bad_field"
         return parsed
 
     def decode_shell(self, reply: list[Any], skipped: _Tally[str]) -> Snapshot:
         """The snapshot of a reply without its series: catalogue, writers, engines and their
         liveness; ``engine_hashes`` holds each engine's raw (counter, gauge) hashes for the caller
-        to decode (this decoder, or the text renderer)."""
+        to decode (this decoder, or the text renderer). A key of the wrong type (or whose read
+        failed) is skipped and counted: it costs that key only."""
+        if not isinstance(skipped, Skipped):
+            skipped = Skipped(skipped)
+        keys = self.keys
         now_ms = float(reply[0])
-        self._update_meta(str(reply[3]), reply[4] or [], skipped)
+        version, meta = reply[3] or "", reply[4] or []
+        why = unreadable(version) if version.__class__ is not str else unreadable(meta) if meta else None
+        if why is not None:  # the catalogue hash itself: only the code's own catalogue is left
+            skipped.note(why, keys.meta)
+            version, meta = "", []
+        if version == self.meta_version or meta or version == "":
+            self._update_meta(version, meta, skipped)
+        # else: a read planned against an older catalogue version by another thread, without
+        # the catalogue itself: keep the one we hold (at least as new) rather than drop it.
+        catalog = self.catalog
+        writer_flat = self._readable(reply[2], keys.writers, skipped)
         writers: dict[str, WriterInfo] = {}
-        for wid, score in _pairs(reply[2]):
+        for wid, score in _pairs(writer_flat):
             score = float(score)
             closed = score < 0
             beat = abs(score)
@@ -360,110 +538,148 @@ class SnapshotDecoder:
             writers[wid] = WriterInfo(
                 beat / 1000.0, age, closed, not closed and age * 1000.0 <= self.stale_after_ms
             )
-        conflicts = self._conflicts(reply[5], now_ms)
+        conflicts = self._conflicts(self._readable(reply[5], keys.conflicts, skipped), now_ms, skipped)
         engines: dict[int, EngineSnapshot] = {}
-        engine_pairs = list(_pairs(reply[1]))
+        engine_pairs = list(_pairs(self._readable(reply[1], keys.engines, skipped)))
         hashes = reply[6 : 6 + 2 * len(engine_pairs)]
-        for stats, info in zip(reply[6 + 2 * len(engine_pairs) :], writers.values()):
-            info.stats = dict(_pairs(stats))
-        shell = Snapshot(now_ms / 1000.0, engines, writers, self.catalog, skipped)
+        for stats, (wid, info) in zip(reply[6 + 2 * len(engine_pairs) :], writers.items()):
+            stats = self._readable(stats, keys.writer_stats(wid), skipped)
+            info.stats = self._writer_stats(wid, stats, skipped)
+        shell = Snapshot(now_ms / 1000.0, engines, writers, catalog, skipped)
         for idx, (engine_text, score) in enumerate(engine_pairs):
             try:
                 engine = int(engine_text)
-            except ValueError:
-                skipped["bad_engine"] += 1
+            except (ValueError, TypeError):
+                engine = None
+            if engine is None or str(engine) != engine_text:  # "+3" or " 3" would be a second 3
+                skipped.note("bad_engine", keys.engines, str(engine_text))
                 continue
             beat = float(score)
             age = max(0.0, (now_ms - beat) / 1000.0)
             snap = EngineSnapshot(engine, beat / 1000.0, age, age * 1000.0 <= self.stale_after_ms)
             snap.conflict = conflicts.get(engine_text, ())
             engines[engine] = snap
-            shell.engine_hashes.append((engine_text, snap, hashes[2 * idx], hashes[2 * idx + 1]))
+            c_flat = self._readable(hashes[2 * idx], keys.counters(engine_text), skipped)
+            g_flat = self._readable(hashes[2 * idx + 1], keys.gauges(engine_text), skipped)
+            shell.engine_hashes.append((engine_text, snap, c_flat, g_flat))
         return shell
+
+    @staticmethod
+    def _readable(part: Any, key: str, skipped: Skipped) -> list[Any]:
+        """*part* (a key's contents) if it was read, else an empty list and the key counted."""
+        why = unreadable(part)
+        if why is None:
+            return part  # type: ignore[no-any-return]
+        skipped.note(why, key)
+        return []
+
+    def _writer_stats(self, wid: str, flat: list[Any], skipped: Skipped) -> dict[str, str]:
+        """A writer's stats hash, its malformed fields dropped and counted (the self-metrics
+        built from it must not fail a scrape)."""
+        out: dict[str, str] = {}
+        bounds: set[float] = set()
+        for name, value in _pairs(flat):
+            if name in _WRITER_TEXT_FIELDS or not isinstance(name, str):
+                out[name] = value
+                continue
+            prefix = name[: name.find(":") + 1]
+            if name not in _WRITER_NUMBER_FIELDS and prefix not in ("err:", "drop:", "dur:"):
+                out[name] = value  # unknown: a newer writer's field, read by nothing here
+                continue
+            if prefix == "dur:":
+                bound = number_text(name[4:])
+                if bound is None or float(bound) in bounds:
+                    skipped.note("bad_field", self.keys.writer_stats(wid), name)
+                    continue
+                bounds.add(float(bound))
+            text = number_text(value)
+            if text is None or (prefix == "dur:" and float(text) < 0):
+                skipped.note("bad_value", self.keys.writer_stats(wid), name)
+                continue
+            out[name] = text
+        return out
 
     def decode(self, reply: list[Any]) -> Snapshot:
         """Build a snapshot from ``{now, engines, writers, version, meta, conflicts, c, g, ...}``."""
-        skipped: _Tally[str] = _Tally()
+        skipped = Skipped()
         shell = self.decode_shell(reply, skipped)
-        for _, snap, c_flat, g_flat in shell.engine_hashes:
-            self._decode_counters(snap, c_flat, skipped)
+        for engine_text, snap, c_flat, g_flat in shell.engine_hashes:
+            self._decode_counters(snap, engine_text, c_flat, shell.catalog, skipped)
             if snap.up:
-                self._decode_gauges(snap, g_flat, shell.writers, skipped)
+                self._decode_gauges(snap, engine_text, g_flat, shell.writers, shell.catalog, skipped)
         shell.engine_hashes = []
         return shell
 
-    def _conflicts(self, flat: list[Any], now_ms: float) -> dict[str, tuple[str, ...]]:
+    def _conflicts(self, flat: list[Any], now_ms: float, skipped: Skipped) -> dict[str, tuple[str, ...]]:
         """Engines claimed by two live owners within stale_after: engine -> (owner a, owner b)."""
         out = {}
         for engine, text in _pairs(flat):
-            parts = text.split("|")
-            try:
-                at = float(parts[-1])
-            except ValueError:
+            parts = str(text).split("|")
+            if len(parts) < 3 or number_text(parts[-1]) is None:
+                skipped.note("bad_value", self.keys.conflicts, str(engine))
                 continue
-            if len(parts) >= 3 and now_ms - at <= self.stale_after_ms:
+            if now_ms - float(parts[-1]) <= self.stale_after_ms:
                 out[engine] = tuple(parts[:-1])
         return out
 
-    def _decode_counters(self, snap: EngineSnapshot, flat: list[Any], skipped: _Tally[str]) -> None:
+    def _decode_counters(
+        self, snap: EngineSnapshot, engine: str, flat: list[Any], catalog: Catalog, skipped: Skipped
+    ) -> None:
         for name, raw in _pairs(flat):
-            parsed = self._field(name)
-            if isinstance(parsed, str):
-                skipped[parsed] += 1
+            parsed = self.counter_field(name, catalog)
+            if parsed.__class__ is str:
+                skipped.note(parsed, self.keys.counters(engine), str(name))  # type: ignore[arg-type]
                 continue
-            spec, labels, _ = parsed
+            spec, labels, _ = parsed  # type: ignore[misc]
             if spec.kind == COUNTER:
-                try:
-                    value = float(raw)
-                except ValueError:
-                    value = math.nan
-                if value != value:
-                    skipped["bad_value"] += 1
+                text = number_text(raw)
+                if text is None:
+                    skipped.note("bad_value", self.keys.counters(engine), name)
                     continue
-                snap.counters[(spec.name, labels)] = value
+                snap.counters[(spec.name, labels)] = float(text)
                 continue
             hist = parse_histogram(spec, raw)
             if hist is None:
-                skipped["bad_value"] += 1
+                skipped.note("bad_value", self.keys.counters(engine), name)
             else:
                 snap.histograms[(spec.name, labels)] = hist
 
     def _decode_gauges(
-        self, snap: EngineSnapshot, flat: list[Any], writers: dict[str, WriterInfo], skipped: _Tally[str]
+        self,
+        snap: EngineSnapshot,
+        engine: str,
+        flat: list[Any],
+        writers: dict[str, WriterInfo],
+        catalog: Catalog,
+        skipped: Skipped,
     ) -> None:
         newest: dict[SeriesKey, tuple[float, float]] = {}
         combined: dict[SeriesKey, list[float]] = {}
         modes: dict[SeriesKey, str] = {}
         for name, raw in _pairs(flat):
-            parsed = self._field(name)
-            if isinstance(parsed, str):
-                skipped[parsed] += 1
+            parsed = self.gauge_field(name, catalog)
+            if parsed.__class__ is str:
+                skipped.note(parsed, self.keys.gauges(engine), str(name))  # type: ignore[arg-type]
                 continue
-            spec, labels, writer = parsed
-            if spec.kind != GAUGE:
-                skipped["bad_field"] += 1
-                continue
+            spec, labels, writer = parsed  # type: ignore[misc]
             info = writers.get(writer)
             if info is None or not info.live:
                 continue  # not current: a stale, closed or removed writer's value
-            stamp_text, _, value_text = raw.partition("|")
-            try:
-                stamp, value = float(stamp_text), float(value_text)
-            except ValueError:
-                value = math.nan
-            if value != value:
-                skipped["bad_value"] += 1
+            value = gauge_parts(raw)
+            if value is None:
+                skipped.note("bad_value", self.keys.gauges(engine), name)
                 continue
+            stamp, number, _ = value
             key = (spec.name, labels)
             if spec.mode == "mostrecent":
                 best = newest.get(key)
                 if best is None or stamp > best[0]:
-                    newest[key] = (stamp, value)
+                    newest[key] = (stamp, number)
             else:
                 modes[key] = spec.mode
-                combined.setdefault(key, []).append(value)
-        for key, (_, value) in newest.items():
-            snap.gauges[key] = value
+                combined.setdefault(key, []).append(number)
+        for key, (_, number) in newest.items():
+            snap.gauges[key] = number
         for key, values in combined.items():
             mode = modes[key]
             snap.gauges[key] = sum(values) if mode == "sum" else max(values) if mode == "max" else min(values)

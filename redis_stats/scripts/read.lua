@@ -8,39 +8,57 @@
 --          meta {field, value, ...} (empty when the caller's version is current),
 --          conflicts {engine, "<a>|<b>|<ms>", ...},
 --          then per engine read: counters {field, value, ...}, gauges {field, value, ...},
---          then per writer: its self-metrics {field, value, ...}}.
+--          then per writer: its self-metrics {field, value, ...}};
+--          a key of the wrong type gives its error reply in its place.
+
+-- Every key is read with pcall: a key of the wrong type (garbage left by hand) comes back as
+-- its error in its place, for the reader to skip and count, and costs that key only.
 
 local prefix = ARGV[1]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
+local function failed(reply)
+  return type(reply) == 'table' and reply.err ~= nil
+end
+
 local engines
 if #ARGV > 2 then
   engines = {}
   for j = 3, #ARGV do
-    local score = redis.call('ZSCORE', KEYS[1], ARGV[j])
+    local score = redis.pcall('ZSCORE', KEYS[1], ARGV[j])
+    if failed(score) then
+      engines = score
+      break
+    end
     if score then
       engines[#engines + 1] = ARGV[j]
       engines[#engines + 1] = score
     end
   end
 else
-  engines = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+  engines = redis.pcall('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
 end
-local writers = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
-local version = redis.call('HGET', KEYS[3], '_v') or ''
+local writers = redis.pcall('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+local version = redis.pcall('HGET', KEYS[3], '_v') or ''
 local meta = {}
-if version ~= ARGV[2] then
-  meta = redis.call('HGETALL', KEYS[3])
+if failed(version) then
+  meta = version
+elseif version ~= ARGV[2] then
+  meta = redis.pcall('HGETALL', KEYS[3])
 end
 
-local out = {now, engines, writers, version, meta, redis.call('HGETALL', KEYS[4])}
-for j = 1, #engines, 2 do
-  local base = prefix .. 'e:' .. engines[j]
-  out[#out + 1] = redis.call('HGETALL', base .. ':c')
-  out[#out + 1] = redis.call('HGETALL', base .. ':g')
+local out = {now, engines, writers, version, meta, redis.pcall('HGETALL', KEYS[4])}
+if not failed(engines) then
+  for j = 1, #engines, 2 do
+    local base = prefix .. 'e:' .. engines[j]
+    out[#out + 1] = redis.pcall('HGETALL', base .. ':c')
+    out[#out + 1] = redis.pcall('HGETALL', base .. ':g')
+  end
 end
-for j = 1, #writers, 2 do
-  out[#out + 1] = redis.call('HGETALL', prefix .. 'w:' .. writers[j])
+if not failed(writers) then
+  for j = 1, #writers, 2 do
+    out[#out + 1] = redis.pcall('HGETALL', prefix .. 'w:' .. writers[j])
+  end
 end
 return out
