@@ -372,3 +372,12 @@ def test_a_connector_that_rejects_its_stats_never_raises_into_vllm(
     fams, _ = scrape(StatsReader(config, catalog_for(cfg), client=fake_client()))
     loaded = {s.labels["engine"]: s.value for s in fams["vllm:kv_offload_load_bytes"].samples}
     assert loaded == {"1": 5.0}  # the next stats still land
+
+
+def test_bucket_families_unknown_here_keep_their_defaults_and_never_stop_vllm(caplog):
+    cfg = vllm_config()
+    buckets = {"request_latency": [1.0, 2.0], "from_the_future": [1.0]}
+    cfg.observability_config.custom_histogram_buckets = buckets
+    cat = catalog_for(cfg)
+    assert cat["vllm:e2e_request_latency_seconds"].buckets == (1.0, 2.0)
+    assert any("from_the_future" in r.getMessage() for r in caplog.records)

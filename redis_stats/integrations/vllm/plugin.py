@@ -23,7 +23,7 @@ from ...reader import StatsReader
 from ...reporter import StatsReporter
 from ...writer import StatsWriter
 from . import namespace_for_model
-from .catalog import vllm_catalog
+from .catalog import BUCKET_FAMILIES, vllm_catalog
 from .prom import metric_classes
 from .recorder import VllmFeatures, VllmRecorder
 
@@ -159,11 +159,19 @@ def catalog_for(vllm_config: Any) -> Catalog:
     except Exception:
         cache_labels = ()
     observability = getattr(vllm_config, "observability_config", None)
-    return vllm_catalog(
-        int(getattr(model_config, "max_model_len", 8192) or 8192),
-        cache_labels,
-        getattr(observability, "custom_histogram_buckets", None),
-    )
+    overrides = dict(getattr(observability, "custom_histogram_buckets", None) or {})
+    unknown = sorted(set(overrides) - set(BUCKET_FAMILIES))
+    if unknown:
+        # vLLM validated them: a family this version of redis_stats does not know (a newer vLLM)
+        # keeps its default buckets here rather than stopping vLLM's start.
+        log.warning(
+            "redis_stats: custom histogram buckets for %s are not applied to the Redis view "
+            "(unknown bucket families; known: %s)",
+            unknown,
+            list(BUCKET_FAMILIES),
+        )
+        overrides = {k: v for k, v in overrides.items() if k in BUCKET_FAMILIES}
+    return vllm_catalog(int(getattr(model_config, "max_model_len", 8192) or 8192), cache_labels, overrides)
 
 
 class VllmRecording:
