@@ -20,11 +20,17 @@ keep working in the child and count for the child. See docs/operations.md for th
 from __future__ import annotations
 
 import atexit
+
+# The first connect imports the "idna" codec (socket.getaddrinfo encodes the host name). A fork
+# while the parent's flusher is inside that import leaves the module's import lock held for
+# ever in the child, whose first connect then hangs: import it here, before any flusher runs.
+import encodings.idna  # noqa: F401
 import logging
 import math
 import os
 import secrets
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -461,6 +467,11 @@ class StatsWriter(WriterCore):
         if had_thread and not self._closed:
             # No thread may start in an at-fork hook: the child's first record starts it.
             self._acc.wake = self._wake_after_fork
+        mp_util = sys.modules.get("multiprocessing.util")
+        if mp_util is not None and not self._closed:
+            # A multiprocessing child ends with os._exit(), which skips atexit; its exit function
+            # runs these finalizers first (gunicorn workers exit normally: atexit closes them).
+            mp_util.Finalize(None, self.close, exitpriority=100)
 
     def _wake_after_fork(self) -> None:
         """Called once by the first record in a forked child (under the record lock)."""
