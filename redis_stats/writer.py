@@ -107,6 +107,7 @@ def _before_fork() -> None:
     _LIVE_LOCK.acquire()
     _FORKING[:] = list(_LIVE)
     for writer in _FORKING:
+        writer._before_fork()
         writer._acc.lock.acquire()
 
 
@@ -302,6 +303,9 @@ class WriterCore:
         """Whether any update has not been confirmed by Redis yet."""
         return self._protocol.has_pending()
 
+    def _before_fork(self) -> None:
+        """In the parent, just before fork(), before the record lock is taken (no I/O)."""
+
     def _forked(self) -> None:
         """In a child process after fork(): become a new writer with nothing pending.
 
@@ -389,6 +393,12 @@ class WriterCore:
             )
 
 
+def _close_in_multiprocessing_child(writer: StatsWriter) -> None:
+    import multiprocessing.util
+
+    multiprocessing.util.Finalize(writer, writer.close, exitpriority=100)
+
+
 class StatsWriter(WriterCore):
     """Records stats of one process incarnation and flushes them to Redis from a thread.
 
@@ -420,6 +430,7 @@ class StatsWriter(WriterCore):
         self._close_deadline = 0.0
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
+        self._mp_hooked = False
         super().__init__(config, catalog, engines=engines, writer_id=writer_id, role=role, owner=owner)
         self._own_client = client is None
         self._client: Any = None
@@ -451,6 +462,15 @@ class StatsWriter(WriterCore):
             self._close_ok = self._final_flush(self._close_deadline)
             self._closed_done.set()
 
+    def _before_fork(self) -> None:
+        mp_util = sys.modules.get("multiprocessing.util")
+        if mp_util is not None and not self._mp_hooked and not self._closed:
+            # A multiprocessing child ends with os._exit(), which skips atexit. Its bootstrap
+            # clears the finalizers it inherited, then runs these after-fork callbacks: register
+            # the close there (gunicorn workers exit normally, and atexit closes them).
+            self._mp_hooked = True
+            mp_util.register_after_fork(self, _close_in_multiprocessing_child)
+
     def _forked(self) -> None:
         super()._forked()
         # Locks and events may have been held or waited on by threads that do not exist here.
@@ -467,11 +487,6 @@ class StatsWriter(WriterCore):
         if had_thread and not self._closed:
             # No thread may start in an at-fork hook: the child's first record starts it.
             self._acc.wake = self._wake_after_fork
-        mp_util = sys.modules.get("multiprocessing.util")
-        if mp_util is not None and not self._closed:
-            # A multiprocessing child ends with os._exit(), which skips atexit; its exit function
-            # runs these finalizers first (gunicorn workers exit normally: atexit closes them).
-            mp_util.Finalize(None, self.close, exitpriority=100)
 
     def _wake_after_fork(self) -> None:
         """Called once by the first record in a forked child (under the record lock)."""
