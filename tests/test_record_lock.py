@@ -32,19 +32,19 @@ def test_a_record_call_completes_while_the_flusher_builds_a_batch(monkeypatch):
     for c in children:
         c.inc()
     finished: list[bool] = []
+    racer = threading.Thread(target=lambda: (children[0].inc(10), children[5].inc(1)))
     original = Batch.add_delta
 
     def add_delta(self, engine, field_name, delta):
         if not finished:  # while the batch is being built, another thread records
-            t = threading.Thread(target=lambda: (children[0].inc(10), children[5].inc(1)))
-            t.start()
-            t.join(2.0)
-            finished.append(not t.is_alive())
-            t.join()
+            racer.start()
+            racer.join(2.0)
+            finished.append(not racer.is_alive())
         original(self, engine, field_name, delta)
 
     monkeypatch.setattr(Batch, "add_delta", add_delta)
     first = acc.take_batch(1)
+    racer.join()
     assert finished == [True], "a record call waited for the whole batch to be built"
     second = acc.take_batch(2)
     monkeypatch.setattr(Batch, "add_delta", original)
