@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from redis.utils import HIREDIS_AVAILABLE
 
 from .accumulator import Accumulator, FlushProtocol, FlushResult
 from .catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, CatalogError, MetricSpec
@@ -393,6 +394,36 @@ class WriterCore:
             )
 
 
+class _SlicedPacker:
+    """Packs a command as hiredis does, a slice of arguments at a time.
+
+    hiredis packs a whole command in one C call that holds the GIL: a flush of 100,000 series
+    (400,000 arguments) held it for ~100 ms, and every record call of the host waited that long.
+    Between slices other threads run; the bytes on the wire are the same.
+    """
+
+    SLICE = 2048  # about 0.5 ms of packing
+
+    def pack(self, *args: Any) -> list[bytes | memoryview]:
+        """The RESP encoding of *args*, as a list of chunks to send in order."""
+        import hiredis
+
+        # As redis-py's HiredisRespSerializer: "SCRIPT LOAD" is two words, buffers become bytes.
+        if isinstance(args[0], str):
+            args = (*args[0].encode().split(), *args[1:])
+        elif b" " in args[0]:
+            args = (*args[0].split(), *args[1:])
+        args = tuple(bytes(a) if isinstance(a, (bytearray, memoryview)) else a for a in args)
+        if len(args) <= self.SLICE:
+            return [hiredis.pack_command(args)]
+        out: list[bytes | memoryview] = [b"*%d\r\n" % len(args)]
+        for i in range(0, len(args), self.SLICE):
+            part = hiredis.pack_command(args[i : i + self.SLICE])
+            out.append(memoryview(part)[part.index(b"\r\n") + 2 :])  # without the slice's own header
+            time.sleep(0)  # give the GIL to the host's threads between slices
+        return out
+
+
 def _close_in_multiprocessing_child(writer: StatsWriter) -> None:
     import multiprocessing.util
 
@@ -442,6 +473,9 @@ class StatsWriter(WriterCore):
     def _use_client(self, client: Any) -> None:
         self._client = client
         self._script = client.register_script(load_script("flush"))
+        kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+        if self._own_client and HIREDIS_AVAILABLE and isinstance(kwargs, dict):
+            kwargs.setdefault("command_packer", _SlicedPacker())
 
     def start(self) -> None:
         """Start the flusher thread (idempotent). Needs no Redis connection."""

@@ -116,3 +116,28 @@ def test_threads_hammering_every_kind_while_batches_are_taken_exact_totals():
     assert hist_counts == per_bucket
     assert hist_sum[0] == sum(v * c for v, c in zip((0.5, 1.5, 3.0), per_bucket))
     assert float(last_gauge[0].split("|")[1]) == n_threads * (n - n // 2)
+
+
+def test_sliced_packer_sends_the_bytes_redis_py_would():
+    from redis.connection import HiredisRespSerializer
+
+    from redis_stats.writer import _SlicedPacker
+
+    big = ("EVALSHA", "f" * 40, 6, *(f"k{i}" for i in range(6)), *(f"v{i}é" for i in range(10_000)), 1.5, 7)
+    for args in (big, ("SCRIPT LOAD", "return 1"), (b"SCRIPT LOAD", bytearray(b"x")), ("PING",)):
+        sliced = b"".join(bytes(c) for c in _SlicedPacker().pack(*args))
+        assert sliced == b"".join(HiredisRespSerializer().pack(*args))
+
+
+def test_a_flush_of_many_series_in_slices_is_exact(redis_server, namespace):
+    from redis_stats import StatsConfig, StatsReader, StatsWriter
+
+    cat = _catalog()
+    cfg = StatsConfig(url=redis_server.url, namespace=namespace, max_series_per_metric=10_000)
+    writer = StatsWriter(cfg, cat, engines=[0], start=False)
+    for i in range(5000):  # ~20,000 arguments: several slices
+        writer.counter("c").labels(engine=0, i=str(i)).inc(i)
+    assert writer.flush()
+    writer.close()
+    snap = StatsReader(cfg, cat).snapshot()
+    assert sum(snap.engines[0].counters.values()) == sum(range(5000))
