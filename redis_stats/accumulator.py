@@ -162,7 +162,7 @@ class HistogramChild:
     so a flush updates it in one step and a read gets it in one value (see docs/key-schema.md).
     """
 
-    __slots__ = ("_acc", "_lock", "bounds", "counts", "engine", "field", "gen", "sums")
+    __slots__ = ("_acc", "_lock", "bounds", "engine", "field", "gen", "pending")
 
     def __init__(self, acc: Accumulator, engine: int, spec: MetricSpec, components: tuple[str, ...]) -> None:
         self._acc = acc
@@ -170,9 +170,8 @@ class HistogramChild:
         self.engine = engine
         self.bounds = (*spec.buckets, _INF)
         self.field = fields.encode((*components, fields.bucket_layout(self.bounds)))
-        # Pending bucket counts and sum per generation slot (gen & 1), as for counters.
-        self.counts = [[0] * len(self.bounds), [0] * len(self.bounds)]
-        self.sums = [0.0, 0.0]
+        # Per generation slot (gen & 1), as for counters: the pending bucket counts, then the sum.
+        self.pending = [self._empty(), self._empty()]
         self.gen = -1
 
     def observe(self, value: float) -> None:
@@ -188,9 +187,9 @@ class HistogramChild:
         acc = self._acc
         with self._lock:
             gen = acc.gen
-            slot = gen & 1
-            self.counts[slot][i] += 1
-            self.sums[slot] += value
+            pending = self.pending[gen & 1]
+            pending[i] += 1
+            pending[-1] += value
             if self.gen != gen:
                 self.gen = gen
                 acc.dirty.append(self)
@@ -199,9 +198,11 @@ class HistogramChild:
 
     def _take(self, batch: Batch, slot: int) -> None:
         # Without the lock: recorders write the other slot until the next take (see the module doc).
-        counts, self.counts[slot] = self.counts[slot], [0] * len(self.bounds)
-        total, self.sums[slot] = self.sums[slot], 0.0
-        batch.add_histogram(self.engine, self.field, total, counts)
+        pending, self.pending[slot] = self.pending[slot], self._empty()
+        batch.add_histogram(self.engine, self.field, pending[-1], pending[:-1])
+
+    def _empty(self) -> list[float]:
+        return [0] * len(self.bounds) + [0.0]
 
 
 class _DroppedChild:
@@ -478,8 +479,7 @@ class Accumulator:
             if isinstance(made, CounterChild):
                 made.deltas = [0, 0]
             elif isinstance(made, HistogramChild):
-                made.counts = [[0] * len(made.bounds), [0] * len(made.bounds)]
-                made.sums = [0.0, 0.0]
+                made.pending = [made._empty(), made._empty()]
             elif isinstance(made, GaugeChild):
                 # The parent's value is the parent's (a summed gauge would count it twice).
                 made.state = (0.0, 0.0)
