@@ -154,3 +154,35 @@ def test_multiprocessing_fork_children_count_for_themselves(redis_server, namesp
     assert e.counter("tokens") == 7 + 3 * 400
     assert e.histogram("latency_seconds").count == 3 * 400
     assert len(snap.writers) == 4
+
+
+def test_async_writer_inherited_across_fork_sends_only_the_childs_data_once_started(redis_server, namespace):
+    import asyncio
+
+    from redis_stats.aio import AsyncStatsWriter
+
+    cfg = StatsConfig(url=redis_server.url, namespace=namespace, flush_interval=0.05)
+    writer = AsyncStatsWriter(cfg, sample_catalog(), engines=[0])
+    tokens = writer.counter("tokens").labels(engine=0)
+    tokens.inc(5)  # pending in the parent at the fork: the parent's alone
+    parent_id = writer.writer_id
+
+    async def child_main() -> bool:
+        writer.start()  # the rule: start the inherited writer on the child's own loop
+        tokens.inc(10)
+        await asyncio.sleep(0.2)
+        return writer.writer_id != parent_id and await writer.close()
+
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = 0 if asyncio.run(child_main()) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert asyncio.run(writer.close())
+    e, snap = _engine0(redis_server.url, namespace)
+    assert e.counter("tokens") == 15
+    assert len(snap.writers) == 2
