@@ -439,6 +439,8 @@ class StatsWriter(WriterCore):
     ``redis_stats_engine_conflict`` shows it. *client* overrides the client built from
     ``config.url`` (tests pass a fakeredis client). With ``start=False`` no thread runs and
     :meth:`flush` is called by hand.
+
+    Fork-safe: after ``os.fork()`` the child is a new writer (see the module docstring).
     """
 
     def __init__(
@@ -580,7 +582,9 @@ class StatsWriter(WriterCore):
         Returns True when everything recorded was confirmed by Redis. The writer is marked
         closed in Redis, so its gauges stop counting as current at once. When Redis does not
         confirm in time, one warning says what was lost, and close returns anyway: a shutdown
-        is never held by Redis for much longer than *timeout*.
+        is never held by Redis for much longer than *timeout*. (Without a flusher thread,
+        ``start=False``, close makes the attempt itself: one attempt may then last up to
+        ``connect_timeout_ms + socket_timeout_ms`` past the deadline.)
         """
         if self._closed:
             return not self.pending()
