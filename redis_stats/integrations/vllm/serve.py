@@ -17,10 +17,14 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ...catalog import Catalog
 from ...config import ConfigError, StatsConfig
 from .summary import VLLM_FLEET_SUMMARY
+
+if TYPE_CHECKING:
+    from ...exporter import Exporter
 
 __all__ = ["VIEWS", "maybe_serve", "view_engines"]
 
@@ -40,14 +44,15 @@ def view_engines(own: Sequence[int]) -> list[int] | None:
     return None if view == "all" else sorted(set(own))
 
 
-def maybe_serve(config: StatsConfig, catalog: Catalog, own_engines: Sequence[int] = ()) -> bool:
+def maybe_serve(config: StatsConfig, catalog: Catalog, own_engines: Sequence[int] = ()) -> Exporter | None:
     """Serve /metrics on ``REDIS_STATS_PORT`` (address ``REDIS_STATS_ADDR``) if set and free.
 
     *own_engines* are this instance's engines as stored (offset applied): the ``local`` view's.
+    Returns the running exporter, or None (not asked for, or the port is taken).
     """
     port = os.environ.get("REDIS_STATS_PORT")
     if not port:
-        return False
+        return None
     from ...exporter import Exporter
     from ...reader import StatsReader
 
@@ -63,8 +68,8 @@ def maybe_serve(config: StatsConfig, catalog: Catalog, own_engines: Sequence[int
         )
     except OSError:
         log.debug("redis_stats: port %s taken; another process on this host serves the Redis view", port)
-        return False
+        return None
     exporter.start()
     which = "every engine" if engines is None else f"engines {engines}"
-    log.info("redis_stats: serving %s of %r on http://%s:%s/metrics", which, config.namespace, addr, port)
-    return True
+    log.info("redis_stats: serving %s of %r on %s/metrics", which, config.namespace, exporter.url)
+    return exporter
