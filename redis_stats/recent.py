@@ -194,8 +194,8 @@ def _gauge_totals(snap: Snapshot) -> dict[str, dict[str, Any]]:
         values = per_engine.get(spec.name, [])
         out[spec.name] = {
             "engines": len(values),
-            "sum": _json(math.fsum(values)) if values else None,
-            "mean": _json(math.fsum(values) / len(values)) if values else None,
+            "sum": _json(sum(values)) if values else None,
+            "mean": _json(sum(values) / len(values)) if values else None,
             "max": _json(max(values)) if values else None,
         }
     return out

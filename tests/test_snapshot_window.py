@@ -5,6 +5,7 @@ process and scrape metrics."""
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 import urllib.request
@@ -14,6 +15,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 from click.testing import CliRunner
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
@@ -273,3 +276,49 @@ def test_self_metrics_doc_lists_the_exporter_metrics():
     ):
         assert name in ops, name
     assert Path(ROOT / "docs" / "snapshot.md").is_file()
+
+
+def _engine_snap(t: float, values: list[float], gauges: list[float]):
+    from redis_stats.snapshot import EngineSnapshot, Snapshot
+
+    cat = sample_catalog()
+    engines = {}
+    for i, (c, g) in enumerate(zip(values, gauges)):
+        engines[i] = EngineSnapshot(
+            engine=i,
+            heartbeat=t,
+            age=0.0,
+            up=True,
+            counters={("tokens", ()): c},
+            gauges={("running", ()): g},
+            histograms={
+                ("latency_seconds", ()): HistogramValue(
+                    (0.1, 0.5, 1.0, 5.0, float("inf")), (c, c, c, c, c), c
+                )
+            },
+        )
+    return Snapshot(time=t, engines=engines, writers={}, catalog=cat)
+
+
+floats = st.floats(allow_nan=True, allow_infinity=True)
+
+
+@settings(max_examples=200, deadline=None)
+@example(before=[0.0, 0.0], after=[1.0, 1.0], gauges=[math.inf, -math.inf])
+@example(before=[0.0, 0.0], after=[1e308, 1e308], gauges=[1e308, 1e308])
+@given(
+    before=st.lists(floats, min_size=1, max_size=4),
+    after=st.lists(floats, min_size=1, max_size=4),
+    gauges=st.lists(floats, min_size=1, max_size=4),
+)
+def test_any_values_give_a_strict_json_document_valid_against_the_schema(before, after, gauges):
+    from redis_stats.recent import snapshot_document
+
+    n = min(len(before), len(after), len(gauges))
+    earlier = _engine_snap(100.0, before[:n], gauges[:n])
+    now = _engine_snap(110.0, after[:n], gauges[:n])
+    doc = snapshot_document(
+        now, earlier, requested=30.0, summary={"r": ("rate", "tokens"), "g": ("mean", "running")}
+    )
+    text = json.dumps(doc, allow_nan=False)  # strict JSON: never NaN or Infinity literals
+    validate(json.loads(text))
