@@ -121,6 +121,14 @@ class PromQL:
         assert doc["status"] == "success", (expr, doc)
         return doc["data"]["result"]
 
+    def label_values(self, grafana_query: str) -> set[str]:
+        """What Grafana's ``label_values(selector, label)`` lists, from /api/v1/series."""
+        m = re.fullmatch(r"label_values\((.+), (\w+)\)", grafana_query)
+        assert m, grafana_query
+        url = f"{self.base}/api/v1/series?{urllib.parse.urlencode({'match[]': m.group(1)})}"
+        doc = json.loads(get(url))
+        return {series[m.group(2)] for series in doc["data"] if m.group(2) in series}
+
     def by(self, expr: str, label: str, at: float | None = None) -> dict[str, float]:
         return {r["metric"].get(label, ""): float(r["value"][1]) for r in self.query(expr, at)}
 
@@ -314,6 +322,15 @@ def test_real_prometheus_answers_match_the_writers_totals(redis_server, python_e
                         .replace("$__rate_interval", f"{WINDOW}s")
                     )
                     assert api.query(expr), f"dashboard panel {panel['title']!r} ({job}): no data for {expr}"
+        # Its variables resolve as Grafana resolves label_values(selector, label): through the series API.
+        variables = {v["name"]: v for v in dash["templating"]["list"] if v["type"] == "query"}
+        for job in JOBS:
+            values = {
+                name: api.label_values(v["query"]["query"].replace("$job", job))
+                for name, v in variables.items()
+            }
+            assert set(JOBS) <= values["job"] and values["engine"] == {"0", "1"}, values
+            assert values["model"] == {"tiny-llama"}, values
 
         # Freeze the load: totals become exact, and PromQL must give them exactly.
         for node in fleet.procs[:2]:
