@@ -19,7 +19,7 @@ from rich.console import Console
 
 from redis_stats import StatsConfig, StatsReader, StatsWriter
 from redis_stats.cli import main
-from redis_stats.embedded import EmbeddedRedis, free_port
+from redis_stats.embedded import free_port
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
 from redis_stats.simulate import LoadProfile, SimulatedApiServer
 from redis_stats.top import COLUMNS, render, run_top
@@ -81,7 +81,8 @@ def test_a_wrong_password_says_auth_and_what_to_check(cmd, own_redis_server, pyt
     assert out.returncode == 1, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 2, out.stderr
-    assert lines[0].startswith(f"Error: reading redis://:***@127.0.0.1:{own_redis_server.port}/0 failed (auth:")
+    masked = f"redis://:***@127.0.0.1:{own_redis_server.port}/0"
+    assert lines[0].startswith(f"Error: reading {masked} failed (auth:")
     assert "check the user and password" in lines[1]
     assert "wrong-pw" not in out.stderr + out.stdout and "Traceback" not in out.stderr
 
@@ -101,7 +102,8 @@ def test_the_exporter_on_a_taken_port_is_two_lines_naming_port_0(python_env):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        out = run_cli(["exporter", "--port", str(port)], {**python_env, "REDIS_STATS_URL": "redis://127.0.0.1:1/0"})
+        env = {**python_env, "REDIS_STATS_URL": "redis://127.0.0.1:1/0"}
+        out = run_cli(["exporter", "--port", str(port)], env)
     assert out.returncode == 1
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 2, out.stderr
@@ -236,7 +238,6 @@ def test_top_at_80_columns_drops_whole_columns_and_never_cuts_a_number(two_snaps
     assert all(len(line) <= 80 for line in text.splitlines())
     rows = [ln for ln in text.splitlines() if ln.startswith("│ 0") or ln.startswith("│ 1")]
     assert len(rows) == 2, text  # one line per engine: no wrapped rows
-    rate = after.engines[0].counters  # the generation rate, whole, in the row
     seconds = after.time - before.time
     assert f"{1_234_567 / seconds:.1f}" in rows[0]
     assert "gen tok/s" in text and "age s" not in text and "TTFT p50" not in text
@@ -251,7 +252,8 @@ def test_top_at_200_columns_shows_every_column(two_snapshots):
 
 def test_top_once_piped_is_plain_text_with_every_column_and_a_title(redis_server, namespace, python_env):
     fill(redis_server.url, namespace, [0])
-    env = {**python_env, "REDIS_STATS_URL": redis_server.url, "REDIS_STATS_NAMESPACE": namespace, "COLUMNS": "40"}
+    env = {**python_env, "REDIS_STATS_URL": redis_server.url, "REDIS_STATS_NAMESPACE": namespace}
+    env["COLUMNS"] = "40"  # ignored: a pipe gets every column
     out = run_cli(["top", "--once", "--interval", "0.2"], env)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
@@ -362,7 +364,8 @@ def test_every_option_has_help_and_shows_its_default():
                 continue
             assert param.help, f"{name} {param.opts} has no help text"
             if not param.is_flag and param.required is False:
-                assert param.show_default not in (None, False) or param.default is not None, (name, param.opts)
+                shown = param.show_default not in (None, False) or param.default is not None
+                assert shown, (name, param.opts)
     text = " ".join(invoke(["exporter", "--help"]).output.split())
     assert "(0: any free port). [default: 9400" in text
     assert "[default: 2.0" in invoke(["top", "--help"]).output
@@ -373,7 +376,8 @@ def test_every_option_has_help_and_shows_its_default():
 def test_gc_says_1_engine_not_1_engines(own_redis_server, namespace):
     fill(own_redis_server.url, namespace, [0])
     time.sleep(0.05)
-    result = invoke(["gc", "--redis-url", own_redis_server.url, "--namespace", namespace, "--retention", "0.01"])
+    url = own_redis_server.url
+    result = invoke(["gc", "--redis-url", url, "--namespace", namespace, "--retention", "0.01"])
     assert result.exit_code == 0, result.output
     assert result.output.startswith("removed 1 engine [0] and 1 writer (retention 0.01 s)")
 
