@@ -96,12 +96,24 @@ def _redis_errors(config: StatsConfig) -> Iterator[None]:
 
 def _require_namespace(config: StatsConfig, client: object) -> None:
     """End the command (exit 3) when the namespace holds nothing, naming the ones that do."""
+    import redis
+
+    from .errors import error_kind
     from .namespaces import describe_namespaces, namespace_holds_data, summary
 
     if namespace_holds_data(client, config.namespace):
         return
-    others = describe_namespaces(client, config.stale_after)
     where = f"namespace {config.namespace!r} holds nothing at {config.safe_url}"
+    try:
+        others = describe_namespaces(client, config.stale_after)
+    except redis.RedisError as exc:
+        if error_kind(exc) != "noperm":
+            raise
+        # A least-privilege user (one namespace, no SCAN) cannot see the others: say so.
+        raise EmptyNamespace(
+            f"{where}; this Redis user may not list the others (noperm): ask for the namespace, "
+            "or run `redis-stats namespaces` as a user with +scan"
+        ) from None
     if not others:
         raise EmptyNamespace(
             f"{where}, and no namespace does: nothing has written there yet "

@@ -58,9 +58,17 @@ def find_namespaces(client: Any) -> list[str]:
 
 
 def namespace_holds_data(client: Any, namespace: str) -> bool:
-    """True when any of the namespace's marker keys exists (one ``EXISTS``, one slot)."""
+    """True when the namespace has a writer, an engine or a stored catalogue.
+
+    Only commands the least-privilege reader ACL has (docs/operations.md: ``+zrange +hget``, no
+    ``EXISTS``), so a reader can run ``top`` as before.
+    """
     keys = Keys(namespace)
-    return bool(client.exists(keys.meta, keys.writers, keys.engines))
+    return bool(
+        client.zrange(keys.writers, 0, 0)
+        or client.zrange(keys.engines, 0, 0)
+        or client.hget(keys.meta, "schema")
+    )
 
 
 def describe_namespaces(

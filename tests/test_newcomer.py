@@ -183,6 +183,22 @@ def test_an_empty_redis_says_nothing_has_written_there(own_redis_server):
     assert result.exit_code == 0 and "no redis_stats namespace" in result.output
 
 
+@pytest.mark.redis_server
+def test_a_least_privilege_reader_runs_top_and_hears_why_it_cannot_list_others(own_redis_server, namespace):
+    from .acl import READER, rules
+
+    admin = redis.Redis.from_url(own_redis_server.url)
+    admin.execute_command("ACL", "SETUSER", "reader", *rules(namespace, "rpw", READER, read_only=True))
+    url = f"redis://reader:rpw@127.0.0.1:{own_redis_server.port}/0"
+    result = invoke(["top", "--once", "--interval", "0.2", "--redis-url", url, "--namespace", namespace])
+    assert result.exit_code == 3, result.output  # empty, and no SCAN for this user: says so
+    assert "this Redis user may not list the others (noperm)" in result.output
+    fill(own_redis_server.url, namespace, [0])
+    result = invoke(["top", "--once", "--interval", "0.2", "--redis-url", url, "--namespace", namespace])
+    assert result.exit_code == 0, result.output
+    assert "namespace" in result.output and "rpw" not in result.output
+
+
 def test_namespaces_are_found_on_every_cluster_master(namespace):
     from .servers import Cluster
 
