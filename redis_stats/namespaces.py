@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+
 from .keys import Keys
 
 __all__ = ["NamespaceInfo", "describe_namespaces", "find_namespaces", "namespace_holds_data"]
@@ -32,6 +34,8 @@ class NamespaceInfo:
     writers_live: int
     last_heartbeat_age: float | None
     """Seconds since the newest engine heartbeat (server time); None when no engine has one."""
+    problem: str | None = None
+    """Why the namespace could not be read (a key of the wrong type), if it could not."""
 
 
 def _scan(client: Any, pattern: str) -> list[str]:
@@ -44,16 +48,15 @@ def _scan(client: Any, pattern: str) -> list[str]:
 
 
 def find_namespaces(client: Any) -> list[str]:
-    """The namespaces with data in this Redis (database), sorted."""
+    """The namespaces with data in this Redis (database), sorted. One SCAN pass over ``rs:{*}``."""
     found: set[str] = set()
-    for marker in _MARKERS:
-        for key in _scan(client, f"rs:{{*}}:{marker}"):
-            if isinstance(key, bytes):
-                key = key.decode("utf-8", "replace")
-            inner = key[len("rs:{") :]
-            end = inner.find("}:")
-            if key.startswith("rs:{") and end > 0:
-                found.add(inner[:end])
+    for key in _scan(client, "rs:{*}:*"):
+        if isinstance(key, bytes):
+            key = key.decode("utf-8", "replace")
+        inner = key[len("rs:{") :]
+        end = inner.find("}:")
+        if end > 0 and inner[end + 2 :] in _MARKERS:
+            found.add(inner[:end])
     return sorted(found)
 
 
@@ -81,8 +84,12 @@ def describe_namespaces(
     infos = []
     for ns in names:
         keys = Keys(ns)
-        engines = client.zrange(keys.engines, 0, -1, withscores=True)
-        writers = client.zrange(keys.writers, 0, -1, withscores=True)
+        try:
+            engines = client.zrange(keys.engines, 0, -1, withscores=True)
+            writers = client.zrange(keys.writers, 0, -1, withscores=True)
+        except redis.ResponseError as exc:  # one bad key costs its namespace's line only
+            infos.append(NamespaceInfo(ns, 0, 0, 0, 0, None, problem=str(exc).split("\n")[0][:120]))
+            continue
         beats = [score for _, score in engines]
         newest = max(beats) if beats else None
         infos.append(
@@ -105,6 +112,8 @@ def _plural(n: int, word: str) -> str:
 
 def summary(info: NamespaceInfo) -> str:
     """One line: ``demo: 2 engines (2 up), 4 writers (4 live), last heartbeat 0.3 s ago``."""
+    if info.problem is not None:
+        return f"{info.namespace}: unreadable ({info.problem})"
     beat = (
         "no heartbeat"
         if info.last_heartbeat_age is None

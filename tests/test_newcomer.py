@@ -162,6 +162,20 @@ def test_namespaces_lists_each_with_engines_writers_and_heartbeat(redis_server, 
 
 
 @pytest.mark.redis_server
+def test_namespaces_ignores_keys_that_only_look_like_a_namespace(own_redis_server):
+    raw = redis.Redis.from_url(own_redis_server.url)
+    fill(own_redis_server.url, "real", [0])
+    for key in (b"rs:{}:meta", b"rs:{open:meta", b"rs:{x}:e:0:c", b"rs:{y}:metadata", b"rs:{\xff\xfe}:meta"):
+        raw.set(key, "garbage")
+    raw.set("rs:{wrongtype}:writers", "not a sorted set")
+    result = invoke(["namespaces", "--redis-url", own_redis_server.url])
+    assert result.exit_code == 0, result.output
+    names = [ln.split(":")[0] for ln in result.output.splitlines()]
+    assert "real" in names and not {"", "x", "y", "open"} & set(names)
+    assert "wrongtype: unreadable (WRONGTYPE" in result.output  # and the others still listed
+
+
+@pytest.mark.redis_server
 @pytest.mark.parametrize("cmd", [["inspect"], ["gc", "--dry-run"], ["top", "--once", "--interval", "0.2"]])
 def test_an_empty_namespace_is_answered_with_the_ones_that_exist(cmd, own_redis_server, namespace):
     fill(own_redis_server.url, "demo", [0, 1])
@@ -411,3 +425,26 @@ def test_dockerignore_leaves_out_virtualenvs_and_build_output():
     ignored = (ROOT / ".dockerignore").read_text().split()
     for pattern in (".venv*", "*.egg-info", "build", "dist"):
         assert pattern in ignored, pattern
+
+
+@pytest.mark.redis_server
+def test_the_demo_writes_the_engines_from_first_engine(python_env):
+    # compose runs one node per host with --nodes 1 --first-engine R; node R writes engine R.
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "redis_stats", "demo", "--port", "0", "--nodes", "1", "--api-servers", "1",
+         "--first-engine", "3", "--duration", "4"],
+        cwd=ROOT, env=python_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    url = None
+    for line in proc.stdout:
+        if m := re.search(r"Redis view of every engine: (http://\S+)/metrics", line):
+            url = m.group(1)
+            break
+    assert url
+    time.sleep(2)
+    import json
+    import urllib.request
+
+    engines = set(json.loads(urllib.request.urlopen(url + "/snapshot", timeout=10).read())["engines"])
+    proc.communicate(timeout=60)
+    assert engines == {"3"} and proc.returncode == 0
