@@ -437,6 +437,8 @@ def test_the_demo_writes_the_engines_from_first_engine(python_env):
     )  # fmt: skip
     url = None
     for line in proc.stdout:
+        if line.startswith("simulating"):
+            assert line.startswith("simulating 1 node x 1 API server (1 process, engines 3..3)"), line
         if m := re.search(r"Redis view of every engine: (http://\S+)/metrics", line):
             url = m.group(1)
             break
