@@ -450,3 +450,18 @@ def test_the_demo_writes_the_engines_from_first_engine(python_env):
     engines = set(json.loads(urllib.request.urlopen(url + "/snapshot", timeout=10).read())["engines"])
     proc.communicate(timeout=60)
     assert engines == {"3"} and proc.returncode == 0
+
+
+def test_shell_completion_as_documented(python_env):
+    # docs/cli.md: eval "$(_REDIS_STATS_COMPLETE=bash_source redis-stats)"
+    entry = "from redis_stats.cli import main; main(prog_name='redis-stats')"
+    source = subprocess.run(
+        [PYTHON, "-c", entry], env={**python_env, "_REDIS_STATS_COMPLETE": "bash_source"},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert "complete -o nosort -F _redis_stats_completion redis-stats" in source.stdout
+    env = {**python_env, "_REDIS_STATS_COMPLETE": "bash_complete"}
+    env |= {"COMP_WORDS": "redis-stats na", "COMP_CWORD": "1"}
+    words = subprocess.run([PYTHON, "-c", entry], env=env, capture_output=True, text=True, timeout=60)
+    assert words.stdout.strip() == "plain,namespaces"
+    assert "_REDIS_STATS_COMPLETE=bash_source redis-stats" in (ROOT / "docs" / "cli.md").read_text()
