@@ -92,3 +92,25 @@ def test_in_headless_chromium_the_table_fills_and_the_charts_draw(live_fleet, tm
     # One line per engine, each through several polls (a move, then lines).
     assert len(paths) == 2 and all(p.startswith("M") and p.count("L") >= 2 for p in paths), paths
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
+
+
+@pytest.mark.slow
+def test_in_headless_chromium_the_page_says_when_redis_is_unavailable(namespace):
+    why = browser.missing()
+    if why:
+        pytest.skip(why)
+    from redis_stats.embedded import free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    config = StatsConfig(url=url, namespace=namespace, connect_timeout_ms=200)
+    exporter = Exporter(StatsReader(config, vllm_catalog()), port=0).start()
+    b = browser.Browser()
+    try:
+        b.get(exporter.url + "/")
+        time.sleep(3)
+        status = b.js("return document.getElementById('status').textContent")
+        css = b.js("return document.getElementById('status').className")
+    finally:
+        b.close()
+        exporter.close()
+    assert status == "Redis unavailable (connection); trying again every 2 s" and css == "error"
