@@ -128,10 +128,17 @@ def run_demo(
                         if opts.restart_after > 0
                         else "not restarting it (--restart-after 0)"
                     )
+                    siblings = [
+                        c for j, c in enumerate(children) if slots[j][0] == engine and c.poll() is None
+                    ]
+                    effect = (
+                        f"engine {engine} goes on through its other API servers"
+                        if siblings
+                        else f"engine {engine} shows DOWN after {config.stale_after:g} s without a heartbeat"
+                    )
                     print(
                         f"node {engine} API server {api} (pid {child.pid}) exited with code {code}; "
-                        f"the others go on; engine {engine} shows DOWN after {config.stale_after:g} s "
-                        f"without a heartbeat; {then}",
+                        f"the others go on; {effect}; {then}",
                         file=out,
                         flush=True,
                     )

@@ -372,7 +372,11 @@ def test_demo_lease_failover_down_line_and_restart(python_env):
         holder = re.search(r"\[node(\d)/api0 pid=(\d+)\]", lines[first])
         node, pid = int(holder.group(1)), int(holder.group(2))
         os.kill(pid, signal.SIGKILL)  # the lease holder dies
-        wait_for(rf"node {node} API server 0 \(pid {pid}\) exited with code -9; the others go on", 5)
+        wait_for(
+            rf"node {node} API server 0 \(pid {pid}\) exited with code -9; the others go on; "
+            rf"engine {node} shows DOWN after 10 s without a heartbeat; restarting it in 13 s",
+            5,
+        )
         takeover = wait_for(rf"\[node{1 - node}/api0 pid=\d+\] Engine 00{node}: DOWN, no heartbeat", 30)
         assert takeover > first
         wait_for(rf"restarted node {node} API server 0 \(pid \d+\)", 20)
