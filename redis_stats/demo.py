@@ -136,6 +136,10 @@ def run_demo(
                         if siblings
                         else f"engine {engine} shows DOWN after {config.stale_after:g} s without a heartbeat"
                     )
+                    if config.leader == "rank0" and (engine, api) == (0, 0):
+                        effect += (
+                            "; it printed the log, which pauses until it is back (--leader lease fails over)"
+                        )
                     print(
                         f"node {engine} API server {api} (pid {child.pid}) exited with code {code}; "
                         f"the others go on; {effect}; {then}",
