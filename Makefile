@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-e2e test-vllm lint demo bench clean
+.PHONY: test test-e2e test-vllm test-browser lint demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,12 @@ $(VLLM_VENV)/.installed: pyproject.toml
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm_conformance.py tests/vllm
 
+# The live page (the exporter's /) in a real headless Chromium, from the Debian packages.
+test-browser: $(STAMP)
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		(apt-get update && apt-get install -y chromium chromium-driver)
+	$(BIN)/python -m pytest -q tests/test_web_page.py
+
 lint: $(STAMP)
 	$(BIN)/ruff check redis_stats tests bench
 
@@ -63,4 +69,4 @@ bench: $(STAMP) $(BENCH_VENV)/.installed $(PRC_VENV)/.installed
 	$(BENCH_VENV)/bin/python bench/peers.py --prc-python $(PRC_VENV)/bin/python
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) $(PRC_VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(BENCH_VENV) $(PRC_VENV) .pytest_cache build dist *.egg-info

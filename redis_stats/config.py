@@ -397,7 +397,7 @@ class StatsConfig:
 
 
 def options_markdown() -> str:
-    """The options table of docs/configuration.md (regenerate it with ``python -m redis_stats.config``)."""
+    """The options table of docs/configuration.md (``python -m redis_stats.config_table`` prints it)."""
     defaults = {f.name: f.default for f in dataclasses.fields(StatsConfig)}
     rows = ["| option | environment variable | default | meaning |", "|---|---|---|---|"]
     for o in _options().values():
@@ -412,6 +412,3 @@ def _options() -> dict[str, _Option]:
         for f in dataclasses.fields(StatsConfig)
     }
 
-
-if __name__ == "__main__":
-    print(options_markdown())

@@ -6,6 +6,8 @@
                         last *window* seconds and fleet totals (for routers and autoscalers;
                         JSON Schema: ``redis_stats/schemas/snapshot.schema.json``)
     GET /healthz        200 when Redis answers, 503 otherwise
+    GET /               a live page (redis_stats/web/index.html): each engine's state, throughput
+                        and latency with charts of the last minutes, polling /snapshot
 
 HTTP as prometheus_client's own server does it (its helpers are reused, not rewritten):
 ``/metrics`` negotiates the format from ``Accept`` with ``choose_encoder`` — OpenMetrics 1.0 when
@@ -23,6 +25,7 @@ Run it standalone (``redis-stats exporter``) or inside any process (:class:`Expo
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import logging
@@ -30,6 +33,7 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
 from typing import Any
 
 from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry
@@ -51,7 +55,13 @@ __all__ = ["Exporter"]
 
 log = logging.getLogger("redis_stats.exporter")
 
-PATHS = ("/metrics", "/snapshot", "/healthz")
+PATHS = ("/", "/metrics", "/snapshot", "/healthz")
+
+
+@functools.cache
+def live_page() -> bytes:
+    """The page served at ``/`` (package data; read once, never changes)."""
+    return (resources.files("redis_stats") / "web" / "index.html").read_bytes()
 
 # gzip level 6 (zlib's default) rather than prometheus_client's 9: on a multi-megabyte scrape it is
 # several times faster for a body a few percent larger (bench/http_exporter.py measures both).
@@ -398,6 +408,8 @@ class Exporter:
                 if path == "/metrics":
                     content_type, body = exporter.metrics(self.headers.get("Accept"))
                     return 200, content_type, body, "Accept, Accept-Encoding"
+                if path == "/":
+                    return 200, "text/html; charset=utf-8", live_page(), "Accept-Encoding"
                 if path == "/snapshot":
                     status, doc = exporter.snapshot_json()
                 elif path == "/healthz":
