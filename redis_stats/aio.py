@@ -11,6 +11,13 @@ coroutine is fine); flushing is a task on the running loop.
         writer.start()                       # needs a running loop
         writer.counter("tokens").labels(engine=0).inc(5)
         await writer.close()
+
+**Fork.** An event loop does not survive ``os.fork()``, so neither does a flusher task. Make the
+asyncio writer in each process, after the fork, on that process's loop (gunicorn/uvicorn
+workers: in the worker's startup, not at import with ``--preload``). A writer inherited
+across a fork becomes, in the child, a new writer with nothing pending (it never re-sends the
+parent's data) and no task: call :meth:`AsyncStatsWriter.start` from the child's running loop,
+or its records there are never flushed.
 """
 
 from __future__ import annotations
@@ -81,11 +88,25 @@ class AsyncStatsWriter(WriterCore):
         owner: str = "",
         client: Any = None,
     ) -> None:
-        super().__init__(config, catalog, engines=engines, writer_id=writer_id, role=role, owner=owner)
-        self._client = client if client is not None else make_async_client(self.config)  # no I/O yet
-        self._script = _AsyncScript(self._client, load_script("flush"))
         self._flush_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
+        super().__init__(config, catalog, engines=engines, writer_id=writer_id, role=role, owner=owner)
+        self._own_client = client is None
+        self._client: Any = None
+        self._script: Any = None
+        self._use_client(client if client is not None else make_async_client(self.config))  # no I/O yet
+
+    def _use_client(self, client: Any) -> None:
+        self._client = client
+        self._script = _AsyncScript(client, load_script("flush"))
+
+    def _forked(self) -> None:
+        super()._forked()
+        # The parent's loop, task and sockets do not exist here: start() on the child's loop.
+        self._flush_lock = asyncio.Lock()
+        self._task = None
+        if self._own_client:
+            self._client = None
 
     def start(self) -> None:
         """Start the flusher task on the running loop (idempotent). Needs no Redis connection."""
@@ -101,6 +122,8 @@ class AsyncStatsWriter(WriterCore):
         """Send what is pending now, in one script call; True if Redis confirmed it. Never raises
         for a Redis problem."""
         async with self._flush_lock:
+            if self._client is None:  # first flush in a forked child
+                self._use_client(make_async_client(self.config))
             keys, args = self.prepare_flush(closing=closing)
             started = time.perf_counter()
             try:
@@ -135,36 +158,49 @@ class AsyncStatsWriter(WriterCore):
         self.replication_check(acked)
         return reply
 
-    async def close(self, timeout: float = 5.0) -> bool:
-        """Stop the task and flush what is left (for at most *timeout* seconds); True when
-        everything recorded was confirmed. Marks the writer closed in Redis."""
+    async def close(self, timeout: float | None = None) -> bool:
+        """Stop the task and flush what is left, for at most *timeout* seconds (default
+        ``config.close_timeout``); True when everything recorded was confirmed. Marks the writer
+        closed in Redis. At the deadline an attempt still waiting on Redis is cancelled, one
+        warning says what was lost, and close returns."""
         if self._closed:
             return not self.pending()
+        budget = self.config.close_timeout if timeout is None else max(0.0, float(timeout))
+        deadline = time.monotonic() + budget
         self._closed = True
         if self._task is not None:
-            self._task.cancel()
+            self._task.cancel()  # also interrupts a flush waiting on a hung socket
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        deadline = time.monotonic() + timeout
-        done = False
+        try:
+            done = await asyncio.wait_for(self._final_flush(deadline), max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            done = False
+        if not done:
+            log.warning(
+                "closing writer %s: gave up after %.1f s; not confirmed by %s and lost: %s",
+                self.writer_id,
+                budget,
+                self.config.safe_url,
+                self.lost_summary(),
+            )
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                await self._client.aclose()
+        return done
+
+    async def _final_flush(self, deadline: float) -> bool:
+        if self._client is None and not self.pending():
+            return True  # a forked child that recorded nothing: nothing of its own to send
         while True:
             ok = await self.flush(closing=True)
             if ok and not self.pending():
-                done = True
-                break
-            if time.monotonic() >= deadline:
-                break
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
             if not ok:
-                await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
-        if not done:
-            log.warning(
-                "closing writer %s: updates not confirmed by %s were lost",
-                self.writer_id,
-                self.config.safe_url,
-            )
-        with contextlib.suppress(Exception):
-            await self._client.aclose()
-        return done
+                await asyncio.sleep(min(0.1, left))
 
     async def __aenter__(self) -> AsyncStatsWriter:
         self.start()

@@ -51,9 +51,34 @@ def _config(redis_url: str | None, namespace: str | None) -> StatsConfig:
         raise click.UsageError(str(exc)) from None
 
 
+# Exit codes (docs/cli.md): 0 done; 1 Redis failed (unreachable, refused the password, a
+# command refused), or the exporter's port is taken; 2 a usage error (a bad option or URL: click's
+# own code); 3 the namespace holds nothing (the message lists the ones that do).
+EXIT_REDIS = 1
+EXIT_EMPTY_NAMESPACE = 3
+
+# What to do, by error_kind: the second line of a failed command's message.
+_HINTS = {
+    "connection": "is Redis running there? Check the host and port of --redis-url / REDIS_STATS_URL",
+    "timeout": "Redis did not answer in time: check the address, or raise "
+    "REDIS_STATS_CONNECT_TIMEOUT_MS / REDIS_STATS_SOCKET_TIMEOUT_MS",
+    "auth": "check the user and password in the URL (special characters percent-encoded, "
+    "docs/configuration.md)",
+    "noperm": "the Redis user lacks a command or key: see the ACL in docs/operations.md",
+    "readonly": "this is a replica: point the URL at the master (or use redis+sentinel://)",
+}
+
+
+class EmptyNamespace(click.ClickException):
+    """The namespace given holds nothing in this Redis (exit code 3)."""
+
+    exit_code = EXIT_EMPTY_NAMESPACE
+
+
 @contextmanager
 def _redis_errors(config: StatsConfig) -> Iterator[None]:
-    """A Redis failure ends the command with one line (masked URL, redacted message), no traceback."""
+    """A Redis failure ends the command with one line (masked URL, redacted message), no traceback,
+    and a second line saying what to do when the kind of failure says it."""
     import redis
 
     from .writer import error_kind
@@ -61,9 +86,48 @@ def _redis_errors(config: StatsConfig) -> Iterator[None]:
     try:
         yield
     except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
+        kind = error_kind(exc)
+        hint = _HINTS.get(kind)
         raise click.ClickException(
-            f"reading {config.safe_url} failed ({error_kind(exc)}: {redact(str(exc), config.url)})"
+            f"reading {config.safe_url} failed ({kind}: {redact(str(exc), config.url)})"
+            + (f"\n  {hint}" if hint else "")
         ) from None
+
+
+def _require_namespace(config: StatsConfig, client: object) -> None:
+    """End the command (exit 3) when the namespace holds nothing, naming the ones that do."""
+    import redis
+
+    from .errors import error_kind
+    from .namespaces import describe_namespaces, namespace_holds_data, summary
+
+    if namespace_holds_data(client, config.namespace):
+        return
+    where = f"namespace {config.namespace!r} holds nothing at {config.safe_url}"
+    try:
+        others = describe_namespaces(client, config.stale_after)
+    except redis.RedisError as exc:
+        if error_kind(exc) != "noperm":
+            raise
+        # A least-privilege user (one namespace, no SCAN) cannot see the others: say so.
+        raise EmptyNamespace(
+            f"{where}; this Redis user may not list the others (noperm): ask for the namespace, "
+            "or run `redis-stats namespaces` as a user with +scan"
+        ) from None
+    if not others:
+        raise EmptyNamespace(
+            f"{where}, and no namespace does: nothing has written there yet "
+            "(check the URL's database number)"
+        )
+    lines = "\n".join(f"  {summary(info)}" for info in others)
+    raise EmptyNamespace(
+        f"{where}; it has:\n{lines}\n"
+        f"pass --namespace {others[0].namespace} (or set REDIS_STATS_NAMESPACE)"
+    )
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def _engines(text: str | None) -> list[int] | None:
@@ -89,6 +153,7 @@ def url_option(func: F) -> F:
     @click.option(
         "--redis-url",
         envvar="REDIS_STATS_URL",
+        show_default="redis://127.0.0.1:6379/0",
         help="Redis URL [env: REDIS_STATS_URL]. On a command line the password shows in `ps`: "
         "prefer the variable or --redis-url-file.",
     )
@@ -102,11 +167,12 @@ def url_option(func: F) -> F:
 namespace_option = click.option(
     "--namespace",
     envvar="REDIS_STATS_NAMESPACE",
-    help="Namespace (one deployment) [env: REDIS_STATS_NAMESPACE].",
+    show_default="default",
+    help="Namespace (one deployment; `redis-stats namespaces` lists them) [env: REDIS_STATS_NAMESPACE].",
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.version_option(__version__, prog_name="redis-stats")
 def main() -> None:
     """redis_stats: a Redis-backed distributed stats store for LLM serving fleets."""
@@ -150,7 +216,23 @@ def main() -> None:
     type=click.FloatRange(0.5, 3600),
     help="Seconds between periodic log reports.",
 )
-@click.option("--duration", type=click.FloatRange(1), help="Stop after this many seconds (default: Ctrl-C).")
+@click.option(
+    "--leader",
+    type=click.Choice(["rank0", "lease"]),
+    default="rank0",
+    help="Who prints the log: API server 0 of node 0 (as vLLM), or the holder of a lease in Redis "
+    "(kill it and another process takes over).",
+)
+@click.option(
+    "--restart-after",
+    default=20.0,
+    type=click.FloatRange(0),
+    help="Seconds after a node process dies (kill it to see the DOWN line) before the demo starts "
+    "it again; 0: never.",
+)
+@click.option(
+    "--duration", type=click.FloatRange(1), show_default="until Ctrl-C", help="Stop after this many seconds."
+)
 def demo(
     redis_url: str | None,
     redis_url_file: str | None,
@@ -161,6 +243,8 @@ def demo(
     port: int,
     namespace: str,
     log_interval: float,
+    leader: str,
+    restart_after: float,
     duration: float | None,
 ) -> None:
     """Simulate a multi-node vLLM fleet writing to one Redis; print the rank-0 log; serve /metrics."""
@@ -185,21 +269,33 @@ def demo(
                 namespace=namespace,
                 duration=duration,
                 log_interval=log_interval,
+                leader=leader,
+                restart_after=restart_after,
             )
         )
     except NoServerBinary as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
-        raise click.ClickException(f"{exc} (is port {port} taken? try --port 0)") from None
+        raise click.ClickException(
+            f"cannot serve on {host}:{port}: {exc.strerror or exc}\n"
+            "  is the port taken? --port 0 picks a free one "
+            '(with make: make demo DEMO_ARGS="--port 0")'
+        ) from None
     sys.exit(code)
 
 
 @main.command()
 @url_option
 @namespace_option
-@click.option("--engines", help="Only these engines, e.g. 0,1 (default: all).")
+@click.option("--engines", show_default="all", help="Only these engines, e.g. 0,1.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=9400, show_default=True, type=click.IntRange(0, 65535))
+@click.option(
+    "--port",
+    default=9400,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="Port to listen on (0: any free port).",
+)
 @click.option(
     "--gc-interval",
     default=300.0,
@@ -215,6 +311,13 @@ def demo(
     help="Seconds an HTTP connection may stay silent (or take to send a response) before it is "
     "closed, freeing its thread.",
 )
+@click.option(
+    "--window",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(1, 3600),
+    help="Seconds of recent load behind /snapshot's rates and quantiles.",
+)
 def exporter(
     redis_url: str | None,
     namespace: str | None,
@@ -223,10 +326,12 @@ def exporter(
     port: int,
     gc_interval: float,
     request_timeout: float,
+    window: float,
 ) -> None:
     """Serve /metrics (every engine), /snapshot (JSON) and /healthz from Redis."""
     from .exporter import Exporter
     from .integrations.vllm import vllm_catalog
+    from .integrations.vllm.summary import VLLM_FLEET_SUMMARY
     from .reader import StatsReader
 
     config = _config(redis_url, namespace)
@@ -234,14 +339,23 @@ def exporter(
     # A Cluster client connects when it is built: an unreachable cluster is one line, not a traceback.
     with _redis_errors(config):
         reader = StatsReader(config, vllm_catalog())
-    server = Exporter(
-        reader,
-        engines=engine_list,
-        host=host,
-        port=port,
-        gc_interval=gc_interval,
-        request_timeout=request_timeout,
-    )
+    try:
+        server = Exporter(
+            reader,
+            engines=engine_list,
+            host=host,
+            port=port,
+            gc_interval=gc_interval,
+            request_timeout=request_timeout,
+            window=window,
+            summary=VLLM_FLEET_SUMMARY,
+            self_metrics=True,
+        )
+    except OSError as exc:
+        raise click.ClickException(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}\n"
+            "  is another exporter (or the demo) running? Pick another --port, or --port 0 for any free one"
+        ) from None
     click.echo(f"serving {config.namespace!r} from {config.safe_url} on {server.url}/metrics")
     try:
         server.serve_forever()
@@ -252,30 +366,73 @@ def exporter(
 @main.command()
 @url_option
 @namespace_option
-@click.option("--interval", default=2.0, show_default=True, type=click.FloatRange(0.2, 3600))
-@click.option("--once", is_flag=True, help="Print one table (over one interval) and exit.")
+@click.option(
+    "--interval",
+    default=2.0,
+    show_default=True,
+    type=click.FloatRange(0.2, 3600),
+    help="Seconds between refreshes (rates and percentiles are over this interval).",
+)
+@click.option(
+    "--once", is_flag=True, help="Print one table (over one interval) and exit; plain text when piped."
+)
 def top(redis_url: str | None, namespace: str | None, interval: float, once: bool) -> None:
     """A live per-engine table: throughput, requests, KV usage, TTFT and ITL percentiles."""
+    from .connection import make_client
     from .integrations.vllm import vllm_catalog
     from .reader import StatsReader
     from .top import run_top
 
     config = _config(redis_url, namespace)
     with _redis_errors(config):
-        run_top(StatsReader(config, vllm_catalog()), interval=interval, once=once)
+        client = make_client(config)
+        _require_namespace(config, client)
+        run_top(StatsReader(config, vllm_catalog(), client=client), interval=interval, once=once)
 
 
 @main.command()
 @url_option
 @namespace_option
-def inspect(redis_url: str | None, namespace: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print /snapshot's JSON document instead.")
+@click.option(
+    "--window",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(0, 3600),
+    help="With --json: read twice this many seconds apart for rates and recent quantiles.",
+)
+def inspect(redis_url: str | None, namespace: str | None, as_json: bool, window: float) -> None:
     """The keys, engines, writers and series of a namespace."""
+    from .connection import make_client
     from .inspect import inspect_namespace
 
     config = _config(redis_url, namespace)
+    if as_json:
+        with _redis_errors(config):
+            _print_snapshot_json(config, window)
+        return
     with _redis_errors(config):
+        _require_namespace(config, make_client(config))
         for line in inspect_namespace(config):
             click.echo(line)
+
+
+def _print_snapshot_json(config: StatsConfig, window: float) -> None:
+    import json
+    import time
+
+    from .integrations.vllm import vllm_catalog
+    from .integrations.vllm.summary import VLLM_FLEET_SUMMARY
+    from .reader import StatsReader
+    from .recent import snapshot_document
+
+    reader = StatsReader(config, vllm_catalog())
+    earlier = None
+    if window > 0:
+        earlier = reader.snapshot()
+        time.sleep(window)
+    doc = snapshot_document(reader.snapshot(), earlier, requested=window, summary=VLLM_FLEET_SUMMARY)
+    click.echo(json.dumps(doc, allow_nan=False, indent=1))
 
 
 @main.command()
@@ -285,21 +442,42 @@ def inspect(redis_url: str | None, namespace: str | None) -> None:
 @click.option(
     "--retention",
     type=click.FloatRange(min=0, min_open=True),
-    help="Seconds of silence after which engines and writers go (default: config retention).",
+    show_default="REDIS_STATS_RETENTION, 86400",
+    help="Seconds of silence after which engines and writers go.",
 )
 def gc(redis_url: str | None, namespace: str | None, dry_run: bool, retention: float | None) -> None:
     """Remove engines and writers that stopped heartbeating longer than the retention ago."""
+    from .connection import make_client
     from .gc import collect_garbage
 
     config = _config(redis_url, namespace)
     if retention is not None:
         config = config.replace(retention=retention)
     with _redis_errors(config):
-        result = collect_garbage(config, dry_run=dry_run)
+        client = make_client(config)
+        _require_namespace(config, client)
+        result = collect_garbage(config, dry_run=dry_run, client=client)
     verb = "would remove" if dry_run else "removed"
     click.echo(
-        f"{verb} {len(result.engines)} engines {sorted(result.engines)} and "
-        f"{len(result.writers)} writers (retention {config.retention:g} s)"
+        f"{verb} {_plural(len(result.engines), 'engine')} {sorted(result.engines)} and "
+        f"{_plural(len(result.writers), 'writer')} (retention {config.retention:g} s)"
     )
     for w in sorted(result.writers):
         click.echo(f"  writer {w}")
+
+
+@main.command()
+@url_option
+def namespaces(redis_url: str | None) -> None:
+    """Every namespace in this Redis: engines (up), writers (live), newest heartbeat."""
+    from .connection import make_client
+    from .namespaces import describe_namespaces, summary
+
+    config = _config(redis_url, None)
+    with _redis_errors(config):
+        infos = describe_namespaces(make_client(config), config.stale_after)
+    if not infos:
+        click.echo(f"no redis_stats namespace at {config.safe_url}: nothing has written there yet")
+        return
+    for info in infos:
+        click.echo(summary(info))

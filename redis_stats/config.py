@@ -298,6 +298,11 @@ class StatsConfig:
         0,
         "Added to every engine index a writer records (independent instances that each call their engine 0).",
     )
+    close_timeout: float = _opt(
+        1.0,
+        "Seconds a writer's ``close()`` (also run at interpreter exit) waits for Redis to confirm its "
+        "last flush; then it logs what was lost and returns, so a dead Redis never holds a shutdown.",
+    )
 
     def __post_init__(self) -> None:
         problem = url_problem(self.url)
@@ -317,6 +322,9 @@ class StatsConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
                 raise ConfigError(f"{name}={value!r} must be a positive number of seconds")
+        ct = self.close_timeout
+        if not isinstance(ct, (int, float)) or isinstance(ct, bool) or not 0 <= ct < float("inf"):
+            raise ConfigError(f"close_timeout={ct!r} must be a number of seconds >= 0 (0: do not wait)")
         if self.stale_after < self.flush_interval:
             raise ConfigError(
                 f"stale_after={self.stale_after} is shorter than flush_interval="
@@ -389,7 +397,7 @@ class StatsConfig:
 
 
 def options_markdown() -> str:
-    """The options table of docs/configuration.md (regenerate it with ``python -m redis_stats.config``)."""
+    """The options table of docs/configuration.md (``python -m redis_stats.config_table`` prints it)."""
     defaults = {f.name: f.default for f in dataclasses.fields(StatsConfig)}
     rows = ["| option | environment variable | default | meaning |", "|---|---|---|---|"]
     for o in _options().values():
@@ -404,6 +412,3 @@ def _options() -> dict[str, _Option]:
         for f in dataclasses.fields(StatsConfig)
     }
 
-
-if __name__ == "__main__":
-    print(options_markdown())

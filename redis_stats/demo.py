@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -46,6 +47,9 @@ class DemoOptions:
     duration: float | None = None
     log_interval: float = 5.0
     flush_interval: float = 0.5
+    leader: str = "rank0"
+    restart_after: float = 20.0
+    """Seconds after a node process dies before the demo starts it again (0: never)."""
 
 
 def run_demo(
@@ -62,6 +66,7 @@ def run_demo(
         sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
     }
     try:
+        _check_port(opts.host, opts.port)  # before Redis and the node processes start
         url = opts.redis_url
         if url is None:
             server = EmbeddedRedis().start()
@@ -78,13 +83,17 @@ def run_demo(
             flush_interval=opts.flush_interval,
             log_interval=opts.log_interval,
             stale_after=max(10.0, 4 * opts.flush_interval),
+            leader=opts.leader,
         )
-        for node in range(opts.nodes):
-            for api in range(opts.api_servers):
-                children.append(_spawn_node(config, node, api, opts.api_servers))
+        slots = [
+            (opts.first_engine + node, api) for node in range(opts.nodes) for api in range(opts.api_servers)
+        ]
+        for engine, api in slots:
+            children.append(_spawn_node(config, engine, api))
+        last_engine = opts.first_engine + opts.nodes - 1
         print(
-            f"simulating {opts.nodes} nodes x {opts.api_servers} API servers "
-            f"({len(children)} processes, engines 0..{opts.nodes - 1})",
+            f"simulating {_plural(opts.nodes, 'node')} x {_plural(opts.api_servers, 'API server')} "
+            f"({_plural(len(children), 'process', 'processes')}, engines {opts.first_engine}..{last_engine})",
             file=out,
             flush=True,
         )
@@ -94,17 +103,58 @@ def run_demo(
             f"  try: curl -s {exporter.url}/metrics"
             " | grep -E '^vllm:(generation_tokens_total|num_requests_running)'\n"
             f"       curl -s {exporter.url}/snapshot | python3 -m json.tool | head -40\n"
-            f"periodic log lines (from node 0, API server 0) every {opts.log_interval:g} s; Ctrl-C stops",
+            f"  live page: {exporter.url}/\n"
+            f"  in another terminal (the URL by environment, not on the command line{_own(url)}):\n"
+            f"       export REDIS_STATS_URL='{mask_url(url)}' REDIS_STATS_NAMESPACE={opts.namespace}\n"
+            f"       redis-stats top\n"
+            f"       redis-stats inspect\n"
+            f"periodic log lines ({_printer(opts)}) every {opts.log_interval:g} s; Ctrl-C stops",
             file=out,
             flush=True,
         )
         if ready is not None:
             ready(exporter)
         deadline = None if opts.duration is None else time.monotonic() + opts.duration
+        restart_at: dict[int, float] = {}  # slot -> when its dead process starts again
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
-            if any(c.poll() is not None for c in children):
-                print("a node process exited unexpectedly; stopping", file=out, flush=True)
-                return 1
+            now = time.monotonic()
+            for i, child in enumerate(children):
+                (engine, api), code = slots[i], child.poll()
+                if code is not None and i not in restart_at:
+                    # The rest of the fleet goes on: the engine shows DOWN once every API server
+                    # of its node is silent for stale_after, a lease leader is replaced.
+                    then = (
+                        f"restarting it in {opts.restart_after:g} s"
+                        if opts.restart_after > 0
+                        else "not restarting it (--restart-after 0)"
+                    )
+                    siblings = [
+                        c for j, c in enumerate(children) if slots[j][0] == engine and c.poll() is None
+                    ]
+                    effect = (
+                        f"engine {engine} goes on through its other API servers"
+                        if siblings
+                        else f"engine {engine} shows DOWN after {config.stale_after:g} s without a heartbeat"
+                    )
+                    if config.leader == "rank0" and (engine, api) == (0, 0):
+                        effect += (
+                            "; it printed the log, which pauses until it is back (--leader lease fails over)"
+                        )
+                    print(
+                        f"node {engine} API server {api} (pid {child.pid}) exited with code {code}; "
+                        f"the others go on; {effect}; {then}",
+                        file=out,
+                        flush=True,
+                    )
+                    restart_at[i] = now + opts.restart_after if opts.restart_after > 0 else float("inf")
+                elif code is not None and now >= restart_at[i]:
+                    children[i] = _spawn_node(config, engine, api)
+                    del restart_at[i]
+                    print(
+                        f"restarted node {engine} API server {api} (pid {children[i].pid})",
+                        file=out,
+                        flush=True,
+                    )
             stop.wait(0.2)
         return 0
     except KeyboardInterrupt:
@@ -132,7 +182,31 @@ def run_demo(
         )
 
 
-def _spawn_node(config: StatsConfig, node: int, api: int, api_servers: int) -> subprocess.Popen[bytes]:
+def _plural(n: int, word: str, plural: str | None = None) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {plural or word + 's'}"
+
+
+def _own(url: str) -> str:
+    return "; put your password where *** is" if mask_url(url) != url else ""
+
+
+def _printer(opts: DemoOptions) -> str:
+    if opts.leader == "lease":
+        return "from whichever process holds the log lease; kill it and another takes over"
+    return f"from node {opts.first_engine}, API server 0" if opts.first_engine == 0 else "from node 0"
+
+
+def _check_port(host: str, port: int) -> None:
+    """Raise OSError now if *port* cannot be served, rather than after Redis and the nodes start."""
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        # As http.server binds (allow_reuse_address): a port in TIME_WAIT is not "taken".
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+
+
+def _spawn_node(config: StatsConfig, node: int, api: int) -> subprocess.Popen[bytes]:
     # The URL goes by environment, never argv: a command line is readable by every user of the
     # machine (ps, /proc/<pid>/cmdline), a process' environment only by its owner.
     env = {**os.environ, URL_ENV: config.url}
@@ -146,6 +220,7 @@ def _spawn_node(config: StatsConfig, node: int, api: int, api_servers: int) -> s
         str(config.flush_interval),
         str(config.log_interval),
         str(config.stale_after),
+        config.leader,
     ]
     # Own process group: a Ctrl-C in the terminal reaches the demo, which then stops its children
     # in order (flushing their last updates) instead of all of them dying at once.
@@ -160,6 +235,7 @@ def run_node(
     flush_interval: float,
     log_interval: float,
     stale_after: float,
+    leader_mode: str = "rank0",
 ) -> None:
     """One simulated API server of node *node* (engine rank *node*), until SIGTERM."""
     from .connection import make_client
@@ -184,6 +260,7 @@ def run_node(
         flush_interval=flush_interval,
         log_interval=log_interval,
         stale_after=stale_after,
+        leader=leader_mode,
     )
     catalog = vllm_catalog()
     writer = StatsWriter(config, catalog, engines=[node], role=f"node{node}-api{api}")
@@ -192,6 +269,8 @@ def run_node(
     sim = SimulatedApiServer(recorder, node, profile, seed=node * 100 + api)
     leader = make_leader(config, make_client(config), [node], process_rank=api, holder=writer.writer_id)
     reporter = StatsReporter(StatsReader(config, catalog), leader, interval=log_interval, logger=logger)
+    # The baseline read now, so the first line comes one interval after start (not two).
+    reporter.tick()
     reporter.start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -212,4 +291,5 @@ if __name__ == "__main__":
         float(sys.argv[4]),
         float(sys.argv[5]),
         float(sys.argv[6]),
+        sys.argv[7] if len(sys.argv) > 7 else "rank0",
     )

@@ -2,8 +2,12 @@
 
     GET /metrics        every engine's series (Prometheus text format), one Redis read
     GET /snapshot       the same snapshot as JSON: per engine up, age, counters, gauges, and
-                        histograms with p50/p90/p99 (for routers and autoscalers)
+                        histograms with p50/p90/p99 since start; rates and quantiles over the
+                        last *window* seconds and fleet totals (for routers and autoscalers;
+                        JSON Schema: ``redis_stats/schemas/snapshot.schema.json``)
     GET /healthz        200 when Redis answers, 503 otherwise
+    GET /               a live page (redis_stats/web/index.html): each engine's state, throughput
+                        and latency with charts of the last minutes, polling /snapshot
 
 HTTP as prometheus_client's own server does it (its helpers are reused, not rewritten):
 ``/metrics`` negotiates the format from ``Accept`` with ``choose_encoder`` — OpenMetrics 1.0 when
@@ -12,30 +16,52 @@ renderer — and every body is gzipped when ``Accept-Encoding`` allows it (``gzi
 ``HEAD`` answers every ``GET`` path with the same headers and no body. A connection that stays
 silent for *request_timeout* seconds is closed, so idle clients cannot hold the server's threads.
 
+With ``self_metrics`` (the standalone ``redis-stats exporter``), ``/metrics`` also carries the
+exporter's own process: prometheus_client's ``process_*`` and ``python_*`` collectors, and the
+duration and size of its scrapes (``redis_stats_exporter_*``).
+
 Run it standalone (``redis-stats exporter``) or inside any process (:class:`Exporter`).
 """
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import logging
 import threading
+import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
 from typing import Any
 
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, gzip_accepted
+from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import (
+    CONTENT_TYPE_PLAIN_0_0_4,
+    choose_encoder,
+    generate_latest,
+    gzip_accepted,
+)
 
 from .collector import RedisCollector
 from .config import redact
 from .errors import error_kind
 from .reader import StatsReader
+from .recent import FleetSummary, SnapshotRing, snapshot_document, summary_problems
 
 __all__ = ["Exporter"]
 
 log = logging.getLogger("redis_stats.exporter")
 
-PATHS = ("/metrics", "/snapshot", "/healthz")
+PATHS = ("/", "/metrics", "/snapshot", "/healthz")
+
+
+@functools.cache
+def live_page() -> bytes:
+    """The page served at ``/`` (package data; read once, never changes)."""
+    return (resources.files("redis_stats") / "web" / "index.html").read_bytes()
 
 # gzip level 6 (zlib's default) rather than prometheus_client's 9: on a multi-megabyte scrape it is
 # several times faster for a body a few percent larger (bench/http_exporter.py measures both).
@@ -85,6 +111,18 @@ def openmetrics_from_text(text: str) -> str:
     return "".join(out)
 
 
+class _Both:
+    """The Redis view and the exporter's own metrics as one collector (for prometheus_client's writers)."""
+
+    def __init__(self, exporter: Exporter) -> None:
+        self.exporter = exporter
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.exporter.collector.collect()
+        if self.exporter.own_registry is not None:
+            yield from self.exporter.own_registry.collect()
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
@@ -92,6 +130,72 @@ class _Server(ThreadingHTTPServer):
         # A client that hung up mid-response is routine for a metrics endpoint: a debug line, not
         # socketserver's traceback on stderr.
         log.debug("connection from %s ended with an error", client_address, exc_info=True)
+
+
+# Buckets of redis_stats_exporter_scrape_duration_seconds: a scrape takes milliseconds for a few
+# engines and up to seconds for a thousand on a loaded host.
+SCRAPE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+# /snapshot reports rates only over at least this fraction of the window (3 s of 30 s); the sampler
+# takes a snapshot every SAMPLE_EVERY of the window, so once warm a full window is always there.
+MIN_SPAN = 0.1
+SAMPLE_EVERY = 1 / 6
+
+
+class ScrapeStats:
+    """Duration and size of the exporter's ``/metrics`` answers, as metrics (thread safe).
+
+    A scrape's own duration and size are known only after its body is built, so each body carries
+    the figures of the scrapes before it (as prometheus_client's own collectors do).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._buckets = [0] * len(SCRAPE_BUCKETS)
+        self._count = 0
+        self._sum = 0.0
+        self._bytes = 0.0
+        self._last_bytes = 0.0
+
+    def observe(self, seconds: float, size: int) -> None:
+        """Count one scrape that took *seconds* and answered *size* bytes (before compression)."""
+        with self._lock:
+            for i, bound in enumerate(SCRAPE_BUCKETS):
+                if seconds <= bound:
+                    self._buckets[i] += 1
+            self._count += 1
+            self._sum += seconds
+            self._bytes += size
+            self._last_bytes = size
+
+    def describe(self) -> list[Metric]:
+        """Nothing to describe ahead (registering must stay cheap)."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """The scrape figures so far."""
+        with self._lock:
+            buckets, count, total = list(self._buckets), self._count, self._sum
+            size, last = self._bytes, self._last_bytes
+        hist = HistogramMetricFamily(
+            "redis_stats_exporter_scrape_duration_seconds",
+            "Time taken to build the answers to /metrics (read of Redis, render, encode).",
+        )
+        pairs = [(repr(b), float(c)) for b, c in zip(SCRAPE_BUCKETS, buckets)] + [("+Inf", float(count))]
+        hist.add_metric([], pairs, total)
+        yield hist
+        sent = CounterMetricFamily(
+            "redis_stats_exporter_scrape_bytes", "Bytes of /metrics bodies built (before compression)."
+        )
+        sent.add_metric([], size)
+        yield sent
+        last_size = GaugeMetricFamily(
+            "redis_stats_exporter_last_scrape_size_bytes",
+            "Size of the last /metrics body (before compression).",
+        )
+        last_size.add_metric([], last)
+        yield last_size
 
 
 class Exporter:
@@ -102,6 +206,15 @@ class Exporter:
     operation of a connection: a client that sends no request for that long is disconnected and
     its thread freed, and a response must be sent within it (``sendall``'s timeout covers the
     whole body; the default, 10 s, is Prometheus' default scrape timeout).
+
+    ``/snapshot`` adds rates and quantiles over the last *window* seconds and fleet totals. The
+    window comes from the snapshots this exporter took (every ``/snapshot`` request, and one every
+    ``window / 6`` seconds from the first request on); one shorter than a tenth of *window* is not
+    reported. *summary* names fleet figures for a product (e.g.
+    ``redis_stats.integrations.vllm.summary.VLLM_FLEET_SUMMARY``). With *self_metrics* ``/metrics``
+    also shows this process (``process_*``, ``python_*``) and its scrapes: on for the standalone
+    ``redis-stats exporter``; off by default because a host such as vLLM already serves its own
+    process metrics on its own ``/metrics``.
     """
 
     def __init__(
@@ -113,13 +226,34 @@ class Exporter:
         port: int = 9400,
         gc_interval: float = 0.0,
         request_timeout: float = 10.0,
+        window: float = 30.0,
+        summary: FleetSummary | None = None,
+        self_metrics: bool = False,
     ) -> None:
         if not request_timeout > 0:
             raise ValueError(f"request_timeout={request_timeout!r} must be a positive number of seconds")
+        if not window > 0:
+            raise ValueError(f"window={window!r} must be a positive number of seconds (the /snapshot rates)")
+        problems = summary_problems(summary or {})
+        if problems:
+            raise ValueError("; ".join(problems))
         self.reader = reader
         self.engines = engines
         self.request_timeout = request_timeout
+        self.window = window
+        self.summary = dict(summary or {})
         self.collector = RedisCollector(reader, engines=engines)
+        # Twice the window: a baseline a full window old is still there when the next sample lands.
+        self._ring = SnapshotRing(keep=2 * window)
+        self._sampler_started = threading.Event()
+        self.scrapes = ScrapeStats()
+        # The exporter's own process and scrapes: a registry of its own (never the host's global
+        # one, which a host such as vLLM serves on its own port).
+        self.own_registry: CollectorRegistry | None = None
+        if self_metrics:
+            self.own_registry = CollectorRegistry(auto_describe=False)
+            for own in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR, self.scrapes):
+                self.own_registry.register(own)
         self._server = _Server((host, port), self._handler())
         self._thread: threading.Thread | None = None
         self.gc_interval = gc_interval
@@ -185,22 +319,51 @@ class Exporter:
         :func:`openmetrics_from_text`; another OpenMetrics version is generated by
         prometheus_client over :meth:`RedisCollector.collect`.
         """
+        started = time.perf_counter()
         encoder, content_type = choose_encoder(accept or "")
         if not content_type.startswith("application/openmetrics-text"):
-            return CONTENT_TYPE_PLAIN_0_0_4, self.collector.render_text().encode()
-        if "version=1.0.0;" in content_type:
+            body = (self.collector.render_text() + self._own_text()).encode()
+        elif "version=1.0.0;" in content_type:
             # Prometheus' default: the fast text, turned into OpenMetrics 1.0 (same samples).
-            return content_type, openmetrics_from_text(self.collector.render_text()).encode()
-        return content_type, encoder(self.collector)  # another version: prometheus_client writes it
+            body = openmetrics_from_text(self.collector.render_text() + self._own_text()).encode()
+        else:
+            body = encoder(_Both(self))  # another version: prometheus_client writes it
+        self.scrapes.observe(time.perf_counter() - started, len(body))
+        if not content_type.startswith("application/openmetrics-text"):
+            content_type = CONTENT_TYPE_PLAIN_0_0_4
+        return content_type, body
+
+    def _own_text(self) -> str:
+        if self.own_registry is None:
+            return ""
+        return generate_latest(self.own_registry).decode()
 
     def snapshot_json(self) -> tuple[int, dict[str, Any]]:
-        """(HTTP status, document) of ``/snapshot``."""
+        """(HTTP status, document) of ``/snapshot``: the snapshot, its recent window, fleet totals."""
+        self._start_sampler()
         try:
-            snap = self.reader.snapshot(self.engines)
+            snap = self.reader.snapshot(self.engines)  # thread-safe: each read checks its own plan
         except Exception as exc:
             # redis-py's message names a host or a reply; redacted in case it ever quotes a secret.
             return 503, {"error": error_kind(exc), "detail": redact(str(exc), self.reader.config.url)}
-        return 200, snap.to_dict()
+        earlier = self._ring.baseline(snap, self.window, min_span=self.window * MIN_SPAN)
+        self._ring.add(snap)
+        return 200, snapshot_document(snap, earlier, requested=self.window, summary=self.summary)
+
+    def _start_sampler(self) -> None:
+        # Started by the first /snapshot request: an exporter nobody asks for windows (a node view
+        # scraped only for /metrics) adds no reads of Redis.
+        if self._sampler_started.is_set():
+            return
+        self._sampler_started.set()
+        threading.Thread(target=self._sample_loop, name="redis_stats-window", daemon=True).start()
+
+    def _sample_loop(self) -> None:
+        while not self._stop.wait(self.window * SAMPLE_EVERY):
+            try:
+                self._ring.add(self.reader.snapshot(self.engines))
+            except Exception as exc:  # Redis away: the next request reports it
+                log.debug("window sample failed: %s", exc)
 
     def health(self) -> tuple[int, dict[str, Any]]:
         """(HTTP status, document) of ``/healthz``."""
@@ -245,6 +408,8 @@ class Exporter:
                 if path == "/metrics":
                     content_type, body = exporter.metrics(self.headers.get("Accept"))
                     return 200, content_type, body, "Accept, Accept-Encoding"
+                if path == "/":
+                    return 200, "text/html; charset=utf-8", live_page(), "Accept-Encoding"
                 if path == "/snapshot":
                     status, doc = exporter.snapshot_json()
                 elif path == "/healthz":

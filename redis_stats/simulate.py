@@ -41,6 +41,8 @@ class _Request:
     first_token: float = 0.0
     generated: int = 0
     stop_at: int = 0
+    decode_debt: float = 0.0
+    """Fraction of a token decoded but not yet emitted (steps are not a whole number of ITLs)."""
 
 
 @dataclass
@@ -93,11 +95,23 @@ class SimulatedApiServer:
         for req in list(self._running):
             if now < req.first_token:
                 continue
-            new = max(1, int(dt / p.itl_s)) if req.generated else 1
+            if req.generated:
+                # One token every ~itl_s: the step's time in tokens, fractions carried to the next.
+                req.decode_debt += dt / p.itl_s
+                new = int(req.decode_debt)
+                req.decode_debt -= new
+            else:
+                new = 1  # the first token (its latency is the TTFT, not an ITL)
             new = min(new, req.stop_at - req.generated)
+            if new <= 0:
+                continue
+            # As vLLM: one inter-token latency per generated token after a request's first. The
+            # step's tokens of one request share the step's time, so draw once per request and
+            # step around the mean (cheap: one random number, not one per token).
+            latency = max(0.001, rng.gauss(p.itl_s, p.itl_s / 5))
+            itls.extend([latency] * (new - 1 if not req.generated else new))
             generated += new
             req.generated += new
-            itls += [rng.gauss(p.itl_s, p.itl_s / 5) for _ in range(max(0, new - 1))]
             if req.generated >= req.stop_at:
                 self._running.remove(req)
                 finished.append(self._finished(req, now))
@@ -124,7 +138,7 @@ class SimulatedApiServer:
             ),
             num_prompt_tokens=prompt_computed + prompt_cached,
             time_to_first_tokens_iter=[max(0.0, t) for t in ttfts],
-            inter_token_latencies_iter=[max(0.001, x) for x in itls],
+            inter_token_latencies_iter=itls,
             n_params_iter=[1] * len(ttfts),
             max_num_generation_tokens_iter=new_max_tokens,
             finished_requests=finished,

@@ -9,16 +9,29 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import nullcontext
+from typing import Any
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from .reader import StatsReader
 from .reporter import LogMetrics, StatsReporter, engine_intervals
 from .snapshot import EngineSnapshot, HistogramValue, Snapshot
 
-__all__ = ["COLUMNS", "ITL", "TTFT", "render", "run_top"]
+__all__ = [
+    "COLUMNS",
+    "DROP_ORDER",
+    "ITL",
+    "TTFT",
+    "columns_for",
+    "render",
+    "render_plain",
+    "run_top",
+    "title_of",
+]
 
 TTFT = "vllm:time_to_first_token_seconds"
 ITL = "vllm:inter_token_latency_seconds"
@@ -36,6 +49,9 @@ COLUMNS = (
     "ITL p50",
     "ITL p99",
 )
+# On a narrow terminal these columns go first, in this order: a column is shown whole or not at
+# all. Engine, up, generation throughput, running and KV usage stay (they fit in 40 columns).
+DROP_ORDER = ("age s", "TTFT p50", "ITL p50", "waiting", "prompt tok/s", "ITL p99", "TTFT p99")
 
 
 def _merged(engine: EngineSnapshot | None, name: str) -> HistogramValue | None:
@@ -63,67 +79,210 @@ def _recent(previous: Snapshot, current: Snapshot, engine: int, name: str) -> Hi
     return now.minus(_merged(previous.engines.get(engine), name))
 
 
-def render(previous: Snapshot, current: Snapshot, metrics: LogMetrics | None = None) -> Table:
-    """The table for the interval between two snapshots."""
-    table = Table(title=f"redis_stats — {len(current.engines)} engines", header_style="bold")
-    for column in COLUMNS:
-        table.add_column(column, justify="left" if column in ("engine", "up") else "right")
+def _cells(previous: Snapshot, current: Snapshot, metrics: LogMetrics | None) -> list[tuple[str, list[str]]]:
+    """(style, cells in COLUMNS order) per engine, then the totals row (style "total")."""
+    rows: list[tuple[str, list[str]]] = []
     intervals = engine_intervals(previous, current, metrics)
     for engine, snap in sorted(current.engines.items()):
         iv = intervals.get(engine)
         if iv is None:  # stale: no numbers presented as current
-            table.add_row(str(engine), "[red]DOWN[/red]", f"{snap.age:.1f}", *["-"] * (len(COLUMNS) - 3))
+            rows.append(("down", [str(engine), "DOWN", f"{snap.age:.1f}", *["-"] * (len(COLUMNS) - 3)]))
             continue
         ttft, itl = _recent(previous, current, engine, TTFT), _recent(previous, current, engine, ITL)
-        table.add_row(
-            str(engine),
-            "[green]up[/green]",
-            f"{snap.age:.1f}",
-            f"{iv.prompt_throughput:.1f}",
-            f"{iv.generation_throughput:.1f}",
-            f"{iv.running:.0f}",
-            f"{iv.waiting:.0f}",
-            f"{iv.kv_usage * 100:.1f}",
-            _ms(ttft.quantile(0.5) if ttft and ttft.count else None),
-            _ms(ttft.quantile(0.99) if ttft and ttft.count else None),
-            _ms(itl.quantile(0.5) if itl and itl.count else None),
-            _ms(itl.quantile(0.99) if itl and itl.count else None),
+        rows.append(
+            (
+                "up",
+                [
+                    str(engine),
+                    "up",
+                    f"{snap.age:.1f}",
+                    f"{iv.prompt_throughput:.1f}",
+                    f"{iv.generation_throughput:.1f}",
+                    f"{iv.running:.0f}",
+                    f"{iv.waiting:.0f}",
+                    f"{iv.kv_usage * 100:.1f}",
+                    _ms(ttft.quantile(0.5) if ttft and ttft.count else None),
+                    _ms(ttft.quantile(0.99) if ttft and ttft.count else None),
+                    _ms(itl.quantile(0.5) if itl and itl.count else None),
+                    _ms(itl.quantile(0.99) if itl and itl.count else None),
+                ],
+            )
         )
     agg = StatsReporter.aggregate(intervals)
-    table.add_section()
-    table.add_row(
-        "total",
-        f"{len(intervals)}/{len(current.engines)}",
-        "",
-        f"{agg.prompt_throughput:.1f}",
-        f"{agg.generation_throughput:.1f}",
-        f"{agg.running:.0f}",
-        f"{agg.waiting:.0f}",
-        f"{agg.kv_usage * 100:.1f}",
-        "",
-        "",
-        "",
-        "",
+    rows.append(
+        (
+            "total",
+            [
+                "total",
+                f"{len(intervals)}/{len(current.engines)}",
+                "",
+                f"{agg.prompt_throughput:.1f}",
+                f"{agg.generation_throughput:.1f}",
+                f"{agg.running:.0f}",
+                f"{agg.waiting:.0f}",
+                f"{agg.kv_usage * 100:.1f}",
+                "",
+                "",
+                "",
+                "",
+            ],
+        )
     )
+    return rows
+
+
+def title_of(current: Snapshot, namespace: str | None = None, url: str | None = None) -> str:
+    """``redis_stats — namespace 'demo' at redis://…:***@host:port/0 — 12:00:01 — 2 engines``."""
+    parts = ["redis_stats"]
+    if namespace is not None:
+        parts.append(f"namespace {namespace!r}" + (f" at {url}" if url else ""))
+    parts.append(time.strftime("%H:%M:%S", time.localtime(current.time)))
+    parts.append(_plural(len(current.engines), "engine"))
+    return " — ".join(parts)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def columns_for(width: int | None, rows: list[list[str]]) -> list[int]:
+    """Indexes of the COLUMNS that fit in *width* characters, whole (never a cut number).
+
+    Every column is as wide as its widest cell or header, plus rich's padding and border (3
+    characters, and 1 for the last border). Columns go in DROP_ORDER until the rest fits.
+    """
+    keep = list(range(len(COLUMNS)))
+    if width is None:
+        return keep
+    widths = [max(len(COLUMNS[i]), *(len(r[i]) for r in rows)) for i in range(len(COLUMNS))]
+    for name in (None, *DROP_ORDER):
+        if name is not None:
+            keep.remove(COLUMNS.index(name))
+        if sum(widths[i] + 3 for i in keep) + 1 <= width:
+            break
+    return keep
+
+
+def render(
+    previous: Snapshot,
+    current: Snapshot,
+    metrics: LogMetrics | None = None,
+    *,
+    title: str | None = None,
+    width: int | None = None,
+) -> Table:
+    """The table for the interval between two snapshots, with the columns that fit in *width*."""
+    rows = _cells(previous, current, metrics)
+    keep = columns_for(width, [cells for _, cells in rows])
+    table = Table(title=title or title_of(current), header_style="bold")
+    for i in keep:
+        name = COLUMNS[i]
+        # no_wrap: a number is shown whole or its column is not shown (columns_for chose).
+        table.add_column(name, justify="left" if name in ("engine", "up") else "right", no_wrap=True)
+    for style, cells in rows:
+        shown = [cells[i] for i in keep]
+        if style == "total":
+            table.add_section()
+        elif 1 in keep:  # the "up" column
+            j = keep.index(1)
+            shown[j] = "[red]DOWN[/red]" if style == "down" else "[green]up[/green]"
+        table.add_row(*shown)
     return table
+
+
+def render_plain(
+    previous: Snapshot, current: Snapshot, metrics: LogMetrics | None = None, *, title: str | None = None
+) -> str:
+    """Every column as plain aligned text (no box, no colour, no width limit): for pipes and scripts."""
+    rows = [list(COLUMNS)] + [cells for _, cells in _cells(previous, current, metrics)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    lines = [title or title_of(current)]
+    for row in rows:
+        lines.append(
+            "  ".join(
+                cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))
+            ).rstrip()
+        )
+    return "\n".join(lines)
+
+
+def _redis_failures() -> tuple[type[BaseException], ...]:
+    import redis
+
+    return (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
 
 
 def run_top(
     reader: StatsReader, *, interval: float = 2.0, once: bool = False, console: Console | None = None
 ) -> None:
-    """Refresh the table every *interval* seconds until Ctrl-C; with *once*, print one table and return."""
+    """Refresh the table every *interval* seconds until Ctrl-C; with *once*, print one table and return.
+
+    The first two reads must succeed (a failure propagates: the command ends with one line). After
+    that a failed read shows "Redis unavailable" and top keeps trying every *interval*: when Redis
+    comes back (restarted, failed over), the table returns one interval later.
+    On a terminal the table fits its width (columns go in DROP_ORDER); elsewhere (a pipe, a file)
+    it is plain aligned text with every column, never wrapped or cut.
+    """
     console = console or Console()
+    config = reader.config
+    plain = not console.is_terminal
+
+    def show(previous: Snapshot, current: Snapshot) -> Any:
+        title = title_of(current, config.namespace, config.safe_url)
+        if plain:
+            return render_plain(previous, current, title=title)
+        return render(previous, current, title=title, width=console.width)
+
     previous = reader.snapshot()
     time.sleep(interval)
     current = reader.snapshot()
-    if once:
-        console.print(render(previous, current))
+    if plain:
+        console.print(show(previous, current), markup=False, highlight=False, soft_wrap=True, crop=False)
+        if once:
+            return
+    elif once:
+        console.print(show(previous, current))
         return
-    with Live(render(previous, current), console=console, refresh_per_second=4) as live:
+    failures = _redis_failures()
+    last: Snapshot | None = current
+    # A pipe gets one plain table per interval; a terminal one live table, redrawn in place.
+    live_display = (
+        nullcontext() if plain else Live(show(previous, current), console=console, refresh_per_second=4)
+    )
+    with live_display as live:
         try:
             while True:
                 time.sleep(interval)
-                previous, current = current, reader.snapshot()
-                live.update(render(previous, current))
+                try:
+                    snap = reader.snapshot()
+                except failures as exc:
+                    from .config import redact
+                    from .errors import error_kind
+
+                    last = None
+                    note = (
+                        f"Redis unavailable at {config.safe_url} ({error_kind(exc)}: "
+                        f"{redact(str(exc), config.url)}); trying again every {interval:g} s"
+                    )
+                    if plain:
+                        console.print(note, markup=False, highlight=False, soft_wrap=True)
+                    else:
+                        live.update(Text(note, style="bold red"))
+                    continue
+                if last is None:  # back after an outage: rates need two reads
+                    last = snap
+                    note = f"Redis is back at {config.safe_url}; figures in {interval:g} s"
+                    if plain:
+                        console.print(note, markup=False, highlight=False, soft_wrap=True)
+                    else:
+                        live.update(Text(note, style="bold yellow"))
+                    continue
+                previous, last = last, snap
+                if plain:
+                    console.print(
+                        show(previous, last), markup=False, highlight=False, soft_wrap=True, crop=False
+                    )
+                else:
+                    live.update(show(previous, last))
         except KeyboardInterrupt:
             pass

@@ -8,24 +8,39 @@
 Every flush interval the thread sends one script call with every change since the last one
 (see :mod:`redis_stats.accumulator` for the exactly-once rules). Start-up does not need Redis;
 while Redis is down, updates keep landing in memory and nothing raises into the caller.
+
+**Fork.** A writer made before ``os.fork()`` (gunicorn ``--preload``, multiprocessing's fork
+start method) carries on in both processes. The parent keeps its id, its pending and in-flight
+data. The child becomes a new writer: a new id, no pending data (it never re-sends the
+parent's), fresh locks, a new connection pool, and its own flusher thread, started by its first
+record (not by the fork itself). Children bound before the fork (``tokens = ...labels(...)``)
+keep working in the child and count for the child. See docs/operations.md for the asyncio writer.
 """
 
 from __future__ import annotations
 
 import atexit
+
+# The first connect imports the "idna" codec (socket.getaddrinfo encodes the host name). A fork
+# while the parent's flusher is inside that import leaves the module's import lock held for
+# ever in the child, whose first connect then hangs: import it here, before any flusher runs.
+import encodings.idna  # noqa: F401
 import logging
 import math
 import os
 import secrets
 import socket
+import sys
 import threading
 import time
+import weakref
 from bisect import bisect_left
 from collections import Counter as _Tally
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from redis.utils import HIREDIS_AVAILABLE
 
 from .accumulator import Accumulator, FlushProtocol, FlushResult
 from .catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, CatalogError, MetricSpec
@@ -69,6 +84,48 @@ def new_writer_id(role: str = "") -> str:
         parts.append(role)
     parts.append(secrets.token_hex(3))
     return ":".join(parts)
+
+
+# Every live writer, weakly (the registry must not keep a writer alive), for the fork hooks below.
+_LIVE: weakref.WeakSet[WriterCore] = weakref.WeakSet()
+_LIVE_LOCK = threading.Lock()
+_FORKING: list[WriterCore] = []
+
+
+def _before_fork() -> None:
+    # Hold every writer's record lock across fork(): no thread is half-way through an update
+    # when the child's copy is made, and the lock is released (not orphaned) on both sides. It
+    # is held for microseconds at a time (a take only swaps under it), so fork() barely waits.
+    _LIVE_LOCK.acquire()
+    _FORKING[:] = list(_LIVE)
+    for writer in _FORKING:
+        writer._before_fork()
+        writer._acc.lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    for writer in _FORKING:
+        writer._acc.lock.release()
+    _FORKING.clear()
+    _LIVE_LOCK.release()
+
+
+def _after_fork_in_child() -> None:
+    for writer in _FORKING:
+        writer._acc.lock.release()
+    writers, _FORKING[:] = list(_FORKING), []
+    _LIVE_LOCK.release()
+    for writer in writers:
+        try:
+            writer._forked()
+        except Exception:  # pragma: no cover - a hook must not break the host's fork
+            pass
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(
+        before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
+    )
 
 
 # Upper bounds (s) of the flush-duration histogram of every writer's self-metrics.
@@ -201,6 +258,8 @@ class WriterCore:
         )
         self._protocol = FlushProtocol(self._acc)
         self._closed = False
+        with _LIVE_LOCK:
+            _LIVE.add(self)
 
     def __repr__(self) -> str:
         return (
@@ -244,6 +303,25 @@ class WriterCore:
     def pending(self) -> bool:
         """Whether any update has not been confirmed by Redis yet."""
         return self._protocol.has_pending()
+
+    def _before_fork(self) -> None:
+        """In the parent, just before fork(), before the record lock is taken (no I/O)."""
+
+    def _forked(self) -> None:
+        """In a child process after fork(): become a new writer with nothing pending.
+
+        Runs in the at-fork hook (no thread may be started here, no I/O done). The parent's
+        pending and in-flight data stay the parent's: the child must not send them again.
+        """
+        self.writer_id = new_writer_id(self._role)
+        self.stats = WriterStats()
+        self._acc.forget_pending(self.writer_id)
+        self._protocol = FlushProtocol(self._acc)
+
+    def lost_summary(self) -> str:
+        """What is not confirmed by Redis yet, in words (for the line logged when it is given up)."""
+        series, pending = self._protocol.in_flight_series(), self._acc.pending_series()
+        return f"{series} series in the unconfirmed batch and {pending} more changed since"
 
     # -- the flush protocol, without I/O -------------------------------------------------------
 
@@ -327,6 +405,42 @@ class WriterCore:
             )
 
 
+class _SlicedPacker:
+    """Packs a command as hiredis does, a slice of arguments at a time.
+
+    hiredis packs a whole command in one C call that holds the GIL: a flush of 100,000 series
+    (400,000 arguments) held it for ~100 ms, and every record call of the host waited that long.
+    Between slices other threads run; the bytes on the wire are the same.
+    """
+
+    SLICE = 2048  # about 0.5 ms of packing
+
+    def pack(self, *args: Any) -> list[bytes | memoryview]:
+        """The RESP encoding of *args*, as a list of chunks to send in order."""
+        import hiredis
+
+        # As redis-py's HiredisRespSerializer: "SCRIPT LOAD" is two words, buffers become bytes.
+        if isinstance(args[0], str):
+            args = (*args[0].encode().split(), *args[1:])
+        elif b" " in args[0]:
+            args = (*args[0].split(), *args[1:])
+        args = tuple(bytes(a) if isinstance(a, (bytearray, memoryview)) else a for a in args)
+        if len(args) <= self.SLICE:
+            return [hiredis.pack_command(args)]
+        out: list[bytes | memoryview] = [b"*%d\r\n" % len(args)]
+        for i in range(0, len(args), self.SLICE):
+            part = hiredis.pack_command(args[i : i + self.SLICE])
+            out.append(memoryview(part)[part.index(b"\r\n") + 2 :])  # without the slice's own header
+            time.sleep(0)  # give the GIL to the host's threads between slices
+        return out
+
+
+def _close_in_multiprocessing_child(writer: StatsWriter) -> None:
+    import multiprocessing.util
+
+    multiprocessing.util.Finalize(writer, writer.close, exitpriority=100)
+
+
 class StatsWriter(WriterCore):
     """Records stats of one process incarnation and flushes them to Redis from a thread.
 
@@ -336,6 +450,8 @@ class StatsWriter(WriterCore):
     ``redis_stats_engine_conflict`` shows it. *client* overrides the client built from
     ``config.url`` (tests pass a fakeredis client). With ``start=False`` no thread runs and
     :meth:`flush` is called by hand.
+
+    Fork-safe: after ``os.fork()`` the child is a new writer (see the module docstring).
     """
 
     def __init__(
@@ -350,29 +466,80 @@ class StatsWriter(WriterCore):
         client: Any = None,
         start: bool = True,
     ) -> None:
-        super().__init__(config, catalog, engines=engines, writer_id=writer_id, role=role, owner=owner)
-        self._client = client if client is not None else make_client(self.config)  # no I/O yet
-        self._script = self._client.register_script(load_script("flush"))
         self._flush_lock = threading.Lock()
         self._stop = threading.Event()
+        self._closing = threading.Event()  # close() asks the flusher thread for the last flush
+        self._closed_done = threading.Event()  # ... which sets this when it has finished
+        self._close_ok = False
+        self._close_deadline = 0.0
         self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._mp_hooked = False
+        super().__init__(config, catalog, engines=engines, writer_id=writer_id, role=role, owner=owner)
+        self._own_client = client is None
+        self._client: Any = None
+        self._script: Any = None
+        self._use_client(client if client is not None else make_client(self.config))  # no I/O yet
         if start:
             self.start()
 
+    def _use_client(self, client: Any) -> None:
+        self._client = client
+        self._script = client.register_script(load_script("flush"))
+        kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+        if self._own_client and HIREDIS_AVAILABLE and isinstance(kwargs, dict):
+            kwargs.setdefault("command_packer", _SlicedPacker())
+
     def start(self) -> None:
         """Start the flusher thread (idempotent). Needs no Redis connection."""
-        if self._thread is not None or self._closed:
-            return
-        self._thread = threading.Thread(
-            target=self._run, name=f"redis_stats-flusher-{self.writer_id}", daemon=True
-        )
-        self._thread.start()
+        with self._start_lock:
+            if self._thread is not None or self._closed:
+                return
+            self._thread = threading.Thread(
+                target=self._run, name=f"redis_stats-flusher-{self.writer_id}", daemon=True
+            )
+            self._thread.start()
         atexit.register(self.close)
 
     def _run(self) -> None:
         interval = self.config.flush_interval
         while not self._stop.wait(interval):
             self.flush()
+        if self._closing.is_set():
+            self._close_ok = self._final_flush(self._close_deadline)
+            self._closed_done.set()
+
+    def _before_fork(self) -> None:
+        mp_util = sys.modules.get("multiprocessing.util")
+        if mp_util is not None and not self._mp_hooked and not self._closed:
+            # A multiprocessing child ends with os._exit(), which skips atexit. Its bootstrap
+            # clears the finalizers it inherited, then runs these after-fork callbacks: register
+            # the close there (gunicorn workers exit normally, and atexit closes them).
+            self._mp_hooked = True
+            mp_util.register_after_fork(self, _close_in_multiprocessing_child)
+
+    def _forked(self) -> None:
+        super()._forked()
+        # Locks and events may have been held or waited on by threads that do not exist here.
+        self._flush_lock = threading.Lock()
+        self._start_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._closing = threading.Event()
+        self._closed_done = threading.Event()
+        had_thread, self._thread = self._thread is not None, None
+        if self._own_client:
+            # The parent's sockets are the parent's: build a new pool on the next flush. (A
+            # client passed in is the caller's; redis-py resets its pool itself after fork.)
+            self._client = None
+        if had_thread and not self._closed:
+            # No thread may start in an at-fork hook: the child's first record starts it.
+            self._acc.wake = self._wake_after_fork
+
+    def _wake_after_fork(self) -> None:
+        """Called once by the first record in a forked child (under the record lock)."""
+        self._acc.wake = None
+        # Thread.start() waits only for the new thread to begin; it never needs the record lock.
+        self.start()
 
     def flush(self, *, closing: bool = False) -> bool:
         """Send what is pending now, in one script call. True if Redis confirmed it.
@@ -381,6 +548,8 @@ class StatsWriter(WriterCore):
         batch is sent again next time.
         """
         with self._flush_lock:
+            if self._client is None:  # first flush in a forked child
+                self._use_client(make_client(self.config))
             keys, args = self.prepare_flush(closing=closing)
             started = time.perf_counter()
             try:
@@ -417,41 +586,65 @@ class StatsWriter(WriterCore):
         self.replication_check(acked)
         return reply
 
-    def close(self, timeout: float = 5.0) -> bool:
-        """Stop the thread and flush what is left (for at most *timeout* seconds).
+    def close(self, timeout: float | None = None) -> bool:
+        """Stop the thread and flush what is left, for at most *timeout* seconds (default
+        ``config.close_timeout``); runs at interpreter exit too.
 
         Returns True when everything recorded was confirmed by Redis. The writer is marked
-        closed in Redis, so its gauges stop counting as current at once.
+        closed in Redis, so its gauges stop counting as current at once. When Redis does not
+        confirm in time, one warning says what was lost, and close returns anyway: a shutdown
+        is never held by Redis for much longer than *timeout*. (Without a flusher thread,
+        ``start=False``, close makes the attempt itself: one attempt may then last up to
+        ``connect_timeout_ms + socket_timeout_ms`` past the deadline.)
         """
         if self._closed:
             return not self.pending()
+        budget = self.config.close_timeout if timeout is None else max(0.0, float(timeout))
+        deadline = time.monotonic() + budget
         self._closed = True
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._close_deadline = deadline
         atexit.unregister(self.close)
-        deadline = time.monotonic() + timeout
-        done = False
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            # The flusher thread makes the last flush, and close waits for it only until the
+            # deadline: an attempt stuck on a hung socket (up to connect + socket timeout) is
+            # left to the daemon thread instead of holding the caller (no new thread is started:
+            # Python 3.12 refuses that at interpreter exit).
+            self._closing.set()
+            self._stop.set()
+            done = self._closed_done.wait(max(0.0, deadline - time.monotonic())) and self._close_ok
+        else:
+            self._stop.set()
+            done = self._final_flush(deadline)
+        if not done:
+            log.warning(
+                "closing writer %s: gave up after %.1f s; not confirmed by %s and lost: %s",
+                self.writer_id,
+                budget,
+                self.config.safe_url,
+                self.lost_summary(),
+            )
+        if done or thread is None or not thread.is_alive():
+            try:
+                if self._client is not None:
+                    self._client.close()
+            except Exception:
+                pass
+        return done
+
+    def _final_flush(self, deadline: float) -> bool:
+        """Flush (marking the writer closed) until confirmed or *deadline*; True if confirmed."""
+        if self._client is None and not self.pending():
+            return True  # a forked child that recorded nothing: nothing of its own to send
         while True:
             ok = self.flush(closing=True)
             if ok and not self.pending():
-                done = True
-                break
-            if time.monotonic() >= deadline:
-                break
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
             if not ok:
-                time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
-        if not done:
-            log.warning(
-                "closing writer %s: updates not confirmed by %s were lost",
-                self.writer_id,
-                self.config.safe_url,
-            )
-        try:
-            self._client.close()
-        except Exception:
-            pass
-        return done
+                time.sleep(min(0.1, left))
 
     def __enter__(self) -> StatsWriter:
         return self

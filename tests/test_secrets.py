@@ -307,6 +307,12 @@ def exporter_process(env: dict[str, str], args: list[str]) -> tuple[str, dict[st
 def test_cli_commands_never_print_the_secret(acl_redis, namespace, python_env, tmp_path):
     good = reachable_forms(acl_redis.port)["odd-encoded"]
     down = f"redis://statsuser:{ENC}@127.0.0.1:{free_port()}/0?password={PLAIN}"
+    # Something in the namespace: inspect, top and gc answer an empty one with exit code 3.
+    config = StatsConfig(url=good, namespace=namespace)
+    writer = StatsWriter(config, sample_catalog(), engines=[0], start=False)
+    writer.counter("tokens").labels(engine=0).inc()
+    assert writer.flush()
+    writer.close()
     surfaces: dict[str, str] = {}
     for label, url in (("up", good), ("down", down)):
         url_file = tmp_path / f"{label}.url"

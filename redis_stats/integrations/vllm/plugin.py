@@ -251,10 +251,10 @@ class RedisStatLogger(AggregateStatLoggerBase):
         )
         from .serve import maybe_serve
 
-        maybe_serve(config, catalog)
+        recorded = [e + config.engine_offset for e in self.engine_indexes]
+        maybe_serve(config, catalog, recorded)
         # vLLM turns its own periodic log off with several API servers; this one is right in every
         # topology because it reads deployment-wide totals. log() drives it.
-        recorded = [e + config.engine_offset for e in self.engine_indexes]
         leader = make_leader(
             config, make_client(config), recorded, process_rank=rank, holder=self.writer.writer_id
         )

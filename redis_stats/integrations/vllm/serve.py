@@ -1,8 +1,15 @@
 """The Redis view for Prometheus, served from inside vLLM on REDIS_STATS_PORT (off by default).
 
-Every API-server process tries to bind the port; the first on a host wins and serves all engines
-of the namespace from Redis (``/metrics``, ``/snapshot``, ``/healthz``: the exporter), the others
-find the port taken and stay quiet.
+Every API-server process tries to bind the port; the first on a host wins and serves the Redis
+view (``/metrics``, ``/snapshot``, ``/healthz``: the exporter), the others find the port taken and
+stay quiet.
+
+``REDIS_STATS_VIEW`` says which engines the view shows (docs/vllm.md, "Scraping: one true total"):
+
+- ``all`` (default): every engine of the namespace. Any one node answers for the whole fleet: scrape
+  ONE such view (a Service, a load balancer), never every node, or sums count each engine N times.
+- ``local``: only the engines of this instance (its vLLM engine indexes plus
+  ``REDIS_STATS_ENGINE_OFFSET``). Scrape EVERY node (a PodMonitor): each engine appears once.
 
 The view is served on loopback unless ``REDIS_STATS_ADDR`` says otherwise: it shows every engine
 of the deployment (every node's), so putting it on a network interface is the operator's choice,
@@ -13,39 +20,66 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ...catalog import Catalog
-from ...config import StatsConfig
+from ...config import ConfigError, StatsConfig
+from .summary import VLLM_FLEET_SUMMARY
 
 if TYPE_CHECKING:
     from ...exporter import Exporter
 
-__all__ = ["DEFAULT_ADDR", "maybe_serve"]
+__all__ = ["DEFAULT_ADDR", "VIEWS", "maybe_serve", "view_engines"]
 
 DEFAULT_ADDR = "127.0.0.1"
+VIEWS = ("all", "local")
 
 log = logging.getLogger("vllm.redis_stats")  # under vLLM's logger: its handlers and format
 
 
-def maybe_serve(config: StatsConfig, catalog: Catalog) -> Exporter | None:
+def view_engines(own: Sequence[int]) -> list[int] | None:
+    """The engines the view serves per ``REDIS_STATS_VIEW``: None (all) or *own* (``local``)."""
+    view = (os.environ.get("REDIS_STATS_VIEW") or "all").strip().lower()
+    if view not in VIEWS:
+        raise ConfigError(
+            f"REDIS_STATS_VIEW={view!r} is not one of {', '.join(VIEWS)}: 'all' when one view is "
+            "scraped for the whole fleet, 'local' when every node is scraped (docs/vllm.md)"
+        )
+    return None if view == "all" else sorted(set(own))
+
+
+def maybe_serve(config: StatsConfig, catalog: Catalog, own_engines: Sequence[int] = ()) -> Exporter | None:
     """Serve /metrics on ``REDIS_STATS_PORT`` (address ``REDIS_STATS_ADDR``, default loopback) if
-    set and free; the running exporter, or None."""
+    set and free.
+
+    *own_engines* are this instance's engines as stored (offset applied): the ``local`` view's.
+    Returns the running exporter, or None (not asked for, or the port is taken).
+    """
     port = os.environ.get("REDIS_STATS_PORT")
     if not port:
         return None
     from ...exporter import Exporter
     from ...reader import StatsReader
 
+    engines = view_engines(own_engines)
     addr = os.environ.get("REDIS_STATS_ADDR") or DEFAULT_ADDR
     try:
-        exporter = Exporter(StatsReader(config, catalog), host=addr, port=int(port))
+        exporter = Exporter(
+            StatsReader(config, catalog),
+            engines=engines,
+            host=addr,
+            port=int(port),
+            summary=VLLM_FLEET_SUMMARY,
+        )
     except OSError:
         log.debug("redis_stats: port %s taken; another process on this host serves the Redis view", port)
         return None
     exporter.start()
+    which = "every engine" if engines is None else f"engines {engines}"
     log.info(
-        "redis_stats: serving every engine of %r on %s/metrics%s",
+        "redis_stats: serving %s of %r on %s/metrics%s",
+        which,
         config.namespace,
         exporter.url,
         " (loopback only; set REDIS_STATS_ADDR to serve other hosts)" if addr == DEFAULT_ADDR else "",

@@ -1,0 +1,125 @@
+"""The namespaces a Redis holds: found by their keys (``SCAN``), on every master of a Cluster.
+
+A namespace exists in Redis as soon as a writer has flushed to it: its keys all start with
+``rs:{NS}:`` (docs/key-schema.md), and ``rs:{NS}:writers`` (a writer's heartbeat) or
+``rs:{NS}:meta`` (the stored catalogue) is always among them. ``redis-stats namespaces`` lists
+them; ``inspect``, ``top`` and ``gc`` name them when given a namespace that holds nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from .keys import Keys
+
+__all__ = ["NamespaceInfo", "describe_namespaces", "find_namespaces", "namespace_holds_data"]
+
+# The keys that mark a namespace: any flush writes the writers' heartbeats, and the first one the
+# catalogue (meta). A namespace cannot contain braces (config checks it), so the text between
+# ``rs:{`` and the first ``}:`` is the namespace.
+_MARKERS = ("meta", "writers", "engines")
+
+
+@dataclass(frozen=True)
+class NamespaceInfo:
+    """What one namespace holds, at a glance."""
+
+    namespace: str
+    engines: int
+    engines_up: int
+    writers: int
+    writers_live: int
+    last_heartbeat_age: float | None
+    """Seconds since the newest engine heartbeat (server time); None when no engine has one."""
+    problem: str | None = None
+    """Why the namespace could not be read (a key of the wrong type), if it could not."""
+
+
+def _scan(client: Any, pattern: str) -> list[str]:
+    """Every key matching *pattern*; on a Cluster, every master's (``SCAN`` is per node)."""
+    from redis.cluster import RedisCluster
+
+    if isinstance(client, RedisCluster):
+        return list(client.scan_iter(match=pattern, count=1000, target_nodes=RedisCluster.PRIMARIES))
+    return list(client.scan_iter(match=pattern, count=1000))
+
+
+def find_namespaces(client: Any) -> list[str]:
+    """The namespaces with data in this Redis (database), sorted. One SCAN pass over ``rs:{*}``."""
+    found: set[str] = set()
+    for key in _scan(client, "rs:{*}:*"):
+        if isinstance(key, bytes):
+            key = key.decode("utf-8", "replace")
+        inner = key[len("rs:{") :]
+        end = inner.find("}:")
+        if end > 0 and inner[end + 2 :] in _MARKERS:
+            found.add(inner[:end])
+    return sorted(found)
+
+
+def namespace_holds_data(client: Any, namespace: str) -> bool:
+    """True when the namespace has a writer, an engine or a stored catalogue.
+
+    Only commands the least-privilege reader ACL has (docs/operations.md: ``+zrange +hget``, no
+    ``EXISTS``), so a reader can run ``top`` as before.
+    """
+    keys = Keys(namespace)
+    return bool(
+        client.zrange(keys.writers, 0, 0)
+        or client.zrange(keys.engines, 0, 0)
+        or client.hget(keys.meta, "schema")
+    )
+
+
+def describe_namespaces(
+    client: Any, stale_after: float, names: list[str] | None = None
+) -> list[NamespaceInfo]:
+    """Engines (up within *stale_after* seconds), writers (live) and newest heartbeat of each."""
+    names = find_namespaces(client) if names is None else names
+    seconds, micros = client.time()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    infos = []
+    for ns in names:
+        keys = Keys(ns)
+        try:
+            engines = client.zrange(keys.engines, 0, -1, withscores=True)
+            writers = client.zrange(keys.writers, 0, -1, withscores=True)
+        except redis.ResponseError as exc:  # one bad key costs its namespace's line only
+            infos.append(NamespaceInfo(ns, 0, 0, 0, 0, None, problem=str(exc).split("\n")[0][:120]))
+            continue
+        beats = [score for _, score in engines]
+        newest = max(beats) if beats else None
+        infos.append(
+            NamespaceInfo(
+                namespace=ns,
+                engines=len(engines),
+                engines_up=sum(now_ms - s <= stale_after * 1000 for s in beats),
+                writers=len(writers),
+                # Closed writers have a negative score (key-schema.md): never live.
+                writers_live=sum(0 <= now_ms - s <= stale_after * 1000 for _, s in writers),
+                last_heartbeat_age=None if newest is None else max(0.0, (now_ms - newest) / 1000),
+            )
+        )
+    return infos
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def summary(info: NamespaceInfo) -> str:
+    """One line: ``demo: 2 engines (2 up), 4 writers (4 live), last heartbeat 0.3 s ago``."""
+    if info.problem is not None:
+        return f"{info.namespace}: unreadable ({info.problem})"
+    beat = (
+        "no heartbeat"
+        if info.last_heartbeat_age is None
+        else f"last heartbeat {info.last_heartbeat_age:.1f} s ago"
+    )
+    return (
+        f"{info.namespace}: {_plural(info.engines, 'engine')} ({info.engines_up} up), "
+        f"{_plural(info.writers, 'writer')} ({info.writers_live} live), {beat}"
+    )

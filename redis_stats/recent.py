@@ -1,0 +1,218 @@
+"""Recent load: rates and quantiles over a window, and fleet totals, from two snapshots.
+
+Routers and autoscalers need what an engine does *now*, not totals since it started. A
+:class:`SnapshotRing` keeps the snapshots an exporter took in the last few windows (bounded, thread
+safe: the exporter serves requests on threads), and :func:`recent_document` turns the newest and
+the oldest one within the window into the ``window`` and ``fleet`` blocks of ``/snapshot``.
+
+Fleet totals are generic over the catalogue (every counter's summed rate, every gauge's sum, mean
+and max over live engines). A :data:`FleetSummary` names a few of them for a product (the vLLM
+integration injects ``running``, ``waiting``, mean KV usage and token throughput); this module
+knows no product's metric names.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from .catalog import COUNTER, GAUGE
+from .snapshot import HistogramValue, Snapshot
+
+__all__ = [
+    "SUMMARY_KINDS",
+    "FleetSummary",
+    "SnapshotRing",
+    "recent_document",
+    "snapshot_document",
+    "summary_problems",
+]
+
+#: A named fleet figure -> (kind, metric name). Kinds: ``rate`` (a counter's per-second increase
+#: over the window, summed over engines and labels), ``sum`` / ``mean`` / ``max`` (a gauge over live
+#: engines, summed over labels per engine first).
+FleetSummary = Mapping[str, tuple[str, str]]
+SUMMARY_KINDS = ("rate", "sum", "mean", "max")
+
+# Quantiles reported for windowed histograms (as the since-start ones of Snapshot.to_dict).
+QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+
+
+def summary_problems(summary: FleetSummary) -> list[str]:
+    """What is wrong with a summary mapping (empty when it is usable)."""
+    return [
+        f"fleet summary {name!r}: kind {kind!r} is not one of {', '.join(SUMMARY_KINDS)}"
+        for name, (kind, _metric) in summary.items()
+        if kind not in SUMMARY_KINDS
+    ]
+
+
+class SnapshotRing:
+    """The snapshots of the last *keep* seconds (at most *maxlen*), oldest first; thread safe.
+
+    Only whole, immutable :class:`Snapshot` objects go in: a reader of the ring gets references it
+    may use without the lock (nothing mutates a snapshot after it is decoded).
+    """
+
+    def __init__(self, keep: float, maxlen: int = 256) -> None:
+        if not keep > 0:
+            raise ValueError(f"keep={keep!r} must be a positive number of seconds")
+        self.keep = keep
+        self._ring: deque[Snapshot] = deque(maxlen=maxlen)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._ring)
+
+    def add(self, snap: Snapshot) -> None:
+        """Keep *snap*; drop what is older than *keep* seconds before it (server clock)."""
+        with self._lock:
+            if self._ring and snap.time < self._ring[-1].time:
+                return  # an older read finishing late (another thread): the ring stays in order
+            self._ring.append(snap)
+            while self._ring and self._ring[0].time < snap.time - self.keep:
+                self._ring.popleft()
+
+    def baseline(self, now: Snapshot, window: float, min_span: float = 0.0) -> Snapshot | None:
+        """The oldest kept snapshot at most *window* and at least *min_span* seconds before *now*.
+
+        *min_span* keeps rates over a few milliseconds (two requests in a row) from being reported
+        as the current load: such a window is noise, not a measurement.
+        """
+        with self._lock:
+            for snap in self._ring:
+                if now.time - window <= snap.time <= now.time - min_span and snap.time < now.time:
+                    return snap
+        return None
+
+
+def _json(value: float) -> float | str | None:
+    if math.isnan(value):
+        return None
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return value
+
+
+def _increase(now: float, before: float) -> float:
+    # A counter that went down (Redis lost its data) counts from 0, as Prometheus' rate() does.
+    return now - before if now >= before else now
+
+
+def recent_document(
+    now: Snapshot,
+    earlier: Snapshot | None,
+    *,
+    requested: float,
+    summary: FleetSummary | None = None,
+) -> dict[str, Any]:
+    """The ``window`` and ``fleet`` blocks of ``/snapshot`` (see docs/snapshot.md).
+
+    Without an *earlier* snapshot there is no window: ``window.seconds`` is None, every rate and
+    windowed quantile is absent, and fleet rates are None (gauges are still summed).
+    """
+    seconds = now.time - earlier.time if earlier is not None else None
+    engines: dict[str, Any] = {}
+    rate_sums: dict[str, float] = {}
+    for e in sorted(now.engines.values(), key=lambda e: e.engine):
+        block: dict[str, Any] = {"rates": [], "histograms": []}
+        before = earlier.engines.get(e.engine) if earlier is not None and seconds else None
+        if seconds:
+            for (name, values), v in sorted(e.counters.items()):
+                old = before.counters.get((name, values), 0.0) if before is not None else 0.0
+                rate = _increase(v, old) / seconds
+                rate_sums[name] = rate_sums.get(name, 0.0) + rate
+                labels = _labels(now, name, values)
+                block["rates"].append({"name": name, "labels": labels, "per_second": _json(rate)})
+            for (name, values), h in sorted(e.histograms.items()):
+                old_h = before.histograms.get((name, values)) if before is not None else None
+                recent = _since(h, old_h)
+                item: dict[str, Any] = {
+                    "name": name,
+                    "labels": _labels(now, name, values),
+                    "count": _json(recent.count),
+                    "per_second": _json(recent.count / seconds),
+                    "mean": _json(recent.sum / recent.count) if recent.count > 0 else None,
+                }
+                for key, q in QUANTILES:
+                    item[key] = _json(recent.quantile(q))
+                block["histograms"].append(item)
+        engines[str(e.engine)] = block
+    gauges = _gauge_totals(now)
+    fleet: dict[str, Any] = {
+        "engines": len(now.engines),
+        "engines_up": sum(1 for e in now.engines.values() if e.up),
+        "rates": {
+            spec.name: (_json(rate_sums.get(spec.name, 0.0)) if seconds else None)
+            for spec in now.catalog
+            if spec.kind == COUNTER
+        },
+        "gauges": gauges,
+    }
+    if summary:
+        fleet["summary"] = {
+            label: _summary_value(kind, metric, fleet, bool(seconds))
+            for label, (kind, metric) in summary.items()
+        }
+    return {
+        "window": {"requested_seconds": requested, "seconds": seconds, "engines": engines},
+        "fleet": fleet,
+    }
+
+
+def _since(now: HistogramValue, before: HistogramValue | None) -> HistogramValue:
+    """Observations since *before*; all of *now* after a reset (fewer observations than before)."""
+    if before is None or before.bounds != now.bounds or before.count > now.count:
+        return now
+    return now.minus(before)
+
+
+def _labels(snap: Snapshot, name: str, values: tuple[str, ...]) -> dict[str, str]:
+    spec = snap.catalog.get(name)
+    return dict(zip(spec.labels, values)) if spec else {}
+
+
+def _gauge_totals(snap: Snapshot) -> dict[str, dict[str, Any]]:
+    """Per gauge metric: sum, mean and max over live engines (each engine's series summed first)."""
+    per_engine: dict[str, list[float]] = {}
+    for e in snap.engines.values():
+        if not e.up:
+            continue
+        sums: dict[str, float] = {}
+        for (name, _values), v in e.gauges.items():
+            sums[name] = sums.get(name, 0.0) + v
+        for name, v in sums.items():
+            per_engine.setdefault(name, []).append(v)
+    out: dict[str, dict[str, Any]] = {}
+    for spec in snap.catalog:
+        if spec.kind != GAUGE:
+            continue
+        values = per_engine.get(spec.name, [])
+        out[spec.name] = {
+            "engines": len(values),
+            "sum": _json(sum(values)) if values else None,
+            "mean": _json(sum(values) / len(values)) if values else None,
+            "max": _json(max(values)) if values else None,
+        }
+    return out
+
+
+def _summary_value(kind: str, metric: str, fleet: dict[str, Any], have_window: bool) -> Any:
+    if kind == "rate":
+        return fleet["rates"].get(metric) if have_window else None
+    gauge = fleet["gauges"].get(metric)
+    return gauge.get(kind) if gauge else None
+
+
+def snapshot_document(
+    now: Snapshot, earlier: Snapshot | None, *, requested: float, summary: FleetSummary | None = None
+) -> dict[str, Any]:
+    """The whole ``/snapshot`` document (and ``redis-stats inspect --json``): the snapshot since start,
+    then its ``window`` and ``fleet`` blocks. Valid against ``schemas/snapshot.schema.json``."""
+    doc = now.to_dict()
+    doc.update(recent_document(now, earlier, requested=requested, summary=summary))
+    return doc

@@ -1,0 +1,93 @@
+"""A real headless Chromium, driven through chromedriver's W3C WebDriver HTTP API (urllib only).
+
+Debian packages: ``apt-get install chromium chromium-driver`` (``make test-browser`` does it).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+from typing import Any
+
+from redis_stats.embedded import free_port
+
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--window-size=1280,800",
+]
+
+
+def missing() -> str | None:
+    """Why no browser test can run here, or None."""
+    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
+        return "no chromium here: make test-browser installs it (apt-get install chromium chromium-driver)"
+    if not shutil.which("chromedriver"):
+        return "no chromedriver here: make test-browser installs it (apt-get install chromium-driver)"
+    return None
+
+
+class Browser:
+    """One headless Chromium session."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.profile = tempfile.mkdtemp(prefix="redis_stats-chromium-")
+        self.driver = subprocess.Popen(
+            ["chromedriver", f"--port={self.port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        self.base = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                self._call("GET", "/status")
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        caps = {"browserName": "chrome", "goog:chromeOptions": {
+            "args": [*CHROMIUM_ARGS, f"--user-data-dir={self.profile}"],
+            "binary": shutil.which("chromium") or shutil.which("chromium-browser"),
+        }}  # fmt: skip
+        reply = self._call("POST", "/session", {"capabilities": {"alwaysMatch": caps}})
+        self.session = f"/session/{reply['value']['sessionId']}"
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, method=method)
+        req.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return json.loads(resp.read())
+
+    def get(self, url: str) -> None:
+        """Load *url* (returns when the page has loaded)."""
+        self._call("POST", self.session + "/url", {"url": url})
+
+    def js(self, script: str) -> Any:
+        """The value of *script* (a function body: ``return ...``) in the page."""
+        return self._call("POST", self.session + "/execute/sync", {"script": script, "args": []})["value"]
+
+    def screenshot(self) -> bytes:
+        """The window as PNG."""
+        return base64.b64decode(self._call("GET", self.session + "/screenshot")["value"])
+
+    def close(self) -> None:
+        """End the session and the driver (which ends its browser)."""
+        try:
+            self._call("DELETE", self.session)
+        except OSError:
+            pass
+        self.driver.terminate()
+        self.driver.wait(10)
+        shutil.rmtree(self.profile, ignore_errors=True)
