@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-e2e test-vllm test-browser lint demo bench clean
+.PHONY: test test-e2e test-vllm test-browser vllm-next-diff bench-vllm lint demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,26 @@ $(VLLM_VENV)/.installed: pyproject.toml
 
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm_conformance.py tests/vllm
+
+# vLLM's next release has no CPU build: its wheel (about 340 MB, no dependencies) is unpacked into
+# .vllm-next/ (Python files only) and its vllm:* families compared with the installed vLLM's.
+# tests/vllm/test_vllm_next.py (in test-vllm) uses the same tree when it exists.
+VLLM_NEXT ?= 0.33.0
+.vllm-next/vllm/v1/metrics/loggers.py:
+	mkdir -p .vllm-next
+	$(PYTHON) -m pip download --quiet --no-deps 'vllm==$(VLLM_NEXT)' -d .vllm-next
+	$(PYTHON) -c "import glob, zipfile; w = glob.glob('.vllm-next/vllm-$(VLLM_NEXT)-*.whl')[0]; z = zipfile.ZipFile(w); z.extractall('.vllm-next', [n for n in z.namelist() if n.startswith('vllm/') and n.endswith('.py')])"
+	rm -f .vllm-next/vllm-$(VLLM_NEXT)-*.whl
+
+vllm-next-diff: $(VLLM_VENV)/.installed .vllm-next/vllm/v1/metrics/loggers.py
+	$(VLLM_VENV)/bin/python tests/vllm/families_diff.py \
+		$$($(VLLM_VENV)/bin/python -c "import os, vllm; print(os.path.dirname(vllm.__file__))") .vllm-next/vllm
+
+# What the plugin costs a real `vllm serve` (CPU build, tiny model): the same load with and
+# without it, alternating; a few minutes. BENCH_VLLM_ARGS="--rounds 6 --seconds 20" for more.
+BENCH_VLLM_ARGS ?=
+bench-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python bench/vllm_serve.py $(BENCH_VLLM_ARGS)
 
 # The live page (the exporter's /) in a real headless Chromium, from the Debian packages.
 test-browser: $(STAMP)
@@ -69,4 +89,4 @@ bench: $(STAMP) $(BENCH_VENV)/.installed $(PRC_VENV)/.installed
 	$(BENCH_VENV)/bin/python bench/peers.py --prc-python $(PRC_VENV)/bin/python
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) $(PRC_VENV) .pytest_cache build dist *.egg-info
+	rm -rf $(VENV) $(BENCH_VENV) $(PRC_VENV) .vllm-next .pytest_cache build dist *.egg-info

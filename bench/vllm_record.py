@@ -25,6 +25,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from redis_stats import StatsConfig, StatsWriter
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
 
+OURS = "redis_stats plugin record (VllmRecording)"
+
 
 def batches(n: int = 8) -> list[tuple[object, object]]:
     """*n* engine-step batches (scheduler stats, iteration stats), as vLLM objects when available."""
@@ -120,13 +122,9 @@ def batches(n: int = 8) -> list[tuple[object, object]]:
     return out
 
 
-def vllm_baseline():
-    """vLLM's own PrometheusStatLogger.record, or None without vLLM."""
-    try:
-        from vllm.v1.metrics.loggers import PrometheusStatLogger
-    except ImportError:
-        return None
-    cfg = NS(
+def vllm_config() -> NS:
+    """A VllmConfig as far as the stat loggers read it: vLLM's defaults, no speculative decoding."""
+    return NS(
         observability_config=NS(
             show_hidden_metrics=False,
             kv_cache_metrics=False,
@@ -144,7 +142,28 @@ def vllm_baseline():
         cache_config=NS(),
         scheduler_config=NS(),
     )
-    return PrometheusStatLogger(cfg, [0]).record
+
+
+def vllm_baseline():
+    """vLLM's own PrometheusStatLogger.record, or None without vLLM."""
+    try:
+        from vllm.v1.metrics.loggers import PrometheusStatLogger
+    except ImportError:
+        return None
+    return PrometheusStatLogger(vllm_config(), [0]).record
+
+
+def ours(writer_config: StatsConfig):
+    """(record, writer): the plugin's per-step path (VllmRecording: the recorder and the parts vLLM
+    builds through handed classes) with vLLM, the recorder alone without."""
+    try:
+        from redis_stats.integrations.vllm.plugin import VllmRecording, catalog_for
+    except ImportError:
+        writer = StatsWriter(writer_config, vllm_catalog(), engines=[0], start=False)
+        return VllmRecorder(writer, "m", [0]).record, writer
+    cfg = vllm_config()
+    writer = StatsWriter(writer_config, catalog_for(cfg), engines=[0], start=False)
+    return VllmRecording(cfg, writer, [0]).record, writer
 
 
 def prometheus_client_baseline():
@@ -226,8 +245,7 @@ def main() -> None:
     n = 200 if parser.parse_args().quick else 3000
     steps = batches()
     cfg = StatsConfig(url="redis://127.0.0.1:1/0", namespace="bench")
-    writer = StatsWriter(cfg, vllm_catalog(), engines=[0], start=False)  # memory only: no flusher
-    ours = VllmRecorder(writer, "m", [0]).record
+    ours_record, writer = ours(cfg)  # memory only: no flusher
     baseline = vllm_baseline()
     name = "vLLM PrometheusStatLogger.record"
     if baseline is None:
@@ -238,10 +256,10 @@ def main() -> None:
             record(sched, it, engine_idx=0)
 
     per_batch = {}
-    for label, record in (("redis_stats VllmRecorder.record", ours), (name, baseline)):
+    for label, record in ((OURS, ours_record), (name, baseline)):
         best = min(timeit.repeat(lambda r=record: run(r), number=n, repeat=5))
         per_batch[label] = best / (n * len(steps)) * 1e6
-    ours_us, base_us = per_batch["redis_stats VllmRecorder.record"], per_batch[name]
+    ours_us, base_us = per_batch[OURS], per_batch[name]
     print("record of one engine-step batch (32 running, 1 new, 1/8 finished), microseconds, best of 5")
     for label, us in per_batch.items():
         print(f"    {label:<48}{us:>8.1f}")

@@ -191,6 +191,8 @@ def test_each_layout_scrapes_every_engine_exactly_once(layout):
     if "REDIS_STATS_VIEW" in env or workload["kind"] == "StatefulSet":
         # vLLM pods: every pod is scraped, so each must serve only its own engines, at that port.
         assert env["REDIS_STATS_VIEW"]["value"] == "local"
+        # The view listens on loopback by default: a scraper from outside the pod needs this.
+        assert env["REDIS_STATS_ADDR"]["value"] not in ("127.0.0.1", "localhost", "::1")
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         assert [str(ports[t]) for t in target_ports] == [env["REDIS_STATS_PORT"]["value"]]
         offset = env["REDIS_STATS_ENGINE_OFFSET"]["valueFrom"]["fieldRef"]["fieldPath"]

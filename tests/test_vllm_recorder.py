@@ -9,6 +9,7 @@ import pytest
 from redis_stats import StatsReader, StatsWriter
 from redis_stats.integrations.vllm import VllmRecorder, namespace_for_model, vllm_catalog
 from redis_stats.integrations.vllm.catalog import build_1_2_5_buckets
+from redis_stats.integrations.vllm.recorder import VllmFeatures
 
 from .test_collector import scrape
 from .vllm_shapes import finished, iteration, scheduler
@@ -178,3 +179,65 @@ def test_namespace_from_model_name_is_always_valid():
 def test_importing_redis_stats_never_imports_vllm():
     code = "import sys, redis_stats, redis_stats.integrations.vllm; assert 'vllm' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_optional_families_only_when_switched_on_as_in_vllm(config, fake_client):
+    """Watermark counts, KV-cache residency and KV-fetch stages exist only with their vLLM option;
+    spec decoding and NaN counting can be switched off."""
+    cat = vllm_catalog(max_model_len=1000)
+    on = VllmFeatures(
+        spec_decoding=False, corrupted=False, kv_consumer=True, watermark=True, kv_cache_metrics=True
+    )
+    writers = [StatsWriter(config, cat, engines=[0], client=fake_client(), start=False) for _ in range(2)]
+    plain, full = VllmRecorder(writers[0], MODEL, [0]), VllmRecorder(writers[1], "full", [0], features=on)
+    sched = scheduler(running=1)
+    sched.num_kv_fetch_reqs_by_stage = {"in_progress": 2}
+    sched.kv_cache_eviction_events = [
+        SimpleNamespace(lifetime_seconds=90.0, idle_seconds=0.5, reuse_gaps_seconds=(0.004, 3.0))
+    ]
+    it = iteration(prompt=3)
+    it.num_watermarked_reqs, it.num_watermark_skipped_reqs, it.num_not_watermarked_reqs = 2, 1, 0
+    it.num_corrupted_reqs = 1
+    for r in (plain, full):
+        r.record(sched, it, engine_idx=0)
+    fams = flush_and_scrape(writers, config, cat, fake_client)
+
+    def of(name, model, sample=None):
+        return {
+            tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("engine", "model_name"))): s.value
+            for s in fams[name].samples
+            if s.labels["model_name"] == model and (sample is None or s.name == sample)
+        } if name in fams else {}
+
+    assert of("vllm:watermark_requests", "full") == {
+        (("status", "watermarked"),): 2.0,
+        (("status", "skipped"),): 1.0,
+        (("status", "not_watermarked"),): 0.0,
+    }
+    assert of("vllm:watermark_requests", MODEL) == {}
+    assert of("vllm:num_requests_kv_fetch_by_stage", "full") == {
+        (("stage", "waiting_to_start"),): 0.0,
+        (("stage", "in_progress"),): 2.0,
+        (("stage", "completed_waiting"),): 0.0,
+    }
+    assert of("vllm:num_requests_kv_fetch_by_stage", MODEL) == {}
+    count = "vllm:kv_block_reuse_gap_seconds_count"
+    assert of("vllm:kv_block_reuse_gap_seconds", "full", count) == {(): 2.0}
+    assert of("vllm:kv_block_lifetime_seconds", "full", "vllm:kv_block_lifetime_seconds_sum") == {(): 90.0}
+    assert of("vllm:kv_block_idle_before_evict_seconds", MODEL) == {}
+    assert of("vllm:corrupted_requests", MODEL) == {(): 1.0}
+    assert of("vllm:corrupted_requests", "full") == {}
+    assert of("vllm:spec_decode_num_drafts", MODEL) == {(): 0.0}
+    assert of("vllm:spec_decode_num_drafts", "full") == {}
+
+
+def test_custom_histogram_buckets_replace_a_family_as_in_vllm():
+    cat = vllm_catalog(1000, bucket_overrides={"request_latency": [1, 10], "request_tokens": [5, 50]})
+    for name in ("vllm:e2e_request_latency_seconds", "vllm:request_decode_time_seconds"):
+        assert cat[name].buckets == (1.0, 10.0)
+    assert cat["vllm:request_prompt_tokens"].buckets == (5.0, 50.0)
+    assert cat["vllm:time_to_first_token_seconds"].buckets == vllm_catalog(1000)[
+        "vllm:time_to_first_token_seconds"
+    ].buckets
+    with pytest.raises(ValueError, match="request_latencies"):
+        vllm_catalog(1000, bucket_overrides={"request_latencies": [1]})

@@ -46,6 +46,11 @@ def get(url: str) -> str:
     return urllib.request.urlopen(url, timeout=30).read().decode()
 
 
+def families(text: str) -> set[str]:
+    """The vllm:* families that have samples."""
+    return {f.name for f in text_string_to_metric_families(text) if f.name.startswith("vllm:") and f.samples}
+
+
 def per_engine(text: str) -> dict[str, dict[str, float]]:
     """{counter: {engine: value}} summed over the other labels (finished_reason, model_name)."""
     out: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -148,11 +153,17 @@ def test_internal_dp_two_api_servers_redis_view_equals_vllm(tiny_model, redis_ur
             server.complete(f"the quick brown fox {i}", max_tokens=4 + i % 5)
         theirs = settle(lambda: per_engine(server.metrics()))
         ours = settle(lambda: per_engine(get(f"http://127.0.0.1:{view_port}/metrics")))
+        their_families = families(server.metrics())
+        our_families = families(get(f"http://127.0.0.1:{view_port}/metrics"))
         time.sleep(5)  # two log intervals, so the reporter has printed
     finally:
         server.stop()
     assert set(theirs["vllm:generation_tokens"]) == {"0", "1"}
     assert ours == theirs
+    # Every family vLLM's /metrics shows (the MFU estimates included), and no other.
+    assert "vllm:estimated_flops_per_gpu" in their_families
+    only_theirs, only_ours = sorted(their_families - our_families), sorted(our_families - their_families)
+    assert our_families == their_families, f"only in vLLM: {only_theirs}; only here: {only_ours}"
     assert sum(theirs["vllm:request_success"].values()) == 16
     printers = {
         line.split(" pid=")[1].split(")")[0]

@@ -2,21 +2,28 @@
 ``PrometheusStatLogger`` (vllm/v1/metrics/loggers.py), so dashboards work unchanged. Checked
 against vLLM 0.32 by tests/test_vllm_conformance.py.
 
-Every series also carries ``engine`` (added by redis_stats) and ``model_name``.
+Every series also carries ``engine`` (added by redis_stats) and ``model_name``. The families vLLM
+builds through classes it is handed (spec decoding, MFU estimates, KV/EC connectors) are not
+listed here: the plugin lets vLLM's own code define them (``prom.py``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from ...catalog import Catalog
 
 __all__ = [
+    "BUCKET_FAMILIES",
     "FINISH_REASONS",
     "ITERATION_TOKEN_BUCKETS",
     "ITL_BUCKETS",
+    "KV_CACHE_RESIDENCY_BUCKETS",
     "PROMPT_TOKEN_SOURCES",
     "REQUEST_LATENCY_BUCKETS",
     "SLEEP_STATES",
     "TTFT_BUCKETS",
+    "WATERMARK_STATUSES",
     "build_1_2_5_buckets",
     "vllm_catalog",
 ]
@@ -38,6 +45,23 @@ REQUEST_LATENCY_BUCKETS = (
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 N_PARAM_BUCKETS = (1, 2, 5, 10, 20)
 REQUEST_NUM_PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
+KV_CACHE_RESIDENCY_BUCKETS = (
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600,
+    1200, 1800,
+)  # fmt: skip
+# vLLM's bucket families (vllm/v1/metrics/buckets.py): the keys of its
+# ``--custom-histogram-buckets`` (ObservabilityConfig.custom_histogram_buckets).
+BUCKET_FAMILIES = (
+    "request_latency",
+    "time_to_first_token",
+    "inter_token_latency",
+    "iteration_tokens",
+    "request_params_n",
+    "request_num_preemptions",
+    "request_tokens",
+    "kv_cache_residency",
+)
+WATERMARK_STATUSES = ("watermarked", "skipped", "not_watermarked")
 
 # vLLM's FinishReason values as they appear in the finished_reason label.
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
@@ -61,13 +85,33 @@ def build_1_2_5_buckets(max_value: int) -> tuple[int, ...]:
         exponent += 1
 
 
-def vllm_catalog(max_model_len: int = 8192, cache_config_labels: tuple[str, ...] = ()) -> Catalog:
+def vllm_catalog(
+    max_model_len: int = 8192,
+    cache_config_labels: tuple[str, ...] = (),
+    bucket_overrides: Mapping[str, Sequence[float]] | None = None,
+) -> Catalog:
     """The vLLM catalogue; token-count buckets follow *max_model_len* as in vLLM.
 
     *cache_config_labels* are the keys of ``CacheConfig.metrics_info()`` (they vary by vLLM
-    version), used for ``vllm:cache_config_info``.
+    version), used for ``vllm:cache_config_info``. *bucket_overrides* is vLLM's
+    ``custom_histogram_buckets`` (bucket family -> bounds, :data:`BUCKET_FAMILIES`): a family
+    given there replaces its defaults, as in vLLM.
     """
-    tokens = build_1_2_5_buckets(max_model_len)
+    overrides = dict(bucket_overrides or {})
+    unknown = sorted(set(overrides) - set(BUCKET_FAMILIES))
+    if unknown:
+        raise ValueError(
+            f"custom histogram buckets for unknown families {unknown}; vLLM's families are "
+            f"{list(BUCKET_FAMILIES)}"
+        )
+
+    def buckets(family: str, default: Sequence[float]) -> tuple[float, ...]:
+        return tuple(overrides.get(family) or default)
+
+    tokens = buckets("request_tokens", build_1_2_5_buckets(max_model_len))
+    ttft_buckets = buckets("time_to_first_token", TTFT_BUCKETS)
+    itl_buckets = buckets("inter_token_latency", ITL_BUCKETS)
+    latency_buckets = buckets("request_latency", REQUEST_LATENCY_BUCKETS)
     cat = Catalog()
     m = (MODEL,)
     # Scheduler state: one value per engine step; the newest write wins across API servers.
@@ -164,7 +208,7 @@ def vllm_catalog(max_model_len: int = 8192, cache_config_labels: tuple[str, ...]
     cat.histogram(
         "vllm:iteration_tokens_total",
         "Histogram of number of tokens per engine_step.",
-        ITERATION_TOKEN_BUCKETS,
+        buckets("iteration_tokens", ITERATION_TOKEN_BUCKETS),
         m,
     )
     cat.histogram(
@@ -173,21 +217,26 @@ def vllm_catalog(max_model_len: int = 8192, cache_config_labels: tuple[str, ...]
         tokens,
         m,
     )
-    cat.histogram("vllm:request_params_n", "Histogram of the n request parameter.", N_PARAM_BUCKETS, m)
+    cat.histogram(
+        "vllm:request_params_n",
+        "Histogram of the n request parameter.",
+        buckets("request_params_n", N_PARAM_BUCKETS),
+        m,
+    )
     cat.histogram(
         "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", tokens, m
     )
     # Histograms of times.
     cat.histogram(
-        "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS, m
+        "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttft_buckets, m
     )
     cat.histogram(
-        "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS, m
+        "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", itl_buckets, m
     )
     cat.histogram(
         "vllm:request_time_per_output_token_seconds",
         "Histogram of time_per_output_token_seconds per request.",
-        ITL_BUCKETS,
+        itl_buckets,
         m,
     )
     for name, phase in (
@@ -202,17 +251,45 @@ def vllm_catalog(max_model_len: int = 8192, cache_config_labels: tuple[str, ...]
             if phase is None
             else f"Histogram of time spent in {phase} phase for request."
         )
-        cat.histogram(name, help_text, REQUEST_LATENCY_BUCKETS, m)
+        cat.histogram(name, help_text, latency_buckets, m)
     cat.histogram(
         "vllm:request_num_preemptions",
         "Histogram of the number of times a request was preempted.",
-        REQUEST_NUM_PREEMPTIONS_BUCKETS,
+        buckets("request_num_preemptions", REQUEST_NUM_PREEMPTIONS_BUCKETS),
         m,
     )
     cat.histogram(
         "vllm:request_prefill_kv_computed_tokens",
         "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
         tokens,
+        m,
+    )
+    # Only with a watermark_config in vLLM (the recorder binds them only then).
+    cat.counter(
+        "vllm:watermark_requests",
+        "Finished requests by watermark status (only with watermark_config).",
+        (MODEL, "status"),
+    )
+    # KV-cache residency, only with --kv-cache-metrics in vLLM (sampled evictions).
+    residency = buckets("kv_cache_residency", KV_CACHE_RESIDENCY_BUCKETS)
+    sampled = "Sampled metrics (controlled by --kv-cache-metrics-sample)."
+    cat.histogram(
+        "vllm:kv_block_lifetime_seconds",
+        f"Histogram of KV cache block lifetime from allocation to eviction. {sampled}",
+        residency,
+        m,
+    )
+    cat.histogram(
+        "vllm:kv_block_idle_before_evict_seconds",
+        f"Histogram of idle time before KV cache block eviction. {sampled}",
+        residency,
+        m,
+    )
+    cat.histogram(
+        "vllm:kv_block_reuse_gap_seconds",
+        "Histogram of time gaps between consecutive KV cache block accesses. Only the most recent "
+        f"accesses are recorded (ring buffer). {sampled}",
+        residency,
         m,
     )
     return cat

@@ -15,6 +15,7 @@ from typing import Any
 
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 
+from ...catalog import Catalog
 from ...config import StatsConfig
 from ...connection import make_client
 from ...leader import make_leader
@@ -22,13 +23,189 @@ from ...reader import StatsReader
 from ...reporter import StatsReporter
 from ...writer import StatsWriter
 from . import namespace_for_model
-from .catalog import vllm_catalog
-from .recorder import VllmRecorder
+from .catalog import BUCKET_FAMILIES, vllm_catalog
+from .prom import metric_classes
+from .recorder import VllmFeatures, VllmRecorder
 
-__all__ = ["RedisStatLogger"]
+__all__ = ["RedisStatLogger", "VllmOwnMetrics", "VllmRecording", "catalog_for", "features_from_config"]
 
 log = logging.getLogger("vllm.redis_stats")  # under vLLM's logger: its handlers and format
 _warned_inactive = False
+
+
+def features_from_config(vllm_config: Any) -> VllmFeatures:
+    """The optional families vLLM's PrometheusStatLogger exposes for *vllm_config* (loggers.py).
+
+    Spec decoding is off here: :class:`VllmOwnMetrics` records it through vLLM's own class.
+    """
+    try:
+        import vllm.envs as envs
+
+        corrupted = bool(envs.VLLM_COMPUTE_NANS_IN_LOGITS)
+    except Exception:
+        corrupted = False
+    observability = getattr(vllm_config, "observability_config", None)
+    kv_transfer = getattr(vllm_config, "kv_transfer_config", None)
+    return VllmFeatures(
+        spec_decoding=False,
+        corrupted=corrupted,
+        kv_consumer=bool(kv_transfer is not None and getattr(kv_transfer, "is_kv_consumer", False)),
+        watermark=getattr(vllm_config, "watermark_config", None) is not None,
+        kv_cache_metrics=bool(getattr(observability, "kv_cache_metrics", False)),
+    )
+
+
+class VllmOwnMetrics:
+    """The families vLLM builds through metric classes it is handed, built by vLLM's own code
+    with redis_stats' classes (``prom.py``), exactly as PrometheusStatLogger builds them:
+
+    - ``SpecDecodingProm``: spec decoding, or the ``vllm:diffusion_*`` names of diffusion models;
+    - ``PerfMetricsProm``: the MFU estimates ``vllm:estimated_*_per_gpu``;
+    - ``KVConnectorProm``: the configured KV connector's ``build_prom_metrics`` (offloading, NIXL,
+      LMCache, Mooncake, ...), fed ``scheduler_stats.kv_connector_stats``;
+    - ``ECConnectorProm``: the same for an encoder-cache connector.
+
+    So every family such a connector defines lands in Redis under its own name, labels and
+    buckets, with no code here per connector. A part that fails to build or to record is logged
+    once and skipped; it never raises into vLLM.
+    """
+
+    def __init__(
+        self, vllm_config: Any, writer: StatsWriter, model_name: object, engine_indexes: list[int]
+    ) -> None:
+        gauge, counter, histogram = metric_classes(writer, fallback_engine=min(engine_indexes, default=0))
+        classes = {"_gauge_cls": gauge, "_counter_cls": counter, "_histogram_cls": histogram}
+        # As PrometheusStatLogger: labels model_name and engine, values per engine.
+        labelnames = ["model_name", "engine"]
+        per_engine: dict[int, list[object]] = {idx: [model_name, str(idx)] for idx in engine_indexes}
+        self._failed: set[str] = set()
+        model_config = getattr(vllm_config, "model_config", None)
+
+        def spec_decoding() -> Any:
+            from vllm.v1.spec_decode.metrics import SpecDecodingProm
+
+            return type("RedisSpecDecodingProm", (SpecDecodingProm,), {"_counter_cls": counter})(
+                vllm_config.speculative_config,
+                labelnames,
+                per_engine,
+                is_diffusion=bool(getattr(model_config, "is_diffusion", False)),
+            )
+
+        def perf() -> Any:
+            from vllm.v1.metrics.perf import PerfMetricsProm
+
+            return type("RedisPerfMetricsProm", (PerfMetricsProm,), {"_counter_cls": counter})(
+                vllm_config, labelnames, per_engine
+            )
+
+        def kv_connector() -> Any:
+            from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm
+
+            made = type("RedisKVConnectorProm", (KVConnectorProm,), classes)
+            return made(vllm_config, labelnames, per_engine)
+
+        def ec_connector() -> Any:
+            from vllm.distributed.ec_transfer.ec_connector.metrics import ECConnectorProm
+
+            made = type("RedisECConnectorProm", (ECConnectorProm,), classes)
+            return made(vllm_config, labelnames, per_engine)
+
+        self.spec_decoding = self._build("spec decoding", spec_decoding)
+        self.perf = self._build("MFU estimates", perf)
+        self.kv_connector = self._build("KV connector", kv_connector)
+        self.ec_connector = self._build("EC connector", ec_connector)
+
+    def _build(self, what: str, make: Any) -> Any:
+        try:
+            return make()
+        except ImportError:  # an older vLLM without this part: it has no such families either
+            return None
+        except Exception as exc:
+            log.warning("redis_stats: the %s metrics are not recorded: %s: %s", what, type(exc).__name__, exc)
+            return None
+
+    def observe(self, scheduler_stats: Any, engine_idx: int) -> None:
+        """Feed one step's scheduler stats to each part, as PrometheusStatLogger.record does."""
+        for what, part, attr in (
+            ("spec decoding", self.spec_decoding, "spec_decoding_stats"),
+            ("KV connector", self.kv_connector, "kv_connector_stats"),
+            ("EC connector", self.ec_connector, "ec_connector_stats"),
+            ("MFU estimates", self.perf, "perf_stats"),
+        ):
+            if part is None:
+                continue
+            stats = getattr(scheduler_stats, attr, None)
+            if stats is None:
+                continue
+            try:
+                part.observe(stats, engine_idx)
+            except Exception as exc:  # a connector's observe asserts on what it does not know
+                if what not in self._failed:
+                    self._failed.add(what)
+                    log.warning(
+                        "redis_stats: recording %s stats failed (%s: %s); further failures are not logged",
+                        what,
+                        type(exc).__name__,
+                        exc,
+                    )
+
+
+def catalog_for(vllm_config: Any) -> Catalog:
+    """The ``vllm:*`` catalogue for *vllm_config*: its max_model_len, cache-config labels and
+    custom histogram buckets, as PrometheusStatLogger derives them."""
+    model_config = vllm_config.model_config
+    try:
+        cache_labels = tuple(sorted(vllm_config.cache_config.metrics_info()))
+    except Exception:
+        cache_labels = ()
+    observability = getattr(vllm_config, "observability_config", None)
+    overrides = dict(getattr(observability, "custom_histogram_buckets", None) or {})
+    unknown = sorted(set(overrides) - set(BUCKET_FAMILIES))
+    if unknown:
+        # vLLM validated them: a family this version of redis_stats does not know (a newer vLLM)
+        # keeps its default buckets here rather than stopping vLLM's start.
+        log.warning(
+            "redis_stats: custom histogram buckets for %s are not applied to the Redis view "
+            "(unknown bucket families; known: %s)",
+            unknown,
+            list(BUCKET_FAMILIES),
+        )
+        overrides = {k: v for k, v in overrides.items() if k in BUCKET_FAMILIES}
+    return vllm_catalog(int(getattr(model_config, "max_model_len", 8192) or 8192), cache_labels, overrides)
+
+
+class VllmRecording:
+    """Everything PrometheusStatLogger records, into *writer*: the recorder (loggers.py's own
+    families) and :class:`VllmOwnMetrics` (the families vLLM builds through handed classes)."""
+
+    def __init__(self, vllm_config: Any, writer: StatsWriter, engine_indexes: list[int]) -> None:
+        model = vllm_config.model_config.served_model_name
+        lora = getattr(vllm_config, "lora_config", None)
+        self.vllm_config = vllm_config
+        self.recorder = VllmRecorder(
+            writer,
+            str(model),
+            engine_indexes,
+            max_lora=getattr(lora, "max_loras", None) if lora else None,
+            features=features_from_config(vllm_config),
+        )
+        self.own_metrics = VllmOwnMetrics(vllm_config, writer, model, engine_indexes)
+
+    def record(
+        self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+    ) -> None:
+        """One engine-step batch: memory only."""
+        self.recorder.record(scheduler_stats, iteration_stats, mm_cache_stats, engine_idx)
+        if scheduler_stats is not None:
+            self.own_metrics.observe(scheduler_stats, engine_idx)
+
+    def record_cache_config(self) -> None:
+        """``vllm:cache_config_info`` from ``cache_config.metrics_info()``."""
+        try:
+            info = self.vllm_config.cache_config.metrics_info()
+        except Exception:
+            return
+        self.recorder.record_cache_config(info)
 
 
 class RedisStatLogger(AggregateStatLoggerBase):
@@ -37,6 +214,7 @@ class RedisStatLogger(AggregateStatLoggerBase):
     def __init__(self, vllm_config: Any, engine_indexes: list[int] | None = None) -> None:
         global _warned_inactive
         self.engine_indexes = list(engine_indexes or [0])
+        self.recording: VllmRecording | None = None
         self.recorder: VllmRecorder | None = None
         self.writer: StatsWriter | None = None
         self.reporter: StatsReporter | None = None
@@ -53,8 +231,7 @@ class RedisStatLogger(AggregateStatLoggerBase):
             namespace=os.environ.get("REDIS_STATS_NAMESPACE") or namespace_for_model(model),
             log_interval=float(os.environ.get("VLLM_LOG_STATS_INTERVAL", "10")),
         )
-        cache_labels = self._cache_config_labels(vllm_config)
-        catalog = vllm_catalog(int(getattr(model_config, "max_model_len", 8192) or 8192), cache_labels)
+        catalog = catalog_for(vllm_config)
         rank = getattr(vllm_config.parallel_config, "_api_process_rank", 0)
         # All API servers of one `vllm serve` are children of its main process (or are it, with a
         # single API server): host + that pid names the instance that owns these engines.
@@ -63,13 +240,8 @@ class RedisStatLogger(AggregateStatLoggerBase):
         self.writer = StatsWriter(
             config, catalog, engines=self.engine_indexes, role=f"api{rank}", owner=owner
         )
-        lora = getattr(vllm_config, "lora_config", None)
-        self.recorder = VllmRecorder(
-            self.writer,
-            model,
-            self.engine_indexes,
-            max_lora=getattr(lora, "max_loras", None) if lora else None,
-        )
+        self.recording = VllmRecording(vllm_config, self.writer, self.engine_indexes)
+        self.recorder = self.recording.recorder
         log.info(
             "redis_stats: recording engines %s to %s namespace %r as %s",
             self.engine_indexes,
@@ -93,28 +265,17 @@ class RedisStatLogger(AggregateStatLoggerBase):
             logger=logging.getLogger("vllm.redis_stats"),
         )
 
-    @staticmethod
-    def _cache_config_labels(vllm_config: Any) -> tuple[str, ...]:
-        try:
-            return tuple(sorted(vllm_config.cache_config.metrics_info()))
-        except Exception:
-            return ()
-
     def record(
         self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
     ) -> None:
         """One engine-step batch: memory only."""
-        if self.recorder is not None:
-            self.recorder.record(scheduler_stats, iteration_stats, mm_cache_stats, engine_idx)
+        if self.recording is not None:
+            self.recording.record(scheduler_stats, iteration_stats, mm_cache_stats, engine_idx)
 
     def log_engine_initialized(self) -> None:
         """Records ``vllm:cache_config_info``."""
-        if self.recorder is not None:
-            try:
-                info = self.vllm_config.cache_config.metrics_info()
-            except Exception:
-                return
-            self.recorder.record_cache_config(info)
+        if self.recording is not None:
+            self.recording.record_cache_config()
 
     def log(self) -> None:
         """Called every VLLM_LOG_STATS_INTERVAL: the leader prints every engine's line from Redis.

@@ -9,6 +9,7 @@ so ``record`` (called on vLLM's event loop for every engine-step batch) only add
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ...writer import StatsWriter
@@ -18,9 +19,30 @@ from .catalog import (
     FINISH_REASONS,
     PROMPT_TOKEN_SOURCES,
     SLEEP_STATES,
+    WATERMARK_STATUSES,
 )
 
-__all__ = ["VllmRecorder"]
+__all__ = ["KV_FETCH_STAGES", "VllmFeatures", "VllmRecorder"]
+
+# vLLM's KV_FETCH_STAGES (vllm/v1/metrics/stats.py): set every step on a KV consumer.
+KV_FETCH_STAGES = ("waiting_to_start", "in_progress", "completed_waiting")
+
+
+@dataclass(frozen=True)
+class VllmFeatures:
+    """Which optional families vLLM's PrometheusStatLogger exposes for a configuration.
+
+    The plugin reads them from the VllmConfig (``from_vllm_config`` in plugin.py); the defaults
+    are the families a recorder had before these switches (spec decoding and corrupted requests
+    on), so that vLLM-free callers keep what they had.
+    """
+
+    spec_decoding: bool = True  # speculative_config set (and not a diffusion model)
+    num_spec_tokens: int = 0  # positions of spec_decode_num_accepted_tokens_per_pos, bound at 0
+    corrupted: bool = True  # VLLM_COMPUTE_NANS_IN_LOGITS
+    kv_consumer: bool = False  # kv_transfer_config.is_kv_consumer: num_requests_kv_fetch_by_stage
+    watermark: bool = False  # watermark_config set: vllm:watermark_requests
+    kv_cache_metrics: bool = False  # --kv-cache-metrics: the vllm:kv_block_* residency histograms
 
 
 def _g(obj: Any, name: str, default: Any = 0) -> Any:
@@ -31,7 +53,7 @@ def _g(obj: Any, name: str, default: Any = 0) -> Any:
 class _EngineSeries:
     """The bound children of one engine (the hot path touches only these attributes)."""
 
-    def __init__(self, writer: StatsWriter, model: str, engine: int) -> None:
+    def __init__(self, writer: StatsWriter, model: str, engine: int, features: VllmFeatures) -> None:
         def bind(name: str, **labels: str) -> Any:
             return writer.metric(name).labels(engine, model_name=model, **labels)
 
@@ -46,7 +68,7 @@ class _EngineSeries:
         self.ext_hits = bind("vllm:external_prefix_cache_hits")
         self.mm_queries = bind("vllm:mm_cache_queries")
         self.mm_hits = bind("vllm:mm_cache_hits")
-        self.corrupted = bind("vllm:corrupted_requests")
+        self.corrupted = bind("vllm:corrupted_requests") if features.corrupted else None
         self.preemptions = bind("vllm:num_preemptions")
         self.prompt_tokens = bind("vllm:prompt_tokens")
         self.prompt_cached = bind("vllm:prompt_tokens_cached")
@@ -67,9 +89,30 @@ class _EngineSeries:
         self.req_gen_tokens = bind("vllm:request_generation_tokens")
         self.req_max_tokens = bind("vllm:request_params_max_tokens")
         self.req_kv_computed = bind("vllm:request_prefill_kv_computed_tokens")
-        self.drafts = bind("vllm:spec_decode_num_drafts")
-        self.draft_tokens = bind("vllm:spec_decode_num_draft_tokens")
-        self.accepted_tokens = bind("vllm:spec_decode_num_accepted_tokens")
+        self.spec_decoding = features.spec_decoding
+        if features.spec_decoding:
+            self.drafts = bind("vllm:spec_decode_num_drafts")
+            self.draft_tokens = bind("vllm:spec_decode_num_draft_tokens")
+            self.accepted_tokens = bind("vllm:spec_decode_num_accepted_tokens")
+        self.residency = (
+            (
+                bind("vllm:kv_block_lifetime_seconds"),
+                bind("vllm:kv_block_idle_before_evict_seconds"),
+                bind("vllm:kv_block_reuse_gap_seconds"),
+            )
+            if features.kv_cache_metrics
+            else None
+        )
+        self.kv_fetch = (
+            [(stage, bind("vllm:num_requests_kv_fetch_by_stage", stage=stage)) for stage in KV_FETCH_STAGES]
+            if features.kv_consumer
+            else None
+        )
+        self.watermark = (
+            [bind("vllm:watermark_requests", status=status) for status in WATERMARK_STATUSES]
+            if features.watermark
+            else None
+        )
         self._by_label: dict[tuple[str, str], Any] = {}
         # As vLLM: labelled counters exist (at 0) for every known label value from the start.
         for reason in FINISH_REASONS:
@@ -78,6 +121,9 @@ class _EngineSeries:
             self.labelled("vllm:prompt_tokens_by_source", "source", source)
         for source in CACHE_HIT_SOURCES:
             self.labelled("vllm:prompt_tokens_cached_by_source", "source", source)
+        if features.spec_decoding:
+            for pos in range(features.num_spec_tokens):
+                self.labelled("vllm:spec_decode_num_accepted_tokens_per_pos", "position", str(pos))
 
     def labelled(self, metric: str, label: str, value: str) -> Any:
         """A child with one extra label (finished_reason, source, position, reason, ...)."""
@@ -92,12 +138,19 @@ class VllmRecorder:
     """Records vLLM's per-step stats for the engines one API-server process manages."""
 
     def __init__(
-        self, writer: StatsWriter, model_name: str, engine_indexes: list[int], *, max_lora: int | None = None
+        self,
+        writer: StatsWriter,
+        model_name: str,
+        engine_indexes: list[int],
+        *,
+        max_lora: int | None = None,
+        features: VllmFeatures | None = None,
     ) -> None:
         self.writer = writer
         self.model_name = model_name
         self.max_lora = max_lora
-        self.engines = {e: _EngineSeries(writer, model_name, e) for e in engine_indexes}
+        self.features = features or VllmFeatures()
+        self.engines = {e: _EngineSeries(writer, model_name, e, self.features) for e in engine_indexes}
         self.first_engine = min(engine_indexes) if engine_indexes else 0
         for reason in ADMISSION_REASONS:
             self._admission(reason)
@@ -106,7 +159,9 @@ class VllmRecorder:
     def _engine(self, engine_idx: int) -> _EngineSeries:
         series = self.engines.get(engine_idx)
         if series is None:  # an engine added later (elastic EP): bind it on first sight
-            series = self.engines[engine_idx] = _EngineSeries(self.writer, self.model_name, engine_idx)
+            series = self.engines[engine_idx] = _EngineSeries(
+                self.writer, self.model_name, engine_idx, self.features
+            )
         return series
 
     def record(
@@ -132,8 +187,10 @@ class VllmRecorder:
         s.waiting.set(waiting + deferred)
         s.labelled("vllm:num_requests_waiting_by_reason", "reason", "capacity").set(waiting)
         s.labelled("vllm:num_requests_waiting_by_reason", "reason", "deferred").set(deferred)
-        for stage, n in _g(st, "num_kv_fetch_reqs_by_stage", {}).items():
-            s.labelled("vllm:num_requests_kv_fetch_by_stage", "stage", str(stage)).set(n)
+        if s.kv_fetch is not None:  # as vLLM: every stage, every step, on a KV consumer only
+            by_stage = _g(st, "num_kv_fetch_reqs_by_stage", {})
+            for stage, gauge in s.kv_fetch:
+                gauge.set(by_stage.get(stage, 0))
         s.kv_usage.set(_g(st, "kv_cache_usage"))
         prefix = _g(st, "prefix_cache_stats", None)
         if prefix is not None:
@@ -148,8 +205,17 @@ class VllmRecorder:
             for tier, n in _g(external, "hits_by_source", {}).items():
                 tier_name = getattr(tier, "value", tier)
                 s.labelled("vllm:prompt_tokens_cached_by_source", "source", str(tier_name)).inc(n)
+        if s.residency is not None:
+            events = _g(st, "kv_cache_eviction_events", ())
+            if events:
+                lifetime, idle, reuse = s.residency
+                for event in events:
+                    lifetime.observe(_g(event, "lifetime_seconds"))
+                    idle.observe(_g(event, "idle_seconds"))
+                    for gap in _g(event, "reuse_gaps_seconds", ()):
+                        reuse.observe(gap)
         spec = _g(st, "spec_decoding_stats", None)
-        if spec is not None:
+        if spec is not None and s.spec_decoding:
             s.drafts.inc(_g(spec, "num_drafts"))
             s.draft_tokens.inc(_g(spec, "num_draft_tokens"))
             s.accepted_tokens.inc(_g(spec, "num_accepted_tokens"))
@@ -168,8 +234,13 @@ class VllmRecorder:
     def _iteration(self, s: _EngineSeries, it: Any) -> None:
         prompt, generation = _g(it, "num_prompt_tokens"), _g(it, "num_generation_tokens")
         corrupted = _g(it, "num_corrupted_reqs")
-        if corrupted:
+        if corrupted and s.corrupted is not None:
             s.corrupted.inc(corrupted)
+        if s.watermark is not None:
+            marked, skipped, unmarked = s.watermark
+            marked.inc(_g(it, "num_watermarked_reqs"))
+            skipped.inc(_g(it, "num_watermark_skipped_reqs"))
+            unmarked.inc(_g(it, "num_not_watermarked_reqs"))
         s.preemptions.inc(_g(it, "num_preempted_reqs"))
         s.prompt_tokens.inc(prompt)
         computed = prompt

@@ -10,6 +10,10 @@ stay quiet.
   ONE such view (a Service, a load balancer), never every node, or sums count each engine N times.
 - ``local``: only the engines of this instance (its vLLM engine indexes plus
   ``REDIS_STATS_ENGINE_OFFSET``). Scrape EVERY node (a PodMonitor): each engine appears once.
+
+The view is served on loopback unless ``REDIS_STATS_ADDR`` says otherwise: it shows every engine
+of the deployment (every node's), so putting it on a network interface is the operator's choice,
+made as explicitly as vLLM's own ``--host``.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ from .summary import VLLM_FLEET_SUMMARY
 if TYPE_CHECKING:
     from ...exporter import Exporter
 
-__all__ = ["VIEWS", "maybe_serve", "view_engines"]
+__all__ = ["DEFAULT_ADDR", "VIEWS", "maybe_serve", "view_engines"]
 
+DEFAULT_ADDR = "127.0.0.1"
 VIEWS = ("all", "local")
 
 log = logging.getLogger("vllm.redis_stats")  # under vLLM's logger: its handlers and format
@@ -45,7 +50,8 @@ def view_engines(own: Sequence[int]) -> list[int] | None:
 
 
 def maybe_serve(config: StatsConfig, catalog: Catalog, own_engines: Sequence[int] = ()) -> Exporter | None:
-    """Serve /metrics on ``REDIS_STATS_PORT`` (address ``REDIS_STATS_ADDR``) if set and free.
+    """Serve /metrics on ``REDIS_STATS_PORT`` (address ``REDIS_STATS_ADDR``, default loopback) if
+    set and free.
 
     *own_engines* are this instance's engines as stored (offset applied): the ``local`` view's.
     Returns the running exporter, or None (not asked for, or the port is taken).
@@ -57,7 +63,7 @@ def maybe_serve(config: StatsConfig, catalog: Catalog, own_engines: Sequence[int
     from ...reader import StatsReader
 
     engines = view_engines(own_engines)
-    addr = os.environ.get("REDIS_STATS_ADDR", "0.0.0.0")
+    addr = os.environ.get("REDIS_STATS_ADDR") or DEFAULT_ADDR
     try:
         exporter = Exporter(
             StatsReader(config, catalog),
@@ -71,5 +77,11 @@ def maybe_serve(config: StatsConfig, catalog: Catalog, own_engines: Sequence[int
         return None
     exporter.start()
     which = "every engine" if engines is None else f"engines {engines}"
-    log.info("redis_stats: serving %s of %r on %s/metrics", which, config.namespace, exporter.url)
+    log.info(
+        "redis_stats: serving %s of %r on %s/metrics%s",
+        which,
+        config.namespace,
+        exporter.url,
+        " (loopback only; set REDIS_STATS_ADDR to serve other hosts)" if addr == DEFAULT_ADDR else "",
+    )
     return exporter

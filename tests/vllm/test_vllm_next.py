@@ -1,0 +1,57 @@
+"""vLLM's next release (0.33, no CPU build) against the catalogue, from its unpacked sources.
+
+`make vllm-next-diff` downloads the wheel (no dependencies), unpacks its Python files into
+.vllm-next/ and runs families_diff.py; this test runs when that tree exists (or VLLM_NEXT_SRC
+names another `vllm` package dir).
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from redis_stats.integrations.vllm import vllm_catalog
+
+from .families_diff import definitions, diff
+
+pytestmark = pytest.mark.vllm
+
+ROOT = Path(__file__).resolve().parents[2]
+NEXT = Path(os.environ.get("VLLM_NEXT_SRC") or ROOT / ".vllm-next" / "vllm")
+# Where vLLM defines the families the plugin builds through vLLM's own classes (prom.py): a name
+# added there reaches Redis with no change here.
+HANDED_CLASSES = (
+    "distributed/",
+    "v1/kv_offload/",
+    "v1/simple_kv_offload/",
+    "v1/spec_decode/",
+    "v1/metrics/perf.py",
+)
+
+
+@pytest.fixture(scope="module")
+def trees():
+    if not (NEXT / "v1" / "metrics" / "loggers.py").exists():
+        pytest.skip(f"no unpacked vLLM at {NEXT} (make vllm-next-diff)")
+    vllm = pytest.importorskip("vllm")
+    return Path(vllm.__file__).parent, NEXT
+
+
+def test_every_family_of_the_catalogue_is_defined_alike_in_the_next_vllm(trees):
+    current, nxt = trees
+    defined = definitions(nxt)
+    ours = set()
+    for spec in vllm_catalog():
+        written = {spec.name, spec.name + "_total"} & set(defined)  # a counter may be written either way
+        assert written, f"{spec.name} is gone in {nxt}"
+        ours |= written
+    changed = [line for line in diff(current, nxt) if line.startswith(("-", "~"))]
+    assert not [line for line in changed if line.split()[1] in ours], changed
+
+
+def test_families_the_next_vllm_adds_come_through_its_own_classes(trees):
+    current, nxt = trees
+    added = [line for line in diff(current, nxt) if line.startswith("+")]
+    for line in added:
+        files = line.split("only in new: ")[1].rstrip(")").split(", ")
+        assert all(f.startswith(HANDED_CLASSES) for f in files), line
