@@ -1,0 +1,273 @@
+-- redis_stats flush (schema 2): apply one writer's batch atomically and exactly once.
+--
+-- KEYS[1] seq hash        writer id -> last applied sequence number ("x<seq>:<ms>": removed by gc)
+-- KEYS[2] engines zset    engine -> last heartbeat (ms, server time)
+-- KEYS[3] writers zset    writer id -> last heartbeat (ms; negative: closed at -score)
+-- KEYS[4] meta hash       schema, _v (catalogue version), m:<metric> -> spec JSON
+-- KEYS[5] claims hash     engine -> "<owner>|<ms>": which instance last claimed the engine
+-- KEYS[6] conflicts hash  engine -> "<owner a>|<owner b>|<ms>": two live owners seen
+--
+-- ARGV: prefix, writer, seq, closing (0/1), schema, owner, stale ms,
+--       nclaims, {engine} * nclaims,
+--       nstats, {field, value} * nstats           (the writer's self-metrics that changed, absolute)
+--       nspecs, {name, json} * nspecs,
+--       then per engine: engine, nset, ngauge,
+--                        {field, absolute value} * nset      (counters and histograms of this writer)
+--                        {field, "<wall ms>|<value>"} * ngauge
+--
+-- Every value is this writer's own absolute total (a counter's total, a histogram's
+-- "<sum> <c0> ... <cN>" with cumulative counts), in a field that ends with the writer id: the
+-- script only sets fields (one HSET per hash), it never reads or parses one. Readers add the
+-- writers' fields of a series up; gc folds a departed writer's fields into the series' base field.
+--
+-- Returns {status, meta existed before (1/0), 0, now ms, owner conflicts,
+--          {metrics whose spec conflicts with the stored one}, series refused for them};
+-- status 1 applied, 0 already applied (a duplicate), 2 not applied because gc removed this writer
+-- (its fields were folded: the writer sends what the store lacks again under a new id).
+--
+-- All or nothing: Redis does not roll a script back, so the script first reads and checks every
+-- key it will write and every argument (phase 1, no writes), and refuses the whole batch with an
+-- error reply naming the problem. Phase 2 only sets fields and scores of keys of the right type:
+-- nothing in it can raise. A retry therefore never meets a half-applied batch, and a retry of an
+-- applied batch sets the same values again (absolute values: idempotent by construction; the
+-- sequence number still answers "already applied" without writing).
+
+local prefix, writer = ARGV[1], ARGV[2]
+local closing = ARGV[4] == '1'
+local n = #ARGV
+
+local function refuse(what)
+  return redis.error_reply('ERR redis_stats flush refused, nothing written: ' .. what)
+end
+
+local function count_at(j)
+  local v = ARGV[j]
+  if v == nil or not string.match(v, '^%d+$') then return nil end
+  return tonumber(v)
+end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- ---- phase 1: read and check; no writes ------------------------------------------------------
+
+local function wrong_type(key, kind, expected, what)
+  return 'key ' .. key .. ' (' .. what .. ') is a ' .. kind .. ', not a ' .. expected ..
+    '; it was not written by redis_stats: delete or rename it'
+end
+
+local function want_type(key, expected, what)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind == 'none' or kind == expected then return nil end
+  return wrong_type(key, kind, expected, what)
+end
+
+local seq_text = ARGV[3]
+if seq_text == nil or not string.match(seq_text, '^%d+$') or #seq_text > 15 then
+  return refuse('bad sequence number argument')
+end
+local seq = tonumber(seq_text)
+local stale = tonumber(ARGV[7])
+if stale == nil then return refuse('bad stale_after argument') end
+
+-- A read refuses a key of another type before anything is written: no TYPE call needed for it.
+local raw = redis.pcall('HGET', KEYS[1], writer)
+if type(raw) == 'table' and raw.err then
+  return refuse(wrong_type(KEYS[1], redis.call('TYPE', KEYS[1])['ok'], 'hash', 'sequence numbers'))
+end
+local meta_existed = redis.call('EXISTS', KEYS[4])
+raw = raw or '0'
+-- "x<seq>:<ms>": gc removed this writer and folded its fields into the base series.
+local removed = string.sub(raw, 1, 1) == 'x'
+local last = tonumber(removed and string.match(raw, '^x(%d+)') or raw) or 0
+if seq <= last then
+  -- Already applied: the reply of an earlier attempt was lost. Apply nothing twice.
+  return {0, meta_existed, 0, now, 0, {}, 0}
+end
+if removed then
+  -- Its absolute values would count the folded part twice: apply nothing; the writer continues
+  -- under a new id and sends what the store lacks (its totals minus what was last confirmed).
+  return {2, meta_existed, 0, now, 0, {}, 0}
+end
+
+-- Walk the arguments once (by counts, not by field) and check each block's keys.
+local i = 8
+local nclaims = count_at(i)
+if nclaims == nil then return refuse('bad claims count') end
+local claims_at = i + 1
+i = claims_at + nclaims
+local nstats = count_at(i)
+if nstats == nil then return refuse('bad stats count') end
+local stats_at = i + 1
+i = stats_at + 2 * nstats
+local nspecs = count_at(i)
+if nspecs == nil then return refuse('bad specs count') end
+local specs_at = i + 1
+i = specs_at + 2 * nspecs
+local blocks = {}
+while i <= n do
+  local b = {engine = ARGV[i], nset = count_at(i + 1), ngauge = count_at(i + 2)}
+  if not (b.nset and b.ngauge) or not string.match(b.engine, '^%d+$') then
+    return refuse('bad engine block at argument ' .. i)
+  end
+  b.at = i + 3
+  i = b.at + 2 * (b.nset + b.ngauge)
+  blocks[#blocks + 1] = b
+end
+if i ~= n + 1 then return refuse('arguments end mid-block (' .. n .. ' given)') end
+for j = claims_at, claims_at + nclaims - 1 do
+  if not string.match(ARGV[j], '^%d+$') then return refuse('bad claimed engine ' .. ARGV[j]) end
+end
+
+local checks = {}
+if #blocks > 0 then checks[#checks + 1] = {KEYS[2], 'zset', 'engines'} end
+checks[#checks + 1] = {KEYS[3], 'zset', 'writers'}
+if nspecs > 0 then checks[#checks + 1] = {KEYS[4], 'hash', 'catalogue'} end
+if nstats > 0 then checks[#checks + 1] = {prefix .. 'w:' .. writer, 'hash', 'writer stats'} end
+for _, b in ipairs(blocks) do
+  if b.nset > 0 then
+    checks[#checks + 1] = {prefix .. 'e:' .. b.engine .. ':c', 'hash', 'counters of engine ' .. b.engine}
+  end
+  if b.ngauge > 0 then
+    checks[#checks + 1] = {prefix .. 'e:' .. b.engine .. ':g', 'hash', 'gauges of engine ' .. b.engine}
+  end
+end
+for _, c in ipairs(checks) do
+  local bad = want_type(c[1], c[2], c[3])
+  if bad then return refuse(bad) end
+end
+
+-- Claims: read now (a wrong type is refused before any write); a conflict is written below.
+local claiming = nclaims > 0 and ARGV[6] ~= ''
+local owner = ARGV[6]
+local owner_conflicts = {}
+if claiming then
+  for j = claims_at, claims_at + nclaims - 1 do
+    local cur = redis.pcall('HGET', KEYS[5], ARGV[j])
+    if type(cur) == 'table' and cur.err then
+      return refuse(wrong_type(KEYS[5], redis.call('TYPE', KEYS[5])['ok'], 'hash', 'engine claims'))
+    end
+    if cur then
+      -- "<owner>|<ms>": the time follows the last '|' (older writers allowed '|' in owners).
+      local other, at = string.match(cur, '^(.*)|(%d+)$')
+      at = tonumber(at)
+      if other and at and other ~= owner and now - at < stale then
+        -- Another live instance claims this engine: two sources of "the" scheduler gauges.
+        owner_conflicts[#owner_conflicts + 1] = ARGV[j]
+        owner_conflicts[#owner_conflicts + 1] = other .. '|' .. owner .. '|' .. now
+      end
+    end
+  end
+  if #owner_conflicts > 0 then
+    local bad = want_type(KEYS[6], 'hash', 'engine conflicts')
+    if bad then return refuse(bad) end
+  end
+end
+
+-- The catalogue: decide now what to store, what conflicts, and whether _v moves.
+local function shape(doc)
+  -- kind, labels, buckets, mode of a stored or sent spec; nil if it is not a spec document.
+  local ok, s = pcall(cjson.decode, doc)
+  if not ok or type(s) ~= 'table' or type(s.kind) ~= 'string' then return nil end
+  local parts = {s.kind, tostring(s.mode)}
+  for _, key in ipairs({'labels', 'buckets'}) do
+    local list = s[key]
+    if list ~= nil and type(list) ~= 'table' then return nil end
+    local items = {}
+    for k, v in ipairs(list or {}) do items[k] = type(v) == 'number' and string.format('%.17g', v) or tostring(v) end
+    parts[#parts + 1] = table.concat(items, '\1')
+  end
+  return table.concat(parts, '\2')
+end
+
+local to_store = {}
+local conflicting, conflict_names = {}, {}
+for j = specs_at, specs_at + 2 * nspecs - 1, 2 do
+  local name, doc = ARGV[j], ARGV[j + 1]
+  local cur = redis.call('HGET', KEYS[4], 'm:' .. name)
+  if cur ~= doc then
+    local cur_shape = cur and shape(cur)
+    if not cur_shape then
+      to_store[#to_store + 1] = 'm:' .. name
+      to_store[#to_store + 1] = doc
+    elseif cur_shape ~= shape(doc) then
+      conflicting[name] = true
+      conflict_names[#conflict_names + 1] = name
+    end
+  end
+end
+if #to_store > 0 then
+  local v = redis.call('HGET', KEYS[4], '_v')
+  if v and (not string.match(v, '^%-?%d+$') or #v > 15) then
+    return refuse('field _v of key ' .. KEYS[4] .. ' (catalogue version) holds ' .. string.format('%q', v) ..
+      ', not a version number; HDEL it (readers then re-read the catalogue)')
+  end
+end
+
+-- ---- phase 2: write; nothing below can raise ---------------------------------------------------
+-- The first write: under maxmemory an OOM aborts the script here, before anything is applied
+-- (Redis refuses only a script's first write for memory, never a later one).
+redis.call('HSET', KEYS[1], writer, seq)
+
+if claiming then
+  for j = claims_at, claims_at + nclaims - 1 do redis.call('HSET', KEYS[5], ARGV[j], owner .. '|' .. now) end
+  if #owner_conflicts > 0 then redis.call('HSET', KEYS[6], unpack(owner_conflicts)) end
+end
+
+if nstats > 0 then
+  redis.call('HSET', prefix .. 'w:' .. writer, 'last_ok_ms', now, unpack(ARGV, stats_at, stats_at + 2 * nstats - 1))
+else
+  redis.call('HSET', prefix .. 'w:' .. writer, 'last_ok_ms', now)
+end
+
+if nspecs > 0 then
+  redis.call('HSET', KEYS[4], 'schema', ARGV[5])
+end
+if #to_store > 0 then
+  redis.call('HSET', KEYS[4], unpack(to_store))
+  redis.call('HINCRBY', KEYS[4], '_v', 1)
+end
+
+-- With a conflicting spec in this batch, its series are left out (only then is a field's metric
+-- name looked at).
+local any_conflict = #conflict_names > 0
+local refused = 0
+
+local function hset_pairs(key, from, count)
+  -- HSET {field, value} * count from ARGV[from]; in chunks: unpack() of a very long list overflows
+  -- Lua's C stack.
+  local stop = from + 2 * count
+  local j = from
+  while j < stop do
+    local chunk_end = math.min(j + 1000, stop)
+    if not any_conflict then
+      redis.call('HSET', key, unpack(ARGV, j, chunk_end - 1))
+    else
+      local args = {}
+      for k = j, chunk_end - 1, 2 do
+        if conflicting[string.match(ARGV[k], '^[^|]*')] then
+          refused = refused + 1
+        else
+          args[#args + 1] = ARGV[k]
+          args[#args + 1] = ARGV[k + 1]
+        end
+      end
+      if #args > 0 then redis.call('HSET', key, unpack(args)) end
+    end
+    j = chunk_end
+  end
+end
+
+for _, b in ipairs(blocks) do
+  local base = prefix .. 'e:' .. b.engine
+  if b.nset > 0 then hset_pairs(base .. ':c', b.at, b.nset) end
+  if b.ngauge > 0 then hset_pairs(base .. ':g', b.at + 2 * b.nset, b.ngauge) end
+  redis.call('ZADD', KEYS[2], now, b.engine)
+end
+
+if closing then
+  redis.call('ZADD', KEYS[3], -now, writer)
+else
+  redis.call('ZADD', KEYS[3], now, writer)
+end
+return {1, meta_existed, 0, now, #owner_conflicts / 2, conflict_names, refused}
