@@ -236,39 +236,68 @@ if #to_store > 0 then
   redis.call('HINCRBY', KEYS[4], '_v', 1)
 end
 
--- With a conflicting spec in this batch, the lines of its series are taken out of the chunks (only
--- then is a chunk read: the common path passes the arguments to one HSET as they are).
+-- With a conflicting spec in this batch, the lines of its series are taken out of the chunks: only
+-- then is a chunk read (its names come with the batch, or are the stored ones). The common path
+-- passes the arguments to one HSET as they are.
 local any_conflict = #conflict_names > 0
 local refused = 0
 
-local function without_conflicts(chunk)
-  local kept = {}
-  for line in string.gmatch(chunk, '[^\n]+') do
-    if conflicting[string.match(line, '^[^|\t]*')] then
-      refused = refused + 1
-    else
-      kept[#kept + 1] = line
+local function lines(text)
+  local out = {}
+  if text == '' then return out end
+  for line in string.gmatch(text .. '\n', '([^\n]*)\n') do out[#out + 1] = line end
+  return out
+end
+
+local function without_conflicts(key, from, count)
+  -- {field, value} pairs of ARGV[from..] with the conflicting metrics' lines taken out.
+  local given = {}
+  for k = from, from + 2 * count - 1, 2 do given[ARGV[k]] = ARGV[k + 1] end
+  local out = {}
+  for k = from, from + 2 * count - 1, 2 do
+    local f = ARGV[k]
+    if string.sub(f, -2) ~= '|n' then
+      local names_text = given[f .. '|n'] or redis.call('HGET', key, f .. '|n')
+      local values = lines(ARGV[k + 1])
+      if names_text then
+        local names = lines(names_text)
+        if #names == #values then
+          local kept_names, kept_values = {}, {}
+          for x = 1, #names do
+            if conflicting[string.match(names[x], '^[^|]*')] then
+              refused = refused + 1
+            else
+              kept_names[#kept_names + 1] = names[x]
+              kept_values[#kept_values + 1] = values[x]
+            end
+          end
+          out[#out + 1] = f .. '|n'
+          out[#out + 1] = table.concat(kept_names, '\n')
+          out[#out + 1] = f
+          out[#out + 1] = table.concat(kept_values, '\n')
+        end
+      end
     end
   end
-  return table.concat(kept, '\n')
+  return out
 end
 
 local function hset_pairs(key, from, count)
   -- HSET {field, value} * count from ARGV[from]; in chunks: unpack() of a very long list overflows
   -- Lua's C stack.
+  local args
+  if any_conflict then
+    args = without_conflicts(key, from, count)
+    from, count = 1, #args / 2
+  end
   local stop = from + 2 * count
   local j = from
   while j < stop do
     local chunk_end = math.min(j + 1000, stop)
-    if not any_conflict then
-      redis.call('HSET', key, unpack(ARGV, j, chunk_end - 1))
+    if args then
+      redis.call('HSET', key, unpack(args, j, chunk_end - 1))
     else
-      local args = {}
-      for k = j, chunk_end - 1, 2 do
-        args[#args + 1] = ARGV[k]
-        args[#args + 1] = without_conflicts(ARGV[k + 1])
-      end
-      redis.call('HSET', key, unpack(args))
+      redis.call('HSET', key, unpack(ARGV, j, chunk_end - 1))
     end
     j = chunk_end
   end
