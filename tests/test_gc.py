@@ -63,13 +63,17 @@ def test_late_write_from_removed_writer_counts_but_does_not_resurrect_gauges(con
     w.gauge("running").labels(engine=0).set(98)
     assert w.flush()
     snap = StatsReader(cfg, catalog, client=fake_client()).snapshot()
-    assert snap.engines[0].counter("tokens") == 3  # counted, exactly once
+    # schema 2: gc folded what Redis held of the old id (1) into the base; the late batch is not
+    # applied under it (its totals would count the folded part twice): it is sent again below.
+    assert snap.engines[0].counter("tokens") == 1
     assert snap.engines[0].gauge("running") is None  # not resurrected
     assert old_id not in snap.writers
-    # It carries on as a new incarnation: its next flush re-sends its current gauges, now live.
+    # It carries on as a new incarnation: its next flush re-sends the rest and its current gauges.
     assert w.writer_id != old_id
     assert w.flush()
-    assert StatsReader(cfg, catalog, client=fake_client()).snapshot().engines[0].gauge("running") == 98
+    snap = StatsReader(cfg, catalog, client=fake_client()).snapshot()
+    assert snap.engines[0].counter("tokens") == 3  # counted, exactly once
+    assert snap.engines[0].gauge("running") == 98
 
 
 def test_only_one_process_collects_at_a_time(config, fake_client):
