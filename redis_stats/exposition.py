@@ -20,14 +20,21 @@ keep every per-scrape line and gauge value in locals.
 from __future__ import annotations
 
 import math
+from operator import add
 from typing import Any
 
 from prometheus_client.utils import floatToGoString
 
 from .catalog import COUNTER, ENGINE_LABEL, HISTOGRAM, Catalog, MetricSpec
-from .snapshot import Skipped, Snapshot, SnapshotDecoder, gauge_parts, histogram_parts, number_text
-
-_DIGITS = frozenset("0123456789")
+from .snapshot import (
+    Skipped,
+    Snapshot,
+    SnapshotDecoder,
+    gauge_parts,
+    histogram_numbers,
+    histogram_parts,
+    number_text,
+)
 
 __all__ = ["TextRenderer", "escape_label_value"]
 
@@ -172,7 +179,7 @@ class TextRenderer:
         if plans is None:
             plans = plan.fields.setdefault(engine, {})
         key = keys.counters(engine)
-        # series field -> [plan, checked value, checked value, ...]: one value per writer
+        # series field -> [plan, value, value, ...]: one value per writer (and the base field)
         held: dict[str, list[Any]] = {}
         for name, raw, writer in self.decoder.engine_entries(engine, flat, skipped):
             field_plan = plans.get(name)
@@ -181,34 +188,44 @@ class TextRenderer:
                 plan.size += 1
             if field_plan.__class__ is str:
                 skipped.note(field_plan, key, str(name))
-                continue
-            kind = field_plan[0]
-            if kind == "c":
-                value = raw if raw.__class__ is str and raw.isdigit() and raw.isascii() else number_text(raw)
-            elif kind == "h":
-                value = histogram_parts(raw, field_plan[2].size)  # the decoder's rule
-            else:
-                if writer is None:
-                    skipped.note("bad_field", key, name)  # a gauge has no base field
-                elif up and writer in live:  # else not current: a stale, closed or removed writer's
-                    self._gauge(field_plan, name, raw, gauges, skipped, key)
-                continue
-            if value is None:
-                skipped.note("bad_value", key, name)
-                continue
-            entry = held.get(name)
-            if entry is None:
-                held[name] = [field_plan, value]
-            else:
-                entry.append(value)
-        for entry in held.values():
+            elif field_plan[0] != "g":
+                entry = held.get(name)
+                if entry is None:
+                    held[name] = [field_plan, raw]
+                else:
+                    entry.append(raw)
+            elif writer is None:
+                skipped.note("bad_field", key, name)  # a gauge has no base field
+            elif up and writer in live:  # else not current: a stale, closed or removed writer's
+                self._gauge(field_plan, name, raw, gauges, skipped, key)
+        for name, entry in held.items():
             field_plan = entry[0]
             if field_plan[0] == "c":
-                text = entry[1] if len(entry) == 2 else _sum_text(entry[1:])
+                if len(entry) == 2:
+                    raw = entry[1]
+                    text = (
+                        raw if raw.__class__ is str and raw.isdigit() and raw.isascii() else number_text(raw)
+                    )
+                else:
+                    text = _sum_text(name, entry, skipped, key)
+                if text is None:
+                    if len(entry) == 2:
+                        skipped.note("bad_value", key, name)
+                    continue
                 lines[field_plan[1]].append(f"{field_plan[2]}{text}\n")
+                continue
+            hist = field_plan[2]
+            if len(entry) == 2:
+                parts = histogram_parts(entry[1], hist.size)  # the decoder's rule
+                if parts is None:
+                    skipped.note("bad_value", key, name)
+                    continue
             else:
-                total, counts = entry[1] if len(entry) == 2 else _sum_histograms(entry[1:])
-                lines[field_plan[1]].append(field_plan[2].template % (*counts, counts[-1], total))
+                parts = _sum_histograms(name, entry, hist.size, skipped, key)
+                if parts is None:
+                    continue
+            counts = parts[1]
+            lines[field_plan[1]].append(hist.template % (*counts, counts[-1], parts[0]))
 
     @staticmethod
     def _gauge(
@@ -231,35 +248,56 @@ class TextRenderer:
             state.append(parts[1])
 
 
-def _sum_text(texts: list[str]) -> str:
-    """Sample text of the sum of counter values (checked texts), added in order as the decoder
-    adds them: exact while they are all integers."""
+def _sum_text(name: str, entry: list[Any], skipped: Skipped, key: str) -> str | None:
+    """Sample text of the sum of a counter's values (``entry[1:]``, one per writer), added in
+    order as the decoder adds them: exact while they are all integers. A value that is not a
+    number is skipped and counted; None if none is left."""
+    raws = entry[1:]
+    if all(raw.__class__ is str and raw.isdigit() and raw.isascii() for raw in raws):
+        return str(sum(map(int, raws)))  # integers, as writers store them: exact
+    texts = []
+    for raw in raws:
+        text = number_text(raw)
+        if text is None:
+            skipped.note("bad_value", key, name)
+        else:
+            texts.append(text)
+    if not texts:
+        return None
     if all(t.isdigit() for t in texts):
-        return str(sum(int(t) for t in texts))
+        return str(sum(map(int, texts)))
     total = 0.0
     for t in texts:
         total += float(t)
     return floatToGoString(total)
 
 
-def _sum_histograms(parts: list[tuple[str, list[str]]]) -> tuple[str, list[str]]:
-    """(sum text, count texts) of histograms (checked by histogram_parts) added bucket by bucket,
-    in order, as :meth:`~redis_stats.snapshot.HistogramValue.plus` adds them."""
+def _sum_histograms(
+    name: str, entry: list[Any], size: int, skipped: Skipped, key: str
+) -> tuple[str, list[str]] | None:
+    """(sum text, count texts) of a histogram's values (``entry[1:]``, one per writer) added
+    bucket by bucket, in order, as :meth:`~redis_stats.snapshot.HistogramValue.plus` adds them.
+    A malformed value is skipped and counted; None if none is left."""
+    found = []
+    for raw in entry[1:]:
+        parsed = histogram_numbers(raw, size)
+        if parsed is None:
+            skipped.note("bad_value", key, name)
+        else:
+            found.append(parsed)
+    if len(found) < 2:
+        return (found[0][0], found[0][1]) if found else None
     total = 0.0
-    for p in parts:
-        total += float(p[0])
-    counts_of = [p[1] for p in parts]
-    if all(_DIGITS.issuperset("".join(c)) for c in counts_of):
-        sums = [sum(column) for column in zip(*[[int(c) for c in counts] for counts in counts_of])]
-        return floatToGoString(total), [str(x) for x in sums]
-    columns = zip(*[[float(c) for c in counts] for counts in counts_of])
-    out = []
-    for column in columns:
-        acc = 0.0
-        for x in column:
-            acc += x
-        out.append(str(int(acc)) if acc.is_integer() and abs(acc) < 1e15 else floatToGoString(acc))
-    return floatToGoString(total), out
+    for parsed in found:
+        total += float(parsed[0])
+    sums = found[0][2]
+    for parsed in found[1:]:
+        sums = [*map(add, sums, parsed[2])]
+    if all(type(parsed[2][0]) is int for parsed in found):  # integers, as writers store them
+        return floatToGoString(total), [*map(str, sums)]
+    return floatToGoString(total), [
+        str(int(x)) if x.is_integer() and abs(x) < 1e15 else floatToGoString(x) for x in map(float, sums)
+    ]
 
 
 def format_families(families: Any) -> str:

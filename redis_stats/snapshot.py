@@ -34,6 +34,7 @@ __all__ = [
     "SnapshotDecoder",
     "WriterInfo",
     "gauge_parts",
+    "histogram_numbers",
     "histogram_parts",
     "number_text",
 ]
@@ -101,6 +102,13 @@ def histogram_parts(raw: Any, size: int) -> tuple[str, list[str]] | None:
     """A stored histogram value ``"<sum> <c0> ... <cN>"`` (*size* cumulative counts, ``+Inf``
     last) as (sum text, count texts), or None when it is malformed: a wrong number of parts, a
     part that is not a number, a negative count or counts that go down."""
+    found = histogram_numbers(raw, size)
+    return None if found is None else (found[0], found[1])
+
+
+def histogram_numbers(raw: Any, size: int) -> tuple[str, list[str], list[int] | list[float]] | None:
+    """:func:`histogram_parts` and the counts as numbers (ints when they are all integers, as
+    the writers store them), for adding up several writers' parts of a series."""
     if raw.__class__ is not str:
         return None
     parts = raw.split(" ")
@@ -122,14 +130,14 @@ def histogram_parts(raw: Any, size: int) -> tuple[str, list[str]] | None:
         ints = [*map(int, counts)]
         if ints != sorted(ints):
             return None
-        return total, counts
+        return total, counts, ints
     texts = [number_text(c) for c in counts]
     if None in texts:
         return None
     values = [float(t) for t in texts]  # type: ignore[arg-type]
     if values[0] < 0 or any(b < a for a, b in pairwise(values)):
         return None
-    return total, [_count_text(v) for v in values]
+    return total, [_count_text(v) for v in values], values
 
 
 def _count_text(value: float) -> str:
@@ -219,9 +227,7 @@ class HistogramValue:
             return None if math.isnan(value) else _json_number(value)
 
         return {
-            "buckets": [
-                [_json_number(b), _json_number(c)] for b, c in zip(self.bounds, self.cumulative)
-            ],
+            "buckets": [[_json_number(b), _json_number(c)] for b, c in zip(self.bounds, self.cumulative)],
             "sum": _json_number(self.sum),
             "count": _json_number(self.count),
             "p50": q(0.5),
@@ -460,6 +466,7 @@ class SnapshotDecoder:
                     # A stored spec taking a local one's place whose samples would repeat another
                     # local metric's: one series printed twice is worse than one metric missing.
                     skipped.note("name_clash", self.keys.meta, "m:" + spec.name)
+
             # A stored spec whose samples would repeat another's (written by an older or foreign
             # writer) is left out, for the same reason.
             def clash(spec: MetricSpec, why: str) -> None:
