@@ -42,3 +42,18 @@ def set_series_value(client: Any, key: str, series_prefix: str, value: str) -> s
             client.hset(key, name, "\n".join(values))
             return series
     raise AssertionError(f"no series {series_prefix!r} in {key}")
+
+
+def add_series_line(client: Any, key: str, writer: str, series: str, value: str) -> None:
+    """Append a series line to *writer*'s first chunk in *key* (by hand: another program's)."""
+    name = fields.chunk_field(writer, 0)
+    names, values = client.hget(key, name + fields.NAMES_SUFFIX), client.hget(key, name)
+    client.hset(key, name + fields.NAMES_SUFFIX, f"{names}\n{series}" if names else series)
+    client.hset(key, name, f"{values}\n{value}" if names else value)
+
+
+def writer_fields(client: Any, key: str, writer: str) -> list[str]:
+    """The fields of *writer*'s chunks (values and names) in *key*."""
+    return [
+        f for f in client.hkeys(key) if fields.chunk_writer(f.removesuffix(fields.NAMES_SUFFIX)) == writer
+    ]

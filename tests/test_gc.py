@@ -6,6 +6,8 @@ from redis_stats import StatsReader, StatsWriter
 from redis_stats.gc import collect_garbage
 from redis_stats.keys import Keys
 
+from .chunked import writer_fields
+
 
 def age(client, keys, engine=None, writer=None, seconds=0.0):
     old = (time.time() - seconds) * 1000
@@ -38,8 +40,10 @@ def test_gc_removes_what_is_past_retention_and_dry_run_only_lists(config, catalo
     snap = StatsReader(cfg, catalog, client=fake_client()).snapshot()
     assert sorted(snap.engines) == [1]
     assert old.writer_id not in snap.writers
-    # The removed writer's gauge field on engine 1 is gone, the live writer's stays.
-    assert [f for f in client.hkeys(keys.gauges(1)) if f.endswith(old.writer_id)] == []
+    # The removed writer's chunks on engine 1 are gone (its counters folded into the base, its
+    # gauge dropped), the live writer's stay.
+    assert writer_fields(client, keys.counters(1), old.writer_id) == []
+    assert writer_fields(client, keys.counters(1), new.writer_id) != []
     assert snap.engines[1].gauge("inflight") == 1
     assert client.hget(keys.seq, old.writer_id).startswith("x")
 
