@@ -372,11 +372,13 @@ class WriterCore:
         """Redis answered the flush (applied now, or already applied): move on."""
         result = FlushResult.from_reply(reply)
         self._protocol.confirmed(result)
-        if result.status == 1:  # applied now: with it the self-metrics it carried
+        if result.writer_removed:
+            self._stats_stored = {}  # a new id: its stats hash starts empty
+        elif result.status == 1:  # applied now: with it the self-metrics it carried
+            if not result.meta_existed:
+                self._stats_stored = {}  # Redis had lost its data: it holds only these now
             sent = self._stats_sent
             self._stats_stored.update(zip(sent[0::2], sent[1::2]))
-        if not result.meta_existed or result.writer_removed:
-            self._stats_stored = {}  # Redis lost them, or the writer gets a new id: send them all
         self.stats.observe_duration(seconds)
         self.stats.last_success = time.time()
         self.stats.flushes += 1
