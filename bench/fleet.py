@@ -23,6 +23,7 @@ Usage: python bench/fleet.py [--engines 64,256,1024] [--seconds 10] [--drivers 2
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import statistics
 import sys
@@ -200,6 +201,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--drivers", type=int, default=2, help="processes sending the writers' calls")
     parser.add_argument("--no-cluster", action="store_true")
+    parser.add_argument(
+        "--out", default=str(ROOT / "bench" / "results" / "fleet.json"), help="results (JSON)"
+    )
+    parser.add_argument("--plot", default=str(ROOT / "docs" / "img" / "fleet_redis_cpu.png"))
     opts = parser.parse_args()
     counts = [int(x) for x in opts.engines.split(",")]
     with EmbeddedRedis() as server:
@@ -207,8 +212,42 @@ def main() -> None:
         rows = [run(server.url, [node], n, opts.seconds, opts.drivers) for n in counts]
         node.close()
     report("(a) one Redis", rows)
-    if opts.no_cluster:
+    results: dict[str, Any] = {"one_redis": rows}
+    if not opts.no_cluster:
+        results["cluster_k1"] = cluster_rows(counts, opts)
+    Path(opts.out).write_text(json.dumps(results, indent=1))
+    plot(results, opts.plot)
+
+
+def plot(results: dict[str, Any], path: str) -> None:
+    """Redis CPU (busiest node) against writers."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(matplotlib not installed: no plot)")
         return
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    labels = {"one_redis": "one Redis", "cluster_k1": "Cluster, busiest master (K = 1)"}
+    for name, rows in results.items():
+        ax.plot(
+            [2 * r["engines"] for r in rows], [100 * max(r["cpu"]) for r in rows], "o-", label=labels[name]
+        )
+    ax.axhline(25, color="grey", linestyle=":", label="target: 25 % of a core at 2,048 writers")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("writers (2 API servers per engine), 1 flush/s each, busy-engine profile")
+    ax.set_ylabel("Redis CPU, % of one core")
+    ax.set_title("Write load on Redis (bench/fleet.py)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
+def cluster_rows(counts: list[int], opts: Any) -> list[dict[str, Any]]:
+    """(b): the 3-master Cluster the tests start."""
     sys.path.insert(0, str(ROOT / "tests"))
     from servers import Cluster
 
@@ -221,6 +260,7 @@ def main() -> None:
     finally:
         cluster.close()
     report("(b) 3-master Cluster, namespace in one slot (K = 1)", rows)
+    return rows
 
 
 if __name__ == "__main__":
