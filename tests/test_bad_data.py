@@ -244,6 +244,18 @@ def test_both_render_paths_agree_on_any_garbage(fake_client, namespace, data):
         client.hset(key, name, data.draw(_value))
     if data.draw(st.booleans()):
         client.zadd(keys.engines, {data.draw(st.sampled_from(["+1", " 1", "01", "x", "-1", "2"])): 1e15})
+    # garbage inside a writer's chunk: one line's value, or one line's series field (schema 2)
+    for _ in range(data.draw(st.integers(0, 4))):
+        key = data.draw(st.sampled_from([keys.counters(0), keys.counters(1)]))
+        chunks = sorted(f for f in client.hkeys(key) if f.startswith("@|"))
+        chunk = data.draw(st.sampled_from(chunks or ["-"]))
+        text = client.hget(key, chunk)
+        if not text:
+            continue
+        lines = text.split("\n")
+        at = data.draw(st.integers(0, len(lines) - 1))
+        lines[at] = data.draw(st.one_of(_value, _fields(writer.writer_id))).replace("\n", "")
+        client.hset(key, chunk, "\n".join(lines))
 
     fast = RedisCollector(StatsReader(cfg, catalog, client=fake_client())).render_text()
     reg = CollectorRegistry()
