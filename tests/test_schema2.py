@@ -3,11 +3,14 @@ another format does (docs/key-schema.md, "Schema 2")."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import statistics
 
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from redis_stats import RedisCollector, StatsConfig, StatsReader, StatsWriter
 from redis_stats.errors import SchemaMismatch, error_kind
@@ -20,6 +23,8 @@ from redis_stats.simulate import SimulatedApiServer
 from .chunked import series_values, writer_fields
 from .conftest import sample_catalog
 from .test_gc import age
+
+_examples = itertools.count()
 
 
 def _busy_writer(cfg: StatsConfig, n: int) -> tuple[StatsWriter, SimulatedApiServer]:
@@ -214,3 +219,49 @@ def test_a_writer_refuses_a_namespace_in_another_schema_and_writes_nothing(confi
     assert client.hgetall(keys.counters(0)) == {"tokens": "41"}
     assert w.pending()  # kept, for when the namespace is migrated or the writer pointed elsewhere
     w._closed = True
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    rounds=st.lists(
+        st.tuples(
+            st.integers(0, 1),  # which writer
+            st.lists(st.tuples(st.integers(0, 1), st.integers(0, 149), st.integers(0, 5)), max_size=40),
+            st.sampled_from(["ok", "lost reply", "failed"]),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_chunks_stay_exact_across_chunk_boundaries_lost_replies_and_writers(
+    fake_client, namespace, monkeypatch, rounds
+):
+    """Up to 150 series per engine in chunks of 8, two writers, flushes whose reply is lost (applied,
+    then retried) or that fail (not applied, then retried): every count lands exactly once."""
+    from redis_stats import Catalog, chunks
+
+    monkeypatch.setattr(chunks, "CHUNK_SIZE", 8)  # many chunks per engine: boundaries everywhere
+    client = fake_client()
+    client.flushall()
+    cat = Catalog()
+    cat.counter("c", "h", labels=["i"])
+    cfg = StatsConfig(namespace=f"{namespace}-{next(_examples)}", max_series_per_metric=1000)
+    writers = [StatsWriter(cfg, cat, engines=[0, 1], client=fake_client(), start=False) for _ in range(2)]
+    expected: dict[tuple[int, str], int] = {}
+    for which, incs, fate in rounds:
+        w = writers[which]
+        for engine, i, n in incs:
+            w.counter("c").labels(engine=engine, i=str(i)).inc(n)
+            expected[(engine, str(i))] = expected.get((engine, str(i)), 0) + n
+        keys, args = w.prepare_flush()
+        if fate == "lost reply":
+            w._script(keys=keys, args=args)  # applied; the writer never hears of it
+        if fate != "ok":
+            w.flush_failed(redis.ConnectionError("reply lost" if fate == "lost reply" else "down"))
+        assert w.flush()
+    snap = StatsReader(cfg, cat, client=fake_client()).snapshot()
+    found = {(e, labels[0]): v for e, s in snap.engines.items() for (_, labels), v in s.counters.items() if v}
+    assert found == {k: v for k, v in expected.items() if v}
+    assert not snap.skipped
+    for w in writers:
+        w._closed = True
