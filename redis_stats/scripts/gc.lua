@@ -104,7 +104,9 @@ if #writers > 0 then
             end
           end
         end
-        if #mine > 0 then redis.call('HDEL', key, unpack(mine)) end
+        for j = 1, #mine, 500 do  -- in parts: unpack() of a very long list overflows Lua's C stack
+          redis.call('HDEL', key, unpack(mine, j, math.min(j + 499, #mine)))
+        end
       end
     end
     local last = redis.call('HGET', KEYS[3], w) or '0'
