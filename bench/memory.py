@@ -66,7 +66,7 @@ def main() -> None:
         snap = StatsReader(StatsConfig(url=server.url, namespace="mem"), vllm_catalog()).snapshot()
         client = make_client(StatsConfig(url=server.url))
         fields = sum(
-            client.hlen(Keys("mem").counters(e)) + client.hlen(Keys("mem").gauges(e)) for e in snap.engines
+            client.hlen(Keys("mem").counters(e)) for e in snap.engines
         )
     series = sum(len(e.counters) + len(e.gauges) + len(e.histograms) for e in snap.engines.values())
     per_engine = (usage.get("e:*:c", 0) + usage.get("e:*:g", 0)) / opts.engines

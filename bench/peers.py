@@ -98,7 +98,7 @@ def full_catalogue(url: str, engines: int) -> dict:
     client = make_client(cfg)
     keys = Keys(cfg.namespace)
     memory = sum(
-        client.memory_usage(keys.counters(e), samples=0) + client.memory_usage(keys.gauges(e), samples=0)
+        client.memory_usage(keys.counters(e), samples=0)  # schema 2: one hash per engine
         for e in range(engines)
     )
     samples = sum(1 for line in text.splitlines() if line and not line.startswith("#"))

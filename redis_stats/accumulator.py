@@ -31,6 +31,7 @@ from typing import Any
 
 from . import fields
 from .catalog import COUNTER, GAUGE, Catalog, MetricSpec
+from .chunks import Totals
 from .keys import SCHEMA_VERSION
 
 __all__ = [
@@ -328,15 +329,18 @@ _CONFLICT_CLASS: dict[type, type] = {
 
 @dataclass
 class _EngineBlock:
-    ints: list[str] = field(default_factory=list)
-    floats: list[str] = field(default_factory=list)
-    gauges: list[str] = field(default_factory=list)
-    hists: list[str] = field(default_factory=list)
+    # The deltas of one take, flat: ints/floats (field, delta), gauges (field, "<ms>|<value>"),
+    # hists (field, sum delta, per-bucket increases). Added to the writer's totals at the take.
+    ints: list[Any] = field(default_factory=list)
+    floats: list[Any] = field(default_factory=list)
+    gauges: list[Any] = field(default_factory=list)
+    hists: list[Any] = field(default_factory=list)
 
 
 @dataclass
 class Batch:
-    """One flush: catalogue specs to store, and per engine the deltas and gauge values.
+    """One flush: catalogue specs to store, and per engine the chunks of the writer's absolute
+    state that changed (see :mod:`redis_stats.chunks`).
 
     Built once, then sent as-is until Redis confirms it; ``seq`` never changes.
     """
@@ -345,6 +349,10 @@ class Batch:
     specs: list[MetricSpec] = field(default_factory=list)
     engines: dict[int, _EngineBlock] = field(default_factory=dict)
     closing: bool = False
+    chunks: dict[int, list[tuple[int, str | None, str]]] = field(default_factory=dict)
+    """engine -> (chunk index, its names or None when Redis holds them, its values)."""
+    sent: list[Any] = field(default_factory=list, repr=False)
+    """What confirming this batch means (:meth:`redis_stats.chunks.Totals.confirm`)."""
 
     def _block(self, engine: int) -> _EngineBlock:
         block = self.engines.get(engine)
@@ -353,20 +361,20 @@ class Batch:
         return block
 
     def add_delta(self, engine: int, field_name: str, delta: int | float) -> None:
-        """Add a counter or bucket increment (int: HINCRBY, float: HINCRBYFLOAT)."""
+        """Add a counter increment (an int stays exact)."""
         block = self._block(engine)
         if type(delta) is int:
-            block.ints += (field_name, str(delta))
+            block.ints += (field_name, delta)
         else:
-            block.floats += (field_name, repr(float(delta)))
+            block.floats += (field_name, float(delta))
 
     def add_gauge(self, engine: int, field_name: str, stamped_value: str) -> None:
-        """Set a gauge field to ``<wall ms>|<value>``."""
+        """Set a gauge to ``<wall ms>|<value>``."""
         self._block(engine).gauges += (field_name, stamped_value)
 
     def add_histogram(self, engine: int, field_name: str, sum_delta: float, counts: list[int]) -> None:
         """Add observations to a histogram series: the sum's and each bucket's increase."""
-        self._block(engine).hists += (field_name, repr(float(sum_delta)), " ".join(map(str, counts)))
+        self._block(engine).hists += (field_name, float(sum_delta), counts)
 
     def series(self) -> int:
         """How many series (counter fields, gauges, histograms) this batch carries."""
@@ -378,6 +386,18 @@ class Batch:
     def touch(self, engine: int) -> None:
         """Make sure *engine* is heartbeated by this batch even without data."""
         self._block(engine)
+
+    def absorb_into(self, totals: Totals) -> None:
+        """Add this batch's deltas to the writer's *totals* and take the chunks that changed."""
+        for engine, block in self.engines.items():
+            ints, floats, gauges, hists = block.ints, block.floats, block.gauges, block.hists
+            totals.absorb(
+                engine,
+                [*zip(ints[0::2], ints[1::2]), *zip(floats[0::2], floats[1::2])],
+                zip(gauges[0::2], gauges[1::2]),
+                zip(hists[0::3], hists[1::3], hists[2::3]),
+            )
+        self.chunks, self.sent = totals.take(with_names=bool(self.specs))
 
     def script_args(
         self,
@@ -392,7 +412,7 @@ class Batch:
         """The ARGV of ``flush.lua`` for this batch.
 
         *owner* claims the *claims* engines for conflict detection; *stats* are the writer's
-        self-metrics as ``field, value`` pairs (absolute values: safe to send again).
+        self-metrics that changed, as ``field, value`` pairs (absolute values: safe to send again).
         """
         claimed = [str(e) for e in claims]
         args = [
@@ -411,18 +431,14 @@ class Batch:
         ]
         for spec in self.specs:
             args += (spec.name, spec.to_json())
-        for engine, block in self.engines.items():
-            args += (
-                str(engine),
-                str(len(block.ints) // 2),
-                str(len(block.floats) // 2),
-                str(len(block.gauges) // 2),
-                str(len(block.hists) // 3),
-            )
-            args += block.ints
-            args += block.floats
-            args += block.gauges
-            args += block.hists
+        for engine in dict.fromkeys([*self.engines, *self.chunks]):
+            pairs: list[str] = []
+            for index, names, values in self.chunks.get(engine, ()):
+                name = fields.chunk_field(writer_id, index)
+                if names is not None:
+                    pairs += (name + fields.NAMES_SUFFIX, names)
+                pairs += (name, values)
+            args += (str(engine), str(len(pairs) // 2), *pairs)
         return args
 
 
@@ -447,7 +463,8 @@ class FlushResult:
 
     @property
     def writer_removed(self) -> bool:
-        """gc removed this writer: its counters counted, its gauges were refused."""
+        """gc removed this writer (and folded what Redis held of it): nothing of this batch was
+        applied; the writer continues under a new id with the rest of its totals."""
         return self.status == 2
 
     @classmethod
@@ -481,6 +498,8 @@ class Accumulator:
         self._children: dict[tuple[str, int, tuple[str, ...]], object] = {}
         self._series_count: _Tally[tuple[str, int]] = _Tally()
         self._gauges: list[GaugeChild] = []
+        # The absolute totals and chunks: touched only by takes and their answers (serialized).
+        self.totals = Totals(self.drop)
         self._unsent_specs: dict[str, MetricSpec] = {s.name: s for s in catalog}
         # Metrics whose definition conflicts with the one stored first in Redis: never sent.
         self.conflicted: set[str] = set()
@@ -505,6 +524,8 @@ class Accumulator:
                     child.__class__ = _CONFLICT_CLASS[type(child)]
             for name in new:
                 self._unsent_specs.pop(name, None)
+        if new:
+            self.totals.forget_metrics(set(new))  # by the collector, which owns the totals
         if refused_series:
             self.drop("catalog_conflict", refused_series)
         return new
@@ -542,7 +563,8 @@ class Accumulator:
             if spec.kind == COUNTER:
                 made = CounterChild(self, engine, fields.encode(components))
             elif spec.kind == GAUGE:
-                made = GaugeChild(self, engine, fields.encode((*components, writer_id)))
+                # The writer is named by the chunk holding the series, not by its field.
+                made = GaugeChild(self, engine, fields.encode(components))
                 self._gauges.append(made)
             else:
                 made = HistogramChild(self, engine, spec, components)
@@ -557,10 +579,9 @@ class Accumulator:
             return made
 
     def rename_writer(self, writer_id: str) -> None:
-        """Point every gauge series at a new writer id (after gc removed the old one)."""
-        with self.lock:
-            for g in self._gauges:
-                g.field = fields.encode((*fields.decode(g.field)[:-1], writer_id))
+        """The writer continues under *writer_id* (after gc removed the old one). Its series
+        fields do not name it (its chunks do), so there is nothing to change here: kept for
+        callers."""
 
     def add_spec(self, spec: MetricSpec) -> MetricSpec:
         """Add *spec* to the catalogue (after start) and queue it for storing in Redis."""
@@ -572,8 +593,8 @@ class Accumulator:
     def take_batch(self, seq: int, engines: Iterable[int] = (), *, resend_all: bool = False) -> Batch:
         """Move every pending change into a new batch numbered *seq* (heartbeating *engines*).
 
-        With *resend_all* (Redis lost its data), every spec and every gauge's current value is
-        sent again.
+        With *resend_all* (Redis lost its data, or the writer has a new id), every spec and every
+        chunk (names too) is sent again.
         """
         batch = Batch(seq=seq)
         with self._take_lock:
@@ -600,8 +621,12 @@ class Accumulator:
                 for g in list(self._gauges):
                     if g.state[0] and id(g) not in taken and type(g) is GaugeChild:
                         g._take(batch)
-        for engine in engines:
-            batch.touch(engine + self.engine_offset)
+            for engine in engines:
+                batch.touch(engine + self.engine_offset)
+            # Without the record lock: the totals belong to the collector (takes are serialized).
+            if resend_all:
+                self.totals.resend_all()
+            batch.absorb_into(self.totals)
         return batch
 
     def pending_series(self) -> int:
@@ -627,8 +652,10 @@ class Accumulator:
             elif isinstance(made, GaugeChild):
                 # The parent's value is the parent's (a summed gauge would count it twice).
                 made.state = (0.0, 0.0)
-                made.field = fields.encode((*fields.decode(made.field)[:-1], writer_id))
             made.gen = -1  # type: ignore[union-attr]
+        # The totals are the parent's too: this writer's start at zero, under its own id (the
+        # series fields do not name the writer; its chunks do).
+        self.totals.reset()
 
 
 class FlushProtocol:
@@ -652,15 +679,22 @@ class FlushProtocol:
         return self.in_flight
 
     def confirmed(self, result: FlushResult) -> None:
-        """Redis answered: the in-flight batch is applied (now or by an earlier attempt)."""
+        """Redis answered: the in-flight batch is applied (now or by an earlier attempt), or gc
+        had removed this writer and nothing of it was applied."""
         batch, self.in_flight = self.in_flight, None
+        if result.writer_removed:
+            # What Redis held of this writer was folded into the base fields: keep only the rest,
+            # for the new id (the batch's chunks are in the totals, sent again with everything).
+            self.acc.totals.rebase()
+        elif batch is not None:
+            Totals.confirm(batch.sent)
         if not result.applied and batch is not None and batch.specs:
             # An earlier attempt applied it, but its answer (which would name catalogue conflicts)
             # was lost: send the specs again, so the script can tell us.
             self.acc.requeue_specs(batch.specs)
         if not result.meta_existed or result.writer_removed:
             # The namespace had no catalogue (Redis is new or lost its data), or gc removed this
-            # writer (it will come back under a new id): store the catalogue and gauges again.
+            # writer (it will come back under a new id): store the catalogue and chunks again.
             self._resend_all = True
 
     def in_flight_series(self) -> int:

@@ -199,8 +199,9 @@ def writer_families(snapshot: Snapshot) -> Iterator[Metric]:
         flushes.add_metric([wid], _num(st, "flushes"))
         conflicts.add_metric([wid], _num(st, "conflicts"))
         pending.add_metric([wid], _num(st, "pending"))
-        if "last_ok_ms" in st:
-            age.add_metric([wid], max(0.0, (now_ms - _num(st, "last_ok_ms")) / 1000.0))
+        # The writer's heartbeat is set by its last successful flush (schema 1 also stored it
+        # as last_ok_ms in the stats hash).
+        age.add_metric([wid], max(0.0, (now_ms - info.heartbeat * 1000.0) / 1000.0))
         buckets, running = [], 0.0
         for key in sorted((k for k in st if k.startswith("dur:")), key=lambda k: float(k[4:])):
             running += _num(st, key)

@@ -22,6 +22,7 @@ __all__ = [
     "NoServerBinary",
     "RedisStatsError",
     "ReplicationLag",
+    "SchemaMismatch",
     "error_kind",
 ]
 
@@ -46,6 +47,11 @@ class NoServerBinary(RedisStatsError, RuntimeError):
     """Neither redis-server nor valkey-server could be found."""
 
 
+class SchemaMismatch(RedisStatsError, ValueError):
+    """A namespace in Redis holds data in another format (schema version) than this reader's;
+    the message says which, and what to do. Nothing of it is read."""
+
+
 # The values of the ``kind`` label of ``redis_stats_writer_flush_errors_total`` and
 # ``redis_stats_read_errors_total`` (docs/operations.md lists them with what to do).
 ERROR_KINDS = (
@@ -57,6 +63,7 @@ ERROR_KINDS = (
     "connection",
     "replication",
     "response",
+    "schema",
     "other",
 )
 
@@ -94,10 +101,13 @@ def error_kind(exc: BaseException) -> str:
     (an ACL user without the command or key), ``oom`` (``maxmemory`` reached with
     ``noeviction``), ``readonly`` (a replica, or one cut from its master), ``timeout``,
     ``connection``, ``replication`` (:class:`ReplicationLag`), ``response`` (any other error
-    reply), ``other`` (not a Redis error).
+    reply), ``schema`` (:class:`SchemaMismatch`: the namespace holds another version's format),
+    ``other`` (not a Redis error).
     """
     if isinstance(exc, ReplicationLag):
         return "replication"
+    if isinstance(exc, SchemaMismatch):
+        return "schema"
     # Before ConnectionError: redis-py makes a refused password a ConnectionError subclass.
     if isinstance(exc, _AUTH_CLASSES):
         return "auth"

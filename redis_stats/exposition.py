@@ -2,10 +2,11 @@
 
 prometheus_client's ``generate_latest`` builds a Python object per sample and formats every
 label on every scrape: about 10 us per sample, so 80 ms for 64 engines of the vLLM catalogue.
-Between two scrapes almost nothing but the numbers changes, so this renderer caches, per hash
+Between two scrapes almost nothing but the numbers changes, so this renderer caches, per series
 field, everything else: the decoded series and its rendered line prefix
 (``vllm:prompt_tokens_total{engine="3",model_name="m"} ``). A scrape then costs a dictionary
-lookup, a number check and a string join per field. The semantics are the decoder's
+lookup, a number check and a string join per series and writer; a series two writers hold is
+added up (schema 2, docs/key-schema.md). The semantics are the decoder's
 (:mod:`redis_stats.snapshot`), whose functions decide which fields and values are valid:
 cumulative buckets with ``+Inf``, gauges of live writers only, rolled up by mode, gauges of stale
 engines hidden, undecodable fields and wrong-typed keys skipped and counted; tests parse both
@@ -19,12 +20,21 @@ keep every per-scrape line and gauge value in locals.
 from __future__ import annotations
 
 import math
+from operator import add
 from typing import Any
 
 from prometheus_client.utils import floatToGoString
 
-from .catalog import COUNTER, ENGINE_LABEL, Catalog, MetricSpec
-from .snapshot import Skipped, Snapshot, SnapshotDecoder, gauge_parts, histogram_parts, number_text
+from .catalog import COUNTER, ENGINE_LABEL, HISTOGRAM, Catalog, MetricSpec
+from .snapshot import (
+    Skipped,
+    Snapshot,
+    SnapshotDecoder,
+    gauge_parts,
+    histogram_numbers,
+    histogram_parts,
+    number_text,
+)
 
 __all__ = ["TextRenderer", "escape_label_value"]
 
@@ -77,18 +87,16 @@ class _Plan:
     and a reset replaces the whole plan (``TextRenderer._plan``) while older scrapes finish
     with the one they hold."""
 
-    __slots__ = ("catalog", "counter_fields", "gauge_fields", "gauges", "headers", "index", "size")
+    __slots__ = ("catalog", "fields", "headers", "index", "size")
 
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
         specs = list(catalog)
         self.headers = tuple(_header(spec) for spec in specs)
         self.index = {spec.name: i for i, spec in enumerate(specs)}
-        # engine -> field -> ("c", family index, line prefix), ("h", family index, _Histogram),
-        # or the reason to skip the field
-        self.counter_fields: dict[str, dict[str, Any]] = {}
-        # engine -> field -> (family index, series line prefix, roll-up mode, writer), or the reason
-        self.gauge_fields: dict[str, dict[str, Any]] = {}
+        # engine -> series field -> ("c", family index, line prefix), ("h", family index,
+        # _Histogram), ("g", family index, line prefix, roll-up mode), or the reason to skip it
+        self.fields: dict[str, dict[str, Any]] = {}
         self.size = 0  # fields planned (approximate under threads: only bounds the memory)
 
 
@@ -111,23 +119,17 @@ class TextRenderer:
             plan = self._plan = _Plan(catalog)  # one atomic swap; others keep the plan they hold
         return plan
 
-    def _plan_counter_field(self, plan: _Plan, engine: str, name: str) -> Any:
-        parsed = self.decoder.counter_field(name, plan.catalog)
+    def _plan_field(self, plan: _Plan, engine: str, name: str) -> Any:
+        parsed = self.decoder.series_field(name, plan.catalog)
         if parsed.__class__ is str:
             return parsed  # the reason to skip it
         spec, values, _ = parsed
         family = plan.index[spec.name]
         if spec.kind == COUNTER:
             return ("c", family, f"{spec.name}_total{{{_labels(engine, spec, values)}}} ")
-        return ("h", family, _Histogram(engine, spec, values))
-
-    def _plan_gauge_field(self, plan: _Plan, engine: str, name: str) -> Any:
-        parsed = self.decoder.gauge_field(name, plan.catalog)
-        if parsed.__class__ is str:
-            return parsed
-        spec, values, writer = parsed
-        prefix = f"{spec.name}{{{_labels(engine, spec, values)}}} "
-        return (plan.index[spec.name], prefix, spec.mode, writer)
+        if spec.kind == HISTOGRAM:
+            return ("h", family, _Histogram(engine, spec, values))
+        return ("g", family, f"{spec.name}{{{_labels(engine, spec, values)}}} ", spec.mode)
 
     def render(self, reply: list[Any]) -> tuple[str, Snapshot]:
         """(text of every family, the snapshot without series) for one read reply.
@@ -144,10 +146,8 @@ class TextRenderer:
         gauges: dict[str, list[Any]] = {}
         live = {wid for wid, info in shell.writers.items() if info.live}
         keys = self.decoder.keys
-        for engine_text, snap, c_flat, g_flat in shell.engine_hashes:
-            self._counters(plan, engine_text, c_flat, lines, skipped, keys)
-            if snap.up:
-                self._gauges(plan, engine_text, g_flat, live, gauges, skipped, keys)
+        for engine_text, snap, flat in shell.engine_hashes:
+            self._engine(plan, engine_text, flat, snap.up, live, lines, gauges, skipped, keys)
         for prefix, state in gauges.items():
             mode = state[1]
             if mode == "mostrecent":
@@ -163,75 +163,141 @@ class TextRenderer:
         shell.engine_hashes = []
         return "".join(out), shell
 
-    def _counters(
-        self, plan: _Plan, engine: str, flat: list[Any], lines: list[list[str]], skipped: Skipped, keys: Any
-    ) -> None:
-        plans = plan.counter_fields.get(engine)
-        if plans is None:
-            plans = plan.counter_fields.setdefault(engine, {})
-        it = iter(flat)
-        for name, raw in zip(it, it):
-            field_plan = plans.get(name)
-            if field_plan is None:
-                field_plan = plans[name] = self._plan_counter_field(plan, engine, name)
-                plan.size += 1
-            if field_plan.__class__ is str:
-                skipped.note(field_plan, keys.counters(engine), str(name))
-                continue
-            if field_plan[0] == "c":
-                text = raw if raw.__class__ is str and raw.isdigit() and raw.isascii() else number_text(raw)
-                if text is None:
-                    skipped.note("bad_value", keys.counters(engine), name)
-                    continue
-                lines[field_plan[1]].append(f"{field_plan[2]}{text}\n")
-            else:
-                hist = field_plan[2]
-                parts = histogram_parts(raw, hist.size)  # the decoder's rule, as collect() uses
-                if parts is None:
-                    skipped.note("bad_value", keys.counters(engine), name)
-                    continue
-                counts = parts[1]
-                lines[field_plan[1]].append(hist.template % (*counts, counts[-1], parts[0]))
-
-    def _gauges(
+    def _engine(
         self,
         plan: _Plan,
         engine: str,
         flat: list[Any],
+        up: bool,
         live: set[str],
+        lines: list[list[str]],
         gauges: dict[str, list[Any]],
         skipped: Skipped,
         keys: Any,
     ) -> None:
-        plans = plan.gauge_fields.get(engine)
+        plans = plan.fields.get(engine)
         if plans is None:
-            plans = plan.gauge_fields.setdefault(engine, {})
-        it = iter(flat)
-        for name, raw in zip(it, it):
+            plans = plan.fields.setdefault(engine, {})
+        key = keys.counters(engine)
+        # series field -> [plan, value, value, ...]: one value per writer (and the base field)
+        held: dict[str, list[Any]] = {}
+        for name, raw, writer in self.decoder.engine_entries(engine, flat, skipped):
             field_plan = plans.get(name)
             if field_plan is None:
-                field_plan = plans[name] = self._plan_gauge_field(plan, engine, name)
+                field_plan = plans[name] = self._plan_field(plan, engine, name)
                 plan.size += 1
             if field_plan.__class__ is str:
-                skipped.note(field_plan, keys.gauges(engine), str(name))
+                skipped.note(field_plan, key, str(name))
+            elif field_plan[0] != "g":
+                entry = held.get(name)
+                if entry is None:
+                    held[name] = [field_plan, raw]
+                else:
+                    entry.append(raw)
+            elif writer is None:
+                skipped.note("bad_field", key, name)  # a gauge has no base field
+            elif up and writer in live:  # else not current: a stale, closed or removed writer's
+                self._gauge(field_plan, name, raw, gauges, skipped, key)
+        for name, entry in held.items():
+            field_plan = entry[0]
+            if field_plan[0] == "c":
+                if len(entry) == 2:
+                    raw = entry[1]
+                    text = (
+                        raw if raw.__class__ is str and raw.isdigit() and raw.isascii() else number_text(raw)
+                    )
+                else:
+                    text = _sum_text(name, entry, skipped, key)
+                if text is None:
+                    if len(entry) == 2:
+                        skipped.note("bad_value", key, name)
+                    continue
+                lines[field_plan[1]].append(f"{field_plan[2]}{text}\n")
                 continue
-            family, prefix, mode, writer = field_plan
-            if writer not in live:
-                continue  # not current: a stale, closed or removed writer's value
-            parts = gauge_parts(raw)
-            if parts is None:
-                skipped.note("bad_value", keys.gauges(engine), name)
-                continue
-            state = gauges.get(prefix)
-            if mode == "mostrecent":
-                if state is None:
-                    gauges[prefix] = [family, mode, parts[0], parts[2]]
-                elif parts[0] > state[2]:
-                    state[2], state[3] = parts[0], parts[2]
-            elif state is None:
-                gauges[prefix] = [family, mode, parts[1]]
+            hist = field_plan[2]
+            if len(entry) == 2:
+                parts = histogram_parts(entry[1], hist.size)  # the decoder's rule
+                if parts is None:
+                    skipped.note("bad_value", key, name)
+                    continue
             else:
-                state.append(parts[1])
+                parts = _sum_histograms(name, entry, hist.size, skipped, key)
+                if parts is None:
+                    continue
+            counts = parts[1]
+            lines[field_plan[1]].append(hist.template % (*counts, counts[-1], parts[0]))
+
+    @staticmethod
+    def _gauge(
+        field_plan: Any, name: str, raw: Any, gauges: dict[str, list[Any]], skipped: Skipped, key: str
+    ) -> None:
+        _, family, prefix, mode = field_plan
+        parts = gauge_parts(raw)
+        if parts is None:
+            skipped.note("bad_value", key, name)
+            return
+        state = gauges.get(prefix)
+        if mode == "mostrecent":
+            if state is None:
+                gauges[prefix] = [family, mode, parts[0], parts[2]]
+            elif parts[0] > state[2]:
+                state[2], state[3] = parts[0], parts[2]
+        elif state is None:
+            gauges[prefix] = [family, mode, parts[1]]
+        else:
+            state.append(parts[1])
+
+
+def _sum_text(name: str, entry: list[Any], skipped: Skipped, key: str) -> str | None:
+    """Sample text of the sum of a counter's values (``entry[1:]``, one per writer), added in
+    order as the decoder adds them: exact while they are all integers. A value that is not a
+    number is skipped and counted; None if none is left."""
+    raws = entry[1:]
+    if all(raw.__class__ is str and raw.isdigit() and raw.isascii() for raw in raws):
+        return str(sum(map(int, raws)))  # integers, as writers store them: exact
+    texts = []
+    for raw in raws:
+        text = number_text(raw)
+        if text is None:
+            skipped.note("bad_value", key, name)
+        else:
+            texts.append(text)
+    if not texts:
+        return None
+    if all(t.isdigit() for t in texts):
+        return str(sum(map(int, texts)))
+    total = 0.0
+    for t in texts:
+        total += float(t)
+    return floatToGoString(total)
+
+
+def _sum_histograms(
+    name: str, entry: list[Any], size: int, skipped: Skipped, key: str
+) -> tuple[str, list[str]] | None:
+    """(sum text, count texts) of a histogram's values (``entry[1:]``, one per writer) added
+    bucket by bucket, in order, as :meth:`~redis_stats.snapshot.HistogramValue.plus` adds them.
+    A malformed value is skipped and counted; None if none is left."""
+    found = []
+    for raw in entry[1:]:
+        parsed = histogram_numbers(raw, size)
+        if parsed is None:
+            skipped.note("bad_value", key, name)
+        else:
+            found.append(parsed)
+    if len(found) < 2:
+        return (found[0][0], found[0][1]) if found else None
+    total = 0.0
+    for parsed in found:
+        total += float(parsed[0])
+    sums = found[0][2]
+    for parsed in found[1:]:
+        sums = [*map(add, sums, parsed[2])]
+    if all(type(parsed[2][0]) is int for parsed in found):  # integers, as writers store them
+        return floatToGoString(total), [*map(str, sums)]
+    return floatToGoString(total), [
+        str(int(x)) if x.is_integer() and abs(x) < 1e15 else floatToGoString(x) for x in map(float, sums)
+    ]
 
 
 def format_families(families: Any) -> str:

@@ -1,9 +1,10 @@
 """Hash-field encoding of a series: unambiguous for any label value, cheap to decode.
 
 A field is a list of components joined by ``|``: the metric name, the label values in declared
-order, then one suffix by kind (histogram: the bucket bound or ``sum``; gauge: the writer id).
-In each component ``\\`` is written ``\\\\`` and ``|`` is written ``\\/``, so a ``|`` in a field is
-always a separator. Label values that contain neither (nearly all) are stored as they are, and
+order, then, for a histogram, its bucket layout (``h:<8 hex>``). In each component ``\\`` is
+written ``\\\\``, ``|`` is written ``\\/`` and a newline ``\\n``, so a ``|`` in a field is always a
+separator and a field is always one line (a writer's chunk lists its series one per line, see
+docs/key-schema.md). Label values with none of these (nearly all) are stored as they are, and
 decoding them is one ``str.split``.
 """
 
@@ -12,16 +13,25 @@ from __future__ import annotations
 import hashlib
 import re
 
-__all__ = ["SEP", "decode", "encode"]
+__all__ = [
+    "CHUNK_PREFIX",
+    "CHUNK_SIZE",
+    "NAMES_SUFFIX",
+    "SEP",
+    "chunk_field",
+    "chunk_writer",
+    "decode",
+    "encode",
+]
 
 SEP = "|"
 _UNESCAPE_RE = re.compile(r"\\(.)")
-_UNESCAPES = {"\\": "\\", "/": "|"}
+_UNESCAPES = {"\\": "\\", "/": "|", "n": "\n"}
 
 
 def _escape(component: str) -> str:
-    if "\\" in component or SEP in component:
-        return component.replace("\\", "\\\\").replace(SEP, "\\/")
+    if "\\" in component or SEP in component or "\n" in component:
+        return component.replace("\\", "\\\\").replace(SEP, "\\/").replace("\n", "\\n")
     return component
 
 
@@ -60,3 +70,31 @@ def bucket_layout(bounds: tuple[float, ...] | list[float]) -> str:
     so a reader never applies counts to the wrong bounds when a bucket list changes."""
     text = ",".join(bound_text(b) for b in bounds)
     return "h:" + hashlib.sha1(text.encode()).hexdigest()[:8]
+
+
+# -- a writer's chunks (schema 2, see docs/key-schema.md) ------------------------------------------
+#
+# A writer keeps its absolute state of one engine in chunks of that engine's hash: the field
+# ``@|<writer>|<k>`` holds the values of up to CHUNK_SIZE series, one per line, and the field
+# ``@|<writer>|<k>|n`` their series fields, one per line in the same order. A series field starts
+# with a metric name, never with "@", so a chunk field cannot be taken for a series.
+
+CHUNK_PREFIX = "@" + SEP
+NAMES_SUFFIX = SEP + "n"
+CHUNK_SIZE = 64
+
+
+def chunk_field(writer: str, index: int) -> str:
+    """The field of chunk *index* of *writer* (its values); its names are this + ``|n``."""
+    return encode(("@", writer, str(index)))
+
+
+def chunk_writer(field: str) -> str | None:
+    """The writer of a chunk's values field ``@|<writer>|<k>``, or None if it is not one."""
+    try:
+        parts = decode(field)
+    except ValueError:
+        return None
+    if len(parts) != 3 or parts[0] != "@" or not (parts[2].isdigit() and parts[2].isascii()):
+        return None
+    return parts[1]

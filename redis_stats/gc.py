@@ -5,9 +5,11 @@ run it (every exporter may, on a timer) only one collects at a time, then runs `
 removes in one atomic step:
 
 - engines whose last heartbeat is older than ``retention``: their counter and gauge hashes;
-- writers silent (or closed) for longer than ``retention``: their gauge fields on every engine and
-  their heartbeat; their sequence number becomes a tombstone, so a late flush from them is still
-  deduplicated but cannot bring their gauges back. Tombstones go after one more retention.
+- writers silent (or closed) for longer than ``retention``: their chunks on every engine are
+  folded into the engines' base fields (counter totals and histograms added, gauges dropped, see
+  docs/key-schema.md), their heartbeat and self-metrics go; their sequence number becomes a
+  tombstone, so a late flush from them is deduplicated or refused (the writer then continues
+  under a new id). Tombstones go after one more retention.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ class GcResult:
     engines: list[int] = field(default_factory=list)
     writers: list[str] = field(default_factory=list)
     tombstones: list[str] = field(default_factory=list)
+    folded: int = 0
+    """Series values of removed writers added to base fields."""
+    unfolded: int = 0
+    """Series values of removed writers that could not be added (garbage in Redis), dropped."""
     skipped: bool = False
     """True when another process held the gc lease: nothing was done."""
 
@@ -46,11 +52,13 @@ def collect_garbage(config: StatsConfig, *, dry_run: bool = False, client: Any =
         return GcResult(skipped=True)
     try:
         script = client.register_script(load_script("gc"))
-        engines, writers, tombstones = script(
+        engines, writers, tombstones, folded, unfolded = script(
             keys=[keys.engines, keys.writers, keys.seq],
             args=[keys.prefix, int(config.retention * 1000), "1" if dry_run else "0"],
         )
     finally:
         if not dry_run and client.get(keys.gc_lock) == token:
             client.delete(keys.gc_lock)
-    return GcResult(sorted(int(e) for e in engines), list(writers), list(tombstones))
+    return GcResult(
+        sorted(int(e) for e in engines), list(writers), list(tombstones), int(folded), int(unfolded)
+    )

@@ -9,8 +9,10 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from . import fields
 from .config import StatsConfig
 from .connection import make_client
+from .errors import SchemaMismatch
 from .integrations.vllm import vllm_catalog
 from .keys import Keys
 from .reader import StatsReader
@@ -31,7 +33,12 @@ def inspect_namespace(config: StatsConfig) -> Iterator[str]:
     """Human-readable lines describing the namespace of *config*."""
     client = make_client(config)
     keys = Keys(config.namespace)
-    snap = StatsReader(config, vllm_catalog(), client=client).snapshot()
+    try:
+        snap = StatsReader(config, vllm_catalog(), client=client).snapshot()
+    except SchemaMismatch as exc:
+        yield f"namespace {config.namespace!r} at {config.safe_url} (key prefix {keys.prefix})"
+        yield f"  {exc}"
+        return
     yield f"namespace {config.namespace!r} at {config.safe_url} (key prefix {keys.prefix})"
     meta = _or_why(client.hgetall, keys.meta)
     if isinstance(meta, dict):
@@ -50,14 +57,23 @@ def inspect_namespace(config: StatsConfig) -> Iterator[str]:
         yield f"  log lease: {holder} (fencing token {token}, {client.pttl(keys.leader)} ms left)"
     yield f"  engines: {len(snap.engines)}"
     for e in sorted(snap.engines.values(), key=lambda e: e.engine):
-        c_key, g_key = keys.counters(e.engine), keys.gauges(e.engine)
-        c_fields = _or_why(client.hlen, c_key)
-        g_fields = _or_why(client.hlen, g_key)
+        names = _or_why(client.hkeys, keys.counters(e.engine))
         state = "up" if e.up else "STALE"
         series = len(e.counters) + len(e.gauges) + len(e.histograms)
+        if isinstance(names, list):
+            chunks = [
+                f for f in names if f.startswith(fields.CHUNK_PREFIX) and not f.endswith(fields.NAMES_SUFFIX)
+            ]
+            writers = {fields.chunk_writer(f) for f in chunks}
+            layout = (
+                f"{len(names)} fields: {len(chunks)} chunks of {len(writers)} writers, "
+                f"{sum(not f.startswith(fields.CHUNK_PREFIX) for f in names)} base fields"
+            )
+        else:
+            layout = f"fields {names}"
         yield (
             f"    engine {e.engine}: {state}, last heartbeat {e.age:.1f} s ago, {series} current series, "
-            f"{c_fields} counter fields, {g_fields} gauge fields"
+            + layout
         )
     live = Counter(w.live for w in snap.writers.values())
     yield f"  writers: {len(snap.writers)} ({live[True]} live)"

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 __all__ = ["SCHEMA_VERSION", "Keys"]
 
 # Bumped when the layout or the field encoding changes incompatibly; stored in meta["schema"].
-SCHEMA_VERSION = "1"
+# 2: each writer's absolute values in chunks of the engine's hash (docs/key-schema.md, issue 15);
+# 1: deltas merged into one field per series by the flush script, gauges in their own hash.
+SCHEMA_VERSION = "2"
 
 
 @dataclass(frozen=True)
@@ -76,9 +78,11 @@ class Keys:
         return f"{self.prefix}w:{writer_id}"
 
     def counters(self, engine: int | str) -> str:
-        """Hash: counters and histogram buckets/sums of one engine, field -> number."""
+        """Hash: the series of one engine: each writer's chunks (counters, histograms, gauges)
+        and the base fields gc folded departed writers into."""
         return f"{self.prefix}e:{engine}:c"
 
     def gauges(self, engine: int | str) -> str:
-        """Hash: gauges of one engine, field (series + writer) -> ``<wall ms>|<value>``."""
+        """Hash: gauges of one engine in schema 1 (schema 2 keeps them in the writers' chunks;
+        gc still removes this key with its engine)."""
         return f"{self.prefix}e:{engine}:g"

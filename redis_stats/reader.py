@@ -91,7 +91,7 @@ class ReaderCore:
             ("HGETALL", k.conflicts),
         ]
         for e in engines:
-            cmds += [("HGETALL", k.counters(e)), ("HGETALL", k.gauges(e))]
+            cmds.append(("HGETALL", k.counters(e)))
         cmds += [("HGETALL", k.writer_stats(w)) for w in writers]
         cmds.append(("EXEC",))
         return cmds

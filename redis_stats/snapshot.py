@@ -21,9 +21,9 @@ from typing import Any
 from prometheus_client.utils import floatToGoString
 
 from . import fields
-from .catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, MetricSpec
-from .errors import CatalogError
-from .keys import Keys
+from .catalog import COUNTER, HISTOGRAM, Catalog, MetricSpec
+from .errors import CatalogError, SchemaMismatch
+from .keys import SCHEMA_VERSION, Keys
 
 __all__ = [
     "EngineSnapshot",
@@ -34,6 +34,7 @@ __all__ = [
     "SnapshotDecoder",
     "WriterInfo",
     "gauge_parts",
+    "histogram_numbers",
     "histogram_parts",
     "number_text",
 ]
@@ -101,6 +102,13 @@ def histogram_parts(raw: Any, size: int) -> tuple[str, list[str]] | None:
     """A stored histogram value ``"<sum> <c0> ... <cN>"`` (*size* cumulative counts, ``+Inf``
     last) as (sum text, count texts), or None when it is malformed: a wrong number of parts, a
     part that is not a number, a negative count or counts that go down."""
+    found = histogram_numbers(raw, size)
+    return None if found is None else (found[0], found[1])
+
+
+def histogram_numbers(raw: Any, size: int) -> tuple[str, list[str], list[int] | list[float]] | None:
+    """:func:`histogram_parts` and the counts as numbers (ints when they are all integers, as
+    the writers store them), for adding up several writers' parts of a series."""
     if raw.__class__ is not str:
         return None
     parts = raw.split(" ")
@@ -122,14 +130,14 @@ def histogram_parts(raw: Any, size: int) -> tuple[str, list[str]] | None:
         ints = [*map(int, counts)]
         if ints != sorted(ints):
             return None
-        return total, counts
+        return total, counts, ints
     texts = [number_text(c) for c in counts]
     if None in texts:
         return None
     values = [float(t) for t in texts]  # type: ignore[arg-type]
     if values[0] < 0 or any(b < a for a, b in pairwise(values)):
         return None
-    return total, [_count_text(v) for v in values]
+    return total, [_count_text(v) for v in values], values
 
 
 def _count_text(value: float) -> str:
@@ -194,6 +202,11 @@ class HistogramValue:
             prev_bound, prev_count = bound, cum
         return self.bounds[-2] if len(self.bounds) > 1 else math.nan
 
+    def plus(self, other: HistogramValue) -> HistogramValue:
+        """This series and *other* (same bounds: another writer's part of it) added up."""
+        cumulative = tuple(a + b for a, b in zip(self.cumulative, other.cumulative))
+        return HistogramValue(self.bounds, cumulative, self.sum + other.sum)
+
     def minus(self, earlier: HistogramValue | None) -> HistogramValue:
         """The observations made since *earlier* (same series, an older snapshot)."""
         if earlier is None:
@@ -214,9 +227,7 @@ class HistogramValue:
             return None if math.isnan(value) else _json_number(value)
 
         return {
-            "buckets": [
-                [_json_number(b), _json_number(c)] for b, c in zip(self.bounds, self.cumulative)
-            ],
+            "buckets": [[_json_number(b), _json_number(c)] for b, c in zip(self.bounds, self.cumulative)],
             "sum": _json_number(self.sum),
             "count": _json_number(self.count),
             "p50": q(0.5),
@@ -277,7 +288,7 @@ class Snapshot:
     catalog: Catalog
     skipped: _Tally[str] = field(default_factory=Skipped)
     """Fields and keys skipped, by reason; a :class:`Skipped` also names the first few."""
-    engine_hashes: list[tuple[str, EngineSnapshot, list[Any], list[Any]]] = field(
+    engine_hashes: list[tuple[str, EngineSnapshot, list[Any]]] = field(
         default_factory=list, repr=False, compare=False
     )
 
@@ -428,6 +439,8 @@ class SnapshotDecoder:
         if version != self.meta_version:
             stored: dict[str, MetricSpec] = {}
             for name, value in _pairs(flat):
+                if name == "schema":
+                    self._check_schema(value)
                 if not name.startswith("m:"):
                     continue
                 try:
@@ -453,6 +466,7 @@ class SnapshotDecoder:
                     # A stored spec taking a local one's place whose samples would repeat another
                     # local metric's: one series printed twice is worse than one metric missing.
                     skipped.note("name_clash", self.keys.meta, "m:" + spec.name)
+
             # A stored spec whose samples would repeat another's (written by an older or foreign
             # writer) is left out, for the same reason.
             def clash(spec: MetricSpec, why: str) -> None:
@@ -465,8 +479,26 @@ class SnapshotDecoder:
         if self._conflicting:
             skipped["catalog_conflict"] += len(self._conflicting)
 
+    def _check_schema(self, stored: Any) -> None:
+        """Raise :class:`SchemaMismatch` when the namespace was written in another format than
+        this reader's: reading it as ours would miscount or drop series without a word."""
+        if stored == SCHEMA_VERSION:
+            return
+        known = {
+            "1": "schema 1: deltas merged into one field per series by the flush script, gauges in "
+            "rs:{NS}:e:<engine>:g; written by redis_stats before issue 15",
+        }
+        what = known.get(str(stored), f"schema {stored!r}, which this version does not know (a newer one?)")
+        raise SchemaMismatch(
+            f"namespace {self.keys.namespace!r}: {self.keys.meta} says its data is in {what}; this "
+            f"reader reads schema {SCHEMA_VERSION}. Read it with the redis_stats version that wrote it, "
+            "or run every writer and reader of the namespace at one version (a new namespace starts "
+            "afresh); nothing was read"
+        )
+
     def _parse(self, name: str, catalog: Catalog) -> tuple[MetricSpec, tuple[str, ...], str] | str:
-        """(spec, label values, suffix) of a field, or the reason it is skipped."""
+        """(spec, label values, suffix) of a series field, or the reason it is skipped. Only a
+        histogram's field has a suffix: its bucket layout."""
         if name.__class__ is not str:
             return "bad_field"
         try:
@@ -476,7 +508,7 @@ class SnapshotDecoder:
         spec = catalog.get(parts[0])
         if spec is None:
             return "unknown_metric"
-        extra = 1 if (spec.kind != COUNTER) else 0
+        extra = 1 if spec.kind == HISTOGRAM else 0
         if len(parts) != 1 + len(spec.labels) + extra:
             return "bad_field"
         if spec.kind == HISTOGRAM and parts[-1] != layout_of(spec):
@@ -493,26 +525,64 @@ class SnapshotDecoder:
         self._fields[name] = (catalog, parsed)  # one store of an immutable pair: thread-safe
         return parsed
 
-    def counter_field(self, name: str, catalog: Catalog) -> tuple[MetricSpec, tuple[str, ...], str] | str:
-        """A field of an engine's counters hash: (spec, label values, suffix) of a counter or a
-        histogram, or the reason it is skipped. Both render paths ask this."""
-        parsed = self._field(name, catalog)
-        if parsed.__class__ is not str and parsed[0].kind == GAUGE:  # type: ignore[union-attr]
-            return "bad_field"  # a gauge's field in the counters' hash
-        return parsed
+    def series_field(self, name: str, catalog: Catalog) -> tuple[MetricSpec, tuple[str, ...], str] | str:
+        """A series field (of a base field or of a chunk line): (spec, label values, suffix), or
+        the reason it is skipped. Both render paths ask this."""
+        return self._field(name, catalog)
 
-    def gauge_field(self, name: str, catalog: Catalog) -> tuple[MetricSpec, tuple[str, ...], str] | str:
-        """A field of an engine's gauges hash: (spec, label values, writer) of a gauge, or the
-        reason it is skipped. Both render paths ask this."""
-        parsed = self._field(name, catalog)
-        if parsed.__class__ is not str and parsed[0].kind != GAUGE:  # type: ignore[union-attr]
-            return "bad_field"
-        return parsed
+    def engine_entries(self, engine: str, flat: list[Any], skipped: Skipped) -> list[tuple[Any, Any, Any]]:
+        """The series values in one engine's hash, as ``(series field, value, writer)``: its base
+        fields (writer None: departed writers folded in by gc) and every line of every writer's
+        chunk (docs/key-schema.md). Both render paths start here, so they see the same values.
+
+        A chunk whose names field is missing or does not match its values line for line, or
+        whose field is malformed, is skipped and counted (``bad_chunk``): it costs that chunk only.
+        """
+        entries: list[tuple[Any, Any, Any]] = []
+        chunks: dict[str, Any] = {}
+        it = iter(flat)
+        for name, raw in zip(it, it):
+            if name.__class__ is str and name.startswith(fields.CHUNK_PREFIX):
+                chunks[name] = raw
+            else:
+                entries.append((name, raw, None))
+        if not chunks:
+            return entries
+        key = self.keys.counters(engine)
+        suffix = fields.NAMES_SUFFIX
+        for name, values in chunks.items():
+            if name.endswith(suffix):
+                if name[: -len(suffix)] not in chunks:
+                    skipped.note("bad_chunk", key, name)  # names without values
+                continue
+            writer = self._chunk_writer(name)
+            names = chunks.get(name + suffix)
+            if writer is None or names.__class__ is not str or values.__class__ is not str:
+                skipped.note("bad_chunk", key, name)
+                continue
+            name_list = names.split("\n") if names else []
+            value_list = values.split("\n") if values else []
+            if len(name_list) != len(value_list):
+                skipped.note("bad_chunk", key, name)
+                continue
+            entries += zip(name_list, value_list, [writer] * len(name_list))
+        return entries
+
+    _writers_of: dict[str, str | None] = {}
+
+    def _chunk_writer(self, name: str) -> str | None:
+        writer = self._writers_of.get(name, "")
+        if writer == "":
+            writer = fields.chunk_writer(name)
+            if len(self._writers_of) > _FIELD_CACHE_LIMIT:
+                SnapshotDecoder._writers_of = {}
+            self._writers_of[name] = writer  # the parse of a field name never changes: shared
+        return writer
 
     def decode_shell(self, reply: list[Any], skipped: _Tally[str]) -> Snapshot:
         """The snapshot of a reply without its series: catalogue, writers, engines and their
-        liveness; ``engine_hashes`` holds each engine's raw (counter, gauge) hashes for the caller
-        to decode (this decoder, or the text renderer). A key of the wrong type (or whose read
+        liveness; ``engine_hashes`` holds each engine's raw hash for the caller to decode (this
+        decoder, or the text renderer). A key of the wrong type (or whose read
         failed) is skipped and counted: it costs that key only."""
         if not isinstance(skipped, Skipped):
             skipped = Skipped(skipped)
@@ -541,8 +611,8 @@ class SnapshotDecoder:
         conflicts = self._conflicts(self._readable(reply[5], keys.conflicts, skipped), now_ms, skipped)
         engines: dict[int, EngineSnapshot] = {}
         engine_pairs = list(_pairs(self._readable(reply[1], keys.engines, skipped)))
-        hashes = reply[6 : 6 + 2 * len(engine_pairs)]
-        for stats, (wid, info) in zip(reply[6 + 2 * len(engine_pairs) :], writers.items()):
+        hashes = reply[6 : 6 + len(engine_pairs)]
+        for stats, (wid, info) in zip(reply[6 + len(engine_pairs) :], writers.items()):
             stats = self._readable(stats, keys.writer_stats(wid), skipped)
             info.stats = self._writer_stats(wid, stats, skipped)
         shell = Snapshot(now_ms / 1000.0, engines, writers, catalog, skipped)
@@ -559,9 +629,8 @@ class SnapshotDecoder:
             snap = EngineSnapshot(engine, beat / 1000.0, age, age * 1000.0 <= self.stale_after_ms)
             snap.conflict = conflicts.get(engine_text, ())
             engines[engine] = snap
-            c_flat = self._readable(hashes[2 * idx], keys.counters(engine_text), skipped)
-            g_flat = self._readable(hashes[2 * idx + 1], keys.gauges(engine_text), skipped)
-            shell.engine_hashes.append((engine_text, snap, c_flat, g_flat))
+            flat = self._readable(hashes[idx], keys.counters(engine_text), skipped)
+            shell.engine_hashes.append((engine_text, snap, flat))
         return shell
 
     @staticmethod
@@ -600,13 +669,12 @@ class SnapshotDecoder:
         return out
 
     def decode(self, reply: list[Any]) -> Snapshot:
-        """Build a snapshot from ``{now, engines, writers, version, meta, conflicts, c, g, ...}``."""
+        """Build a snapshot from ``{now, engines, writers, version, meta, conflicts, hash per
+        engine, stats per writer}``."""
         skipped = Skipped()
         shell = self.decode_shell(reply, skipped)
-        for engine_text, snap, c_flat, g_flat in shell.engine_hashes:
-            self._decode_counters(snap, engine_text, c_flat, shell.catalog, skipped)
-            if snap.up:
-                self._decode_gauges(snap, engine_text, g_flat, shell.writers, shell.catalog, skipped)
+        for engine_text, snap, flat in shell.engine_hashes:
+            self._decode_engine(snap, engine_text, flat, shell.writers, shell.catalog, skipped)
         shell.engine_hashes = []
         return shell
 
@@ -622,29 +690,7 @@ class SnapshotDecoder:
                 out[engine] = tuple(parts[:-1])
         return out
 
-    def _decode_counters(
-        self, snap: EngineSnapshot, engine: str, flat: list[Any], catalog: Catalog, skipped: Skipped
-    ) -> None:
-        for name, raw in _pairs(flat):
-            parsed = self.counter_field(name, catalog)
-            if parsed.__class__ is str:
-                skipped.note(parsed, self.keys.counters(engine), str(name))  # type: ignore[arg-type]
-                continue
-            spec, labels, _ = parsed  # type: ignore[misc]
-            if spec.kind == COUNTER:
-                text = number_text(raw)
-                if text is None:
-                    skipped.note("bad_value", self.keys.counters(engine), name)
-                    continue
-                snap.counters[(spec.name, labels)] = float(text)
-                continue
-            hist = parse_histogram(spec, raw)
-            if hist is None:
-                skipped.note("bad_value", self.keys.counters(engine), name)
-            else:
-                snap.histograms[(spec.name, labels)] = hist
-
-    def _decode_gauges(
+    def _decode_engine(
         self,
         snap: EngineSnapshot,
         engine: str,
@@ -653,33 +699,55 @@ class SnapshotDecoder:
         catalog: Catalog,
         skipped: Skipped,
     ) -> None:
+        """One engine's series: counters and histograms added up over the writers' chunks and
+        the base fields; gauges rolled up over the live writers of an engine that is up."""
+        key = self.keys.counters(engine)
         newest: dict[SeriesKey, tuple[float, float]] = {}
         combined: dict[SeriesKey, list[float]] = {}
         modes: dict[SeriesKey, str] = {}
-        for name, raw in _pairs(flat):
-            parsed = self.gauge_field(name, catalog)
+        counters, histograms = snap.counters, snap.histograms
+        for name, raw, writer in self.engine_entries(engine, flat, skipped):
+            parsed = self._field(name, catalog)
             if parsed.__class__ is str:
-                skipped.note(parsed, self.keys.gauges(engine), str(name))  # type: ignore[arg-type]
+                skipped.note(parsed, key, str(name))  # type: ignore[arg-type]
                 continue
-            spec, labels, writer = parsed  # type: ignore[misc]
-            info = writers.get(writer)
-            if info is None or not info.live:
-                continue  # not current: a stale, closed or removed writer's value
-            value = gauge_parts(raw)
-            if value is None:
-                skipped.note("bad_value", self.keys.gauges(engine), name)
-                continue
-            stamp, number, _ = value
-            key = (spec.name, labels)
-            if spec.mode == "mostrecent":
-                best = newest.get(key)
-                if best is None or stamp > best[0]:
-                    newest[key] = (stamp, number)
-            else:
-                modes[key] = spec.mode
-                combined.setdefault(key, []).append(number)
-        for key, (_, number) in newest.items():
-            snap.gauges[key] = number
-        for key, values in combined.items():
-            mode = modes[key]
-            snap.gauges[key] = sum(values) if mode == "sum" else max(values) if mode == "max" else min(values)
+            spec, labels, _ = parsed  # type: ignore[misc]
+            series = (spec.name, labels)
+            if spec.kind == COUNTER:
+                text = number_text(raw)
+                if text is None:
+                    skipped.note("bad_value", key, name)
+                    continue
+                counters[series] = counters.get(series, 0.0) + float(text)
+            elif spec.kind == HISTOGRAM:
+                hist = parse_histogram(spec, raw)
+                if hist is None:
+                    skipped.note("bad_value", key, name)
+                    continue
+                before = histograms.get(series)
+                histograms[series] = hist if before is None else before.plus(hist)
+            elif writer is None:
+                skipped.note("bad_field", key, name)  # a gauge has no base field
+            elif snap.up:
+                info = writers.get(writer)
+                if info is None or not info.live:
+                    continue  # not current: a stale, closed or removed writer's value
+                value = gauge_parts(raw)
+                if value is None:
+                    skipped.note("bad_value", key, name)
+                    continue
+                stamp, number, _ = value
+                if spec.mode == "mostrecent":
+                    best = newest.get(series)
+                    if best is None or stamp > best[0]:
+                        newest[series] = (stamp, number)
+                else:
+                    modes[series] = spec.mode
+                    combined.setdefault(series, []).append(number)
+        for series, (_, number) in newest.items():
+            snap.gauges[series] = number
+        for series, values in combined.items():
+            mode = modes[series]
+            snap.gauges[series] = (
+                sum(values) if mode == "sum" else max(values) if mode == "max" else min(values)
+            )

@@ -258,6 +258,10 @@ class WriterCore:
         )
         self._protocol = FlushProtocol(self._acc)
         self._closed = False
+        # Self-metrics Redis holds for this writer (as far as we know), and those the flush in
+        # flight sends: only the ones that changed go with a flush (each field costs Redis time).
+        self._stats_stored: dict[str, str] = {}
+        self._stats_sent: list[str] = []
         with _LIVE_LOCK:
             _LIVE.add(self)
 
@@ -315,6 +319,7 @@ class WriterCore:
         """
         self.writer_id = new_writer_id(self._role)
         self.stats = WriterStats()
+        self._stats_stored, self._stats_sent = {}, []
         self._acc.forget_pending(self.writer_id)
         self._protocol = FlushProtocol(self._acc)
 
@@ -335,7 +340,7 @@ class WriterCore:
             owner=self.owner,
             stale_ms=int(self.config.stale_after * 1000),
             claims=[e + offset for e in self.engines] if self.owner else (),
-            stats=self.stats.as_fields(self.drops, self._acc.pending_series(), self.engines, self.owner),
+            stats=self._changed_stats(),
         )
         keys = [
             self.keys.seq,
@@ -346,6 +351,14 @@ class WriterCore:
             self.keys.conflicts,
         ]
         return keys, args
+
+    def _changed_stats(self) -> list[str]:
+        """The self-metrics (field, value pairs) that differ from what Redis holds."""
+        fields = self.stats.as_fields(self.drops, self._acc.pending_series(), self.engines, self.owner)
+        stored = self._stats_stored
+        changed = [x for k, v in zip(fields[0::2], fields[1::2]) if stored.get(k) != v for x in (k, v)]
+        self._stats_sent = changed
+        return changed
 
     def flush_failed(self, exc: BaseException) -> None:
         """The flush did not get an answer: count it; the same batch goes next time."""
@@ -359,6 +372,13 @@ class WriterCore:
         """Redis answered the flush (applied now, or already applied): move on."""
         result = FlushResult.from_reply(reply)
         self._protocol.confirmed(result)
+        if result.writer_removed:
+            self._stats_stored = {}  # a new id: its stats hash starts empty
+        elif result.status == 1:  # applied now: with it the self-metrics it carried
+            if not result.meta_existed:
+                self._stats_stored = {}  # Redis had lost its data: it holds only these now
+            sent = self._stats_sent
+            self._stats_stored.update(zip(sent[0::2], sent[1::2]))
         self.stats.observe_duration(seconds)
         self.stats.last_success = time.time()
         self.stats.flushes += 1
@@ -388,7 +408,8 @@ class WriterCore:
             self.stats.conflicts += result.conflicts
         if result.writer_removed:
             # Silent for longer than the retention (a paused process?): gc removed this id and
-            # refuses its gauges. Carry on as a new incarnation; the next flush re-sends them.
+            # folded what Redis held of it. Carry on as a new incarnation with the rest of the
+            # totals (FlushProtocol.confirmed took the folded part off); the next flush sends it.
             old_id, self.writer_id = self.writer_id, new_writer_id(self._role)
             self._acc.rename_writer(self.writer_id)
             log.warning("writer %s was removed by gc; continuing as %s", old_id, self.writer_id)

@@ -23,6 +23,7 @@ from redis_stats.exporter import Exporter
 from redis_stats.inspect import inspect_namespace
 from redis_stats.keys import Keys
 
+from .chunked import set_series_value
 from .conftest import sample_catalog
 
 VOLATILE = {
@@ -66,12 +67,26 @@ def as_string(key: str) -> Callable[[Any, Keys, str], None]:
 
 def field(key: str, name: str, value: str) -> Callable[[Any, Keys, str], None]:
     def plant(client: Any, keys: Keys, writer: str) -> None:
-        k = key.format(keys=keys, writer=writer)
-        if name == "<histogram>":
-            hist = next(f for f in client.hkeys(k) if f.startswith("latency_seconds|"))
-            client.hset(k, hist, value)
-        else:
-            client.hset(k, name, value)
+        client.hset(key.format(keys=keys, writer=writer), name, value)
+
+    return plant
+
+
+def line(key: str, series: str, value: str) -> Callable[[Any, Keys, str], None]:
+    """Garbage in one series' line of the writer's chunk (schema 2: an engine's series live in
+    its writers' chunks, docs/key-schema.md)."""
+
+    def plant(client: Any, keys: Keys, writer: str) -> None:
+        set_series_value(client, key.format(keys=keys, writer=writer), series, value)
+
+    return plant
+
+
+def names(key: str, value: str) -> Callable[[Any, Keys, str], None]:
+    """A chunk's names field that does not match its values line for line."""
+
+    def plant(client: Any, keys: Keys, writer: str) -> None:
+        client.hset(key.format(keys=keys, writer=writer), fields.chunk_field(writer, 0) + "|n", value)
 
     return plant
 
@@ -89,10 +104,11 @@ CASES = [
      {"bad_field": 1}, "{keys.prefix}w:{writer}", "dur:abc", [TOKENS_0, TOKENS_1, RUNNING_1], []),
     ("writer stats value not a number", field("{keys.prefix}w:{writer}", "flushes", "lots"),
      {"bad_value": 1}, "{keys.prefix}w:{writer}", "flushes", [TOKENS_0, TOKENS_1, RUNNING_1], []),
-    ("engine counters hash is a string", as_string("{keys.prefix}e:1:c"),
-     {"wrong_type": 1}, "{keys.prefix}e:1:c", "", [TOKENS_0, RUNNING_1], [TOKENS_1]),
-    ("engine gauges hash is a string", as_string("{keys.prefix}e:1:g"),
-     {"wrong_type": 1}, "{keys.prefix}e:1:g", "", [TOKENS_0, TOKENS_1], [RUNNING_1]),
+    # schema 2: an engine's gauges live in the same hash as its counters (docs/key-schema.md)
+    ("engine hash is a string", as_string("{keys.prefix}e:1:c"),
+     {"wrong_type": 1}, "{keys.prefix}e:1:c", "", [TOKENS_0], [TOKENS_1, RUNNING_1]),
+    ("chunk names do not match its values", names("{keys.prefix}e:1:c", "tokens"),
+     {"bad_chunk": 1}, "{keys.prefix}e:1:c", "@|", [TOKENS_0], [TOKENS_1, RUNNING_1]),
     ("engines sorted set is a string", as_string("{keys.prefix}engines"),
      {"wrong_type": 1}, "{keys.prefix}engines", "", [], [TOKENS_0, TOKENS_1]),
     ("writers sorted set is a string", as_string("{keys.prefix}writers"),
@@ -103,10 +119,10 @@ CASES = [
      {"wrong_type": 1}, "{keys.prefix}conflicts", "", [TOKENS_0, TOKENS_1, RUNNING_1], []),
     ("writer stats hash is a string", as_string("{keys.prefix}w:{writer}"),
      {"wrong_type": 1}, "{keys.prefix}w:{writer}", "", [TOKENS_0, TOKENS_1, RUNNING_1], []),
-    ("histogram bucket counts go down", field("{keys.prefix}e:0:c", "<histogram>", "1.5 3 2 2 2 2"),
+    ("histogram bucket counts go down", line("{keys.prefix}e:0:c", "latency_seconds|", "1.5 3 2 2 2 2"),
      {"bad_value": 1}, "{keys.prefix}e:0:c", "latency_seconds|", [TOKENS_0], [COUNT_0]),
     ("counter value 1_000 (float() takes it, Prometheus does not)",
-     field("{keys.prefix}e:0:c", "tokens", "1_000"),
+     line("{keys.prefix}e:0:c", "tokens", "1_000"),
      {"bad_value": 1}, "{keys.prefix}e:0:c", "tokens", [TOKENS_1], [TOKENS_0]),
 ]
 # fmt: on
@@ -228,6 +244,18 @@ def test_both_render_paths_agree_on_any_garbage(fake_client, namespace, data):
         client.hset(key, name, data.draw(_value))
     if data.draw(st.booleans()):
         client.zadd(keys.engines, {data.draw(st.sampled_from(["+1", " 1", "01", "x", "-1", "2"])): 1e15})
+    # garbage inside a writer's chunk: one line's value, or one line's series field (schema 2)
+    for _ in range(data.draw(st.integers(0, 4))):
+        key = data.draw(st.sampled_from([keys.counters(0), keys.counters(1)]))
+        chunks = sorted(f for f in client.hkeys(key) if f.startswith("@|"))
+        chunk = data.draw(st.sampled_from(chunks or ["-"]))
+        text = client.hget(key, chunk)
+        if not text:
+            continue
+        lines = text.split("\n")
+        at = data.draw(st.integers(0, len(lines) - 1))
+        lines[at] = data.draw(st.one_of(_value, _fields(writer.writer_id))).replace("\n", "")
+        client.hset(key, chunk, "\n".join(lines))
 
     fast = RedisCollector(StatsReader(cfg, catalog, client=fake_client())).render_text()
     reg = CollectorRegistry()

@@ -9,6 +9,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from redis_stats import Catalog, CatalogError, MetricSpec, RedisCollector, StatsReader, StatsWriter
 from redis_stats.keys import Keys
 
+from .chunked import add_series_line
+
 
 @pytest.mark.parametrize(
     "make, word",
@@ -169,7 +171,7 @@ def test_a_reader_never_prints_a_series_twice_when_redis_holds_clashing_names(co
     keys, raw = Keys(config.namespace), fake_client()
     raw.hset(keys.meta, "m:redis_stats_up", '{"kind":"gauge","help":"h","labels":[]}')
     raw.hincrby(keys.meta, "_v", 1)
-    raw.hset(keys.gauges(0), f"redis_stats_up|{b.writer_id}", f"{int(time.time() * 1000)}|0")
+    add_series_line(raw, keys.counters(0), b.writer_id, "redis_stats_up", f"{int(time.time() * 1000)}|0")
 
     reg = CollectorRegistry()
     reg.register(RedisCollector(StatsReader(config, client=fake_client())))

@@ -85,7 +85,7 @@ def test_threads_hammering_every_kind_while_batches_are_taken_exact_totals():
                 last_gauge[:] = [block.gauges[1]]
             for i in range(0, len(block.hists), 3):
                 hist_sum[0] += float(block.hists[i + 1])
-                for j, c in enumerate(block.hists[i + 2].split()):
+                for j, c in enumerate(block.hists[i + 2]):  # the batch's per-bucket increases
                     hist_counts[j] += int(c)
 
     def flusher() -> None:

@@ -7,7 +7,8 @@
 -- Returns {now ms, engines {engine, score, ...}, writers {id, score, ...}, catalogue version,
 --          meta {field, value, ...} (empty when the caller's version is current),
 --          conflicts {engine, "<a>|<b>|<ms>", ...},
---          then per engine read: counters {field, value, ...}, gauges {field, value, ...},
+--          then per engine read: its hash {field, value, ...} (rs:{NS}:e:<engine>:c: the writers'
+--          chunks and the base fields, see docs/key-schema.md),
 --          then per writer: its self-metrics {field, value, ...}};
 --          a key of the wrong type gives its error reply in its place.
 
@@ -51,9 +52,7 @@ end
 local out = {now, engines, writers, version, meta, redis.pcall('HGETALL', KEYS[4])}
 if not failed(engines) then
   for j = 1, #engines, 2 do
-    local base = prefix .. 'e:' .. engines[j]
-    out[#out + 1] = redis.pcall('HGETALL', base .. ':c')
-    out[#out + 1] = redis.pcall('HGETALL', base .. ':g')
+    out[#out + 1] = redis.pcall('HGETALL', prefix .. 'e:' .. engines[j] .. ':c')
   end
 end
 if not failed(writers) then

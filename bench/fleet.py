@@ -1,0 +1,267 @@
+"""A fleet's write load on Redis (issue 15): N engines x 2 API-server writers at 1 flush/s.
+
+Prints, for N = 64, 256 and 1,024, against (a) one private redis-server and (b) the 3-master
+Cluster the tests start (``tests/servers.py``): Redis CPU per node (``INFO cpu`` delta over the
+wall time of the run, as a fraction of one core), flush latency p50/p99 (one script call, seen by
+the client) and the scrape time of the whole namespace afterwards (``RedisCollector.render_text``).
+
+**How the writers are driven.** This machine has 2 cores: it cannot run 2,048 writer processes
+(plus their recorders) next to Redis. So the script calls are what is reproduced, not the
+processes: 8 real writers (4 engines x 2 API servers, vLLM-shaped traffic through
+``VllmRecorder`` and ``SimulatedApiServer``, 1 s of engine steps per flush) build 30 s of flushes
+with the package's own ``prepare_flush``; every fleet writer then sends one of those argument
+lists per second, with its own writer id, engine, sequence number and chunk fields, from
+``--drivers`` processes. The first two flushes of each fleet writer are the template's first two
+(the catalogue, every chunk's names), as in a real start. A driver that falls behind says so.
+
+(b) runs with the namespace in one hash slot (K = 1: shards per engine group are not built yet,
+see docs/benchmarks.md), so one master carries the whole load.
+
+Usage: python bench/fleet.py [--engines 64,256,1024] [--seconds 10] [--drivers 2] [--no-cluster]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import redis  # noqa: E402
+
+from redis_stats import RedisCollector, StatsConfig, StatsReader, StatsWriter, fields  # noqa: E402
+from redis_stats.embedded import EmbeddedRedis  # noqa: E402
+from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog  # noqa: E402
+from redis_stats.keys import Keys  # noqa: E402
+from redis_stats.scripts import load_script  # noqa: E402
+from redis_stats.simulate import SimulatedApiServer  # noqa: E402
+
+TEMPLATE_ENGINES = 4
+TEMPLATE_FLUSHES = 30
+
+
+def templates() -> list[tuple[str, list[list[str]]]]:
+    """(writer id, the ARGV of each of its flushes) of 4 engines x 2 API servers."""
+    cfg = StatsConfig(url="redis://127.0.0.1:1/0", namespace="template")
+    out = []
+    for engine in range(TEMPLATE_ENGINES):
+        for api in range(2):
+            w = StatsWriter(
+                cfg, vllm_catalog(), engines=[engine], start=False, role=f"api{api}", owner=f"n{engine}"
+            )
+            sim = SimulatedApiServer(
+                VllmRecorder(w, "meta-llama/Llama-3-8B", [engine]), engine, seed=engine * 2 + api
+            )
+            step, flushes = 0, []
+            for k in range(TEMPLATE_FLUSHES):
+                for _ in range(20):
+                    sim.step(step * 0.05)
+                    step += 1
+                flushes.append(w.prepare_flush()[1])
+                w.flush_succeeded([1, int(k > 0), 0, 0, 0, [], 0], 0.0004)
+            w._closed = True
+            out.append((w.writer_id, flushes))
+    return out
+
+
+def rewrite(args: list[str], template_id: str, prefix: str, writer: str, engine: int, seq: int) -> list[str]:
+    """A template flush as fleet writer *writer* of *engine* sends it."""
+    out = [prefix, writer, str(seq), *args[3:7]]
+    i = 7
+    nclaims = int(args[i])
+    out += [str(nclaims), *[str(engine)] * nclaims]
+    i += 1 + nclaims
+    nstats = int(args[i])
+    out += args[i : i + 1 + 2 * nstats]
+    i += 1 + 2 * nstats
+    nspecs = int(args[i])
+    out += args[i : i + 1 + 2 * nspecs]
+    i += 1 + 2 * nspecs
+    old_head = fields.chunk_field(template_id, 0)[:-1]
+    new_head = fields.chunk_field(writer, 0)[:-1]
+    while i < len(args):
+        nset = int(args[i + 1])
+        out += [str(engine), str(nset)]
+        for j in range(i + 2, i + 2 + 2 * nset, 2):
+            out += [new_head + args[j][len(old_head) :], args[j + 1]]
+        i += 2 + 2 * nset
+    return out
+
+
+def drive(
+    url: str, namespace: str, writers: list[tuple[int, int]], seconds: float, start_at: float, queue: Any
+) -> None:
+    """Send each (engine, api) writer's flushes, one per second, spread over the second, from
+    wall-clock time *start_at*. Latencies are kept from the third second (steady state)."""
+    tpl = templates()
+    cfg = StatsConfig(url=url, namespace=namespace)
+    keys = Keys(namespace)
+    client = StatsWriter(cfg, vllm_catalog(), start=False)._client  # the package's own client setup
+    script = client.register_script(load_script("flush"))
+    key_list = [keys.seq, keys.engines, keys.writers, keys.meta, keys.claims, keys.conflicts]
+    ids = [f"fleet:{e}:api{a}" for e, a in writers]
+    latencies: list[float] = []
+    behind = 0.0
+    start = time.monotonic() + (start_at - time.time())
+    total_calls = int(seconds) * len(writers)
+    for n in range(total_calls):
+        k, idx = divmod(n, len(writers))
+        engine, api = writers[idx]
+        template_id, flushes = tpl[(engine % TEMPLATE_ENGINES) * 2 + api]
+        flush = flushes[k] if k < 2 else flushes[2 + (k - 2) % (TEMPLATE_FLUSHES - 2)]
+        args = rewrite(flush, template_id, keys.prefix, ids[idx], engine, k + 1)
+        due = start + k + idx / len(writers)
+        wait = due - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        else:
+            behind = max(behind, -wait)
+        t0 = time.perf_counter()
+        script(keys=key_list, args=args)
+        if k >= 2:
+            latencies.append(time.perf_counter() - t0)
+    queue.put((latencies, behind))
+
+
+def cpu_seconds(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def run(url: str, nodes: list[redis.Redis], engines: int, seconds: float, drivers: int) -> dict[str, Any]:
+    namespace = f"fleet{engines}-{int(time.time())}"
+    writers = [(e, a) for e in range(engines) for a in range(2)]
+    ctx = mp.get_context("spawn")
+    queue: Any = ctx.Queue()
+    start_at = time.time() + 15.0  # the drivers build their templates first
+    procs = [
+        ctx.Process(target=drive, args=(url, namespace, writers[d::drivers], seconds, start_at, queue))
+        for d in range(drivers)
+    ]
+    for p in procs:
+        p.start()
+    # Measure from the third second: the first two carry the catalogue and every chunk's names.
+    time.sleep(max(0.0, start_at + 2.0 - time.time()))
+    cpu0 = [cpu_seconds(n) for n in nodes]
+    t0 = time.monotonic()
+    results = [queue.get() for _ in procs]
+    wall = time.monotonic() - t0
+    cpu1 = [cpu_seconds(n) for n in nodes]
+    for p in procs:
+        p.join()
+    latencies = sorted(x for lat, _ in results for x in lat)
+    reader = StatsReader(StatsConfig(url=url, namespace=namespace), vllm_catalog())
+    collector = RedisCollector(reader)
+    collector.render_text()
+    scrape = min(_timed(collector.render_text) for _ in range(3))
+    reader.close()
+    return {
+        "engines": engines,
+        "calls_per_s": len(latencies) / wall,  # steady-state calls over the measured window
+        "cpu": [(b - a) / wall for a, b in zip(cpu0, cpu1)],
+        "p50_ms": statistics.median(latencies) * 1e3,
+        "p99_ms": latencies[int(len(latencies) * 0.99)] * 1e3,
+        "behind_s": max(b for _, b in results),
+        "scrape_ms": scrape * 1e3,
+    }
+
+
+def _timed(fn: Any) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def report(title: str, rows: list[dict[str, Any]]) -> None:
+    print(f"\n{title}")
+    print(
+        f"    {'engines':>8}{'writers':>9}{'flushes/s':>11}  {'Redis CPU per node (1.0 = one core)':<38}"
+        f"{'p50 ms':>8}{'p99 ms':>8}{'scrape ms':>11}{'driver behind s':>17}"
+    )
+    for r in rows:
+        cpu = " ".join(f"{c:.3f}" for c in r["cpu"])
+        print(
+            f"    {r['engines']:>8}{2 * r['engines']:>9}{r['calls_per_s']:>11.0f}  {cpu:<38}"
+            f"{r['p50_ms']:>8.2f}{r['p99_ms']:>8.2f}{r['scrape_ms']:>11.0f}{r['behind_s']:>17.2f}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--engines", default="64,256,1024")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--drivers", type=int, default=2, help="processes sending the writers' calls")
+    parser.add_argument("--no-cluster", action="store_true")
+    parser.add_argument(
+        "--out", default=str(ROOT / "bench" / "results" / "fleet.json"), help="results (JSON)"
+    )
+    parser.add_argument("--plot", default=str(ROOT / "docs" / "img" / "fleet_redis_cpu.png"))
+    opts = parser.parse_args()
+    counts = [int(x) for x in opts.engines.split(",")]
+    with EmbeddedRedis() as server:
+        node = redis.Redis.from_url(server.url)
+        rows = [run(server.url, [node], n, opts.seconds, opts.drivers) for n in counts]
+        node.close()
+    report("(a) one Redis", rows)
+    results: dict[str, Any] = {"one_redis": rows}
+    if not opts.no_cluster:
+        results["cluster_k1"] = cluster_rows(counts, opts)
+    Path(opts.out).write_text(json.dumps(results, indent=1))
+    plot(results, opts.plot)
+
+
+def plot(results: dict[str, Any], path: str) -> None:
+    """Redis CPU (busiest node) against writers."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(matplotlib not installed: no plot)")
+        return
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    labels = {"one_redis": "one Redis", "cluster_k1": "Cluster, busiest master (K = 1)"}
+    for name, rows in results.items():
+        ax.plot(
+            [2 * r["engines"] for r in rows], [100 * max(r["cpu"]) for r in rows], "o-", label=labels[name]
+        )
+    ax.axhline(25, color="grey", linestyle=":", label="target: 25 % of a core at 2,048 writers")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("writers (2 API servers per engine), 1 flush/s each, busy-engine profile")
+    ax.set_ylabel("Redis CPU, % of one core")
+    ax.set_title("Write load on Redis (bench/fleet.py)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
+def cluster_rows(counts: list[int], opts: Any) -> list[dict[str, Any]]:
+    """(b): the 3-master Cluster the tests start."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from servers import Cluster
+
+    cluster = Cluster().start()
+    try:
+        nodes = [redis.Redis(host="127.0.0.1", port=n.port) for n in cluster.nodes]
+        rows = [run(cluster.url, nodes, n, opts.seconds, opts.drivers) for n in counts]
+        for n in nodes:
+            n.close()
+    finally:
+        cluster.close()
+    report("(b) 3-master Cluster, namespace in one slot (K = 1)", rows)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
