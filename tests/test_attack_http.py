@@ -9,18 +9,10 @@ import socket
 import threading
 import time
 
-import pytest
-
 from redis_stats import StatsReader
 from redis_stats.exporter import Exporter
 
 from .conftest import sample_catalog
-
-TRICKLE_HOLDS = pytest.mark.xfail(
-    strict=True,
-    reason="a client trickling bytes keeps its connection and thread for ever: "
-    "request_timeout bounds each recv, not the request",
-)
 
 
 def _exporter(config, fake_client, timeout: float) -> Exporter:
@@ -54,7 +46,6 @@ def _trickle(port: int, seconds: float, every: float = 0.1) -> tuple[bool, float
         s.close()
 
 
-@TRICKLE_HOLDS
 def test_a_client_trickling_its_request_is_closed_within_the_request_timeout(config, fake_client):
     # request_timeout is "a client that sends no request for that long is disconnected": a client
     # sending one byte every 0.1 s never completes a request, and must not hold its thread for ever.
@@ -67,7 +58,6 @@ def test_a_client_trickling_its_request_is_closed_within_the_request_timeout(con
         exporter.close()
 
 
-@TRICKLE_HOLDS
 def test_trickling_clients_free_their_threads_and_scrapes_go_on(config, fake_client):
     exporter = _exporter(config, fake_client, 0.5)
     before = threading.active_count()
