@@ -175,12 +175,20 @@ def make_async_client(config: StatsConfig) -> Any:
 def _from_url(cls: Any, config: StatsConfig, kw: dict[str, Any]) -> Any:
     url = kw.pop("url")
     try:
-        return cls.from_url(url, **kw)
+        client = cls.from_url(url, **kw)
+        # redis-py passes every query parameter it does not know (a typo: "socket_timout") on to
+        # the connection class, which refuses it only when the first connection is made: every
+        # flush and read would then fail for the life of the process. Make one connection object
+        # now (no I/O: connecting is lazy) so the URL is refused here, where it enters.
+        pool = client.connection_pool
+        pool.connection_class(**pool.connection_kwargs)
     except (ValueError, TypeError) as exc:
         # redis-py's parse errors may quote the URL's netloc (urllib's do): redact them.
-        raise ConfigError(
-            f"redis-py cannot use Redis URL {mask_url(url)}: {redact(str(exc), url)}"
-        ) from None
+        why = redact(str(exc), url)
+        if "keyword" in why:
+            why += " (a query parameter redis-py does not know: check its spelling)"
+        raise ConfigError(f"redis-py cannot use Redis URL {mask_url(url)}: {why}") from None
+    return client
 
 
 def _sentinel_path(path: str, url: str) -> tuple[str, int]:
