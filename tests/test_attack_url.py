@@ -4,9 +4,11 @@ not make every flush of a writer (and every read) fail for the life of the proce
 from __future__ import annotations
 
 import pytest
+from click.testing import CliRunner
 
 from redis_stats import StatsConfig, StatsReader, StatsWriter
 from redis_stats.aio import AsyncStatsReader, AsyncStatsWriter
+from redis_stats.cli import main
 from redis_stats.errors import ConfigError
 
 from .conftest import sample_catalog
@@ -31,3 +33,14 @@ def test_known_url_query_parameters_still_work(redis_server, namespace):
     finally:
         w.close()
     assert StatsReader(cfg, sample_catalog()).snapshot().engines[0].counter("tokens") == 10
+
+
+@pytest.mark.parametrize("command", [["inspect"], ["gc"], ["top", "--once"], ["exporter", "--port", "0"]])
+def test_the_cli_refuses_a_misspelt_query_parameter_as_a_usage_error(redis_server, namespace, command):
+    # One line naming the parameter, exit code 2, no traceback and no password.
+    url = redis_server.url.replace("redis://", "redis://default:Pw-5ecret@") + "?socket_timout=5"
+    env = {"REDIS_STATS_URL": url, "REDIS_STATS_NAMESPACE": namespace}
+    result = CliRunner().invoke(main, command, env=env)
+    assert result.exit_code == 2, result.output
+    assert "socket_timout" in result.output and "Traceback" not in result.output
+    assert "Pw-5ecret" not in result.output
