@@ -285,6 +285,7 @@ class Exporter:
                 self.own_registry.register(own)
         self._server = _Server((host, port), self._handler())
         self._thread: threading.Thread | None = None
+        self._serving = False  # serve_forever() runs (or is about to): close() must shut it down
         self.gc_interval = gc_interval
         self._stop = threading.Event()
 
@@ -301,6 +302,7 @@ class Exporter:
 
     def start(self) -> Exporter:
         """Serve from a daemon thread."""
+        self._serving = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="redis_stats-exporter", daemon=True
         )
@@ -311,6 +313,7 @@ class Exporter:
     def serve_forever(self) -> None:
         """Serve in the calling thread (until :meth:`close` from another thread, or Ctrl-C)."""
         self._start_gc()
+        self._serving = True
         self._server.serve_forever()
 
     def _start_gc(self) -> None:
@@ -333,9 +336,12 @@ class Exporter:
                 )
 
     def close(self) -> None:
-        """Stop serving (and the retention timer)."""
+        """Stop serving (and the retention timer); also fine before :meth:`start`."""
         self._stop.set()
-        self._server.shutdown()
+        if self._serving:
+            # socketserver's shutdown() waits for serve_forever() to end: called on a server that
+            # never served, it would wait for ever.
+            self._server.shutdown()
         self._server.server_close()
 
     def metrics(self, accept: str | None = None) -> tuple[str, bytes]:

@@ -9,8 +9,6 @@ import socket
 import threading
 import time
 
-import pytest
-
 from redis_stats import StatsReader
 from redis_stats.exporter import Exporter
 
@@ -104,8 +102,9 @@ def test_a_slow_but_complete_request_within_the_timeout_is_answered(config, fake
         exporter.close()
 
 
-@pytest.mark.xfail(strict=True, reason="Exporter.close() before start() waits for ever")
 def test_close_without_start_returns_and_frees_the_port(config, fake_client):
+    # Before: close() waited for ever (socketserver's shutdown() waits for a serve_forever()
+    # that never ran), e.g. in a finally after a failure between construction and start().
     exporter = Exporter(StatsReader(config, sample_catalog(), client=fake_client()), port=0)
     port = exporter.port
     closer = threading.Thread(target=exporter.close, daemon=True)
