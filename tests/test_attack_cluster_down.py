@@ -1,0 +1,50 @@
+"""Attack: start a host while its Redis Cluster is down. "Start-up does not need Redis": a writer
+must be built, record in memory, and deliver everything once the cluster answers, as it does for
+every other URL. (redis-py's Cluster client connects when it is built.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from redis_stats import StatsConfig, StatsReader, StatsWriter
+
+from .conftest import sample_catalog
+from .servers import Cluster
+
+pytestmark = pytest.mark.redis_server
+
+CLUSTER_DOWN_RAISES = pytest.mark.xfail(
+    strict=True,
+    reason="StatsWriter(...) with a redis+cluster:// URL raises RedisClusterException when no node "
+    "answers: the host fails to start because Redis is down",
+)
+
+
+@CLUSTER_DOWN_RAISES
+def test_a_writer_built_while_the_cluster_is_down_delivers_everything_once_it_is_up(namespace):
+    cluster = Cluster()  # ports chosen, nothing started yet
+    cfg = StatsConfig(
+        url=cluster.url, namespace=namespace, connect_timeout_ms=300, socket_timeout_ms=1000
+    )
+    writer = StatsWriter(cfg, sample_catalog(), engines=[0], start=False)
+    try:
+        tokens = writer.counter("tokens").labels(engine=0)
+        tokens.inc(40)
+        assert not writer.flush()  # counted, not raised
+        assert writer.stats.errors
+        cluster.start()
+        tokens.inc(2)
+        assert writer.flush() and not writer.pending()
+        snap = StatsReader(cfg, sample_catalog()).snapshot()
+        assert snap.engines[0].counter("tokens") == 42
+    finally:
+        writer.close()
+        cluster.close()
+
+
+@CLUSTER_DOWN_RAISES
+def test_close_with_the_cluster_down_is_bounded_and_never_raises(namespace):
+    cfg = StatsConfig(url="redis+cluster://127.0.0.1:1,127.0.0.1:2", namespace=namespace, close_timeout=0.3)
+    writer = StatsWriter(cfg, sample_catalog(), engines=[0])
+    writer.counter("tokens").labels(engine=0).inc(1)
+    assert writer.close() is False
