@@ -503,7 +503,18 @@ class StatsWriter(WriterCore):
         self._own_client = client is None
         self._client: Any = None
         self._script: Any = None
-        self._use_client(client if client is not None else make_client(self.config))  # no I/O yet
+        if client is not None:
+            self._use_client(client)
+        else:
+            try:
+                self._use_client(make_client(self.config))  # no I/O, except for a Cluster
+            except ConfigError:
+                raise
+            except Exception as exc:
+                # redis-py's Cluster client connects when it is built: with the cluster down, the
+                # host must still start (and record); the first flush that reaches it builds it.
+                log.debug("redis_stats: %s not reachable at start (%s); will connect at the first flush",
+                          self.config.safe_url, error_kind(exc))
         if start:
             self.start()
 
@@ -572,8 +583,12 @@ class StatsWriter(WriterCore):
         batch is sent again next time.
         """
         with self._flush_lock:
-            if self._client is None:  # first flush in a forked child
-                self._use_client(make_client(self.config))
+            if self._client is None:  # first flush in a forked child, or a Cluster down at start
+                try:
+                    self._use_client(make_client(self.config))
+                except Exception as exc:  # never raise into the host; nothing was taken yet
+                    self.flush_failed(exc)
+                    return False
             keys, args = self.prepare_flush(closing=closing)
             started = time.perf_counter()
             try:
