@@ -41,3 +41,28 @@ def test_close_with_the_cluster_down_is_bounded_and_never_raises(namespace):
     writer = StatsWriter(cfg, sample_catalog(), engines=[0])
     writer.counter("tokens").labels(engine=0).inc(1)
     assert writer.close() is False
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="StatsReader(...) with a redis+cluster:// URL raises RedisClusterException when no node "
+    "answers (the Cluster client connects when built): a view served inside vLLM, or the vLLM plugin's "
+    "reporter, stops the host from starting instead of showing redis_stats_up 0",
+)
+def test_a_reader_built_while_the_cluster_is_down_shows_up_0_then_the_data(namespace):
+    from redis_stats.collector import RedisCollector
+
+    cluster = Cluster()
+    cfg = StatsConfig(url=cluster.url, namespace=namespace, connect_timeout_ms=300, socket_timeout_ms=1000)
+    try:
+        collector = RedisCollector(StatsReader(cfg, sample_catalog()))
+        assert "redis_stats_up 0" in collector.render_text()
+        cluster.start()
+        writer = StatsWriter(cfg, sample_catalog(), engines=[0], start=False)
+        writer.counter("tokens").labels(engine=0).inc(5)
+        assert writer.flush()
+        writer.close()
+        text = collector.render_text()
+        assert "redis_stats_up 1" in text and 'tokens_total{engine="0"} 5' in text
+    finally:
+        cluster.close()
