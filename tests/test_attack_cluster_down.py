@@ -66,3 +66,18 @@ def test_a_reader_built_while_the_cluster_is_down_shows_up_0_then_the_data(names
         assert "redis_stats_up 1" in text and 'tokens_total{engine="0"} 5' in text
     finally:
         cluster.close()
+
+
+@pytest.mark.xfail(strict=True, reason="a Cluster that cannot be reached is counted as kind 'other'")
+def test_a_cluster_that_cannot_be_reached_is_kind_connection(namespace):
+    from redis_stats.errors import error_kind
+
+    cfg = StatsConfig(url="redis+cluster://127.0.0.1:1,127.0.0.1:2", namespace=namespace, close_timeout=0.1)
+    writer = StatsWriter(cfg, sample_catalog(), engines=[0], start=False)
+    writer.counter("tokens").labels(engine=0).inc(1)
+    assert not writer.flush()
+    assert dict(writer.stats.errors) == {"connection": 1}
+    with pytest.raises(Exception) as raised:
+        StatsReader(cfg, sample_catalog()).snapshot()
+    assert error_kind(raised.value) == "connection"
+    writer.close()
