@@ -45,10 +45,14 @@ def _resolve_url(redis_url: str | None, redis_url_file: str | None) -> str | Non
 
 
 def _config(redis_url: str | None, namespace: str | None) -> StatsConfig:
+    from .connection import check_url
+
     try:
-        return StatsConfig.from_env(url=redis_url, namespace=namespace)
+        config = StatsConfig.from_env(url=redis_url, namespace=namespace)
+        check_url(config)  # e.g. a misspelt query parameter: a usage error, not a traceback
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
+    return config
 
 
 # Exit codes (docs/cli.md): 0 done; 1 Redis failed (unreachable, refused the password, a
@@ -254,7 +258,9 @@ def demo(
     redis_url = _resolve_url(redis_url, redis_url_file)
     if redis_url is not None:
         try:  # a bad URL is a usage error, before anything starts
-            StatsConfig(url=redis_url, namespace=namespace)
+            from .connection import check_url
+
+            check_url(StatsConfig(url=redis_url, namespace=namespace))
         except ConfigError as exc:
             raise click.UsageError(str(exc)) from None
     try:

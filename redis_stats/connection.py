@@ -30,7 +30,7 @@ from redis.retry import Retry
 
 from .config import SCHEMES, ConfigError, StatsConfig, mask_url, redact
 
-__all__ = ["SCHEMES", "make_async_client", "make_client"]
+__all__ = ["SCHEMES", "check_url", "make_async_client", "make_client"]
 
 
 _TLS_QUERY = {"ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname"}
@@ -175,12 +175,31 @@ def make_async_client(config: StatsConfig) -> Any:
 def _from_url(cls: Any, config: StatsConfig, kw: dict[str, Any]) -> Any:
     url = kw.pop("url")
     try:
-        return cls.from_url(url, **kw)
+        client = cls.from_url(url, **kw)
+        # redis-py passes every query parameter it does not know (a typo: "socket_timout") on to
+        # the connection class, which refuses it only when the first connection is made: every
+        # flush and read would then fail for the life of the process. Make one connection object
+        # now (no I/O: connecting is lazy) so the URL is refused here, where it enters.
+        pool = client.connection_pool
+        pool.connection_class(**pool.connection_kwargs)
     except (ValueError, TypeError) as exc:
         # redis-py's parse errors may quote the URL's netloc (urllib's do): redact them.
-        raise ConfigError(
-            f"redis-py cannot use Redis URL {mask_url(url)}: {redact(str(exc), url)}"
-        ) from None
+        why = redact(str(exc), url)
+        if "keyword" in why:
+            why += " (a query parameter redis-py does not know: check its spelling)"
+        raise ConfigError(f"redis-py cannot use Redis URL {mask_url(url)}: {why}") from None
+    return client
+
+
+def check_url(config: StatsConfig) -> None:
+    """Raise :class:`ConfigError` if no client can be built from ``config.url`` (no I/O).
+
+    For a command line to refuse a bad URL as a usage error before it starts. A Cluster client
+    connects when it is built, so for ``redis+cluster://`` only the URL's form is checked.
+    """
+    kind, kw = _client_plan(config, Retry(NoBackoff(), 0))
+    if kind == "url":
+        _from_url(redis.Redis, config, kw).close()
 
 
 def _sentinel_path(path: str, url: str) -> tuple[str, int]:

@@ -121,6 +121,9 @@ def error_kind(exc: BaseException) -> str:
         return "timeout"
     if isinstance(exc, (redis.ConnectionError, builtins.ConnectionError)):
         return "connection"
+    if isinstance(exc, _rx.RedisClusterException) and "cannot be connected" in str(exc):
+        # redis-py's Cluster client when no startup node answers (not a RedisError subclass).
+        return "connection"
     if isinstance(exc, redis.ResponseError):
         text = str(exc)
         for kind, pattern in _BY_TEXT:

@@ -13,8 +13,9 @@ HTTP as prometheus_client's own server does it (its helpers are reused, not rewr
 ``/metrics`` negotiates the format from ``Accept`` with ``choose_encoder`` — OpenMetrics 1.0 when
 asked for (Prometheus asks for it first by default), else Prometheus text 0.0.4 from the fast
 renderer — and every body is gzipped when ``Accept-Encoding`` allows it (``gzip_accepted``).
-``HEAD`` answers every ``GET`` path with the same headers and no body. A connection that stays
-silent for *request_timeout* seconds is closed, so idle clients cannot hold the server's threads.
+``HEAD`` answers every ``GET`` path with the same headers and no body. A connection whose request
+(line and headers) has not arrived within *request_timeout* seconds is closed, whether it stays
+silent or trickles bytes, so idle or slow clients cannot hold the server's threads.
 
 With ``self_metrics`` (the standalone ``redis-stats exporter``), ``/metrics`` also carries the
 exporter's own process: prometheus_client's ``process_*`` and ``python_*`` collectors, and the
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import io
 import json
 import logging
 import threading
@@ -123,6 +125,32 @@ class _Both:
             yield from self.exporter.own_registry.collect()
 
 
+class _RequestReader(io.RawIOBase):
+    """A connection's input with one deadline for the whole request (line and headers).
+
+    A socket timeout bounds each ``recv`` only: a client sending one byte per timeout would hold
+    its connection, thread and file descriptor for ever (slowloris). Each read here waits at
+    most until the deadline; past it, ``TimeoutError`` ends the connection (http.server catches
+    it). ``deadline = None`` once the request is parsed: the body, if any, is the handler's.
+    """
+
+    def __init__(self, sock: Any, deadline: float) -> None:
+        super().__init__()
+        self._sock = sock
+        self.deadline: float | None = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("request not complete within the request timeout")
+            self._sock.settimeout(left)
+        return self._sock.recv_into(buffer)
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
@@ -203,8 +231,9 @@ class Exporter:
 
     *port* 0 picks a free port (see :attr:`port` after :meth:`start`). With *gc_interval* > 0 it
     also runs retention (``redis_stats.gc``) that often. *request_timeout* bounds each socket
-    operation of a connection: a client that sends no request for that long is disconnected and
-    its thread freed, and a response must be sent within it (``sendall``'s timeout covers the
+    operation of a connection: a client that has not sent its whole request (line and headers)
+    within that long is disconnected and its thread freed, even if it keeps sending a byte at a
+    time, and a response must be sent within it (``sendall``'s timeout covers the
     whole body; the default, 10 s, is Prometheus' default scrape timeout).
 
     ``/snapshot`` adds rates and quantiles over the last *window* seconds and fleet totals. The
@@ -256,6 +285,7 @@ class Exporter:
                 self.own_registry.register(own)
         self._server = _Server((host, port), self._handler())
         self._thread: threading.Thread | None = None
+        self._serving = False  # serve_forever() runs (or is about to): close() must shut it down
         self.gc_interval = gc_interval
         self._stop = threading.Event()
 
@@ -272,6 +302,7 @@ class Exporter:
 
     def start(self) -> Exporter:
         """Serve from a daemon thread."""
+        self._serving = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="redis_stats-exporter", daemon=True
         )
@@ -282,6 +313,7 @@ class Exporter:
     def serve_forever(self) -> None:
         """Serve in the calling thread (until :meth:`close` from another thread, or Ctrl-C)."""
         self._start_gc()
+        self._serving = True
         self._server.serve_forever()
 
     def _start_gc(self) -> None:
@@ -304,9 +336,12 @@ class Exporter:
                 )
 
     def close(self) -> None:
-        """Stop serving (and the retention timer)."""
+        """Stop serving (and the retention timer); also fine before :meth:`start`."""
         self._stop.set()
-        self._server.shutdown()
+        if self._serving:
+            # socketserver's shutdown() waits for serve_forever() to end: called on a server that
+            # never served, it would wait for ever.
+            self._server.shutdown()
         self._server.server_close()
 
     def metrics(self, accept: str | None = None) -> tuple[str, bytes]:
@@ -385,6 +420,18 @@ class Exporter:
             # Socket timeout of each connection (read by StreamRequestHandler.setup): a client that
             # connects and stays silent gets its connection closed instead of holding a thread.
             timeout = exporter.request_timeout
+
+            def setup(self) -> None:
+                super().setup()
+                # The whole request must arrive within the timeout, not each byte of it.
+                self._reader = _RequestReader(self.connection, time.monotonic() + exporter.request_timeout)
+                self.rfile = io.BufferedReader(self._reader)
+
+            def parse_request(self) -> bool:
+                ok = super().parse_request()  # reads the headers: still under the deadline
+                self._reader.deadline = None
+                self.connection.settimeout(exporter.request_timeout)  # the answer gets a full timeout
+                return ok
 
             def do_GET(self) -> None:
                 self._serve(head=False)

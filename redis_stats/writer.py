@@ -27,6 +27,7 @@ import atexit
 import encodings.idna  # noqa: F401
 import logging
 import math
+import operator
 import os
 import secrets
 import socket
@@ -75,6 +76,29 @@ def _check_identity(what: str, value: object) -> None:
             f"{what}={value!r} cannot be encoded as UTF-8 ({exc.reason} at index {exc.start}); "
             "pass text without lone surrogates"
         ) from None
+
+
+def _check_engines(engines: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    """The engines a writer heartbeats, as ints >= 0; refused at construction otherwise.
+
+    Every flush heartbeats them: a value Redis cannot take as an engine (``-1``) would have every
+    flush of the writer refused, and ``1.5`` or ``True`` would silently heartbeat engine 1. The
+    same rule as ``labels(engine=...)``; int-like types (numpy integers) are taken by value.
+    """
+    given = list(engines)
+    out = []
+    for engine in given:
+        try:
+            value = None if isinstance(engine, bool) else operator.index(engine)
+        except TypeError:
+            value = None
+        if value is None or value < 0:
+            raise ConfigError(
+                f"engines={given!r}: engine {engine!r} is not an integer >= 0; "
+                "pass each engine index this process serves as an int"
+            )
+        out.append(value)
+    return tuple(out)
 
 
 def new_writer_id(role: str = "") -> str:
@@ -248,7 +272,7 @@ class WriterCore:
         self.owner = owner
         self.writer_id = writer_id or new_writer_id(role)
         self.keys = Keys(self.config.namespace)
-        self.engines = tuple(int(e) for e in engines)
+        self.engines = _check_engines(engines)
         self.stats = WriterStats()
         self._acc = Accumulator(
             self.catalog,
@@ -500,7 +524,18 @@ class StatsWriter(WriterCore):
         self._own_client = client is None
         self._client: Any = None
         self._script: Any = None
-        self._use_client(client if client is not None else make_client(self.config))  # no I/O yet
+        if client is not None:
+            self._use_client(client)
+        else:
+            try:
+                self._use_client(make_client(self.config))  # no I/O, except for a Cluster
+            except ConfigError:
+                raise
+            except Exception as exc:
+                # redis-py's Cluster client connects when it is built: with the cluster down, the
+                # host must still start (and record); the first flush that reaches it builds it.
+                log.debug("redis_stats: %s not reachable at start (%s); will connect at the first flush",
+                          self.config.safe_url, error_kind(exc))
         if start:
             self.start()
 
@@ -569,8 +604,12 @@ class StatsWriter(WriterCore):
         batch is sent again next time.
         """
         with self._flush_lock:
-            if self._client is None:  # first flush in a forked child
-                self._use_client(make_client(self.config))
+            if self._client is None:  # first flush in a forked child, or a Cluster down at start
+                try:
+                    self._use_client(make_client(self.config))
+                except Exception as exc:  # never raise into the host; nothing was taken yet
+                    self.flush_failed(exc)
+                    return False
             keys, args = self.prepare_flush(closing=closing)
             started = time.perf_counter()
             try:

@@ -1,0 +1,90 @@
+"""Attack: a rolling upgrade. Writers of the previous version and of this one share a namespace,
+and a reader of either version reads it: every total exact, nothing skipped.
+
+The previous versions are taken from this repository's history (``git archive``): the schema
+before issues 12/13 (060b7b5) and the one this release shipped (0ed1547).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT
+
+pytestmark = pytest.mark.redis_server
+
+PREVIOUS = {"before-issue-12": "060b7b5", "main-0ed1547": "0ed1547"}
+
+WRITE = """
+import sys
+from redis_stats import StatsConfig, StatsWriter
+from tests.conftest import sample_catalog
+cfg = StatsConfig(url=sys.argv[1], namespace=sys.argv[2])
+w = StatsWriter(cfg, sample_catalog(), engines=[0, 1], start=False)
+for e in (0, 1):
+    w.counter("tokens").labels(engine=e).inc(10 + e)
+    w.counter("requests").labels(engine=e, reason='we"ird\\\\n\\n').inc(2)
+    w.gauge("inflight").labels(engine=e).set(2)
+    for v in (0.05, 0.3, 0.7, 2, 9):
+        w.histogram("latency_seconds").labels(engine=e).observe(v)
+assert w.flush()
+w._closed = True  # stay live: its gauges count
+"""
+
+READ = """
+import json, sys
+from redis_stats import StatsConfig, StatsReader
+from tests.conftest import sample_catalog
+snap = StatsReader(StatsConfig(url=sys.argv[1], namespace=sys.argv[2]), sample_catalog()).snapshot()
+out = {}
+for e, eng in sorted(snap.engines.items()):
+    h = eng.histogram("latency_seconds")
+    out[str(e)] = [eng.counter("tokens"), eng.counter("requests", 'we"ird\\\\n\\n'), eng.gauge("inflight"),
+                   h.count, h.sum]
+print(json.dumps(out))
+"""
+
+
+def _checkout(commit: str, into: Path) -> Path:
+    into.mkdir()
+    try:
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", commit, "redis_stats", "tests/conftest.py",
+             "tests/__init__.py"],
+            check=True, capture_output=True, timeout=60,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        pytest.skip(f"no git history with {commit} here")
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True, timeout=60)
+    return into
+
+
+def _run(code: str, root: Path, *args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.parametrize("previous", list(PREVIOUS))
+def test_writers_of_both_versions_and_readers_of_both_agree(redis_server, namespace, tmp_path, previous):
+    old = _checkout(PREVIOUS[previous], tmp_path / "old")
+    new = ROOT
+    for root in (old, new, old):  # three writers, alternating versions, one namespace
+        _run(WRITE, root, redis_server.url, namespace)
+    expected = {
+        "0": [30, 6, 6, 15, 3 * 12.05],
+        "1": [33, 6, 6, 15, 3 * 12.05],
+    }
+    for reader in (new, old):
+        got = json.loads(_run(READ, reader, redis_server.url, namespace).strip().splitlines()[-1])
+        assert got.keys() == expected.keys(), (reader, got)
+        for e, values in expected.items():
+            assert got[e] == pytest.approx(values), (str(reader), e, got[e])
