@@ -2,7 +2,10 @@
 
 Every key of namespace NS starts with ``rs:{NS}:``. The braces are a Redis Cluster hash tag: all
 keys of a namespace hash to one slot, so one script can touch all of them atomically, while many
-namespaces spread over the cluster.
+namespaces spread over the cluster. The keys that hold data start with ``rs:{NS}:v<schema>:``, so
+that processes of two redis_stats versions with different layouts can share a namespace during a
+rolling upgrade without reading or overwriting each other's data; the lease keys (log leader, gc
+lock), whose format every version shares, are right under ``rs:{NS}:``.
 """
 
 from __future__ import annotations
@@ -24,9 +27,15 @@ class Keys:
     namespace: str
 
     @property
-    def prefix(self) -> str:
-        """``rs:{NS}:``, the start of every key (and the ACL key pattern ``rs:{NS}:*``)."""
+    def root(self) -> str:
+        """``rs:{NS}:``, the start of every key of the namespace, of any schema version (and the
+        ACL key pattern ``rs:{NS}:*``)."""
         return f"rs:{{{self.namespace}}}:"
+
+    @property
+    def prefix(self) -> str:
+        """``rs:{NS}:v<schema>:``, the start of every key holding data of this schema version."""
+        return f"{self.root}v{SCHEMA_VERSION}:"
 
     @property
     def meta(self) -> str:
@@ -51,17 +60,17 @@ class Keys:
     @property
     def leader(self) -> str:
         """String with a TTL: the holder of the log lease and its fencing token."""
-        return self.prefix + "leader"
+        return self.root + "leader"
 
     @property
     def leader_epoch(self) -> str:
         """Integer: the last fencing token handed out with the log lease."""
-        return self.prefix + "leader_epoch"
+        return self.root + "leader_epoch"
 
     @property
     def gc_lock(self) -> str:
         """String with a TTL: the process currently collecting garbage."""
-        return self.prefix + "gc"
+        return self.root + "gc"
 
     @property
     def claims(self) -> str:

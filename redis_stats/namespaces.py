@@ -1,9 +1,11 @@
 """The namespaces a Redis holds: found by their keys (``SCAN``), on every master of a Cluster.
 
-A namespace exists in Redis as soon as a writer has flushed to it: its keys all start with
-``rs:{NS}:`` (docs/key-schema.md), and ``rs:{NS}:writers`` (a writer's heartbeat) or
-``rs:{NS}:meta`` (the stored catalogue) is always among them. ``redis-stats namespaces`` lists
-them; ``inspect``, ``top`` and ``gc`` name them when given a namespace that holds nothing.
+A namespace exists in Redis as soon as a writer has flushed to it: its data keys all start with
+``rs:{NS}:v<schema>:`` (docs/key-schema.md), and ``…:writers`` (a writer's heartbeat) or
+``…:meta`` (the stored catalogue) is always among them. Keys of schema 1 (redis_stats before
+issue 15: ``rs:{NS}:meta``, no version) are found too, and said to be another version's.
+``redis-stats namespaces`` lists them; ``inspect``, ``top`` and ``gc`` name them when given a
+namespace that holds nothing.
 """
 
 from __future__ import annotations
@@ -13,14 +15,20 @@ from typing import Any
 
 import redis
 
-from .keys import Keys
+from .keys import SCHEMA_VERSION, Keys
 
 __all__ = ["NamespaceInfo", "describe_namespaces", "find_namespaces", "namespace_holds_data"]
 
 # The keys that mark a namespace: any flush writes the writers' heartbeats, and the first one the
 # catalogue (meta). A namespace cannot contain braces (config checks it), so the text between
-# ``rs:{`` and the first ``}:`` is the namespace.
+# ``rs:{`` and the first ``}:`` is the namespace; then ``v<schema>:`` and the marker, or the marker
+# alone for schema 1, which had no version in its keys.
 _MARKERS = ("meta", "writers", "engines")
+_OURS = tuple(f"v{SCHEMA_VERSION}:{m}" for m in _MARKERS)
+_SCHEMA_1 = (
+    "holds only data of an older redis_stats (schema 1, keys rs:{{{ns}}}:meta ...): read it with that "
+    "version, or delete those keys once every process runs this one"
+)
 
 
 @dataclass(frozen=True)
@@ -49,15 +57,26 @@ def _scan(client: Any, pattern: str) -> list[str]:
 
 def find_namespaces(client: Any) -> list[str]:
     """The namespaces with data in this Redis (database), sorted. One SCAN pass over ``rs:{*}``."""
-    found: set[str] = set()
+    return sorted(set().union(*_scan_namespaces(client)))
+
+
+def _scan_namespaces(client: Any) -> tuple[set[str], set[str]]:
+    """(namespaces with data of this schema version, namespaces with schema 1 data)."""
+    ours: set[str] = set()
+    older: set[str] = set()
     for key in _scan(client, "rs:{*}:*"):
         if isinstance(key, bytes):
             key = key.decode("utf-8", "replace")
         inner = key[len("rs:{") :]
         end = inner.find("}:")
-        if end > 0 and inner[end + 2 :] in _MARKERS:
-            found.add(inner[:end])
-    return sorted(found)
+        if end <= 0:
+            continue
+        rest = inner[end + 2 :]
+        if rest in _OURS:
+            ours.add(inner[:end])
+        elif rest in _MARKERS:
+            older.add(inner[:end])
+    return ours, older
 
 
 def namespace_holds_data(client: Any, namespace: str) -> bool:
@@ -78,11 +97,19 @@ def describe_namespaces(
     client: Any, stale_after: float, names: list[str] | None = None
 ) -> list[NamespaceInfo]:
     """Engines (up within *stale_after* seconds), writers (live) and newest heartbeat of each."""
-    names = find_namespaces(client) if names is None else names
+    if names is None:
+        ours, older = _scan_namespaces(client)
+        names = sorted(ours | older)
+        only_older = older - ours
+    else:
+        only_older = set()
     seconds, micros = client.time()
     now_ms = int(seconds) * 1000 + int(micros) // 1000
     infos = []
     for ns in names:
+        if ns in only_older:
+            infos.append(NamespaceInfo(ns, 0, 0, 0, 0, None, problem=_SCHEMA_1.format(ns=ns)))
+            continue
         keys = Keys(ns)
         try:
             engines = client.zrange(keys.engines, 0, -1, withscores=True)

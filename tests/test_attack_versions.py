@@ -1,8 +1,11 @@
-"""Attack: a rolling upgrade. Writers of the previous version and of this one share a namespace,
-and a reader of either version reads it: every total exact, nothing skipped.
+"""Attack: a rolling upgrade. Writers of the previous version and of this one share a namespace
+(a StatefulSet being rolled, one pod at a time), and readers of both versions read it.
 
-The previous versions are taken from this repository's history (``git archive``): the schema
-before issues 12/13 (060b7b5) and the one this release shipped (0ed1547).
+The previous versions (schema 1) are taken from this repository's history (``git archive``): the
+one before issues 12/13 (060b7b5) and the last one before schema 2 (0ed1547). Schema 2 keeps its
+data under ``rs:{NS}:v2:`` (docs/key-schema.md), so during the upgrade each version reads exactly
+the totals of its own version's writers: neither refuses the namespace, neither miscounts or
+overwrites the other's data, and every flush of either version is applied.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from .conftest import ROOT
 
 pytestmark = pytest.mark.redis_server
 
-PREVIOUS = {"before-issue-12": "060b7b5", "main-0ed1547": "0ed1547"}
+PREVIOUS = {"before-issue-12": "060b7b5", "before-schema-2": "0ed1547"}
 
 WRITE = """
 import sys
@@ -73,18 +76,35 @@ def _run(code: str, root: Path, *args: str) -> str:
     return proc.stdout
 
 
+def _totals(writers: int) -> dict[str, list[float]]:
+    """What *writers* runs of WRITE add up to, per engine (tokens, requests, inflight, count, sum)."""
+    return {
+        str(e): [writers * (10 + e), writers * 2, writers * 2, writers * 5, writers * 12.05] for e in (0, 1)
+    }
+
+
 @pytest.mark.parametrize("previous", list(PREVIOUS))
-def test_writers_of_both_versions_and_readers_of_both_agree(redis_server, namespace, tmp_path, previous):
+def test_a_rolling_upgrade_keeps_each_versions_totals_exact(redis_server, namespace, tmp_path, previous):
     old = _checkout(PREVIOUS[previous], tmp_path / "old")
     new = ROOT
-    for root in (old, new, old):  # three writers, alternating versions, one namespace
-        _run(WRITE, root, redis_server.url, namespace)
-    expected = {
-        "0": [30, 6, 6, 15, 3 * 12.05],
-        "1": [33, 6, 6, 15, 3 * 12.05],
-    }
-    for reader in (new, old):
+    for root in (old, new, old, new, new):  # writers of both versions, alternating, one namespace
+        _run(WRITE, root, redis_server.url, namespace)  # WRITE asserts its flush was applied
+    for reader, writers in ((new, 3), (old, 2)):
         got = json.loads(_run(READ, reader, redis_server.url, namespace).strip().splitlines()[-1])
-        assert got.keys() == expected.keys(), (reader, got)
+        expected = _totals(writers)
+        assert got.keys() == expected.keys(), (str(reader), got)
         for e, values in expected.items():
             assert got[e] == pytest.approx(values), (str(reader), e, got[e])
+
+
+def test_namespaces_names_a_namespace_that_holds_only_the_previous_versions_data(
+    redis_server, namespace, tmp_path
+):
+    old = _checkout(PREVIOUS["before-schema-2"], tmp_path / "old")
+    _run(WRITE, old, redis_server.url, namespace)
+    listing = _run(
+        "import sys; from redis_stats.cli import main; main()", ROOT, "namespaces", "--redis-url",
+        redis_server.url,
+    )
+    line = next(ln for ln in listing.splitlines() if ln.startswith(namespace + ":"))
+    assert "older redis_stats (schema 1" in line, listing

@@ -161,8 +161,13 @@ def test_amounts_never_raise_and_a_flush_stores_exactly_the_valid_part(cfg, cata
     reader = StatsReader(w.config, catalog, client=fake_client())
     engine = reader.snapshot().engines[0]
     stored = engine.counter("tokens")
-    if total > FLOAT_MAX:  # valid amounts whose sum passed the float range: dropped and counted
-        assert stored == 0 and w.drops["invalid_value"] == invalid + 1
+    dropped = stored == 0 and w.drops.get("invalid_value", 0) == invalid + 1
+    if total > FLOAT_MAX * (1 + 2**-52):  # valid amounts whose sum passed the float range
+        assert dropped
+    elif total > FLOAT_MAX:
+        # Within rounding of the largest float: float addition may round the sum down to it
+        # (stored) or past it (dropped and counted); either is exact to float precision.
+        assert dropped or stored == FLOAT_MAX
     else:
         assert stored == pytest.approx(float(total), rel=1e-9)
     if gauge_set:

@@ -69,9 +69,12 @@ def test_close_with_redis_stopped_returns_within_close_timeout_and_says_what_was
 def test_close_with_redis_refused_is_bounded_and_the_line_masks_the_password(namespace, caplog):
     url = f"redis://app:s3cret-pw@127.0.0.1:{free_port()}/0"  # nothing listens there
     cfg = StatsConfig(url=url, namespace=namespace, flush_interval=0.05, close_timeout=0.3)
-    writer = StatsWriter(cfg, sample_catalog(), engines=[0])
+    # Recorded before the flusher starts, so that its first (failing) batch holds both series
+    # however late this thread runs on a loaded machine.
+    writer = StatsWriter(cfg, sample_catalog(), engines=[0], start=False)
     writer.counter("tokens").labels(engine=0).inc(3)
     writer.histogram("latency_seconds").labels(engine=0).observe(0.2)
+    writer.start()
     time.sleep(0.2)
     with caplog.at_level(logging.WARNING, "redis_stats.writer"):
         started = time.monotonic()

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from redis_stats import Catalog, RedisCollector, StatsReader, StatsWriter
+from redis_stats.keys import Keys
 
 
 def scrape(reader, **kw) -> dict:
@@ -101,13 +102,13 @@ def test_garbage_fields_are_skipped_and_counted(writer, config, catalog, fake_cl
     writer.counter("tokens").labels(engine=0).inc(4)
     writer.flush()
     client = fake_client()
-    key = f"rs:{{{config.namespace}}}:e:0:c"
+    key = Keys(config.namespace).counters(0)
     # (schema 2: the writer's own "tokens" is a line of its chunk; a base field "tokens" would be
     # a departed writer's part, added to it)
     client.hset(key, mapping={"nosuchmetric": "1", "requests|a|extra": "1"})
     client.hset(key, "tokens|x", "1")
-    client.hset(f"rs:{{{config.namespace}}}:e:0:g", "running|w", "garbage")
-    client.zadd(f"rs:{{{config.namespace}}}:engines", {"zero": 1})
+    client.hset(Keys(config.namespace).gauges(0), "running|w", "garbage")
+    client.zadd(Keys(config.namespace).engines, {"zero": 1})
     fams, _ = scrape(StatsReader(config, catalog, client=fake_client()))
     assert samples(fams["tokens"]) == {("tokens_total", (("engine", "0"),)): 4.0}
     skipped = {s.labels["reason"]: s.value for s in fams["redis_stats_skipped_fields"].samples}

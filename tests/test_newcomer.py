@@ -21,6 +21,7 @@ from redis_stats import StatsConfig, StatsReader, StatsWriter
 from redis_stats.cli import main
 from redis_stats.embedded import free_port
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
+from redis_stats.keys import Keys
 from redis_stats.simulate import LoadProfile, SimulatedApiServer
 from redis_stats.top import COLUMNS, render, run_top
 
@@ -167,7 +168,7 @@ def test_namespaces_ignores_keys_that_only_look_like_a_namespace(own_redis_serve
     fill(own_redis_server.url, "real", [0])
     for key in (b"rs:{}:meta", b"rs:{open:meta", b"rs:{x}:e:0:c", b"rs:{y}:metadata", b"rs:{\xff\xfe}:meta"):
         raw.set(key, "garbage")
-    raw.set("rs:{wrongtype}:writers", "not a sorted set")
+    raw.set(Keys("wrongtype").writers, "not a sorted set")
     result = invoke(["namespaces", "--redis-url", own_redis_server.url])
     assert result.exit_code == 0, result.output
     names = [ln.split(":")[0] for ln in result.output.splitlines()]

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis_stats import StatsConfig, StatsReader, StatsWriter
 from redis_stats.aio import AsyncStatsReader
 from redis_stats.exporter import Exporter
+from redis_stats.keys import Keys
 
 from .conftest import sample_catalog
 
@@ -36,7 +37,7 @@ def test_reads_work_over_maxmemory_and_stay_one_snapshot(own_redis_server, names
     try:
         with pytest.raises(redis.exceptions.OutOfMemoryError):
             admin.execute_command("MULTI")
-            admin.execute_command("HGETALL", f"rs:{{{namespace}}}:e:0:c")
+            admin.execute_command("HGETALL", Keys(namespace).counters(0))
         admin.connection_pool.disconnect()
         writer.counter("tokens").labels(engine=0).inc(1)
         assert not writer.flush()  # the writers are refused: the server is out of memory

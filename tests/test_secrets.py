@@ -31,6 +31,7 @@ from redis_stats.config import ConfigError, mask_url, redact, url_problem
 from redis_stats.connection import make_client
 from redis_stats.embedded import EmbeddedRedis, free_port
 from redis_stats.exporter import Exporter
+from redis_stats.keys import Keys
 
 from .conftest import PYTHON, ROOT, sample_catalog
 
@@ -419,7 +420,7 @@ def test_demo_children_get_the_url_by_environment(how, acl_redis, python_env, tm
         # The children authenticate (the URL reached them): they write, and node 0 logs.
         time.sleep(3)
         assert redis.Redis(port=acl_redis.port, username="statsuser", password=ODD).exists(
-            f"rs:{{secrets-{how}}}:engines"
+            Keys(f"secrets-{how}").engines
         )
     finally:
         proc.send_signal(signal.SIGINT)
