@@ -2,7 +2,7 @@
 
 They share every rule with the threaded classes through the sans-I/O cores
 (:class:`~redis_stats.writer.WriterCore`, :class:`~redis_stats.reader.ReaderCore`,
-:class:`~redis_stats.leader.LeaseState`, :meth:`~redis_stats.reporter.StatsReporter.consume`):
+:class:`~redis_stats.leader.LeaseState`, :class:`~redis_stats.reporter.ReportCore`):
 only the waiting differs. Recording stays synchronous and in memory (``child.inc(1)`` in a
 coroutine is fine); flushing is a task on the running loop.
 
@@ -38,7 +38,7 @@ from .connection import make_async_client
 from .keys import Keys
 from .leader import Leader, LeaseState
 from .reader import ReaderCore, refused_for_memory
-from .reporter import LogMetrics, StatsReporter
+from .reporter import LogMetrics, ReportCore
 from .scripts import load_script
 from .snapshot import Snapshot
 from .writer import WriterCore
@@ -202,12 +202,14 @@ class AsyncStatsWriter(WriterCore):
             if not ok:
                 await asyncio.sleep(min(0.1, left))
 
+    aclose = close  # every async class closes with ``await x.aclose()``, as redis.asyncio does
+
     async def __aenter__(self) -> AsyncStatsWriter:
         self.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        await self.aclose()
 
 
 class AsyncStatsReader(ReaderCore):
@@ -223,7 +225,8 @@ class AsyncStatsReader(ReaderCore):
     async def read(self, engines: Iterable[int] | None = None) -> list[Any]:
         """One consistent read of the namespace, as a read.lua-shaped reply (see StatsReader.read)."""
         if hasattr(self._client, "get_node_from_key"):  # Cluster: the script, on the slot's node
-            return await self._script(*self.read_args(engines))
+            on_slot: list[Any] = await self._script(*self.read_args(engines))
+            return on_slot
         try:
             for _ in range(3):
                 planned = self.planned
@@ -236,7 +239,8 @@ class AsyncStatsReader(ReaderCore):
             if not refused_for_memory(exc):
                 raise
             # over maxmemory: MULTI is refused, a script that only reads is not (see StatsReader)
-        return await self._script(*self.read_args(engines))
+        scripted: list[Any] = await self._script(*self.read_args(engines))
+        return scripted
 
     async def _meta(self) -> Any:
         try:
@@ -272,6 +276,8 @@ class AsyncStatsReader(ReaderCore):
     async def close(self) -> None:
         """Close the connection pool."""
         await self._client.aclose()
+
+    aclose = close  # every async class closes with ``await x.aclose()``, as redis.asyncio does
 
 
 class AsyncLeaseLeader:
@@ -345,13 +351,9 @@ class AsyncStatsReporter:
         self.reader = reader
         self.leader = leader
         self.interval = interval
-        self._core = StatsReporter(
-            reader,
-            leader,
-            interval=interval,
-            metrics=metrics,  # type: ignore[arg-type]
-            logger=logger,
-        )
+        # The shared sans-I/O core (not the threaded StatsReporter: no thread, Event or Lock
+        # here, and its tick() would call this reader's coroutine without awaiting it).
+        self._core = ReportCore(reader, leader, interval=interval, metrics=metrics, logger=logger)
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         if hasattr(leader, "on_acquire"):
@@ -388,3 +390,5 @@ class AsyncStatsReporter:
             await aclose()
         else:
             self.leader.close()
+
+    aclose = close  # every async class closes with ``await x.aclose()``, as redis.asyncio does

@@ -17,13 +17,21 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from .config import StatsConfig
 from .leader import Leader
 from .reader import StatsReader
 from .snapshot import EngineSnapshot, Snapshot
 
-__all__ = ["EngineInterval", "LogMetrics", "StatsReporter", "format_engine_line", "format_spec_line"]
+__all__ = [
+    "EngineInterval",
+    "LogMetrics",
+    "ReportCore",
+    "StatsReporter",
+    "format_engine_line",
+    "format_spec_line",
+]
 
 log = logging.getLogger("redis_stats.reporter")
 
@@ -211,16 +219,25 @@ def engine_intervals(
     return out
 
 
-class StatsReporter:
-    """Reads a snapshot every interval; the leader logs one line per engine and an aggregate.
+class _Configured(Protocol):
+    """What the report core needs of a reader: its config, to name the URL a failed read used."""
 
-    Call :meth:`tick` from your own timer (the vLLM plugin calls it from ``log()``), or
-    :meth:`start` a thread that ticks every *interval* seconds.
+    @property
+    def config(self) -> StatsConfig:
+        """The reader's settings."""
+        ...
+
+
+class ReportCore:
+    """The reporter's decisions without I/O: given each snapshot, what the leader logs.
+
+    :class:`StatsReporter` (a thread) and :class:`~redis_stats.aio.AsyncStatsReporter` (a task)
+    read the snapshots and hand them to :meth:`consume` or :meth:`read_failed`.
     """
 
     def __init__(
         self,
-        reader: StatsReader,
+        reader: _Configured,
         leader: Leader,
         *,
         interval: float = 10.0,
@@ -235,40 +252,6 @@ class StatsReporter:
         self._previous: Snapshot | None = None
         self._older: Snapshot | None = None
         self._idle_intervals: dict[int, int] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._tick_lock = threading.Lock()
-        if hasattr(leader, "on_acquire"):
-            leader.on_acquire = self.tick  # a new lease holder prints at once
-
-    def start(self) -> None:
-        """Tick every interval from a daemon thread."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="redis_stats-reporter", daemon=True)
-            self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.tick()
-
-    def close(self) -> None:
-        """Stop ticking and give up leadership."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(2)
-        self.leader.close()
-
-    def tick(self) -> list[str]:
-        """Read, compute the interval since the last tick, and log if leader.
-
-        Returns the lines logged at INFO (idle engines' DEBUG lines are not returned).
-        """
-        with self._tick_lock:  # log() and a lease takeover may tick from two threads
-            try:
-                snap = self.reader.snapshot()
-            except Exception as exc:
-                return self.read_failed(exc)
-            return self.consume(snap)
 
     def read_failed(self, exc: BaseException) -> list[str]:
         """The read of this tick failed: the leader says so (once per tick), nobody crashes."""
@@ -360,3 +343,57 @@ class StatsReporter:
             )
             emit(level, *format_engine_line(f"{len(per_engine)} Engines Aggregated: ", agg))
         return lines
+
+
+class StatsReporter(ReportCore):
+    """Reads a snapshot every interval; the leader logs one line per engine and an aggregate.
+
+    Call :meth:`tick` from your own timer (the vLLM plugin calls it from ``log()``), or
+    :meth:`start` a thread that ticks every *interval* seconds.
+    """
+
+    def __init__(
+        self,
+        reader: StatsReader,
+        leader: Leader,
+        *,
+        interval: float = 10.0,
+        metrics: LogMetrics | None = None,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        super().__init__(reader, leader, interval=interval, metrics=metrics, logger=logger)
+        self.reader: StatsReader = reader
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._tick_lock = threading.Lock()
+        if hasattr(leader, "on_acquire"):
+            leader.on_acquire = self.tick  # a new lease holder prints at once
+
+    def start(self) -> None:
+        """Tick every interval from a daemon thread."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="redis_stats-reporter", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.tick()
+
+    def close(self) -> None:
+        """Stop ticking and give up leadership."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(2)
+        self.leader.close()
+
+    def tick(self) -> list[str]:
+        """Read, compute the interval since the last tick, and log if leader.
+
+        Returns the lines logged at INFO (idle engines' DEBUG lines are not returned).
+        """
+        with self._tick_lock:  # log() and a lease takeover may tick from two threads
+            try:
+                snap = self.reader.snapshot()
+            except Exception as exc:
+                return self.read_failed(exc)
+            return self.consume(snap)
