@@ -69,7 +69,7 @@ def _real(x: object) -> int | float:
         if isinstance(x, (str, bytes, bytearray)):
             return _NAN
         if isinstance(x, numbers.Integral):
-            return int(x)  # type: ignore[call-overload]
+            return int(x)
         return float(x)  # type: ignore[arg-type]
     except Exception:  # OverflowError (Fraction(10**400)), ValueError (Decimal('sNaN')), ...
         return _NAN
@@ -364,7 +364,7 @@ class Batch:
         """Set a gauge field to ``<wall ms>|<value>``."""
         self._block(engine).gauges += (field_name, stamped_value)
 
-    def add_histogram(self, engine: int, field_name: str, sum_delta: float, counts: list[int]) -> None:
+    def add_histogram(self, engine: int, field_name: str, sum_delta: float, counts: list[float]) -> None:
         """Add observations to a histogram series: the sum's and each bucket's increase."""
         self._block(engine).hists += (field_name, repr(float(sum_delta)), " ".join(map(str, counts)))
 
@@ -628,7 +628,7 @@ class Accumulator:
                 # The parent's value is the parent's (a summed gauge would count it twice).
                 made.state = (0.0, 0.0)
                 made.field = fields.encode((*fields.decode(made.field)[:-1], writer_id))
-            made.gen = -1  # type: ignore[union-attr]
+            made.gen = -1  # type: ignore[attr-defined]
 
 
 class FlushProtocol:

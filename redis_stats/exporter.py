@@ -268,6 +268,8 @@ class Exporter:
     def url(self) -> str:
         """Base URL of the server."""
         host = self._server.server_address[0]
+        if isinstance(host, bytes):  # typeshed's type for any family; AF_INET gives str
+            host = host.decode()
         return f"http://{host}:{self.port}"
 
     def start(self) -> Exporter:

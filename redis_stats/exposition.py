@@ -113,7 +113,7 @@ class TextRenderer:
 
     def _plan_counter_field(self, plan: _Plan, engine: str, name: str) -> Any:
         parsed = self.decoder.counter_field(name, plan.catalog)
-        if parsed.__class__ is str:
+        if isinstance(parsed, str):
             return parsed  # the reason to skip it
         spec, values, _ = parsed
         family = plan.index[spec.name]
@@ -123,7 +123,7 @@ class TextRenderer:
 
     def _plan_gauge_field(self, plan: _Plan, engine: str, name: str) -> Any:
         parsed = self.decoder.gauge_field(name, plan.catalog)
-        if parsed.__class__ is str:
+        if isinstance(parsed, str):
             return parsed
         spec, values, writer = parsed
         prefix = f"{spec.name}{{{_labels(engine, spec, values)}}} "

@@ -146,7 +146,8 @@ class StatsReader(ReaderCore):
     def read(self, engines: Iterable[int] | None = None) -> list[Any]:
         """One consistent read of the namespace, as a read.lua-shaped reply."""
         if hasattr(self._client, "get_node_from_key"):  # Cluster: the script, on the slot's node
-            return self._script(*self.read_args(engines))
+            on_slot: list[Any] = self._script(*self.read_args(engines))
+            return on_slot
         try:
             for _ in range(3):
                 planned = self._planned
@@ -160,7 +161,8 @@ class StatsReader(ReaderCore):
                 raise
             # Over maxmemory (noeviction) Redis 7.0 refuses to queue any command in MULTI, but
             # runs a script that only reads: the same consistent snapshot, some server time more.
-        return self._script(*self.read_args(engines))  # or the fleet changes faster than we read
+        scripted: list[Any] = self._script(*self.read_args(engines))
+        return scripted  # or the fleet changes faster than we read
 
     def _meta(self) -> Any:
         try:

@@ -136,7 +136,7 @@ def _count_text(value: float) -> str:
     return str(int(value)) if value.is_integer() and abs(value) < 1e15 else floatToGoString(value)
 
 
-class Skipped(_Tally):
+class Skipped(_Tally[str]):
     """What one read skipped: a count by reason (a ``Counter``), and ``where``, the first
     ``(reason, key, field)`` it met (``field`` is ``""`` for a whole key), to name them."""
 
@@ -209,7 +209,7 @@ class HistogramValue:
         finite is written ``"+Inf"``, ``"-Inf"`` or ``"NaN"``, as Prometheus writes them.
         """
 
-        def q(x: float) -> float | None:
+        def q(x: float) -> float | str | None:
             value = self.quantile(x)
             return None if math.isnan(value) else _json_number(value)
 
@@ -627,10 +627,10 @@ class SnapshotDecoder:
     ) -> None:
         for name, raw in _pairs(flat):
             parsed = self.counter_field(name, catalog)
-            if parsed.__class__ is str:
-                skipped.note(parsed, self.keys.counters(engine), str(name))  # type: ignore[arg-type]
+            if isinstance(parsed, str):
+                skipped.note(parsed, self.keys.counters(engine), str(name))
                 continue
-            spec, labels, _ = parsed  # type: ignore[misc]
+            spec, labels, _ = parsed
             if spec.kind == COUNTER:
                 text = number_text(raw)
                 if text is None:
@@ -658,10 +658,10 @@ class SnapshotDecoder:
         modes: dict[SeriesKey, str] = {}
         for name, raw in _pairs(flat):
             parsed = self.gauge_field(name, catalog)
-            if parsed.__class__ is str:
-                skipped.note(parsed, self.keys.gauges(engine), str(name))  # type: ignore[arg-type]
+            if isinstance(parsed, str):
+                skipped.note(parsed, self.keys.gauges(engine), str(name))
                 continue
-            spec, labels, writer = parsed  # type: ignore[misc]
+            spec, labels, writer = parsed
             info = writers.get(writer)
             if info is None or not info.live:
                 continue  # not current: a stale, closed or removed writer's value

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, cast
 
 from rich.console import Console
 from rich.live import Live
@@ -249,7 +249,8 @@ def run_top(
     live_display = (
         nullcontext() if plain else Live(show(previous, current), console=console, refresh_per_second=4)
     )
-    with live_display as live:
+    with live_display as shown:
+        live = cast(Live, shown)  # None only when plain, and then never used
         try:
             while True:
                 time.sleep(interval)
