@@ -69,7 +69,8 @@ class RedisCollector:
 
     def render_text(self) -> str:
         """The same exposition as :meth:`collect` through ``generate_latest``, several times faster:
-        the reader's reply goes straight to text (:class:`~redis_stats.exposition.TextRenderer`)."""
+        the reader's reply goes straight to text
+        (:class:`~redis_stats.exposition.TextRenderer`)."""
         started = time.perf_counter()
         shell: Snapshot | None = None
         text = ""
