@@ -34,7 +34,6 @@ from .catalog import COUNTER, GAUGE, Catalog, MetricSpec
 from .keys import SCHEMA_VERSION
 
 __all__ = [
-    "DROP_REASONS",
     "Accumulator",
     "Batch",
     "CounterChild",
@@ -54,9 +53,9 @@ _I64_MAX = 2**63 - 1
 # A take of many series gives the GIL away every this many series (about 0.5 ms of work).
 _YIELD_EVERY = 1024
 
-# Why an update was dropped (counted, never raised into the host). ``catalog_conflict``: the
-# metric's definition conflicts with the one stored in Redis first (see docs/key-schema.md).
-DROP_REASONS = ("invalid_value", "label_too_long", "cardinality", "catalog_conflict")
+# Why an update is dropped (counted in ``Accumulator.drops``, never raised into the host):
+# invalid_value, label_too_long, cardinality, catalog_conflict (the metric's definition conflicts
+# with the one stored in Redis first, see docs/key-schema.md).
 
 
 def _real(x: object) -> int | float:

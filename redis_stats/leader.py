@@ -188,8 +188,6 @@ def make_leader(
     manages ``leader_rank`` prints: with several API servers each manages every local engine.
     """
     if config.leader == "lease":
-        from .keys import Keys
-
         return LeaseLeader(client, Keys(config.namespace), holder, ttl=config.lease_ttl)
     if config.leader == "none":
         return NoLeader()

@@ -352,7 +352,7 @@ _LAYOUTS: dict[tuple[float, ...], str] = {}
 
 
 def layout_of(spec: MetricSpec) -> str:
-    """The bucket-layout tag a histogram's fields carry (see accumulator.bucket_layout)."""
+    """The bucket-layout tag a histogram's fields carry (see fields.bucket_layout)."""
     tag = _LAYOUTS.get(spec.buckets)
     if tag is None:
         tag = _LAYOUTS[spec.buckets] = fields.bucket_layout((*spec.buckets, _INF))
