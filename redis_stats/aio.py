@@ -38,7 +38,7 @@ from .connection import make_async_client
 from .keys import Keys
 from .leader import Leader, LeaseState
 from .reader import ReaderCore, refused_for_memory
-from .reporter import LogMetrics, ReportCore
+from .reporter import LogLines, ReportCore
 from .scripts import load_script
 from .snapshot import Snapshot
 from .writer import WriterCore
@@ -344,8 +344,8 @@ class AsyncStatsReporter:
         reader: AsyncStatsReader,
         leader: Leader,
         *,
+        lines: LogLines,
         interval: float = 10.0,
-        metrics: LogMetrics | None = None,
         logger: logging.Logger | None = None,
     ) -> None:
         self.reader = reader
@@ -353,7 +353,7 @@ class AsyncStatsReporter:
         self.interval = interval
         # The shared sans-I/O core (not the threaded StatsReporter: no thread, Event or Lock
         # here, and its tick() would call this reader's coroutine without awaiting it).
-        self._core = ReportCore(reader, leader, interval=interval, metrics=metrics, logger=logger)
+        self._core = ReportCore(reader, leader, lines=lines, interval=interval, logger=logger)
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         if hasattr(leader, "on_acquire"):

@@ -23,6 +23,7 @@ from ...reporter import StatsReporter
 from ...writer import StatsWriter
 from . import namespace_for_model
 from .catalog import vllm_catalog
+from .logline import VllmLogLines
 from .recorder import VllmRecorder
 
 __all__ = ["RedisStatLogger"]
@@ -89,6 +90,7 @@ class RedisStatLogger(AggregateStatLoggerBase):
         self.reporter = StatsReporter(
             StatsReader(config, catalog),
             leader,
+            lines=VllmLogLines(),
             interval=config.log_interval,
             logger=logging.getLogger("vllm.redis_stats"),
         )
