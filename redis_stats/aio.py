@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import time
 from collections.abc import Iterable
@@ -39,38 +38,13 @@ from .keys import Keys
 from .leader import Leader, LeaseState
 from .reader import ReaderCore, refused_for_memory
 from .reporter import LogLines, ReportCore
-from .scripts import load_script
+from .scripts import AsyncScript, load_script
 from .snapshot import Snapshot
 from .writer import WriterCore
 
 __all__ = ["AsyncLeaseLeader", "AsyncStatsReader", "AsyncStatsReporter", "AsyncStatsWriter"]
 
 log = logging.getLogger("redis_stats.aio")
-
-
-class _AsyncScript:
-    """EVALSHA (or EVALSHA_RO) with NOSCRIPT handled: the twin of redis-py's Script and of
-    :class:`redis_stats.scripts.ReadOnlyScript`."""
-
-    def __init__(self, client: Any, source: str, *, read_only: bool = False) -> None:
-        self.client = client
-        self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()
-        self.read_only = read_only
-
-    async def __call__(self, keys: list[str], args: list[Any]) -> Any:
-        for _ in range(3):
-            command = "EVALSHA_RO" if self.read_only else "EVALSHA"
-            try:
-                return await self.client.execute_command(command, self.sha, len(keys), *keys, *args)
-            except NoScriptError:
-                await self.client.script_load(self.source)
-            except ResponseError as exc:
-                if self.read_only and "unknown command" in str(exc).lower():
-                    self.read_only = False
-                    continue
-                raise
-        return await self.client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
 
 
 class AsyncStatsWriter(WriterCore):
@@ -98,7 +72,7 @@ class AsyncStatsWriter(WriterCore):
 
     def _use_client(self, client: Any) -> None:
         self._client = client
-        self._script = _AsyncScript(client, load_script("flush"))
+        self._script = AsyncScript(client, load_script("flush"))
 
     def _forked(self) -> None:
         super()._forked()
@@ -152,11 +126,7 @@ class AsyncStatsWriter(WriterCore):
                     await self._client.script_load(self._script.source)
                     continue
                 break
-            for part in (reply, acked):
-                if isinstance(part, Exception):
-                    raise part
-        self.replication_check(acked)
-        return reply
+        return self.script_and_wait(reply, acked)
 
     async def close(self, timeout: float | None = None) -> bool:
         """Stop the task and flush what is left, for at most *timeout* seconds (default
@@ -165,8 +135,7 @@ class AsyncStatsWriter(WriterCore):
         warning says what was lost, and close returns."""
         if self._closed:
             return not self.pending()
-        budget = self.config.close_timeout if timeout is None else max(0.0, float(timeout))
-        deadline = time.monotonic() + budget
+        budget, deadline = self.close_budget(timeout)
         self._closed = True
         if self._task is not None:
             self._task.cancel()  # also interrupts a flush waiting on a hung socket
@@ -177,13 +146,7 @@ class AsyncStatsWriter(WriterCore):
         except asyncio.TimeoutError:
             done = False
         if not done:
-            log.warning(
-                "closing writer %s: gave up after %.1f s; not confirmed by %s and lost: %s",
-                self.writer_id,
-                budget,
-                self.config.safe_url,
-                self.lost_summary(),
-            )
+            self.warn_lost(budget, log)
         if self._client is not None:
             with contextlib.suppress(Exception):
                 await self._client.aclose()
@@ -193,14 +156,10 @@ class AsyncStatsWriter(WriterCore):
         if self._client is None and not self.pending():
             return True  # a forked child that recorded nothing: nothing of its own to send
         while True:
-            ok = await self.flush(closing=True)
-            if ok and not self.pending():
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            if not ok:
-                await asyncio.sleep(min(0.1, left))
+            done, pause = self.final_flush_step(await self.flush(closing=True), deadline)
+            if done is not None:
+                return done
+            await asyncio.sleep(pause)
 
     aclose = close  # every async class closes with ``await x.aclose()``, as redis.asyncio does
 
@@ -220,7 +179,7 @@ class AsyncStatsReader(ReaderCore):
     ) -> None:
         super().__init__(config, catalog)
         self._client = client if client is not None else make_async_client(self.config)
-        self._script = _AsyncScript(self._client, load_script("read"), read_only=True)
+        self._script = AsyncScript(self._client, load_script("read"), read_only=True)
 
     async def read(self, engines: Iterable[int] | None = None) -> list[Any]:
         """One consistent read of the namespace, as a read.lua-shaped reply (see StatsReader.read)."""
@@ -286,7 +245,7 @@ class AsyncLeaseLeader:
     def __init__(self, client: Any, keys: Keys, holder: str, *, ttl: float = 10.0) -> None:
         self.state = LeaseState(keys, holder, ttl)
         self.client = client
-        self._script = _AsyncScript(client, load_script("lease"))
+        self._script = AsyncScript(client, load_script("lease"))
         self._task: asyncio.Task[None] | None = None
 
     @property

@@ -19,7 +19,7 @@ from typing import Any
 from .config import StatsConfig
 from .connection import make_client
 from .keys import Keys
-from .scripts import load_script
+from .scripts import Script, load_script
 
 __all__ = ["GcResult", "collect_garbage"]
 
@@ -45,7 +45,7 @@ def collect_garbage(config: StatsConfig, *, dry_run: bool = False, client: Any =
     if not dry_run and not client.set(keys.gc_lock, token, nx=True, px=GC_LEASE_MS):
         return GcResult(skipped=True)
     try:
-        script = client.register_script(load_script("gc"))
+        script = Script(client, load_script("gc"))
         engines, writers, tombstones = script(
             keys=[keys.engines, keys.writers, keys.seq],
             args=[keys.prefix, int(config.retention * 1000), "1" if dry_run else "0"],

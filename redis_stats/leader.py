@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .keys import Keys
-from .scripts import load_script
+from .scripts import Script, load_script
 
 __all__ = ["Leader", "LeaseLeader", "LeaseState", "NoLeader", "Rank0Leader", "make_leader"]
 
@@ -112,7 +112,7 @@ class LeaseLeader:
     ) -> None:
         self.state = LeaseState(keys, holder, ttl)
         self.client = client
-        self._script = client.register_script(load_script("lease"))
+        self._script = Script(client, load_script("lease"))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if start:

@@ -48,7 +48,7 @@ from .config import ConfigError, StatsConfig
 from .connection import make_client
 from .errors import ReplicationLag, error_kind  # both importable from here as they always were
 from .keys import Keys
-from .scripts import load_script
+from .scripts import Script, load_script
 
 __all__ = [
     "MetricHandle",
@@ -394,6 +394,41 @@ class WriterCore:
             log.warning("writer %s was removed by gc; continuing as %s", old_id, self.writer_id)
         return result
 
+    def script_and_wait(self, reply: Any, acked: Any) -> Any:
+        """The script's reply, given it and WAIT's (pipelined, or one after the other on a
+        Cluster): a failure of either is raised, too few replicas raise :class:`ReplicationLag`."""
+        for part in (reply, acked):
+            if isinstance(part, Exception):
+                raise part
+        self.replication_check(acked)
+        return reply
+
+    def close_budget(self, timeout: float | None) -> tuple[float, float]:
+        """(budget in seconds, monotonic deadline) of a close with *timeout* (None: the config's)."""
+        budget = self.config.close_timeout if timeout is None else max(0.0, float(timeout))
+        return budget, time.monotonic() + budget
+
+    def final_flush_step(self, ok: bool, deadline: float) -> tuple[bool | None, float]:
+        """After one closing flush: ``(True, 0)`` all confirmed, ``(False, 0)`` the deadline
+        passed, ``(None, pause)`` try again after *pause* s (at once when the flush succeeded but
+        more was recorded meanwhile; 0.1 s at most after a failure, never past the deadline)."""
+        if ok and not self.pending():
+            return True, 0.0
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False, 0.0
+        return None, 0.0 if ok else min(0.1, left)
+
+    def warn_lost(self, budget: float, logger: logging.Logger = log) -> None:
+        """The one warning of a close that gave up: what was lost, and where it should have gone."""
+        logger.warning(
+            "closing writer %s: gave up after %.1f s; not confirmed by %s and lost: %s",
+            self.writer_id,
+            budget,
+            self.config.safe_url,
+            self.lost_summary(),
+        )
+
     def replication_check(self, acked: Any) -> None:
         """With ``wait_replicas``: raise :class:`ReplicationLag` if too few replicas acknowledged."""
         wanted = self.config.wait_replicas
@@ -485,7 +520,7 @@ class StatsWriter(WriterCore):
 
     def _use_client(self, client: Any) -> None:
         self._client = client
-        self._script = client.register_script(load_script("flush"))
+        self._script = Script(client, load_script("flush"))
         kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
         if self._own_client and HIREDIS_AVAILABLE and isinstance(kwargs, dict):
             kwargs.setdefault("command_packer", _SlicedPacker())
@@ -576,15 +611,10 @@ class StatsWriter(WriterCore):
                 pipe.execute_command("WAIT", wanted, timeout)
                 reply, acked = pipe.execute(raise_on_error=False)
                 if isinstance(reply, redis.exceptions.NoScriptError) and attempt == 1:
-                    self._script.sha = self._client.script_load(self._script.script)
+                    self._client.script_load(self._script.source)
                     continue
                 break
-            if isinstance(reply, Exception):
-                raise reply
-            if isinstance(acked, Exception):
-                raise acked
-        self.replication_check(acked)
-        return reply
+        return self.script_and_wait(reply, acked)
 
     def close(self, timeout: float | None = None) -> bool:
         """Stop the thread and flush what is left, for at most *timeout* seconds (default
@@ -599,8 +629,7 @@ class StatsWriter(WriterCore):
         """
         if self._closed:
             return not self.pending()
-        budget = self.config.close_timeout if timeout is None else max(0.0, float(timeout))
-        deadline = time.monotonic() + budget
+        budget, deadline = self.close_budget(timeout)
         self._closed = True
         self._close_deadline = deadline
         atexit.unregister(self.close)
@@ -617,13 +646,7 @@ class StatsWriter(WriterCore):
             self._stop.set()
             done = self._final_flush(deadline)
         if not done:
-            log.warning(
-                "closing writer %s: gave up after %.1f s; not confirmed by %s and lost: %s",
-                self.writer_id,
-                budget,
-                self.config.safe_url,
-                self.lost_summary(),
-            )
+            self.warn_lost(budget)
         if done or thread is None or not thread.is_alive():
             try:
                 if self._client is not None:
@@ -637,14 +660,10 @@ class StatsWriter(WriterCore):
         if self._client is None and not self.pending():
             return True  # a forked child that recorded nothing: nothing of its own to send
         while True:
-            ok = self.flush(closing=True)
-            if ok and not self.pending():
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            if not ok:
-                time.sleep(min(0.1, left))
+            done, pause = self.final_flush_step(self.flush(closing=True), deadline)
+            if done is not None:
+                return done
+            time.sleep(pause)
 
     def __enter__(self) -> StatsWriter:
         return self
