@@ -458,6 +458,9 @@ class FlushResult:
         return cls(status, bool(meta), failed, now, conflicts, names, int(reply[6]))
 
 
+_Series = CounterChild | GaugeChild | HistogramChild  # one series of one engine, made by child()
+
+
 class Accumulator:
     """All series of one writer, by metric, engine and label values; the dirty list; drop tallies."""
 
@@ -477,7 +480,7 @@ class Accumulator:
         self.max_label_length = max_label_length
         self.max_series_per_metric = max_series_per_metric
         self.engine_offset = engine_offset
-        self._children: dict[tuple[str, int, tuple[str, ...]], object] = {}
+        self._children: dict[tuple[str, int, tuple[str, ...]], _Series] = {}
         self._series_count: _Tally[tuple[str, int]] = _Tally()
         self._gauges: list[GaugeChild] = []
         self._unsent_specs: dict[str, MetricSpec] = {s.name: s for s in catalog}
@@ -515,7 +518,9 @@ class Accumulator:
                 if spec.name not in self.conflicted:
                     self._unsent_specs.setdefault(spec.name, spec)
 
-    def child(self, spec: MetricSpec, engine: int, values: tuple[str, ...], writer_id: str) -> object:
+    def child(
+        self, spec: MetricSpec, engine: int, values: tuple[str, ...], writer_id: str
+    ) -> CounterChild | GaugeChild | HistogramChild | _DroppedChild:
         """The child of *spec* for *engine* and label *values*, created on first use.
 
         Label values longer than ``max_label_length``, and label sets beyond
@@ -627,7 +632,7 @@ class Accumulator:
                 # The parent's value is the parent's (a summed gauge would count it twice).
                 made.state = (0.0, 0.0)
                 made.field = fields.encode((*fields.decode(made.field)[:-1], writer_id))
-            made.gen = -1  # type: ignore[attr-defined]
+            made.gen = -1
 
 
 class FlushProtocol:

@@ -37,7 +37,7 @@ import weakref
 from bisect import bisect_left
 from collections import Counter as _Tally
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 import redis
 from redis.utils import HIREDIS_AVAILABLE
@@ -51,6 +51,9 @@ from .keys import Keys
 from .scripts import Script, load_script
 
 __all__ = [
+    "CounterSeries",
+    "GaugeSeries",
+    "HistogramSeries",
     "MetricHandle",
     "ReplicationLag",
     "StatsWriter",
@@ -183,7 +186,42 @@ class WriterStats:
         return out
 
 
-class MetricHandle:
+class CounterSeries(Protocol):
+    """A bound counter series (``writer.counter(name).labels(...)``)."""
+
+    def inc(self, amount: float = 1) -> None:
+        """Add *amount* (>= 0; anything else is dropped and counted, never raised)."""
+        ...
+
+
+class GaugeSeries(Protocol):
+    """A bound gauge series (``writer.gauge(name).labels(...)``)."""
+
+    def set(self, value: float) -> None:
+        """Set the value (a non-finite value or a non-number is dropped and counted)."""
+        ...
+
+    def inc(self, amount: float = 1) -> None:
+        """Add *amount*."""
+        ...
+
+    def dec(self, amount: float = 1) -> None:
+        """Subtract *amount*."""
+        ...
+
+
+class HistogramSeries(Protocol):
+    """A bound histogram series (``writer.histogram(name).labels(...)``)."""
+
+    def observe(self, value: float) -> None:
+        """Count one observation."""
+        ...
+
+
+SeriesT = TypeVar("SeriesT")  # CounterSeries, GaugeSeries, HistogramSeries (Any: by name)
+
+
+class MetricHandle(Generic[SeriesT]):
     """One metric of a writer; :meth:`labels` binds a series for the hot path."""
 
     __slots__ = ("_writer", "spec")
@@ -192,27 +230,29 @@ class MetricHandle:
         self._writer = writer
         self.spec = spec
 
-    def labels(self, engine: int = 0, **labels: object) -> Any:
+    def labels(self, engine: int = 0, **labels: object) -> SeriesT:
         """The series of *engine* with these label values (a CatalogError if names are wrong).
 
         Keep the returned child and call ``inc``/``set``/``observe`` on it: that is the cheap path.
         """
         if not isinstance(engine, int) or isinstance(engine, bool) or engine < 0:
             raise CatalogError(f"metric {self.spec.name!r}: engine={engine!r} must be an int >= 0")
-        values = self.spec.label_values(labels)
-        return self._writer._acc.child(self.spec, engine, values, self._writer.writer_id)
+        return cast(SeriesT, self._writer.series(self.spec, engine, self.spec.label_values(labels)))
 
     def inc(self, amount: float = 1, engine: int = 0, **labels: object) -> None:
         """Shortcut for ``labels(engine, **labels).inc(amount)`` (counters and gauges)."""
-        self.labels(engine, **labels).inc(amount)
+        child: Any = self.labels(engine, **labels)
+        child.inc(amount)
 
     def set(self, value: float, engine: int = 0, **labels: object) -> None:
         """Shortcut for ``labels(engine, **labels).set(value)`` (gauges)."""
-        self.labels(engine, **labels).set(value)
+        child: Any = self.labels(engine, **labels)
+        child.set(value)
 
     def observe(self, value: float, engine: int = 0, **labels: object) -> None:
         """Shortcut for ``labels(engine, **labels).observe(value)`` (histograms)."""
-        self.labels(engine, **labels).observe(value)
+        child: Any = self.labels(engine, **labels)
+        child.observe(value)
 
 
 class WriterCore:
@@ -269,29 +309,34 @@ class WriterCore:
 
     # -- defining and binding ---------------------------------------------------------------
 
-    def metric(self, name: str) -> MetricHandle:
+    def metric(self, name: str) -> MetricHandle[Any]:
         """The handle of metric *name* (CatalogError if the catalogue does not define it)."""
         return MetricHandle(self, self.catalog[name])
 
-    def _kind(self, name: str, kind: str) -> MetricHandle:
+    def series(self, spec: MetricSpec, engine: int, values: tuple[str, ...]) -> object:
+        """The series of *spec* for *engine* and label *values*, made on first use (what
+        :meth:`MetricHandle.labels` returns, typed there by the metric's kind)."""
+        return self._acc.child(spec, engine, values, self.writer_id)
+
+    def _kind(self, name: str, kind: str) -> MetricHandle[Any]:
         handle = self.metric(name)
         if handle.spec.kind != kind:
             raise CatalogError(f"metric {name!r} is a {handle.spec.kind}, not a {kind}")
         return handle
 
-    def counter(self, name: str) -> MetricHandle:
+    def counter(self, name: str) -> MetricHandle[CounterSeries]:
         """The handle of counter *name*."""
         return self._kind(name, COUNTER)
 
-    def gauge(self, name: str) -> MetricHandle:
+    def gauge(self, name: str) -> MetricHandle[GaugeSeries]:
         """The handle of gauge *name*."""
         return self._kind(name, GAUGE)
 
-    def histogram(self, name: str) -> MetricHandle:
+    def histogram(self, name: str) -> MetricHandle[HistogramSeries]:
         """The handle of histogram *name*."""
         return self._kind(name, HISTOGRAM)
 
-    def define(self, spec: MetricSpec) -> MetricHandle:
+    def define(self, spec: MetricSpec) -> MetricHandle[Any]:
         """Add *spec* to the catalogue after start; it is stored in Redis with the next flush."""
         return MetricHandle(self, self._acc.add_spec(spec))
 
