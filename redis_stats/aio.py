@@ -33,7 +33,7 @@ from redis.exceptions import ExecAbortError, NoScriptError, OutOfMemoryError, Re
 
 from .catalog import Catalog
 from .config import StatsConfig
-from .connection import make_async_client
+from .connection import AsyncClient, make_async_client
 from .keys import Keys
 from .leader import Leader, LeaseState
 from .reader import ReaderCore, refused_for_memory
@@ -60,7 +60,7 @@ class AsyncStatsWriter(WriterCore):
         writer_id: str | None = None,
         role: str = "",
         owner: str = "",
-        client: Any = None,
+        client: AsyncClient | None = None,
     ) -> None:
         self._flush_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
@@ -175,10 +175,14 @@ class AsyncStatsReader(ReaderCore):
     """The asyncio twin of :class:`~redis_stats.reader.StatsReader`."""
 
     def __init__(
-        self, config: StatsConfig | None = None, catalog: Catalog | None = None, *, client: Any = None
+        self,
+        config: StatsConfig | None = None,
+        catalog: Catalog | None = None,
+        *,
+        client: AsyncClient | None = None,
     ) -> None:
         super().__init__(config, catalog)
-        self._client = client if client is not None else make_async_client(self.config)
+        self._client: Any = client if client is not None else make_async_client(self.config)
         self._script = AsyncScript(self._client, load_script("read"), read_only=True)
 
     async def read(self, engines: Iterable[int] | None = None) -> list[Any]:

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
-from typing import Any
 
 from .config import StatsConfig
-from .connection import make_client
+from .connection import Client, make_client
 from .keys import Keys
 from .scripts import Script, load_script
 
@@ -37,7 +36,7 @@ class GcResult:
     """True when another process held the gc lease: nothing was done."""
 
 
-def collect_garbage(config: StatsConfig, *, dry_run: bool = False, client: Any = None) -> GcResult:
+def collect_garbage(config: StatsConfig, *, dry_run: bool = False, client: Client | None = None) -> GcResult:
     """Remove what is past ``config.retention`` (or, with *dry_run*, only list it)."""
     client = client if client is not None else make_client(config)
     keys = Keys(config.namespace)

@@ -14,10 +14,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .keys import Keys
 from .scripts import Script, load_script
+
+if TYPE_CHECKING:
+    from .config import StatsConfig
+    from .connection import Client
 
 __all__ = ["Leader", "LeaseLeader", "LeaseState", "NoLeader", "Rank0Leader", "make_leader"]
 
@@ -108,7 +112,7 @@ class LeaseLeader:
     """
 
     def __init__(
-        self, client: Any, keys: Keys, holder: str, *, ttl: float = 10.0, start: bool = True
+        self, client: Client, keys: Keys, holder: str, *, ttl: float = 10.0, start: bool = True
     ) -> None:
         self.state = LeaseState(keys, holder, ttl)
         self.client = client
@@ -179,7 +183,12 @@ class NoLeader:
 
 
 def make_leader(
-    config: Any, client: Any, engines: list[int] | tuple[int, ...], *, process_rank: int = 0, holder: str = ""
+    config: StatsConfig,
+    client: Client,
+    engines: list[int] | tuple[int, ...],
+    *,
+    process_rank: int = 0,
+    holder: str = "",
 ) -> Leader:
     """The leader the config asks for.
 

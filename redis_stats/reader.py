@@ -9,7 +9,7 @@ from redis.exceptions import ExecAbortError, OutOfMemoryError, ResponseError
 
 from .catalog import Catalog
 from .config import StatsConfig
-from .connection import make_client
+from .connection import Client, make_client
 from .keys import Keys
 from .scripts import ReadOnlyScript, load_script
 from .snapshot import Snapshot, SnapshotDecoder
@@ -137,10 +137,14 @@ class StatsReader(ReaderCore):
     """
 
     def __init__(
-        self, config: StatsConfig | None = None, catalog: Catalog | None = None, *, client: Any = None
+        self,
+        config: StatsConfig | None = None,
+        catalog: Catalog | None = None,
+        *,
+        client: Client | None = None,
     ) -> None:
         super().__init__(config, catalog)
-        self._client = client if client is not None else make_client(self.config)
+        self._client: Any = client if client is not None else make_client(self.config)
         self._script = ReadOnlyScript(self._client, load_script("read"))
 
     def read(self, engines: Iterable[int] | None = None) -> list[Any]:

@@ -45,7 +45,7 @@ from redis.utils import HIREDIS_AVAILABLE
 from .accumulator import Accumulator, FlushProtocol, FlushResult
 from .catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, CatalogError, MetricSpec
 from .config import ConfigError, StatsConfig
-from .connection import make_client
+from .connection import Client, make_client
 from .errors import ReplicationLag, error_kind  # both importable from here as they always were
 from .keys import Keys
 from .scripts import Script, load_script
@@ -543,7 +543,7 @@ class StatsWriter(WriterCore):
         writer_id: str | None = None,
         role: str = "",
         owner: str = "",
-        client: Any = None,
+        client: Client | None = None,
         start: bool = True,
     ) -> None:
         self._flush_lock = threading.Lock()
