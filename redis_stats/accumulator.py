@@ -35,7 +35,6 @@ from .chunks import Totals
 from .keys import SCHEMA_VERSION
 
 __all__ = [
-    "DROP_REASONS",
     "Accumulator",
     "Batch",
     "CounterChild",
@@ -55,9 +54,9 @@ _I64_MAX = 2**63 - 1
 # A take of many series gives the GIL away every this many series (about 0.5 ms of work).
 _YIELD_EVERY = 1024
 
-# Why an update was dropped (counted, never raised into the host). ``catalog_conflict``: the
-# metric's definition conflicts with the one stored in Redis first (see docs/key-schema.md).
-DROP_REASONS = ("invalid_value", "label_too_long", "cardinality", "catalog_conflict")
+# Why an update is dropped (counted in ``Accumulator.drops``, never raised into the host):
+# invalid_value, label_too_long, cardinality, catalog_conflict (the metric's definition conflicts
+# with the one stored in Redis first, see docs/key-schema.md).
 
 
 def _real(x: object) -> int | float:
@@ -70,7 +69,7 @@ def _real(x: object) -> int | float:
         if isinstance(x, (str, bytes, bytearray)):
             return _NAN
         if isinstance(x, numbers.Integral):
-            return int(x)  # type: ignore[call-overload]
+            return int(x)
         return float(x)  # type: ignore[arg-type]
     except Exception:  # OverflowError (Fraction(10**400)), ValueError (Decimal('sNaN')), ...
         return _NAN
@@ -372,7 +371,7 @@ class Batch:
         """Set a gauge to ``<wall ms>|<value>``."""
         self._block(engine).gauges += (field_name, stamped_value)
 
-    def add_histogram(self, engine: int, field_name: str, sum_delta: float, counts: list[int]) -> None:
+    def add_histogram(self, engine: int, field_name: str, sum_delta: float, counts: list[float]) -> None:
         """Add observations to a histogram series: the sum's and each bucket's increase."""
         self._block(engine).hists += (field_name, float(sum_delta), counts)
 
@@ -476,6 +475,9 @@ class FlushResult:
         return cls(status, bool(meta), failed, now, conflicts, names, int(reply[6]))
 
 
+_Series = CounterChild | GaugeChild | HistogramChild  # one series of one engine, made by child()
+
+
 class Accumulator:
     """All series of one writer, by metric, engine and label values; the dirty list; drop tallies."""
 
@@ -495,7 +497,7 @@ class Accumulator:
         self.max_label_length = max_label_length
         self.max_series_per_metric = max_series_per_metric
         self.engine_offset = engine_offset
-        self._children: dict[tuple[str, int, tuple[str, ...]], object] = {}
+        self._children: dict[tuple[str, int, tuple[str, ...]], _Series] = {}
         self._series_count: _Tally[tuple[str, int]] = _Tally()
         self._gauges: list[GaugeChild] = []
         # The absolute totals and chunks: touched only by takes and their answers (serialized).
@@ -537,7 +539,9 @@ class Accumulator:
                 if spec.name not in self.conflicted:
                     self._unsent_specs.setdefault(spec.name, spec)
 
-    def child(self, spec: MetricSpec, engine: int, values: tuple[str, ...], writer_id: str) -> object:
+    def child(
+        self, spec: MetricSpec, engine: int, values: tuple[str, ...], writer_id: str
+    ) -> CounterChild | GaugeChild | HistogramChild | _DroppedChild:
         """The child of *spec* for *engine* and label *values*, created on first use.
 
         Label values longer than ``max_label_length``, and label sets beyond
@@ -652,7 +656,7 @@ class Accumulator:
             elif isinstance(made, GaugeChild):
                 # The parent's value is the parent's (a summed gauge would count it twice).
                 made.state = (0.0, 0.0)
-            made.gen = -1  # type: ignore[union-attr]
+            made.gen = -1
         # The totals are the parent's too: this writer's start at zero, under its own id (the
         # series fields do not name the writer; its chunks do).
         self.totals.reset()

@@ -2,7 +2,7 @@
 
 They share every rule with the threaded classes through the sans-I/O cores
 (:class:`~redis_stats.writer.WriterCore`, :class:`~redis_stats.reader.ReaderCore`,
-:class:`~redis_stats.leader.LeaseState`, :meth:`~redis_stats.reporter.StatsReporter.consume`):
+:class:`~redis_stats.leader.LeaseState`, :class:`~redis_stats.reporter.ReportCore`):
 only the waiting differs. Recording stays synchronous and in memory (``child.inc(1)`` in a
 coroutine is fine); flushing is a task on the running loop.
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import time
 from collections.abc import Iterable
@@ -34,43 +33,18 @@ from redis.exceptions import ExecAbortError, NoScriptError, OutOfMemoryError, Re
 
 from .catalog import Catalog
 from .config import StatsConfig
-from .connection import make_async_client
+from .connection import AsyncClient, make_async_client
 from .keys import Keys
 from .leader import Leader, LeaseState
 from .reader import ReaderCore, refused_for_memory
-from .reporter import LogMetrics, StatsReporter
-from .scripts import load_script
+from .reporter import LogLines, ReportCore
+from .scripts import AsyncScript, load_script
 from .snapshot import Snapshot
 from .writer import WriterCore
 
 __all__ = ["AsyncLeaseLeader", "AsyncStatsReader", "AsyncStatsReporter", "AsyncStatsWriter"]
 
 log = logging.getLogger("redis_stats.aio")
-
-
-class _AsyncScript:
-    """EVALSHA (or EVALSHA_RO) with NOSCRIPT handled: the twin of redis-py's Script and of
-    :class:`redis_stats.scripts.ReadOnlyScript`."""
-
-    def __init__(self, client: Any, source: str, *, read_only: bool = False) -> None:
-        self.client = client
-        self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()
-        self.read_only = read_only
-
-    async def __call__(self, keys: list[str], args: list[Any]) -> Any:
-        for _ in range(3):
-            command = "EVALSHA_RO" if self.read_only else "EVALSHA"
-            try:
-                return await self.client.execute_command(command, self.sha, len(keys), *keys, *args)
-            except NoScriptError:
-                await self.client.script_load(self.source)
-            except ResponseError as exc:
-                if self.read_only and "unknown command" in str(exc).lower():
-                    self.read_only = False
-                    continue
-                raise
-        return await self.client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
 
 
 class AsyncStatsWriter(WriterCore):
@@ -86,7 +60,7 @@ class AsyncStatsWriter(WriterCore):
         writer_id: str | None = None,
         role: str = "",
         owner: str = "",
-        client: Any = None,
+        client: AsyncClient | None = None,
     ) -> None:
         self._flush_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
@@ -98,7 +72,7 @@ class AsyncStatsWriter(WriterCore):
 
     def _use_client(self, client: Any) -> None:
         self._client = client
-        self._script = _AsyncScript(client, load_script("flush"))
+        self._script = AsyncScript(client, load_script("flush"))
 
     def _forked(self) -> None:
         super()._forked()
@@ -152,11 +126,7 @@ class AsyncStatsWriter(WriterCore):
                     await self._client.script_load(self._script.source)
                     continue
                 break
-            for part in (reply, acked):
-                if isinstance(part, Exception):
-                    raise part
-        self.replication_check(acked)
-        return reply
+        return self.script_and_wait(reply, acked)
 
     async def close(self, timeout: float | None = None) -> bool:
         """Stop the task and flush what is left, for at most *timeout* seconds (default
@@ -165,8 +135,7 @@ class AsyncStatsWriter(WriterCore):
         warning says what was lost, and close returns."""
         if self._closed:
             return not self.pending()
-        budget = self.config.close_timeout if timeout is None else max(0.0, float(timeout))
-        deadline = time.monotonic() + budget
+        budget, deadline = self.close_budget(timeout)
         self._closed = True
         if self._task is not None:
             self._task.cancel()  # also interrupts a flush waiting on a hung socket
@@ -177,13 +146,7 @@ class AsyncStatsWriter(WriterCore):
         except asyncio.TimeoutError:
             done = False
         if not done:
-            log.warning(
-                "closing writer %s: gave up after %.1f s; not confirmed by %s and lost: %s",
-                self.writer_id,
-                budget,
-                self.config.safe_url,
-                self.lost_summary(),
-            )
+            self.warn_lost(budget, log)
         if self._client is not None:
             with contextlib.suppress(Exception):
                 await self._client.aclose()
@@ -193,37 +156,40 @@ class AsyncStatsWriter(WriterCore):
         if self._client is None and not self.pending():
             return True  # a forked child that recorded nothing: nothing of its own to send
         while True:
-            ok = await self.flush(closing=True)
-            if ok and not self.pending():
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            if not ok:
-                await asyncio.sleep(min(0.1, left))
+            done, pause = self.final_flush_step(await self.flush(closing=True), deadline)
+            if done is not None:
+                return done
+            await asyncio.sleep(pause)
+
+    aclose = close  # every async class closes with ``await x.aclose()``, as redis.asyncio does
 
     async def __aenter__(self) -> AsyncStatsWriter:
         self.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        await self.aclose()
 
 
 class AsyncStatsReader(ReaderCore):
     """The asyncio twin of :class:`~redis_stats.reader.StatsReader`."""
 
     def __init__(
-        self, config: StatsConfig | None = None, catalog: Catalog | None = None, *, client: Any = None
+        self,
+        config: StatsConfig | None = None,
+        catalog: Catalog | None = None,
+        *,
+        client: AsyncClient | None = None,
     ) -> None:
         super().__init__(config, catalog)
-        self._client = client if client is not None else make_async_client(self.config)
-        self._script = _AsyncScript(self._client, load_script("read"), read_only=True)
+        self._client: Any = client if client is not None else make_async_client(self.config)
+        self._script = AsyncScript(self._client, load_script("read"), read_only=True)
 
     async def read(self, engines: Iterable[int] | None = None) -> list[Any]:
         """One consistent read of the namespace, as a read.lua-shaped reply (see StatsReader.read)."""
         if hasattr(self._client, "get_node_from_key"):  # Cluster: the script, on the slot's node
-            return await self._script(*self.read_args(engines))
+            on_slot: list[Any] = await self._script(*self.read_args(engines))
+            return on_slot
         try:
             for _ in range(3):
                 planned = self.planned
@@ -236,7 +202,8 @@ class AsyncStatsReader(ReaderCore):
             if not refused_for_memory(exc):
                 raise
             # over maxmemory: MULTI is refused, a script that only reads is not (see StatsReader)
-        return await self._script(*self.read_args(engines))
+        scripted: list[Any] = await self._script(*self.read_args(engines))
+        return scripted
 
     async def _meta(self) -> Any:
         try:
@@ -273,6 +240,8 @@ class AsyncStatsReader(ReaderCore):
         """Close the connection pool."""
         await self._client.aclose()
 
+    aclose = close  # every async class closes with ``await x.aclose()``, as redis.asyncio does
+
 
 class AsyncLeaseLeader:
     """The asyncio twin of :class:`~redis_stats.leader.LeaseLeader`: a renewal task."""
@@ -280,7 +249,7 @@ class AsyncLeaseLeader:
     def __init__(self, client: Any, keys: Keys, holder: str, *, ttl: float = 10.0) -> None:
         self.state = LeaseState(keys, holder, ttl)
         self.client = client
-        self._script = _AsyncScript(client, load_script("lease"))
+        self._script = AsyncScript(client, load_script("lease"))
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -338,20 +307,16 @@ class AsyncStatsReporter:
         reader: AsyncStatsReader,
         leader: Leader,
         *,
+        lines: LogLines,
         interval: float = 10.0,
-        metrics: LogMetrics | None = None,
         logger: logging.Logger | None = None,
     ) -> None:
         self.reader = reader
         self.leader = leader
         self.interval = interval
-        self._core = StatsReporter(
-            reader,
-            leader,
-            interval=interval,
-            metrics=metrics,  # type: ignore[arg-type]
-            logger=logger,
-        )
+        # The shared sans-I/O core (not the threaded StatsReporter: no thread, Event or Lock
+        # here, and its tick() would call this reader's coroutine without awaiting it).
+        self._core = ReportCore(reader, leader, lines=lines, interval=interval, logger=logger)
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         if hasattr(leader, "on_acquire"):
@@ -388,3 +353,5 @@ class AsyncStatsReporter:
             await aclose()
         else:
             self.leader.close()
+
+    aclose = close  # every async class closes with ``await x.aclose()``, as redis.asyncio does

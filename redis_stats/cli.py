@@ -411,6 +411,7 @@ def inspect(redis_url: str | None, namespace: str | None, as_json: bool, window:
     """The keys, engines, writers and series of a namespace."""
     from .connection import make_client
     from .inspect import inspect_namespace
+    from .integrations.vllm import vllm_catalog
 
     config = _config(redis_url, namespace)
     if as_json:
@@ -419,7 +420,7 @@ def inspect(redis_url: str | None, namespace: str | None, as_json: bool, window:
         return
     with _redis_errors(config):
         _require_namespace(config, make_client(config))
-        for line in inspect_namespace(config):
+        for line in inspect_namespace(config, vllm_catalog()):
             click.echo(line)
 
 

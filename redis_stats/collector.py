@@ -17,6 +17,7 @@ import threading
 import time
 from collections import Counter as _Tally
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -68,7 +69,8 @@ class RedisCollector:
 
     def render_text(self) -> str:
         """The same exposition as :meth:`collect` through ``generate_latest``, several times faster:
-        the reader's reply goes straight to text (:class:`~redis_stats.exposition.TextRenderer`)."""
+        the reader's reply goes straight to text
+        (:class:`~redis_stats.exposition.TextRenderer`)."""
         started = time.perf_counter()
         shell: Snapshot | None = None
         text = ""
@@ -226,7 +228,8 @@ def _num(stats: dict[str, str], key: str) -> float:
 
 def families(snapshot: Snapshot) -> Iterator[Metric]:
     """The snapshot's series as prometheus_client metric families, one per catalogue metric."""
-    made: dict[str, Metric] = {}
+    # Any: the three family classes take different add_metric arguments.
+    made: dict[str, Any] = {}
     for spec in snapshot.catalog:
         labels = [ENGINE_LABEL, *spec.labels]
         kind = {COUNTER: CounterMetricFamily, GAUGE: GaugeMetricFamily, HISTOGRAM: HistogramMetricFamily}
@@ -239,5 +242,5 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
             made[name].add_metric([engine, *values], v)
         for (name, values), h in e.histograms.items():
             buckets = [(floatToGoString(b), c) for b, c in zip(h.bounds, h.cumulative)]
-            made[name].add_metric([engine, *values], buckets, h.sum)  # type: ignore[call-arg]
+            made[name].add_metric([engine, *values], buckets, h.sum)
     yield from made.values()

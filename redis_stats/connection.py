@@ -21,7 +21,7 @@ twice. Every client built here has ``Retry(NoBackoff(), 0)``: the writer's own r
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import redis
@@ -30,7 +30,18 @@ from redis.retry import Retry
 
 from .config import SCHEMES, ConfigError, StatsConfig, mask_url, redact
 
-__all__ = ["SCHEMES", "check_url", "make_async_client", "make_client"]
+if TYPE_CHECKING:
+    import redis.asyncio
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+    from redis.cluster import RedisCluster
+
+#: What the threaded classes take as ``client=``: ``redis.Redis`` (a Sentinel master is one too)
+#: or ``RedisCluster``, made with no retries (see above) when redis_stats makes it.
+Client: TypeAlias = "redis.Redis | RedisCluster"
+#: What the asyncio classes take as ``client=``: the ``redis.asyncio`` twins.
+AsyncClient: TypeAlias = "redis.asyncio.Redis | AsyncRedisCluster"
+
+__all__ = ["SCHEMES", "AsyncClient", "Client", "check_url", "make_async_client", "make_client"]
 
 
 _TLS_QUERY = {"ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname"}
@@ -139,11 +150,12 @@ def _client_plan(config: StatsConfig, retry: Any) -> tuple[str, dict[str, Any]]:
     }
 
 
-def make_client(config: StatsConfig) -> Any:
+def make_client(config: StatsConfig) -> Client:
     """Return a synchronous client (``redis.Redis``, a Sentinel master or ``RedisCluster``)."""
     kind, kw = _client_plan(config, Retry(NoBackoff(), 0))
     if kind == "url":
-        return _from_url(redis.Redis, config, kw)
+        made: Client = _from_url(redis.Redis, config, kw)
+        return made
     if kind == "cluster":
         from redis.cluster import ClusterNode, RedisCluster
 
@@ -151,17 +163,19 @@ def make_client(config: StatsConfig) -> Any:
     from redis.sentinel import Sentinel
 
     hosts, service = kw.pop("hosts"), kw.pop("service")
-    return Sentinel(hosts, **kw).master_for(service)
+    master: Client = Sentinel(hosts, **kw).master_for(service)
+    return master
 
 
-def make_async_client(config: StatsConfig) -> Any:
+def make_async_client(config: StatsConfig) -> AsyncClient:
     """Return the ``redis.asyncio`` twin of :func:`make_client` (same schemes, timeouts, no retries)."""
     import redis.asyncio as aredis
     from redis.asyncio.retry import Retry as AsyncRetry
 
     kind, kw = _client_plan(config, AsyncRetry(NoBackoff(), 0))
     if kind == "url":
-        return _from_url(aredis.Redis, config, kw)
+        made: AsyncClient = _from_url(aredis.Redis, config, kw)
+        return made
     if kind == "cluster":
         from redis.asyncio.cluster import ClusterNode, RedisCluster
 
@@ -169,7 +183,8 @@ def make_async_client(config: StatsConfig) -> Any:
     from redis.asyncio.sentinel import Sentinel
 
     hosts, service = kw.pop("hosts"), kw.pop("service")
-    return Sentinel(hosts, **kw).master_for(service)
+    master: AsyncClient = Sentinel(hosts, **kw).master_for(service)
+    return master
 
 
 def _from_url(cls: Any, config: StatsConfig, kw: dict[str, Any]) -> Any:

@@ -240,6 +240,7 @@ def run_node(
     """One simulated API server of node *node* (engine rank *node*), until SIGTERM."""
     from .connection import make_client
     from .integrations.vllm import VllmRecorder
+    from .integrations.vllm.logline import VllmLogLines
     from .leader import make_leader
     from .reporter import StatsReporter
     from .simulate import LoadProfile, SimulatedApiServer
@@ -268,7 +269,9 @@ def run_node(
     profile = LoadProfile(arrivals_per_s=2.0 + node, output_tokens=(16, 128 + 64 * node))
     sim = SimulatedApiServer(recorder, node, profile, seed=node * 100 + api)
     leader = make_leader(config, make_client(config), [node], process_rank=api, holder=writer.writer_id)
-    reporter = StatsReporter(StatsReader(config, catalog), leader, interval=log_interval, logger=logger)
+    reporter = StatsReporter(
+        StatsReader(config, catalog), leader, lines=VllmLogLines(), interval=log_interval, logger=logger
+    )
     # The baseline read now, so the first line comes one interval after start (not two).
     reporter.tick()
     reporter.start()

@@ -70,7 +70,7 @@ def free_port() -> int:
     while True:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+            port: int = s.getsockname()[1]
         if port != 6379:
             return port
 

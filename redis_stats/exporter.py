@@ -148,7 +148,7 @@ class _RequestReader(io.RawIOBase):
             if left <= 0:
                 raise TimeoutError("request not complete within the request timeout")
             self._sock.settimeout(left)
-        return self._sock.recv_into(buffer)
+        return int(self._sock.recv_into(buffer))
 
 
 class _Server(ThreadingHTTPServer):
@@ -298,6 +298,8 @@ class Exporter:
     def url(self) -> str:
         """Base URL of the server."""
         host = self._server.server_address[0]
+        if isinstance(host, bytes):  # typeshed's type for any family; AF_INET gives str
+            host = host.decode()
         return f"http://{host}:{self.port}"
 
     def start(self) -> Exporter:

@@ -121,7 +121,7 @@ class TextRenderer:
 
     def _plan_field(self, plan: _Plan, engine: str, name: str) -> Any:
         parsed = self.decoder.series_field(name, plan.catalog)
-        if parsed.__class__ is str:
+        if isinstance(parsed, str):
             return parsed  # the reason to skip it
         spec, values, _ = parsed
         family = plan.index[spec.name]
@@ -269,7 +269,7 @@ def _sum_text(name: str, entry: list[Any], skipped: Skipped, key: str) -> str | 
     total = 0.0
     for t in texts:
         total += float(t)
-    return floatToGoString(total)
+    return str(floatToGoString(total))  # untyped in prometheus_client
 
 
 def _sum_histograms(

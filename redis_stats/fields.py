@@ -62,7 +62,7 @@ def bound_text(bound: float) -> str:
     """A bucket bound as Prometheus writes ``le`` (``0.005``, ``1e+06``, ``+Inf``)."""
     from prometheus_client.utils import floatToGoString
 
-    return floatToGoString(bound)
+    return str(floatToGoString(bound))
 
 
 def bucket_layout(bounds: tuple[float, ...] | list[float]) -> str:

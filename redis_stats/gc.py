@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
-from typing import Any
 
 from .config import StatsConfig
-from .connection import make_client
+from .connection import Client, make_client
 from .keys import Keys
-from .scripts import load_script
+from .scripts import Script, load_script
 
 __all__ = ["GcResult", "collect_garbage"]
 
@@ -43,7 +42,7 @@ class GcResult:
     """True when another process held the gc lease: nothing was done."""
 
 
-def collect_garbage(config: StatsConfig, *, dry_run: bool = False, client: Any = None) -> GcResult:
+def collect_garbage(config: StatsConfig, *, dry_run: bool = False, client: Client | None = None) -> GcResult:
     """Remove what is past ``config.retention`` (or, with *dry_run*, only list it)."""
     client = client if client is not None else make_client(config)
     keys = Keys(config.namespace)
@@ -51,7 +50,7 @@ def collect_garbage(config: StatsConfig, *, dry_run: bool = False, client: Any =
     if not dry_run and not client.set(keys.gc_lock, token, nx=True, px=GC_LEASE_MS):
         return GcResult(skipped=True)
     try:
-        script = client.register_script(load_script("gc"))
+        script = Script(client, load_script("gc"))
         engines, writers, tombstones, folded, unfolded = script(
             keys=[keys.engines, keys.writers, keys.seq],
             args=[keys.prefix, int(config.retention * 1000), "1" if dry_run else "0"],

@@ -10,10 +10,10 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from . import fields
+from .catalog import Catalog
 from .config import StatsConfig
 from .connection import make_client
 from .errors import SchemaMismatch
-from .integrations.vllm import vllm_catalog
 from .keys import Keys
 from .reader import StatsReader
 from .snapshot import Skipped
@@ -29,12 +29,16 @@ def _or_why(call: Callable[..., Any], *args: Any) -> Any:
         return f"unreadable ({str(exc).split(' ', 1)[0]})"
 
 
-def inspect_namespace(config: StatsConfig) -> Iterator[str]:
-    """Human-readable lines describing the namespace of *config*."""
+def inspect_namespace(config: StatsConfig, catalog: Catalog | None = None) -> Iterator[str]:
+    """Human-readable lines describing the namespace of *config*.
+
+    The metrics are those the namespace stores (every writer stores its catalogue); *catalog*
+    adds local definitions (``redis-stats inspect`` passes vLLM's, the integration's default).
+    """
     client = make_client(config)
     keys = Keys(config.namespace)
     try:
-        snap = StatsReader(config, vllm_catalog(), client=client).snapshot()
+        snap = StatsReader(config, catalog, client=client).snapshot()
     except SchemaMismatch as exc:
         yield f"namespace {config.namespace!r} at {config.safe_url} (key prefix {keys.prefix})"
         yield f"  {exc}"

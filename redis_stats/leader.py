@@ -14,10 +14,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .keys import Keys
-from .scripts import load_script
+from .scripts import Script, load_script
+
+if TYPE_CHECKING:
+    from .config import StatsConfig
+    from .connection import Client
 
 __all__ = ["Leader", "LeaseLeader", "LeaseState", "NoLeader", "Rank0Leader", "make_leader"]
 
@@ -108,11 +112,11 @@ class LeaseLeader:
     """
 
     def __init__(
-        self, client: Any, keys: Keys, holder: str, *, ttl: float = 10.0, start: bool = True
+        self, client: Client, keys: Keys, holder: str, *, ttl: float = 10.0, start: bool = True
     ) -> None:
         self.state = LeaseState(keys, holder, ttl)
         self.client = client
-        self._script = client.register_script(load_script("lease"))
+        self._script = Script(client, load_script("lease"))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if start:
@@ -179,7 +183,12 @@ class NoLeader:
 
 
 def make_leader(
-    config: Any, client: Any, engines: list[int] | tuple[int, ...], *, process_rank: int = 0, holder: str = ""
+    config: StatsConfig,
+    client: Client,
+    engines: list[int] | tuple[int, ...],
+    *,
+    process_rank: int = 0,
+    holder: str = "",
 ) -> Leader:
     """The leader the config asks for.
 
@@ -188,8 +197,6 @@ def make_leader(
     manages ``leader_rank`` prints: with several API servers each manages every local engine.
     """
     if config.leader == "lease":
-        from .keys import Keys
-
         return LeaseLeader(client, Keys(config.namespace), holder, ttl=config.lease_ttl)
     if config.leader == "none":
         return NoLeader()

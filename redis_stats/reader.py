@@ -9,7 +9,7 @@ from redis.exceptions import ExecAbortError, OutOfMemoryError, ResponseError
 
 from .catalog import Catalog
 from .config import StatsConfig
-from .connection import make_client
+from .connection import Client, make_client
 from .keys import Keys
 from .scripts import ReadOnlyScript, load_script
 from .snapshot import Snapshot, SnapshotDecoder
@@ -137,16 +137,21 @@ class StatsReader(ReaderCore):
     """
 
     def __init__(
-        self, config: StatsConfig | None = None, catalog: Catalog | None = None, *, client: Any = None
+        self,
+        config: StatsConfig | None = None,
+        catalog: Catalog | None = None,
+        *,
+        client: Client | None = None,
     ) -> None:
         super().__init__(config, catalog)
-        self._client = client if client is not None else make_client(self.config)
+        self._client: Any = client if client is not None else make_client(self.config)
         self._script = ReadOnlyScript(self._client, load_script("read"))
 
     def read(self, engines: Iterable[int] | None = None) -> list[Any]:
         """One consistent read of the namespace, as a read.lua-shaped reply."""
         if hasattr(self._client, "get_node_from_key"):  # Cluster: the script, on the slot's node
-            return self._script(*self.read_args(engines))
+            on_slot: list[Any] = self._script(*self.read_args(engines))
+            return on_slot
         try:
             for _ in range(3):
                 planned = self._planned
@@ -160,7 +165,8 @@ class StatsReader(ReaderCore):
                 raise
             # Over maxmemory (noeviction) Redis 7.0 refuses to queue any command in MULTI, but
             # runs a script that only reads: the same consistent snapshot, some server time more.
-        return self._script(*self.read_args(engines))  # or the fleet changes faster than we read
+        scripted: list[Any] = self._script(*self.read_args(engines))
+        return scripted  # or the fleet changes faster than we read
 
     def _meta(self) -> Any:
         try:

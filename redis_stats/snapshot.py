@@ -144,7 +144,7 @@ def _count_text(value: float) -> str:
     return str(int(value)) if value.is_integer() and abs(value) < 1e15 else floatToGoString(value)
 
 
-class Skipped(_Tally):
+class Skipped(_Tally[str]):
     """What one read skipped: a count by reason (a ``Counter``), and ``where``, the first
     ``(reason, key, field)`` it met (``field`` is ``""`` for a whole key), to name them."""
 
@@ -222,7 +222,7 @@ class HistogramValue:
         finite is written ``"+Inf"``, ``"-Inf"`` or ``"NaN"``, as Prometheus writes them.
         """
 
-        def q(x: float) -> float | None:
+        def q(x: float) -> float | str | None:
             value = self.quantile(x)
             return None if math.isnan(value) else _json_number(value)
 
@@ -363,7 +363,7 @@ _LAYOUTS: dict[tuple[float, ...], str] = {}
 
 
 def layout_of(spec: MetricSpec) -> str:
-    """The bucket-layout tag a histogram's fields carry (see accumulator.bucket_layout)."""
+    """The bucket-layout tag a histogram's fields carry (see fields.bucket_layout)."""
     tag = _LAYOUTS.get(spec.buckets)
     if tag is None:
         tag = _LAYOUTS[spec.buckets] = fields.bucket_layout((*spec.buckets, _INF))
@@ -708,10 +708,10 @@ class SnapshotDecoder:
         counters, histograms = snap.counters, snap.histograms
         for name, raw, writer in self.engine_entries(engine, flat, skipped):
             parsed = self._field(name, catalog)
-            if parsed.__class__ is str:
-                skipped.note(parsed, key, str(name))  # type: ignore[arg-type]
+            if isinstance(parsed, str):
+                skipped.note(parsed, key, str(name))
                 continue
-            spec, labels, _ = parsed  # type: ignore[misc]
+            spec, labels, _ = parsed
             series = (spec.name, labels)
             if spec.kind == COUNTER:
                 text = number_text(raw)

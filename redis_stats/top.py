@@ -10,15 +10,15 @@ from __future__ import annotations
 import math
 import time
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, cast
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from .integrations.vllm.logline import LogMetrics, aggregate, engine_intervals
 from .reader import StatsReader
-from .reporter import LogMetrics, StatsReporter, engine_intervals
 from .snapshot import EngineSnapshot, HistogramValue, Snapshot
 
 __all__ = [
@@ -33,8 +33,8 @@ __all__ = [
     "title_of",
 ]
 
-TTFT = "vllm:time_to_first_token_seconds"
-ITL = "vllm:inter_token_latency_seconds"
+# The latency histograms of the TTFT and ITL columns (vLLM's, from the integration).
+TTFT, ITL = LogMetrics.ttft, LogMetrics.itl
 COLUMNS = (
     "engine",
     "up",
@@ -82,13 +82,15 @@ def _recent(previous: Snapshot, current: Snapshot, engine: int, name: str) -> Hi
 def _cells(previous: Snapshot, current: Snapshot, metrics: LogMetrics | None) -> list[tuple[str, list[str]]]:
     """(style, cells in COLUMNS order) per engine, then the totals row (style "total")."""
     rows: list[tuple[str, list[str]]] = []
+    metrics = metrics or LogMetrics()
     intervals = engine_intervals(previous, current, metrics)
     for engine, snap in sorted(current.engines.items()):
         iv = intervals.get(engine)
         if iv is None:  # stale: no numbers presented as current
             rows.append(("down", [str(engine), "DOWN", f"{snap.age:.1f}", *["-"] * (len(COLUMNS) - 3)]))
             continue
-        ttft, itl = _recent(previous, current, engine, TTFT), _recent(previous, current, engine, ITL)
+        ttft = _recent(previous, current, engine, metrics.ttft)
+        itl = _recent(previous, current, engine, metrics.itl)
         rows.append(
             (
                 "up",
@@ -108,7 +110,7 @@ def _cells(previous: Snapshot, current: Snapshot, metrics: LogMetrics | None) ->
                 ],
             )
         )
-    agg = StatsReporter.aggregate(intervals)
+    agg = aggregate(intervals)
     rows.append(
         (
             "total",
@@ -249,7 +251,8 @@ def run_top(
     live_display = (
         nullcontext() if plain else Live(show(previous, current), console=console, refresh_per_second=4)
     )
-    with live_display as live:
+    with live_display as shown:
+        live = cast(Live, shown)  # None only when plain, and then never used
         try:
             while True:
                 time.sleep(interval)

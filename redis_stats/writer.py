@@ -38,7 +38,7 @@ import weakref
 from bisect import bisect_left
 from collections import Counter as _Tally
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 import redis
 from redis.utils import HIREDIS_AVAILABLE
@@ -46,12 +46,15 @@ from redis.utils import HIREDIS_AVAILABLE
 from .accumulator import Accumulator, FlushProtocol, FlushResult
 from .catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, CatalogError, MetricSpec
 from .config import ConfigError, StatsConfig
-from .connection import make_client
+from .connection import Client, make_client
 from .errors import ReplicationLag, error_kind  # both importable from here as they always were
 from .keys import Keys
-from .scripts import load_script
+from .scripts import Script, load_script
 
 __all__ = [
+    "CounterSeries",
+    "GaugeSeries",
+    "HistogramSeries",
     "MetricHandle",
     "ReplicationLag",
     "StatsWriter",
@@ -207,7 +210,42 @@ class WriterStats:
         return out
 
 
-class MetricHandle:
+class CounterSeries(Protocol):
+    """A bound counter series (``writer.counter(name).labels(...)``)."""
+
+    def inc(self, amount: float = 1) -> None:
+        """Add *amount* (>= 0; anything else is dropped and counted, never raised)."""
+        ...
+
+
+class GaugeSeries(Protocol):
+    """A bound gauge series (``writer.gauge(name).labels(...)``)."""
+
+    def set(self, value: float) -> None:
+        """Set the value (a non-finite value or a non-number is dropped and counted)."""
+        ...
+
+    def inc(self, amount: float = 1) -> None:
+        """Add *amount*."""
+        ...
+
+    def dec(self, amount: float = 1) -> None:
+        """Subtract *amount*."""
+        ...
+
+
+class HistogramSeries(Protocol):
+    """A bound histogram series (``writer.histogram(name).labels(...)``)."""
+
+    def observe(self, value: float) -> None:
+        """Count one observation."""
+        ...
+
+
+SeriesT = TypeVar("SeriesT")  # CounterSeries, GaugeSeries, HistogramSeries (Any: by name)
+
+
+class MetricHandle(Generic[SeriesT]):
     """One metric of a writer; :meth:`labels` binds a series for the hot path."""
 
     __slots__ = ("_writer", "spec")
@@ -216,27 +254,29 @@ class MetricHandle:
         self._writer = writer
         self.spec = spec
 
-    def labels(self, engine: int = 0, **labels: object) -> Any:
+    def labels(self, engine: int = 0, **labels: object) -> SeriesT:
         """The series of *engine* with these label values (a CatalogError if names are wrong).
 
         Keep the returned child and call ``inc``/``set``/``observe`` on it: that is the cheap path.
         """
         if not isinstance(engine, int) or isinstance(engine, bool) or engine < 0:
             raise CatalogError(f"metric {self.spec.name!r}: engine={engine!r} must be an int >= 0")
-        values = self.spec.label_values(labels)
-        return self._writer._acc.child(self.spec, engine, values, self._writer.writer_id)
+        return cast(SeriesT, self._writer.series(self.spec, engine, self.spec.label_values(labels)))
 
     def inc(self, amount: float = 1, engine: int = 0, **labels: object) -> None:
         """Shortcut for ``labels(engine, **labels).inc(amount)`` (counters and gauges)."""
-        self.labels(engine, **labels).inc(amount)
+        child: Any = self.labels(engine, **labels)
+        child.inc(amount)
 
     def set(self, value: float, engine: int = 0, **labels: object) -> None:
         """Shortcut for ``labels(engine, **labels).set(value)`` (gauges)."""
-        self.labels(engine, **labels).set(value)
+        child: Any = self.labels(engine, **labels)
+        child.set(value)
 
     def observe(self, value: float, engine: int = 0, **labels: object) -> None:
         """Shortcut for ``labels(engine, **labels).observe(value)`` (histograms)."""
-        self.labels(engine, **labels).observe(value)
+        child: Any = self.labels(engine, **labels)
+        child.observe(value)
 
 
 class WriterCore:
@@ -297,29 +337,34 @@ class WriterCore:
 
     # -- defining and binding ---------------------------------------------------------------
 
-    def metric(self, name: str) -> MetricHandle:
+    def metric(self, name: str) -> MetricHandle[Any]:
         """The handle of metric *name* (CatalogError if the catalogue does not define it)."""
         return MetricHandle(self, self.catalog[name])
 
-    def _kind(self, name: str, kind: str) -> MetricHandle:
+    def series(self, spec: MetricSpec, engine: int, values: tuple[str, ...]) -> object:
+        """The series of *spec* for *engine* and label *values*, made on first use (what
+        :meth:`MetricHandle.labels` returns, typed there by the metric's kind)."""
+        return self._acc.child(spec, engine, values, self.writer_id)
+
+    def _kind(self, name: str, kind: str) -> MetricHandle[Any]:
         handle = self.metric(name)
         if handle.spec.kind != kind:
             raise CatalogError(f"metric {name!r} is a {handle.spec.kind}, not a {kind}")
         return handle
 
-    def counter(self, name: str) -> MetricHandle:
+    def counter(self, name: str) -> MetricHandle[CounterSeries]:
         """The handle of counter *name*."""
         return self._kind(name, COUNTER)
 
-    def gauge(self, name: str) -> MetricHandle:
+    def gauge(self, name: str) -> MetricHandle[GaugeSeries]:
         """The handle of gauge *name*."""
         return self._kind(name, GAUGE)
 
-    def histogram(self, name: str) -> MetricHandle:
+    def histogram(self, name: str) -> MetricHandle[HistogramSeries]:
         """The handle of histogram *name*."""
         return self._kind(name, HISTOGRAM)
 
-    def define(self, spec: MetricSpec) -> MetricHandle:
+    def define(self, spec: MetricSpec) -> MetricHandle[Any]:
         """Add *spec* to the catalogue after start; it is stored in Redis with the next flush."""
         return MetricHandle(self, self._acc.add_spec(spec))
 
@@ -439,6 +484,41 @@ class WriterCore:
             log.warning("writer %s was removed by gc; continuing as %s", old_id, self.writer_id)
         return result
 
+    def script_and_wait(self, reply: Any, acked: Any) -> Any:
+        """The script's reply, given it and WAIT's (pipelined, or one after the other on a
+        Cluster): a failure of either is raised, too few replicas raise :class:`ReplicationLag`."""
+        for part in (reply, acked):
+            if isinstance(part, Exception):
+                raise part
+        self.replication_check(acked)
+        return reply
+
+    def close_budget(self, timeout: float | None) -> tuple[float, float]:
+        """(budget in seconds, monotonic deadline) of a close with *timeout* (None: the config's)."""
+        budget = self.config.close_timeout if timeout is None else max(0.0, float(timeout))
+        return budget, time.monotonic() + budget
+
+    def final_flush_step(self, ok: bool, deadline: float) -> tuple[bool | None, float]:
+        """After one closing flush: ``(True, 0)`` all confirmed, ``(False, 0)`` the deadline
+        passed, ``(None, pause)`` try again after *pause* s (at once when the flush succeeded but
+        more was recorded meanwhile; 0.1 s at most after a failure, never past the deadline)."""
+        if ok and not self.pending():
+            return True, 0.0
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False, 0.0
+        return None, 0.0 if ok else min(0.1, left)
+
+    def warn_lost(self, budget: float, logger: logging.Logger = log) -> None:
+        """The one warning of a close that gave up: what was lost, and where it should have gone."""
+        logger.warning(
+            "closing writer %s: gave up after %.1f s; not confirmed by %s and lost: %s",
+            self.writer_id,
+            budget,
+            self.config.safe_url,
+            self.lost_summary(),
+        )
+
     def replication_check(self, acked: Any) -> None:
         """With ``wait_replicas``: raise :class:`ReplicationLag` if too few replicas acknowledged."""
         wanted = self.config.wait_replicas
@@ -508,7 +588,7 @@ class StatsWriter(WriterCore):
         writer_id: str | None = None,
         role: str = "",
         owner: str = "",
-        client: Any = None,
+        client: Client | None = None,
         start: bool = True,
     ) -> None:
         self._flush_lock = threading.Lock()
@@ -541,7 +621,7 @@ class StatsWriter(WriterCore):
 
     def _use_client(self, client: Any) -> None:
         self._client = client
-        self._script = client.register_script(load_script("flush"))
+        self._script = Script(client, load_script("flush"))
         kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
         if self._own_client and HIREDIS_AVAILABLE and isinstance(kwargs, dict):
             kwargs.setdefault("command_packer", _SlicedPacker())
@@ -636,15 +716,10 @@ class StatsWriter(WriterCore):
                 pipe.execute_command("WAIT", wanted, timeout)
                 reply, acked = pipe.execute(raise_on_error=False)
                 if isinstance(reply, redis.exceptions.NoScriptError) and attempt == 1:
-                    self._script.sha = self._client.script_load(self._script.script)
+                    self._client.script_load(self._script.source)
                     continue
                 break
-            if isinstance(reply, Exception):
-                raise reply
-            if isinstance(acked, Exception):
-                raise acked
-        self.replication_check(acked)
-        return reply
+        return self.script_and_wait(reply, acked)
 
     def close(self, timeout: float | None = None) -> bool:
         """Stop the thread and flush what is left, for at most *timeout* seconds (default
@@ -659,8 +734,7 @@ class StatsWriter(WriterCore):
         """
         if self._closed:
             return not self.pending()
-        budget = self.config.close_timeout if timeout is None else max(0.0, float(timeout))
-        deadline = time.monotonic() + budget
+        budget, deadline = self.close_budget(timeout)
         self._closed = True
         self._close_deadline = deadline
         atexit.unregister(self.close)
@@ -677,13 +751,7 @@ class StatsWriter(WriterCore):
             self._stop.set()
             done = self._final_flush(deadline)
         if not done:
-            log.warning(
-                "closing writer %s: gave up after %.1f s; not confirmed by %s and lost: %s",
-                self.writer_id,
-                budget,
-                self.config.safe_url,
-                self.lost_summary(),
-            )
+            self.warn_lost(budget)
         if done or thread is None or not thread.is_alive():
             try:
                 if self._client is not None:
@@ -697,14 +765,10 @@ class StatsWriter(WriterCore):
         if self._client is None and not self.pending():
             return True  # a forked child that recorded nothing: nothing of its own to send
         while True:
-            ok = self.flush(closing=True)
-            if ok and not self.pending():
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            if not ok:
-                time.sleep(min(0.1, left))
+            done, pause = self.final_flush_step(self.flush(closing=True), deadline)
+            if done is not None:
+                return done
+            time.sleep(pause)
 
     def __enter__(self) -> StatsWriter:
         return self

@@ -13,6 +13,7 @@ import redis
 from redis_stats import StatsConfig
 from redis_stats.aio import AsyncLeaseLeader, AsyncStatsReader, AsyncStatsReporter, AsyncStatsWriter
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
+from redis_stats.integrations.vllm.logline import VllmLogLines
 from redis_stats.keys import Keys
 
 from .conftest import PYTHON, ROOT, sample_catalog
@@ -128,7 +129,9 @@ async def test_async_lease_and_reporter(config, fake_async):
     a = AsyncLeaseLeader(fake_async(), keys, "a", ttl=0.6)
     b = AsyncLeaseLeader(fake_async(), keys, "b", ttl=0.6)
     assert await a.renew() and not await b.renew()
-    reporter = AsyncStatsReporter(AsyncStatsReader(config, cat, client=fake_async()), a, interval=1)
+    reporter = AsyncStatsReporter(
+        AsyncStatsReader(config, cat, client=fake_async()), a, lines=VllmLogLines(), interval=1
+    )
     rec.record(scheduler(running=3), iteration(prompt=10))
     await w.flush()
     assert await reporter.tick() == []

@@ -7,9 +7,15 @@ import pytest
 
 from redis_stats import StatsReader, StatsWriter
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
+from redis_stats.integrations.vllm.logline import (
+    EngineInterval,
+    VllmLogLines,
+    format_engine_line,
+    format_spec_line,
+)
 from redis_stats.keys import Keys
 from redis_stats.leader import LeaseLeader, Rank0Leader
-from redis_stats.reporter import EngineInterval, StatsReporter, format_engine_line, format_spec_line
+from redis_stats.reporter import StatsReporter
 
 from .vllm_shapes import iteration, scheduler
 
@@ -71,7 +77,7 @@ def flush(writers):
 
 def test_throughput_is_the_change_of_redis_totals_over_server_time(fleet, caplog):
     writers, recorders, reader = fleet
-    reporter = StatsReporter(reader, Rank0Leader([0]), interval=1)
+    reporter = StatsReporter(reader, Rank0Leader([0]), lines=VllmLogLines(), interval=1)
     recorders[0].record(scheduler(running=4, waiting=1, kv=0.5, queries=100, hits=25), iteration(prompt=10))
     flush(writers)
     assert reporter.tick() == []  # the first tick only takes the starting snapshot
@@ -97,7 +103,7 @@ def test_throughput_is_the_change_of_redis_totals_over_server_time(fleet, caplog
 
 def test_idle_engine_drops_to_debug_after_two_idle_intervals(fleet, caplog):
     writers, _, reader = fleet
-    reporter = StatsReporter(reader, Rank0Leader([0]), interval=1)
+    reporter = StatsReporter(reader, Rank0Leader([0]), lines=VllmLogLines(), interval=1)
     flush(writers)
     reporter.tick()
     levels = []
@@ -114,7 +120,7 @@ def test_stale_engine_is_marked_down_not_printed_with_old_numbers(fleet, config,
     writers, recorders, reader = fleet
     recorders[1].record(scheduler(running=9, kv=0.99), iteration(generation=5), engine_idx=1)
     flush(writers)
-    reporter = StatsReporter(reader, Rank0Leader([0]), interval=1)
+    reporter = StatsReporter(reader, Rank0Leader([0]), lines=VllmLogLines(), interval=1)
     reporter.tick()
     old = (time.time() - config.stale_after - 1) * 1000
     fake_client().zadd(Keys(config.namespace).engines, {"1": old})
@@ -126,7 +132,7 @@ def test_stale_engine_is_marked_down_not_printed_with_old_numbers(fleet, config,
 
 def test_only_the_leader_logs(fleet):
     writers, _, reader = fleet
-    follower = StatsReporter(reader, Rank0Leader([1]), interval=1)
+    follower = StatsReporter(reader, Rank0Leader([1]), lines=VllmLogLines(), interval=1)
     flush(writers)
     follower.tick()
     flush(writers)

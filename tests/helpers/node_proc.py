@@ -12,6 +12,7 @@ import time
 from redis_stats import StatsConfig, StatsReader, StatsWriter
 from redis_stats.connection import make_client
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
+from redis_stats.integrations.vllm.logline import VllmLogLines
 from redis_stats.keys import Keys
 from redis_stats.leader import LeaseLeader
 from redis_stats.reporter import StatsReporter
@@ -34,7 +35,8 @@ def main() -> None:
     writer = StatsWriter(cfg, cat, engines=[rank], role=f"node{rank}")
     recorder = VllmRecorder(writer, "m", [rank])
     leader = LeaseLeader(make_client(cfg), Keys(namespace), new_writer_id("reporter"), ttl=ttl)
-    reporter = StatsReporter(StatsReader(cfg, cat), leader, interval=interval, logger=logger)
+    lines = VllmLogLines()
+    reporter = StatsReporter(StatsReader(cfg, cat), leader, lines=lines, interval=interval, logger=logger)
     reporter.start()
     print(f"{time.time():.3f} ready", flush=True)
     start = time.monotonic()

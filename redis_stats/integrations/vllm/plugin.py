@@ -24,6 +24,7 @@ from ...reporter import StatsReporter
 from ...writer import StatsWriter
 from . import namespace_for_model
 from .catalog import BUCKET_FAMILIES, vllm_catalog
+from .logline import VllmLogLines
 from .prom import metric_classes
 from .recorder import VllmFeatures, VllmRecorder
 
@@ -261,6 +262,7 @@ class RedisStatLogger(AggregateStatLoggerBase):
         self.reporter = StatsReporter(
             StatsReader(config, catalog),
             leader,
+            lines=VllmLogLines(),
             interval=config.log_interval,
             logger=logging.getLogger("vllm.redis_stats"),
         )

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from redis_stats import Catalog, CatalogError, MetricSpec, RedisCollector, StatsReader, StatsWriter
 from redis_stats.keys import Keys
 
-from .chunked import add_series_line
+from ..chunked import add_series_line
 
 
 @pytest.mark.parametrize(

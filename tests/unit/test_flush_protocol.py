@@ -1,0 +1,99 @@
+"""The writer's sans-I/O core (accumulator + flush protocol) with no Redis: what each batch
+carries, and what an answer from Redis means for the next one."""
+
+import math
+import threading
+
+from redis_stats import Catalog
+from redis_stats.accumulator import Accumulator, FlushProtocol, FlushResult
+
+
+def _catalog() -> Catalog:
+    cat = Catalog()
+    cat.counter("tokens", "tokens", labels=["model"])
+    cat.gauge("running", "requests running", labels=["model"])
+    cat.histogram("latency", "seconds", labels=["model"], buckets=[0.1, 1.0])
+    return cat
+
+
+def _acc(cat: Catalog) -> Accumulator:
+    return Accumulator(cat, max_label_length=64, max_series_per_metric=100)
+
+
+def _int_total(batches) -> int:
+    """Sum of the integer counter deltas the batches carry (field, delta pairs)."""
+    return sum(int(v) for b in batches for block in b.engines.values() for v in block.ints[1::2])
+
+
+APPLIED = FlushResult(status=1, meta_existed=True, failed_fields=0, server_time_ms=0)
+SEEN_BEFORE = FlushResult(status=0, meta_existed=True, failed_fields=0, server_time_ms=0)
+
+
+def test_an_unconfirmed_batch_is_sent_again_unchanged_and_new_updates_wait_for_the_next_number():
+    cat = _catalog()
+    acc = _acc(cat)
+    proto = FlushProtocol(acc)
+    child = acc.child(cat.get("tokens"), 0, ("m",), "w1")
+    child.inc(3)
+    first = proto.next_batch()
+    child.inc(4)  # recorded while the first batch waits for its answer
+    again = proto.next_batch()
+    assert again is first and again.seq == 1 and _int_total([again]) == 3
+    proto.confirmed(APPLIED)
+    second = proto.next_batch()
+    assert second.seq == 2 and _int_total([second]) == 4
+    assert not proto.confirmed(SEEN_BEFORE) and not proto.has_pending()
+
+
+def test_a_lost_reply_resends_the_specs_and_a_lost_catalogue_resends_everything():
+    cat = _catalog()
+    acc = _acc(cat)
+    proto = FlushProtocol(acc)
+    acc.child(cat.get("running"), 0, ("m",), "w1").set(5)
+    everything = {"tokens", "running", "latency"}
+    assert {s.name for s in proto.next_batch().specs} == everything  # the catalogue, once
+    proto.confirmed(APPLIED)
+    assert proto.next_batch().specs == []
+    proto.confirmed(SEEN_BEFORE)
+    acc.requeue_specs([cat.get("tokens")])
+    sent = proto.next_batch()
+    proto.confirmed(SEEN_BEFORE)  # applied by an earlier attempt whose answer (conflicts) was lost
+    assert [s.name for s in sent.specs] == ["tokens"]
+    assert [s.name for s in proto.next_batch().specs] == ["tokens"]  # sent again, to hear them
+    proto.confirmed(FlushResult(status=1, meta_existed=False, failed_fields=0, server_time_ms=0))
+    # Redis had no catalogue (it lost its data): the next batch stores the gauge and specs again.
+    resent = proto.next_batch()
+    assert resent.series() == 1 and {s.name for s in resent.specs} == everything
+
+
+def test_bad_values_are_dropped_and_counted_never_raised():
+    cat = _catalog()
+    acc = _acc(cat)
+    child = acc.child(cat.get("tokens"), 0, ("m",), "w1")
+    for bad in (math.nan, math.inf, -1, "3", None):
+        child.inc(bad)
+    assert acc.drops["invalid_value"] == 5
+    # The series exists from its first use (0, as prometheus_client shows it); nothing was added.
+    assert _int_total([FlushProtocol(acc).next_batch()]) == 0
+
+
+def test_updates_racing_the_takes_are_neither_lost_nor_doubled():
+    cat = _catalog()
+    acc = _acc(cat)
+    proto = FlushProtocol(acc)
+    children = [acc.child(cat.get("tokens"), 0, (f"m{i}",), "w1") for i in range(4)]
+    per_thread = 20_000
+
+    def record(child):
+        for _ in range(per_thread):
+            child.inc(1)
+
+    threads = [threading.Thread(target=record, args=(c,)) for c in children]
+    for t in threads:
+        t.start()
+    batches = []
+    while any(t.is_alive() for t in threads) or proto.has_pending():
+        batches.append(proto.next_batch())
+        proto.confirmed(APPLIED)
+    assert _int_total(batches) == per_thread * len(children)
+    assert [b.seq for b in batches] == list(range(1, len(batches) + 1))
