@@ -69,6 +69,7 @@ test-browser: $(STAMP)
 # ruff; mypy (strict on redis_stats/, see [tool.mypy]); the import contracts of [tool.importlinter].
 lint: $(STAMP)
 	$(BIN)/ruff check redis_stats tests bench
+	$(BIN)/ruff format --check redis_stats tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

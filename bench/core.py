@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from redis_stats import Catalog, RedisCollector, StatsConfig, StatsReader, StatsWriter
-from redis_stats.embedded import EmbeddedRedis
+from redis_stats.tools.embedded import EmbeddedRedis
 
 BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
 
@@ -169,8 +169,12 @@ def bench_record_latency(url: str, series: int, seconds: float, *, flusher: bool
     """
     cat = Catalog()
     cat.counter("c", "c", labels=["i"])
-    cfg = StatsConfig(url=url, namespace=f"bench-lat-{series}-{int(flusher)}",
-                      max_series_per_metric=series + 1, flush_interval=0.5)
+    cfg = StatsConfig(
+        url=url,
+        namespace=f"bench-lat-{series}-{int(flusher)}",
+        max_series_per_metric=series + 1,
+        flush_interval=0.5,
+    )
     writer = StatsWriter(cfg, cat, engines=[0], start=False)
     incs = [writer.counter("c").labels(engine=0, i=str(i)).inc for i in range(series)]
     if flusher:

@@ -35,11 +35,11 @@ sys.path.insert(0, str(ROOT))
 import redis  # noqa: E402
 
 from redis_stats import StatsConfig, StatsWriter  # noqa: E402
-from redis_stats.embedded import EmbeddedRedis  # noqa: E402
+from redis_stats._scripts import load_script  # noqa: E402
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog  # noqa: E402
 from redis_stats.keys import Keys  # noqa: E402
-from redis_stats.scripts import load_script  # noqa: E402
-from redis_stats.simulate import SimulatedApiServer  # noqa: E402
+from redis_stats.tools.embedded import EmbeddedRedis  # noqa: E402
+from redis_stats.tools.simulate import SimulatedApiServer  # noqa: E402
 
 SCHEMA1 = Path(__file__).resolve().parent / "baseline" / "flush_schema1.lua"
 

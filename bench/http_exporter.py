@@ -20,10 +20,10 @@ import statistics
 import time
 
 from redis_stats import StatsConfig, StatsReader, StatsWriter
-from redis_stats.embedded import EmbeddedRedis
-from redis_stats.exporter import Exporter
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
-from redis_stats.simulate import LoadProfile, SimulatedApiServer
+from redis_stats.prometheus.exporter import Exporter
+from redis_stats.tools.embedded import EmbeddedRedis
+from redis_stats.tools.simulate import LoadProfile, SimulatedApiServer
 
 OPENMETRICS = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
 

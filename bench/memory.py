@@ -17,10 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from redis_stats import StatsConfig, StatsReader, StatsWriter
 from redis_stats.connection import make_client
-from redis_stats.embedded import EmbeddedRedis
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
 from redis_stats.keys import Keys
-from redis_stats.simulate import SimulatedApiServer
+from redis_stats.tools.embedded import EmbeddedRedis
+from redis_stats.tools.simulate import SimulatedApiServer
 
 
 def fill(url: str, namespace: str, engines: int, api_servers: int, steps: int = 200) -> None:
@@ -65,9 +65,7 @@ def main() -> None:
         usage = measure(server.url, "mem")
         snap = StatsReader(StatsConfig(url=server.url, namespace="mem"), vllm_catalog()).snapshot()
         client = make_client(StatsConfig(url=server.url))
-        fields = sum(
-            client.hlen(Keys("mem").counters(e)) for e in snap.engines
-        )
+        fields = sum(client.hlen(Keys("mem").counters(e)) for e in snap.engines)
     series = sum(len(e.counters) + len(e.gauges) + len(e.histograms) for e in snap.engines.values())
     per_engine = (usage.get("e:*:c", 0) + usage.get("e:*:g", 0)) / opts.engines
     total = sum(usage.values())

@@ -32,13 +32,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from redis_stats import StatsConfig, StatsWriter  # noqa: E402
-from redis_stats.collector import RedisCollector  # noqa: E402
 from redis_stats.connection import make_client  # noqa: E402
-from redis_stats.embedded import EmbeddedRedis  # noqa: E402
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog  # noqa: E402
 from redis_stats.keys import Keys  # noqa: E402
+from redis_stats.prometheus.collector import RedisCollector  # noqa: E402
 from redis_stats.reader import StatsReader  # noqa: E402
-from redis_stats.simulate import SimulatedApiServer  # noqa: E402
+from redis_stats.tools.embedded import EmbeddedRedis  # noqa: E402
+from redis_stats.tools.simulate import SimulatedApiServer  # noqa: E402
 
 LIBS = ["redis_stats", "prometheus_client", "prometheus_client_mp", "pytheus", "prometheus_redis_client"]
 REDIS_BACKED = ["redis_stats", "pytheus", "prometheus_redis_client"]

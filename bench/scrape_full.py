@@ -27,10 +27,10 @@ if not os.environ.get("PYTHONPATH"):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from redis_stats import RedisCollector, StatsConfig, StatsReader, StatsWriter
-from redis_stats.embedded import EmbeddedRedis
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
 from redis_stats.keys import SCHEMA_VERSION
-from redis_stats.simulate import SimulatedApiServer
+from redis_stats.tools.embedded import EmbeddedRedis
+from redis_stats.tools.simulate import SimulatedApiServer
 
 
 def fill(url: str, namespace: str, engines: int, writers: int) -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from redis_stats.embedded import EmbeddedRedis, free_port
+from redis_stats.tools.embedded import EmbeddedRedis, free_port
 from tests.vllm.tiny_model import build
 
 PROMPTS = [
@@ -115,9 +115,7 @@ class Serve:
             pass
 
 
-def load(
-    server: Serve, seconds: float, concurrency: int, max_tokens: int
-) -> tuple[int, float, list[float]]:
+def load(server: Serve, seconds: float, concurrency: int, max_tokens: int) -> tuple[int, float, list[float]]:
     """Closed loop: *concurrency* clients, each sending its next request when the last is done.
     Returns (completed requests, elapsed seconds, TTFTs)."""
     ttfts: list[float] = []

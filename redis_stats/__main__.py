@@ -1,6 +1,6 @@
 """``python -m redis_stats`` is the ``redis-stats`` command."""
 
-from .cli import main
+from redis_stats.tools.cli import main
 
 if __name__ == "__main__":
     main()

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from .errors import CatalogError  # defined in errors.py; importable from here as it always was
+from redis_stats.errors import CatalogError  # defined in errors.py; importable from here as it always was
 
 __all__ = [
     "COUNTER",

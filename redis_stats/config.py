@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote, unquote_plus
 
-from .errors import ConfigError  # defined in errors.py; importable from here as it always was
+from redis_stats.errors import ConfigError  # defined in errors.py; importable from here as it always was
 
 __all__ = [
     "ENV_PREFIX",
@@ -397,7 +397,7 @@ class StatsConfig:
 
 
 def options_markdown() -> str:
-    """The options table of docs/configuration.md (``python -m redis_stats.config_table`` prints it)."""
+    """The options table of docs/configuration.md (``python -m redis_stats.tools.config_table`` prints it)."""
     defaults = {f.name: f.default for f in dataclasses.fields(StatsConfig)}
     rows = ["| option | environment variable | default | meaning |", "|---|---|---|---|"]
     for o in _options().values():
@@ -411,4 +411,3 @@ def _options() -> dict[str, _Option]:
         f.name: _Option(f.name, ENV_PREFIX + f.name.upper(), kinds[str(f.type)], f.metadata["help"])
         for f in dataclasses.fields(StatsConfig)
     }
-

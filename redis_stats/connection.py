@@ -28,7 +28,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from .config import SCHEMES, ConfigError, StatsConfig, mask_url, redact
+from redis_stats.config import SCHEMES, ConfigError, StatsConfig, mask_url, redact
 
 if TYPE_CHECKING:
     import redis.asyncio

@@ -16,12 +16,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .keys import Keys
-from .scripts import Script, load_script
+from redis_stats._scripts import Script, load_script
+from redis_stats.keys import Keys
 
 if TYPE_CHECKING:
-    from .config import StatsConfig
-    from .connection import Client
+    from redis_stats.config import StatsConfig
+    from redis_stats.connection import Client
 
 __all__ = ["Leader", "LeaseLeader", "LeaseState", "NoLeader", "Rank0Leader", "make_leader"]
 

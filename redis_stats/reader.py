@@ -1,4 +1,4 @@
-"""StatsReader: one round trip to Redis returns a consistent :class:`~redis_stats.snapshot.Snapshot`."""
+"""StatsReader: one round trip to Redis returns a consistent :class:`~redis_stats._core.snapshot.Snapshot`."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from typing import Any
 
 from redis.exceptions import ExecAbortError, OutOfMemoryError, ResponseError
 
-from .catalog import Catalog
-from .config import StatsConfig
-from .connection import Client, make_client
-from .keys import Keys
-from .scripts import ReadOnlyScript, load_script
-from .snapshot import Snapshot, SnapshotDecoder
+from redis_stats._core.snapshot import Snapshot, SnapshotDecoder
+from redis_stats._scripts import ReadOnlyScript, load_script
+from redis_stats.catalog import Catalog
+from redis_stats.config import StatsConfig
+from redis_stats.connection import Client, make_client
+from redis_stats.keys import Keys
 
 __all__ = ["ReaderCore", "StatsReader"]
 

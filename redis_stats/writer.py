@@ -6,7 +6,7 @@
     writer.close()                                                   # last flush
 
 Every flush interval the thread sends one script call with every change since the last one
-(see :mod:`redis_stats.accumulator` for the exactly-once rules). Start-up does not need Redis;
+(see :mod:`redis_stats._core.accumulator` for the exactly-once rules). Start-up does not need Redis;
 while Redis is down, updates keep landing in memory and nothing raises into the caller.
 
 **Fork.** A writer made before ``os.fork()`` (gunicorn ``--preload``, multiprocessing's fork
@@ -43,13 +43,13 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 import redis
 from redis.utils import HIREDIS_AVAILABLE
 
-from .accumulator import Accumulator, FlushProtocol, FlushResult
-from .catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, CatalogError, MetricSpec
-from .config import ConfigError, StatsConfig
-from .connection import Client, make_client
-from .errors import ReplicationLag, error_kind  # both importable from here as they always were
-from .keys import Keys
-from .scripts import Script, load_script
+from redis_stats._core.accumulator import Accumulator, FlushProtocol, FlushResult
+from redis_stats._scripts import Script, load_script
+from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, CatalogError, MetricSpec
+from redis_stats.config import ConfigError, StatsConfig
+from redis_stats.connection import Client, make_client
+from redis_stats.errors import ReplicationLag, error_kind  # both importable from here as they always were
+from redis_stats.keys import Keys
 
 __all__ = [
     "CounterSeries",
@@ -614,8 +614,11 @@ class StatsWriter(WriterCore):
             except Exception as exc:
                 # redis-py's Cluster client connects when it is built: with the cluster down, the
                 # host must still start (and record); the first flush that reaches it builds it.
-                log.debug("redis_stats: %s not reachable at start (%s); will connect at the first flush",
-                          self.config.safe_url, error_kind(exc))
+                log.debug(
+                    "redis_stats: %s not reachable at start (%s); will connect at the first flush",
+                    self.config.safe_url,
+                    error_kind(exc),
+                )
         if start:
             self.start()
 

@@ -14,7 +14,7 @@ import time
 import urllib.request
 from typing import Any
 
-from redis_stats.embedded import free_port
+from redis_stats.tools.embedded import free_port
 
 CHROMIUM_ARGS = [
     "--headless",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from redis_stats import fields
+from redis_stats._core import fields
 
 
 def chunk_lines(client: Any, key: str) -> dict[tuple[str, str], tuple[str, int]]:

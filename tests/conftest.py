@@ -11,7 +11,7 @@ import fakeredis
 import pytest
 
 from redis_stats import Catalog, StatsConfig
-from redis_stats.embedded import EmbeddedRedis, NoServerBinary, binary_of_kind
+from redis_stats.tools.embedded import EmbeddedRedis, NoServerBinary, binary_of_kind
 
 ROOT = Path(__file__).resolve().parent.parent
 _counter = itertools.count()

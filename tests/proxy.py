@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 
-from redis_stats.embedded import free_port
+from redis_stats.tools.embedded import free_port
 
 
 class CuttingProxy:

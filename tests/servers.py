@@ -11,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from redis_stats.embedded import EmbeddedRedis, free_port
+from redis_stats.tools.embedded import EmbeddedRedis, free_port
 
 
 def cli_for(binary: str) -> str:

@@ -13,13 +13,12 @@ from .servers import Cluster
 
 pytestmark = pytest.mark.redis_server
 
+
 def test_a_writer_built_while_the_cluster_is_down_delivers_everything_once_it_is_up(namespace):
     # Before: StatsWriter(...) raised RedisClusterException here (the Cluster client connects when
     # it is built), so the host failed to start because Redis was down.
     cluster = Cluster()  # ports chosen, nothing started yet
-    cfg = StatsConfig(
-        url=cluster.url, namespace=namespace, connect_timeout_ms=300, socket_timeout_ms=1000
-    )
+    cfg = StatsConfig(url=cluster.url, namespace=namespace, connect_timeout_ms=300, socket_timeout_ms=1000)
     writer = StatsWriter(cfg, sample_catalog(), engines=[0], start=False)
     try:
         tokens = writer.counter("tokens").labels(engine=0)
@@ -50,7 +49,7 @@ def test_close_with_the_cluster_down_is_bounded_and_never_raises(namespace):
     "reporter, stops the host from starting instead of showing redis_stats_up 0",
 )
 def test_a_reader_built_while_the_cluster_is_down_shows_up_0_then_the_data(namespace):
-    from redis_stats.collector import RedisCollector
+    from redis_stats.prometheus.collector import RedisCollector
 
     cluster = Cluster()
     cfg = StatsConfig(url=cluster.url, namespace=namespace, connect_timeout_ms=300, socket_timeout_ms=1000)

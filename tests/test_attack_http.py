@@ -10,7 +10,7 @@ import threading
 import time
 
 from redis_stats import StatsReader
-from redis_stats.exporter import Exporter
+from redis_stats.prometheus.exporter import Exporter
 
 from .conftest import sample_catalog
 

@@ -8,12 +8,13 @@ from click.testing import CliRunner
 
 from redis_stats import StatsConfig, StatsReader, StatsWriter
 from redis_stats.aio import AsyncStatsReader, AsyncStatsWriter
-from redis_stats.cli import main
 from redis_stats.errors import ConfigError
+from redis_stats.tools.cli import main
 
 from .conftest import sample_catalog
 
 pytestmark = pytest.mark.redis_server
+
 
 @pytest.mark.parametrize("make", [StatsWriter, StatsReader, AsyncStatsWriter, AsyncStatsReader])
 def test_an_unknown_url_query_parameter_is_refused_naming_it(redis_server, namespace, make):

@@ -57,9 +57,19 @@ def _checkout(commit: str, into: Path) -> Path:
     into.mkdir()
     try:
         archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", commit, "redis_stats", "tests/conftest.py",
-             "tests/__init__.py"],
-            check=True, capture_output=True, timeout=60,
+            [
+                "git",
+                "-C",
+                str(ROOT),
+                "archive",
+                commit,
+                "redis_stats",
+                "tests/conftest.py",
+                "tests/__init__.py",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         pytest.skip(f"no git history with {commit} here")
@@ -69,8 +79,12 @@ def _checkout(commit: str, into: Path) -> Path:
 
 def _run(code: str, root: Path, *args: str) -> str:
     proc = subprocess.run(
-        [sys.executable, "-c", code, *args], cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
-        capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", code, *args],
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
@@ -103,7 +117,10 @@ def test_namespaces_names_a_namespace_that_holds_only_the_previous_versions_data
     old = _checkout(PREVIOUS["before-schema-2"], tmp_path / "old")
     _run(WRITE, old, redis_server.url, namespace)
     listing = _run(
-        "import sys; from redis_stats.cli import main; main()", ROOT, "namespaces", "--redis-url",
+        "import sys; from redis_stats.tools.cli import main; main()",
+        ROOT,
+        "namespaces",
+        "--redis-url",
         redis_server.url,
     )
     line = next(ln for ln in listing.splitlines() if ln.startswith(namespace + ":"))

@@ -12,6 +12,7 @@ from .conftest import sample_catalog
 
 pytestmark = pytest.mark.redis_server
 
+
 def test_a_negative_engine_is_refused_at_construction(redis_server, namespace):
     # Before: accepted, then every flush was refused ("bad engine block"): nothing it recorded
     # ever reached Redis, and close() reported it all lost.

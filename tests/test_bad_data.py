@@ -17,11 +17,12 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from redis_stats import RedisCollector, StatsConfig, StatsReader, StatsWriter, fields
+from redis_stats import RedisCollector, StatsConfig, StatsReader, StatsWriter
+from redis_stats._core import fields
 from redis_stats.connection import make_client
-from redis_stats.exporter import Exporter
-from redis_stats.inspect import inspect_namespace
 from redis_stats.keys import Keys
+from redis_stats.ops.inspection import inspect_namespace
+from redis_stats.prometheus.exporter import Exporter
 
 from .chunked import set_series_value
 from .conftest import sample_catalog
@@ -209,7 +210,7 @@ def _fields(draw: Any, writer: str) -> str:
     labels = draw(st.lists(st.sampled_from(["stop", "", "a|b", "x\\y", "é"]), max_size=2))
     suffix = draw(st.sampled_from([[], [writer], ["other-writer"], ["h:00000000"], ["<layout>"]]))
     if suffix == ["<layout>"]:
-        from redis_stats.snapshot import layout_of
+        from redis_stats._core.snapshot import layout_of
 
         suffix = [layout_of(sample_catalog().get("latency_seconds"))]
     raw = draw(st.sampled_from(["encoded", "raw"]))

@@ -16,8 +16,8 @@ import redis
 from prometheus_client import CollectorRegistry, generate_latest
 
 from redis_stats import Catalog, RedisCollector, StatsConfig, StatsReader, StatsWriter
+from redis_stats._scripts import load_script
 from redis_stats.keys import Keys
-from redis_stats.scripts import load_script
 
 pytestmark = pytest.mark.redis_server
 

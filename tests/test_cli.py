@@ -13,10 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from redis_stats import StatsReader, StatsWriter, __version__
-from redis_stats.cli import main
-from redis_stats.exporter import Exporter
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
-from redis_stats.top import COLUMNS, render
+from redis_stats.prometheus.exporter import Exporter
+from redis_stats.tools.cli import main
+from redis_stats.tools.top import COLUMNS, render
 
 from .conftest import PYTHON, ROOT
 from .vllm_shapes import finished, iteration, scheduler

@@ -15,7 +15,7 @@ import pytest
 
 from redis_stats import StatsConfig, StatsWriter
 from redis_stats.aio import AsyncStatsWriter
-from redis_stats.embedded import free_port
+from redis_stats.tools.embedded import free_port
 
 from .conftest import PYTHON, ROOT, sample_catalog
 
@@ -92,7 +92,11 @@ def test_interpreter_exit_with_redis_stopped_waits_at_most_close_timeout(
     with _stopped(own_redis_server):
         proc = subprocess.run(
             [PYTHON, "-m", "tests.helpers.exit_proc", own_redis_server.url, namespace],
-            cwd=ROOT, env=python_env, capture_output=True, text=True, timeout=60,
+            cwd=ROOT,
+            env=python_env,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         ended = time.time()
     exiting = float(proc.stdout.split("exiting ")[1].split()[0])

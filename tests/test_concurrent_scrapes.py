@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from redis_stats import StatsConfig, StatsReader, StatsWriter
-from redis_stats.exporter import Exporter
+from redis_stats.prometheus.exporter import Exporter
 
 from .conftest import sample_catalog
 

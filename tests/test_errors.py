@@ -20,7 +20,6 @@ from redis._parsers import _HiredisParser, _RESP2Parser
 
 import redis_stats
 from redis_stats import RedisCollector, StatsConfig, StatsReader, StatsWriter
-from redis_stats.embedded import EmbeddedRedis, binary_of_kind
 from redis_stats.errors import (
     ERROR_KINDS,
     CatalogError,
@@ -30,6 +29,7 @@ from redis_stats.errors import (
     ReplicationLag,
     error_kind,
 )
+from redis_stats.tools.embedded import EmbeddedRedis, binary_of_kind
 
 from . import acl
 from .conftest import SERVER_KINDS, sample_catalog
@@ -40,7 +40,7 @@ PARSERS = [_RESP2Parser] + ([_HiredisParser] if _HiredisParser is not None else 
 def test_every_error_class_has_one_home_and_keeps_its_old_bases_and_import_paths():
     from redis_stats.catalog import CatalogError as from_catalog
     from redis_stats.config import ConfigError as from_config
-    from redis_stats.embedded import NoServerBinary as from_embedded
+    from redis_stats.tools.embedded import NoServerBinary as from_embedded
     from redis_stats.writer import ReplicationLag as from_writer
     from redis_stats.writer import error_kind as kind_from_writer
 

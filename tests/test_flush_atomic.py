@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from redis_stats import StatsConfig, StatsReader, StatsWriter
+from redis_stats._scripts import load_script
 from redis_stats.catalog import MetricSpec
 from redis_stats.config import ConfigError
 from redis_stats.keys import Keys
-from redis_stats.scripts import load_script
 
 from .conftest import sample_catalog
 
@@ -113,9 +113,7 @@ def _check_totals(cfg: StatsConfig, tokens: float, late: float) -> None:
 
 
 @pytest.mark.parametrize("target", list(TARGETS))
-def test_wrong_type_key_refuses_whole_flush_then_retry_is_exact(
-    cfg, client, writers, target, caplog
-):
+def test_wrong_type_key_refuses_whole_flush_then_retry_is_exact(cfg, client, writers, target, caplog):
     w = _writer(cfg, writers, owner="inst-a")
     _record(w, 100, 1.0)
     assert w.flush()

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from redis_stats import StatsConfig, StatsReader
-from redis_stats.embedded import free_port
+from redis_stats.tools.embedded import free_port
 
 from .conftest import PYTHON, ROOT, sample_catalog
 from .proxy import CuttingProxy
@@ -34,7 +34,11 @@ def _engine0(url: str, namespace: str):
 def _run_fork_proc(url: str, namespace: str, mode: str, n: int, children: int, env: dict[str, str]) -> dict:
     proc = subprocess.run(
         [PYTHON, "-m", "tests.helpers.fork_proc", url, namespace, mode, str(n), str(children)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -81,9 +85,24 @@ def test_gunicorn_preload_workers_count_every_request(own_redis_server, namespac
     port = free_port()
     env = dict(python_env, REDIS_STATS_URL=own_redis_server.url, REDIS_STATS_NAMESPACE=namespace)
     proc = subprocess.Popen(
-        [PYTHON, "-m", "gunicorn", "--preload", "-w", str(workers), "-b", f"127.0.0.1:{port}",
-         "--graceful-timeout", "10", "tests.helpers.gunicorn_app:app"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            PYTHON,
+            "-m",
+            "gunicorn",
+            "--preload",
+            "-w",
+            str(workers),
+            "-b",
+            f"127.0.0.1:{port}",
+            "--graceful-timeout",
+            "10",
+            "tests.helpers.gunicorn_app:app",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         base = f"http://127.0.0.1:{port}/"

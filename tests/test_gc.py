@@ -3,8 +3,8 @@
 import time
 
 from redis_stats import StatsReader, StatsWriter
-from redis_stats.gc import collect_garbage
 from redis_stats.keys import Keys
+from redis_stats.ops.retention import collect_garbage
 
 from .chunked import writer_fields
 
@@ -90,7 +90,7 @@ def test_only_one_process_collects_at_a_time(config, fake_client):
 def test_exporter_runs_retention_on_a_timer(redis_server, namespace, catalog):
     from redis_stats import StatsConfig
     from redis_stats.connection import make_client
-    from redis_stats.exporter import Exporter
+    from redis_stats.prometheus.exporter import Exporter
 
     cfg = StatsConfig(url=redis_server.url, namespace=namespace, retention=60)
     w = StatsWriter(cfg, catalog, engines=[5], start=False)

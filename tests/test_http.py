@@ -18,7 +18,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from redis_stats import StatsReader, StatsWriter
-from redis_stats.exporter import Exporter
+from redis_stats.prometheus.exporter import Exporter
 
 from .conftest import sample_catalog
 
@@ -260,7 +260,7 @@ def test_openmetrics_from_text_matches_prometheus_client(helps, value, number):
     from prometheus_client.exposition import generate_latest as text_latest
     from prometheus_client.openmetrics.exposition import generate_latest as om_latest
 
-    from redis_stats.exporter import openmetrics_from_text
+    from redis_stats.prometheus.exporter import openmetrics_from_text
 
     class Families:
         def collect(self):

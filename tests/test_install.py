@@ -34,8 +34,8 @@ def test_the_wheel_installs_into_a_clean_virtualenv_with_scripts_page_and_entry_
     (wheel,) = dist.glob("redis_stats-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for script in ("flush", "gc", "lease", "read"):
-        assert f"redis_stats/scripts/{script}.lua" in names
-    assert "redis_stats/web/index.html" in names and "redis_stats/py.typed" in names
+        assert f"redis_stats/_scripts/{script}.lua" in names
+    assert "redis_stats/prometheus/web/index.html" in names and "redis_stats/py.typed" in names
 
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", str(venv)], tmp_path)
@@ -45,8 +45,8 @@ def test_the_wheel_installs_into_a_clean_virtualenv_with_scripts_page_and_entry_
     elsewhere.mkdir()
     assert "Usage: redis-stats" in run([str(venv / "bin" / "redis-stats"), "--help"], elsewhere)
     check = (
-        "import importlib.metadata as m, redis_stats, redis_stats.scripts as s;"
-        "import redis_stats.exporter as e;"
+        "import importlib.metadata as m, redis_stats, redis_stats._scripts as s;"
+        "import redis_stats.prometheus.exporter as e;"
         "print(redis_stats.__file__);"
         "print(sorted(e.value for e in m.entry_points(group='vllm.stat_logger_plugins')));"
         "print(len(s.load_script('flush')) > 1000, e.live_page().startswith(b'<!doctype html>'))"

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from redis_stats import StatsConfig, StatsReader, StatsWriter
-from redis_stats.embedded import free_port
+from redis_stats.tools.embedded import free_port
 
 from .conftest import PYTHON, ROOT, sample_catalog
 from .proxy import CuttingProxy
@@ -140,7 +140,7 @@ def test_writer_starts_before_redis_exists(namespace):
     )
     writer = StatsWriter(cfg, sample_catalog(), engines=[0])
     writer.counter("tokens").labels(engine=0).inc(3)
-    from redis_stats.embedded import EmbeddedRedis
+    from redis_stats.tools.embedded import EmbeddedRedis
 
     time.sleep(0.2)
     with EmbeddedRedis(port=port) as server:

@@ -18,12 +18,12 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from redis_stats import StatsConfig, StatsReader, StatsWriter
-from redis_stats.cli import main
-from redis_stats.embedded import free_port
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
 from redis_stats.keys import Keys
-from redis_stats.simulate import LoadProfile, SimulatedApiServer
-from redis_stats.top import COLUMNS, render, run_top
+from redis_stats.tools.cli import main
+from redis_stats.tools.embedded import free_port
+from redis_stats.tools.simulate import LoadProfile, SimulatedApiServer
+from redis_stats.tools.top import COLUMNS, render, run_top
 
 from .conftest import PYTHON, ROOT
 from .vllm_shapes import iteration, scheduler
@@ -369,7 +369,7 @@ def test_demo_lease_failover_down_line_and_restart(python_env):
         assert any(ln.strip() == "redis-stats top" for ln in lines[:ready])
         first = wait_for(r"Engine 000: Avg", 10)
         # The first line after about one interval (it was two: the first read had no baseline).
-        assert stamps[first] - stamps[ready] < 2.5, (stamps[first] - stamps[ready])
+        assert stamps[first] - stamps[ready] < 2.5, stamps[first] - stamps[ready]
         holder = re.search(r"\[node(\d)/api0 pid=(\d+)\]", lines[first])
         node, pid = int(holder.group(1)), int(holder.group(2))
         os.kill(pid, signal.SIGKILL)  # the lease holder dies
@@ -419,7 +419,7 @@ def test_gc_says_1_engine_not_1_engines(own_redis_server, namespace):
 
 def test_the_options_table_prints_without_a_runtime_warning(python_env):
     out = subprocess.run(
-        [PYTHON, "-W", "error::RuntimeWarning", "-m", "redis_stats.config_table"],
+        [PYTHON, "-W", "error::RuntimeWarning", "-m", "redis_stats.tools.config_table"],
         cwd=ROOT, env=python_env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
@@ -459,7 +459,7 @@ def test_the_demo_writes_the_engines_from_first_engine(python_env):
 
 def test_shell_completion_as_documented(python_env):
     # docs/cli.md: eval "$(_REDIS_STATS_COMPLETE=bash_source redis-stats)"
-    entry = "from redis_stats.cli import main; main(prog_name='redis-stats')"
+    entry = "from redis_stats.tools.cli import main; main(prog_name='redis-stats')"
     source = subprocess.run(
         [PYTHON, "-c", entry], env={**python_env, "_REDIS_STATS_COMPLETE": "bash_source"},
         capture_output=True, text=True, timeout=60,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 
 from redis_stats import Catalog
-from redis_stats.accumulator import Accumulator, Batch, FlushProtocol
+from redis_stats._core.accumulator import Accumulator, Batch, FlushProtocol
 
 
 def _catalog() -> Catalog:

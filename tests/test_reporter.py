@@ -15,7 +15,7 @@ from redis_stats.integrations.vllm.logline import (
 )
 from redis_stats.keys import Keys
 from redis_stats.leader import LeaseLeader, Rank0Leader
-from redis_stats.reporter import StatsReporter
+from redis_stats.reporting import StatsReporter
 
 from .vllm_shapes import iteration, scheduler
 

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 
 from redis_stats import RedisCollector, StatsConfig, StatsReader, StatsWriter
 from redis_stats.errors import SchemaMismatch, error_kind
-from redis_stats.gc import collect_garbage
-from redis_stats.inspect import inspect_namespace
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
 from redis_stats.keys import SCHEMA_VERSION, Keys
-from redis_stats.simulate import SimulatedApiServer
+from redis_stats.ops.inspection import inspect_namespace
+from redis_stats.ops.retention import collect_garbage
+from redis_stats.tools.simulate import SimulatedApiServer
 
 from .chunked import series_values, writer_fields
 from .conftest import sample_catalog
@@ -238,7 +238,8 @@ def test_chunks_stay_exact_across_chunk_boundaries_lost_replies_and_writers(
 ):
     """Up to 150 series per engine in chunks of 8, two writers, flushes whose reply is lost (applied,
     then retried) or that fail (not applied, then retried): every count lands exactly once."""
-    from redis_stats import Catalog, chunks
+    from redis_stats import Catalog
+    from redis_stats._core import chunks
 
     monkeypatch.setattr(chunks, "CHUNK_SIZE", 8)  # many chunks per engine: boundaries everywhere
     client = fake_client()

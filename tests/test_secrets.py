@@ -26,12 +26,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from redis_stats import RedisCollector, StatsConfig, StatsReader, StatsWriter
-from redis_stats.cli import main
 from redis_stats.config import ConfigError, mask_url, redact, url_problem
 from redis_stats.connection import make_client
-from redis_stats.embedded import EmbeddedRedis, free_port
-from redis_stats.exporter import Exporter
 from redis_stats.keys import Keys
+from redis_stats.prometheus.exporter import Exporter
+from redis_stats.tools.cli import main
+from redis_stats.tools.embedded import EmbeddedRedis, free_port
 
 from .conftest import PYTHON, ROOT, sample_catalog
 
@@ -217,9 +217,7 @@ def test_no_surface_shows_the_secret_when_redis_is_unreachable(name, namespace, 
     url = forms(free_port())[name]
     with caplog.at_level(logging.DEBUG):
         surfaces = in_process_surfaces(url, namespace)
-    surfaces["log"] = "\n".join(
-        f"{r.getMessage()} {r.exc_text or ''}" for r in caplog.records
-    ) + caplog.text
+    surfaces["log"] = "\n".join(f"{r.getMessage()} {r.exc_text or ''}" for r in caplog.records) + caplog.text
     assert_clean(surfaces)
     # The scan looked at real error paths: the failures were there to be seen.
     assert any(key.endswith("raised") for key in surfaces)
@@ -331,9 +329,12 @@ def test_cli_commands_never_print_the_secret(acl_redis, namespace, python_env, t
             for cmd in (["inspect"], ["top", "--once", "--interval", "0.2"], ["gc", "--dry-run"]):
                 surfaces[f"{label} {how} {cmd[0]}"] = run_cli([*cmd, *url_args], e)
                 # The same through click's runner (in-process: what tests and embedders see).
-                runner = CliRunner().invoke(main, [*cmd, *url_args], env=extra_env | {
-                    "REDIS_STATS_NAMESPACE": namespace, "REDIS_STATS_CONNECT_TIMEOUT_MS": "200"
-                })
+                runner = CliRunner().invoke(
+                    main,
+                    [*cmd, *url_args],
+                    env=extra_env
+                    | {"REDIS_STATS_NAMESPACE": namespace, "REDIS_STATS_CONNECT_TIMEOUT_MS": "200"},
+                )
                 surfaces[f"{label} {how} {cmd[0]} (CliRunner)"] = f"{runner.exit_code} {runner.output}"
             line, exp = exporter_process(e, url_args)
             surfaces.update({f"{label} {how} exporter {k}": v for k, v in exp.items()})
@@ -396,8 +397,25 @@ def test_demo_children_get_the_url_by_environment(how, acl_redis, python_env, tm
     url_file.write_text(url)
     given = ["--redis-url-file", str(url_file)] if how == "file" else ["--redis-url", url]
     proc = subprocess.Popen(
-        [PYTHON, "-m", "redis_stats", "demo", "--port", "0", "--nodes", "2", "--api-servers", "1",
-         "--duration", "30", "--log-interval", "1", "--namespace", f"secrets-{how}", *given],
+        [
+            PYTHON,
+            "-m",
+            "redis_stats",
+            "demo",
+            "--port",
+            "0",
+            "--nodes",
+            "2",
+            "--api-servers",
+            "1",
+            "--duration",
+            "30",
+            "--log-interval",
+            "1",
+            "--namespace",
+            f"secrets-{how}",
+            *given,
+        ],
         cwd=ROOT,
         env=python_env,
         stdout=subprocess.PIPE,
@@ -413,7 +431,7 @@ def test_demo_children_get_the_url_by_environment(how, acl_redis, python_env, tm
                     raw = Path(f"/proc/{kid}/cmdline").read_bytes()
                 except OSError:
                     continue
-                if b"redis_stats.demo" in raw:
+                if b"redis_stats.tools.demo" in raw:
                     cmdlines[str(kid)] = raw.replace(b"\0", b" ").decode()
             time.sleep(0.2)
         assert len(cmdlines) == 2, cmdlines

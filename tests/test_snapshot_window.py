@@ -21,11 +21,11 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from redis_stats import HistogramValue, StatsConfig, StatsReader, StatsWriter
-from redis_stats.cli import main
-from redis_stats.exporter import Exporter
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
 from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
-from redis_stats.recent import SnapshotRing
+from redis_stats.prometheus.exporter import Exporter
+from redis_stats.prometheus.recent import SnapshotRing
+from redis_stats.tools.cli import main
 
 from .conftest import ROOT, sample_catalog
 
@@ -123,7 +123,9 @@ def test_fleet_summary_is_injected_and_the_core_knows_no_vllm_name(redis_server,
     assert summary["requests_running"] == 10 and summary["requests_waiting"] == 4
     assert summary["kv_cache_usage_mean"] == pytest.approx(0.4) and summary["kv_cache_usage_max"] == 0.6
     assert summary["generation_tokens_per_second"] is None  # no window yet
-    from redis_stats import exporter, inspect, recent, reporter
+    from redis_stats import reporting as reporter
+    from redis_stats.ops import inspection as inspect
+    from redis_stats.prometheus import exporter, recent
 
     for module in (recent, exporter, reporter, inspect):  # by module, wherever the layout puts it
         assert "vllm:" not in Path(module.__file__).read_text()  # no metric name in the core
@@ -196,8 +198,8 @@ def test_concurrent_snapshot_requests_all_valid_and_ring_stays_ordered_and_bound
 
 
 def test_ring_keeps_only_the_window_and_ignores_a_late_older_read():
+    from redis_stats._core.snapshot import Snapshot
     from redis_stats.catalog import Catalog
-    from redis_stats.snapshot import Snapshot
 
     def snap(t: float) -> Snapshot:
         return Snapshot(time=t, engines={}, writers={}, catalog=Catalog())
@@ -281,7 +283,7 @@ def test_self_metrics_doc_lists_the_exporter_metrics():
 
 
 def _engine_snap(t: float, values: list[float], gauges: list[float]):
-    from redis_stats.snapshot import EngineSnapshot, Snapshot
+    from redis_stats._core.snapshot import EngineSnapshot, Snapshot
 
     cat = sample_catalog()
     engines = {}
@@ -314,7 +316,7 @@ floats = st.floats(allow_nan=True, allow_infinity=True)
     gauges=st.lists(floats, min_size=1, max_size=4),
 )
 def test_any_values_give_a_strict_json_document_valid_against_the_schema(before, after, gauges):
-    from redis_stats.recent import snapshot_document
+    from redis_stats.prometheus.recent import snapshot_document
 
     n = min(len(before), len(after), len(gauges))
     earlier = _engine_snap(100.0, before[:n], gauges[:n])

@@ -13,9 +13,9 @@ import redis
 
 from redis_stats import StatsConfig, StatsReader, StatsWriter
 from redis_stats.connection import make_client
-from redis_stats.embedded import EmbeddedRedis, free_port
-from redis_stats.exporter import Exporter
 from redis_stats.keys import Keys
+from redis_stats.prometheus.exporter import Exporter
+from redis_stats.tools.embedded import EmbeddedRedis, free_port
 
 from . import acl
 from .conftest import PYTHON, ROOT, sample_catalog
@@ -185,8 +185,8 @@ def test_acl_users_limited_to_the_documented_rules(acl_server, namespace, python
     admin_cfg = StatsConfig(
         url=f"redis://stats-admin:apass@127.0.0.1:{acl_server.port}/0", namespace=namespace, retention=0.001
     )
-    from redis_stats.gc import collect_garbage
-    from redis_stats.inspect import inspect_namespace
+    from redis_stats.ops.inspection import inspect_namespace
+    from redis_stats.ops.retention import collect_garbage
 
     assert "engines: 2" in "\n".join(inspect_namespace(admin_cfg))
     time.sleep(0.01)

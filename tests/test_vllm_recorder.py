@@ -203,11 +203,17 @@ def test_optional_families_only_when_switched_on_as_in_vllm(config, fake_client)
     fams = flush_and_scrape(writers, config, cat, fake_client)
 
     def of(name, model, sample=None):
-        return {
-            tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("engine", "model_name"))): s.value
-            for s in fams[name].samples
-            if s.labels["model_name"] == model and (sample is None or s.name == sample)
-        } if name in fams else {}
+        return (
+            {
+                tuple(
+                    sorted((k, v) for k, v in s.labels.items() if k not in ("engine", "model_name"))
+                ): s.value
+                for s in fams[name].samples
+                if s.labels["model_name"] == model and (sample is None or s.name == sample)
+            }
+            if name in fams
+            else {}
+        )
 
     assert of("vllm:watermark_requests", "full") == {
         (("status", "watermarked"),): 2.0,
@@ -236,8 +242,9 @@ def test_custom_histogram_buckets_replace_a_family_as_in_vllm():
     for name in ("vllm:e2e_request_latency_seconds", "vllm:request_decode_time_seconds"):
         assert cat[name].buckets == (1.0, 10.0)
     assert cat["vllm:request_prompt_tokens"].buckets == (5.0, 50.0)
-    assert cat["vllm:time_to_first_token_seconds"].buckets == vllm_catalog(1000)[
-        "vllm:time_to_first_token_seconds"
-    ].buckets
+    assert (
+        cat["vllm:time_to_first_token_seconds"].buckets
+        == vllm_catalog(1000)["vllm:time_to_first_token_seconds"].buckets
+    )
     with pytest.raises(ValueError, match="request_latencies"):
         vllm_catalog(1000, bucket_overrides={"request_latencies": [1]})

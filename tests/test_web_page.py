@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from redis_stats import StatsConfig, StatsReader, StatsWriter
-from redis_stats.exporter import Exporter
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
-from redis_stats.simulate import LoadProfile, SimulatedApiServer
+from redis_stats.prometheus.exporter import Exporter
+from redis_stats.tools.simulate import LoadProfile, SimulatedApiServer
 
 from . import browser
 
@@ -99,7 +99,7 @@ def test_in_headless_chromium_the_page_says_when_redis_is_unavailable(namespace)
     why = browser.missing()
     if why:
         pytest.skip(why)
-    from redis_stats.embedded import free_port
+    from redis_stats.tools.embedded import free_port
 
     url = f"redis://127.0.0.1:{free_port()}/0"
     config = StatsConfig(url=url, namespace=namespace, connect_timeout_ms=200)

@@ -24,7 +24,7 @@ from typing import Any
 from redis_stats import StatsConfig, StatsWriter
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
 from redis_stats.integrations.vllm.serve import maybe_serve
-from redis_stats.simulate import LoadProfile, SimulatedApiServer
+from redis_stats.tools.simulate import LoadProfile, SimulatedApiServer
 
 
 class CountingRecorder(VllmRecorder):

@@ -11,7 +11,7 @@ import time
 
 from redis_stats import Catalog, StatsConfig
 from redis_stats.aio import AsyncStatsReader, AsyncStatsWriter
-from redis_stats.embedded import EmbeddedRedis
+from redis_stats.tools.embedded import EmbeddedRedis
 
 
 def sample_catalog() -> Catalog:

@@ -15,7 +15,7 @@ from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
 from redis_stats.integrations.vllm.logline import VllmLogLines
 from redis_stats.keys import Keys
 from redis_stats.leader import LeaseLeader
-from redis_stats.reporter import StatsReporter
+from redis_stats.reporting import StatsReporter
 from redis_stats.writer import new_writer_id
 from tests.vllm_shapes import iteration, scheduler
 

@@ -1,7 +1,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from redis_stats import fields
+from redis_stats._core import fields
 
 
 @given(st.lists(st.text(), min_size=1, max_size=6))

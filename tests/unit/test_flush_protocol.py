@@ -5,7 +5,7 @@ import math
 import threading
 
 from redis_stats import Catalog
-from redis_stats.accumulator import Accumulator, FlushProtocol, FlushResult
+from redis_stats._core.accumulator import Accumulator, FlushProtocol, FlushResult
 
 
 def _catalog() -> Catalog:

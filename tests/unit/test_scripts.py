@@ -5,7 +5,7 @@ import asyncio
 import pytest
 from redis.exceptions import NoScriptError, ResponseError
 
-from redis_stats.scripts import AsyncScript, Script
+from redis_stats._scripts import AsyncScript, Script
 
 
 class Stub:

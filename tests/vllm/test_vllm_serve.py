@@ -21,7 +21,7 @@ pytest.importorskip("vllm.v1.metrics.loggers")
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from redis_stats.embedded import EmbeddedRedis, free_port
+from redis_stats.tools.embedded import EmbeddedRedis, free_port
 
 from .tiny_model import build
 

@@ -1,8 +1,8 @@
 """redis_stats for vLLM: the ``vllm:*`` catalogue, a recorder of vLLM's stats objects, and the
 stat-logger plugin (``plugin.RedisStatLogger``, the only module here that imports vLLM)."""
 
-from .catalog import vllm_catalog
-from .recorder import VllmRecorder
+from redis_stats.integrations.vllm.catalog import vllm_catalog
+from redis_stats.integrations.vllm.recorder import VllmRecorder
 
 __all__ = ["VllmRecorder", "namespace_for_model", "vllm_catalog"]
 

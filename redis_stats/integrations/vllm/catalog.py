@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ...catalog import Catalog
+from redis_stats.catalog import Catalog
 
 __all__ = [
     "BUCKET_FAMILIES",

@@ -8,7 +8,7 @@ agrees) it formats vLLM's lines:
     2 Engines Aggregated: Avg prompt throughput: ...
 
 :class:`VllmLogLines` is what the vLLM plugin and the demo hand to
-:class:`~redis_stats.reporter.StatsReporter` (the core reporter knows no vLLM name or text).
+:class:`~redis_stats.reporting.StatsReporter` (the core reporter knows no vLLM name or text).
 ``redis-stats top`` shows the same intervals.
 """
 
@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from ...snapshot import EngineSnapshot, Snapshot
+from redis_stats._core.snapshot import EngineSnapshot, Snapshot
 
 __all__ = [
     "EngineInterval",

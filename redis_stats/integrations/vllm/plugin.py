@@ -15,18 +15,18 @@ from typing import Any
 
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 
-from ...catalog import Catalog
-from ...config import StatsConfig
-from ...connection import make_client
-from ...leader import make_leader
-from ...reader import StatsReader
-from ...reporter import StatsReporter
-from ...writer import StatsWriter
-from . import namespace_for_model
-from .catalog import BUCKET_FAMILIES, vllm_catalog
-from .logline import VllmLogLines
-from .prom import metric_classes
-from .recorder import VllmFeatures, VllmRecorder
+from redis_stats.catalog import Catalog
+from redis_stats.config import StatsConfig
+from redis_stats.connection import make_client
+from redis_stats.integrations.vllm import namespace_for_model
+from redis_stats.integrations.vllm.catalog import BUCKET_FAMILIES, vllm_catalog
+from redis_stats.integrations.vllm.logline import VllmLogLines
+from redis_stats.integrations.vllm.prom import metric_classes
+from redis_stats.integrations.vllm.recorder import VllmFeatures, VllmRecorder
+from redis_stats.leader import make_leader
+from redis_stats.reader import StatsReader
+from redis_stats.reporting import StatsReporter
+from redis_stats.writer import StatsWriter
 
 __all__ = ["RedisStatLogger", "VllmOwnMetrics", "VllmRecording", "catalog_for", "features_from_config"]
 
@@ -250,7 +250,7 @@ class RedisStatLogger(AggregateStatLoggerBase):
             config.namespace,
             self.writer.writer_id,
         )
-        from .serve import maybe_serve
+        from redis_stats.integrations.vllm.serve import maybe_serve
 
         recorded = [e + config.engine_offset for e in self.engine_indexes]
         maybe_serve(config, catalog, recorded)

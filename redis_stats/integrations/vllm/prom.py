@@ -19,8 +19,8 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ...catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM, CatalogError, MetricSpec
-from ...writer import WriterCore
+from redis_stats.catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM, CatalogError, MetricSpec
+from redis_stats.writer import WriterCore
 
 __all__ = ["gauge_mode", "metric_classes"]
 
@@ -84,9 +84,7 @@ class _RedisMetric:
         if unit and not full.endswith("_" + unit):
             full += "_" + unit
         self._labelnames = tuple(labelnames)
-        self._engine_pos = (
-            self._labelnames.index(ENGINE_LABEL) if ENGINE_LABEL in self._labelnames else None
-        )
+        self._engine_pos = self._labelnames.index(ENGINE_LABEL) if ENGINE_LABEL in self._labelnames else None
         spec = MetricSpec(
             full,
             self._kind,

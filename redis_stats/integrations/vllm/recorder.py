@@ -12,8 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ...writer import StatsWriter
-from .catalog import (
+from redis_stats.integrations.vllm.catalog import (
     ADMISSION_REASONS,
     CACHE_HIT_SOURCES,
     FINISH_REASONS,
@@ -21,6 +20,7 @@ from .catalog import (
     SLEEP_STATES,
     WATERMARK_STATUSES,
 )
+from redis_stats.writer import StatsWriter
 
 __all__ = ["KV_FETCH_STAGES", "VllmFeatures", "VllmRecorder"]
 

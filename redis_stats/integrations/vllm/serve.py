@@ -23,12 +23,12 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ...catalog import Catalog
-from ...config import ConfigError, StatsConfig
-from .summary import VLLM_FLEET_SUMMARY
+from redis_stats.catalog import Catalog
+from redis_stats.config import ConfigError, StatsConfig
+from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
 
 if TYPE_CHECKING:
-    from ...exporter import Exporter
+    from redis_stats.prometheus.exporter import Exporter
 
 __all__ = ["DEFAULT_ADDR", "VIEWS", "maybe_serve", "view_engines"]
 
@@ -59,8 +59,8 @@ def maybe_serve(config: StatsConfig, catalog: Catalog, own_engines: Sequence[int
     port = os.environ.get("REDIS_STATS_PORT")
     if not port:
         return None
-    from ...exporter import Exporter
-    from ...reader import StatsReader
+    from redis_stats.prometheus.exporter import Exporter
+    from redis_stats.reader import StatsReader
 
     engines = view_engines(own_engines)
     addr = os.environ.get("REDIS_STATS_ADDR") or DEFAULT_ADDR

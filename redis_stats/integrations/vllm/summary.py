@@ -5,7 +5,7 @@ Injected into the exporter (``Exporter(summary=VLLM_FLEET_SUMMARY)``) so the cor
 
 from __future__ import annotations
 
-from ...recent import FleetSummary
+from redis_stats.prometheus.recent import FleetSummary
 
 __all__ = ["VLLM_FLEET_SUMMARY"]
 

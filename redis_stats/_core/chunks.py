@@ -2,7 +2,7 @@
 
 The record path still counts deltas (cheap, under one lock); the collector adds each batch's
 deltas here, into totals that only it touches, and sends the chunks that changed: per engine,
-``@|<writer>|<k>`` holds the values of up to :data:`~redis_stats.fields.CHUNK_SIZE` series, one
+``@|<writer>|<k>`` holds the values of up to :data:`~redis_stats._core.fields.CHUNK_SIZE` series, one
 per line, and ``@|<writer>|<k>|n`` their series fields, one per line, sent only when they changed.
 The flush script just sets those fields: absolute values make a repeated flush harmless, and no
 Lua parses or formats a number (issue 15: that was 90 % of a flush's Redis time).
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from itertools import accumulate
 from typing import Any
 
-from .fields import CHUNK_SIZE, decode
+from redis_stats._core.fields import CHUNK_SIZE, decode
 
 __all__ = ["Chunk", "Series", "Totals"]
 

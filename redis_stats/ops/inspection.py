@@ -9,14 +9,14 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from . import fields
-from .catalog import Catalog
-from .config import StatsConfig
-from .connection import make_client
-from .errors import SchemaMismatch
-from .keys import Keys
-from .reader import StatsReader
-from .snapshot import Skipped
+from redis_stats._core import fields
+from redis_stats._core.snapshot import Skipped
+from redis_stats.catalog import Catalog
+from redis_stats.config import StatsConfig
+from redis_stats.connection import make_client
+from redis_stats.errors import SchemaMismatch
+from redis_stats.keys import Keys
+from redis_stats.reader import StatsReader
 
 __all__ = ["inspect_namespace"]
 

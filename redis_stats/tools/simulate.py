@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from .integrations.vllm.recorder import VllmRecorder
+from redis_stats.integrations.vllm.recorder import VllmRecorder
 
 __all__ = ["LoadProfile", "SimulatedApiServer"]
 

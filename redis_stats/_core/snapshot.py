@@ -5,7 +5,7 @@ does not parse (written by hand, or by a newer version), or a key of the wrong t
 and counted in ``Snapshot.skipped`` (which also names the first few keys and fields); it never
 fails the read. Whether a raw value is valid for a kind is decided here, once, by
 :func:`number_text`, :func:`gauge_parts` and :func:`histogram_parts`: the text renderer
-(:mod:`redis_stats.exposition`) calls the same functions, so both render paths skip the same data.
+(:mod:`redis_stats.prometheus.exposition`) calls the same functions, so both render paths skip the same data.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any
 
 from prometheus_client.utils import floatToGoString
 
-from . import fields
-from .catalog import COUNTER, HISTOGRAM, Catalog, MetricSpec
-from .errors import CatalogError, SchemaMismatch
-from .keys import SCHEMA_VERSION, Keys
+from redis_stats._core import fields
+from redis_stats.catalog import COUNTER, HISTOGRAM, Catalog, MetricSpec
+from redis_stats.errors import CatalogError, SchemaMismatch
+from redis_stats.keys import SCHEMA_VERSION, Keys
 
 __all__ = [
     "EngineSnapshot",

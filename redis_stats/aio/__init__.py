@@ -2,7 +2,7 @@
 
 They share every rule with the threaded classes through the sans-I/O cores
 (:class:`~redis_stats.writer.WriterCore`, :class:`~redis_stats.reader.ReaderCore`,
-:class:`~redis_stats.leader.LeaseState`, :class:`~redis_stats.reporter.ReportCore`):
+:class:`~redis_stats.leader.LeaseState`, :class:`~redis_stats.reporting.ReportCore`):
 only the waiting differs. Recording stays synchronous and in memory (``child.inc(1)`` in a
 coroutine is fine); flushing is a task on the running loop.
 
@@ -31,16 +31,16 @@ from typing import Any
 
 from redis.exceptions import ExecAbortError, NoScriptError, OutOfMemoryError, ResponseError
 
-from .catalog import Catalog
-from .config import StatsConfig
-from .connection import AsyncClient, make_async_client
-from .keys import Keys
-from .leader import Leader, LeaseState
-from .reader import ReaderCore, refused_for_memory
-from .reporter import LogLines, ReportCore
-from .scripts import AsyncScript, load_script
-from .snapshot import Snapshot
-from .writer import WriterCore
+from redis_stats._core.snapshot import Snapshot
+from redis_stats._scripts import AsyncScript, load_script
+from redis_stats.catalog import Catalog
+from redis_stats.config import StatsConfig
+from redis_stats.connection import AsyncClient, make_async_client
+from redis_stats.keys import Keys
+from redis_stats.leader import Leader, LeaseState
+from redis_stats.reader import ReaderCore, refused_for_memory
+from redis_stats.reporting import LogLines, ReportCore
+from redis_stats.writer import WriterCore
 
 __all__ = ["AsyncLeaseLeader", "AsyncStatsReader", "AsyncStatsReporter", "AsyncStatsWriter"]
 
@@ -300,7 +300,7 @@ class AsyncLeaseLeader:
 
 
 class AsyncStatsReporter:
-    """The asyncio twin of :class:`~redis_stats.reporter.StatsReporter` (same lines, same rules)."""
+    """The asyncio twin of :class:`~redis_stats.reporting.StatsReporter` (same lines, same rules)."""
 
     def __init__(
         self,

@@ -6,7 +6,7 @@
                         last *window* seconds and fleet totals (for routers and autoscalers;
                         JSON Schema: ``redis_stats/schemas/snapshot.schema.json``)
     GET /healthz        200 when Redis answers, 503 otherwise
-    GET /               a live page (redis_stats/web/index.html): each engine's state, throughput
+    GET /               a live page (redis_stats/prometheus/web/index.html): each engine's state, throughput
                         and latency with charts of the last minutes, polling /snapshot
 
 HTTP as prometheus_client's own server does it (its helpers are reused, not rewritten):
@@ -47,11 +47,11 @@ from prometheus_client.exposition import (
     gzip_accepted,
 )
 
-from .collector import RedisCollector
-from .config import redact
-from .errors import error_kind
-from .reader import StatsReader
-from .recent import FleetSummary, SnapshotRing, snapshot_document, summary_problems
+from redis_stats.config import redact
+from redis_stats.errors import error_kind
+from redis_stats.prometheus.collector import RedisCollector
+from redis_stats.prometheus.recent import FleetSummary, SnapshotRing, snapshot_document, summary_problems
+from redis_stats.reader import StatsReader
 
 __all__ = ["Exporter"]
 
@@ -63,7 +63,8 @@ PATHS = ("/", "/metrics", "/snapshot", "/healthz")
 @functools.cache
 def live_page() -> bytes:
     """The page served at ``/`` (package data; read once, never changes)."""
-    return (resources.files("redis_stats") / "web" / "index.html").read_bytes()
+    return (resources.files("redis_stats.prometheus") / "web" / "index.html").read_bytes()
+
 
 # gzip level 6 (zlib's default) rather than prometheus_client's 9: on a multi-megabyte scrape it is
 # several times faster for a body a few percent larger (bench/http_exporter.py measures both).
@@ -230,7 +231,7 @@ class Exporter:
     """Serves ``/metrics``, ``/snapshot`` and ``/healthz`` from a thread.
 
     *port* 0 picks a free port (see :attr:`port` after :meth:`start`). With *gc_interval* > 0 it
-    also runs retention (``redis_stats.gc``) that often. *request_timeout* bounds each socket
+    also runs retention (``redis_stats.ops.retention``) that often. *request_timeout* bounds each socket
     operation of a connection: a client that has not sent its whole request (line and headers)
     within that long is disconnected and its thread freed, even if it keeps sending a byte at a
     time, and a response must be sent within it (``sendall``'s timeout covers the
@@ -324,7 +325,7 @@ class Exporter:
             threading.Thread(target=self._gc_loop, name="redis_stats-gc", daemon=True).start()
 
     def _gc_loop(self) -> None:
-        from .gc import collect_garbage
+        from redis_stats.ops.retention import collect_garbage
 
         while not self._stop.wait(self.gc_interval):
             try:

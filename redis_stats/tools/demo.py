@@ -22,11 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from .config import ENV_PREFIX, StatsConfig, mask_url
-from .embedded import EmbeddedRedis
-from .exporter import Exporter
-from .integrations.vllm import vllm_catalog
-from .reader import StatsReader
+from redis_stats.config import ENV_PREFIX, StatsConfig, mask_url
+from redis_stats.integrations.vllm import vllm_catalog
+from redis_stats.prometheus.exporter import Exporter
+from redis_stats.reader import StatsReader
+from redis_stats.tools.embedded import EmbeddedRedis
 
 __all__ = ["DemoOptions", "run_demo", "run_node"]
 
@@ -213,7 +213,7 @@ def _spawn_node(config: StatsConfig, node: int, api: int) -> subprocess.Popen[by
     args = [
         sys.executable,
         "-m",
-        "redis_stats.demo",
+        "redis_stats.tools.demo",
         config.namespace,
         str(node),
         str(api),
@@ -238,13 +238,13 @@ def run_node(
     leader_mode: str = "rank0",
 ) -> None:
     """One simulated API server of node *node* (engine rank *node*), until SIGTERM."""
-    from .connection import make_client
-    from .integrations.vllm import VllmRecorder
-    from .integrations.vllm.logline import VllmLogLines
-    from .leader import make_leader
-    from .reporter import StatsReporter
-    from .simulate import LoadProfile, SimulatedApiServer
-    from .writer import StatsWriter
+    from redis_stats.connection import make_client
+    from redis_stats.integrations.vllm import VllmRecorder
+    from redis_stats.integrations.vllm.logline import VllmLogLines
+    from redis_stats.leader import make_leader
+    from redis_stats.reporting import StatsReporter
+    from redis_stats.tools.simulate import LoadProfile, SimulatedApiServer
+    from redis_stats.writer import StatsWriter
 
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(

@@ -1,4 +1,4 @@
-"""Print the options table of docs/configuration.md: ``python -m redis_stats.config_table``.
+"""Print the options table of docs/configuration.md: ``python -m redis_stats.tools.config_table``.
 
 Its own module because ``redis_stats`` imports ``redis_stats.config`` when it loads: running that
 module with ``-m`` would execute it a second time, as ``__main__`` (runpy's RuntimeWarning).
@@ -6,7 +6,7 @@ module with ``-m`` would execute it a second time, as ``__main__`` (runpy's Runt
 
 from __future__ import annotations
 
-from .config import options_markdown
+from redis_stats.config import options_markdown
 
 if __name__ == "__main__":
     print(options_markdown())

@@ -27,11 +27,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from .catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM
-from .errors import error_kind
-from .exposition import TextRenderer, format_families
-from .reader import StatsReader
-from .snapshot import Snapshot
+from redis_stats._core.snapshot import Snapshot
+from redis_stats.catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM
+from redis_stats.errors import error_kind
+from redis_stats.prometheus.exposition import TextRenderer, format_families
+from redis_stats.reader import StatsReader
 
 __all__ = ["RedisCollector"]
 
@@ -70,7 +70,7 @@ class RedisCollector:
     def render_text(self) -> str:
         """The same exposition as :meth:`collect` through ``generate_latest``, several times faster:
         the reader's reply goes straight to text
-        (:class:`~redis_stats.exposition.TextRenderer`)."""
+        (:class:`~redis_stats.prometheus.exposition.TextRenderer`)."""
         started = time.perf_counter()
         shell: Snapshot | None = None
         text = ""

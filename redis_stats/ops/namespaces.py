@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from .keys import SCHEMA_VERSION, Keys
+from redis_stats.keys import SCHEMA_VERSION, Keys
 
 __all__ = ["NamespaceInfo", "describe_namespaces", "find_namespaces", "namespace_holds_data"]
 

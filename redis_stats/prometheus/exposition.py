@@ -7,7 +7,7 @@ field, everything else: the decoded series and its rendered line prefix
 (``vllm:prompt_tokens_total{engine="3",model_name="m"} ``). A scrape then costs a dictionary
 lookup, a number check and a string join per series and writer; a series two writers hold is
 added up (schema 2, docs/key-schema.md). The semantics are the decoder's
-(:mod:`redis_stats.snapshot`), whose functions decide which fields and values are valid:
+(:mod:`redis_stats._core.snapshot`), whose functions decide which fields and values are valid:
 cumulative buckets with ``+Inf``, gauges of live writers only, rolled up by mode, gauges of stale
 engines hidden, undecodable fields and wrong-typed keys skipped and counted; tests parse both
 outputs with prometheus_client's parser and compare them, on garbage too.
@@ -25,8 +25,7 @@ from typing import Any
 
 from prometheus_client.utils import floatToGoString
 
-from .catalog import COUNTER, ENGINE_LABEL, HISTOGRAM, Catalog, MetricSpec
-from .snapshot import (
+from redis_stats._core.snapshot import (
     Skipped,
     Snapshot,
     SnapshotDecoder,
@@ -35,6 +34,7 @@ from .snapshot import (
     histogram_parts,
     number_text,
 )
+from redis_stats.catalog import COUNTER, ENGINE_LABEL, HISTOGRAM, Catalog, MetricSpec
 
 __all__ = ["TextRenderer", "escape_label_value"]
 
@@ -103,7 +103,7 @@ class _Plan:
 class TextRenderer:
     """Renders replies of a reader (``StatsReader.read``) as Prometheus text.
 
-    Shares the reader's :class:`~redis_stats.snapshot.SnapshotDecoder` for the catalogue, field
+    Shares the reader's :class:`~redis_stats._core.snapshot.SnapshotDecoder` for the catalogue, field
     parsing, value validation and liveness, and keeps its own per-field cache of rendered
     prefixes. Safe to call from several threads at once (the exporter serves each request on
     its own thread): every scrape's lines and gauge roll-ups live in locals of :meth:`render`.
@@ -276,7 +276,7 @@ def _sum_histograms(
     name: str, entry: list[Any], size: int, skipped: Skipped, key: str
 ) -> tuple[str, list[str]] | None:
     """(sum text, count texts) of a histogram's values (``entry[1:]``, one per writer) added
-    bucket by bucket, in order, as :meth:`~redis_stats.snapshot.HistogramValue.plus` adds them.
+    bucket by bucket, in order, as :meth:`~redis_stats._core.snapshot.HistogramValue.plus` adds them.
     A malformed value is skipped and counted; None if none is left."""
     found = []
     for raw in entry[1:]:

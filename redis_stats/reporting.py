@@ -16,10 +16,10 @@ import logging
 import threading
 from typing import Any, Protocol
 
-from .config import StatsConfig
-from .leader import Leader
-from .reader import StatsReader
-from .snapshot import Snapshot
+from redis_stats._core.snapshot import Snapshot
+from redis_stats.config import StatsConfig
+from redis_stats.leader import Leader
+from redis_stats.reader import StatsReader
 
 __all__ = ["LogLines", "ReportCore", "StatsReporter"]
 

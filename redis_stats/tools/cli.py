@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 import click
 from click.core import ParameterSource
 
-from . import __version__
-from .config import ConfigError, StatsConfig, redact
+from redis_stats import __version__
+from redis_stats.config import ConfigError, StatsConfig, redact
 
 __all__ = ["main"]
 
@@ -45,7 +45,7 @@ def _resolve_url(redis_url: str | None, redis_url_file: str | None) -> str | Non
 
 
 def _config(redis_url: str | None, namespace: str | None) -> StatsConfig:
-    from .connection import check_url
+    from redis_stats.connection import check_url
 
     try:
         config = StatsConfig.from_env(url=redis_url, namespace=namespace)
@@ -85,7 +85,7 @@ def _redis_errors(config: StatsConfig) -> Iterator[None]:
     and a second line saying what to do when the kind of failure says it."""
     import redis
 
-    from .writer import error_kind
+    from redis_stats.writer import error_kind
 
     try:
         yield
@@ -102,8 +102,8 @@ def _require_namespace(config: StatsConfig, client: object) -> None:
     """End the command (exit 3) when the namespace holds nothing, naming the ones that do."""
     import redis
 
-    from .errors import error_kind
-    from .namespaces import describe_namespaces, namespace_holds_data, summary
+    from redis_stats.errors import error_kind
+    from redis_stats.ops.namespaces import describe_namespaces, namespace_holds_data, summary
 
     if namespace_holds_data(client, config.namespace):
         return
@@ -120,13 +120,11 @@ def _require_namespace(config: StatsConfig, client: object) -> None:
         ) from None
     if not others:
         raise EmptyNamespace(
-            f"{where}, and no namespace does: nothing has written there yet "
-            "(check the URL's database number)"
+            f"{where}, and no namespace does: nothing has written there yet (check the URL's database number)"
         )
     lines = "\n".join(f"  {summary(info)}" for info in others)
     raise EmptyNamespace(
-        f"{where}; it has:\n{lines}\n"
-        f"pass --namespace {others[0].namespace} (or set REDIS_STATS_NAMESPACE)"
+        f"{where}; it has:\n{lines}\npass --namespace {others[0].namespace} (or set REDIS_STATS_NAMESPACE)"
     )
 
 
@@ -167,6 +165,7 @@ def url_option(func: F) -> F:
         return func(*args, redis_url=_resolve_url(redis_url, redis_url_file), **kwargs)
 
     return wrapper  # type: ignore[return-value]
+
 
 namespace_option = click.option(
     "--namespace",
@@ -252,13 +251,13 @@ def demo(
     duration: float | None,
 ) -> None:
     """Simulate a multi-node vLLM fleet writing to one Redis; print the rank-0 log; serve /metrics."""
-    from .demo import DemoOptions, run_demo
-    from .embedded import NoServerBinary
+    from redis_stats.tools.demo import DemoOptions, run_demo
+    from redis_stats.tools.embedded import NoServerBinary
 
     redis_url = _resolve_url(redis_url, redis_url_file)
     if redis_url is not None:
         try:  # a bad URL is a usage error, before anything starts
-            from .connection import check_url
+            from redis_stats.connection import check_url
 
             check_url(StatsConfig(url=redis_url, namespace=namespace))
         except ConfigError as exc:
@@ -335,10 +334,10 @@ def exporter(
     window: float,
 ) -> None:
     """Serve /metrics (every engine), /snapshot (JSON) and /healthz from Redis."""
-    from .exporter import Exporter
-    from .integrations.vllm import vllm_catalog
-    from .integrations.vllm.summary import VLLM_FLEET_SUMMARY
-    from .reader import StatsReader
+    from redis_stats.integrations.vllm import vllm_catalog
+    from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
+    from redis_stats.prometheus.exporter import Exporter
+    from redis_stats.reader import StatsReader
 
     config = _config(redis_url, namespace)
     engine_list = _engines(engines)
@@ -384,10 +383,10 @@ def exporter(
 )
 def top(redis_url: str | None, namespace: str | None, interval: float, once: bool) -> None:
     """A live per-engine table: throughput, requests, KV usage, TTFT and ITL percentiles."""
-    from .connection import make_client
-    from .integrations.vllm import vllm_catalog
-    from .reader import StatsReader
-    from .top import run_top
+    from redis_stats.connection import make_client
+    from redis_stats.integrations.vllm import vllm_catalog
+    from redis_stats.reader import StatsReader
+    from redis_stats.tools.top import run_top
 
     config = _config(redis_url, namespace)
     with _redis_errors(config):
@@ -409,9 +408,9 @@ def top(redis_url: str | None, namespace: str | None, interval: float, once: boo
 )
 def inspect(redis_url: str | None, namespace: str | None, as_json: bool, window: float) -> None:
     """The keys, engines, writers and series of a namespace."""
-    from .connection import make_client
-    from .inspect import inspect_namespace
-    from .integrations.vllm import vllm_catalog
+    from redis_stats.connection import make_client
+    from redis_stats.integrations.vllm import vllm_catalog
+    from redis_stats.ops.inspection import inspect_namespace
 
     config = _config(redis_url, namespace)
     if as_json:
@@ -428,10 +427,10 @@ def _print_snapshot_json(config: StatsConfig, window: float) -> None:
     import json
     import time
 
-    from .integrations.vllm import vllm_catalog
-    from .integrations.vllm.summary import VLLM_FLEET_SUMMARY
-    from .reader import StatsReader
-    from .recent import snapshot_document
+    from redis_stats.integrations.vllm import vllm_catalog
+    from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
+    from redis_stats.prometheus.recent import snapshot_document
+    from redis_stats.reader import StatsReader
 
     reader = StatsReader(config, vllm_catalog())
     earlier = None
@@ -454,8 +453,8 @@ def _print_snapshot_json(config: StatsConfig, window: float) -> None:
 )
 def gc(redis_url: str | None, namespace: str | None, dry_run: bool, retention: float | None) -> None:
     """Remove engines and writers that stopped heartbeating longer than the retention ago."""
-    from .connection import make_client
-    from .gc import collect_garbage
+    from redis_stats.connection import make_client
+    from redis_stats.ops.retention import collect_garbage
 
     config = _config(redis_url, namespace)
     if retention is not None:
@@ -477,8 +476,8 @@ def gc(redis_url: str | None, namespace: str | None, dry_run: bool, retention: f
 @url_option
 def namespaces(redis_url: str | None) -> None:
     """Every namespace in this Redis: engines (up), writers (live), newest heartbeat."""
-    from .connection import make_client
-    from .namespaces import describe_namespaces, summary
+    from redis_stats.connection import make_client
+    from redis_stats.ops.namespaces import describe_namespaces, summary
 
     config = _config(redis_url, None)
     with _redis_errors(config):

@@ -17,10 +17,10 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
-from .config import StatsConfig
-from .connection import Client, make_client
-from .keys import Keys
-from .scripts import Script, load_script
+from redis_stats._scripts import Script, load_script
+from redis_stats.config import StatsConfig
+from redis_stats.connection import Client, make_client
+from redis_stats.keys import Keys
 
 __all__ = ["GcResult", "collect_garbage"]
 

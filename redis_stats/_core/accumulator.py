@@ -29,10 +29,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import fields
-from .catalog import COUNTER, GAUGE, Catalog, MetricSpec
-from .chunks import Totals
-from .keys import SCHEMA_VERSION
+from redis_stats._core import fields
+from redis_stats._core.chunks import Totals
+from redis_stats.catalog import COUNTER, GAUGE, Catalog, MetricSpec
+from redis_stats.keys import SCHEMA_VERSION
 
 __all__ = [
     "Accumulator",
@@ -339,7 +339,7 @@ class _EngineBlock:
 @dataclass
 class Batch:
     """One flush: catalogue specs to store, and per engine the chunks of the writer's absolute
-    state that changed (see :mod:`redis_stats.chunks`).
+    state that changed (see :mod:`redis_stats._core.chunks`).
 
     Built once, then sent as-is until Redis confirms it; ``seq`` never changes.
     """
@@ -351,7 +351,7 @@ class Batch:
     chunks: dict[int, list[tuple[int, str | None, str]]] = field(default_factory=dict)
     """engine -> (chunk index, its names or None when Redis holds them, its values)."""
     sent: list[Any] = field(default_factory=list, repr=False)
-    """What confirming this batch means (:meth:`redis_stats.chunks.Totals.confirm`)."""
+    """What confirming this batch means (:meth:`redis_stats._core.chunks.Totals.confirm`)."""
 
     def _block(self, engine: int) -> _EngineBlock:
         block = self.engines.get(engine)

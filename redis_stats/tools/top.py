@@ -17,9 +17,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from .integrations.vllm.logline import LogMetrics, aggregate, engine_intervals
-from .reader import StatsReader
-from .snapshot import EngineSnapshot, HistogramValue, Snapshot
+from redis_stats._core.snapshot import EngineSnapshot, HistogramValue, Snapshot
+from redis_stats.integrations.vllm.logline import LogMetrics, aggregate, engine_intervals
+from redis_stats.reader import StatsReader
 
 __all__ = [
     "COLUMNS",
@@ -259,8 +259,8 @@ def run_top(
                 try:
                     snap = reader.snapshot()
                 except failures as exc:
-                    from .config import redact
-                    from .errors import error_kind
+                    from redis_stats.config import redact
+                    from redis_stats.errors import error_kind
 
                     last = None
                     note = (

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .errors import NoServerBinary  # defined in errors.py; importable from here as it always was
+from redis_stats.errors import NoServerBinary  # defined in errors.py; importable from here as it always was
 
 __all__ = ["EmbeddedRedis", "NoServerBinary", "find_server_binary", "free_port"]
 

@@ -19,8 +19,8 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from .catalog import COUNTER, GAUGE
-from .snapshot import HistogramValue, Snapshot
+from redis_stats._core.snapshot import HistogramValue, Snapshot
+from redis_stats.catalog import COUNTER, GAUGE
 
 __all__ = [
     "SUMMARY_KINDS",

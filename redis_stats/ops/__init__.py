@@ -1,0 +1,2 @@
+"""Operations on a namespace in Redis: retention (removing dead writers' series),
+inspection, listing namespaces."""

@@ -1,0 +1,2 @@
+"""What Prometheus sees: the collector, the stateless text exposition, the exporter
+(``/metrics``, ``/snapshot`` and its page)."""
