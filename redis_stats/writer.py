@@ -432,7 +432,9 @@ class WriterCore:
         calls = []
         for shard, batch in batches.items():
             keys = self.shard_keys[shard]
-            claims = [e + offset for e in self.engines if shard_of(e + offset, k) == shard] if self.owner else ()
+            claims = (
+                [e + offset for e in self.engines if shard_of(e + offset, k) == shard] if self.owner else ()
+            )
             args = batch.script_args(
                 keys.prefix,
                 self.shard_ids[shard],
@@ -441,7 +443,9 @@ class WriterCore:
                 claims=claims,
                 stats=self._changed_stats() if shard == self.home else (),
             )
-            calls.append((shard, [keys.seq, keys.engines, keys.writers, keys.meta, keys.claims, keys.conflicts], args))
+            calls.append(
+                (shard, [keys.seq, keys.engines, keys.writers, keys.meta, keys.claims, keys.conflicts], args)
+            )
         return calls
 
     def _changed_stats(self) -> list[str]:

@@ -812,13 +812,13 @@ class FlushProtocol:
                 flow.next_seq += 1
         out: dict[int, Batch] = {}
         for shard in sorted(wanted):
-            batch = flows[shard].in_flight
-            if batch is None:
+            sending = flows[shard].in_flight
+            if sending is None:
                 continue
             if closing and not self.acc.dirty and shard not in self.acc.owed:
                 # Only the heartbeat depends on this flag, never the data: safe on a retried batch.
-                batch.closing = True
-            out[shard] = batch
+                sending.closing = True
+            out[shard] = sending
         return out
 
     def confirmed(self, result: FlushResult, shard: int = 0) -> None:
