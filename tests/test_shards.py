@@ -62,7 +62,9 @@ def test_engine_to_shard_and_tags_deterministic_and_spread():
             offset = (shard_slot(ns, s, K) - base) % 16384
             assert abs(offset - s * 16384 // K) <= 8, (ns, s, offset)
     # The same in another process (no per-process hash seed in the choice).
-    code = "from redis_stats.keys import shard_tag; print(shard_tag('llama-3-8b', 2, 3), shard_tag('x', 5, 8))"
+    code = (
+        "from redis_stats.keys import shard_tag; print(shard_tag('llama-3-8b', 2, 3), shard_tag('x', 5, 8))"
+    )
     env = {**os.environ, "PYTHONHASHSEED": "123"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.split() == [shard_tag("llama-3-8b", 2, 3), shard_tag("x", 5, 8)]
@@ -111,7 +113,9 @@ def test_round_trip_over_three_shards_fakeredis(fake_client, namespace):
 @pytest.mark.redis_server
 def test_round_trip_over_three_shards_one_transaction(redis_server, namespace):
     """On one server the reader reads every shard in one MULTI (one round trip)."""
-    _round_trip(lambda: redis.Redis.from_url(redis_server.url, decode_responses=True), namespace, redis_server.url)
+    _round_trip(
+        lambda: redis.Redis.from_url(redis_server.url, decode_responses=True), namespace, redis_server.url
+    )
     client = redis.Redis.from_url(redis_server.url, decode_responses=True)
     reader = StatsReader(_cfg(namespace, redis_server.url, shards=K), sample_catalog(), client=client)
     reader.snapshot()
@@ -177,7 +181,9 @@ def test_an_engine_in_two_shards_after_k_changed_is_summed(fake_client, namespac
     old.counter("tokens").labels(engine=4).inc(5)
     old.histogram("latency_seconds").labels(engine=4).observe(0.3)
     assert old.close()
-    new = StatsWriter(_cfg(namespace, shards=K), sample_catalog(), engines=[4], client=fake_client(), start=False)
+    new = StatsWriter(
+        _cfg(namespace, shards=K), sample_catalog(), engines=[4], client=fake_client(), start=False
+    )
     new.counter("tokens").labels(engine=4).inc(7)
     new.histogram("latency_seconds").labels(engine=4).observe(2.0)
     assert new.flush()
@@ -194,7 +200,9 @@ def test_an_engine_in_two_shards_after_k_changed_is_summed(fake_client, namespac
 
 
 def test_a_writer_only_in_shard_1_keeps_its_self_metrics_there(fake_client, namespace):
-    w = StatsWriter(_cfg(namespace, shards=K), sample_catalog(), engines=[1, 4], client=fake_client(), start=False)
+    w = StatsWriter(
+        _cfg(namespace, shards=K), sample_catalog(), engines=[1, 4], client=fake_client(), start=False
+    )
     w.counter("tokens").labels(engine=4).inc(1)
     assert w.flush() and w.flush()
     raw = fake_client()
