@@ -17,12 +17,13 @@ spaced around the slot ring from shard 0's: on a Cluster made with equal contigu
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
-__all__ = ["SCHEMA_VERSION", "Keys", "shard_of", "shard_slot", "shard_tag"]
+__all__ = ["SCHEMA_VERSION", "Keys", "parse_layouts", "shard_of", "shard_slot", "shard_tag"]
 
 # Bumped when the layout or the field encoding changes incompatibly; stored in meta["schema"].
 # 2: each writer's absolute values in chunks of the engine's hash (docs/key-schema.md, issue 15);
@@ -68,6 +69,14 @@ def shard_tag(namespace: str, shard: int, shards: int) -> str:
     return best
 
 
+def parse_layouts(text: object) -> set[int]:
+    """The K values of shard 0's catalogue field ``shards`` (``"3"``, ``"2,3"``; see shards.lua):
+    every K > 1 the namespace's writers used. Anything else in it is ignored."""
+    if not isinstance(text, str):
+        return set()
+    return {int(x) for x in text.split(",") if x.isdigit() and 1 < int(x) <= 64}
+
+
 def shard_slot(namespace: str, shard: int, shards: int) -> int:
     """The Cluster slot of every key of *shard* (CLUSTER KEYSLOT of any of them)."""
     return int(key_slot(shard_tag(namespace, shard, shards).encode()))
@@ -80,6 +89,14 @@ class Keys:
     namespace: str
     tag: str = ""
     """The hash tag of the keys: the namespace (shard 0, or an unsharded namespace) when empty."""
+
+    def all_shards(self, layouts: Iterable[int]) -> list[Keys]:
+        """The keys of every shard of the namespace split with any K in *layouts*: shard 0 (these
+        keys) first, then shards 1..K-1 of each K (a K changed leaves data under the old tags)."""
+        out = [self]
+        for k in sorted(set(layouts) - {1}):
+            out += [self.shard(s, k) for s in range(1, k)]
+        return out
 
     def shard(self, shard: int, shards: int) -> Keys:
         """The keys of *shard* of this namespace split into *shards* (shard 0: these keys)."""

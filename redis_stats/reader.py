@@ -16,7 +16,7 @@ from redis_stats._scripts import ReadOnlyScript, load_script
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
 from redis_stats.connection import Client, make_client
-from redis_stats.keys import Keys
+from redis_stats.keys import Keys, parse_layouts
 
 __all__ = ["ReaderCore", "StatsReader", "merge_shards"]
 
@@ -26,12 +26,12 @@ Plan = tuple[tuple[str, ...], tuple[str, ...]]  # (engines, writers) a transacti
 
 
 def _layouts(meta_flat: Any) -> set[int]:
-    """The K values listed in a catalogue's ``shards`` field (``"3"``, ``"2,3"``; see shards.lua)."""
+    """The K values listed in a catalogue's ``shards`` field (see :func:`parse_layouts`)."""
     if meta_flat.__class__ is not list:
         return set()
     for name, value in zip(meta_flat[0::2], meta_flat[1::2]):
-        if name == "shards" and value.__class__ is str:
-            return {int(x) for x in value.split(",") if x.isdigit() and 1 < int(x) <= 64}
+        if name == "shards":
+            return parse_layouts(value)
     return set()
 
 
@@ -149,10 +149,7 @@ class ReaderCore:
     def shard_keys(self) -> list[Keys]:
         """The keys of every shard this reader reads: shard 0 (the namespace's own keys), then
         shards 1..K-1 of every K in :attr:`layouts`."""
-        out = [self.keys]
-        for k in sorted(self.layouts):
-            out += [self.keys.shard(s, k) for s in range(1, k)]
-        return out
+        return self.keys.all_shards(self.layouts)
 
     def note_layouts(self, meta_flat: Any) -> bool:
         """Take the K values listed in shard 0's catalogue *meta_flat*; True if one is new."""

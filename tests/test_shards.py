@@ -214,3 +214,29 @@ def test_a_writer_only_in_shard_1_keeps_its_self_metrics_there(fake_client, name
     snap = StatsReader(_cfg(namespace), sample_catalog(), client=fake_client()).snapshot()
     assert snap.engines[4].counter("tokens") == 1 and snap.writers[w.writer_id].stats["flushes"] == "1"
     w.close()
+
+
+def test_gc_namespaces_and_inspect_cover_every_shard(fake_client, namespace, monkeypatch):
+    import time
+
+    from redis_stats.ops import inspection
+    from redis_stats.ops.namespaces import describe_namespaces
+    from redis_stats.ops.retention import collect_garbage
+
+    w = StatsWriter(
+        _cfg(namespace, shards=K), sample_catalog(), engines=list(range(6)), client=fake_client(), start=False
+    )
+    _record(w, range(6), 1)
+    assert w.close()
+    infos = [i for i in describe_namespaces(fake_client(), 30.0) if i.namespace == namespace]
+    assert len(infos) == 1 and infos[0].engines == 6 and infos[0].writers == 1
+    monkeypatch.setattr(inspection, "make_client", lambda config: fake_client())
+    lines = "\n".join(inspection.inspect_namespace(_cfg(namespace), sample_catalog()))
+    assert "shards: 3" in lines and "engines: 6" in lines
+    assert "slot" in lines and lines.count("1 chunks of 1 writers") == 6
+    time.sleep(0.01)
+    # A gc configured with K=1 finds the shards in shard 0's catalogue, and collects each one.
+    result = collect_garbage(_cfg(namespace, retention=0.001), client=fake_client())
+    assert result.engines == list(range(6)) and result.writers == [w.writer_id]
+    snap = StatsReader(_cfg(namespace), sample_catalog(), client=fake_client()).snapshot()
+    assert not snap.engines and not snap.writers
