@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import socket
+import sys
 import threading
 import time
 
@@ -113,3 +114,110 @@ def test_close_without_start_returns_and_frees_the_port(config, fake_client):
     assert not closer.is_alive(), "Exporter.close() hung"
     with socket.create_server(("127.0.0.1", port)):  # the port is free again
         pass
+
+
+def _open_idle(port: int, n: int) -> list[socket.socket]:
+    """*n* connections that have sent half a request and wait (each holds a server thread)."""
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(b"GET /metrics HTTP/1.1\r\n")
+        socks.append(s)
+    return socks
+
+
+def test_connections_past_the_cap_get_503_at_once_and_served_ones_keep_going(config, fake_client):
+    # One thread per connection with no bound: a burst of clients grew threads without limit.
+    reader = StatsReader(config, sample_catalog(), client=fake_client())
+    exporter = Exporter(reader, port=0, request_timeout=5.0, max_connections=4, self_metrics=True).start()
+    before = threading.active_count()
+    held = _open_idle(exporter.port, 4)
+    try:
+        time.sleep(0.3)
+        assert threading.active_count() - before <= 4
+        extra = [socket.create_connection(("127.0.0.1", exporter.port), timeout=10) for _ in range(20)]
+        started = time.monotonic()
+        for s in extra:
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+            s.close()
+            assert data.split(b" ", 2)[1] == b"503", data[:80]
+            assert b"Retry-After: 1" in data and b"too many connections" in data
+        assert time.monotonic() - started < 3.0  # answered at once, not after the held ones time out
+        assert threading.active_count() - before <= 4  # no thread per refused connection
+        # the held connections finish their requests and are answered normally
+        for s in held:
+            s.sendall(b"Host: x\r\nConnection: close\r\n\r\n")
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+            assert data.split(b" ", 2)[1] == b"200", data[:80]
+        # their slots are free again: a new scrape is served, and shows the refusals
+        deadline = time.monotonic() + 5
+        while True:
+            conn = http.client.HTTPConnection("127.0.0.1", exporter.port, timeout=10)
+            conn.request("GET", "/metrics")
+            resp = conn.getresponse()
+            body = resp.read().decode()
+            conn.close()
+            if resp.status == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert resp.status == 200
+        assert "redis_stats_exporter_connections_refused_total 20.0" in body
+    finally:
+        for s in held:
+            s.close()
+        exporter.close()
+
+
+def test_max_connections_must_be_a_positive_whole_number(config, fake_client):
+    reader = StatsReader(config, sample_catalog(), client=fake_client())
+    for bad in (0, -1, 2.5, True, "8"):
+        try:
+            Exporter(reader, port=0, max_connections=bad)  # type: ignore[arg-type]
+        except ValueError as exc:
+            assert "max_connections" in str(exc) and repr(bad) in str(exc)
+        else:
+            raise AssertionError(f"max_connections={bad!r} accepted")
+
+
+def test_concurrent_first_snapshot_requests_start_one_sampler(config, fake_client, monkeypatch):
+    # The first /snapshot request starts the window sampler; several first requests at once each
+    # started one (check, then set: no lock), and every extra sampler read Redis for ever.
+    reader = StatsReader(config, sample_catalog(), client=fake_client())
+    started: list[str] = []
+    real_start = threading.Thread.start
+
+    def counting_start(self: threading.Thread) -> None:
+        if self.name == "redis_stats-window":
+            started.append(self.name)
+            return  # counted, not run
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", counting_start)
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: races show up
+    try:
+        extra = 0
+        for _ in range(100):
+            exporter = Exporter(reader, port=0)
+            started.clear()
+            barrier = threading.Barrier(6)
+
+            def first_request(exporter: Exporter = exporter, barrier: threading.Barrier = barrier) -> None:
+                barrier.wait()
+                exporter._start_sampler()
+
+            threads = [threading.Thread(target=first_request) for _ in range(6)]
+            for t in threads:
+                real_start(t)
+            for t in threads:
+                t.join()
+            exporter.close()
+            extra += len(started) - 1
+    finally:
+        sys.setswitchinterval(old_interval)
+    assert extra == 0, f"{extra} extra window samplers started over 100 exporters"

@@ -33,7 +33,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
@@ -152,8 +152,52 @@ class _RequestReader(io.RawIOBase):
         return int(self._sock.recv_into(buffer))
 
 
+# Answer to a connection over the cap: written straight to the socket, no thread started.
+_BUSY_BODY = b'{"error": "too many connections, retry in a second"}'
+_BUSY = (
+    b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY)
+)
+
+
 class _Server(ThreadingHTTPServer):
+    """ThreadingHTTPServer with at most *max_connections* connections served at once.
+
+    ThreadingHTTPServer starts one thread per connection with no bound (prometheus_client's own
+    server too): a burst of clients, or many slow ones each held up to the request timeout, would
+    grow threads and memory without limit. Past the cap a connection gets an immediate 503 with
+    ``Retry-After`` and is closed, so the clients already being served keep their threads and a
+    scraper sees a clear answer instead of a timeout.
+    """
+
     daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: Any, max_connections: int) -> None:
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self.refused = 0  # connections answered 503 for the cap (read by ScrapeStats)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            try:
+                request.settimeout(1.0)
+                request.sendall(_BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()  # the thread did not start: free its slot
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that hung up mid-response is routine for a metrics endpoint: a debug line, not
@@ -186,6 +230,8 @@ class ScrapeStats:
         self._sum = 0.0
         self._bytes = 0.0
         self._last_bytes = 0.0
+        # Connections refused for the server's cap (set by the Exporter that owns the server).
+        self.refused: Callable[[], int] = lambda: 0
 
     def observe(self, seconds: float, size: int) -> None:
         """Count one scrape that took *seconds* and answered *size* bytes (before compression)."""
@@ -225,6 +271,12 @@ class ScrapeStats:
         )
         last_size.add_metric([], last)
         yield last_size
+        refused = CounterMetricFamily(
+            "redis_stats_exporter_connections_refused",
+            "Connections answered 503 because max_connections were already being served.",
+        )
+        refused.add_metric([], float(self.refused()))
+        yield refused
 
 
 class Exporter:
@@ -245,6 +297,10 @@ class Exporter:
     also shows this process (``process_*``, ``python_*``) and its scrapes: on for the standalone
     ``redis-stats exporter``; off by default because a host such as vLLM already serves its own
     process metrics on its own ``/metrics``.
+
+    At most *max_connections* connections are served at once (one thread each); past that a new
+    connection is answered 503 with ``Retry-After: 1`` at once and closed (counted in
+    ``redis_stats_exporter_connections_refused_total`` with *self_metrics*).
     """
 
     def __init__(
@@ -259,11 +315,17 @@ class Exporter:
         window: float = 30.0,
         summary: FleetSummary | None = None,
         self_metrics: bool = False,
+        max_connections: int = 64,
     ) -> None:
         if not request_timeout > 0:
             raise ValueError(f"request_timeout={request_timeout!r} must be a positive number of seconds")
         if not window > 0:
             raise ValueError(f"window={window!r} must be a positive number of seconds (the /snapshot rates)")
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
+            raise ValueError(
+                f"max_connections={max_connections!r} must be a whole number >= 1 "
+                "(connections served at once; more get 503 with Retry-After)"
+            )
         problems = summary_problems(summary or {})
         if problems:
             raise ValueError("; ".join(problems))
@@ -275,7 +337,8 @@ class Exporter:
         self.collector = RedisCollector(reader, engines=engines)
         # Twice the window: a baseline a full window old is still there when the next sample lands.
         self._ring = SnapshotRing(keep=2 * window)
-        self._sampler_started = threading.Event()
+        self._sampler_lock = threading.Lock()
+        self._sampler_started = False
         self.scrapes = ScrapeStats()
         # The exporter's own process and scrapes: a registry of its own (never the host's global
         # one, which a host such as vLLM serves on its own port).
@@ -284,7 +347,8 @@ class Exporter:
             self.own_registry = CollectorRegistry(auto_describe=False)
             for own in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR, self.scrapes):
                 self.own_registry.register(own)
-        self._server = _Server((host, port), self._handler())
+        self._server = _Server((host, port), self._handler(), max_connections)
+        self.scrapes.refused = lambda: self._server.refused
         self._thread: threading.Thread | None = None
         self._serving = False  # serve_forever() runs (or is about to): close() must shut it down
         self.gc_interval = gc_interval
@@ -391,9 +455,10 @@ class Exporter:
     def _start_sampler(self) -> None:
         # Started by the first /snapshot request: an exporter nobody asks for windows (a node view
         # scraped only for /metrics) adds no reads of Redis.
-        if self._sampler_started.is_set():
-            return
-        self._sampler_started.set()
+        with self._sampler_lock:  # two first requests at once must not start two samplers
+            if self._sampler_started:
+                return
+            self._sampler_started = True
         threading.Thread(target=self._sample_loop, name="redis_stats-window", daemon=True).start()
 
     def _sample_loop(self) -> None:

@@ -323,6 +323,13 @@ def demo(
     type=click.FloatRange(1, 3600),
     help="Seconds of recent load behind /snapshot's rates and quantiles.",
 )
+@click.option(
+    "--max-connections",
+    default=64,
+    show_default=True,
+    type=click.IntRange(1, 100_000),
+    help="HTTP connections served at once (a thread each); more are answered 503 with Retry-After.",
+)
 def exporter(
     redis_url: str | None,
     namespace: str | None,
@@ -332,6 +339,7 @@ def exporter(
     gc_interval: float,
     request_timeout: float,
     window: float,
+    max_connections: int,
 ) -> None:
     """Serve /metrics (every engine), /snapshot (JSON) and /healthz from Redis."""
     from redis_stats.integrations.vllm import vllm_catalog
@@ -355,6 +363,7 @@ def exporter(
             window=window,
             summary=VLLM_FLEET_SUMMARY,
             self_metrics=True,
+            max_connections=max_connections,
         )
     except OSError as exc:
         raise click.ClickException(

@@ -1,0 +1,154 @@
+"""The asyncio writer: :class:`AsyncStatsWriter`, a flusher task around the shared WriterCore.
+
+**Fork.** An event loop does not survive ``os.fork()``, so neither does a flusher task. Make the
+asyncio writer in each process, after the fork, on that process's loop (gunicorn/uvicorn
+workers: in the worker's startup, not at import with ``--preload``). A writer inherited
+across a fork becomes, in the child, a new writer with nothing pending (it never re-sends the
+parent's data) and no task: call :meth:`AsyncStatsWriter.start` from the child's running loop,
+or its records there are never flushed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from redis.exceptions import NoScriptError
+
+from redis_stats._scripts import AsyncScript, load_script
+from redis_stats.catalog import Catalog
+from redis_stats.config import StatsConfig
+from redis_stats.connection import AsyncClient, make_async_client
+from redis_stats.writer import WriterCore
+
+__all__ = ["AsyncStatsWriter"]
+
+# One logger for the asyncio package, named as before the split (filters keep working).
+log = logging.getLogger("redis_stats.aio")
+
+
+class AsyncStatsWriter(WriterCore):
+    """The asyncio twin of :class:`~redis_stats.writer.StatsWriter`: a flusher task, same
+    batches, same exactly-once protocol. Call :meth:`start` from a running loop."""
+
+    def __init__(
+        self,
+        config: StatsConfig | None = None,
+        catalog: Catalog | None = None,
+        *,
+        engines: tuple[int, ...] | list[int] = (),
+        writer_id: str | None = None,
+        role: str = "",
+        owner: str = "",
+        client: AsyncClient | None = None,
+    ) -> None:
+        self._flush_lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        super().__init__(config, catalog, engines=engines, writer_id=writer_id, role=role, owner=owner)
+        self._own_client = client is None
+        self._client: Any = None
+        self._script: Any = None
+        self._use_client(client if client is not None else make_async_client(self.config))  # no I/O yet
+
+    def _use_client(self, client: Any) -> None:
+        self._client = client
+        self._script = AsyncScript(client, load_script("flush"))
+
+    def _forked(self) -> None:
+        super()._forked()
+        # The parent's loop, task and sockets do not exist here: start() on the child's loop.
+        self._flush_lock = asyncio.Lock()
+        self._task = None
+        if self._own_client:
+            self._client = None
+
+    def start(self) -> None:
+        """Start the flusher task on the running loop (idempotent). Needs no Redis connection."""
+        if self._task is None and not self._closed:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="redis_stats-flusher")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.flush_interval)
+            await self.flush()
+
+    async def flush(self, *, closing: bool = False) -> bool:
+        """Send what is pending now, in one script call; True if Redis confirmed it. Never raises
+        for a Redis problem."""
+        async with self._flush_lock:
+            if self._client is None:  # first flush in a forked child
+                self._use_client(make_async_client(self.config))
+            keys, args = self.prepare_flush(closing=closing)
+            started = time.perf_counter()
+            try:
+                reply = await self._call(keys, args)
+            except Exception as exc:  # never raise into the host
+                self.flush_failed(exc)
+                return False
+            self.flush_succeeded(reply, time.perf_counter() - started)
+            return True
+
+    async def _call(self, keys: list[str], args: list[str]) -> Any:
+        if not self.config.wait_replicas:
+            return await self._script(keys, args)
+        wanted, timeout = self.config.wait_replicas, self.config.wait_timeout_ms
+        if hasattr(self._client, "get_node_from_key"):  # Cluster: WAIT on the node of our slot
+            reply = await self._script(keys, args)
+            node = self._client.get_node_from_key(keys[0])
+            acked = await self._client.execute_command("WAIT", wanted, timeout, target_nodes=node)
+        else:  # script and WAIT pipelined on one connection: one round trip
+            for attempt in (1, 2):
+                pipe = self._client.pipeline(transaction=False)
+                pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+                pipe.execute_command("WAIT", wanted, timeout)
+                reply, acked = await pipe.execute(raise_on_error=False)
+                if isinstance(reply, NoScriptError) and attempt == 1:
+                    await self._client.script_load(self._script.source)
+                    continue
+                break
+        return self.script_and_wait(reply, acked)
+
+    async def close(self, timeout: float | None = None) -> bool:
+        """Stop the task and flush what is left, for at most *timeout* seconds (default
+        ``config.close_timeout``); True when everything recorded was confirmed. Marks the writer
+        closed in Redis. At the deadline an attempt still waiting on Redis is cancelled, one
+        warning says what was lost, and close returns."""
+        if self._closed:
+            return not self.pending()
+        budget, deadline = self.close_budget(timeout)
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()  # also interrupts a flush waiting on a hung socket
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        try:
+            done = await asyncio.wait_for(self._final_flush(deadline), max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            done = False
+        if not done:
+            self.warn_lost(budget, log)
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                await self._client.aclose()
+        return done
+
+    async def _final_flush(self, deadline: float) -> bool:
+        if self._client is None and not self.pending():
+            return True  # a forked child that recorded nothing: nothing of its own to send
+        while True:
+            done, pause = self.final_flush_step(await self.flush(closing=True), deadline)
+            if done is not None:
+                return done
+            await asyncio.sleep(pause)
+
+    aclose = close  # every async class closes with ``await x.aclose()``, as redis.asyncio does
+
+    async def __aenter__(self) -> AsyncStatsWriter:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
