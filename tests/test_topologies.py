@@ -296,5 +296,20 @@ def test_cluster_three_shards_one_per_master_exact_while_a_shard_is_resharded(cl
         assert_exact(snap, layout)
         assert not snap.skipped
         reader.close()
+    # The asyncio reader too: one read.lua per shard, gathered.
+    import asyncio
+
+    from redis_stats.aio import AsyncStatsReader
+
+    async def read_async():
+        reader = AsyncStatsReader(
+            StatsConfig(url=cluster.url, namespace=namespace, shards=3), sample_catalog()
+        )
+        try:
+            return await reader.snapshot()
+        finally:
+            await reader.aclose()
+
+    assert_exact(asyncio.run(read_async()), layout)
     for c in nodes.values():
         c.close()
