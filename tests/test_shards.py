@@ -240,3 +240,33 @@ def test_gc_namespaces_and_inspect_cover_every_shard(fake_client, namespace, mon
     assert result.engines == list(range(6)) and result.writers == [w.writer_id]
     snap = StatsReader(_cfg(namespace), sample_catalog(), client=fake_client()).snapshot()
     assert not snap.engines and not snap.writers
+
+
+@pytest.mark.redis_server
+def test_acl_users_of_the_documented_rules_reach_every_shard_and_nothing_else(redis_server, namespace):
+    from . import acl
+
+    admin = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    host = redis_server.url.split("//", 1)[1].split("/", 1)[0]
+    admin.execute_command("ACL", "SETUSER", f"w-{namespace}", *acl.rules(namespace, "wp", acl.WRITER))
+    admin.execute_command(
+        "ACL", "SETUSER", f"r-{namespace}", *acl.rules(namespace, "rp", acl.READER, read_only=True)
+    )
+    try:
+        w_url, r_url = f"redis://w-{namespace}:wp@{host}/0", f"redis://r-{namespace}:rp@{host}/0"
+        w = StatsWriter(
+            _cfg(namespace, w_url, shards=K), sample_catalog(), engines=list(range(6)), start=False
+        )
+        _record(w, range(6), 1)
+        assert w.flush() and not w.stats.errors
+        snap = StatsReader(_cfg(namespace, r_url), sample_catalog()).snapshot()
+        assert [snap.engines[e].counter("tokens") for e in range(6)] == [e + 1 for e in range(6)]
+        assert w.close()
+        # Another namespace's shards stay out of reach.
+        other = StatsWriter(
+            _cfg(namespace + "x", w_url, shards=K), sample_catalog(), engines=[1], start=False
+        )
+        assert not other.flush() and other.stats.errors["noperm"] >= 1
+        other._closed = True
+    finally:
+        admin.execute_command("ACL", "DELUSER", f"w-{namespace}", f"r-{namespace}")
