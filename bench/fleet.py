@@ -39,7 +39,8 @@ sys.path.insert(0, str(ROOT))
 
 import redis  # noqa: E402
 
-from redis_stats import RedisCollector, StatsConfig, StatsReader, StatsWriter, fields  # noqa: E402
+from redis_stats import RedisCollector, StatsConfig, StatsReader, StatsWriter  # noqa: E402
+from redis_stats._core import fields  # noqa: E402
 from redis_stats._scripts import load_script  # noqa: E402
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog  # noqa: E402
 from redis_stats.keys import Keys  # noqa: E402

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis
 
-from redis_stats import StatsConfig, StatsReader, StatsWriter
+from redis_stats import RedisCollector, StatsConfig, StatsReader, StatsWriter
 from redis_stats._scripts import load_script
 from redis_stats.config import ConfigError
 from redis_stats.keys import Keys, shard_of, shard_slot, shard_tag
@@ -99,6 +99,8 @@ def _round_trip(client_of: Any, ns: str, url: str) -> None:
         for w in writers:  # self-metrics from the home shard, once: one flush per shard call
             assert snap.writers[w.writer_id].stats["flushes"] == str(K)
         assert not snap.skipped
+        text = RedisCollector(reader).render_text()  # the exposition renders the merged reply
+        assert 'tokens_total{engine="5"} 18\n' in text and 'tokens_total{engine="0"} 3\n' in text
         # A filtered read too.
         assert sorted(reader.snapshot(engines=[1, 5]).engines) == [1, 5]
         reader.close()
