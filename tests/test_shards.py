@@ -272,3 +272,34 @@ def test_acl_users_of_the_documented_rules_reach_every_shard_and_nothing_else(re
         other._closed = True
     finally:
         admin.execute_command("ACL", "DELUSER", f"w-{namespace}", f"r-{namespace}")
+
+
+def test_gc_removing_the_writer_in_one_shard_only_renames_it_there_and_nothing_doubles(
+    fake_client, namespace
+):
+    import time
+
+    from redis_stats._scripts import Script
+
+    w = StatsWriter(
+        _cfg(namespace, shards=K), sample_catalog(), engines=[0, 1], client=fake_client(), start=False
+    )
+    w.counter("tokens").labels(engine=0).inc(5)
+    w.counter("tokens").labels(engine=1).inc(7)
+    assert w.flush()
+    first = w.writer_id
+    time.sleep(0.01)
+    one = Keys(namespace).shard(1, K)  # gc of shard 1 alone (as if it had missed heartbeats there)
+    fake_client().zadd(one.engines, {"1": 2 * time.time() * 1000})  # the engine stays, the writer goes
+    removed = Script(fake_client(), load_script("gc"))(
+        keys=[one.engines, one.writers, one.seq], args=[one.prefix, 1, "0"]
+    )
+    assert removed[1] == [first] and removed[3] >= 1  # folded into shard 1's base fields
+    w.counter("tokens").labels(engine=0).inc(1)
+    w.counter("tokens").labels(engine=1).inc(1)
+    assert w.flush()  # shard 1 answers "removed": nothing applied there
+    assert w.flush() and w.flush()
+    assert w.writer_id == first and w.shard_ids[1] != first  # renamed in shard 1 only
+    snap = StatsReader(_cfg(namespace, shards=K), sample_catalog(), client=fake_client()).snapshot()
+    assert snap.engines[0].counter("tokens") == 6 and snap.engines[1].counter("tokens") == 8
+    w.close()
