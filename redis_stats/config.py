@@ -251,7 +251,7 @@ class StatsConfig:
     )
     flush_interval: float = _opt(
         1.0,
-        "Seconds between two flushes of a writer (each flush is one script call).",
+        "Seconds between two flushes of a writer (each flush is one script call per shard written).",
     )
     stale_after: float = _opt(
         30.0,
@@ -306,8 +306,8 @@ class StatsConfig:
         1,
         "Shards of the namespace: engine ``e`` lives in shard ``e % shards``, each shard its own "
         "Cluster hash tag, so a deployment spreads over that many Cluster masters (1: one slot, "
-        "the layout of before). Every writer of a namespace must use the same value (readers find "
-        "the largest one used by themselves).",
+        "the unsharded layout). Give every writer of a namespace the same value; readers and gc "
+        "also read every K the writers used (listed in shard 0's catalogue).",
     )
     close_timeout: float = _opt(
         1.0,
