@@ -303,3 +303,28 @@ def test_gc_removing_the_writer_in_one_shard_only_renames_it_there_and_nothing_d
     snap = StatsReader(_cfg(namespace, shards=K), sample_catalog(), client=fake_client()).snapshot()
     assert snap.engines[0].counter("tokens") == 6 and snap.engines[1].counter("tokens") == 8
     w.close()
+
+
+@pytest.mark.redis_server
+def test_a_forked_child_is_a_new_writer_in_every_shard(redis_server, namespace):
+    cfg = _cfg(namespace, redis_server.url, shards=K)
+    w = StatsWriter(cfg, sample_catalog(), engines=[0, 1, 2], start=False)
+    for e in range(3):
+        w.counter("tokens").labels(engine=e).inc(1)
+    assert w.flush()  # the parent's batches are confirmed: the child must not send them again
+    for e in range(3):
+        w.counter("tokens").labels(engine=e).inc(2)  # pending in the parent only
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        ok = False
+        try:
+            for e in range(3):
+                w.counter("tokens").labels(engine=e).inc(10)
+            ok = w.close(timeout=10) and w.writer_id not in (None, "")
+        finally:
+            os._exit(0 if ok else 1)
+    assert w.close(timeout=10)
+    assert os.waitpid(pid, 0)[1] == 0
+    snap = StatsReader(cfg, sample_catalog()).snapshot()
+    assert [snap.engines[e].counter("tokens") for e in range(3)] == [13, 13, 13]
+    assert len(snap.writers) == 2
