@@ -89,7 +89,11 @@ def sentinel():
     s.close()
 
 
-def test_sentinel_failover_while_writers_run_with_wait_acknowledgement(sentinel, namespace, python_env):
+@pytest.mark.parametrize("shards", ["1", "3"])
+def test_sentinel_failover_while_writers_run_with_wait_acknowledgement(
+    sentinel, namespace, python_env, shards
+):
+    """With shards=3, engines 0 and 1 are in two shards: each shard's flush is followed by its WAIT."""
     before = sentinel.master_port()
     procs = run_writers(
         sentinel.url,
@@ -97,6 +101,7 @@ def test_sentinel_failover_while_writers_run_with_wait_acknowledgement(sentinel,
         python_env,
         spread=6.0,
         env={
+            "REDIS_STATS_SHARDS": shards,
             "REDIS_STATS_WAIT_REPLICAS": "1",
             "REDIS_STATS_WAIT_TIMEOUT_MS": "200",
             "REDIS_STATS_SOCKET_TIMEOUT_MS": "500",
