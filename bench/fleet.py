@@ -36,7 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 import redis  # noqa: E402
 
-from redis_stats import RedisCollector, StatsConfig, StatsReader, StatsWriter, fields  # noqa: E402
+from redis_stats import RedisCollector, StatsConfig, StatsReader, StatsWriter  # noqa: E402
+from redis_stats._core import fields  # noqa: E402
 from redis_stats._scripts import load_script  # noqa: E402
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog  # noqa: E402
 from redis_stats.keys import Keys  # noqa: E402
@@ -71,8 +72,11 @@ def templates() -> list[tuple[str, list[list[str]]]]:
     return out
 
 
-def rewrite(args: list[str], template_id: str, prefix: str, writer: str, engine: int, seq: int) -> list[str]:
-    """A template flush as fleet writer *writer* of *engine* sends it."""
+def rewrite(
+    args: list[str], template_id: str, keys: Keys, writer: str, engine: int, seq: int
+) -> tuple[list[str], list[str]]:
+    """A template flush as fleet writer *writer* of *engine* sends it: its KEYS and ARGV."""
+    prefix = keys.prefix
     out = [prefix, writer, str(seq), *args[3:7]]
     i = 7
     nclaims = int(args[i])
@@ -86,13 +90,16 @@ def rewrite(args: list[str], template_id: str, prefix: str, writer: str, engine:
     i += 1 + 2 * nspecs
     old_head = fields.chunk_field(template_id, 0)[:-1]
     new_head = fields.chunk_field(writer, 0)[:-1]
+    blocks = 0
     while i < len(args):
         nset = int(args[i + 1])
         out += [str(engine), str(nset)]
         for j in range(i + 2, i + 2 + 2 * nset, 2):
             out += [new_head + args[j][len(old_head) :], args[j + 1]]
         i += 2 + 2 * nset
-    return out
+        blocks += 1
+    fixed = [keys.seq, keys.engines, keys.writers, keys.meta, keys.claims, keys.conflicts]
+    return [*fixed, keys.writer_stats(writer), *[keys.counters(engine)] * blocks], out
 
 
 def drive(
@@ -105,7 +112,6 @@ def drive(
     keys = Keys(namespace)
     client = StatsWriter(cfg, vllm_catalog(), start=False)._client  # the package's own client setup
     script = client.register_script(load_script("flush"))
-    key_list = [keys.seq, keys.engines, keys.writers, keys.meta, keys.claims, keys.conflicts]
     ids = [f"fleet:{e}:api{a}" for e, a in writers]
     latencies: list[float] = []
     behind = 0.0
@@ -116,7 +122,7 @@ def drive(
         engine, api = writers[idx]
         template_id, flushes = tpl[(engine % TEMPLATE_ENGINES) * 2 + api]
         flush = flushes[k] if k < 2 else flushes[2 + (k - 2) % (TEMPLATE_FLUSHES - 2)]
-        args = rewrite(flush, template_id, keys.prefix, ids[idx], engine, k + 1)
+        key_list, args = rewrite(flush, template_id, keys, ids[idx], engine, k + 1)
         due = start + k + idx / len(writers)
         wait = due - time.monotonic()
         if wait > 0:

@@ -411,15 +411,7 @@ class WriterCore:
             claims=[e + offset for e in self.engines] if self.owner else (),
             stats=self._changed_stats(),
         )
-        keys = [
-            self.keys.seq,
-            self.keys.engines,
-            self.keys.writers,
-            self.keys.meta,
-            self.keys.claims,
-            self.keys.conflicts,
-        ]
-        return keys, args
+        return batch.script_keys(self.keys, self.writer_id), args
 
     def _changed_stats(self) -> list[str]:
         """The self-metrics (field, value pairs) that differ from what Redis holds."""

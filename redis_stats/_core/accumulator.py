@@ -32,7 +32,7 @@ from typing import Any
 from redis_stats._core import fields
 from redis_stats._core.chunks import Totals
 from redis_stats.catalog import COUNTER, GAUGE, Catalog, MetricSpec
-from redis_stats.keys import SCHEMA_VERSION
+from redis_stats.keys import SCHEMA_VERSION, Keys
 
 __all__ = [
     "Accumulator",
@@ -398,6 +398,16 @@ class Batch:
             )
         self.chunks, self.sent = totals.take(with_names=bool(self.specs))
 
+    def block_engines(self) -> list[int]:
+        """The engines of this batch's blocks, in the order of its arguments (and keys)."""
+        return list(dict.fromkeys([*self.engines, *self.chunks]))
+
+    def script_keys(self, keys: Keys, writer_id: str) -> list[str]:
+        """The KEYS of ``flush.lua`` for this batch: every key it may touch (a Redis Cluster
+        requires them declared), the engine hashes in the order of :meth:`script_args`' blocks."""
+        fixed = [keys.seq, keys.engines, keys.writers, keys.meta, keys.claims, keys.conflicts]
+        return [*fixed, keys.writer_stats(writer_id), *[keys.counters(e) for e in self.block_engines()]]
+
     def script_args(
         self,
         prefix: str,
@@ -430,7 +440,7 @@ class Batch:
         ]
         for spec in self.specs:
             args += (spec.name, spec.to_json())
-        for engine in dict.fromkeys([*self.engines, *self.chunks]):
+        for engine in self.block_engines():
             pairs: list[str] = []
             for index, names, values in self.chunks.get(engine, ()):
                 name = fields.chunk_field(writer_id, index)
