@@ -75,8 +75,11 @@ def templates() -> list[tuple[str, list[list[str]]]]:
     return out
 
 
-def rewrite(args: list[str], template_id: str, prefix: str, writer: str, engine: int, seq: int) -> list[str]:
-    """A template flush as fleet writer *writer* of *engine* sends it."""
+def rewrite(
+    args: list[str], template_id: str, keys: Keys, writer: str, engine: int, seq: int
+) -> tuple[list[str], list[str]]:
+    """A template flush as fleet writer *writer* of *engine* sends it: its KEYS and ARGV."""
+    prefix = keys.prefix
     out = [prefix, writer, str(seq), *args[3:7]]
     i = 7
     nclaims = int(args[i])
@@ -90,13 +93,16 @@ def rewrite(args: list[str], template_id: str, prefix: str, writer: str, engine:
     i += 1 + 2 * nspecs
     old_head = fields.chunk_field(template_id, 0)[:-1]
     new_head = fields.chunk_field(writer, 0)[:-1]
+    blocks = 0
     while i < len(args):
         nset = int(args[i + 1])
         out += [str(engine), str(nset)]
         for j in range(i + 2, i + 2 + 2 * nset, 2):
             out += [new_head + args[j][len(old_head) :], args[j + 1]]
         i += 2 + 2 * nset
-    return out
+        blocks += 1
+    fixed = [keys.seq, keys.engines, keys.writers, keys.meta, keys.claims, keys.conflicts]
+    return [*fixed, keys.writer_stats(writer), *[keys.counters(engine)] * blocks], out
 
 
 def drive(
@@ -119,7 +125,6 @@ def drive(
     writer._closed = True
     script = client.register_script(load_script("flush"))
     shard_keys = [Keys(namespace).shard(s, shards) for s in range(shards)]
-    key_lists = [[k.seq, k.engines, k.writers, k.meta, k.claims, k.conflicts] for k in shard_keys]
     ids = [f"fleet:{e}:api{a}" for e, a in writers]
     latencies: list[float] = []
     behind = 0.0
@@ -130,8 +135,7 @@ def drive(
         engine, api = writers[idx]
         template_id, flushes = tpl[(engine % TEMPLATE_ENGINES) * 2 + api]
         flush = flushes[k] if k < 2 else flushes[2 + (k - 2) % (TEMPLATE_FLUSHES - 2)]
-        keys = shard_keys[engine % shards]
-        args = rewrite(flush, template_id, keys.prefix, ids[idx], engine, k + 1)
+        key_list, args = rewrite(flush, template_id, shard_keys[engine % shards], ids[idx], engine, k + 1)
         due = start + k + idx / len(writers)
         wait = due - time.monotonic()
         if wait > 0:
@@ -139,7 +143,7 @@ def drive(
         else:
             behind = max(behind, -wait)
         t0 = time.perf_counter()
-        script(keys=key_lists[engine % shards], args=args)
+        script(keys=key_list, args=args)
         if k >= 2:
             latencies.append(time.perf_counter() - t0)
     queue.put((latencies, behind))

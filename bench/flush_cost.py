@@ -138,7 +138,8 @@ def build(profile: list[list[Flush]], warm: int) -> list[Candidate]:
     """Every candidate's calls: the same batches, each candidate in its own namespace."""
     flushes = [f for group in zip(*profile) for f in group]  # the writers alternate, as in time
     after = [in_namespace("after", f.keys, f.args) for f in flushes]
-    before = [in_namespace("before", f.keys, f.schema1) for f in flushes]
+    # Schema 1's script declared its six fixed keys only (it built the others from the prefix).
+    before = [in_namespace("before", f.keys[:6], f.schema1) for f in flushes]
     n = len(flushes)
     # The floor: 45 HINCRBYs on one hash, field names as long as the profile's.
     names = [line for f in profile[0][:3] for line in f.args if line.startswith("vllm:")]

@@ -2,6 +2,9 @@
 
 One place lists the options, their defaults, their environment variables and how each is
 checked, so that ``docs/configuration.md`` and the code cannot drift apart (a test compares them).
+A variable read outside :class:`StatsConfig` (by an integration: the vLLM plugin's) is declared as
+an :class:`EnvVar` and read through it, never with ``os.environ`` directly, so that it is listed
+and documented the same way (``python -m redis_stats.tools.config_table`` prints both tables).
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ __all__ = [
     "SCHEMES",
     "SECRET_QUERY_WORDS",
     "ConfigError",
+    "EnvVar",
     "StatsConfig",
+    "env_markdown",
     "mask_url",
     "redact",
     "url_problem",
@@ -428,3 +433,35 @@ def _options() -> dict[str, _Option]:
         f.name: _Option(f.name, ENV_PREFIX + f.name.upper(), kinds[str(f.type)], f.metadata["help"])
         for f in dataclasses.fields(StatsConfig)
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvVar:
+    """An environment variable read outside :class:`StatsConfig`'s options (by an integration):
+    its *name*, its *default* as text (``""``: unset means off), who reads it and what it means."""
+
+    name: str
+    default: str
+    used_by: str
+    help: str
+
+    def get(self, environ: Mapping[str, str] | None = None) -> str:
+        """The variable's value as set; its default when unset or empty."""
+        env = os.environ if environ is None else environ
+        return env.get(self.name) or self.default
+
+    def number(self, environ: Mapping[str, str] | None = None) -> float:
+        """The value as a number; :class:`ConfigError` naming the variable if it is not one."""
+        raw = self.get(environ)
+        try:
+            return float(raw)
+        except ValueError:
+            raise ConfigError(f"{self.name}={raw!r} is not a number ({self.help})") from None
+
+
+def env_markdown(variables: list[EnvVar] | tuple[EnvVar, ...]) -> str:
+    """A table of *variables* as docs/configuration.md lists them."""
+    rows = ["| variable | used by | default | meaning |", "|---|---|---|---|"]
+    for v in variables:
+        rows.append(f"| `{v.name}` | {v.used_by} | {f'`{v.default}`' if v.default else 'unset'} | {v.help} |")
+    return "\n".join(rows)

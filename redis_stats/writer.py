@@ -444,9 +444,7 @@ class WriterCore:
                 claims=claims,
                 stats=self._changed_stats() if shard == self.home else (),
             )
-            calls.append(
-                (shard, [keys.seq, keys.engines, keys.writers, keys.meta, keys.claims, keys.conflicts], args)
-            )
+            calls.append((shard, batch.script_keys(keys, self.shard_ids[shard]), args))
         return calls
 
     def _changed_stats(self) -> list[str]:

@@ -106,3 +106,23 @@ def test_exporter_runs_retention_on_a_timer(redis_server, namespace, catalog):
         exporter.close()
     assert client.zscore(Keys(namespace).engines, "5") is None
     w._closed = True
+
+
+def test_gc_folds_a_writer_whose_id_has_characters_that_fields_escape(config, catalog, fake_client):
+    # gc.lua finds a writer's chunks by the escaped id ("@|<id>|"): it must escape as fields.py
+    # does, newline included, or the chunks stay (counted twice once folded by hand) unfolded.
+    cfg = config.replace(retention=60)
+    keys = Keys(cfg.namespace)
+    odd = "host:1:role\nwith|odd\\chars:ab12"
+    w = StatsWriter(cfg, catalog, engines=[0], client=fake_client(), start=False, writer_id=odd)
+    w.counter("tokens").labels(engine=0).inc(7)
+    assert w.flush()
+    other = StatsWriter(cfg, catalog, engines=[0], client=fake_client(), start=False)
+    assert other.flush()
+    client = fake_client()
+    age(client, keys, writer=odd, seconds=120)
+
+    done = collect_garbage(cfg, client=client)
+    assert done.writers == [odd] and done.folded >= 1
+    assert writer_fields(client, keys.counters(0), odd) == []
+    assert StatsReader(cfg, catalog, client=fake_client()).snapshot().engines[0].counter("tokens") == 7

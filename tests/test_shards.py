@@ -41,7 +41,8 @@ def test_k1_keys_are_the_unsharded_layout(namespace):
     w = StatsWriter(_cfg(ns), sample_catalog(), engines=[0, 1, 2], start=False)
     keys, _args = w.prepare_flush()
     prefix = f"rs:{{{ns}}}:v2:"
-    assert keys == [prefix + x for x in ("seq", "engines", "writers", "meta", "claims", "conflicts")]
+    fixed = [prefix + x for x in ("seq", "engines", "writers", "meta", "claims", "conflicts")]
+    assert keys == [*fixed, f"{prefix}w:{w.writer_id}", *[f"{prefix}e:{e}:c" for e in range(3)]]
     assert _args[0] == prefix
 
 

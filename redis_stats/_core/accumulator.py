@@ -37,7 +37,7 @@ from typing import Any
 from redis_stats._core import fields
 from redis_stats._core.chunks import Totals
 from redis_stats.catalog import COUNTER, GAUGE, Catalog, MetricSpec
-from redis_stats.keys import SCHEMA_VERSION, shard_of
+from redis_stats.keys import SCHEMA_VERSION, Keys, shard_of
 
 __all__ = [
     "Accumulator",
@@ -411,6 +411,16 @@ class Batch:
                 zip(hists[0::3], hists[1::3], hists[2::3]),
             )
 
+    def block_engines(self) -> list[int]:
+        """The engines of this batch's blocks, in the order of its arguments (and keys)."""
+        return list(dict.fromkeys([*self.engines, *self.chunks]))
+
+    def script_keys(self, keys: Keys, writer_id: str) -> list[str]:
+        """The KEYS of ``flush.lua`` for this batch: every key it may touch (a Redis Cluster
+        requires them declared), the engine hashes in the order of :meth:`script_args`' blocks."""
+        fixed = [keys.seq, keys.engines, keys.writers, keys.meta, keys.claims, keys.conflicts]
+        return [*fixed, keys.writer_stats(writer_id), *[keys.counters(e) for e in self.block_engines()]]
+
     def script_args(
         self,
         prefix: str,
@@ -443,7 +453,7 @@ class Batch:
         ]
         for spec in self.specs:
             args += (spec.name, spec.to_json())
-        for engine in dict.fromkeys([*self.engines, *self.chunks]):
+        for engine in self.block_engines():
             pairs: list[str] = []
             for index, names, values in self.chunks.get(engine, ()):
                 name = fields.chunk_field(writer_id, index)

@@ -1,5 +1,6 @@
 """The Lua scripts of redis_stats, kept as files (``flush.lua``, ``read.lua``, ``lease.lua``,
-``gc.lua``), and the one runner that calls them, for ``redis`` and ``redis.asyncio`` clients."""
+``gc.lua``, each loaded after the shared helpers of ``common.lua``), and the one runner that calls
+them, for ``redis`` and ``redis.asyncio`` clients."""
 
 from __future__ import annotations
 
@@ -13,10 +14,16 @@ from redis.exceptions import NoScriptError, ResponseError
 __all__ = ["AsyncScript", "ReadOnlyScript", "Script", "load_script"]
 
 
+def _read(name: str) -> str:
+    return resources.files(__package__).joinpath(f"{name}.lua").read_text(encoding="utf-8")
+
+
 @cache
 def load_script(name: str) -> str:
-    """The source of ``<name>.lua`` shipped in this package."""
-    return resources.files(__package__).joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    """The source of ``<name>.lua`` shipped in this package, after ``common.lua`` (the helpers
+    the scripts share: one copy in the package, still one source and one SHA per script);
+    ``load_script("common")`` is that prelude alone."""
+    return _read(name) if name == "common" else _read("common") + _read(name)
 
 
 class Script:

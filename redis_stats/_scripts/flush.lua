@@ -6,8 +6,11 @@
 -- KEYS[4] meta hash       schema, _v (catalogue version), m:<metric> -> spec JSON
 -- KEYS[5] claims hash     engine -> "<owner>|<ms>": which instance last claimed the engine
 -- KEYS[6] conflicts hash  engine -> "<owner a>|<owner b>|<ms>": two live owners seen
+-- KEYS[7] the writer's stats hash (<prefix>w:<writer>)
+-- KEYS[8..] the series hash (<prefix>e:<engine>:c) of each engine block of ARGV, in that order
+-- Every key the script touches is declared (Redis Cluster requires it): the writer knows them all.
 --
--- ARGV: prefix, writer, seq, closing (0/1), schema, owner, stale ms,
+-- ARGV: prefix (named in error replies only), writer, seq, closing (0/1), schema, owner, stale ms,
 --       nclaims, {engine} * nclaims,
 --       nstats, {field, value} * nstats           (the writer's self-metrics that changed, absolute)
 --       nspecs, {name, json} * nspecs,
@@ -24,6 +27,8 @@
 --          {metrics whose spec conflicts with the stored one}, series refused for them};
 -- status 1 applied, 0 already applied (a duplicate), 2 not applied because gc removed this writer
 -- (its fields were folded: the writer sends what the store lacks again under a new id).
+--
+-- lines() comes from common.lua, which the loader puts in front of this file.
 --
 -- All or nothing: Redis does not roll a script back, so the script first reads and checks every
 -- key it will write and every argument (phase 1, no writes), and refuses the whole batch with an
@@ -126,6 +131,9 @@ while i <= n do
   blocks[#blocks + 1] = b
 end
 if i ~= n + 1 then return refuse('arguments end mid-block (' .. n .. ' given)') end
+if #KEYS ~= 7 + #blocks then
+  return refuse(#KEYS .. ' keys for ' .. #blocks .. ' engine blocks (7 + one per block expected)')
+end
 for j = claims_at, claims_at + nclaims - 1 do
   if not string.match(ARGV[j], '^%d+$') then return refuse('bad claimed engine ' .. ARGV[j]) end
 end
@@ -137,14 +145,14 @@ if #blocks > 0 then
   bad = want_type(KEYS[2], 'zset', 'engines')
   if bad then return refuse(bad) end
 end
-local stats_key = prefix .. 'w:' .. writer
+local stats_key = KEYS[7]
 if nstats > 0 then
   bad = want_type(stats_key, 'hash', 'writer stats')
   if bad then return refuse(bad) end
 end
-for _, b in ipairs(blocks) do
+for k, b in ipairs(blocks) do
   if b.nset > 0 then
-    b.key = prefix .. 'e:' .. b.engine .. ':c'
+    b.key = KEYS[7 + k]
     bad = want_type(b.key, 'hash', 'series of engine ' .. b.engine)
     if bad then return refuse(bad) end
   end
@@ -246,13 +254,6 @@ end
 -- passes the arguments to one HSET as they are.
 local any_conflict = #conflict_names > 0
 local refused = 0
-
-local function lines(text)
-  local out = {}
-  if text == '' then return out end
-  for line in string.gmatch(text .. '\n', '([^\n]*)\n') do out[#out + 1] = line end
-  return out
-end
 
 local function without_conflicts(key, from, count)
   -- {field, value} pairs of ARGV[from..] with the conflicting metrics' lines taken out.

@@ -10,6 +10,13 @@
 -- becomes a tombstone "x<last seq>:<removed at ms>": a late flush from it is not applied (the
 -- writer continues under a new id and sends what was not folded), and a retry of a flush applied
 -- before still deduplicates. Tombstones older than one more retention are dropped.
+--
+-- Key names: the script builds those of the engines and writers it removes or folds
+-- (<prefix>e:<engine>:c and :g, <prefix>w:<writer>) instead of receiving them as KEYS, because
+-- which ones are stale is decided here, from the zsets, in the same atomic call that removes them.
+-- Declaring them would need a read first and a second call that checks again (a writer may flush
+-- in between); every name carries the namespace's hash tag {NS}, so on a Cluster they are all on
+-- the slot of KEYS[1]. lines() and escape() come from common.lua (put in front by the loader).
 
 local prefix, retention, dry = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1'
 local t = redis.call('TIME')
@@ -36,13 +43,6 @@ if dry then return {engines, writers, tombstones, 0, 0} end
 for _, e in ipairs(engines) do
   redis.call('DEL', prefix .. 'e:' .. e .. ':c', prefix .. 'e:' .. e .. ':g')
   redis.call('ZREM', KEYS[1], e)
-end
-
-local function lines(text)
-  local out = {}
-  if text == '' then return out end
-  for line in string.gmatch(text .. '\n', '([^\n]*)\n') do out[#out + 1] = line end
-  return out
 end
 
 local function numbers(text)
@@ -84,8 +84,8 @@ end
 if #writers > 0 then
   local live = redis.call('ZRANGE', KEYS[1], 0, -1)
   for _, w in ipairs(writers) do
-    -- The writer's chunk fields start "@|<writer id>|" (escaped as in fields.py).
-    local head = '@|' .. string.gsub(string.gsub(w, '\\', '\\\\'), '|', '\\/') .. '|'
+    -- The writer's chunk fields start "@|<writer id>|" (the id escaped as in fields.py).
+    local head = '@|' .. escape(w) .. '|'
     for _, e in ipairs(live) do
       local key = prefix .. 'e:' .. e .. ':c'
       if redis.call('TYPE', key)['ok'] == 'hash' then

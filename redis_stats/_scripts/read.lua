@@ -12,6 +12,11 @@
 --          then per writer: its self-metrics {field, value, ...}};
 --          a key of the wrong type gives its error reply in its place.
 
+-- Key names: the engine and writer hashes (<prefix>e:<engine>:c, <prefix>w:<writer>) are built
+-- here, not passed as KEYS, because which engines and writers exist is what this read discovers
+-- (from KEYS[1] and KEYS[2]) in the same atomic call; every name carries the namespace's hash tag
+-- {NS}, so on a Cluster they are all on the slot of KEYS[1].
+
 -- Every key is read with pcall: a key of the wrong type (garbage left by hand) comes back as
 -- its error in its place, for the reader to skip and count, and costs that key only.
 

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from typing import Any
 
+from redis_stats._core.lease import LeaseHolder, LeaseState
 from redis_stats._scripts import AsyncScript, load_script
 from redis_stats.keys import Keys
-from redis_stats.leader import LeaseState
 
 __all__ = ["AsyncLeaseLeader"]
 
 
-class AsyncLeaseLeader:
+class AsyncLeaseLeader(LeaseHolder):
     """The asyncio twin of :class:`~redis_stats.leader.LeaseLeader`: a renewal task."""
 
     def __init__(self, client: Any, keys: Keys, holder: str, *, ttl: float = 10.0) -> None:
@@ -22,15 +21,6 @@ class AsyncLeaseLeader:
         self.client = client
         self._script = AsyncScript(client, load_script("lease"))
         self._task: asyncio.Task[None] | None = None
-
-    @property
-    def on_acquire(self) -> Any:
-        """Called when this process becomes the holder."""
-        return self.state.on_acquire
-
-    @on_acquire.setter
-    def on_acquire(self, callback: Any) -> None:
-        self.state.on_acquire = callback
 
     def start(self) -> None:
         """Start renewing every ``ttl / 3`` on the running loop."""
@@ -40,21 +30,16 @@ class AsyncLeaseLeader:
     async def _run(self) -> None:
         while True:
             await self.renew()
-            await asyncio.sleep(self.state.ttl / 3)
+            await asyncio.sleep(self.state.period)
 
     async def renew(self) -> bool:
         """Take or renew the lease once; True if this process holds it now."""
-        sent = time.monotonic()
-        keys, args = self.state.call("acquire")
+        keys, args = self.state.renewal()
         try:
-            token = int(await self._script(keys, args))
+            reply = await self._script(keys, args)
         except Exception as exc:
-            return self.state.unanswered(exc)
-        return self.state.answered(token, sent)
-
-    def is_leader(self) -> bool:
-        """True until the locally computed end of the lease."""
-        return self.state.is_leader()
+            reply = exc
+        return self.state.renewed(reply)
 
     def close(self) -> None:
         """Stop renewing (the lease expires by itself; :meth:`aclose` also releases it)."""
@@ -64,7 +49,7 @@ class AsyncLeaseLeader:
     async def aclose(self) -> None:
         """Stop renewing and release the lease if held."""
         self.close()
-        if self.state.valid_until:
-            self.state.valid_until = 0.0
-            with contextlib.suppress(Exception):
-                await self._script(*self.state.call("release"))
+        release = self.state.release()
+        if release is not None:
+            with contextlib.suppress(Exception):  # the lease expires by itself anyway
+                await self._script(*release)

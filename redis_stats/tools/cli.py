@@ -73,6 +73,12 @@ _HINTS = {
 }
 
 
+class RedisFailed(click.ClickException):
+    """Redis failed the command: unreachable, refused the password, refused a command (exit code 1)."""
+
+    exit_code = EXIT_REDIS
+
+
 class EmptyNamespace(click.ClickException):
     """The namespace given holds nothing in this Redis (exit code 3)."""
 
@@ -92,7 +98,7 @@ def _redis_errors(config: StatsConfig) -> Iterator[None]:
     except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
         kind = error_kind(exc)
         hint = _HINTS.get(kind)
-        raise click.ClickException(
+        raise RedisFailed(
             f"reading {config.safe_url} failed ({kind}: {redact(str(exc), config.url)})"
             + (f"\n  {hint}" if hint else "")
         ) from None

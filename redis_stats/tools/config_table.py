@@ -1,4 +1,5 @@
-"""Print the options table of docs/configuration.md: ``python -m redis_stats.tools.config_table``.
+"""Print the tables of docs/configuration.md: ``python -m redis_stats.tools.config_table`` (the
+options of StatsConfig), ``... config_table vllm`` (the vLLM plugin's own variables).
 
 Its own module because ``redis_stats`` imports ``redis_stats.config`` when it loads: running that
 module with ``-m`` would execute it a second time, as ``__main__`` (runpy's RuntimeWarning).
@@ -6,7 +7,19 @@ module with ``-m`` would execute it a second time, as ``__main__`` (runpy's Runt
 
 from __future__ import annotations
 
-from redis_stats.config import options_markdown
+import sys
+
+from redis_stats.config import env_markdown, options_markdown
+
+
+def table(which: str = "") -> str:
+    """The options table, or with *which* ``vllm`` the vLLM plugin's variables."""
+    if which == "vllm":
+        from redis_stats.integrations.vllm.options import VARIABLES
+
+        return env_markdown(VARIABLES)
+    return options_markdown()
+
 
 if __name__ == "__main__":
-    print(options_markdown())
+    print(table(sys.argv[1] if len(sys.argv) > 1 else ""))

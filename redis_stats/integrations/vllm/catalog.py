@@ -14,7 +14,9 @@ from collections.abc import Mapping, Sequence
 from redis_stats.catalog import Catalog
 
 __all__ = [
+    "ADMISSION_REASONS",
     "BUCKET_FAMILIES",
+    "CACHE_HIT_SOURCES",
     "FINISH_REASONS",
     "ITERATION_TOKEN_BUCKETS",
     "ITL_BUCKETS",
@@ -23,6 +25,7 @@ __all__ = [
     "REQUEST_LATENCY_BUCKETS",
     "SLEEP_STATES",
     "TTFT_BUCKETS",
+    "WAITING_REASONS",
     "WATERMARK_STATUSES",
     "build_1_2_5_buckets",
     "vllm_catalog",

@@ -16,11 +16,10 @@ from typing import Any
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 
 from redis_stats.catalog import Catalog
-from redis_stats.config import StatsConfig
 from redis_stats.connection import make_client
-from redis_stats.integrations.vllm import namespace_for_model
 from redis_stats.integrations.vllm.catalog import BUCKET_FAMILIES, vllm_catalog
 from redis_stats.integrations.vllm.logline import VllmLogLines
+from redis_stats.integrations.vllm.options import plugin_config, plugin_enabled
 from redis_stats.integrations.vllm.prom import metric_classes
 from redis_stats.integrations.vllm.recorder import VllmFeatures, VllmRecorder
 from redis_stats.leader import make_leader
@@ -221,17 +220,12 @@ class RedisStatLogger(AggregateStatLoggerBase):
         self.reporter: StatsReporter | None = None
         self._tick_thread: threading.Thread | None = None
         self.vllm_config = vllm_config
-        if not os.environ.get("REDIS_STATS_URL"):
+        if not plugin_enabled():
             if not _warned_inactive:
                 log.info("redis_stats: REDIS_STATS_URL is not set; the Redis stat logger does nothing")
                 _warned_inactive = True
             return
-        model_config = vllm_config.model_config
-        model = str(model_config.served_model_name)
-        config = StatsConfig.from_env(
-            namespace=os.environ.get("REDIS_STATS_NAMESPACE") or namespace_for_model(model),
-            log_interval=float(os.environ.get("VLLM_LOG_STATS_INTERVAL", "10")),
-        )
+        config = plugin_config(str(vllm_config.model_config.served_model_name))
         catalog = catalog_for(vllm_config)
         rank = getattr(vllm_config.parallel_config, "_api_process_rank", 0)
         # All API servers of one `vllm serve` are children of its main process (or are it, with a

@@ -18,6 +18,7 @@ from redis_stats.integrations.vllm.catalog import (
     FINISH_REASONS,
     PROMPT_TOKEN_SOURCES,
     SLEEP_STATES,
+    WAITING_REASONS,
     WATERMARK_STATUSES,
 )
 from redis_stats.writer import StatsWriter
@@ -185,8 +186,9 @@ class VllmRecorder:
         waiting, deferred = _g(st, "num_waiting_reqs"), _g(st, "num_skipped_waiting_reqs")
         s.running.set(_g(st, "num_running_reqs"))
         s.waiting.set(waiting + deferred)
-        s.labelled("vllm:num_requests_waiting_by_reason", "reason", "capacity").set(waiting)
-        s.labelled("vllm:num_requests_waiting_by_reason", "reason", "deferred").set(deferred)
+        # WAITING_REASONS is ("capacity", "deferred"): waiting for room, and skipped this step.
+        for reason, count in zip(WAITING_REASONS, (waiting, deferred)):
+            s.labelled("vllm:num_requests_waiting_by_reason", "reason", reason).set(count)
         if s.kv_fetch is not None:  # as vLLM: every stage, every step, on a KV consumer only
             by_stage = _g(st, "num_kv_fetch_reqs_by_stage", {})
             for stage, gauge in s.kv_fetch:

@@ -19,12 +19,12 @@ made as explicitly as vLLM's own ``--host``.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from redis_stats.catalog import Catalog
 from redis_stats.config import ConfigError, StatsConfig
+from redis_stats.integrations.vllm.options import ADDR, PORT, VIEW
 from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_ADDR", "VIEWS", "maybe_serve", "view_engines"]
 
-DEFAULT_ADDR = "127.0.0.1"
+DEFAULT_ADDR = ADDR.default
 VIEWS = ("all", "local")
 
 log = logging.getLogger("vllm.redis_stats")  # under vLLM's logger: its handlers and format
@@ -40,7 +40,7 @@ log = logging.getLogger("vllm.redis_stats")  # under vLLM's logger: its handlers
 
 def view_engines(own: Sequence[int]) -> list[int] | None:
     """The engines the view serves per ``REDIS_STATS_VIEW``: None (all) or *own* (``local``)."""
-    view = (os.environ.get("REDIS_STATS_VIEW") or "all").strip().lower()
+    view = VIEW.get().strip().lower()
     if view not in VIEWS:
         raise ConfigError(
             f"REDIS_STATS_VIEW={view!r} is not one of {', '.join(VIEWS)}: 'all' when one view is "
@@ -56,14 +56,14 @@ def maybe_serve(config: StatsConfig, catalog: Catalog, own_engines: Sequence[int
     *own_engines* are this instance's engines as stored (offset applied): the ``local`` view's.
     Returns the running exporter, or None (not asked for, or the port is taken).
     """
-    port = os.environ.get("REDIS_STATS_PORT")
+    port = PORT.get()
     if not port:
         return None
     from redis_stats.prometheus.exporter import Exporter
     from redis_stats.reader import StatsReader
 
     engines = view_engines(own_engines)
-    addr = os.environ.get("REDIS_STATS_ADDR") or DEFAULT_ADDR
+    addr = ADDR.get()
     try:
         exporter = Exporter(
             StatsReader(config, catalog),

@@ -1,0 +1,135 @@
+"""The sans-I/O half of the log lease: what ``lease.lua`` is asked, what its answers mean, when.
+
+Nothing here touches the network, so the threaded :class:`~redis_stats.leader.LeaseLeader` and
+the asyncio :class:`~redis_stats.aio.leader.AsyncLeaseLeader` share every decision and differ
+only in how they wait:
+
+- timing: a renewal every :attr:`LeaseState.period` (``ttl / 3``); a holder counts itself leader
+  until ``renewal sent + ttl - margin`` on its own monotonic clock (see :mod:`redis_stats.leader`
+  for why there is never a moment with two printers);
+- acquire / renew: :meth:`LeaseState.renewal` gives the script's KEYS and ARGV and notes when it
+  was sent; :meth:`LeaseState.renewed` reads the reply (the fencing token, 0 when another holds
+  the lease, an exception when Redis did not answer);
+- lose: a reply of 0 ends the tenure at once; no reply keeps it only while it is still valid;
+- fencing: a token different from the last one is a new tenure (``on_acquire`` runs once);
+- release: :meth:`LeaseState.release` says whether there is anything to release.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from redis_stats.keys import Keys
+
+__all__ = ["LeaseHolder", "LeaseState"]
+
+# The logger of the lease, named as when this lived in leader.py (filters keep working).
+log = logging.getLogger("redis_stats.leader")
+
+
+class LeaseState:
+    """The lease without its I/O: arguments of ``lease.lua`` and what its answers mean (shared by
+    :class:`~redis_stats.leader.LeaseLeader` and :class:`~redis_stats.aio.AsyncLeaseLeader`)."""
+
+    def __init__(self, keys: Keys, holder: str, ttl: float) -> None:
+        if ttl <= 0.3:
+            raise ValueError(f"lease ttl={ttl!r} must be more than 0.3 s")
+        self.keys = keys
+        self.holder = holder
+        self.ttl = ttl
+        # Local validity ends this long before the lease could expire in Redis (clock drift, GC).
+        self.margin = min(1.0, ttl / 10)
+        self.token = 0
+        # Called when this process becomes the holder, so a reporter can print at once instead of
+        # at its next tick: failover stays within ttl + ttl/3.
+        self.on_acquire: Callable[[], Any] | None = None
+        self.valid_until = 0.0
+        self._sent = 0.0
+
+    @property
+    def period(self) -> float:
+        """Seconds between renewals: three tries before the lease can expire."""
+        return self.ttl / 3
+
+    def call(self, op: str) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV of ``lease.lua`` for *op* (``acquire`` or ``release``)."""
+        ttl_ms = int(self.ttl * 1000) if op == "acquire" else 0
+        return [self.keys.leader, self.keys.leader_epoch], [self.holder, ttl_ms, op]
+
+    def renewal(self) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV of one take-or-renew, sent now: validity is counted from this moment
+        (before the server applies it, so the local end comes before the key's expiry)."""
+        self._sent = time.monotonic()
+        return self.call("acquire")
+
+    def renewed(self, reply: Any) -> bool:
+        """The outcome of the last :meth:`renewal`: the script's reply, or the exception raised
+        instead. True if this process holds the lease now."""
+        if isinstance(reply, BaseException):
+            return self.unanswered(reply)
+        try:
+            token = int(reply)
+        except Exception as exc:  # not a token: as if Redis had not answered
+            return self.unanswered(exc)
+        return self.answered(token, self._sent)
+
+    def answered(self, token: int, sent: float) -> bool:
+        """The script answered *token* to a renewal sent at monotonic time *sent*."""
+        if token <= 0:
+            self.valid_until = 0.0
+            return False
+        acquired = token != self.token or not self.is_leader()
+        self.token = token
+        self.valid_until = sent + self.ttl - self.margin
+        if acquired:
+            log.info("%s holds the log lease (fencing token %d)", self.holder, token)
+            if self.on_acquire is not None:
+                try:
+                    self.on_acquire()
+                except Exception:
+                    log.exception("on_acquire callback failed")
+        return True
+
+    def unanswered(self, exc: BaseException) -> bool:
+        """Redis did not answer: keep the lease only while it is still valid."""
+        log.debug("lease renewal failed: %s", exc)
+        return self.is_leader()
+
+    def release(self) -> tuple[list[str], list[Any]] | None:
+        """KEYS and ARGV of the release, or None when this process never held the lease (or
+        already released it). Either way it stops counting itself leader now."""
+        if not self.valid_until:
+            return None
+        self.valid_until = 0.0
+        return self.call("release")
+
+    def is_leader(self) -> bool:
+        """True until the locally computed end of the lease."""
+        return time.monotonic() < self.valid_until
+
+
+class LeaseHolder:
+    """What both lease leaders show of their :class:`LeaseState` (they add only the waiting)."""
+
+    state: LeaseState
+
+    @property
+    def token(self) -> int:
+        """The fencing token of the current (or last) tenure."""
+        return self.state.token
+
+    @property
+    def on_acquire(self) -> Callable[[], Any] | None:
+        """Called when this process becomes the holder."""
+        return self.state.on_acquire
+
+    @on_acquire.setter
+    def on_acquire(self, callback: Callable[[], Any] | None) -> None:
+        self.state.on_acquire = callback
+
+    def is_leader(self) -> bool:
+        """True until the locally computed end of the lease."""
+        return self.state.is_leader()

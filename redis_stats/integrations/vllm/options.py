@@ -1,0 +1,87 @@
+"""The environment variables of the vLLM plugin, declared as :class:`~redis_stats.config.EnvVar`
+(listed by ``python -m redis_stats.tools.config_table vllm``, documented in docs/vllm.md and
+docs/configuration.md), and the :class:`~redis_stats.config.StatsConfig` the plugin builds from
+them. Every other option comes from ``REDIS_STATS_*`` through :meth:`StatsConfig.from_env`.
+
+This module does not import vLLM, so the plugin's configuration is tested without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from redis_stats.config import EnvVar, StatsConfig
+from redis_stats.integrations.vllm import namespace_for_model
+
+__all__ = [
+    "ADDR",
+    "INTERVAL",
+    "NAMESPACE",
+    "PORT",
+    "SWITCH",
+    "VARIABLES",
+    "VIEW",
+    "plugin_config",
+    "plugin_enabled",
+]
+
+_PLUGIN = "the vLLM plugin"
+
+SWITCH = EnvVar(
+    "REDIS_STATS_URL",
+    "",
+    _PLUGIN,
+    "the Redis URL (option `url`); it also switches the plugin on: unset, the plugin does nothing",
+)
+NAMESPACE = EnvVar(
+    "REDIS_STATS_NAMESPACE",
+    "",
+    _PLUGIN,
+    "option `namespace`; under vLLM unset means the served model name (characters a key may not "
+    "hold become `_`)",
+)
+INTERVAL = EnvVar(
+    "VLLM_LOG_STATS_INTERVAL",
+    "10",
+    _PLUGIN,
+    "vLLM's own variable: vLLM calls the plugin's `log()` this often; under vLLM it is the "
+    "reporter's `log_interval` (`REDIS_STATS_LOG_INTERVAL` is not read there)",
+)
+PORT = EnvVar(
+    "REDIS_STATS_PORT",
+    "",
+    _PLUGIN,
+    "serve the Redis view (`/metrics` for every engine) on this port from one process per host; unset: off",
+)
+ADDR = EnvVar(
+    "REDIS_STATS_ADDR",
+    "127.0.0.1",
+    _PLUGIN,
+    "address for `REDIS_STATS_PORT` (loopback by default: the view shows every engine of every "
+    "node, so serving it to the network is an explicit choice, e.g. `0.0.0.0`)",
+)
+VIEW = EnvVar(
+    "REDIS_STATS_VIEW",
+    "all",
+    _PLUGIN,
+    "which engines the view on `REDIS_STATS_PORT` serves: `all` (every engine of the namespace; "
+    "scrape ONE such view) or `local` (this instance's engines; scrape EVERY node), see docs/vllm.md",
+)
+
+VARIABLES = (SWITCH, NAMESPACE, INTERVAL, PORT, ADDR, VIEW)
+
+
+def plugin_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``REDIS_STATS_URL`` is set: without it the plugin does nothing."""
+    return bool(SWITCH.get(environ))
+
+
+def plugin_config(model: str, environ: Mapping[str, str] | None = None) -> StatsConfig:
+    """The plugin's config for served model *model*: ``REDIS_STATS_*`` options as
+    :meth:`StatsConfig.from_env` reads them, but the namespace defaults to the model's and
+    ``log_interval`` is vLLM's ``VLLM_LOG_STATS_INTERVAL``."""
+    return StatsConfig.from_env(
+        environ,
+        namespace=NAMESPACE.get(environ) or namespace_for_model(model),
+        log_interval=INTERVAL.number(environ),
+    )
