@@ -467,8 +467,10 @@ class WriterCore:
         """Redis answered the flush of *shard* (applied now, or already applied): move on."""
         result = FlushResult.from_reply(reply)
         self._protocol.confirmed(result, shard)
-        if shard == 0 and not result.meta_existed:
-            self.shards_noted = self.shards == 1  # Redis lost shard 0's catalogue: note K again
+        if not result.meta_existed:
+            # A shard without a catalogue: new, or Redis lost its data (then maybe shard 0's
+            # too, and with it the list of K): note K again (idempotent, one call).
+            self.shards_noted = self.shards == 1
         if shard != self.home:  # the self-metrics go to the home shard only
             pass
         elif result.writer_removed:
