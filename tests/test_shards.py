@@ -329,3 +329,19 @@ def test_a_forked_child_is_a_new_writer_in_every_shard(redis_server, namespace):
     snap = StatsReader(cfg, sample_catalog()).snapshot()
     assert [snap.engines[e].counter("tokens") for e in range(3)] == [13, 13, 13]
     assert len(snap.writers) == 2
+
+
+def test_k_is_noted_again_when_redis_lost_its_data(fake_client, namespace):
+    w = StatsWriter(
+        _cfg(namespace, shards=K), sample_catalog(), engines=[1], client=fake_client(), start=False
+    )
+    w.counter("tokens").labels(engine=1).inc(1)
+    assert w.flush()
+    raw = fake_client()
+    assert raw.hget(Keys(namespace).meta, "shards") == "3"
+    raw.flushall()  # a Redis restarted without persistence
+    assert w.flush() and w.flush()
+    assert raw.hget(Keys(namespace).meta, "shards") == "3"
+    snap = StatsReader(_cfg(namespace), sample_catalog(), client=fake_client()).snapshot()
+    assert snap.engines[1].counter("tokens") == 1
+    w.close()
