@@ -345,3 +345,32 @@ def test_k_is_noted_again_when_redis_lost_its_data(fake_client, namespace):
     snap = StatsReader(_cfg(namespace), sample_catalog(), client=fake_client()).snapshot()
     assert snap.engines[1].counter("tokens") == 1
     w.close()
+
+
+def test_the_reader_merges_the_shards_catalogues_shard_0_first(fake_client, namespace):
+    """A metric stored only in shard 1's catalogue is read from there; one stored differently in
+    shards 0 and 1 is read with shard 0's definition (the first stored wins, shard 0 first)."""
+    from redis_stats import Catalog
+    from redis_stats.catalog import MetricSpec
+
+    def cat(buckets: list[float]) -> Catalog:
+        c = Catalog()
+        c.counter("tokens", "Generated tokens.")
+        c.histogram("lat", "Latency.", buckets=buckets)
+        return c
+
+    a = StatsWriter(_cfg(namespace, shards=K), cat([1.0]), engines=[0], client=fake_client(), start=False)
+    b = StatsWriter(
+        _cfg(namespace, shards=K), cat([1.0, 2.0]), engines=[1], client=fake_client(), start=False
+    )
+    extra = b.define(MetricSpec("only_in_shard_1", "counter", "Only in shard 1."))
+    a.histogram("lat").labels(engine=0).observe(0.5)
+    b.histogram("lat").labels(engine=1).observe(1.5)
+    extra.labels(engine=1).inc(4)
+    assert a.flush() and b.flush()
+    snap = StatsReader(_cfg(namespace), Catalog(), client=fake_client()).snapshot()
+    assert snap.catalog["lat"].buckets == (1.0,)  # shard 0's definition
+    assert snap.engines[1].counter("only_in_shard_1") == 4  # found in shard 1's catalogue
+    assert snap.engines[0].histogram("lat").count == 1
+    a.close()
+    b.close()
