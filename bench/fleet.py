@@ -14,10 +14,13 @@ lists per second, with its own writer id, engine, sequence number and chunk fiel
 ``--drivers`` processes. The first two flushes of each fleet writer are the template's first two
 (the catalogue, every chunk's names), as in a real start. A driver that falls behind says so.
 
-(b) runs with the namespace in one hash slot (K = 1: shards per engine group are not built yet,
-see docs/benchmarks.md), so one master carries the whole load.
+(b) runs twice: with the namespace in one hash slot (``shards`` K = 1), where one master carries
+the whole load, and with K = 3 (engine e in shard e % 3, one shard per master, see
+docs/key-schema.md "Shards"): each fleet writer then sends its calls to its engine's shard, and
+the spread is (busiest - idlest) / mean of the masters' CPU.
 
 Usage: python bench/fleet.py [--engines 64,256,1024] [--seconds 10] [--drivers 2] [--no-cluster]
+                             [--only-cluster]
 """
 
 from __future__ import annotations
@@ -103,15 +106,25 @@ def rewrite(
 
 
 def drive(
-    url: str, namespace: str, writers: list[tuple[int, int]], seconds: float, start_at: float, queue: Any
+    url: str,
+    namespace: str,
+    writers: list[tuple[int, int]],
+    seconds: float,
+    start_at: float,
+    queue: Any,
+    shards: int = 1,
 ) -> None:
     """Send each (engine, api) writer's flushes, one per second, spread over the second, from
-    wall-clock time *start_at*. Latencies are kept from the third second (steady state)."""
+    wall-clock time *start_at*, to its engine's shard. Latencies are kept from the third second
+    (steady state)."""
     tpl = templates()
-    cfg = StatsConfig(url=url, namespace=namespace)
-    keys = Keys(namespace)
-    client = StatsWriter(cfg, vllm_catalog(), start=False)._client  # the package's own client setup
+    cfg = StatsConfig(url=url, namespace=namespace, shards=shards)
+    writer = StatsWriter(cfg, vllm_catalog(), start=False)
+    client = writer._client  # the package's own client setup
+    writer._shards_script(*writer.shards_call())  # as a sharded writer does once: readers find K
+    writer._closed = True
     script = client.register_script(load_script("flush"))
+    shard_keys = [Keys(namespace).shard(s, shards) for s in range(shards)]
     ids = [f"fleet:{e}:api{a}" for e, a in writers]
     latencies: list[float] = []
     behind = 0.0
@@ -122,7 +135,7 @@ def drive(
         engine, api = writers[idx]
         template_id, flushes = tpl[(engine % TEMPLATE_ENGINES) * 2 + api]
         flush = flushes[k] if k < 2 else flushes[2 + (k - 2) % (TEMPLATE_FLUSHES - 2)]
-        key_list, args = rewrite(flush, template_id, keys, ids[idx], engine, k + 1)
+        key_list, args = rewrite(flush, template_id, shard_keys[engine % shards], ids[idx], engine, k + 1)
         due = start + k + idx / len(writers)
         wait = due - time.monotonic()
         if wait > 0:
@@ -141,14 +154,18 @@ def cpu_seconds(client: redis.Redis) -> float:
     return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
-def run(url: str, nodes: list[redis.Redis], engines: int, seconds: float, drivers: int) -> dict[str, Any]:
+def run(
+    url: str, nodes: list[redis.Redis], engines: int, seconds: float, drivers: int, shards: int = 1
+) -> dict[str, Any]:
     namespace = f"fleet{engines}-{int(time.time())}"
     writers = [(e, a) for e in range(engines) for a in range(2)]
     ctx = mp.get_context("spawn")
     queue: Any = ctx.Queue()
     start_at = time.time() + 15.0  # the drivers build their templates first
     procs = [
-        ctx.Process(target=drive, args=(url, namespace, writers[d::drivers], seconds, start_at, queue))
+        ctx.Process(
+            target=drive, args=(url, namespace, writers[d::drivers], seconds, start_at, queue, shards)
+        )
         for d in range(drivers)
     ]
     for p in procs:
@@ -163,15 +180,19 @@ def run(url: str, nodes: list[redis.Redis], engines: int, seconds: float, driver
     for p in procs:
         p.join()
     latencies = sorted(x for lat, _ in results for x in lat)
-    reader = StatsReader(StatsConfig(url=url, namespace=namespace), vllm_catalog())
+    reader = StatsReader(StatsConfig(url=url, namespace=namespace, shards=shards), vllm_catalog())
     collector = RedisCollector(reader)
     collector.render_text()
     scrape = min(_timed(collector.render_text) for _ in range(3))
+    assert len(reader.snapshot().engines) == engines, "the scrape must see every engine"
     reader.close()
+    cpu = [(b - a) / wall for a, b in zip(cpu0, cpu1)]
     return {
         "engines": engines,
+        "shards": shards,
+        "spread": (max(cpu) - min(cpu)) / statistics.mean(cpu) if len(cpu) > 1 else 0.0,
         "calls_per_s": len(latencies) / wall,  # steady-state calls over the measured window
-        "cpu": [(b - a) / wall for a, b in zip(cpu0, cpu1)],
+        "cpu": cpu,
         "p50_ms": statistics.median(latencies) * 1e3,
         "p99_ms": latencies[int(len(latencies) * 0.99)] * 1e3,
         "behind_s": max(b for _, b in results),
@@ -189,13 +210,14 @@ def report(title: str, rows: list[dict[str, Any]]) -> None:
     print(f"\n{title}")
     print(
         f"    {'engines':>8}{'writers':>9}{'flushes/s':>11}  {'Redis CPU per node (1.0 = one core)':<38}"
-        f"{'p50 ms':>8}{'p99 ms':>8}{'scrape ms':>11}{'driver behind s':>17}"
+        f"{'spread':>8}{'p50 ms':>8}{'p99 ms':>8}{'scrape ms':>11}{'driver behind s':>17}"
     )
     for r in rows:
         cpu = " ".join(f"{c:.3f}" for c in r["cpu"])
         print(
             f"    {r['engines']:>8}{2 * r['engines']:>9}{r['calls_per_s']:>11.0f}  {cpu:<38}"
-            f"{r['p50_ms']:>8.2f}{r['p99_ms']:>8.2f}{r['scrape_ms']:>11.0f}{r['behind_s']:>17.2f}"
+            f"{100 * r['spread']:>7.0f}%{r['p50_ms']:>8.2f}{r['p99_ms']:>8.2f}"
+            f"{r['scrape_ms']:>11.0f}{r['behind_s']:>17.2f}"
         )
 
 
@@ -207,20 +229,23 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--drivers", type=int, default=2, help="processes sending the writers' calls")
     parser.add_argument("--no-cluster", action="store_true")
+    parser.add_argument("--only-cluster", action="store_true", help="skip (a)")
     parser.add_argument(
         "--out", default=str(ROOT / "bench" / "results" / "fleet.json"), help="results (JSON)"
     )
     parser.add_argument("--plot", default=str(ROOT / "docs" / "img" / "fleet_redis_cpu.png"))
     opts = parser.parse_args()
     counts = [int(x) for x in opts.engines.split(",")]
-    with EmbeddedRedis() as server:
-        node = redis.Redis.from_url(server.url)
-        rows = [run(server.url, [node], n, opts.seconds, opts.drivers) for n in counts]
-        node.close()
-    report("(a) one Redis", rows)
-    results: dict[str, Any] = {"one_redis": rows}
+    results: dict[str, Any] = {}
+    if not opts.only_cluster:
+        with EmbeddedRedis() as server:
+            node = redis.Redis.from_url(server.url)
+            rows = [run(server.url, [node], n, opts.seconds, opts.drivers) for n in counts]
+            node.close()
+        report("(a) one Redis", rows)
+        results["one_redis"] = rows
     if not opts.no_cluster:
-        results["cluster_k1"] = cluster_rows(counts, opts)
+        results.update(cluster_rows(counts, opts))
     Path(opts.out).write_text(json.dumps(results, indent=1))
     plot(results, opts.plot)
 
@@ -236,7 +261,11 @@ def plot(results: dict[str, Any], path: str) -> None:
         print("(matplotlib not installed: no plot)")
         return
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    labels = {"one_redis": "one Redis", "cluster_k1": "Cluster, busiest master (K = 1)"}
+    labels = {
+        "one_redis": "one Redis",
+        "cluster_k1": "Cluster, busiest master (K = 1)",
+        "cluster_k3": "Cluster, busiest master (K = 3)",
+    }
     for name, rows in results.items():
         ax.plot(
             [2 * r["engines"] for r in rows], [100 * max(r["cpu"]) for r in rows], "o-", label=labels[name]
@@ -252,21 +281,25 @@ def plot(results: dict[str, Any], path: str) -> None:
     print(f"plot: {path}")
 
 
-def cluster_rows(counts: list[int], opts: Any) -> list[dict[str, Any]]:
-    """(b): the 3-master Cluster the tests start."""
+def cluster_rows(counts: list[int], opts: Any) -> dict[str, list[dict[str, Any]]]:
+    """(b): the 3-master Cluster the tests start, with K = 1 and K = 3."""
     sys.path.insert(0, str(ROOT / "tests"))
     from servers import Cluster
 
     cluster = Cluster().start()
+    out = {}
     try:
         nodes = [redis.Redis(host="127.0.0.1", port=n.port) for n in cluster.nodes]
-        rows = [run(cluster.url, nodes, n, opts.seconds, opts.drivers) for n in counts]
+        for k in (1, 3):
+            rows = [run(cluster.url, nodes, n, opts.seconds, opts.drivers, shards=k) for n in counts]
+            what = "namespace in one slot (K = 1)" if k == 1 else "K = 3 shards, one per master"
+            report(f"(b) 3-master Cluster, {what}", rows)
+            out[f"cluster_k{k}"] = rows
         for n in nodes:
             n.close()
     finally:
         cluster.close()
-    report("(b) 3-master Cluster, namespace in one slot (K = 1)", rows)
-    return rows
+    return out
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from redis_stats.errors import ConfigError  # defined in errors.py; importable f
 
 __all__ = [
     "ENV_PREFIX",
+    "MAX_SHARDS",
     "SCHEMES",
     "SECRET_QUERY_WORDS",
     "ConfigError",
@@ -34,6 +35,9 @@ __all__ = [
 
 ENV_PREFIX = "REDIS_STATS_"
 LEADER_MODES = ("rank0", "lease", "none")
+# The most shards a namespace may be split into (each is one script call per flush round of a
+# writer that touches it, and one read per scrape).
+MAX_SHARDS = 64
 
 # A namespace becomes part of every key (`rs:{NS}:...`). Braces would break the Cluster hash tag
 # and glob characters would widen ACL key patterns, so only a conservative alphabet is allowed.
@@ -252,7 +256,7 @@ class StatsConfig:
     )
     flush_interval: float = _opt(
         1.0,
-        "Seconds between two flushes of a writer (each flush is one script call).",
+        "Seconds between two flushes of a writer (each flush is one script call per shard written).",
     )
     stale_after: float = _opt(
         30.0,
@@ -302,6 +306,13 @@ class StatsConfig:
     engine_offset: int = _opt(
         0,
         "Added to every engine index a writer records (independent instances that each call their engine 0).",
+    )
+    shards: int = _opt(
+        1,
+        "Shards of the namespace: engine ``e`` lives in shard ``e % shards``, each shard its own "
+        "Cluster hash tag, so a deployment spreads over that many Cluster masters (1: one slot, "
+        "the unsharded layout). Give every writer of a namespace the same value; readers and gc "
+        "also read every K the writers used (listed in shard 0's catalogue).",
     )
     close_timeout: float = _opt(
         1.0,
@@ -354,6 +365,12 @@ class StatsConfig:
             raise ConfigError(f"leader_rank={self.leader_rank!r} must be an integer >= 0")
         if not isinstance(self.engine_offset, int) or self.engine_offset < 0:
             raise ConfigError(f"engine_offset={self.engine_offset!r} must be an integer >= 0")
+        k = self.shards
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SHARDS:
+            raise ConfigError(
+                f"shards={k!r} must be an integer from 1 to {MAX_SHARDS} (1: the whole namespace in "
+                "one Cluster slot; the number of Cluster masters to spread a deployment over them)"
+            )
 
     def __repr__(self) -> str:
         fields = ", ".join(

@@ -6,13 +6,24 @@ namespaces spread over the cluster. The keys that hold data start with ``rs:{NS}
 that processes of two redis_stats versions with different layouts can share a namespace during a
 rolling upgrade without reading or overwriting each other's data; the lease keys (log leader, gc
 lock), whose format every version shares, are right under ``rs:{NS}:``.
+
+A namespace may be split into K **shards** (option ``shards``): engine ``e`` lives in shard
+``e % K``. Shard 0 is the layout above, unchanged; shard ``s >= 1`` is a self-contained copy of
+the data layout under its own hash tag ``NS#<s>.<salt>`` (``#`` is not allowed in a namespace, so
+it can never be another namespace's tag), with the salt chosen so that the shards' slots are evenly
+spaced around the slot ring from shard 0's: on a Cluster made with equal contiguous slot ranges
+(``redis-cli --cluster create``), K = the number of masters puts one shard on each master.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
-__all__ = ["SCHEMA_VERSION", "Keys"]
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+
+__all__ = ["SCHEMA_VERSION", "Keys", "parse_layouts", "shard_of", "shard_slot", "shard_tag"]
 
 # Bumped when the layout or the field encoding changes incompatibly; stored in meta["schema"].
 # 2: each writer's absolute values in chunks of the engine's hash (docs/key-schema.md, issue 15);
@@ -20,17 +31,82 @@ __all__ = ["SCHEMA_VERSION", "Keys"]
 SCHEMA_VERSION = "2"
 
 
+# How many salts a shard's tag is chosen from (the one whose slot is nearest the shard's target):
+# 4,096 tries land within ~2 slots of it, and cost ~1 ms per shard, once per process.
+_SALTS = 4096
+
+
+def shard_of(engine: int, shards: int) -> int:
+    """The shard holding *engine* (its index as stored, after ``engine_offset``)."""
+    return engine % shards
+
+
+@lru_cache(maxsize=1024)
+def shard_tag(namespace: str, shard: int, shards: int) -> str:
+    """The hash tag of *shard* of a namespace split into *shards*: the namespace itself for
+    shard 0 (the layout of an unsharded namespace), else ``<namespace>#<shard>.<salt>``.
+
+    The salt is the first of ``0 .. 4095`` whose slot is nearest (around the ring) to shard 0's
+    slot plus ``shard * 16384 / shards``: every process computes the same tag, and the shards'
+    slots are spread evenly, so each lands on its own master of a Cluster whose masters hold
+    equal contiguous slot ranges (check another layout with ``redis-stats inspect``).
+    """
+    if shard == 0:
+        return namespace
+    if not 0 < shard < shards:
+        raise ValueError(f"shard {shard} of {shards}")
+    n = REDIS_CLUSTER_HASH_SLOTS
+    target = (key_slot(namespace.encode()) + shard * n // shards) % n
+    best, best_distance = "", n
+    for salt in range(_SALTS):
+        tag = f"{namespace}#{shard}.{salt}"
+        delta = abs(key_slot(tag.encode()) - target)
+        distance = min(delta, n - delta)
+        if distance < best_distance:
+            best, best_distance = tag, distance
+            if not distance:
+                break
+    return best
+
+
+def parse_layouts(text: object) -> set[int]:
+    """The K values of shard 0's catalogue field ``shards`` (``"3"``, ``"2,3"``; see shards.lua):
+    every K > 1 the namespace's writers used. Anything else in it is ignored."""
+    if not isinstance(text, str):
+        return set()
+    return {int(x) for x in text.split(",") if x.isdigit() and 1 < int(x) <= 64}
+
+
+def shard_slot(namespace: str, shard: int, shards: int) -> int:
+    """The Cluster slot of every key of *shard* (CLUSTER KEYSLOT of any of them)."""
+    return int(key_slot(shard_tag(namespace, shard, shards).encode()))
+
+
 @dataclass(frozen=True)
 class Keys:
-    """Names of every key of one namespace."""
+    """Names of every key of one namespace (of one of its shards, with *tag*)."""
 
     namespace: str
+    tag: str = ""
+    """The hash tag of the keys: the namespace (shard 0, or an unsharded namespace) when empty."""
+
+    def all_shards(self, layouts: Iterable[int]) -> list[Keys]:
+        """The keys of every shard of the namespace split with any K in *layouts*: shard 0 (these
+        keys) first, then shards 1..K-1 of each K (a K changed leaves data under the old tags)."""
+        out = [self]
+        for k in sorted(set(layouts) - {1}):
+            out += [self.shard(s, k) for s in range(1, k)]
+        return out
+
+    def shard(self, shard: int, shards: int) -> Keys:
+        """The keys of *shard* of this namespace split into *shards* (shard 0: these keys)."""
+        return self if shard == 0 else Keys(self.namespace, shard_tag(self.namespace, shard, shards))
 
     @property
     def root(self) -> str:
         """``rs:{NS}:``, the start of every key of the namespace, of any schema version (and the
-        ACL key pattern ``rs:{NS}:*``)."""
-        return f"rs:{{{self.namespace}}}:"
+        ACL key pattern ``rs:{NS}:*``); ``rs:{NS#<s>.<salt>}:`` for shard ``s >= 1``."""
+        return f"rs:{{{self.tag or self.namespace}}}:"
 
     @property
     def prefix(self) -> str:
@@ -59,7 +135,7 @@ class Keys:
 
     @property
     def leader(self) -> str:
-        """String with a TTL: the holder of the log lease and its fencing token."""
+        """String with a TTL: the holder of the log lease and its fencing token (shard 0's)."""
         return self.root + "leader"
 
     @property

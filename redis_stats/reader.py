@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from redis.exceptions import ExecAbortError, OutOfMemoryError, ResponseError
@@ -12,11 +16,100 @@ from redis_stats._scripts import ReadOnlyScript, load_script
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
 from redis_stats.connection import Client, make_client
-from redis_stats.keys import Keys
+from redis_stats.keys import Keys, parse_layouts
 
-__all__ = ["ReaderCore", "StatsReader"]
+__all__ = ["ReaderCore", "StatsReader", "merge_shards"]
+
+log = logging.getLogger("redis_stats.reader")
 
 Plan = tuple[tuple[str, ...], tuple[str, ...]]  # (engines, writers) a transaction read asks for
+
+
+def _layouts(meta_flat: Any) -> set[int]:
+    """The K values listed in a catalogue's ``shards`` field (see :func:`parse_layouts`)."""
+    if meta_flat.__class__ is not list:
+        return set()
+    for name, value in zip(meta_flat[0::2], meta_flat[1::2]):
+        if name == "shards":
+            return parse_layouts(value)
+    return set()
+
+
+def merge_shards(replies: list[list[Any]], metas: list[Any]) -> list[Any]:
+    """One read.lua-shaped reply out of one per shard (shard 0 first), each consistent in itself.
+
+    *metas* are the shards' whole catalogues (flat, or the error reading one): the merged one is
+    shard 0's, then the specs of the others for metrics shard 0 lacks (the first stored definition
+    wins, shard 0 first). Engines and writers are put together: an engine found in two shards
+    (only when K changed) gets both hashes, so its writers' chunks add up; a writer found in two
+    shards is shown with its latest heartbeat and the self-metrics of the shard holding them. A
+    part a shard cannot read (a key of the wrong type) is left out; when no shard can read it, the
+    first shard's error stands in its place (the decoder counts it).
+    """
+    engines: dict[Any, list[Any]] = {}  # engine -> [score, hash, ...]
+    writers: dict[Any, list[Any]] = {}  # writer -> [score, stats]
+    conflicts: list[Any] = []
+    failed: dict[int, Any] = {}
+    for reply in replies:
+        engine_flat, writer_flat = reply[1], reply[2]
+        if engine_flat.__class__ is list:
+            hashes = reply[6 : 6 + len(engine_flat) // 2]
+            for engine, score, flat in zip(engine_flat[0::2], engine_flat[1::2], hashes):
+                seen = engines.get(engine)
+                if seen is None:
+                    engines[engine] = [score, flat]
+                    continue
+                seen[0] = max(seen[0], score, key=float)
+                if seen[1].__class__ is not list:
+                    seen[1] = flat
+                elif flat.__class__ is list:
+                    seen[1] = seen[1] + flat
+        else:
+            failed.setdefault(1, engine_flat)
+            hashes = []
+        if writer_flat.__class__ is list:
+            stats = reply[6 + len(hashes) :]
+            for wid, score, flat in zip(writer_flat[0::2], writer_flat[1::2], stats):
+                seen = writers.get(wid)
+                if seen is None:
+                    writers[wid] = [score, flat]
+                    continue
+                if abs(float(score)) > abs(float(seen[0])):
+                    seen[0] = score
+                if not (seen[1].__class__ is list and seen[1]):
+                    seen[1] = flat
+        else:
+            failed.setdefault(2, writer_flat)
+        if reply[5].__class__ is list:
+            conflicts += reply[5]
+        else:
+            failed.setdefault(5, reply[5])
+    meta: Any = []
+    names: set[Any] = set()
+    versions = [r[3] if r[3].__class__ is str else "?" for r in replies]
+    for i, flat in enumerate(metas):
+        if flat.__class__ is not list:
+            if i == 0:
+                meta = flat
+            continue
+        if meta.__class__ is not list:
+            continue
+        for name, value in zip(flat[0::2], flat[1::2]):
+            if i and (name in names or name.__class__ is not str or not name.startswith(("m:", "schema"))):
+                continue
+            names.add(name)
+            meta += (name, value)
+    out = [
+        max(int(r[0]) for r in replies),
+        [x for e, (score, _) in engines.items() for x in (e, score)] or failed.get(1, []),
+        [x for w, (score, _) in writers.items() for x in (w, score)] or failed.get(2, []),
+        "" if not any(versions) else "|".join(versions),
+        meta,
+        conflicts or failed.get(5, []),
+    ]
+    out += [flat for _, flat in engines.values()]
+    out += [flat for _, flat in writers.values()]
+    return out
 
 
 def refused_for_memory(exc: BaseException) -> bool:
@@ -45,6 +138,53 @@ class ReaderCore:
         self.config = config or StatsConfig.from_env()
         self.keys = Keys(self.config.namespace)
         self._decoder = SnapshotDecoder(catalog, stale_after=self.config.stale_after, keys=self.keys)
+        # Every K a writer listed in shard 0's catalogue (see shards.lua), and our own.
+        self.layouts: frozenset[int] = frozenset({self.config.shards} - {1})
+        # Per shard read (its root): (catalogue version, the catalogue) last read.
+        self._shard_meta: dict[str, tuple[str, Any]] = {}
+        self._shard_plans: dict[str, Plan] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def shard_keys(self) -> list[Keys]:
+        """The keys of every shard this reader reads: shard 0 (the namespace's own keys), then
+        shards 1..K-1 of every K in :attr:`layouts`."""
+        return self.keys.all_shards(self.layouts)
+
+    def note_layouts(self, meta_flat: Any) -> bool:
+        """Take the K values listed in shard 0's catalogue *meta_flat*; True if one is new."""
+        found = _layouts(meta_flat) - self.layouts
+        if found:
+            with self._lock:
+                self.layouts = self.layouts | found
+        return bool(found)
+
+    def shard_args(self, keys: Keys, engines: Iterable[int] | None = None) -> tuple[list[str], list[str]]:
+        """KEYS and ARGV of ``read.lua`` for one shard (*keys*), knowing its catalogue version."""
+        version = self._shard_meta.get(keys.root, ("", None))[0]
+        args = [keys.prefix, version]
+        if engines is not None:
+            args += [str(int(e)) for e in engines]
+        return [keys.engines, keys.writers, keys.meta, keys.conflicts], args
+
+    def merge(self, shard_replies: list[list[Any]], shards: list[Keys]) -> list[Any]:
+        """One reply out of the shards' replies (read.lua-shaped; their catalogues are kept
+        here and given to the decoder whenever one of them changed)."""
+        metas: list[Any] = []
+        for keys, reply in zip(shards, shard_replies):
+            version, meta = reply[3], reply[4]
+            if version.__class__ is not str:  # the catalogue is unreadable: the decoder counts it
+                metas.append(version)
+                continue
+            if meta or meta.__class__ is not list or version == "":
+                self._shard_meta[keys.root] = (version, meta)  # new (or none, or unreadable)
+            else:  # read at the version we know: we hold it
+                meta = self._shard_meta.get(keys.root, ("", []))[1]
+            metas.append(meta)
+        merged = merge_shards(shard_replies, metas)
+        if merged[3] == self._decoder.meta_version:
+            merged[4] = []  # the decoder holds it
+        return merged
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self.config.safe_url!r}, namespace={self.config.namespace!r})"
@@ -96,8 +236,52 @@ class ReaderCore:
         cmds.append(("EXEC",))
         return cmds
 
+    def sharded_transaction(self, shards: list[Keys], plans: list[Plan]) -> list[tuple[Any, ...]]:
+        """The commands of one transaction read of every shard (all on one server): the four
+        reads of each shard's lists, then each one's planned hashes."""
+        cmds: list[tuple[Any, ...]] = [("MULTI",), ("TIME",)]
+        for k in shards:
+            cmds += [
+                ("ZRANGE", k.engines, 0, -1, "WITHSCORES"),
+                ("ZRANGE", k.writers, 0, -1, "WITHSCORES"),
+                ("HGET", k.meta, "_v"),
+                ("HGETALL", k.conflicts),
+            ]
+        for k, (engines, writers) in zip(shards, plans):
+            cmds += [("HGETALL", k.counters(e)) for e in engines]
+            cmds += [("HGETALL", k.writer_stats(w)) for w in writers]
+        cmds.append(("EXEC",))
+        return cmds
+
+    def _replan(self, keys: Keys, found: Plan) -> None:
+        self._shard_plans[keys.root] = found
+
+    def sharded_assemble(
+        self, results: list[Any], shards: list[Keys], plans: list[Plan], engines: Iterable[int] | None = None
+    ) -> list[list[Any]] | None:
+        """The EXEC results of :meth:`sharded_transaction` as one read.lua-shaped reply per shard,
+        or None when a shard's lists differ from its plan (the new plans are kept: read again)."""
+        wanted = None if engines is None else list(engines)
+        at = 1 + 4 * len(shards)
+        out, stale = [], False
+        for i, (k, plan) in enumerate(zip(shards, plans)):
+            size = len(plan[0]) + len(plan[1])
+            part = [results[0], *results[1 + 4 * i : 5 + 4 * i], *results[at : at + size]]
+            at += size
+            reply = self.assemble(part, wanted, plan, replan=functools.partial(self._replan, k))
+            if reply is None:
+                stale = True
+            else:
+                out.append(reply)
+        return None if stale else out
+
     def assemble(
-        self, results: list[Any], engines: Iterable[int] | None = None, planned: Plan | None = None
+        self,
+        results: list[Any],
+        engines: Iterable[int] | None = None,
+        planned: Plan | None = None,
+        *,
+        replan: Callable[[Plan], None] | None = None,
     ) -> list[Any] | None:
         """The EXEC results as a read.lua-shaped reply, or None when the engine or writer lists
         differ from *planned*, the lists the transaction was built for (then read again with
@@ -105,7 +289,8 @@ class ReaderCore:
 
         With *engines*, only those engines' hashes are asked for and returned. A command that
         failed (a key of the wrong type) stays in the reply as its exception, for the decoder
-        to skip and count: it costs that key only.
+        to skip and count: it costs that key only. (With ``keep=False`` the new lists are not
+        kept but given to *replan*: the sharded read keeps one plan per shard.)
         """
         results = [_flat(r) for r in results]  # a client of the caller's may speak RESP3
         now, engine_flat, writer_flat, version, conflicts = results[:5]
@@ -119,7 +304,10 @@ class ReaderCore:
             tuple(writer_flat[0::2]) if writer_flat.__class__ is list else (),
         )
         if found != (self._planned if planned is None else planned):
-            self._planned = found
+            if replan is not None:
+                replan(found)
+            else:
+                self._planned = found
             return None
         now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
         return [now_ms, engine_flat, writer_flat, version or "", None, conflicts, *results[5:]]
@@ -148,7 +336,57 @@ class StatsReader(ReaderCore):
         self._script = ReadOnlyScript(self._client, load_script("read"))
 
     def read(self, engines: Iterable[int] | None = None) -> list[Any]:
-        """One consistent read of the namespace, as a read.lua-shaped reply."""
+        """One consistent read of the namespace, as a read.lua-shaped reply (of every shard: each
+        shard's part is consistent in itself)."""
+        for _ in range(2):
+            if len(self.shard_keys) > 1:
+                return self._read_shards(engines)
+            reply = self._read_one(engines)
+            meta = reply[4]
+            if not (meta and self.note_layouts(meta)):
+                return reply
+            # Shard 0's catalogue names shards (written with another K than ours): read them all.
+        return self._read_shards(engines)
+
+    _pool: ThreadPoolExecutor | None = None
+
+    def _read_shards(self, engines: Iterable[int] | None) -> list[Any]:
+        """Every shard, merged: one transaction on a single server; one read.lua per shard on a
+        Cluster, in parallel. A shard that cannot be read fails the whole read (raised)."""
+        wanted = None if engines is None else list(engines)
+        shards = self.shard_keys
+        if hasattr(self._client, "get_node_from_key"):
+            if self._pool is None:
+                with self._lock:
+                    if self._pool is None:
+                        self._pool = ThreadPoolExecutor(8, thread_name_prefix="redis_stats-read")
+            calls = [self._pool.submit(self._script, *self.shard_args(k, wanted)) for k in shards]
+            replies = [c.result() for c in calls]
+        else:
+            replies = self._shard_transaction(shards, wanted)
+        merged = self.merge(replies, shards)
+        if merged[4].__class__ is list and merged[4]:
+            self.note_layouts(merged[4])
+        return merged
+
+    def _shard_transaction(self, shards: list[Keys], wanted: list[int] | None) -> list[list[Any]]:
+        replies = None
+        for _ in range(3):
+            plans = [self._shard_plans.get(k.root, ((), ())) for k in shards]
+            replies = self.sharded_assemble(
+                self._transaction(self.sharded_transaction(shards, plans)), shards, plans, wanted
+            )
+            if replies is not None:
+                break
+        if replies is None:  # the fleet changes faster than we read: each shard's script
+            return [self._script(*self.shard_args(k, wanted)) for k in shards]
+        for k, reply in zip(shards, replies):
+            cached = self._shard_meta.get(k.root, ("", None))[0]
+            if reply[3].__class__ is str and reply[3] != cached:
+                reply[4] = self._meta(k)  # the catalogue changed: fetch it (rare)
+        return replies
+
+    def _read_one(self, engines: Iterable[int] | None) -> list[Any]:
         if hasattr(self._client, "get_node_from_key"):  # Cluster: the script, on the slot's node
             on_slot: list[Any] = self._script(*self.read_args(engines))
             return on_slot
@@ -168,9 +406,9 @@ class StatsReader(ReaderCore):
         scripted: list[Any] = self._script(*self.read_args(engines))
         return scripted  # or the fleet changes faster than we read
 
-    def _meta(self) -> Any:
+    def _meta(self, keys: Keys | None = None) -> Any:
         try:
-            return [x for kv in self._client.hgetall(self.keys.meta).items() for x in kv]
+            return [x for kv in self._client.hgetall((keys or self.keys).meta).items() for x in kv]
         except ResponseError as exc:  # retyped since the transaction: the decoder skips it
             return exc
 
@@ -200,4 +438,6 @@ class StatsReader(ReaderCore):
 
     def close(self) -> None:
         """Close the connection pool."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
         self._client.close()

@@ -5,8 +5,9 @@
     tokens.inc(17)                                                   # hot path: memory only
     writer.close()                                                   # last flush
 
-Every flush interval the thread sends one script call with every change since the last one
-(see :mod:`redis_stats._core.accumulator` for the exactly-once rules). Start-up does not need Redis;
+Every flush interval the thread sends one script call with every change since the last one (one
+per shard it writes to when the namespace is split into shards, see docs/key-schema.md; the
+exactly-once rules are in :mod:`redis_stats._core.accumulator`). Start-up does not need Redis;
 while Redis is down, updates keep landing in memory and nothing raises into the caller.
 
 **Fork.** A writer made before ``os.fork()`` (gunicorn ``--preload``, multiprocessing's fork
@@ -49,7 +50,7 @@ from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, CatalogError
 from redis_stats.config import ConfigError, StatsConfig
 from redis_stats.connection import Client, make_client
 from redis_stats.errors import ReplicationLag, error_kind  # both importable from here as they always were
-from redis_stats.keys import Keys
+from redis_stats.keys import Keys, shard_of
 
 __all__ = [
     "CounterSeries",
@@ -314,11 +315,25 @@ class WriterCore:
         self.keys = Keys(self.config.namespace)
         self.engines = _check_engines(engines)
         self.stats = WriterStats()
+        k = self.shards = self.config.shards
+        self.shard_keys = [self.keys.shard(s, k) for s in range(k)]
+        offset = self.config.engine_offset
+        heartbeat = {shard_of(e + offset, k) for e in self.engines}
+        # The writer's self-metrics (w:<id>) live in one shard only, so readers never count them
+        # twice: shard 0 if it writes shard 0's engines (always when unsharded), else the lowest.
+        self.home = min(heartbeat, default=0)
+        self._always = tuple(sorted(heartbeat | {self.home}))
+        # The writer's id in each shard: the same, until gc removes it in one shard (a long
+        # pause) and it continues there under a new one (see flush_succeeded).
+        self.shard_ids = [self.writer_id] * k
+        # Whether shard 0's catalogue lists this K (readers configured otherwise find the shards).
+        self.shards_noted = k == 1
         self._acc = Accumulator(
             self.catalog,
             max_label_length=self.config.max_label_length,
             max_series_per_metric=self.config.max_series_per_metric,
-            engine_offset=self.config.engine_offset,
+            engine_offset=offset,
+            shards=k,
         )
         self._protocol = FlushProtocol(self._acc)
         self._closed = False
@@ -387,6 +402,7 @@ class WriterCore:
         pending and in-flight data stay the parent's: the child must not send them again.
         """
         self.writer_id = new_writer_id(self._role)
+        self.shard_ids = [self.writer_id] * self.shards
         self.stats = WriterStats()
         self._stats_stored, self._stats_sent = {}, []
         self._acc.forget_pending(self.writer_id)
@@ -400,18 +416,36 @@ class WriterCore:
     # -- the flush protocol, without I/O -------------------------------------------------------
 
     def prepare_flush(self, *, closing: bool = False) -> tuple[list[str], list[str]]:
-        """KEYS and ARGV of the next flush: the unconfirmed batch again, or a new one."""
-        batch = self._protocol.next_batch(self.engines, closing=closing)
-        offset = self.config.engine_offset
-        args = batch.script_args(
-            self.keys.prefix,
-            self.writer_id,
-            owner=self.owner,
-            stale_ms=int(self.config.stale_after * 1000),
-            claims=[e + offset for e in self.engines] if self.owner else (),
-            stats=self._changed_stats(),
-        )
-        return batch.script_keys(self.keys, self.writer_id), args
+        """KEYS and ARGV of the next flush of an unsharded namespace: the unconfirmed batch
+        again, or a new one (with ``shards`` > 1: :meth:`prepare_flushes`)."""
+        calls = self.prepare_flushes(closing=closing)
+        if len(calls) != 1 or calls[0][0] != 0:
+            raise ValueError(f"{len(calls)} shard calls: use prepare_flushes() with shards={self.shards}")
+        return calls[0][1], calls[0][2]
+
+    def prepare_flushes(self, *, closing: bool = False) -> list[tuple[int, list[str], list[str]]]:
+        """``(shard, KEYS, ARGV)`` of each script call of the next flush round: one per shard
+        this writer writes to (one in all when the namespace is not sharded), each the shard's
+        unconfirmed batch again, or a new one."""
+        batches = self._protocol.next_batches(self.engines, closing=closing, always=self._always)
+        offset, k = self.config.engine_offset, self.shards
+        stale_ms = int(self.config.stale_after * 1000)
+        calls = []
+        for shard, batch in batches.items():
+            keys = self.shard_keys[shard]
+            claims = (
+                [e + offset for e in self.engines if shard_of(e + offset, k) == shard] if self.owner else ()
+            )
+            args = batch.script_args(
+                keys.prefix,
+                self.shard_ids[shard],
+                owner=self.owner,
+                stale_ms=stale_ms,
+                claims=claims,
+                stats=self._changed_stats() if shard == self.home else (),
+            )
+            calls.append((shard, batch.script_keys(keys, self.shard_ids[shard]), args))
+        return calls
 
     def _changed_stats(self) -> list[str]:
         """The self-metrics (field, value pairs) that differ from what Redis holds."""
@@ -421,19 +455,25 @@ class WriterCore:
         self._stats_sent = changed
         return changed
 
-    def flush_failed(self, exc: BaseException) -> None:
-        """The flush did not get an answer: count it; the same batch goes next time."""
+    def flush_failed(self, exc: BaseException, shard: int = 0) -> None:
+        """The flush (of *shard*) did not get an answer: count it; the same batch goes next time."""
         kind = error_kind(exc)
         self.stats.errors[kind] += 1
         # Warn on the first failure of each kind; the rest go to DEBUG (and the counters).
         log_fn = log.warning if self.stats.errors[kind] == 1 else log.debug
         log_fn("flush to %s failed (%s: %s); will retry with the same batch", self.config.safe_url, kind, exc)
 
-    def flush_succeeded(self, reply: Any, seconds: float) -> FlushResult:
-        """Redis answered the flush (applied now, or already applied): move on."""
+    def flush_succeeded(self, reply: Any, seconds: float, shard: int = 0) -> FlushResult:
+        """Redis answered the flush of *shard* (applied now, or already applied): move on."""
         result = FlushResult.from_reply(reply)
-        self._protocol.confirmed(result)
-        if result.writer_removed:
+        self._protocol.confirmed(result, shard)
+        if not result.meta_existed:
+            # A shard without a catalogue: new, or Redis lost its data (then maybe shard 0's
+            # too, and with it the list of K): note K again (idempotent, one call).
+            self.shards_noted = self.shards == 1
+        if shard != self.home:  # the self-metrics go to the home shard only
+            pass
+        elif result.writer_removed:
             self._stats_stored = {}  # a new id: its stats hash starts empty
         elif result.status == 1:  # applied now: with it the self-metrics it carried
             if not result.meta_existed:
@@ -471,10 +511,21 @@ class WriterCore:
             # Silent for longer than the retention (a paused process?): gc removed this id and
             # folded what Redis held of it. Carry on as a new incarnation with the rest of the
             # totals (FlushProtocol.confirmed took the folded part off); the next flush sends it.
-            old_id, self.writer_id = self.writer_id, new_writer_id(self._role)
-            self._acc.rename_writer(self.writer_id)
-            log.warning("writer %s was removed by gc; continuing as %s", old_id, self.writer_id)
+            # Shards are collected apart: the new id is this shard's (the home shard's is the
+            # writer's id, that of its self-metrics).
+            old_id, new_id = self.shard_ids[shard], new_writer_id(self._role)
+            self.shard_ids[shard] = new_id
+            if shard == self.home:
+                self.writer_id = new_id
+                self._acc.rename_writer(new_id)
+            where = f" in shard {shard}" if self.shards > 1 else ""
+            log.warning("writer %s was removed by gc%s; continuing as %s", old_id, where, new_id)
         return result
+
+    def shards_call(self) -> tuple[list[str], list[str]]:
+        """KEYS and ARGV of ``shards.lua``: list this writer's K in shard 0's catalogue, so that
+        a reader configured with another K still reads every shard (once per writer)."""
+        return [self.keys.meta], [str(self.shards)]
 
     def script_and_wait(self, reply: Any, acked: Any) -> Any:
         """The script's reply, given it and WAIT's (pipelined, or one after the other on a
@@ -617,6 +668,7 @@ class StatsWriter(WriterCore):
     def _use_client(self, client: Any) -> None:
         self._client = client
         self._script = Script(client, load_script("flush"))
+        self._shards_script = Script(client, load_script("shards"))
         kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
         if self._own_client and HIREDIS_AVAILABLE and isinstance(kwargs, dict):
             kwargs.setdefault("command_packer", _SlicedPacker())
@@ -673,10 +725,11 @@ class StatsWriter(WriterCore):
         self.start()
 
     def flush(self, *, closing: bool = False) -> bool:
-        """Send what is pending now, in one script call. True if Redis confirmed it.
+        """Send what is pending now, in one script call per shard written to (one in all when
+        the namespace is not sharded; one after the other). True if Redis confirmed every one.
 
         Never raises for a Redis problem: a failure is counted in :attr:`stats` and the same
-        batch is sent again next time.
+        batch is sent again next time (to that shard; the others carry on).
         """
         with self._flush_lock:
             if self._client is None:  # first flush in a forked child, or a Cluster down at start
@@ -685,15 +738,23 @@ class StatsWriter(WriterCore):
                 except Exception as exc:  # never raise into the host; nothing was taken yet
                     self.flush_failed(exc)
                     return False
-            keys, args = self.prepare_flush(closing=closing)
-            started = time.perf_counter()
-            try:
-                reply = self._call(keys, args)
-            except Exception as exc:  # never raise into the host
-                self.flush_failed(exc)
-                return False
-            self.flush_succeeded(reply, time.perf_counter() - started)
-            return True
+            if not self.shards_noted:
+                try:
+                    self._shards_script(*self.shards_call())
+                    self.shards_noted = True
+                except Exception as exc:  # counted; tried again next round
+                    self.flush_failed(exc)
+            ok = True
+            for shard, keys, args in self.prepare_flushes(closing=closing):
+                started = time.perf_counter()
+                try:
+                    reply = self._call(keys, args)
+                except Exception as exc:  # never raise into the host
+                    self.flush_failed(exc, shard)
+                    ok = False
+                    continue
+                self.flush_succeeded(reply, time.perf_counter() - started, shard)
+            return ok
 
     def _call(self, keys: list[str], args: list[str]) -> Any:
         """One flush: the script, and with ``wait_replicas`` its replication acknowledgement."""

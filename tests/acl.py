@@ -16,5 +16,7 @@ LEASE = "+get +set +pexpire +incr +del"
 
 def rules(namespace: str, password: str, commands: str, *, read_only: bool = False) -> list[str]:
     """ACL SETUSER arguments for a user limited to one namespace."""
-    pattern = f"{'%R' if read_only else ''}~rs:{{{namespace}}}:*"
-    return ["on", f">{password}", "resetkeys", pattern, "resetchannels", "-@all", *commands.split()]
+    # The namespace's keys, and those of its shards >= 1 (tags "<namespace>#<shard>.<salt>").
+    perm = "%R~" if read_only else "~"
+    patterns = [f"{perm}rs:{{{namespace}}}:*", f"{perm}rs:{{{namespace}#*}}:*"]
+    return ["on", f">{password}", "resetkeys", *patterns, "resetchannels", "-@all", *commands.split()]

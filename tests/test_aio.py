@@ -195,3 +195,25 @@ def test_quantile_agrees_with_prometheus_client_exposition():
     # holding ranks 5..6 (cumulative 4 -> 6): 0.05 + 0.05 * (5 - 4) / (6 - 4) = 0.075.
     assert h.quantile(0.5) == pytest.approx(0.075)
     assert h.count == len(values)
+
+
+async def test_async_writers_and_reader_over_three_shards(config, catalog, fake_async):
+    """The asyncio twins shard as the threaded ones do (tests/test_shards.py)."""
+    from redis_stats.keys import Keys
+
+    cfg = config.replace(shards=3)
+    writers = [AsyncStatsWriter(cfg, catalog, engines=list(range(6)), client=fake_async()) for _ in range(2)]
+    for w in writers:
+        for e in range(6):
+            w.counter("tokens").labels(engine=e).inc(e + 1)
+            w.histogram("latency_seconds").labels(engine=e).observe(0.3)
+        assert await w.flush()
+    raw = fake_async()
+    assert [await raw.exists(Keys(cfg.namespace).shard(e % 3, 3).counters(e)) for e in range(6)] == [1] * 6
+    for reader_cfg in (cfg, config):  # K configured, or found in shard 0's catalogue
+        snap = await AsyncStatsReader(reader_cfg, catalog, client=fake_async()).snapshot()
+        assert sorted(snap.engines) == list(range(6))
+        assert [snap.engines[e].counter("tokens") for e in range(6)] == [2 * (e + 1) for e in range(6)]
+        assert all(snap.engines[e].histogram("latency_seconds").count == 2 for e in range(6))
+    for w in writers:
+        assert await w.close()

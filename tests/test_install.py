@@ -33,7 +33,7 @@ def test_the_wheel_installs_into_a_clean_virtualenv_with_scripts_page_and_entry_
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(src)], tmp_path)
     (wheel,) = dist.glob("redis_stats-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for script in ("common", "flush", "gc", "lease", "read"):
+    for script in ("common", "flush", "gc", "lease", "read", "shards"):
         assert f"redis_stats/_scripts/{script}.lua" in names
     assert "redis_stats/prometheus/web/index.html" in names and "redis_stats/py.typed" in names
 

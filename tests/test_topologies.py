@@ -27,25 +27,28 @@ N = 3000
 LAYOUT = ["0,1", "0,1"]  # 2 writer processes x 2 engines, both writing every engine
 
 
-def run_writers(url: str, namespace: str, python_env, *, spread: float = 0.0, env: dict | None = None):
+def run_writers(
+    url: str, namespace: str, python_env, *, spread: float = 0.0, env: dict | None = None, layout=LAYOUT
+):
     procs = [
         subprocess.Popen(
             [PYTHON, "-m", "tests.helpers.writer_proc", url, namespace, engines, str(N), str(spread)],
             cwd=ROOT,
             env={**python_env, **(env or {})},
         )
-        for engines in LAYOUT
+        for engines in layout
     ]
     return procs
 
 
-def assert_exact(snapshot) -> None:
-    assert sorted(snapshot.engines) == [0, 1]
-    for e in (0, 1):
+def assert_exact(snapshot, layout=LAYOUT) -> None:
+    engines = sorted({int(e) for spec in layout for e in spec.split(",")})
+    assert sorted(snapshot.engines) == engines
+    for e in engines:
         engine = snapshot.engines[e]
-        assert engine.counter("tokens") == N * len(LAYOUT)
-        assert engine.counter("requests", "stop") == N * len(LAYOUT)
-        assert engine.histogram("latency_seconds").count == N * len(LAYOUT)
+        assert engine.counter("tokens") == N * len(layout)
+        assert engine.counter("requests", "stop") == N * len(layout)
+        assert engine.histogram("latency_seconds").count == N * len(layout)
 
 
 def full_scrape_families(reader) -> set[str]:
@@ -86,7 +89,11 @@ def sentinel():
     s.close()
 
 
-def test_sentinel_failover_while_writers_run_with_wait_acknowledgement(sentinel, namespace, python_env):
+@pytest.mark.parametrize("shards", ["1", "3"])
+def test_sentinel_failover_while_writers_run_with_wait_acknowledgement(
+    sentinel, namespace, python_env, shards
+):
+    """With shards=3, engines 0 and 1 are in two shards: each shard's flush is followed by its WAIT."""
     before = sentinel.master_port()
     procs = run_writers(
         sentinel.url,
@@ -94,6 +101,7 @@ def test_sentinel_failover_while_writers_run_with_wait_acknowledgement(sentinel,
         python_env,
         spread=6.0,
         env={
+            "REDIS_STATS_SHARDS": shards,
             "REDIS_STATS_WAIT_REPLICAS": "1",
             "REDIS_STATS_WAIT_TIMEOUT_MS": "200",
             "REDIS_STATS_SOCKET_TIMEOUT_MS": "500",
@@ -220,16 +228,17 @@ def test_the_password_never_shows(acl_server, namespace, caplog):
     writer._closed = True
 
 
-def _migrate_slot_while_writers_run(cluster, namespace: str) -> tuple[int, int]:
-    """Move the namespace's hash slot to another master, a few keys at a time, as
-    ``redis-cli --cluster reshard`` does (IMPORTING/MIGRATING, MIGRATE, SETSLOT NODE).
-    Returns (from port, to port)."""
+def _migrate_slot_while_writers_run(cluster, namespace: str, keys: Keys | None = None) -> tuple[int, int]:
+    """Move the namespace's hash slot (or that of the shard of *keys*) to another master, a few
+    keys at a time, as ``redis-cli --cluster reshard`` does (IMPORTING/MIGRATING, MIGRATE,
+    SETSLOT NODE). Returns (from port, to port)."""
     from redis.crc import key_slot
 
-    slot = key_slot(Keys(namespace).seq.encode())
+    keys = keys or Keys(namespace)
+    slot = key_slot(keys.seq.encode())
     nodes = {n.port: redis.Redis(host="127.0.0.1", port=n.port) for n in cluster.nodes}
     ids = {port: c.execute_command("CLUSTER", "MYID").decode() for port, c in nodes.items()}
-    owner = make_client(StatsConfig(url=cluster.url)).get_node_from_key(Keys(namespace).seq).port
+    owner = make_client(StatsConfig(url=cluster.url)).get_node_from_key(keys.seq).port
     target = next(p for p in nodes if p != owner)
     src, dst = nodes[owner], nodes[target]
     dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[owner])
@@ -256,3 +265,56 @@ def test_cluster_resharding_while_writers_run_exact_totals(cluster, namespace, p
     assert client.get_node_from_key(Keys(namespace).seq).port == target != owner
     reader = StatsReader(StatsConfig(url=cluster.url, namespace=namespace), sample_catalog())
     assert_exact(reader.snapshot())
+
+
+def test_cluster_three_shards_one_per_master_exact_while_a_shard_is_resharded(cluster, namespace, python_env):
+    """K=3 on the 3-master Cluster (issue 15, goal 2): each master holds one shard; writer
+    processes flush every shard while shard 1's slot moves to another master; every count lands
+    exactly once, read with K=3 or found by a reader left at K=1."""
+    from redis.crc import key_slot
+
+    layout = ["0,1,2,3,4,5", "0,1,2,3,4,5"]
+    shards = [Keys(namespace).shard(s, 3) for s in range(3)]
+    client = make_client(StatsConfig(url=cluster.url))
+    owners = [client.get_node_from_key(k.seq).port for k in shards]
+    assert len(set(owners)) == 3  # one shard per master
+    procs = run_writers(
+        cluster.url, namespace, python_env, spread=4.0, env={"REDIS_STATS_SHARDS": "3"}, layout=layout
+    )
+    time.sleep(1.5)
+    nodes = {n.port: redis.Redis(host="127.0.0.1", port=n.port) for n in cluster.nodes}
+    for k, port in zip(shards, owners):  # the keys are there, on their shard's master
+        slot = key_slot(k.seq.encode())
+        assert nodes[port].execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) >= 4
+        assert all(
+            c.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0 for p, c in nodes.items() if p != port
+        )
+    owner, target = _migrate_slot_while_writers_run(cluster, namespace, shards[1])
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    client = make_client(StatsConfig(url=cluster.url))  # the slot map of now
+    assert client.get_node_from_key(shards[1].seq).port == target != owner
+    for shards_config in (3, 1):
+        reader = StatsReader(
+            StatsConfig(url=cluster.url, namespace=namespace, shards=shards_config), sample_catalog()
+        )
+        snap = reader.snapshot()
+        assert_exact(snap, layout)
+        assert not snap.skipped
+        reader.close()
+    # The asyncio reader too: one read.lua per shard, gathered.
+    import asyncio
+
+    from redis_stats.aio import AsyncStatsReader
+
+    async def read_async():
+        reader = AsyncStatsReader(
+            StatsConfig(url=cluster.url, namespace=namespace, shards=3), sample_catalog()
+        )
+        try:
+            return await reader.snapshot()
+        finally:
+            await reader.aclose()
+
+    assert_exact(asyncio.run(read_async()), layout)
+    for c in nodes.values():
+        c.close()

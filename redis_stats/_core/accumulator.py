@@ -15,6 +15,11 @@ asyncio writer (:mod:`redis_stats.aio`) share every rule:
   (applied, or already applied). A lost reply is retried with the same number; the script skips
   numbers it has seen, so nothing is applied twice. New updates wait in the dirty list for the
   next number, so an outage costs memory per series, never per update.
+- **Shards** (option ``shards`` = K > 1): engine ``e`` belongs to shard ``e % K``, each shard a
+  self-contained namespace with its own sequence numbers. Every shard has its own totals, specs to
+  send and in-flight batch, so a shard whose call fails keeps and retries its own batch while the
+  others carry on. One take feeds them all: its deltas go into each engine's shard's totals (also
+  of a shard whose batch is in flight: totals are absolute, its next batch sends the sum).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Any
 from redis_stats._core import fields
 from redis_stats._core.chunks import Totals
 from redis_stats.catalog import COUNTER, GAUGE, Catalog, MetricSpec
-from redis_stats.keys import SCHEMA_VERSION, Keys
+from redis_stats.keys import SCHEMA_VERSION, Keys, shard_of
 
 __all__ = [
     "Accumulator",
@@ -388,6 +393,15 @@ class Batch:
 
     def absorb_into(self, totals: Totals) -> None:
         """Add this batch's deltas to the writer's *totals* and take the chunks that changed."""
+        self.add_to(totals)
+        self.take_chunks(totals)
+
+    def take_chunks(self, totals: Totals) -> None:
+        """Take the chunks of *totals* that changed since its last take into this batch."""
+        self.chunks, self.sent = totals.take(with_names=bool(self.specs))
+
+    def add_to(self, totals: Totals) -> None:
+        """Add this batch's deltas to the writer's *totals*."""
         for engine, block in self.engines.items():
             ints, floats, gauges, hists = block.ints, block.floats, block.gauges, block.hists
             totals.absorb(
@@ -396,7 +410,6 @@ class Batch:
                 zip(gauges[0::2], gauges[1::2]),
                 zip(hists[0::3], hists[1::3], hists[2::3]),
             )
-        self.chunks, self.sent = totals.take(with_names=bool(self.specs))
 
     def block_engines(self) -> list[int]:
         """The engines of this batch's blocks, in the order of its arguments (and keys)."""
@@ -492,7 +505,13 @@ class Accumulator:
     """All series of one writer, by metric, engine and label values; the dirty list; drop tallies."""
 
     def __init__(
-        self, catalog: Catalog, *, max_label_length: int, max_series_per_metric: int, engine_offset: int = 0
+        self,
+        catalog: Catalog,
+        *,
+        max_label_length: int,
+        max_series_per_metric: int,
+        engine_offset: int = 0,
+        shards: int = 1,
     ) -> None:
         self.catalog = catalog
         self.lock = threading.Lock()  # the record lock: the dirty list, the generation, live slots
@@ -510,11 +529,25 @@ class Accumulator:
         self._children: dict[tuple[str, int, tuple[str, ...]], _Series] = {}
         self._series_count: _Tally[tuple[str, int]] = _Tally()
         self._gauges: list[GaugeChild] = []
-        # The absolute totals and chunks: touched only by takes and their answers (serialized).
-        self.totals = Totals(self.drop)
-        self._unsent_specs: dict[str, MetricSpec] = {s.name: s for s in catalog}
+        # The absolute totals and chunks, per shard: touched only by takes and their answers
+        # (serialized).
+        self.shards = shards
+        self.shard_totals = [Totals(self.drop) for _ in range(shards)]
+        # Shards whose totals changed since their last batch was made (their batch was in flight).
+        self.owed: set[int] = set()
+        # The specs each shard has yet to store (every shard holds the catalogue it is written with).
+        self._unsent: list[dict[str, MetricSpec]] = [{s.name: s for s in catalog} for _ in range(shards)]
         # Metrics whose definition conflicts with the one stored first in Redis: never sent.
         self.conflicted: set[str] = set()
+
+    @property
+    def totals(self) -> Totals:
+        """The totals of shard 0 (all of them when the namespace is not sharded)."""
+        return self.shard_totals[0]
+
+    @property
+    def _unsent_specs(self) -> dict[str, MetricSpec]:
+        return self._unsent[0]
 
     def drop(self, reason: str, n: int = 1) -> None:
         """Count *n* dropped updates (a dict increment; racing threads may rarely lose one count)."""
@@ -535,19 +568,21 @@ class Accumulator:
                     # Callers hold these objects: switch their class, so the hot path stays as is.
                     child.__class__ = _CONFLICT_CLASS[type(child)]
             for name in new:
-                self._unsent_specs.pop(name, None)
+                for unsent in self._unsent:
+                    unsent.pop(name, None)
         if new:
-            self.totals.forget_metrics(set(new))  # by the collector, which owns the totals
+            for totals in self.shard_totals:  # by the collector, which owns the totals
+                totals.forget_metrics(set(new))
         if refused_series:
             self.drop("catalog_conflict", refused_series)
         return new
 
-    def requeue_specs(self, specs: Iterable[MetricSpec]) -> None:
-        """Send *specs* again with the next batch (the answer about them was lost)."""
+    def requeue_specs(self, specs: Iterable[MetricSpec], shard: int = 0) -> None:
+        """Send *specs* again with *shard*'s next batch (the answer about them was lost)."""
         with self.lock:
             for spec in specs:
                 if spec.name not in self.conflicted:
-                    self._unsent_specs.setdefault(spec.name, spec)
+                    self._unsent[shard].setdefault(spec.name, spec)
 
     def child(
         self, spec: MetricSpec, engine: int, values: tuple[str, ...], writer_id: str
@@ -601,25 +636,47 @@ class Accumulator:
         """Add *spec* to the catalogue (after start) and queue it for storing in Redis."""
         spec = self.catalog.add(spec)
         with self.lock:
-            self._unsent_specs.setdefault(spec.name, spec)
+            for unsent in self._unsent:
+                unsent.setdefault(spec.name, spec)
         return spec
 
     def take_batch(self, seq: int, engines: Iterable[int] = (), *, resend_all: bool = False) -> Batch:
-        """Move every pending change into a new batch numbered *seq* (heartbeating *engines*).
+        """Move every pending change into a new batch numbered *seq* (heartbeating *engines*),
+        for a namespace of one shard (see :meth:`take_shards`).
 
         With *resend_all* (Redis lost its data, or the writer has a new id), every spec and every
         chunk (names too) is sent again.
         """
-        batch = Batch(seq=seq)
+        return self.take_shards({0: seq}, engines, resend={0} if resend_all else ())[0]
+
+    def take_shards(
+        self, seqs: dict[int, int], engines: Iterable[int] = (), *, resend: Iterable[int] = ()
+    ) -> dict[int, Batch]:
+        """Move every pending change into the totals of its engine's shard, and make a new batch
+        for each shard of *seqs* (shard -> its sequence number), heartbeating those of *engines*
+        that belong to it. The shards not in *seqs* have a batch in flight: their changes wait in
+        their totals for their next batch.
+
+        Each shard of *resend* (Redis lost its data, or the writer has a new id there) gets every
+        spec and every chunk (names too) again.
+        """
+        resend = set(resend)
+        k = self.shards
+        batches = {shard: Batch(seq=seq) for shard, seq in seqs.items()}
+        taken = Batch()  # every engine's deltas of this take, whatever its shard
         with self._take_lock:
             with self.lock:  # O(1): whatever the number of pending series, record calls barely wait
-                if resend_all:
-                    self._unsent_specs = {s.name: s for s in self.catalog}
-                specs, self._unsent_specs = self._unsent_specs, {}
+                for shard in resend:
+                    self._unsent[shard] = {s.name: s for s in self.catalog}
+                specs: dict[int, dict[str, MetricSpec]] = {}
+                for shard in batches:
+                    specs[shard], self._unsent[shard] = self._unsent[shard], {}
                 dirty, self.dirty = self.dirty, []
                 gen = self.gen
                 self.gen = gen + 1
-            batch.specs = [s for s in specs.values() if s.name not in self.conflicted]
+            for shard, batch in batches.items():
+                batch.specs = [s for s in specs[shard].values() if s.name not in self.conflicted]
+            batch = taken
             slot = gen & 1
             for i, child in enumerate(dirty, 1):
                 child._take(batch, slot)
@@ -627,21 +684,42 @@ class Accumulator:
                     # Let the host's threads have the GIL: otherwise a record call that wants it
                     # waits out the whole switch interval (5 ms) while this loop runs.
                     time.sleep(0)
-            if resend_all:
+            if resend:
                 # Every gauge with a value, again (a gauge set since the swap is sent now and
                 # again with the next batch: harmless, the newer value wins). Not those whose
                 # metric conflicts with the stored definition: they are never sent.
-                taken = {id(c) for c in dirty}
+                seen = {id(c) for c in dirty}
                 for g in list(self._gauges):
-                    if g.state[0] and id(g) not in taken and type(g) is GaugeChild:
-                        g._take(batch)
+                    if g.state[0] and id(g) not in seen and type(g) is GaugeChild:
+                        g._take(taken)
             for engine in engines:
-                batch.touch(engine + self.engine_offset)
+                engine += self.engine_offset
+                if shard_of(engine, k) in batches:
+                    taken.touch(engine)
             # Without the record lock: the totals belong to the collector (takes are serialized).
-            if resend_all:
-                self.totals.resend_all()
-            batch.absorb_into(self.totals)
-        return batch
+            for shard in resend:
+                self.shard_totals[shard].resend_all()
+            if k == 1:  # the one shard: the take is its batch (no split, as before sharding)
+                only = batches[0]
+                only.engines = taken.engines
+                only.absorb_into(self.shard_totals[0])
+                return batches
+            parts: dict[int, Batch] = {}
+            for engine, block in taken.engines.items():
+                shard = shard_of(engine, k)
+                part = parts.get(shard)
+                if part is None:
+                    part = parts[shard] = batches.get(shard) or Batch()
+                part.engines[engine] = block
+            for shard, part in parts.items():
+                # Also a shard with a batch in flight: its totals keep the changes (dirty chunks)
+                # for its next batch.
+                part.add_to(self.shard_totals[shard])
+                self.owed.add(shard)
+            for shard, batch in batches.items():
+                batch.take_chunks(self.shard_totals[shard])
+                self.owed.discard(shard)
+        return batches
 
     def pending_series(self) -> int:
         """Series changed since the last batch was taken."""
@@ -657,7 +735,8 @@ class Accumulator:
         self._take_lock = threading.Lock()
         self.dirty = []
         self.drops = _Tally()
-        self._unsent_specs = {s.name: s for s in self.catalog}  # a new writer stores them again
+        # A new writer stores them again, in every shard.
+        self._unsent = [{s.name: s for s in self.catalog} for _ in range(self.shards)]
         for made in self._children.values():
             if isinstance(made, CounterChild):
                 made.deltas = [0, 0]
@@ -669,52 +748,113 @@ class Accumulator:
             made.gen = -1
         # The totals are the parent's too: this writer's start at zero, under its own id (the
         # series fields do not name the writer; its chunks do).
-        self.totals.reset()
+        for totals in self.shard_totals:
+            totals.reset()
+        self.owed = set()
+
+
+class _ShardFlow:
+    """One shard's part of the protocol: its next sequence number and its unconfirmed batch."""
+
+    __slots__ = ("in_flight", "next_seq", "resend_all")
+
+    def __init__(self) -> None:
+        self.in_flight: Batch | None = None
+        self.next_seq = 1
+        self.resend_all = False
 
 
 class FlushProtocol:
-    """Sequence numbers and the in-flight batch: what to send next, and what an answer means."""
+    """Sequence numbers and the in-flight batch: what to send next, and what an answer means.
+
+    Per shard of the namespace (one for an unsharded one): each has its own numbers and batch,
+    confirmed by its own answer (see the module docstring). ``in_flight``, ``next_seq``,
+    :meth:`next_batch` and :meth:`confirmed` without a shard are shard 0's.
+    """
 
     def __init__(self, acc: Accumulator) -> None:
         self.acc = acc
-        self.in_flight: Batch | None = None
-        self.next_seq = 1
-        self._resend_all = False
+        self.flows = [_ShardFlow() for _ in range(acc.shards)]
+        # Shards this writer has sent data to: each gets a call every round from then on (its
+        # heartbeat there keeps the writer's chunks live for readers and gc).
+        self.active: set[int] = set()
+
+    @property
+    def in_flight(self) -> Batch | None:
+        """Shard 0's unconfirmed batch."""
+        return self.flows[0].in_flight
+
+    @in_flight.setter
+    def in_flight(self, batch: Batch | None) -> None:
+        self.flows[0].in_flight = batch
+
+    @property
+    def next_seq(self) -> int:
+        """Shard 0's next sequence number."""
+        return self.flows[0].next_seq
 
     def next_batch(self, engines: Iterable[int] = (), *, closing: bool = False) -> Batch:
-        """The batch to send now: the unconfirmed one again, else a new one with the next number."""
-        if self.in_flight is None:
-            self.in_flight = self.acc.take_batch(self.next_seq, engines, resend_all=self._resend_all)
-            self._resend_all = False
-            self.next_seq += 1
-        if closing and not self.acc.dirty:
-            # Only the heartbeat depends on this flag, never the data: safe on a retried batch.
-            self.in_flight.closing = True
-        return self.in_flight
+        """The batch to send now: the unconfirmed one again, else a new one with the next number
+        (of shard 0: the whole namespace unless it is sharded)."""
+        return self.next_batches(engines, closing=closing, always=(0,))[0]
 
-    def confirmed(self, result: FlushResult) -> None:
-        """Redis answered: the in-flight batch is applied (now or by an earlier attempt), or gc
-        had removed this writer and nothing of it was applied."""
-        batch, self.in_flight = self.in_flight, None
+    def next_batches(
+        self, engines: Iterable[int] = (), *, closing: bool = False, always: Iterable[int] = (0,)
+    ) -> dict[int, Batch]:
+        """Shard -> the batch to send it now: its unconfirmed one again, else a new one with its
+        next number. The shards of *always* get one every time (heartbeats, self-metrics), the
+        others once they have data (and from then on)."""
+        flows = self.flows
+        wanted = set(always) | self.active
+        idle = {s: f.next_seq for s, f in enumerate(flows) if f.in_flight is None}
+        if idle and (wanted & idle.keys() or self.acc.dirty):
+            made = self.acc.take_shards(idle, engines, resend={s for s in idle if flows[s].resend_all})
+            for shard, batch in made.items():
+                if shard not in wanted:
+                    if not batch.engines and not batch.chunks:
+                        # Nothing for this shard: no call, and its specs wait for its first data.
+                        self.acc.requeue_specs(batch.specs, shard)
+                        continue
+                    self.active.add(shard)
+                    wanted.add(shard)
+                flow = flows[shard]
+                flow.in_flight, flow.resend_all = batch, False
+                flow.next_seq += 1
+        out: dict[int, Batch] = {}
+        for shard in sorted(wanted):
+            sending = flows[shard].in_flight
+            if sending is None:
+                continue
+            if closing and not self.acc.dirty and shard not in self.acc.owed:
+                # Only the heartbeat depends on this flag, never the data: safe on a retried batch.
+                sending.closing = True
+            out[shard] = sending
+        return out
+
+    def confirmed(self, result: FlushResult, shard: int = 0) -> None:
+        """Redis answered *shard*'s call: its in-flight batch is applied (now or by an earlier
+        attempt), or gc had removed this writer there and nothing of it was applied."""
+        flow = self.flows[shard]
+        batch, flow.in_flight = flow.in_flight, None
         if result.writer_removed:
             # What Redis held of this writer was folded into the base fields: keep only the rest,
             # for the new id (the batch's chunks are in the totals, sent again with everything).
-            self.acc.totals.rebase()
+            self.acc.shard_totals[shard].rebase()
         elif batch is not None:
             Totals.confirm(batch.sent)
         if not result.applied and batch is not None and batch.specs:
             # An earlier attempt applied it, but its answer (which would name catalogue conflicts)
             # was lost: send the specs again, so the script can tell us.
-            self.acc.requeue_specs(batch.specs)
+            self.acc.requeue_specs(batch.specs, shard)
         if not result.meta_existed or result.writer_removed:
             # The namespace had no catalogue (Redis is new or lost its data), or gc removed this
             # writer (it will come back under a new id): store the catalogue and chunks again.
-            self._resend_all = True
+            flow.resend_all = True
 
     def in_flight_series(self) -> int:
-        """Series in the batch sent but not confirmed yet (0 if none)."""
-        return self.in_flight.series() if self.in_flight is not None else 0
+        """Series in the batches sent but not confirmed yet (0 if none)."""
+        return sum(f.in_flight.series() for f in self.flows if f.in_flight is not None)
 
     def has_pending(self) -> bool:
-        """Whether anything is waiting to be sent (in flight or dirty)."""
-        return self.in_flight is not None or bool(self.acc.dirty)
+        """Whether anything is waiting to be sent (in flight, dirty, or owed to a shard)."""
+        return any(f.in_flight is not None for f in self.flows) or bool(self.acc.dirty or self.acc.owed)

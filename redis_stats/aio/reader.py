@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from typing import Any
 
@@ -12,6 +13,7 @@ from redis_stats._scripts import AsyncScript, load_script
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
 from redis_stats.connection import AsyncClient, make_async_client
+from redis_stats.keys import Keys
 from redis_stats.reader import ReaderCore, refused_for_memory
 
 __all__ = ["AsyncStatsReader"]
@@ -33,6 +35,43 @@ class AsyncStatsReader(ReaderCore):
 
     async def read(self, engines: Iterable[int] | None = None) -> list[Any]:
         """One consistent read of the namespace, as a read.lua-shaped reply (see StatsReader.read)."""
+        for _ in range(2):
+            if len(self.shard_keys) > 1:
+                return await self._read_shards(engines)
+            reply = await self._read_one(engines)
+            meta = reply[4]
+            if not (meta and self.note_layouts(meta)):
+                return reply
+        return await self._read_shards(engines)
+
+    async def _read_shards(self, engines: Iterable[int] | None) -> list[Any]:
+        """Every shard, merged (see StatsReader._read_shards): one transaction on a single
+        server; on a Cluster one read.lua per shard, gathered."""
+        wanted = None if engines is None else list(engines)
+        shards = self.shard_keys
+        replies: list[Any] | None = None
+        if hasattr(self._client, "get_node_from_key"):
+            replies = list(await asyncio.gather(*(self._script(*self.shard_args(k, wanted)) for k in shards)))
+        else:
+            for _ in range(3):
+                plans = [self._shard_plans.get(k.root, ((), ())) for k in shards]
+                cmds = self.sharded_transaction(shards, plans)
+                replies = self.sharded_assemble(await self._transaction(cmds), shards, plans, wanted)
+                if replies is not None:
+                    break
+            if replies is None:
+                replies = [await self._script(*self.shard_args(k, wanted)) for k in shards]
+            else:
+                for k, reply in zip(shards, replies):
+                    cached = self._shard_meta.get(k.root, ("", None))[0]
+                    if reply[3].__class__ is str and reply[3] != cached:
+                        reply[4] = await self._meta(k)  # the catalogue changed: fetch it (rare)
+        merged = self.merge(replies or [], shards)
+        if merged[4].__class__ is list and merged[4]:
+            self.note_layouts(merged[4])
+        return merged
+
+    async def _read_one(self, engines: Iterable[int] | None) -> list[Any]:
         if hasattr(self._client, "get_node_from_key"):  # Cluster: the script, on the slot's node
             on_slot: list[Any] = await self._script(*self.read_args(engines))
             return on_slot
@@ -51,9 +90,9 @@ class AsyncStatsReader(ReaderCore):
         scripted: list[Any] = await self._script(*self.read_args(engines))
         return scripted
 
-    async def _meta(self) -> Any:
+    async def _meta(self, keys: Keys | None = None) -> Any:
         try:
-            meta = await self._client.hgetall(self.keys.meta)
+            meta = await self._client.hgetall((keys or self.keys).meta)
         except ResponseError as exc:  # retyped since the transaction: the decoder skips it
             return exc
         return [x for kv in meta.items() for x in kv]

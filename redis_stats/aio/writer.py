@@ -56,6 +56,7 @@ class AsyncStatsWriter(WriterCore):
     def _use_client(self, client: Any) -> None:
         self._client = client
         self._script = AsyncScript(client, load_script("flush"))
+        self._shards_script = AsyncScript(client, load_script("shards"))
 
     def _forked(self) -> None:
         super()._forked()
@@ -76,20 +77,28 @@ class AsyncStatsWriter(WriterCore):
             await self.flush()
 
     async def flush(self, *, closing: bool = False) -> bool:
-        """Send what is pending now, in one script call; True if Redis confirmed it. Never raises
-        for a Redis problem."""
+        """Send what is pending now, in one script call per shard written to (one after the
+        other); True if Redis confirmed every one. Never raises for a Redis problem."""
         async with self._flush_lock:
             if self._client is None:  # first flush in a forked child
                 self._use_client(make_async_client(self.config))
-            keys, args = self.prepare_flush(closing=closing)
-            started = time.perf_counter()
-            try:
-                reply = await self._call(keys, args)
-            except Exception as exc:  # never raise into the host
-                self.flush_failed(exc)
-                return False
-            self.flush_succeeded(reply, time.perf_counter() - started)
-            return True
+            if not self.shards_noted:
+                try:
+                    await self._shards_script(*self.shards_call())
+                    self.shards_noted = True
+                except Exception as exc:  # counted; tried again next round
+                    self.flush_failed(exc)
+            ok = True
+            for shard, keys, args in self.prepare_flushes(closing=closing):
+                started = time.perf_counter()
+                try:
+                    reply = await self._call(keys, args)
+                except Exception as exc:  # never raise into the host
+                    self.flush_failed(exc, shard)
+                    ok = False
+                    continue
+                self.flush_succeeded(reply, time.perf_counter() - started, shard)
+            return ok
 
     async def _call(self, keys: list[str], args: list[str]) -> Any:
         if not self.config.wait_replicas:

@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
 from redis_stats._core import fields
@@ -15,7 +16,7 @@ from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
 from redis_stats.connection import make_client
 from redis_stats.errors import SchemaMismatch
-from redis_stats.keys import Keys
+from redis_stats.keys import Keys, parse_layouts
 from redis_stats.reader import StatsReader
 
 __all__ = ["inspect_namespace"]
@@ -27,6 +28,35 @@ def _or_why(call: Callable[..., Any], *args: Any) -> Any:
         return call(*args)
     except ResponseError as exc:
         return f"unreadable ({str(exc).split(' ', 1)[0]})"
+
+
+def snap_layouts(client: Any, keys: Keys) -> set[int]:
+    """The K values shard 0's catalogue lists (none when it cannot be read)."""
+    found = _or_why(client.hget, keys.meta, "shards")
+    return parse_layouts(found)
+
+
+def _engine_fields(client: Any, shards: list[Keys], engine: int) -> Any:
+    """The field names of *engine*'s hash, over every shard holding one (two only while K changed)."""
+    names: list[str] = []
+    for shard in shards:
+        found = _or_why(client.hkeys, shard.counters(engine))
+        if not isinstance(found, list):
+            return found
+        names += found
+    return names
+
+
+def _shard_lines(client: Any, shards: list[Keys], layouts: list[int]) -> Iterator[str]:
+    """One line per shard: its hash tag, its slot, and (on a Cluster) the master holding it."""
+    yield f"  shards: {len(shards)} (K = {', '.join(map(str, layouts))}; engine e in shard e % K)"
+    for i, shard in enumerate(shards):
+        slot = key_slot(shard.seq.encode())
+        where = ""
+        if hasattr(client, "get_node_from_key"):
+            node = client.get_node_from_key(shard.seq)
+            where = f", on {node.host}:{node.port}"
+        yield f"    shard {i}: keys {shard.prefix}*, slot {slot}{where}"
 
 
 def inspect_namespace(config: StatsConfig, catalog: Catalog | None = None) -> Iterator[str]:
@@ -44,6 +74,11 @@ def inspect_namespace(config: StatsConfig, catalog: Catalog | None = None) -> It
         yield f"  {exc}"
         return
     yield f"namespace {config.namespace!r} at {config.safe_url} (key prefix {keys.prefix})"
+    reader = StatsReader(config, catalog, client=client)
+    reader.layouts = reader.layouts | snap_layouts(client, keys)
+    shards = reader.shard_keys
+    if len(shards) > 1:
+        yield from _shard_lines(client, shards, sorted(reader.layouts))
     meta = _or_why(client.hgetall, keys.meta)
     if isinstance(meta, dict):
         specs = [f for f in meta if f.startswith("m:")]
@@ -61,7 +96,7 @@ def inspect_namespace(config: StatsConfig, catalog: Catalog | None = None) -> It
         yield f"  log lease: {holder} (fencing token {token}, {client.pttl(keys.leader)} ms left)"
     yield f"  engines: {len(snap.engines)}"
     for e in sorted(snap.engines.values(), key=lambda e: e.engine):
-        names = _or_why(client.hkeys, keys.counters(e.engine))
+        names = _engine_fields(client, shards, e.engine)
         state = "up" if e.up else "STALE"
         series = len(e.counters) + len(e.gauges) + len(e.histograms)
         if isinstance(names, list):

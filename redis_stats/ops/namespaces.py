@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from redis_stats.keys import SCHEMA_VERSION, Keys
+from redis_stats.keys import SCHEMA_VERSION, Keys, parse_layouts
 
 __all__ = ["NamespaceInfo", "describe_namespaces", "find_namespaces", "namespace_holds_data"]
 
@@ -72,10 +72,12 @@ def _scan_namespaces(client: Any) -> tuple[set[str], set[str]]:
         if end <= 0:
             continue
         rest = inner[end + 2 :]
+        # A shard's tag is "<namespace>#<shard>.<salt>" ('#' is never part of a namespace).
+        name = inner[:end].split("#", 1)[0]
         if rest in _OURS:
-            ours.add(inner[:end])
+            ours.add(name)
         elif rest in _MARKERS:
-            older.add(inner[:end])
+            older.add(name)
     return ours, older
 
 
@@ -90,6 +92,7 @@ def namespace_holds_data(client: Any, namespace: str) -> bool:
         client.zrange(keys.writers, 0, 0)
         or client.zrange(keys.engines, 0, 0)
         or client.hget(keys.meta, "schema")
+        or client.hget(keys.meta, "shards")  # a sharded namespace whose shard 0 is empty
     )
 
 
@@ -112,8 +115,18 @@ def describe_namespaces(
             continue
         keys = Keys(ns)
         try:
-            engines = client.zrange(keys.engines, 0, -1, withscores=True)
-            writers = client.zrange(keys.writers, 0, -1, withscores=True)
+            # Every shard (the K values its writers listed in shard 0's catalogue): an engine is
+            # counted once (in two shards only while K changed), a writer once (its latest beat).
+            seen_engines: dict[Any, float] = {}
+            seen_writers: dict[Any, float] = {}
+            for shard in keys.all_shards(parse_layouts(client.hget(keys.meta, "shards"))):
+                for e, score in client.zrange(shard.engines, 0, -1, withscores=True):
+                    seen_engines[e] = max(score, seen_engines.get(e, score))
+                for w, score in client.zrange(shard.writers, 0, -1, withscores=True):
+                    if abs(score) >= abs(seen_writers.get(w, 0.0)):
+                        seen_writers[w] = score
+            engines = list(seen_engines.items())
+            writers = list(seen_writers.items())
         except redis.ResponseError as exc:  # one bad key costs its namespace's line only
             infos.append(NamespaceInfo(ns, 0, 0, 0, 0, None, problem=str(exc).split("\n")[0][:120]))
             continue

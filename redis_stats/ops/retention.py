@@ -10,6 +10,9 @@ removes in one atomic step:
   docs/key-schema.md), their heartbeat and self-metrics go; their sequence number becomes a
   tombstone, so a late flush from them is deduplicated or refused (the writer then continues
   under a new id). Tombstones go after one more retention.
+
+A sharded namespace is collected shard by shard (each shard is self-contained), under the one
+lease in shard 0's root.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
+from redis.exceptions import ResponseError
+
 from redis_stats._scripts import Script, load_script
 from redis_stats.config import StatsConfig
 from redis_stats.connection import Client, make_client
-from redis_stats.keys import Keys
+from redis_stats.keys import Keys, parse_layouts
 
 __all__ = ["GcResult", "collect_garbage"]
 
@@ -42,22 +47,40 @@ class GcResult:
     """True when another process held the gc lease: nothing was done."""
 
 
+def namespace_shards(config: StatsConfig, client: Client) -> list[Keys]:
+    """The keys of every shard of the namespace: shard 0, and shards 1..K-1 of the configured K
+    and of every K its writers listed in shard 0's catalogue (``shards``, see docs/key-schema.md)."""
+    keys = Keys(config.namespace)
+    try:
+        listed = parse_layouts(client.hget(keys.meta, "shards"))
+    except ResponseError:  # the catalogue is not a hash: gc.lua does not read it; shard 0 only
+        listed = set()
+    return keys.all_shards(listed | {config.shards})
+
+
 def collect_garbage(config: StatsConfig, *, dry_run: bool = False, client: Client | None = None) -> GcResult:
-    """Remove what is past ``config.retention`` (or, with *dry_run*, only list it)."""
+    """Remove what is past ``config.retention`` (or, with *dry_run*, only list it), in every
+    shard of the namespace (one ``gc.lua`` call each, under the one lease of shard 0)."""
     client = client if client is not None else make_client(config)
     keys = Keys(config.namespace)
     token = secrets.token_hex(8)
     if not dry_run and not client.set(keys.gc_lock, token, nx=True, px=GC_LEASE_MS):
         return GcResult(skipped=True)
+    out = GcResult()
     try:
         script = Script(client, load_script("gc"))
-        engines, writers, tombstones, folded, unfolded = script(
-            keys=[keys.engines, keys.writers, keys.seq],
-            args=[keys.prefix, int(config.retention * 1000), "1" if dry_run else "0"],
-        )
+        for shard in namespace_shards(config, client):
+            engines, writers, tombstones, folded, unfolded = script(
+                keys=[shard.engines, shard.writers, shard.seq],
+                args=[shard.prefix, int(config.retention * 1000), "1" if dry_run else "0"],
+            )
+            out.engines += (int(e) for e in engines)
+            out.writers += (w for w in writers if w not in out.writers)
+            out.tombstones += tombstones
+            out.folded += int(folded)
+            out.unfolded += int(unfolded)
     finally:
         if not dry_run and client.get(keys.gc_lock) == token:
             client.delete(keys.gc_lock)
-    return GcResult(
-        sorted(int(e) for e in engines), list(writers), list(tombstones), int(folded), int(unfolded)
-    )
+    out.engines = sorted(set(out.engines))
+    return out

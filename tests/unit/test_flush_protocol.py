@@ -97,3 +97,34 @@ def test_updates_racing_the_takes_are_neither_lost_nor_doubled():
         proto.confirmed(APPLIED)
     assert _int_total(batches) == per_thread * len(children)
     assert [b.seq for b in batches] == list(range(1, len(batches) + 1))
+
+
+def test_shards_have_their_own_numbers_and_batches_and_changes_wait_for_a_busy_shard():
+    """K=3: engine e's changes go to shard e % 3; a shard whose batch is unconfirmed keeps it
+    (same number), the others get new ones; what it missed meanwhile is owed to its next batch
+    (pending, and no closing flag until it is sent)."""
+    cat = _catalog()
+    acc = Accumulator(cat, max_label_length=64, max_series_per_metric=100, shards=3)
+    proto = FlushProtocol(acc)
+    kids = [acc.child(cat.get("tokens"), e, ("m",), "w1") for e in range(3)]
+    for e, kid in enumerate(kids):
+        kid.inc(e + 1)
+    first = proto.next_batches([0], always=(0,))
+    assert sorted(first) == [0, 1, 2]  # shard 0 always, the others once they have data
+    assert {s: sorted(b.chunks) for s, b in first.items()} == {0: [0], 1: [1], 2: [2]}
+    assert all(b.seq == 1 and len(b.specs) == 3 for b in first.values())  # each shard stores the catalogue
+    proto.confirmed(APPLIED, 0)
+    proto.confirmed(APPLIED, 2)  # shard 1's answer is lost
+    kids[1].inc(10)
+    kids[0].inc(10)
+    second = proto.next_batches([0], closing=True, always=(0,))
+    assert second[1] is first[1] and second[0].seq == 2 and second[2].seq == 2
+    assert 1 in acc.owed and not second[1].closing and second[0].closing  # shard 1 is owed its 10
+    for s in (0, 1, 2):
+        proto.confirmed(APPLIED, s)
+    assert proto.has_pending()  # shard 1's 10
+    third = proto.next_batches([0], closing=True, always=(0,))
+    assert third[1].seq == 2 and third[1].closing and third[1].chunks[1][0][2] == "12"
+    for s in third:
+        proto.confirmed(APPLIED, s)
+    assert not proto.has_pending()
