@@ -1,6 +1,8 @@
 """Attack: start a host while its Redis Cluster is down. "Start-up does not need Redis": a writer
-must be built, record in memory, and deliver everything once the cluster answers, as it does for
-every other URL. (redis-py's Cluster client connects when it is built.)"""
+must be built, record in memory, and deliver everything once the cluster answers, and a reader
+(collector, exporter) must serve redis_stats_up 0 then the data, as for every other URL.
+(redis-py's sync Cluster client connects when it is built: connection.make_client builds it at
+its first command.)"""
 
 from __future__ import annotations
 
@@ -145,3 +147,38 @@ def test_the_lazy_cluster_client_is_built_once_across_threads_and_retried_after_
     assert results == ["v:k"] * 8 and built == ["built"]
     lazy.close()
     assert built == ["built", "closed"]
+
+
+def test_the_exporter_command_starts_while_the_cluster_is_down_and_serves_up_0(namespace):
+    # Before: `redis-stats exporter` exited 1 at start ("reading redis+cluster://... failed").
+    import os
+    import subprocess
+    import sys
+    import urllib.request
+
+    from redis_stats.tools.embedded import free_port
+
+    cluster = Cluster()
+    env = {
+        **os.environ,
+        "REDIS_STATS_URL": cluster.url,
+        "REDIS_STATS_NAMESPACE": namespace,
+        "REDIS_STATS_CONNECT_TIMEOUT_MS": "200",
+    }
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "redis_stats", "exporter", "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert "serving" in proc.stdout.readline()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            assert "redis_stats_up 0" in resp.read().decode()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        cluster.close()
