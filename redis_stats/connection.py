@@ -21,6 +21,8 @@ twice. Every client built here has ``Retry(NoBackoff(), 0)``: the writer's own r
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeAlias
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -36,12 +38,22 @@ if TYPE_CHECKING:
     from redis.cluster import RedisCluster
 
 #: What the threaded classes take as ``client=``: ``redis.Redis`` (a Sentinel master is one too)
-#: or ``RedisCluster``, made with no retries (see above) when redis_stats makes it.
-Client: TypeAlias = "redis.Redis | RedisCluster"
+#: or ``RedisCluster``, made with no retries (see above) when redis_stats makes it (a Cluster
+#: client then comes as a :class:`LazyCluster`, built at first use).
+Client: TypeAlias = "redis.Redis | RedisCluster | LazyCluster"
 #: What the asyncio classes take as ``client=``: the ``redis.asyncio`` twins.
 AsyncClient: TypeAlias = "redis.asyncio.Redis | AsyncRedisCluster"
 
-__all__ = ["SCHEMES", "AsyncClient", "Client", "check_url", "make_async_client", "make_client"]
+__all__ = [
+    "SCHEMES",
+    "AsyncClient",
+    "Client",
+    "LazyCluster",
+    "check_url",
+    "is_cluster",
+    "make_async_client",
+    "make_client",
+]
 
 
 _TLS_QUERY = {"ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname"}
@@ -150,8 +162,60 @@ def _client_plan(config: StatsConfig, retry: Any) -> tuple[str, dict[str, Any]]:
     }
 
 
+class LazyCluster:
+    """A ``RedisCluster`` built at its first use, not when this is made.
+
+    redis-py's sync ``RedisCluster`` connects in its constructor (to learn the slots): with the
+    Cluster down, building a reader or writer would raise, and a host (an exporter, a view
+    inside vLLM) would fail to start instead of showing ``redis_stats_up 0``. This builds it on
+    the first command instead, once (under a lock: threads share it); a build that fails raises
+    that command's error and is tried again on the next call. Every attribute is the built
+    client's; ``connection_pool`` is None (a Cluster client has one pool per node).
+    """
+
+    connection_pool = None
+
+    def __init__(self, build: Callable[[], RedisCluster]) -> None:
+        self._build = build
+        self._client: RedisCluster | None = None
+        self._lock = threading.Lock()
+
+    def client(self) -> RedisCluster:
+        """The ``RedisCluster``, built now if it is not yet (raises if no node answers)."""
+        client = self._client
+        if client is None:
+            with self._lock:
+                if self._client is None:
+                    self._client = self._build()
+                client = self._client
+        return client
+
+    def get_node_from_key(self, key: str, replica: bool = False) -> Any:
+        """The node of *key*'s slot (present before the build: callers test for it to tell a
+        Cluster client from a single server's)."""
+        return self.client().get_node_from_key(key, replica)
+
+    def close(self) -> None:
+        """Close the client if it was built (nothing was opened otherwise)."""
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # private, dunder (copy, pickle): never a reason to connect
+            raise AttributeError(name)
+        return getattr(self.client(), name)
+
+
+def is_cluster(client: Any) -> bool:
+    """Whether *client* talks to a Redis Cluster (a ``RedisCluster``, lazy or not, sync or async)."""
+    return hasattr(client, "get_node_from_key")
+
+
 def make_client(config: StatsConfig) -> Client:
-    """Return a synchronous client (``redis.Redis``, a Sentinel master or ``RedisCluster``)."""
+    """Return a synchronous client (``redis.Redis``, a Sentinel master, or a ``RedisCluster``
+    as a :class:`LazyCluster`: no I/O here for any scheme)."""
     kind, kw = _client_plan(config, Retry(NoBackoff(), 0))
     if kind == "url":
         made: Client = _from_url(redis.Redis, config, kw)
@@ -159,7 +223,8 @@ def make_client(config: StatsConfig) -> Client:
     if kind == "cluster":
         from redis.cluster import ClusterNode, RedisCluster
 
-        return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in kw.pop("hosts")], **kw)
+        nodes = [ClusterNode(h, p) for h, p in kw.pop("hosts")]
+        return LazyCluster(lambda: RedisCluster(startup_nodes=nodes, **kw))
     from redis.sentinel import Sentinel
 
     hosts, service = kw.pop("hosts"), kw.pop("service")
@@ -209,8 +274,9 @@ def _from_url(cls: Any, config: StatsConfig, kw: dict[str, Any]) -> Any:
 def check_url(config: StatsConfig) -> None:
     """Raise :class:`ConfigError` if no client can be built from ``config.url`` (no I/O).
 
-    For a command line to refuse a bad URL as a usage error before it starts. A Cluster client
-    connects when it is built, so for ``redis+cluster://`` only the URL's form is checked.
+    For a command line to refuse a bad URL as a usage error before it starts. For
+    ``redis+cluster://`` only the URL's form is checked (redis-py's Cluster client connects when
+    it is built, so :func:`make_client` builds it at first use).
     """
     kind, kw = _client_plan(config, Retry(NoBackoff(), 0))
     if kind == "url":

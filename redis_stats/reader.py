@@ -15,7 +15,7 @@ from redis_stats._core.snapshot import Snapshot, SnapshotDecoder
 from redis_stats._scripts import ReadOnlyScript, load_script
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
-from redis_stats.connection import Client, make_client
+from redis_stats.connection import Client, is_cluster, make_client
 from redis_stats.keys import Keys, parse_layouts
 
 __all__ = ["ReaderCore", "StatsReader", "merge_shards"]
@@ -355,7 +355,7 @@ class StatsReader(ReaderCore):
         Cluster, in parallel. A shard that cannot be read fails the whole read (raised)."""
         wanted = None if engines is None else list(engines)
         shards = self.shard_keys
-        if hasattr(self._client, "get_node_from_key"):
+        if is_cluster(self._client):
             if self._pool is None:
                 with self._lock:
                     if self._pool is None:
@@ -387,7 +387,7 @@ class StatsReader(ReaderCore):
         return replies
 
     def _read_one(self, engines: Iterable[int] | None) -> list[Any]:
-        if hasattr(self._client, "get_node_from_key"):  # Cluster: the script, on the slot's node
+        if is_cluster(self._client):  # Cluster: the script, on the slot's node
             on_slot: list[Any] = self._script(*self.read_args(engines))
             return on_slot
         try:

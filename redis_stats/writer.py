@@ -48,7 +48,7 @@ from redis_stats._core.accumulator import Accumulator, FlushProtocol, FlushResul
 from redis_stats._scripts import Script, load_script
 from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, CatalogError, MetricSpec
 from redis_stats.config import ConfigError, StatsConfig
-from redis_stats.connection import Client, make_client
+from redis_stats.connection import Client, is_cluster, make_client
 from redis_stats.errors import ReplicationLag, error_kind  # both importable from here as they always were
 from redis_stats.keys import Keys, shard_of
 
@@ -650,18 +650,7 @@ class StatsWriter(WriterCore):
         if client is not None:
             self._use_client(client)
         else:
-            try:
-                self._use_client(make_client(self.config))  # no I/O, except for a Cluster
-            except ConfigError:
-                raise
-            except Exception as exc:
-                # redis-py's Cluster client connects when it is built: with the cluster down, the
-                # host must still start (and record); the first flush that reaches it builds it.
-                log.debug(
-                    "redis_stats: %s not reachable at start (%s); will connect at the first flush",
-                    self.config.safe_url,
-                    error_kind(exc),
-                )
+            self._use_client(make_client(self.config))  # no I/O (a Cluster client is built at first use)
         if start:
             self.start()
 
@@ -732,7 +721,7 @@ class StatsWriter(WriterCore):
         batch is sent again next time (to that shard; the others carry on).
         """
         with self._flush_lock:
-            if self._client is None:  # first flush in a forked child, or a Cluster down at start
+            if self._client is None:  # first flush in a forked child
                 try:
                     self._use_client(make_client(self.config))
                 except Exception as exc:  # never raise into the host; nothing was taken yet
@@ -761,7 +750,7 @@ class StatsWriter(WriterCore):
         if not self.config.wait_replicas:
             return self._script(keys=keys, args=args)
         wanted, timeout = self.config.wait_replicas, self.config.wait_timeout_ms
-        if hasattr(self._client, "get_node_from_key"):  # Cluster: WAIT on the node of our slot
+        if is_cluster(self._client):  # Cluster: WAIT on the node of our slot
             reply = self._script(keys=keys, args=args)
             node = self._client.get_node_from_key(keys[0])
             acked = self._client.execute_command("WAIT", wanted, timeout, target_nodes=node)

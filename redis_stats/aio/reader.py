@@ -12,7 +12,7 @@ from redis_stats._core.snapshot import Snapshot
 from redis_stats._scripts import AsyncScript, load_script
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
-from redis_stats.connection import AsyncClient, make_async_client
+from redis_stats.connection import AsyncClient, is_cluster, make_async_client
 from redis_stats.keys import Keys
 from redis_stats.reader import ReaderCore, refused_for_memory
 
@@ -50,7 +50,7 @@ class AsyncStatsReader(ReaderCore):
         wanted = None if engines is None else list(engines)
         shards = self.shard_keys
         replies: list[Any] | None = None
-        if hasattr(self._client, "get_node_from_key"):
+        if is_cluster(self._client):
             replies = list(await asyncio.gather(*(self._script(*self.shard_args(k, wanted)) for k in shards)))
         else:
             for _ in range(3):
@@ -72,7 +72,7 @@ class AsyncStatsReader(ReaderCore):
         return merged
 
     async def _read_one(self, engines: Iterable[int] | None) -> list[Any]:
-        if hasattr(self._client, "get_node_from_key"):  # Cluster: the script, on the slot's node
+        if is_cluster(self._client):  # Cluster: the script, on the slot's node
             on_slot: list[Any] = await self._script(*self.read_args(engines))
             return on_slot
         try:

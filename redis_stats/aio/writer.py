@@ -21,7 +21,7 @@ from redis.exceptions import NoScriptError
 from redis_stats._scripts import AsyncScript, load_script
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
-from redis_stats.connection import AsyncClient, make_async_client
+from redis_stats.connection import AsyncClient, is_cluster, make_async_client
 from redis_stats.writer import WriterCore
 
 __all__ = ["AsyncStatsWriter"]
@@ -104,7 +104,7 @@ class AsyncStatsWriter(WriterCore):
         if not self.config.wait_replicas:
             return await self._script(keys, args)
         wanted, timeout = self.config.wait_replicas, self.config.wait_timeout_ms
-        if hasattr(self._client, "get_node_from_key"):  # Cluster: WAIT on the node of our slot
+        if is_cluster(self._client):  # Cluster: WAIT on the node of our slot
             reply = await self._script(keys, args)
             node = self._client.get_node_from_key(keys[0])
             acked = await self._client.execute_command("WAIT", wanted, timeout, target_nodes=node)

@@ -14,7 +14,7 @@ from redis_stats._core import fields
 from redis_stats._core.snapshot import Skipped
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
-from redis_stats.connection import make_client
+from redis_stats.connection import is_cluster, make_client
 from redis_stats.errors import SchemaMismatch
 from redis_stats.keys import Keys, parse_layouts
 from redis_stats.reader import StatsReader
@@ -53,7 +53,7 @@ def _shard_lines(client: Any, shards: list[Keys], layouts: list[int]) -> Iterato
     for i, shard in enumerate(shards):
         slot = key_slot(shard.seq.encode())
         where = ""
-        if hasattr(client, "get_node_from_key"):
+        if is_cluster(client):
             node = client.get_node_from_key(shard.seq)
             where = f", on {node.host}:{node.port}"
         yield f"    shard {i}: keys {shard.prefix}*, slot {slot}{where}"

@@ -15,6 +15,7 @@ from typing import Any
 
 import redis
 
+from redis_stats.connection import is_cluster
 from redis_stats.keys import SCHEMA_VERSION, Keys, parse_layouts
 
 __all__ = ["NamespaceInfo", "describe_namespaces", "find_namespaces", "namespace_holds_data"]
@@ -50,7 +51,7 @@ def _scan(client: Any, pattern: str) -> list[str]:
     """Every key matching *pattern*; on a Cluster, every master's (``SCAN`` is per node)."""
     from redis.cluster import RedisCluster
 
-    if isinstance(client, RedisCluster):
+    if is_cluster(client):
         return list(client.scan_iter(match=pattern, count=1000, target_nodes=RedisCluster.PRIMARIES))
     return list(client.scan_iter(match=pattern, count=1000))
 

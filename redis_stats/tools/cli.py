@@ -355,9 +355,9 @@ def exporter(
 
     config = _config(redis_url, namespace)
     engine_list = _engines(engines)
-    # A Cluster client connects when it is built: an unreachable cluster is one line, not a traceback.
-    with _redis_errors(config):
-        reader = StatsReader(config, vllm_catalog())
+    # No I/O (a Cluster client too is built at first use): with Redis down the exporter starts
+    # and serves redis_stats_up 0, then the data once Redis answers.
+    reader = StatsReader(config, vllm_catalog())
     try:
         server = Exporter(
             reader,
