@@ -16,7 +16,7 @@ from redis_stats._scripts import ReadOnlyScript, load_script
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
 from redis_stats.connection import Client, make_client
-from redis_stats.keys import Keys, parse_layouts
+from redis_stats.keys import MAX_LISTED_SHARDS, Keys, parse_layouts
 
 __all__ = ["ReaderCore", "StatsReader", "merge_shards"]
 
@@ -153,10 +153,17 @@ class ReaderCore:
 
     def note_layouts(self, meta_flat: Any) -> bool:
         """Take the K values listed in shard 0's catalogue *meta_flat*; True if one is new."""
-        found = _layouts(meta_flat) - self.layouts
+        listed = _layouts(meta_flat)
+        found = listed - self.layouts
         if found:
             with self._lock:
-                self.layouts = self.layouts | found
+                layouts = self.layouts | found
+                own = {self.config.shards} - {1}
+                if sum(k - 1 for k in layouts - own) > MAX_LISTED_SHARDS:
+                    # K noted from earlier reads and no longer listed (a rewritten, garbled
+                    # field) must not add up past the bound parse_layouts keeps: the list now.
+                    layouts = frozenset(listed | own)
+                self.layouts = frozenset(layouts)
         return bool(found)
 
     def shard_args(self, keys: Keys, engines: Iterable[int] | None = None) -> tuple[list[str], list[str]]:
@@ -176,10 +183,14 @@ class ReaderCore:
             if version.__class__ is not str:  # the catalogue is unreadable: the decoder counts it
                 metas.append(version)
                 continue
-            if meta or meta.__class__ is not list or version == "":
-                self._shard_meta[keys.root] = (version, meta)  # new (or none, or unreadable)
-            else:  # read at the version we know: we hold it
+            if meta is None or (meta == [] and version != ""):
+                # Not read (the transaction read fetches a catalogue only when its version
+                # changed; read.lua returns none at the version we sent): we hold it. Never
+                # store "not read" as the catalogue: a later change in another shard would
+                # merge without this shard's specs.
                 meta = self._shard_meta.get(keys.root, ("", []))[1]
+            else:
+                self._shard_meta[keys.root] = (version, meta)  # new (or none, or unreadable)
             metas.append(meta)
         merged = merge_shards(shard_replies, metas)
         if merged[3] == self._decoder.meta_version:

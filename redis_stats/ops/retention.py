@@ -45,6 +45,9 @@ class GcResult:
     """Series values of removed writers that could not be added (garbage in Redis), dropped."""
     skipped: bool = False
     """True when another process held the gc lease: nothing was done."""
+    failed: dict[str, str] = field(default_factory=dict)
+    """Shards not collected (their key prefix -> why: a key of the wrong type there); the
+    others were."""
 
 
 def namespace_shards(config: StatsConfig, client: Client) -> list[Keys]:
@@ -70,10 +73,16 @@ def collect_garbage(config: StatsConfig, *, dry_run: bool = False, client: Clien
     try:
         script = Script(client, load_script("gc"))
         for shard in namespace_shards(config, client):
-            engines, writers, tombstones, folded, unfolded = script(
-                keys=[shard.engines, shard.writers, shard.seq],
-                args=[shard.prefix, int(config.retention * 1000), "1" if dry_run else "0"],
-            )
+            try:
+                engines, writers, tombstones, folded, unfolded = script(
+                    keys=[shard.engines, shard.writers, shard.seq],
+                    args=[shard.prefix, int(config.retention * 1000), "1" if dry_run else "0"],
+                )
+            except ResponseError as exc:
+                # A key of the wrong type (garbage) in one shard costs that shard's collection
+                # only: the others are self-contained and still collected.
+                out.failed[shard.prefix] = str(exc).split("\n")[0][:200]
+                continue
             out.engines += (int(e) for e in engines)
             out.writers += (w for w in writers if w not in out.writers)
             out.tombstones += tombstones

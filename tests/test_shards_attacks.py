@@ -1,0 +1,113 @@
+"""Attacks on the shards (#15 goal 2) as a production user would make them: garbage in Redis,
+catalogue changes between reads, faults in one shard. Each test failed before its fix."""
+
+from __future__ import annotations
+
+import time
+
+from redis_stats import Catalog, StatsReader, StatsWriter
+from redis_stats.catalog import MetricSpec
+from redis_stats.keys import MAX_LISTED_SHARDS, Keys, parse_layouts
+
+from .conftest import sample_catalog
+from .test_shards import K, _cfg
+
+
+def test_a_metric_new_in_shard_1_after_several_transaction_reads_is_known(fake_client, namespace):
+    """The transaction read fetches a shard's catalogue only when its version changed: a read at
+    an unchanged version must not replace the catalogue it holds with "not read" (it did, so a
+    later change in shard 1 merged without shard 0's specs and the new metric went unknown)."""
+    b = StatsWriter(
+        _cfg(namespace, shards=K), sample_catalog(), engines=[1], client=fake_client(), start=False
+    )
+    a = StatsWriter(
+        _cfg(namespace, shards=K), sample_catalog(), engines=[0], client=fake_client(), start=False
+    )
+    b.counter("tokens").labels(engine=1).inc(1)
+    a.counter("tokens").labels(engine=0).inc(1)
+    assert a.flush() and b.flush()
+    reader = StatsReader(_cfg(namespace), Catalog(), client=fake_client())  # knows no metric itself
+    for _ in range(3):  # the second and third read the catalogues at the versions held
+        snap = reader.snapshot()
+        assert snap.engines[0].counter("tokens") == 1 and not snap.skipped
+    extra = b.define(MetricSpec("only_in_shard_1", "counter", "Only in shard 1."))
+    extra.labels(engine=1).inc(4)
+    assert b.flush()  # b writes shard 1 only: the spec is stored there only
+    for _ in range(2):
+        snap = reader.snapshot()
+        assert snap.engines[1].counter("only_in_shard_1") == 4
+        assert snap.engines[0].counter("tokens") == 1 and snap.engines[1].counter("tokens") == 1
+        assert not snap.skipped, snap.skipped
+    a.close()
+    b.close()
+
+
+def test_garbage_in_the_shards_field_is_ignored_and_bounded():
+    assert parse_layouts("3,abc") == {3}
+    assert parse_layouts("999") == parse_layouts("1,1,1") == parse_layouts("") == set()
+    assert parse_layouts("3,\u00b2") == {3}  # "²".isdigit() is True, int("²") raises
+    assert parse_layouts("3,\u0663") == {3}  # Arabic-Indic 3: not what shards.lua writes
+    assert parse_layouts("2,3,3,2") == {2, 3}
+    every = parse_layouts(",".join(map(str, range(2, 65))))  # 2,016 shards listed
+    assert sum(k - 1 for k in every) <= MAX_LISTED_SHARDS
+    assert {64, 63} <= every  # the newest listed (shards.lua appends) are kept
+    assert parse_layouts("3," + "64," * 5000 + "5") == {3, 5, 64}
+
+
+def test_a_reader_survives_a_garbled_shards_field(fake_client, namespace):
+    w = StatsWriter(
+        _cfg(namespace, shards=K), sample_catalog(), engines=[0, 1, 2], client=fake_client(), start=False
+    )
+    for e in range(3):
+        w.counter("tokens").labels(engine=e).inc(e + 1)
+    assert w.flush()
+    raw = fake_client()
+    meta = Keys(namespace).meta
+    for garbage, readable in (("3,\u00b2", [0, 1, 2]), (",".join(map(str, range(2, 65))) + ",3", [0, 1, 2])):
+        raw.hset(meta, "shards", garbage)
+        raw.hincrby(meta, "_v", 1)
+        reader = StatsReader(_cfg(namespace), sample_catalog(), client=fake_client())
+        snap = reader.snapshot()  # raised ValueError for "²"; read 2,017 shards for the long list
+        assert sorted(snap.engines) == readable
+        assert [snap.engines[e].counter("tokens") for e in readable] == [e + 1 for e in readable]
+        assert len(reader.shard_keys) <= 1 + MAX_LISTED_SHARDS
+        reader.close()
+    w.close()
+
+
+def test_a_reader_noting_garbage_over_time_stays_bounded(fake_client, namespace):
+    """K noted by earlier reads stay read; a field rewritten with other garbage at every read
+    must not add up past the bound."""
+    raw = fake_client()
+    meta = Keys(namespace).meta
+    raw.hset(meta, mapping={"schema": "2", "_v": "1"})
+    reader = StatsReader(_cfg(namespace), sample_catalog(), client=fake_client())
+    for first in range(2, 64, 4):
+        raw.hset(meta, "shards", ",".join(map(str, range(first, first + 4))))
+        raw.hincrby(meta, "_v", 1)
+        reader.snapshot()
+        assert len(reader.shard_keys) <= 1 + MAX_LISTED_SHARDS
+
+
+def test_gc_goes_on_past_a_shard_holding_garbage(fake_client, namespace):
+    """A key of the wrong type in shard 1 costs shard 1's collection only (gc raised, and
+    shard 2 was never collected)."""
+    from redis_stats.ops.retention import collect_garbage
+
+    w = StatsWriter(
+        _cfg(namespace, shards=K), sample_catalog(), engines=[0, 1, 2], client=fake_client(), start=False
+    )
+    for e in range(3):
+        w.counter("tokens").labels(engine=e).inc(e + 1)
+    assert w.close()
+    raw = fake_client()
+    one = Keys(namespace).shard(1, K)
+    raw.delete(one.writers)
+    raw.set(one.writers, "garbage")
+    time.sleep(0.01)
+    result = collect_garbage(_cfg(namespace, retention=0.001), client=fake_client())
+    assert result.engines == [0, 2] and result.writers == [w.writer_id]
+    assert list(result.failed) == [one.prefix] and "WRONGTYPE" in result.failed[one.prefix]
+    assert not raw.exists(Keys(namespace).shard(2, K).counters(2))
+    assert raw.exists(one.counters(1))  # shard 1 untouched
+    assert not raw.exists(Keys(namespace).gc_lock)  # the lease is given back
