@@ -411,7 +411,18 @@ class WriterCore:
     def lost_summary(self) -> str:
         """What is not confirmed by Redis yet, in words (for the line logged when it is given up)."""
         series, pending = self._protocol.in_flight_series(), self._acc.pending_series()
-        return f"{series} series in the unconfirmed batch and {pending} more changed since"
+        if self.shards == 1:
+            return f"{series} series in the unconfirmed batch and {pending} more changed since"
+        # Sharded: changes for a shard whose batch is in flight wait in its totals (owed), not
+        # in the dirty list; and say which shards did not confirm.
+        owed = sum(len(found) for found in self._acc.owed_series.values())
+        unconfirmed = [s for s, f in enumerate(self._protocol.flows) if f.in_flight is not None]
+        behind = sorted(set(unconfirmed) | self._acc.owed)
+        where = ", ".join(f"{s} ({self.shard_keys[s].root})" for s in behind) or "none"
+        return (
+            f"{series} series in the unconfirmed batches and {pending + owed} more changed since "
+            f"(shards not confirmed: {where})"
+        )
 
     # -- the flush protocol, without I/O -------------------------------------------------------
 

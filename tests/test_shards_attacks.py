@@ -3,14 +3,19 @@ catalogue changes between reads, faults in one shard. Each test failed before it
 
 from __future__ import annotations
 
+import logging
 import time
+from typing import Any
+
+import redis
 
 from redis_stats import Catalog, StatsReader, StatsWriter
+from redis_stats._scripts import load_script
 from redis_stats.catalog import MetricSpec
 from redis_stats.keys import MAX_LISTED_SHARDS, Keys, parse_layouts
 
 from .conftest import sample_catalog
-from .test_shards import K, _cfg
+from .test_shards import K, _cfg, _Flaky
 
 
 def test_a_metric_new_in_shard_1_after_several_transaction_reads_is_known(fake_client, namespace):
@@ -111,3 +116,58 @@ def test_gc_goes_on_past_a_shard_holding_garbage(fake_client, namespace):
     assert not raw.exists(Keys(namespace).shard(2, K).counters(2))
     assert raw.exists(one.counters(1))  # shard 1 untouched
     assert not raw.exists(Keys(namespace).gc_lock)  # the lease is given back
+
+
+class _Hung(_Flaky):
+    """Script calls to one shard hang for *hang* s, then fail (a socket timeout)."""
+
+    hang = 3.0
+
+    def execute_command(self, *args: Any, **kw: Any) -> Any:
+        if args[0] == "EVALSHA" and str(args[3]).startswith(self.root) and self.fail:
+            time.sleep(self.hang)
+            raise redis.TimeoutError("Timeout reading from socket")
+        return super().execute_command(*args, **kw)
+
+
+def test_close_with_one_shard_down_says_what_is_lost_and_where(fake_client, namespace, caplog):
+    """Changes recorded for a shard whose batch is in flight wait in its totals, not in the dirty
+    list: the close that gives up counted only the batch in flight ("0 more changed since")."""
+    one = Keys(namespace).shard(1, K)
+    flaky = _Flaky(fake_client(), one.root)
+    flaky.script_load(load_script("flush"))
+    w = StatsWriter(_cfg(namespace, shards=K), sample_catalog(), engines=[0, 1], client=flaky, start=False)
+    w.counter("tokens").labels(engine=1).inc(5)
+    flaky.fail = ["before"] * 10_000
+    assert not w.flush()  # shard 1's batch (tokens) stays in flight
+    w.counter("requests").labels(engine=1, reason="stop").inc(1)
+    w.histogram("latency_seconds").labels(engine=1).observe(1)
+    w.counter("tokens").labels(engine=0).inc(1)  # shard 0 confirms its own
+    assert not w.flush()
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="redis_stats.writer"):
+        assert not w.close(timeout=0.3)
+    assert time.monotonic() - started < 1.0
+    lost = [r.getMessage() for r in caplog.records if "gave up" in r.getMessage()]
+    assert len(lost) == 1
+    assert "1 series in the unconfirmed batches and 2 more changed since" in lost[0]
+    assert f"shards not confirmed: 1 ({one.root})" in lost[0]
+    snap = StatsReader(_cfg(namespace, shards=K), sample_catalog(), client=fake_client()).snapshot()
+    assert snap.engines[0].counter("tokens") == 1  # shard 0 is whole
+
+
+def test_close_with_a_hung_shard_returns_by_its_deadline(fake_client, namespace):
+    """The flusher thread makes the last flush; a shard whose call hangs (up to the socket
+    timeout) does not hold close() past close_timeout, and the other shards are confirmed."""
+    hung = _Hung(fake_client(), Keys(namespace).shard(2, K).root)
+    hung.script_load(load_script("flush"))
+    w = StatsWriter(_cfg(namespace, shards=K), sample_catalog(), engines=[0, 1, 2], client=hung)
+    for e in range(3):
+        w.counter("tokens").labels(engine=e).inc(e + 1)
+    hung.fail = ["hang"]
+    started = time.monotonic()
+    assert not w.close(timeout=0.5)
+    assert time.monotonic() - started < 1.0
+    time.sleep(_Hung.hang)  # the flusher's attempt ends
+    snap = StatsReader(_cfg(namespace), sample_catalog(), client=fake_client()).snapshot()
+    assert snap.engines[0].counter("tokens") == 1 and snap.engines[1].counter("tokens") == 2
