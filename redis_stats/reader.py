@@ -361,9 +361,13 @@ class StatsReader(ReaderCore):
 
     _pool: ThreadPoolExecutor | None = None
 
-    def _read_shards(self, engines: Iterable[int] | None) -> list[Any]:
+    def _read_shards(self, engines: Iterable[int] | None, again: bool = True) -> list[Any]:
         """Every shard, merged: one transaction on a single server; one read.lua per shard on a
-        Cluster, in parallel. A shard that cannot be read fails the whole read (raised)."""
+        Cluster, in parallel. A shard that cannot be read fails the whole read (raised).
+
+        When shard 0's catalogue names shards this read did not cover (a K other than ours: the
+        first read of a reader, or a K just added), they are read at once, all together again:
+        a reply without them would show a live engine's counters lower than the next read."""
         wanted = None if engines is None else list(engines)
         shards = self.shard_keys
         if hasattr(self._client, "get_node_from_key"):
@@ -376,8 +380,8 @@ class StatsReader(ReaderCore):
         else:
             replies = self._shard_transaction(shards, wanted)
         merged = self.merge(replies, shards)
-        if merged[4].__class__ is list and merged[4]:
-            self.note_layouts(merged[4])
+        if merged[4].__class__ is list and merged[4] and self.note_layouts(merged[4]) and again:
+            return self._read_shards(wanted, again=False)
         return merged
 
     def _shard_transaction(self, shards: list[Keys], wanted: list[int] | None) -> list[list[Any]]:
