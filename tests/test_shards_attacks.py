@@ -171,3 +171,79 @@ def test_close_with_a_hung_shard_returns_by_its_deadline(fake_client, namespace)
     time.sleep(_Hung.hang)  # the flusher's attempt ends
     snap = StatsReader(_cfg(namespace), sample_catalog(), client=fake_client()).snapshot()
     assert snap.engines[0].counter("tokens") == 1 and snap.engines[1].counter("tokens") == 2
+
+
+def test_gc_keeps_an_engine_live_in_another_shard_after_k_changed(fake_client, namespace):
+    """Engine 4's data written with K=1 is in shard 0; its writers moved to K=3 (shard 1), so
+    nothing heartbeats engine 4 in shard 0 any more. The engine is live: gc must not delete its
+    K=1-era hash there (the counter dropped from 12 to 7, a reset for Prometheus), only fold its
+    departed writer."""
+    from redis_stats.ops.retention import collect_garbage
+
+    old = StatsWriter(_cfg(namespace), sample_catalog(), engines=[4], client=fake_client(), start=False)
+    old.counter("tokens").labels(engine=4).inc(5)
+    assert old.close()
+    new = StatsWriter(
+        _cfg(namespace, shards=K), sample_catalog(), engines=[4], client=fake_client(), start=False
+    )
+    new.counter("tokens").labels(engine=4).inc(7)
+    assert new.flush()
+    time.sleep(0.05)
+    assert new.flush()  # engine 4 heartbeated (in shard 1) within the retention
+    for dry in (True, False):
+        result = collect_garbage(_cfg(namespace, retention=0.04), dry_run=dry, client=fake_client())
+        assert result.engines == [] and result.writers == [old.writer_id], (dry, result)
+    for shards in (1, K):
+        snap = StatsReader(_cfg(namespace, shards=shards), sample_catalog(), client=fake_client()).snapshot()
+        assert snap.engines[4].counter("tokens") == 12
+    assert fake_client().exists(Keys(namespace).counters(4))  # the K=1 part, folded into base fields
+    # Once engine 4 is silent everywhere, gc removes it in every shard.
+    new.close()
+    time.sleep(0.05)
+    result = collect_garbage(_cfg(namespace, retention=0.04), client=fake_client())
+    assert result.engines == [4]
+    assert not StatsReader(_cfg(namespace), sample_catalog(), client=fake_client()).snapshot().engines
+
+
+def _three_shards_written(fake_client: Any, namespace: str) -> StatsWriter:
+    w = StatsWriter(
+        _cfg(namespace, shards=K), sample_catalog(), engines=list(range(6)), client=fake_client(), start=False
+    )
+    for e in range(6):
+        w.counter("tokens").labels(engine=e).inc(e + 1)
+    assert w.flush()
+    return w
+
+
+def test_the_first_read_of_a_reader_with_another_k_covers_every_shard(fake_client, namespace):
+    """A reader configured with K=2 or K=5 (writers use K=3) learns K=3 from shard 0's catalogue
+    in its first read: that read must not return without shards 1 and 2 of K=3 (an exporter
+    restarted showed engines 1, 2, 4, 5 missing in its first scrape, back in the next)."""
+    w = _three_shards_written(fake_client, namespace)
+    for k in (2, 5):
+        reader = StatsReader(_cfg(namespace, shards=k), sample_catalog(), client=fake_client())
+        snap = reader.snapshot()
+        assert {e: s.counter("tokens") for e, s in snap.engines.items()} == {e: e + 1 for e in range(6)}, k
+        assert sorted(reader.snapshot(engines=[1, 4]).engines) == [1, 4]
+    w.close()
+
+
+def test_the_first_read_of_an_async_reader_with_another_k_covers_every_shard(fake_client, namespace):
+    import asyncio
+
+    import fakeredis
+
+    from redis_stats.aio import AsyncStatsReader
+
+    w = _three_shards_written(fake_client, namespace)
+    server = fake_client().connection_pool.connection_kwargs["server"]
+
+    async def first_read() -> dict[int, float]:
+        client = fakeredis.FakeAsyncRedis(server=server, decode_responses=True)
+        reader = AsyncStatsReader(_cfg(namespace, shards=5), sample_catalog(), client=client)
+        snap = await reader.snapshot()
+        await reader.aclose()
+        return {e: s.counter("tokens") for e, s in snap.engines.items()}
+
+    assert asyncio.run(first_read()) == {e: e + 1 for e in range(6)}
+    w.close()
