@@ -11,14 +11,14 @@ from typing import Any
 
 from redis.exceptions import ExecAbortError, OutOfMemoryError, ResponseError
 
-from redis_stats._core.snapshot import Snapshot, SnapshotDecoder
+from redis_stats._core.snapshot import Snapshot, SnapshotDecoder, unreadable
 from redis_stats._scripts import ReadOnlyScript, load_script
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
 from redis_stats.connection import Client, make_client
 from redis_stats.keys import MAX_LISTED_SHARDS, Keys, parse_layouts
 
-__all__ = ["ReaderCore", "StatsReader", "merge_shards"]
+__all__ = ["MergedReply", "ReaderCore", "StatsReader", "merge_shards", "note_unreadable"]
 
 log = logging.getLogger("redis_stats.reader")
 
@@ -112,6 +112,22 @@ def merge_shards(replies: list[list[Any]], metas: list[Any]) -> list[Any]:
     return out
 
 
+class MergedReply(list):  # type: ignore[type-arg]
+    """A read.lua-shaped reply merged from the shards' replies, with :attr:`unreadable`: the
+    ``(reason, key)`` of each shard's list or catalogue that could not be read (a key of the
+    wrong type) and is therefore not in the reply for the decoder to count."""
+
+    def __init__(self, items: list[Any]) -> None:
+        super().__init__(items)
+        self.unreadable: list[tuple[str, str]] = []
+
+
+def note_unreadable(reply: Any, skipped: Any) -> None:
+    """Count in *skipped* (a snapshot's) the shards' keys the merge of *reply* left out."""
+    for why, key in getattr(reply, "unreadable", ()):
+        skipped.note(why, key)
+
+
 def refused_for_memory(exc: BaseException) -> bool:
     """True when Redis refused a command for being over ``maxmemory`` (``OOM ...``)."""
     return isinstance(exc, OutOfMemoryError) or "maxmemory" in str(exc)
@@ -192,7 +208,20 @@ class ReaderCore:
             else:
                 self._shard_meta[keys.root] = (version, meta)  # new (or none, or unreadable)
             metas.append(meta)
-        merged = merge_shards(shard_replies, metas)
+        merged = MergedReply(merge_shards(shard_replies, metas))
+        # A shard's list (or catalogue) that could not be read is counted here, under its own
+        # key: the merged reply holds the lists of the shards that could be read (or, when none
+        # could, the first one's error, which the decoder would count under shard 0's name).
+        for slot in (1, 2, 5):
+            if unreadable(merged[slot]) is not None:
+                merged[slot] = []
+        for keys, reply, meta in zip(shards, shard_replies, metas):
+            for part, key in ((reply[1], keys.engines), (reply[2], keys.writers), (reply[5], keys.conflicts)):
+                why = unreadable(part)
+                if why is not None:
+                    merged.unreadable.append((why, key))
+            if isinstance(meta, Exception) and merged[4] is not meta:  # shard 0's: the decoder's
+                merged.unreadable.append((unreadable(meta) or "unreadable", keys.meta))
         if merged[3] == self._decoder.meta_version:
             merged[4] = []  # the decoder holds it
         return merged
@@ -209,8 +238,10 @@ class ReaderCore:
         return keys, args
 
     def decode(self, reply: Any) -> Snapshot:
-        """The snapshot in a reply of ``read.lua`` (or of :meth:`assemble`)."""
-        return self._decoder.decode(reply)
+        """The snapshot in a reply of ``read.lua`` (or of :meth:`assemble`, or :meth:`merge`)."""
+        snap = self._decoder.decode(reply)
+        note_unreadable(reply, snap.skipped)
+        return snap
 
     # -- the transaction read (standalone and Sentinel servers) ------------------------------
     #

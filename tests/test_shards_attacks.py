@@ -7,6 +7,7 @@ import logging
 import time
 from typing import Any
 
+import pytest
 import redis
 
 from redis_stats import Catalog, StatsReader, StatsWriter
@@ -263,4 +264,37 @@ def test_a_writer_with_k_64_computes_only_the_tags_it_uses(fake_client, namespac
     assert shard_tag.cache_info().misses == 1  # shard 6's tag (shard 0's needs none)
     snap = StatsReader(_cfg(namespace), sample_catalog(), client=fake_client()).snapshot()
     assert snap.engines[70].counter("tokens") == 1
+    w.close()
+
+
+@pytest.mark.parametrize("shard", [0, 2])
+@pytest.mark.parametrize("part", ["engines", "writers", "meta", "conflicts"])
+def test_a_wrong_typed_list_in_one_shard_is_counted_every_read(fake_client, namespace, shard, part):
+    """A shard's engines, writers, catalogue or conflicts of the wrong type costs that key only,
+    and is counted (``wrong_type``) as an unsharded namespace's is: the merge left it out of the
+    reply while another shard's list was readable, so it went uncounted (engine 2 vanished with
+    nothing in redis_stats_skipped_fields)."""
+    from redis_stats import RedisCollector
+
+    w = StatsWriter(
+        _cfg(namespace, shards=K), sample_catalog(), engines=[0, 1, 2], client=fake_client(), start=False
+    )
+    for e in range(3):
+        w.counter("tokens").labels(engine=e).inc(e + 1)
+    assert w.flush()
+    key = getattr(Keys(namespace).shard(shard, K), part)
+    raw = fake_client()
+    raw.delete(key)
+    raw.set(key, "garbage")
+    # (A reader left at K=1 learns K from shard 0's catalogue: not when that one is garbage.)
+    reader = StatsReader(_cfg(namespace, shards=K), sample_catalog(), client=fake_client())
+    collector = RedisCollector(reader)
+    for _ in range(2):  # the catalogue's failure too, at a version the decoder holds
+        snap = reader.snapshot()
+        assert dict(snap.skipped) == {"wrong_type": 1}, snap.skipped
+        assert snap.skipped.where == [("wrong_type", key, "")]
+        text = collector.render_text()
+        assert 'redis_stats_skipped_fields{reason="wrong_type"} 1.0\n' in text
+        if part != "engines":
+            assert sorted(snap.engines) == [0, 1, 2]
     w.close()
