@@ -298,3 +298,99 @@ def test_a_wrong_typed_list_in_one_shard_is_counted_every_read(fake_client, name
         if part != "engines":
             assert sorted(snap.engines) == [0, 1, 2]
     w.close()
+
+
+def test_a_lost_reply_then_shard_1_losing_its_data_counts_once(fake_client, namespace):
+    """Shard 1's reply is lost, then shard 1 alone loses its data (its Cluster master restarted
+    without persistence) before the retry: the retry is applied afresh, the writer sends its
+    whole state there again, shards 0 and 2 are untouched; every total exact (held)."""
+    one = Keys(namespace).shard(1, K)
+    flaky = _Flaky(fake_client(), one.root)
+    flaky.script_load(load_script("flush"))
+    w = StatsWriter(_cfg(namespace, shards=K), sample_catalog(), engines=[0, 1, 2], client=flaky, start=False)
+    for e in range(3):
+        w.counter("tokens").labels(engine=e).inc(e + 1)
+        w.histogram("latency_seconds").labels(engine=e).observe(0.3)
+    assert w.flush()
+    for e in range(3):
+        w.counter("tokens").labels(engine=e).inc(10)
+    flaky.fail = ["after"]
+    assert not w.flush()
+    raw = fake_client()
+    raw.delete(*raw.keys(one.root + "*"))
+    w.counter("requests").labels(engine=1, reason="stop").inc(2)
+    assert w.flush() and w.flush()
+    snap = StatsReader(_cfg(namespace), sample_catalog(), client=fake_client()).snapshot()
+    assert [snap.engines[e].counter("tokens") for e in range(3)] == [11, 12, 13]
+    assert [snap.engines[e].histogram("latency_seconds").count for e in range(3)] == [1, 1, 1]
+    assert snap.engines[1].counter("requests", "stop") == 2
+    assert raw.hget(Keys(namespace).meta, "shards") == str(K)
+    w.close()
+
+
+@pytest.mark.redis_server
+def test_a_rolling_k_change_with_threads_and_gc_keeps_every_total_exact(redis_server, namespace):
+    """Writers with K=1, K=3 and K=2 in one namespace at once (a rolling reconfiguration), four
+    threads each recording into every engine while their flusher threads run, readers of each K
+    reading meanwhile; then gc folds the departed K=3 writer: every reader (K=1, 2, 3, 5) sums
+    exactly, and the exposition holds each series once (held; the K=5 reader's first read was
+    short before the readers read the shards they learn at once)."""
+    import threading
+    from collections import Counter
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from redis_stats import RedisCollector, StatsConfig
+    from redis_stats.ops.retention import collect_garbage
+
+    cat = sample_catalog()
+
+    def cfg(k: int, **kw: Any) -> StatsConfig:
+        return StatsConfig(
+            url=redis_server.url, namespace=namespace, shards=k, flush_interval=0.02, stale_after=120, **kw
+        )
+
+    writers = [
+        StatsWriter(cfg(1), cat, engines=list(range(6)), role="k1"),
+        StatsWriter(cfg(3), cat, engines=list(range(6)), role="k3"),
+        StatsWriter(cfg(2), cat, engines=[1, 3], role="k2"),
+    ]
+    n = 1500
+
+    def record(w: StatsWriter, start: int) -> None:
+        for i in range(n):
+            e = (i + start) % 6
+            w.counter("tokens").labels(engine=e).inc(1)
+            w.histogram("latency_seconds").labels(engine=e).observe(0.2)
+            w.counter("requests").labels(engine=e, reason=f"r{i % 3}").inc(1)
+
+    threads = [threading.Thread(target=record, args=(w, t)) for w in writers for t in range(4)]
+    for t in threads:
+        t.start()
+    readers = [StatsReader(cfg(k), cat) for k in (1, 3, 2)]
+    while any(t.is_alive() for t in threads):
+        for r in readers:
+            r.snapshot()
+    for t in threads:
+        t.join()
+    assert writers[1].close()
+    time.sleep(0.05)
+    keep = StatsWriter(cfg(3), cat, engines=list(range(6)), start=False)  # the engines stay live
+    for w in (writers[0], writers[2], keep):
+        assert w.flush()
+    result = collect_garbage(cfg(1, retention=0.04))
+    assert result.engines == [] and writers[1].writer_id in result.writers and result.folded
+    for w in (writers[0], writers[2], keep):
+        assert w.close()
+    for r in [*readers, StatsReader(cfg(5), cat)]:
+        snap = r.snapshot()
+        assert sum(s.counter("tokens") for s in snap.engines.values()) == 3 * 4 * n
+        assert sum(s.histogram("latency_seconds").count for s in snap.engines.values()) == 3 * 4 * n
+        assert not snap.skipped
+        text = RedisCollector(r).render_text()
+        lines = [x.rpartition(" ")[0] for x in text.splitlines() if x and not x.startswith("#")]
+        assert not [s for s, c in Counter(lines).items() if c > 1]
+        families = list(text_string_to_metric_families(text))
+        assert len({f.name for f in families}) == len(families)
+        assert sum(len(f.samples) for f in families) == len(lines)
+        r.close()
