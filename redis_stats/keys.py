@@ -116,11 +116,14 @@ class Keys:
 
     def all_shards(self, layouts: Iterable[int]) -> list[Keys]:
         """The keys of every shard of the namespace split with any K in *layouts*: shard 0 (these
-        keys) first, then shards 1..K-1 of each K (a K changed leaves data under the old tags)."""
+        keys) first, then shards 1..K-1 of each K (a K changed leaves data under the old tags),
+        each shard once."""
         out = [self]
         for k in sorted(set(layouts) - {1}):
             out += [self.shard(s, k) for s in range(1, k)]
-        return out
+        # Two K may give a shard the same tag (shard 1 of K=47 and of K=48 of "ns-0": the salts
+        # nearest two targets a few slots apart): those keys are one shard, read (and gc'd) once.
+        return list(dict.fromkeys(out))
 
     def shard(self, shard: int, shards: int) -> Keys:
         """The keys of *shard* of this namespace split into *shards* (shard 0: these keys)."""

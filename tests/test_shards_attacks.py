@@ -13,7 +13,7 @@ import redis
 from redis_stats import Catalog, StatsReader, StatsWriter
 from redis_stats._scripts import load_script
 from redis_stats.catalog import MetricSpec
-from redis_stats.keys import MAX_LISTED_SHARDS, Keys, parse_layouts
+from redis_stats.keys import MAX_LISTED_SHARDS, Keys, parse_layouts, shard_tag
 
 from .conftest import sample_catalog
 from .test_shards import K, _cfg, _Flaky
@@ -394,3 +394,25 @@ def test_a_rolling_k_change_with_threads_and_gc_keeps_every_total_exact(redis_se
         assert len({f.name for f in families}) == len(families)
         assert sum(len(f.samples) for f in families) == len(lines)
         r.close()
+
+
+def test_two_k_whose_shards_share_a_tag_are_read_once(fake_client):
+    """Shard 1 of K=47 and shard 1 of K=48 of namespace "ns-0" get the same tag (the salts
+    nearest two targets 7 slots apart): a namespace listing both K read those keys twice, and
+    the merge added the engine's hash to itself (its base fields doubled: 205, not 105)."""
+    ns = "ns-0"  # a private fake server: no other test's namespace
+    assert shard_tag(ns, 1, 47) == shard_tag(ns, 1, 48)
+    assert len(Keys(ns).all_shards({47, 48})) == 1 + 46 + 47 - 1
+    w = StatsWriter(_cfg(ns, shards=47), sample_catalog(), engines=[1], client=fake_client(), start=False)
+    w.counter("tokens").labels(engine=1).inc(5)
+    assert w.flush()
+    v = StatsWriter(_cfg(ns, shards=48), sample_catalog(), engines=[49], client=fake_client(), start=False)
+    v.counter("tokens").labels(engine=49).inc(7)
+    assert v.flush()  # shard 0 now lists "47,48"
+    raw = fake_client()
+    assert raw.hget(Keys(ns).meta, "shards") == "47,48"
+    raw.hset(Keys(ns).shard(1, 47).counters(1), "tokens", "100")  # a base field (gc folded a writer)
+    snap = StatsReader(_cfg(ns), sample_catalog(), client=fake_client()).snapshot()
+    assert snap.engines[1].counter("tokens") == 105 and snap.engines[49].counter("tokens") == 7
+    w.close()
+    v.close()
