@@ -23,7 +23,15 @@ from functools import lru_cache
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
-__all__ = ["SCHEMA_VERSION", "Keys", "parse_layouts", "shard_of", "shard_slot", "shard_tag"]
+__all__ = [
+    "MAX_LISTED_SHARDS",
+    "SCHEMA_VERSION",
+    "Keys",
+    "parse_layouts",
+    "shard_of",
+    "shard_slot",
+    "shard_tag",
+]
 
 # Bumped when the layout or the field encoding changes incompatibly; stored in meta["schema"].
 # 2: each writer's absolute values in chunks of the engine's hash (docs/key-schema.md, issue 15);
@@ -69,12 +77,28 @@ def shard_tag(namespace: str, shard: int, shards: int) -> str:
     return best
 
 
+# At most this many shards (over every listed K but shard 0) are read, gc'd or inspected: a
+# garbled ``shards`` field ("2,3,...,64" is 2,016 shards) must not turn every read into thousands
+# of keys. Twice the largest K: room for a change between two large K.
+MAX_LISTED_SHARDS = 128
+
+
 def parse_layouts(text: object) -> set[int]:
     """The K values of shard 0's catalogue field ``shards`` (``"3"``, ``"2,3"``; see shards.lua):
-    every K > 1 the namespace's writers used. Anything else in it is ignored."""
+    every K > 1 the namespace's writers used. Anything else in it is ignored (not an ASCII
+    integer from 2 to 64), and so are the oldest K (shards.lua appends: the first listed) beyond
+    :data:`MAX_LISTED_SHARDS` shards in all."""
     if not isinstance(text, str):
         return set()
-    return {int(x) for x in text.split(",") if x.isdigit() and 1 < int(x) <= 64}
+    out: set[int] = set()
+    room = MAX_LISTED_SHARDS
+    for x in reversed(text.split(",")):
+        # isdigit() alone takes "²" (which int() refuses) and other non-ASCII digits.
+        k = int(x) if x.isascii() and x.isdigit() and len(x) <= 2 else 0
+        if 1 < k <= 64 and k not in out and k - 1 <= room:
+            out.add(k)
+            room -= k - 1
+    return out
 
 
 def shard_slot(namespace: str, shard: int, shards: int) -> int:
@@ -92,11 +116,14 @@ class Keys:
 
     def all_shards(self, layouts: Iterable[int]) -> list[Keys]:
         """The keys of every shard of the namespace split with any K in *layouts*: shard 0 (these
-        keys) first, then shards 1..K-1 of each K (a K changed leaves data under the old tags)."""
+        keys) first, then shards 1..K-1 of each K (a K changed leaves data under the old tags),
+        each shard once."""
         out = [self]
         for k in sorted(set(layouts) - {1}):
             out += [self.shard(s, k) for s in range(1, k)]
-        return out
+        # Two K may give a shard the same tag (shard 1 of K=47 and of K=48 of "ns-0": the salts
+        # nearest two targets a few slots apart): those keys are one shard, read (and gc'd) once.
+        return list(dict.fromkeys(out))
 
     def shard(self, shard: int, shards: int) -> Keys:
         """The keys of *shard* of this namespace split into *shards* (shard 0: these keys)."""

@@ -11,14 +11,14 @@ from typing import Any
 
 from redis.exceptions import ExecAbortError, OutOfMemoryError, ResponseError
 
-from redis_stats._core.snapshot import Snapshot, SnapshotDecoder
+from redis_stats._core.snapshot import Snapshot, SnapshotDecoder, unreadable
 from redis_stats._scripts import ReadOnlyScript, load_script
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
 from redis_stats.connection import Client, is_cluster, make_client
-from redis_stats.keys import Keys, parse_layouts
+from redis_stats.keys import MAX_LISTED_SHARDS, Keys, parse_layouts
 
-__all__ = ["ReaderCore", "StatsReader", "merge_shards"]
+__all__ = ["MergedReply", "ReaderCore", "StatsReader", "merge_shards", "note_unreadable"]
 
 log = logging.getLogger("redis_stats.reader")
 
@@ -112,6 +112,22 @@ def merge_shards(replies: list[list[Any]], metas: list[Any]) -> list[Any]:
     return out
 
 
+class MergedReply(list):  # type: ignore[type-arg]
+    """A read.lua-shaped reply merged from the shards' replies, with :attr:`unreadable`: the
+    ``(reason, key)`` of each shard's list or catalogue that could not be read (a key of the
+    wrong type) and is therefore not in the reply for the decoder to count."""
+
+    def __init__(self, items: list[Any]) -> None:
+        super().__init__(items)
+        self.unreadable: list[tuple[str, str]] = []
+
+
+def note_unreadable(reply: Any, skipped: Any) -> None:
+    """Count in *skipped* (a snapshot's) the shards' keys the merge of *reply* left out."""
+    for why, key in getattr(reply, "unreadable", ()):
+        skipped.note(why, key)
+
+
 def refused_for_memory(exc: BaseException) -> bool:
     """True when Redis refused a command for being over ``maxmemory`` (``OOM ...``)."""
     return isinstance(exc, OutOfMemoryError) or "maxmemory" in str(exc)
@@ -153,10 +169,17 @@ class ReaderCore:
 
     def note_layouts(self, meta_flat: Any) -> bool:
         """Take the K values listed in shard 0's catalogue *meta_flat*; True if one is new."""
-        found = _layouts(meta_flat) - self.layouts
+        listed = _layouts(meta_flat)
+        found = listed - self.layouts
         if found:
             with self._lock:
-                self.layouts = self.layouts | found
+                layouts = self.layouts | found
+                own = {self.config.shards} - {1}
+                if sum(k - 1 for k in layouts - own) > MAX_LISTED_SHARDS:
+                    # K noted from earlier reads and no longer listed (a rewritten, garbled
+                    # field) must not add up past the bound parse_layouts keeps: the list now.
+                    layouts = frozenset(listed | own)
+                self.layouts = frozenset(layouts)
         return bool(found)
 
     def shard_args(self, keys: Keys, engines: Iterable[int] | None = None) -> tuple[list[str], list[str]]:
@@ -176,12 +199,29 @@ class ReaderCore:
             if version.__class__ is not str:  # the catalogue is unreadable: the decoder counts it
                 metas.append(version)
                 continue
-            if meta or meta.__class__ is not list or version == "":
-                self._shard_meta[keys.root] = (version, meta)  # new (or none, or unreadable)
-            else:  # read at the version we know: we hold it
+            if meta is None or (meta == [] and version != ""):
+                # Not read (the transaction read fetches a catalogue only when its version
+                # changed; read.lua returns none at the version we sent): we hold it. Never
+                # store "not read" as the catalogue: a later change in another shard would
+                # merge without this shard's specs.
                 meta = self._shard_meta.get(keys.root, ("", []))[1]
+            else:
+                self._shard_meta[keys.root] = (version, meta)  # new (or none, or unreadable)
             metas.append(meta)
-        merged = merge_shards(shard_replies, metas)
+        merged = MergedReply(merge_shards(shard_replies, metas))
+        # A shard's list (or catalogue) that could not be read is counted here, under its own
+        # key: the merged reply holds the lists of the shards that could be read (or, when none
+        # could, the first one's error, which the decoder would count under shard 0's name).
+        for slot in (1, 2, 5):
+            if unreadable(merged[slot]) is not None:
+                merged[slot] = []
+        for keys, reply, meta in zip(shards, shard_replies, metas):
+            for part, key in ((reply[1], keys.engines), (reply[2], keys.writers), (reply[5], keys.conflicts)):
+                why = unreadable(part)
+                if why is not None:
+                    merged.unreadable.append((why, key))
+            if isinstance(meta, Exception) and merged[4] is not meta:  # shard 0's: the decoder's
+                merged.unreadable.append((unreadable(meta) or "unreadable", keys.meta))
         if merged[3] == self._decoder.meta_version:
             merged[4] = []  # the decoder holds it
         return merged
@@ -198,8 +238,10 @@ class ReaderCore:
         return keys, args
 
     def decode(self, reply: Any) -> Snapshot:
-        """The snapshot in a reply of ``read.lua`` (or of :meth:`assemble`)."""
-        return self._decoder.decode(reply)
+        """The snapshot in a reply of ``read.lua`` (or of :meth:`assemble`, or :meth:`merge`)."""
+        snap = self._decoder.decode(reply)
+        note_unreadable(reply, snap.skipped)
+        return snap
 
     # -- the transaction read (standalone and Sentinel servers) ------------------------------
     #
@@ -350,9 +392,13 @@ class StatsReader(ReaderCore):
 
     _pool: ThreadPoolExecutor | None = None
 
-    def _read_shards(self, engines: Iterable[int] | None) -> list[Any]:
+    def _read_shards(self, engines: Iterable[int] | None, again: bool = True) -> list[Any]:
         """Every shard, merged: one transaction on a single server; one read.lua per shard on a
-        Cluster, in parallel. A shard that cannot be read fails the whole read (raised)."""
+        Cluster, in parallel. A shard that cannot be read fails the whole read (raised).
+
+        When shard 0's catalogue names shards this read did not cover (a K other than ours: the
+        first read of a reader, or a K just added), they are read at once, all together again:
+        a reply without them would show a live engine's counters lower than the next read."""
         wanted = None if engines is None else list(engines)
         shards = self.shard_keys
         if is_cluster(self._client):
@@ -365,8 +411,8 @@ class StatsReader(ReaderCore):
         else:
             replies = self._shard_transaction(shards, wanted)
         merged = self.merge(replies, shards)
-        if merged[4].__class__ is list and merged[4]:
-            self.note_layouts(merged[4])
+        if merged[4].__class__ is list and merged[4] and self.note_layouts(merged[4]) and again:
+            return self._read_shards(wanted, again=False)
         return merged
 
     def _shard_transaction(self, shards: list[Keys], wanted: list[int] | None) -> list[list[Any]]:

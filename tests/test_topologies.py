@@ -318,3 +318,65 @@ def test_cluster_three_shards_one_per_master_exact_while_a_shard_is_resharded(cl
     assert_exact(asyncio.run(read_async()), layout)
     for c in nodes.values():
         c.close()
+
+
+def test_cluster_one_shard_unreachable_fails_the_read_within_the_socket_timeout(cluster, namespace):
+    """K=3 on the 3-master Cluster, shard 2's master SIGSTOPped: the sync and asyncio readers
+    fail the whole read (documented) within the socket timeout, not later; the collector says
+    ``redis_stats_up 0`` and 1 again once the master is back; the writer's batches retried
+    meanwhile land once."""
+    import asyncio
+    import os
+    import signal
+
+    from redis_stats import RedisCollector
+    from redis_stats.aio import AsyncStatsReader
+
+    cfg = StatsConfig(
+        url=cluster.url, namespace=namespace, shards=3, socket_timeout_ms=500, connect_timeout_ms=500
+    )
+    w = StatsWriter(cfg, sample_catalog(), engines=list(range(6)), start=False)
+    for e in range(6):
+        w.counter("tokens").labels(engine=e).inc(e + 1)
+    assert w.flush()
+    reader = StatsReader(cfg, sample_catalog())
+    collector = RedisCollector(reader)
+
+    def up() -> list[str]:
+        return [x for x in collector.render_text().splitlines() if x.startswith("redis_stats_up ")]
+
+    assert len(reader.snapshot().engines) == 6 and up() == ["redis_stats_up 1.0"]
+    port = make_client(cfg).get_node_from_key(Keys(namespace).shard(2, 3).seq).port
+    pid = next(n.pid for n in cluster.nodes if n.port == port)
+    assert pid is not None
+
+    async def read_async() -> None:
+        r = AsyncStatsReader(cfg, sample_catalog())
+        try:
+            await r.snapshot()
+        finally:
+            await r.aclose()
+
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        for read in (reader.snapshot, lambda: asyncio.run(read_async())):
+            started = time.monotonic()
+            with pytest.raises(redis.RedisError):
+                read()
+            assert time.monotonic() - started < 1.5  # 0.5 s socket timeout (measured: 0.51 s)
+        assert up() == ["redis_stats_up 0.0"]
+        for e in range(6):
+            w.counter("tokens").labels(engine=e).inc(10)
+        assert not w.flush()  # shard 2 keeps its batch
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    deadline = time.monotonic() + 30  # the Cluster itself takes a few seconds to say ok again
+    while up() != ["redis_stats_up 1.0"] and time.monotonic() < deadline:
+        time.sleep(0.25)
+    assert up() == ["redis_stats_up 1.0"]
+    while not w.flush() and time.monotonic() < deadline:
+        time.sleep(0.25)
+    assert w.close()
+    snap = reader.snapshot()
+    assert {e: s.counter("tokens") for e, s in snap.engines.items()} == {e: e + 11 for e in range(6)}
+    reader.close()

@@ -387,6 +387,14 @@ class Batch:
             for b in self.engines.values()
         )
 
+    def fields(self) -> list[tuple[int, str]]:
+        """Every (engine, series field) this batch's deltas change."""
+        return [
+            (engine, name)
+            for engine, b in self.engines.items()
+            for name in (*b.ints[0::2], *b.floats[0::2], *b.gauges[0::2], *b.hists[0::3])
+        ]
+
     def touch(self, engine: int) -> None:
         """Make sure *engine* is heartbeated by this batch even without data."""
         self._block(engine)
@@ -533,8 +541,11 @@ class Accumulator:
         # (serialized).
         self.shards = shards
         self.shard_totals = [Totals(self.drop) for _ in range(shards)]
-        # Shards whose totals changed since their last batch was made (their batch was in flight).
+        # Shards whose totals changed since their last batch was made (their batch was in flight),
+        # and the series changed there meanwhile (engine, field): what a close that gives up
+        # loses besides the batches in flight (lost_summary).
         self.owed: set[int] = set()
+        self.owed_series: dict[int, set[tuple[int, str]]] = {}
         # The specs each shard has yet to store (every shard holds the catalogue it is written with).
         self._unsent: list[dict[str, MetricSpec]] = [{s.name: s for s in catalog} for _ in range(shards)]
         # Metrics whose definition conflicts with the one stored first in Redis: never sent.
@@ -716,9 +727,12 @@ class Accumulator:
                 # for its next batch.
                 part.add_to(self.shard_totals[shard])
                 self.owed.add(shard)
+                if shard not in batches:
+                    self.owed_series.setdefault(shard, set()).update(part.fields())
             for shard, batch in batches.items():
                 batch.take_chunks(self.shard_totals[shard])
                 self.owed.discard(shard)
+                self.owed_series.pop(shard, None)
         return batches
 
     def pending_series(self) -> int:
@@ -751,6 +765,7 @@ class Accumulator:
         for totals in self.shard_totals:
             totals.reset()
         self.owed = set()
+        self.owed_series = {}
 
 
 class _ShardFlow:

@@ -44,9 +44,10 @@ class AsyncStatsReader(ReaderCore):
                 return reply
         return await self._read_shards(engines)
 
-    async def _read_shards(self, engines: Iterable[int] | None) -> list[Any]:
+    async def _read_shards(self, engines: Iterable[int] | None, again: bool = True) -> list[Any]:
         """Every shard, merged (see StatsReader._read_shards): one transaction on a single
-        server; on a Cluster one read.lua per shard, gathered."""
+        server; on a Cluster one read.lua per shard, gathered. Shards named by shard 0's
+        catalogue that this read did not cover are read at once (all together again)."""
         wanted = None if engines is None else list(engines)
         shards = self.shard_keys
         replies: list[Any] | None = None
@@ -67,8 +68,8 @@ class AsyncStatsReader(ReaderCore):
                     if reply[3].__class__ is str and reply[3] != cached:
                         reply[4] = await self._meta(k)  # the catalogue changed: fetch it (rare)
         merged = self.merge(replies or [], shards)
-        if merged[4].__class__ is list and merged[4]:
-            self.note_layouts(merged[4])
+        if merged[4].__class__ is list and merged[4] and self.note_layouts(merged[4]) and again:
+            return await self._read_shards(wanted, again=False)
         return merged
 
     async def _read_one(self, engines: Iterable[int] | None) -> list[Any]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
+from typing import Any
 
 from redis.exceptions import ResponseError
 
@@ -45,6 +46,9 @@ class GcResult:
     """Series values of removed writers that could not be added (garbage in Redis), dropped."""
     skipped: bool = False
     """True when another process held the gc lease: nothing was done."""
+    failed: dict[str, str] = field(default_factory=dict)
+    """Shards not collected (their key prefix -> why: a key of the wrong type there); the
+    others were."""
 
 
 def namespace_shards(config: StatsConfig, client: Client) -> list[Keys]:
@@ -69,12 +73,32 @@ def collect_garbage(config: StatsConfig, *, dry_run: bool = False, client: Clien
     out = GcResult()
     try:
         script = Script(client, load_script("gc"))
-        for shard in namespace_shards(config, client):
-            engines, writers, tombstones, folded, unfolded = script(
-                keys=[shard.engines, shard.writers, shard.seq],
-                args=[shard.prefix, int(config.retention * 1000), "1" if dry_run else "0"],
-            )
-            out.engines += (int(e) for e in engines)
+        shards = namespace_shards(config, client)
+        live: list[dict[str, float] | None] = [None]
+        if len(shards) > 1:
+            live = _engine_heartbeats(client, shards)
+        stale: dict[str, int] = {}  # engine -> in how many shards gc finds it silent
+        held: dict[str, int] = {}  # ... and in how many shards collected it is listed
+        for shard, beats in zip(shards, live):
+            if not dry_run and len(shards) > 1:
+                # After K changed, a live engine's old shard hears from it no more: give that
+                # shard the engine's newest heartbeat of any shard, so gc removes an engine only
+                # once it is silent everywhere (its old data is part of its live counters).
+                _share_heartbeats(client, shard, beats, live)
+            try:
+                engines, writers, tombstones, folded, unfolded = script(
+                    keys=[shard.engines, shard.writers, shard.seq],
+                    args=[shard.prefix, int(config.retention * 1000), "1" if dry_run else "0"],
+                )
+            except ResponseError as exc:
+                # A key of the wrong type (garbage) in one shard costs that shard's collection
+                # only: the others are self-contained and still collected.
+                out.failed[shard.prefix] = str(exc).split("\n")[0][:200]
+                continue
+            for e in engines:
+                stale[e] = stale.get(e, 0) + 1
+            for e in beats or engines:
+                held[e] = held.get(e, 0) + 1
             out.writers += (w for w in writers if w not in out.writers)
             out.tombstones += tombstones
             out.folded += int(folded)
@@ -82,5 +106,37 @@ def collect_garbage(config: StatsConfig, *, dry_run: bool = False, client: Clien
     finally:
         if not dry_run and client.get(keys.gc_lock) == token:
             client.delete(keys.gc_lock)
-    out.engines = sorted(set(out.engines))
+    # An engine is removed when it is silent in every shard holding it (a dry run's lists were
+    # made without the shared heartbeats: the same rule, applied here).
+    out.engines = sorted(int(e) for e, n in stale.items() if n >= held.get(e, 0))
     return out
+
+
+def _engine_heartbeats(client: Client, shards: list[Keys]) -> list[dict[str, float] | None]:
+    """Each shard's engines -> last heartbeat (None for a shard whose list cannot be read)."""
+    out: list[dict[str, float] | None] = []
+    for shard in shards:
+        try:
+            found: Any = client.zrange(shard.engines, 0, -1, withscores=True)
+            out.append({str(e): float(t) for e, t in found})
+        except ResponseError:  # not a sorted set: gc.lua fails on it too, and says so
+            out.append(None)
+    return out
+
+
+def _share_heartbeats(
+    client: Client, shard: Keys, beats: dict[str, float] | None, live: list[dict[str, float] | None]
+) -> None:
+    """Raise the heartbeat of each engine of *shard* to its newest in any shard (ZADD XX GT)."""
+    if not beats:
+        return
+    newer: dict[str, float] = {}
+    for other in live:
+        for engine, t in (other or {}).items():
+            if engine in beats and t > max(beats[engine], newer.get(engine, 0.0)):
+                newer[engine] = t
+    if newer:
+        try:
+            client.zadd(shard.engines, newer, xx=True, gt=True)
+        except ResponseError:  # retyped meanwhile: gc.lua fails on it, and says so
+            pass

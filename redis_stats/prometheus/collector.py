@@ -31,7 +31,7 @@ from redis_stats._core.snapshot import Snapshot
 from redis_stats.catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM
 from redis_stats.errors import error_kind
 from redis_stats.prometheus.exposition import TextRenderer, format_families
-from redis_stats.reader import StatsReader
+from redis_stats.reader import StatsReader, note_unreadable
 
 __all__ = ["RedisCollector"]
 
@@ -77,7 +77,9 @@ class RedisCollector:
         gc_was_on = gc.isenabled()
         gc.disable()  # tens of thousands of short-lived strings: a collection mid-render only costs
         try:
-            text, shell = self._renderer.render(self.reader.read(self.engines))
+            reply = self.reader.read(self.engines)
+            text, shell = self._renderer.render(reply)
+            note_unreadable(reply, shell.skipped)  # a shard's keys the merge left out
         except Exception as exc:  # a scrape must not fail with a traceback
             self.read_failed(exc)
         finally:

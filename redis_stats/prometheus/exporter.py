@@ -397,6 +397,8 @@ class Exporter:
             except Exception as exc:
                 log.debug("gc failed: %s", exc)
                 continue
+            for prefix, why in result.failed.items():
+                log.warning("gc could not collect keys %s* of the namespace: %s", prefix, why)
             if result.engines or result.writers:
                 log.info(
                     "gc removed engines %s and %d writers past retention", result.engines, len(result.writers)

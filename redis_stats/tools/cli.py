@@ -485,6 +485,8 @@ def gc(redis_url: str | None, namespace: str | None, dry_run: bool, retention: f
     )
     for w in sorted(result.writers):
         click.echo(f"  writer {w}")
+    for prefix, why in result.failed.items():
+        click.echo(f"  not collected: keys {prefix}* ({why})", err=True)
 
 
 @main.command()
