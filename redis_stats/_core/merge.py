@@ -1,0 +1,325 @@
+"""One engine's hash, read: its writers' chunks grouped, and added up in bulk (schema 2).
+
+Both render paths (the snapshot decoder and the text renderer) are fed from here, through
+:meth:`~redis_stats._core.snapshot.SnapshotDecoder.engine_chunks` and
+:meth:`~redis_stats._core.snapshot.SnapshotDecoder.merge`.
+
+A reader adds every writer's values of a series up (docs/key-schema.md). Done series by series
+(parse each writer's line, add, format) that cost reads with two API servers per engine ~1.8x
+what schema 1 cost. But the writers of one engine nearly always hold the same series in the same
+order (two API servers of one engine record the same series set), so their chunks have the same
+names field, byte for byte. Such chunks form a **group**, read column by column: per writer, the
+group's counter lines and histogram lines are picked out together (``operator.itemgetter``),
+joined and split once, checked and converted with one pass of C each, and added up element by
+element (``map(add, a, b)``); the per-series Python work left is building what is printed.
+
+What a names field means for a catalogue is parsed once and kept (:class:`Layout`, keyed by the
+names field's text: it changes only when a writer adds a series, and engines serving one model
+share it). The bulk path takes only clean data: a group whose layout has a field it cannot show,
+a series in two groups, base fields, or a value the bulk checks do not pass sends the whole
+engine down the line-by-line path (the same rules, :mod:`redis_stats._core.values`), which skips
+and counts what is bad. So both paths give the same output for any data; the bulk one is only
+faster where the data is clean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container, Sequence
+from math import isnan
+from operator import add, itemgetter, le, methodcaller
+from typing import Any, NamedTuple
+
+from redis_stats._core.values import NUMBER_CHARS, go_floats, number_text, roll_up, sum_counter_texts
+from redis_stats.catalog import COUNTER, HISTOGRAM, MetricSpec
+
+__all__ = ["Chunk", "EngineChunks", "Group", "Layout", "Parsed"]
+
+Parsed = tuple[MetricSpec, tuple[str, ...], str]
+"""A series field's parse: (spec, label values, suffix: a histogram's bucket layout)."""
+
+_INF = float("inf")
+_Picker = Callable[[Sequence[Any]], tuple[Any, ...]]
+
+
+def _picker(positions: Sequence[int]) -> _Picker:
+    """A function picking *positions* out of a sequence, as a tuple (itemgetter, in C)."""
+    if len(positions) > 1:
+        return itemgetter(*positions)  # type: ignore[return-value]
+    if positions:
+        only = positions[0]
+        return lambda seq: (seq[only],)
+    return lambda seq: ()
+
+
+class Chunk(NamedTuple):
+    """One writer's chunk of an engine, as read: its names field (the text), what that means
+    (its :class:`Layout`: the series fields, parsed), and the values, one per series (a chunk
+    whose lines do not match its names is skipped before it becomes one)."""
+
+    writer: str
+    names: str
+    layout: Layout
+    values: list[str]
+
+
+class EngineChunks(NamedTuple):
+    """One engine's hash, sorted: base fields ``(series field, value, None)`` (departed writers,
+    folded in by gc) and the writers' well-formed chunks, in the order Redis returned them."""
+
+    base: list[tuple[Any, Any, None]]
+    chunks: list[Chunk]
+
+    def entries(self) -> list[tuple[Any, Any, Any]]:
+        """Every value of the engine as ``(series field, value, writer)``: base fields (writer
+        None), then every line of every chunk. The line-by-line path reads these."""
+        out: list[tuple[Any, Any, Any]] = list(self.base)
+        for chunk in self.chunks:
+            out += zip(chunk.layout.fields, chunk.values, [chunk.writer] * len(chunk.values))
+        return out
+
+
+class Layout:
+    """What one names field means for one catalogue: each line's parse, and where the counters,
+    histograms and gauges are, for reading a group's values column by column. Immutable (shared
+    by concurrent reads and by every engine whose writers hold the same series)."""
+
+    __slots__ = (
+        "bounds",
+        "catalog",
+        "clean",
+        "count_inner",
+        "count_offsets",
+        "counters",
+        "fields",
+        "gauges",
+        "histograms",
+        "keys",
+        "modes",
+        "parsed",
+        "pick_counters",
+        "pick_counts",
+        "pick_gauges",
+        "pick_histograms",
+        "pick_sums",
+        "sizes",
+        "spaces",
+    )
+
+    def __init__(self, catalog: object, names: tuple[str, ...], parsed: tuple[Parsed | str, ...]) -> None:
+        self.catalog = catalog
+        self.fields = names
+        self.parsed = parsed
+        # each line's series as the snapshot keys it: (metric name, label values)
+        self.keys = tuple(None if p.__class__ is str else (p[0].name, p[1]) for p in parsed)  # type: ignore[union-attr]
+        # Clean: every line is a series this catalogue shows, each once. Only such a layout is
+        # read in bulk (a skipped line must be counted where the line-by-line path counts it).
+        self.clean = len(set(names)) == len(names) and not any(p.__class__ is str for p in parsed)
+        counters: list[int] = []
+        histograms: list[int] = []
+        gauges: list[int] = []
+        for i, p in enumerate(parsed):
+            if p.__class__ is str:
+                continue
+            kind = p[0].kind  # type: ignore[union-attr]
+            (counters if kind == COUNTER else histograms if kind == HISTOGRAM else gauges).append(i)
+        specs: list[MetricSpec] = [p[0] for p in parsed if p.__class__ is not str]  # type: ignore[misc]
+        spec_of = dict(zip([i for i, p in enumerate(parsed) if p.__class__ is not str], specs))
+        self.counters = tuple(counters)
+        self.histograms = tuple(histograms)
+        self.gauges = tuple(gauges)
+        self.modes = tuple(spec_of[i].mode for i in gauges)
+        self.bounds = tuple((*spec_of[i].buckets, _INF) for i in histograms)
+        self.sizes = tuple(len(b) for b in self.bounds)
+        self.spaces = [*self.sizes]  # a line "<sum> <c0> ... <cN>" has a space per count
+        # A group's histogram lines, joined by " " and split, are tokens: per series its sum,
+        # then its counts. Where the sums and counts are, and which neighbouring counts belong
+        # to one series (they must not go down).
+        sums: list[int] = []
+        counts: list[int] = []
+        offsets: list[int] = []
+        inner: list[int] = []
+        pos = 0
+        for size in self.sizes:
+            sums.append(pos)
+            offsets.append(len(counts))
+            inner += range(len(counts), len(counts) + size - 1)
+            counts += range(pos + 1, pos + 1 + size)
+            pos += size + 1
+        self.count_offsets = tuple(offsets)
+        self.count_inner = _picker(inner)
+        self.pick_sums = _picker(sums)
+        self.pick_counts = _picker(counts)
+        self.pick_counters = _picker(counters)
+        self.pick_histograms = _picker(histograms)
+        self.pick_gauges = _picker(gauges)
+
+
+class Group(NamedTuple):
+    """The values of chunks sharing one layout, added up: ``counters`` (one per counter line of
+    the layout), histograms as ``sums`` and ``counts`` (all series' counts one after the other,
+    series *j* from ``layout.count_offsets[j]``), and ``gauges`` (one per gauge line, rolled up
+    over the live writers; None when none is live). Text (as sample text) or numbers (floats,
+    as the snapshot holds them), as asked."""
+
+    layout: Layout
+    counters: Sequence[Any]
+    sums: Sequence[Any]
+    counts: Sequence[Any]
+    gauges: Sequence[Any]
+
+
+class _NotClean(Exception):
+    """A value the bulk path does not take: the engine is read line by line instead."""
+
+
+_spaces = methodcaller("count", " ")
+
+
+def _all_digits(texts: tuple[str, ...]) -> bool:
+    joined = "".join(texts)
+    return joined.isdigit() and joined.isascii() and all(texts)
+
+
+def _counters(layout: Layout, values: list[list[str]], numbers: bool) -> Sequence[Any]:
+    picked = [layout.pick_counters(v) for v in values]
+    if not layout.counters:
+        return ()
+    digits = all(_all_digits(p) for p in picked)
+    if not digits:
+        texts = [[number_text(raw) for raw in p] for p in picked]
+        if any(None in t for t in texts):
+            raise _NotClean
+        picked = [tuple(t) for t in texts]  # type: ignore[misc]
+    if numbers:  # as the decoder adds them: 0.0 + each writer's value, in order
+        total: list[float] = [0.0] * len(layout.counters)
+        for p in picked:
+            total = [*map(add, total, map(float, p))]
+        return total
+    if len(picked) == 1:
+        return picked[0]
+    if digits:  # integers, as writers store them: exact
+        ints: Any = map(int, picked[0])
+        for p in picked[1:]:
+            ints = map(add, ints, map(int, p))
+        return [*map(str, ints)]
+    return [sum_counter_texts(column) for column in zip(*picked)]
+
+
+def _histograms(layout: Layout, values: list[list[str]], numbers: bool) -> tuple[Sequence[Any], Sequence[Any]]:
+    if not layout.histograms:
+        return (), ()
+    sums_of: list[tuple[str, ...]] = []
+    counts_of: list[Any] = []
+    for v in values:
+        lines = layout.pick_histograms(v)
+        if [*map(_spaces, lines)] != layout.spaces:  # each line its own number of parts
+            raise _NotClean
+        tokens = " ".join(lines).split(" ")
+        sums = layout.pick_sums(tokens)
+        if "".join(sums).strip(NUMBER_CHARS):  # an infinity or garbage: the line-by-line rules
+            raise _NotClean
+        counts = layout.pick_counts(tokens)
+        if not _all_digits(counts):
+            raise _NotClean
+        if numbers:
+            if max(map(len, counts)) > 15:  # floats exact below 2**53: checked as floats
+                raise _NotClean
+            found: list[Any] = [*map(float, counts)]
+        else:
+            found = [*map(int, counts)]
+        if not all(layout.count_inner([*map(le, found, found[1:])] or [True])):
+            raise _NotClean  # counts that go down
+        sums_of.append(sums)
+        counts_of.append(found if numbers or len(values) > 1 else counts)
+    try:
+        sum_numbers = [[*map(float, s)] for s in sums_of]  # "1.2.3", "", "1e": not numbers
+    except ValueError:
+        raise _NotClean from None
+    if numbers:  # as HistogramValue.plus adds them: the first writer's, plus the next, ...
+        sums_total, counts_total = sum_numbers[0], counts_of[0]
+        for s, c in zip(sum_numbers[1:], counts_of[1:]):
+            sums_total = [*map(add, sums_total, s)]
+            counts_total = [*map(add, counts_total, c)]
+        return sums_total, counts_total
+    if len(values) == 1:
+        return sums_of[0], counts_of[0]
+    total: list[float] = [0.0] * len(layout.histograms)  # as the text renderer adds them
+    for s in sum_numbers:
+        total = [*map(add, total, s)]
+    counts_sum = counts_of[0]
+    for c in counts_of[1:]:
+        counts_sum = [*map(add, counts_sum, c)]
+    return go_floats(total), [*map(str, counts_sum)]
+
+
+def _gauges(layout: Layout, values: list[list[str]], numbers: bool) -> Sequence[Any]:
+    if not layout.gauges:
+        return ()
+    readings: list[list[tuple[float, float, str]]] = []
+    n = len(layout.gauges)
+    for v in values:
+        picked = layout.pick_gauges(v)
+        tokens = "|".join(picked).split("|")
+        if len(tokens) != 2 * n:
+            raise _NotClean
+        texts = tokens[1::2]
+        if "".join(texts).strip(NUMBER_CHARS):  # an infinity or garbage: the line-by-line rules
+            raise _NotClean
+        try:
+            stamps = [*map(float, tokens[0::2])]
+            numbers_ = [*map(float, texts)]
+        except ValueError:
+            raise _NotClean from None
+        if any(map(isnan, stamps)):
+            raise _NotClean
+        readings.append([*zip(stamps, numbers_, texts)])
+    if not readings:
+        return [None] * n
+    out: list[Any] = []
+    rolled: list[tuple[int, float]] = []  # (line, value) of roll-ups still to format
+    for i, (mode, series) in enumerate(zip(layout.modes, zip(*readings))):
+        value, text = roll_up(mode, series)
+        if not numbers and text is None:
+            rolled.append((i, value))
+        out.append(value if numbers else text)
+    if rolled:
+        for (i, _), text in zip(rolled, go_floats([value for _, value in rolled])):
+            out[i] = text
+    return out
+
+
+def merge_groups(
+    chunks: EngineChunks, disjoint: bool, live: Container[str], up: bool, numbers: bool
+) -> list[Group] | None:
+    """The engine's chunks added up group by group (the chunks of one names field, in order of
+    first appearance), or None when the engine must be read line by line: base fields, a layout
+    that is not clean, a series in two groups (*disjoint* False), or a value the bulk checks do
+    not take. Gauges count only *live* writers of an engine that is *up*."""
+    if chunks.base or not disjoint:
+        return None
+    by_names: dict[str, tuple[Layout, list[list[str]], list[list[str]]]] = {}
+    for chunk in chunks.chunks:
+        group = by_names.get(chunk.names)
+        if group is None:
+            if not chunk.layout.clean:
+                return None
+            group = by_names[chunk.names] = (chunk.layout, [], [])
+        group[1].append(chunk.values)
+        if up and chunk.writer in live:
+            group[2].append(chunk.values)
+    out = []
+    try:
+        for layout, values, live_values in by_names.values():
+            sums, counts = _histograms(layout, values, numbers)
+            out.append(
+                Group(
+                    layout,
+                    _counters(layout, values, numbers),
+                    sums,
+                    counts,
+                    _gauges(layout, live_values, numbers),
+                )
+            )
+    except _NotClean:
+        return None
+    return out
