@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 from redis_stats._core.values import NUMBER_CHARS, go_floats, number_text, roll_up, sum_counter_texts
 from redis_stats.catalog import COUNTER, HISTOGRAM, MetricSpec
 
-__all__ = ["Chunk", "EngineChunks", "Group", "Layout", "Parsed"]
+__all__ = ["Chunk", "EngineChunks", "Group", "Layout", "Parse", "Parsed", "merge_groups", "parse_chunk"]
 
 Parsed = tuple[MetricSpec, tuple[str, ...], str]
 """A series field's parse: (spec, label values, suffix: a histogram's bucket layout)."""
@@ -57,8 +57,12 @@ class Chunk(NamedTuple):
     whose lines do not match its names is skipped before it becomes one)."""
 
     writer: str
+    field: str
+    """The chunk's values field (``@|<writer>|<k>``)."""
     names: str
     layout: Layout
+    text: str
+    """The values field's text."""
     values: list[str]
 
 
@@ -180,146 +184,158 @@ def _all_digits(texts: tuple[str, ...]) -> bool:
     return joined.isdigit() and joined.isascii() and all(texts)
 
 
-def _counters(layout: Layout, values: list[list[str]], numbers: bool) -> Sequence[Any]:
-    picked = [layout.pick_counters(v) for v in values]
-    if not layout.counters:
-        return ()
-    digits = all(_all_digits(p) for p in picked)
-    if not digits:
-        texts = [[number_text(raw) for raw in p] for p in picked]
-        if any(None in t for t in texts):
+class Parse(NamedTuple):
+    """One writer's chunk values, checked and converted (immutable: kept by the chunk's text,
+    so an unchanged chunk, an idle writer's, is not parsed again). Text mode: counters as
+    sample texts and, when all are integers, ints; histogram sums as texts and floats, counts
+    as texts and ints. Numbers mode: floats (texts None). Gauges as ``(stamp, value, text)``."""
+
+    counter_texts: tuple[str, ...]
+    counter_numbers: list[Any] | None
+    sum_texts: tuple[str, ...]
+    sum_numbers: list[float]
+    count_texts: tuple[str, ...]
+    count_numbers: list[Any]
+    gauges: list[tuple[float, float, str]]
+
+
+def parse_chunk(layout: Layout, values: list[str], numbers: bool) -> Parse:
+    """One writer's chunk of a clean *layout*, checked and converted in bulk; raises
+    :class:`_NotClean` where the line-by-line rules must decide (garbage, infinities)."""
+    counters = layout.pick_counters(values)
+    counter_numbers: list[Any] | None = None
+    if _all_digits(counters):
+        if layout.counters:
+            counter_numbers = [*map(float if numbers else int, counters)]
+    else:
+        texts = tuple(number_text(raw) for raw in counters)
+        if None in texts:
             raise _NotClean
-        picked = [tuple(t) for t in texts]  # type: ignore[misc]
-    if numbers:  # as the decoder adds them: 0.0 + each writer's value, in order
-        total: list[float] = [0.0] * len(layout.counters)
-        for p in picked:
-            total = [*map(add, total, map(float, p))]
-        return total
-    if len(picked) == 1:
-        return picked[0]
-    if digits:  # integers, as writers store them: exact
-        ints: Any = map(int, picked[0])
-        for p in picked[1:]:
-            ints = map(add, ints, map(int, p))
-        return [*map(str, ints)]
-    return [sum_counter_texts(column) for column in zip(*picked)]
-
-
-def _histograms(layout: Layout, values: list[list[str]], numbers: bool) -> tuple[Sequence[Any], Sequence[Any]]:
-    if not layout.histograms:
-        return (), ()
-    sums_of: list[tuple[str, ...]] = []
-    counts_of: list[Any] = []
-    for v in values:
-        lines = layout.pick_histograms(v)
+        counters = texts  # type: ignore[assignment]
+        if numbers:
+            counter_numbers = [*map(float, counters)]
+    sums: tuple[str, ...] = ()
+    sum_numbers: list[float] = []
+    counts: tuple[str, ...] = ()
+    count_numbers: list[Any] = []
+    if layout.histograms:
+        lines = layout.pick_histograms(values)
         if [*map(_spaces, lines)] != layout.spaces:  # each line its own number of parts
             raise _NotClean
         tokens = " ".join(lines).split(" ")
         sums = layout.pick_sums(tokens)
         if "".join(sums).strip(NUMBER_CHARS):  # an infinity or garbage: the line-by-line rules
             raise _NotClean
+        try:
+            sum_numbers = [*map(float, sums)]  # "1.2.3", "", "1e": not numbers
+        except ValueError:
+            raise _NotClean from None
         counts = layout.pick_counts(tokens)
         if not _all_digits(counts):
             raise _NotClean
         if numbers:
             if max(map(len, counts)) > 15:  # floats exact below 2**53: checked as floats
                 raise _NotClean
-            found: list[Any] = [*map(float, counts)]
+            count_numbers = [*map(float, counts)]
         else:
-            found = [*map(int, counts)]
-        if not all(layout.count_inner([*map(le, found, found[1:])] or [True])):
+            count_numbers = [*map(int, counts)]
+        if not all(layout.count_inner([*map(le, count_numbers, count_numbers[1:])])):
             raise _NotClean  # counts that go down
-        sums_of.append(sums)
-        counts_of.append(found if numbers or len(values) > 1 else counts)
-    try:
-        sum_numbers = [[*map(float, s)] for s in sums_of]  # "1.2.3", "", "1e": not numbers
-    except ValueError:
-        raise _NotClean from None
-    if numbers:  # as HistogramValue.plus adds them: the first writer's, plus the next, ...
-        sums_total, counts_total = sum_numbers[0], counts_of[0]
-        for s, c in zip(sum_numbers[1:], counts_of[1:]):
-            sums_total = [*map(add, sums_total, s)]
-            counts_total = [*map(add, counts_total, c)]
-        return sums_total, counts_total
-    if len(values) == 1:
-        return sums_of[0], counts_of[0]
-    total: list[float] = [0.0] * len(layout.histograms)  # as the text renderer adds them
-    for s in sum_numbers:
-        total = [*map(add, total, s)]
-    counts_sum = counts_of[0]
-    for c in counts_of[1:]:
-        counts_sum = [*map(add, counts_sum, c)]
-    return go_floats(total), [*map(str, counts_sum)]
-
-
-def _gauges(layout: Layout, values: list[list[str]], numbers: bool) -> Sequence[Any]:
-    if not layout.gauges:
-        return ()
-    readings: list[list[tuple[float, float, str]]] = []
-    n = len(layout.gauges)
-    for v in values:
-        picked = layout.pick_gauges(v)
-        tokens = "|".join(picked).split("|")
-        if len(tokens) != 2 * n:
+    gauges: list[tuple[float, float, str]] = []
+    if layout.gauges:
+        tokens = "|".join(layout.pick_gauges(values)).split("|")
+        if len(tokens) != 2 * len(layout.gauges):
             raise _NotClean
         texts = tokens[1::2]
         if "".join(texts).strip(NUMBER_CHARS):  # an infinity or garbage: the line-by-line rules
             raise _NotClean
         try:
             stamps = [*map(float, tokens[0::2])]
-            numbers_ = [*map(float, texts)]
+            gauge_values = [*map(float, texts)]
         except ValueError:
             raise _NotClean from None
         if any(map(isnan, stamps)):
             raise _NotClean
-        readings.append([*zip(stamps, numbers_, texts)])
-    if not readings:
-        return [None] * n
-    out: list[Any] = []
-    rolled: list[tuple[int, float]] = []  # (line, value) of roll-ups still to format
-    for i, (mode, series) in enumerate(zip(layout.modes, zip(*readings))):
-        value, text = roll_up(mode, series)
-        if not numbers and text is None:
-            rolled.append((i, value))
-        out.append(value if numbers else text)
-    if rolled:
+        gauges = [*zip(stamps, gauge_values, texts)]
+    return Parse(counters, counter_numbers, sums, sum_numbers, counts, count_numbers, gauges)
+
+
+def _combine(layout: Layout, parses: list[Parse], live: list[Parse], numbers: bool) -> Group:
+    """A group's writers' parses (all of them, and those of *live* writers for the gauges)
+    added up, in the order each render path adds them line by line."""
+    first = parses[0]
+    gauges: list[Any] = [None] * len(layout.gauges)
+    if live and layout.gauges:
+        rolled: list[tuple[int, float]] = []  # (line, value) of roll-ups still to format
+        for i, (mode, readings) in enumerate(zip(layout.modes, zip(*[p.gauges for p in live]))):
+            value, text = roll_up(mode, readings)
+            if not numbers and text is None:
+                rolled.append((i, value))
+            gauges[i] = value if numbers else text
         for (i, _), text in zip(rolled, go_floats([value for _, value in rolled])):
-            out[i] = text
-    return out
+            gauges[i] = text
+    if numbers:
+        counters: Sequence[Any] = [0.0] * len(layout.counters)  # as the decoder: 0.0 + each, in order
+        for p in parses:
+            counters = [*map(add, counters, p.counter_numbers)]  # type: ignore[arg-type]
+        sums, counts = first.sum_numbers, first.count_numbers  # as HistogramValue.plus: a + b + ...
+        for p in parses[1:]:
+            sums = [*map(add, sums, p.sum_numbers)]
+            counts = [*map(add, counts, p.count_numbers)]
+        return Group(layout, counters, sums, counts, gauges)
+    if len(parses) == 1:
+        return Group(layout, first.counter_texts, first.sum_texts, first.count_texts, gauges)
+    if all(p.counter_numbers is not None for p in parses):  # integers, as writers store them: exact
+        total: Any = first.counter_numbers
+        for p in parses[1:]:
+            total = map(add, total, p.counter_numbers)  # type: ignore[arg-type]
+        counters = [*map(str, total)]
+    else:
+        counters = [sum_counter_texts(column) for column in zip(*[p.counter_texts for p in parses])]
+    sum_total: list[float] = [0.0] * len(layout.histograms)  # as the text renderer adds them
+    count_total: Any = first.count_numbers
+    for p in parses:
+        sum_total = [*map(add, sum_total, p.sum_numbers)]
+    for p in parses[1:]:
+        count_total = map(add, count_total, p.count_numbers)
+    return Group(layout, counters, go_floats(sum_total), [*map(str, count_total)], gauges)
 
 
 def merge_groups(
-    chunks: EngineChunks, disjoint: bool, live: Container[str], up: bool, numbers: bool
+    engine: str,
+    chunks: EngineChunks,
+    disjoint: bool,
+    live: Container[str],
+    up: bool,
+    numbers: bool,
+    kept: dict[Any, tuple[str, Parse]],
 ) -> list[Group] | None:
     """The engine's chunks added up group by group (the chunks of one names field, in order of
     first appearance), or None when the engine must be read line by line: base fields, a layout
     that is not clean, a series in two groups (*disjoint* False), or a value the bulk checks do
-    not take. Gauges count only *live* writers of an engine that is *up*."""
+    not take. Gauges count only *live* writers of an engine that is *up*. *kept*: the last
+    parse of each chunk of *engine* (by chunk field and mode) with its text, reused while the text is the
+    same."""
     if chunks.base or not disjoint:
         return None
-    by_names: dict[str, tuple[Layout, list[list[str]], list[list[str]]]] = {}
-    for chunk in chunks.chunks:
-        group = by_names.get(chunk.names)
-        if group is None:
-            if not chunk.layout.clean:
-                return None
-            group = by_names[chunk.names] = (chunk.layout, [], [])
-        group[1].append(chunk.values)
-        if up and chunk.writer in live:
-            group[2].append(chunk.values)
-    out = []
+    by_names: dict[str, tuple[Layout, list[Parse], list[Parse]]] = {}
     try:
-        for layout, values, live_values in by_names.values():
-            sums, counts = _histograms(layout, values, numbers)
-            out.append(
-                Group(
-                    layout,
-                    _counters(layout, values, numbers),
-                    sums,
-                    counts,
-                    _gauges(layout, live_values, numbers),
-                )
-            )
+        for chunk in chunks.chunks:
+            group = by_names.get(chunk.names)
+            if group is None:
+                if not chunk.layout.clean:
+                    return None
+                group = by_names[chunk.names] = (chunk.layout, [], [])
+            slot = (engine, chunk.field, chunk.layout, numbers)
+            found = kept.get(slot)
+            if found is not None and found[0] == chunk.text:
+                parse = found[1]
+            else:
+                parse = parse_chunk(chunk.layout, chunk.values, numbers)
+                kept[slot] = (chunk.text, parse)  # one store of an immutable pair: thread-safe
+            group[1].append(parse)
+            if up and chunk.writer in live:
+                group[2].append(parse)
     except _NotClean:
         return None
-    return out
+    return [_combine(layout, parses, live_parses, numbers) for layout, parses, live_parses in by_names.values()]

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from prometheus_client.utils import floatToGoString
 
 from redis_stats._core import fields
-from redis_stats._core.merge import Chunk, EngineChunks, Group, Layout, Parsed, merge_groups
+from redis_stats._core.merge import Chunk, EngineChunks, Group, Layout, Parse, Parsed, merge_groups
 from redis_stats._core.values import (
     gauge_parts,
     histogram_numbers,
@@ -56,6 +56,7 @@ _INF = math.inf
 _NON_FINITE = {_INF: "+Inf", -_INF: "-Inf"}
 _FIELD_CACHE_LIMIT = 1_000_000
 _LAYOUT_CACHE_LIMIT = 10_000  # names fields kept (engines of one model share one)
+_KEPT_LIMIT = 20_000  # chunk parses kept: 1,024 engines x 2 writers x 2 render paths, and room
 _SKIPPED_NAMED = 50  # keys/fields a Skipped names; the counts go on past it
 
 class Skipped(_Tally[str]):
@@ -350,6 +351,9 @@ class SnapshotDecoder:
         # engine's groups -> whether no series is in two of them. Per decoder: per namespace.
         self._layouts: dict[str, Layout] = {}
         self._disjoint: dict[tuple[str, ...], bool] = {}
+        # (engine, chunk field, layout, numbers?) -> (values text, its parse): the last parse of each
+        # chunk, reused while the chunk is unchanged (an idle writer's)
+        self._kept: dict[Any, tuple[str, Parse]] = {}
 
     # Local specs that conflict with the stored ones (names), counted in every read's ``skipped``.
     _conflicting: tuple[str, ...] = ()
@@ -504,10 +508,12 @@ class SnapshotDecoder:
             if len(layout.fields) != len(value_list):
                 skipped.note("bad_chunk", key, name)
                 continue
-            found.append(Chunk(writer, names, layout, value_list))
+            found.append(Chunk(writer, name, names, layout, values, value_list))
         return EngineChunks(base, found)
 
-    def merge(self, chunks: EngineChunks, live: Container[str], up: bool, *, numbers: bool) -> list[Group] | None:
+    def merge(
+        self, engine: str, chunks: EngineChunks, live: Container[str], up: bool, *, numbers: bool
+    ) -> list[Group] | None:
         """The engine's values added up over its writers, group by group (chunks with the same
         names field, read column by column: :mod:`redis_stats._core.merge`), as sample text or,
         with *numbers*, as floats; gauges rolled up over the *live* writers when the engine is
@@ -529,7 +535,9 @@ class SnapshotDecoder:
                     seen.update(layout.fields)
                 known = self._disjoint[distinct] = len(seen) == sum(len(x.fields) for x in layouts.values())
             disjoint = known
-        return merge_groups(chunks, disjoint, live, up, numbers)
+        if len(self._kept) > _KEPT_LIMIT:
+            self._kept = {}
+        return merge_groups(engine, chunks, disjoint, live, up, numbers, self._kept)
 
     _writers_of: dict[str, str | None] = {}
 
@@ -660,7 +668,7 @@ class SnapshotDecoder:
         the base fields; gauges rolled up over the live writers of an engine that is up."""
         snap = read.snapshot
         chunks = self.engine_chunks(read.engine, read.fields, catalog, skipped)
-        groups = self.merge(chunks, live, snap.up, numbers=True)
+        groups = self.merge(read.engine, chunks, live, snap.up, numbers=True)
         if groups is not None:
             counters, histograms, gauges = snap.counters, snap.histograms, snap.gauges
             for group in groups:

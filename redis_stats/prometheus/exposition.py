@@ -159,7 +159,7 @@ class TextRenderer:
         decoder = self.decoder
         engine = read.engine
         chunks = decoder.engine_chunks(engine, read.fields, plan.catalog, skipped)
-        groups = decoder.merge(chunks, live, read.snapshot.up, numbers=False)
+        groups = decoder.merge(engine, chunks, live, read.snapshot.up, numbers=False)
         if groups is None:
             self._lines(plan, engine, chunks, read.snapshot.up, live, lines, skipped)
             return
