@@ -25,6 +25,7 @@ faster where the data is clean.
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Sequence
+from array import array
 from math import isnan
 from operator import add, itemgetter, le, methodcaller
 from typing import Any, NamedTuple
@@ -185,62 +186,66 @@ def _all_digits(texts: tuple[str, ...]) -> bool:
 
 
 class Parse(NamedTuple):
-    """One writer's chunk values, checked and converted (immutable: kept by the chunk's text,
-    so an unchanged chunk, an idle writer's, is not parsed again). Text mode: counters as
-    sample texts and, when all are integers, ints; histogram sums as texts and floats, counts
-    as texts and ints. Numbers mode: floats (texts None). Gauges as ``(stamp, value, text)``."""
+    """One writer's chunk values, checked and converted, for both render paths (immutable: kept
+    by the chunk's text, so an unchanged chunk, an idle writer's, is not parsed again). Kept
+    compact (a reader keeps one per chunk): texts joined in one string, counts in an array."""
 
-    counter_texts: tuple[str, ...]
-    counter_numbers: list[Any] | None
-    sum_texts: tuple[str, ...]
-    sum_numbers: list[float]
-    count_texts: tuple[str, ...]
-    count_numbers: list[Any]
+    counter_texts: str
+    """The counters' sample texts, joined by newlines."""
+    counter_ints: Sequence[int] | None
+    """The counters as ints, when all are integers (as writers store them)."""
+    histogram_tokens: str
+    """The histogram lines joined by spaces: per series its sum text, then its count texts."""
+    sums: list[float]
+    counts: Sequence[int]
+    """Every histogram series' cumulative counts, one series after the other."""
     gauges: list[tuple[float, float, str]]
+    """Each gauge line as ``(stamp, value, value text)``."""
 
 
-def parse_chunk(layout: Layout, values: list[str], numbers: bool) -> Parse:
+def _compact(ints: list[int]) -> Sequence[int]:
+    try:
+        return array("q", ints)  # 8 bytes a count, not an int object each
+    except OverflowError:  # a count beyond 2**63: kept as it is
+        return ints
+
+
+def parse_chunk(layout: Layout, values: list[str]) -> Parse:
     """One writer's chunk of a clean *layout*, checked and converted in bulk; raises
     :class:`_NotClean` where the line-by-line rules must decide (garbage, infinities)."""
     counters = layout.pick_counters(values)
-    counter_numbers: list[Any] | None = None
+    counter_ints: Sequence[int] | None = None
     if _all_digits(counters):
         if layout.counters:
-            counter_numbers = [*map(float if numbers else int, counters)]
+            counter_ints = _compact([*map(int, counters)])
     else:
         texts = tuple(number_text(raw) for raw in counters)
         if None in texts:
             raise _NotClean
         counters = texts  # type: ignore[assignment]
-        if numbers:
-            counter_numbers = [*map(float, counters)]
-    sums: tuple[str, ...] = ()
-    sum_numbers: list[float] = []
-    counts: tuple[str, ...] = ()
-    count_numbers: list[Any] = []
+    joined = ""
+    sums: list[float] = []
+    counts: Sequence[int] = ()
     if layout.histograms:
         lines = layout.pick_histograms(values)
         if [*map(_spaces, lines)] != layout.spaces:  # each line its own number of parts
             raise _NotClean
-        tokens = " ".join(lines).split(" ")
-        sums = layout.pick_sums(tokens)
-        if "".join(sums).strip(NUMBER_CHARS):  # an infinity or garbage: the line-by-line rules
+        joined = " ".join(lines)
+        tokens = joined.split(" ")
+        sum_texts = layout.pick_sums(tokens)
+        if "".join(sum_texts).strip(NUMBER_CHARS):  # an infinity or garbage: the line-by-line rules
             raise _NotClean
         try:
-            sum_numbers = [*map(float, sums)]  # "1.2.3", "", "1e": not numbers
+            sums = [*map(float, sum_texts)]  # "1.2.3", "", "1e": not numbers
         except ValueError:
             raise _NotClean from None
-        counts = layout.pick_counts(tokens)
-        if not _all_digits(counts):
+        count_texts = layout.pick_counts(tokens)
+        if not _all_digits(count_texts):
             raise _NotClean
-        if numbers:
-            if max(map(len, counts)) > 15:  # floats exact below 2**53: checked as floats
-                raise _NotClean
-            count_numbers = [*map(float, counts)]
-        else:
-            count_numbers = [*map(int, counts)]
-        if not all(layout.count_inner([*map(le, count_numbers, count_numbers[1:])])):
+        ints = [*map(int, count_texts)]
+        if not all(layout.count_inner([*map(le, ints, ints[1:])])):
             raise _NotClean  # counts that go down
+        counts = _compact(ints)
     gauges: list[tuple[float, float, str]] = []
     if layout.gauges:
         tokens = "|".join(layout.pick_gauges(values)).split("|")
@@ -257,12 +262,13 @@ def parse_chunk(layout: Layout, values: list[str], numbers: bool) -> Parse:
         if any(map(isnan, stamps)):
             raise _NotClean
         gauges = [*zip(stamps, gauge_values, texts)]
-    return Parse(counters, counter_numbers, sums, sum_numbers, counts, count_numbers, gauges)
+    return Parse("\n".join(counters), counter_ints, joined, sums, counts, gauges)
 
 
 def _combine(layout: Layout, parses: list[Parse], live: list[Parse], numbers: bool) -> Group:
     """A group's writers' parses (all of them, and those of *live* writers for the gauges)
-    added up, in the order each render path adds them line by line."""
+    added up, in the order each render path adds them line by line: as sample text, or with
+    *numbers* as floats."""
     first = parses[0]
     gauges: list[Any] = [None] * len(layout.gauges)
     if live and layout.gauges:
@@ -274,30 +280,41 @@ def _combine(layout: Layout, parses: list[Parse], live: list[Parse], numbers: bo
             gauges[i] = value if numbers else text
         for (i, _), text in zip(rolled, go_floats([value for _, value in rolled])):
             gauges[i] = text
+    n = len(layout.counters)
     if numbers:
-        counters: Sequence[Any] = [0.0] * len(layout.counters)  # as the decoder: 0.0 + each, in order
+        counters: Sequence[Any] = [0.0] * n  # as the decoder: 0.0 + each writer's, in order
         for p in parses:
-            counters = [*map(add, counters, p.counter_numbers)]  # type: ignore[arg-type]
-        sums, counts = first.sum_numbers, first.count_numbers  # as HistogramValue.plus: a + b + ...
+            if n:
+                counters = [*map(add, counters, map(float, p.counter_texts.split("\n")))]
+        sums, counts = first.sums, [*map(float, first.counts)]  # as HistogramValue.plus: a + b + ...
         for p in parses[1:]:
-            sums = [*map(add, sums, p.sum_numbers)]
-            counts = [*map(add, counts, p.count_numbers)]
+            sums = [*map(add, sums, p.sums)]
+            counts = [*map(add, counts, map(float, p.counts))]
         return Group(layout, counters, sums, counts, gauges)
     if len(parses) == 1:
-        return Group(layout, first.counter_texts, first.sum_texts, first.count_texts, gauges)
-    if all(p.counter_numbers is not None for p in parses):  # integers, as writers store them: exact
-        total: Any = first.counter_numbers
+        tokens = first.histogram_tokens.split(" ")
+        return Group(
+            layout,
+            first.counter_texts.split("\n") if n else (),
+            layout.pick_sums(tokens) if layout.histograms else (),
+            layout.pick_counts(tokens) if layout.histograms else (),
+            gauges,
+        )
+    if not n:
+        counters = ()
+    elif all(p.counter_ints is not None for p in parses):  # integers, as writers store them: exact
+        total: Any = first.counter_ints
         for p in parses[1:]:
-            total = map(add, total, p.counter_numbers)  # type: ignore[arg-type]
+            total = map(add, total, p.counter_ints)  # type: ignore[arg-type]
         counters = [*map(str, total)]
     else:
-        counters = [sum_counter_texts(column) for column in zip(*[p.counter_texts for p in parses])]
+        counters = [sum_counter_texts(column) for column in zip(*[p.counter_texts.split("\n") for p in parses])]
     sum_total: list[float] = [0.0] * len(layout.histograms)  # as the text renderer adds them
-    count_total: Any = first.count_numbers
+    count_total: Any = first.counts
     for p in parses:
-        sum_total = [*map(add, sum_total, p.sum_numbers)]
+        sum_total = [*map(add, sum_total, p.sums)]
     for p in parses[1:]:
-        count_total = map(add, count_total, p.count_numbers)
+        count_total = map(add, count_total, p.counts)
     return Group(layout, counters, go_floats(sum_total), [*map(str, count_total)], gauges)
 
 
@@ -314,7 +331,7 @@ def merge_groups(
     first appearance), or None when the engine must be read line by line: base fields, a layout
     that is not clean, a series in two groups (*disjoint* False), or a value the bulk checks do
     not take. Gauges count only *live* writers of an engine that is *up*. *kept*: the last
-    parse of each chunk of *engine* (by chunk field and mode) with its text, reused while the text is the
+    parse of each chunk of *engine* (by chunk field; both paths share it) with its text, reused while the text is the
     same."""
     if chunks.base or not disjoint:
         return None
@@ -326,12 +343,12 @@ def merge_groups(
                 if not chunk.layout.clean:
                     return None
                 group = by_names[chunk.names] = (chunk.layout, [], [])
-            slot = (engine, chunk.field, chunk.layout, numbers)
+            slot = (engine, chunk.field, chunk.layout)
             found = kept.get(slot)
             if found is not None and found[0] == chunk.text:
                 parse = found[1]
             else:
-                parse = parse_chunk(chunk.layout, chunk.values, numbers)
+                parse = parse_chunk(chunk.layout, chunk.values)
                 kept[slot] = (chunk.text, parse)  # one store of an immutable pair: thread-safe
             group[1].append(parse)
             if up and chunk.writer in live:

@@ -56,7 +56,7 @@ _INF = math.inf
 _NON_FINITE = {_INF: "+Inf", -_INF: "-Inf"}
 _FIELD_CACHE_LIMIT = 1_000_000
 _LAYOUT_CACHE_LIMIT = 10_000  # names fields kept (engines of one model share one)
-_KEPT_LIMIT = 20_000  # chunk parses kept: 1,024 engines x 2 writers x 2 render paths, and room
+_KEPT_LIMIT = 10_000  # chunk parses kept (~7 KB each with its text): 4,096 engines x 2 writers, and room
 _SKIPPED_NAMED = 50  # keys/fields a Skipped names; the counts go on past it
 
 class Skipped(_Tally[str]):
@@ -351,7 +351,7 @@ class SnapshotDecoder:
         # engine's groups -> whether no series is in two of them. Per decoder: per namespace.
         self._layouts: dict[str, Layout] = {}
         self._disjoint: dict[tuple[str, ...], bool] = {}
-        # (engine, chunk field, layout, numbers?) -> (values text, its parse): the last parse of each
+        # (engine, chunk field, layout) -> (values text, its parse): the last parse of each
         # chunk, reused while the chunk is unchanged (an idle writer's)
         self._kept: dict[Any, tuple[str, Parse]] = {}
 
