@@ -69,7 +69,8 @@ def _imports() -> Any:
 def fill(rs: Any, url: str, namespace: str, engines: int, writers: int) -> list[tuple[Any, list[Any]]]:
     """*writers* simulated API servers per engine, 20 steps each, one flush per writer; the
     writers and their simulated servers, to go on (:func:`churn`)."""
-    cfg = rs.StatsConfig(url=url, namespace=namespace)
+    # A flush of 1,024 engines can take schema 1's script over a second on a busy machine.
+    cfg = rs.StatsConfig(url=url, namespace=namespace, socket_timeout_ms=30_000)
     cat = rs.vllm_catalog()
     made = []
     for w in range(writers):
@@ -250,7 +251,9 @@ def main() -> None:
     if sys.argv[1:2] == ["--worker"]:
         worker(sys.argv[2], sys.argv[3])
         return
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--engines", default="64,1024")
     parser.add_argument("--writers", default="1,2", help="API-server writers per engine")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (with paths)")

@@ -24,8 +24,8 @@ faster where the data is clean.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Sequence
 from array import array
+from collections.abc import Callable, Container, Sequence
 from math import isnan
 from operator import add, itemgetter, le, methodcaller
 from typing import Any, NamedTuple
@@ -45,7 +45,7 @@ _Picker = Callable[[Sequence[Any]], tuple[Any, ...]]
 def _picker(positions: Sequence[int]) -> _Picker:
     """A function picking *positions* out of a sequence, as a tuple (itemgetter, in C)."""
     if len(positions) > 1:
-        return itemgetter(*positions)  # type: ignore[return-value]
+        return itemgetter(*positions)
     if positions:
         only = positions[0]
         return lambda seq: (seq[only],)
@@ -115,7 +115,7 @@ class Layout:
         self.fields = names
         self.parsed = parsed
         # each line's series as the snapshot keys it: (metric name, label values)
-        self.keys = tuple(None if p.__class__ is str else (p[0].name, p[1]) for p in parsed)  # type: ignore[union-attr]
+        self.keys: tuple[Any, ...] = tuple(None if isinstance(p, str) else (p[0].name, p[1]) for p in parsed)
         # Clean: every line is a series this catalogue shows, each once. Only such a layout is
         # read in bulk (a skipped line must be counted where the line-by-line path counts it).
         self.clean = len(set(names)) == len(names) and not any(p.__class__ is str for p in parsed)
@@ -219,10 +219,10 @@ def parse_chunk(layout: Layout, values: list[str]) -> Parse:
         if layout.counters:
             counter_ints = _compact([*map(int, counters)])
     else:
-        texts = tuple(number_text(raw) for raw in counters)
-        if None in texts:
+        checked = [number_text(raw) for raw in counters]
+        if None in checked:
             raise _NotClean
-        counters = texts  # type: ignore[assignment]
+        counters = tuple(checked)
     joined = ""
     sums: list[float] = []
     counts: Sequence[int] = ()
@@ -251,17 +251,17 @@ def parse_chunk(layout: Layout, values: list[str]) -> Parse:
         tokens = "|".join(layout.pick_gauges(values)).split("|")
         if len(tokens) != 2 * len(layout.gauges):
             raise _NotClean
-        texts = tokens[1::2]
-        if "".join(texts).strip(NUMBER_CHARS):  # an infinity or garbage: the line-by-line rules
+        value_texts = tokens[1::2]
+        if "".join(value_texts).strip(NUMBER_CHARS):  # an infinity or garbage: the line-by-line rules
             raise _NotClean
         try:
             stamps = [*map(float, tokens[0::2])]
-            gauge_values = [*map(float, texts)]
+            gauge_values = [*map(float, value_texts)]
         except ValueError:
             raise _NotClean from None
         if any(map(isnan, stamps)):
             raise _NotClean
-        gauges = [*zip(stamps, gauge_values, texts)]
+        gauges = [*zip(stamps, gauge_values, value_texts)]
     return Parse("\n".join(counters), counter_ints, joined, sums, counts, gauges)
 
 
@@ -308,7 +308,9 @@ def _combine(layout: Layout, parses: list[Parse], live: list[Parse], numbers: bo
             total = map(add, total, p.counter_ints)  # type: ignore[arg-type]
         counters = [*map(str, total)]
     else:
-        counters = [sum_counter_texts(column) for column in zip(*[p.counter_texts.split("\n") for p in parses])]
+        counters = [
+            sum_counter_texts(column) for column in zip(*[p.counter_texts.split("\n") for p in parses])
+        ]
     sum_total: list[float] = [0.0] * len(layout.histograms)  # as the text renderer adds them
     count_total: Any = first.counts
     for p in parses:
@@ -331,8 +333,8 @@ def merge_groups(
     first appearance), or None when the engine must be read line by line: base fields, a layout
     that is not clean, a series in two groups (*disjoint* False), or a value the bulk checks do
     not take. Gauges count only *live* writers of an engine that is *up*. *kept*: the last
-    parse of each chunk of *engine* (by chunk field; both paths share it) with its text, reused while the text is the
-    same."""
+    parse of each chunk of *engine* (by chunk field; both paths share it) with its text,
+    reused while the text is the same."""
     if chunks.base or not disjoint:
         return None
     by_names: dict[str, tuple[Layout, list[Parse], list[Parse]]] = {}
@@ -355,4 +357,6 @@ def merge_groups(
                 group[2].append(parse)
     except _NotClean:
         return None
-    return [_combine(layout, parses, live_parses, numbers) for layout, parses, live_parses in by_names.values()]
+    return [
+        _combine(layout, parses, live_parses, numbers) for layout, parses, live_parses in by_names.values()
+    ]

@@ -17,8 +17,6 @@ from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from prometheus_client.utils import floatToGoString
-
 from redis_stats._core import fields
 from redis_stats._core.merge import Chunk, EngineChunks, Group, Layout, Parse, Parsed, merge_groups
 from redis_stats._core.values import (
@@ -58,6 +56,7 @@ _FIELD_CACHE_LIMIT = 1_000_000
 _LAYOUT_CACHE_LIMIT = 10_000  # names fields kept (engines of one model share one)
 _KEPT_LIMIT = 10_000  # chunk parses kept (~7 KB each with its text): 4,096 engines x 2 writers, and room
 _SKIPPED_NAMED = 50  # keys/fields a Skipped names; the counts go on past it
+
 
 class Skipped(_Tally[str]):
     """What one read skipped: a count by reason (a ``Counter``), and ``where``, the first

@@ -166,7 +166,9 @@ class TextRenderer:
         for group in groups:
             layout_plan = plan.layouts.get((engine, group.layout))
             if layout_plan is None:
-                layout_plan = plan.layouts[engine, group.layout] = self._plan_layout(plan, engine, group.layout)
+                layout_plan = plan.layouts[engine, group.layout] = self._plan_layout(
+                    plan, engine, group.layout
+                )
                 plan.size += len(group.layout.fields)
             counter_plans, histogram_plans, gauge_plans = layout_plan
             for (family, prefix), text in zip(counter_plans, group.counters):
@@ -253,18 +255,18 @@ class TextRenderer:
                 continue
             hist = field_plan[2]
             if len(entry) == 2:
-                parts = histogram_parts(entry[1], hist.size)  # the decoder's rule
-                if parts is None:
+                found = histogram_parts(entry[1], hist.size)  # the decoder's rule
+                if found is None:
                     skipped.note("bad_value", key, name)
                     continue
             else:
-                parts = _sum_histograms(name, entry, hist.size, skipped, key)
-                if parts is None:
+                found = _sum_histograms(name, entry, hist.size, skipped, key)
+                if found is None:
                     continue
-            counts = parts[1]
-            lines[field_plan[1]].append(hist.template % (*counts, counts[-1], parts[0]))
-        for prefix, (family, mode, found) in gauges.items():
-            value, text = roll_up(mode, found)
+            counts = found[1]
+            lines[field_plan[1]].append(hist.template % (*counts, counts[-1], found[0]))
+        for prefix, (family, mode, readings) in gauges.items():
+            value, text = roll_up(mode, readings)
             lines[family].append(f"{prefix}{floatToGoString(value) if text is None else text}\n")
 
 
