@@ -42,7 +42,9 @@ def _texts(found: dict[Any, float]) -> dict[Any, str]:
 
 
 def _series(snap: Any) -> dict[int, Any]:
-    return {e: (s.counters, s.gauges, s.histograms) for e, s in snap.engines.items()}
+    return {
+        e: [sorted(d.items()) for d in (s.counters, s.gauges, s.histograms)] for e, s in snap.engines.items()
+    }
 
 
 def test_a_names_field_is_parsed_once_and_an_unchanged_chunk_is_not_parsed_again(
@@ -150,13 +152,31 @@ def _chunk_values(draw: Any) -> list[str]:
     return [*counters, *gauges, draw(_histogram_line(clean))]
 
 
+# Base fields (departed writers' totals, folded in by gc): none, all of the chunks' counters and
+# histograms (the usual case), or any few, garbage and gauges included. "H" is the histogram.
+_full_base = st.fixed_dictionaries({**{c: _count.map(str) for c in _COUNTERS}, "H": _histogram_line(True)})
+_base = st.one_of(
+    st.just({}),
+    _full_base,
+    _full_base,
+    st.dictionaries(
+        st.sampled_from([*_COUNTERS, "H", "running", "tokens|x"]),
+        st.one_of(_count.map(str), _token, _histogram_line(False)),
+        max_size=5,
+    ),
+)
+
+
 @pytest.mark.redis_server
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     values=st.integers(1, 3).flatmap(lambda n: st.lists(_chunk_values(), min_size=n, max_size=n)),
     stale=st.integers(0, 3),
+    base=_base,
 )
-def test_the_bulk_read_shows_what_the_line_by_line_read_shows(config, catalog, fake_client, values, stale):
+def test_the_bulk_read_shows_what_the_line_by_line_read_shows(
+    config, catalog, fake_client, values, stale, base
+):
     from redis_stats._core.snapshot import layout_of
 
     histogram = "latency_seconds|" + layout_of(catalog.get("latency_seconds"))
@@ -175,6 +195,8 @@ def test_the_bulk_read_shows_what_the_line_by_line_read_shows(config, catalog, f
         client.zadd(keys.writers, {writer: now_ms - (10**9 if i == stale else 0)})  # one may be stale
         client.hset(keys.counters("0"), fields.chunk_field(writer, 0), "\n".join(lines))
         client.hset(keys.counters("0"), fields.chunk_field(writer, 0) + fields.NAMES_SUFFIX, names)
+    for name, value in base.items():
+        client.hset(keys.counters("0"), histogram if name == "H" else name, value)
 
     def read() -> tuple[str, Any]:
         reader = StatsReader(config, catalog, client=fake_client())
@@ -193,7 +215,7 @@ def test_the_bulk_read_shows_what_the_line_by_line_read_shows(config, catalog, f
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(snapshot.SnapshotDecoder, "merge", spy)
         bulk_text, bulk = read()
-    event(f"writers {len(values)}, read in bulk: {all(merged)}")
+    event(f"writers {len(values)}, base fields: {bool(base)}, read in bulk: {all(merged)}")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(snapshot.SnapshotDecoder, "merge", lambda *args, **kw: None)  # line by line
         lines_text, lines = read()

@@ -108,6 +108,7 @@ class Layout:
         "pick_sums",
         "sizes",
         "spaces",
+        "summed",
     )
 
     def __init__(self, catalog: object, names: tuple[str, ...], parsed: tuple[Parsed | str, ...]) -> None:
@@ -132,6 +133,7 @@ class Layout:
         self.counters = tuple(counters)
         self.histograms = tuple(histograms)
         self.gauges = tuple(gauges)
+        self.summed = tuple(sorted(counters + histograms))  # lines added up over writers
         self.modes = tuple(spec_of[i].mode for i in gauges)
         self.bounds = tuple((*spec_of[i].buckets, _INF) for i in histograms)
         self.sizes = tuple(len(b) for b in self.bounds)
@@ -320,6 +322,17 @@ def _combine(layout: Layout, parses: list[Parse], live: list[Parse], numbers: bo
     return Group(layout, counters, go_floats(sum_total), [*map(str, count_total)], gauges)
 
 
+def _kept_parse(
+    kept: dict[Any, tuple[str, Parse]], slot: Any, layout: Layout, text: str, values: list[str]
+) -> Parse:
+    found = kept.get(slot)
+    if found is not None and found[0] == text:
+        return found[1]
+    parse = parse_chunk(layout, values)
+    kept[slot] = (text, parse)  # one store of an immutable pair: thread-safe
+    return parse
+
+
 def merge_groups(
     engine: str,
     chunks: EngineChunks,
@@ -330,12 +343,13 @@ def merge_groups(
     kept: dict[Any, tuple[str, Parse]],
 ) -> list[Group] | None:
     """The engine's chunks added up group by group (the chunks of one names field, in order of
-    first appearance), or None when the engine must be read line by line: base fields, a layout
-    that is not clean, a series in two groups (*disjoint* False), or a value the bulk checks do
-    not take. Gauges count only *live* writers of an engine that is *up*. *kept*: the last
-    parse of each chunk of *engine* (by chunk field; both paths share it) with its text,
-    reused while the text is the same."""
-    if chunks.base or not disjoint:
+    first appearance), or None when the engine must be read line by line: a layout that is not
+    clean, a series in two groups (*disjoint* False), base fields that are not exactly the
+    counters and histograms of some groups, or a value the bulk checks do not take. Base
+    fields are added first, as the line-by-line read adds them. Gauges count only *live*
+    writers of an engine that is *up*. *kept*: the last parse of each chunk of *engine* (by
+    chunk field; both paths share it) with its text, reused while the text is the same."""
+    if not disjoint:
         return None
     by_names: dict[str, tuple[Layout, list[Parse], list[Parse]]] = {}
     try:
@@ -345,18 +359,49 @@ def merge_groups(
                 if not chunk.layout.clean:
                     return None
                 group = by_names[chunk.names] = (chunk.layout, [], [])
-            slot = (engine, chunk.field, chunk.layout)
-            found = kept.get(slot)
-            if found is not None and found[0] == chunk.text:
-                parse = found[1]
-            else:
-                parse = parse_chunk(chunk.layout, chunk.values)
-                kept[slot] = (chunk.text, parse)  # one store of an immutable pair: thread-safe
+            parse = _kept_parse(
+                kept, (engine, chunk.field, chunk.layout), chunk.layout, chunk.text, chunk.values
+            )
             group[1].append(parse)
             if up and chunk.writer in live:
                 group[2].append(parse)
+        if chunks.base and not _add_base(engine, chunks.base, by_names, kept):
+            return None
     except _NotClean:
         return None
     return [
         _combine(layout, parses, live_parses, numbers) for layout, parses, live_parses in by_names.values()
     ]
+
+
+def _add_base(
+    engine: str,
+    flat: list[tuple[Any, Any, None]],
+    by_names: dict[str, tuple[Layout, list[Parse], list[Parse]]],
+    kept: dict[Any, tuple[str, Parse]],
+) -> bool:
+    """Put the base fields (departed writers' totals, folded in by gc) first in the groups
+    whose series they are, read as one more chunk per group; False when they are not exactly
+    the counters and histograms of whole groups (then the engine is read line by line)."""
+    base: dict[str, str] = {}
+    for name, raw, _ in flat:
+        if name.__class__ is not str or raw.__class__ is not str or name in base:
+            return False
+        base[name] = raw
+    used = 0
+    for layout, parses, _ in by_names.values():
+        fields = layout.fields
+        found = [base.get(fields[i]) for i in layout.summed]
+        if None in found:
+            if any(x is not None for x in found):
+                return False  # a group partly in the base
+            continue
+        used += len(found)
+        values = ["0|0"] * len(fields)  # gauge lines: never read from the base (it has none)
+        for i, raw in zip(layout.summed, found):
+            values[i] = raw  # type: ignore[call-overload]
+        text = "\n".join(values)
+        if text.count("\n") != len(values) - 1:
+            return False  # a base value with a newline: not one line
+        parses.insert(0, _kept_parse(kept, (engine, "", layout), layout, text, values))
+    return used == len(base)  # else a base field no group holds: a series of departed writers only

@@ -519,8 +519,6 @@ class SnapshotDecoder:
         *up*. None when the engine must be read line by line (:meth:`EngineChunks.entries`): it
         has base fields, a series in two groups, or data the bulk checks do not take (garbage,
         infinities). Both paths give the same values."""
-        if chunks.base:
-            return None
         layouts = {c.names: c.layout for c in chunks.chunks}
         disjoint = True
         if len(layouts) > 1:  # several names fields (a writer's second chunk, or other series)

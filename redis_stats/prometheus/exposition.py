@@ -237,7 +237,13 @@ class TextRenderer:
                     continue
                 _, family, prefix, mode = field_plan
                 gauges.setdefault(prefix, (family, mode, []))[2].append(parts)
-        for name, entry in held.items():
+        # Shown in the order the writers' chunks hold the series, then series only the base
+        # fields hold (as the bulk read shows them); base values were added first.
+        order = [name for chunk in chunks.chunks for name in chunk.layout.fields if name in held]
+        if chunks.base:
+            order += [name for name, _, _ in chunks.base if name in held]
+        for name in dict.fromkeys(order):
+            entry = held[name]
             field_plan = entry[0]
             if field_plan[0] == "c":
                 if len(entry) == 2:
