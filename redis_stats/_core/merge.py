@@ -399,7 +399,7 @@ def _add_base(
         used += len(found)
         values = ["0|0"] * len(fields)  # gauge lines: never read from the base (it has none)
         for i, raw in zip(layout.summed, found):
-            values[i] = raw  # type: ignore[call-overload]
+            values[i] = raw  # type: ignore[assignment]
         text = "\n".join(values)
         if text.count("\n") != len(values) - 1:
             return False  # a base value with a newline: not one line
