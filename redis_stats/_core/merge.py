@@ -15,11 +15,14 @@ element (``map(add, a, b)``); the per-series Python work left is building what i
 
 What a names field means for a catalogue is parsed once and kept (:class:`Layout`, keyed by the
 names field's text: it changes only when a writer adds a series, and engines serving one model
-share it). The bulk path takes only clean data: a group whose layout has a field it cannot show,
-a series in two groups, base fields, or a value the bulk checks do not pass sends the whole
-engine down the line-by-line path (the same rules, :mod:`redis_stats._core.values`), which skips
-and counts what is bad. So both paths give the same output for any data; the bulk one is only
-faster where the data is clean.
+share it), and so is each chunk's values (:class:`Parse`, kept with the chunk's text: an idle
+writer's chunk is not parsed again). Base fields (what gc folded in) that are exactly the
+counters and histograms of whole groups are read as one more chunk of their group, added first.
+The bulk path takes only clean data: a group whose layout has a field it cannot show, a series
+in two groups, other base fields, or a value the bulk checks do not pass sends the whole engine
+down the line-by-line path (the same rules, :mod:`redis_stats._core.values`), which skips and
+counts what is bad. So both ways give the same output for any data (``tests/test_read_cost.py``);
+the bulk one is only faster where the data is clean.
 """
 
 from __future__ import annotations
@@ -194,8 +197,8 @@ class Parse(NamedTuple):
 
     counter_texts: str
     """The counters' sample texts, joined by newlines."""
-    counter_ints: Sequence[int] | None
-    """The counters as ints, when all are integers (as writers store them)."""
+    counter_digits: bool
+    """Whether every counter is an integer (as writers store them)."""
     histogram_tokens: str
     """The histogram lines joined by spaces: per series its sum text, then its count texts."""
     sums: list[float]
@@ -212,20 +215,19 @@ def _compact(ints: list[int]) -> Sequence[int]:
         return ints
 
 
-def parse_chunk(layout: Layout, values: list[str]) -> Parse:
-    """One writer's chunk of a clean *layout*, checked and converted in bulk; raises
-    :class:`_NotClean` where the line-by-line rules must decide (garbage, infinities)."""
+def parse_chunk(layout: Layout, values: list[str]) -> tuple[Parse, list[str]]:
+    """One writer's chunk of a clean *layout*, checked and converted in bulk, and the histogram
+    tokens it split (for this read: not kept); raises :class:`_NotClean` where the line-by-line
+    rules must decide (garbage, infinities)."""
     counters = layout.pick_counters(values)
-    counter_ints: Sequence[int] | None = None
-    if _all_digits(counters):
-        if layout.counters:
-            counter_ints = _compact([*map(int, counters)])
-    else:
+    counter_digits = _all_digits(counters) or not counters
+    if not counter_digits:
         checked = [number_text(raw) for raw in counters]
         if None in checked:
             raise _NotClean
         counters = tuple(checked)
     joined = ""
+    tokens: list[str] = []
     sums: list[float] = []
     counts: Sequence[int] = ()
     if layout.histograms:
@@ -250,27 +252,29 @@ def parse_chunk(layout: Layout, values: list[str]) -> Parse:
         counts = _compact(ints)
     gauges: list[tuple[float, float, str]] = []
     if layout.gauges:
-        tokens = "|".join(layout.pick_gauges(values)).split("|")
-        if len(tokens) != 2 * len(layout.gauges):
+        parts = "|".join(layout.pick_gauges(values)).split("|")
+        if len(parts) != 2 * len(layout.gauges):
             raise _NotClean
-        value_texts = tokens[1::2]
+        value_texts = parts[1::2]
         if "".join(value_texts).strip(NUMBER_CHARS):  # an infinity or garbage: the line-by-line rules
             raise _NotClean
         try:
-            stamps = [*map(float, tokens[0::2])]
+            stamps = [*map(float, parts[0::2])]
             gauge_values = [*map(float, value_texts)]
         except ValueError:
             raise _NotClean from None
         if any(map(isnan, stamps)):
             raise _NotClean
         gauges = [*zip(stamps, gauge_values, value_texts)]
-    return Parse("\n".join(counters), counter_ints, joined, sums, counts, gauges)
+    return Parse("\n".join(counters), counter_digits, joined, sums, counts, gauges), tokens
 
 
-def _combine(layout: Layout, parses: list[Parse], live: list[Parse], numbers: bool) -> Group:
+def _combine(
+    layout: Layout, parses: list[Parse], live: list[Parse], numbers: bool, tokens: list[str] | None
+) -> Group:
     """A group's writers' parses (all of them, and those of *live* writers for the gauges)
     added up, in the order each render path adds them line by line: as sample text, or with
-    *numbers* as floats."""
+    *numbers* as floats. *tokens*: the first parse's histogram tokens, if this read split them."""
     first = parses[0]
     gauges: list[Any] = [None] * len(layout.gauges)
     if live and layout.gauges:
@@ -294,7 +298,8 @@ def _combine(layout: Layout, parses: list[Parse], live: list[Parse], numbers: bo
             counts = [*map(add, counts, map(float, p.counts))]
         return Group(layout, counters, sums, counts, gauges)
     if len(parses) == 1:
-        tokens = first.histogram_tokens.split(" ")
+        if tokens is None:  # kept from an earlier read: split again (cheap; not kept, to save memory)
+            tokens = first.histogram_tokens.split(" ")
         return Group(
             layout,
             first.counter_texts.split("\n") if n else (),
@@ -304,10 +309,10 @@ def _combine(layout: Layout, parses: list[Parse], live: list[Parse], numbers: bo
         )
     if not n:
         counters = ()
-    elif all(p.counter_ints is not None for p in parses):  # integers, as writers store them: exact
-        total: Any = first.counter_ints
+    elif all(p.counter_digits for p in parses):  # integers, as writers store them: exact
+        total: Any = map(int, first.counter_texts.split("\n"))
         for p in parses[1:]:
-            total = map(add, total, p.counter_ints)  # type: ignore[arg-type]
+            total = map(add, total, map(int, p.counter_texts.split("\n")))
         counters = [*map(str, total)]
     else:
         counters = [
@@ -323,13 +328,19 @@ def _combine(layout: Layout, parses: list[Parse], live: list[Parse], numbers: bo
 
 
 def _kept_parse(
-    kept: dict[Any, tuple[str, Parse]], slot: Any, layout: Layout, text: str, values: list[str]
+    kept: dict[Any, tuple[str, Parse]],
+    slot: Any,
+    layout: Layout,
+    text: str,
+    values: list[str],
+    fresh: dict[int, list[str]],
 ) -> Parse:
     found = kept.get(slot)
     if found is not None and found[0] == text:
         return found[1]
-    parse = parse_chunk(layout, values)
+    parse, tokens = parse_chunk(layout, values)
     kept[slot] = (text, parse)  # one store of an immutable pair: thread-safe
+    fresh[id(parse)] = tokens
     return parse
 
 
@@ -352,6 +363,7 @@ def merge_groups(
     if not disjoint:
         return None
     by_names: dict[str, tuple[Layout, list[Parse], list[Parse]]] = {}
+    fresh: dict[int, list[str]] = {}  # id of a parse made by this read -> its histogram tokens
     try:
         for chunk in chunks.chunks:
             group = by_names.get(chunk.names)
@@ -359,18 +371,18 @@ def merge_groups(
                 if not chunk.layout.clean:
                     return None
                 group = by_names[chunk.names] = (chunk.layout, [], [])
-            parse = _kept_parse(
-                kept, (engine, chunk.field, chunk.layout), chunk.layout, chunk.text, chunk.values
-            )
+            slot = (engine, chunk.field, chunk.layout)
+            parse = _kept_parse(kept, slot, chunk.layout, chunk.text, chunk.values, fresh)
             group[1].append(parse)
             if up and chunk.writer in live:
                 group[2].append(parse)
-        if chunks.base and not _add_base(engine, chunks.base, by_names, kept):
+        if chunks.base and not _add_base(engine, chunks.base, by_names, kept, fresh):
             return None
     except _NotClean:
         return None
     return [
-        _combine(layout, parses, live_parses, numbers) for layout, parses, live_parses in by_names.values()
+        _combine(layout, parses, live_parses, numbers, fresh.get(id(parses[0])))
+        for layout, parses, live_parses in by_names.values()
     ]
 
 
@@ -379,6 +391,7 @@ def _add_base(
     flat: list[tuple[Any, Any, None]],
     by_names: dict[str, tuple[Layout, list[Parse], list[Parse]]],
     kept: dict[Any, tuple[str, Parse]],
+    fresh: dict[int, list[str]],
 ) -> bool:
     """Put the base fields (departed writers' totals, folded in by gc) first in the groups
     whose series they are, read as one more chunk per group; False when they are not exactly
@@ -403,5 +416,5 @@ def _add_base(
         text = "\n".join(values)
         if text.count("\n") != len(values) - 1:
             return False  # a base value with a newline: not one line
-        parses.insert(0, _kept_parse(kept, (engine, "", layout), layout, text, values))
+        parses.insert(0, _kept_parse(kept, (engine, "", layout), layout, text, values, fresh))
     return used == len(base)  # else a base field no group holds: a series of departed writers only

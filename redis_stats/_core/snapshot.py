@@ -3,9 +3,12 @@
 Decoding is sans-I/O (the sync and asyncio readers share it) and tolerant: a field or value that
 does not parse (written by hand, or by a newer version), or a key of the wrong type, is skipped
 and counted in ``Snapshot.skipped`` (which also names the first few keys and fields); it never
-fails the read. Whether a raw value is valid for a kind is decided here, once, by
-:func:`number_text`, :func:`gauge_parts` and :func:`histogram_parts`: the text renderer
-(:mod:`redis_stats.prometheus.exposition`) calls the same functions, so both render paths skip the same data.
+fails the read. Whether a raw value is valid for a kind is decided once, by
+:func:`number_text`, :func:`gauge_parts` and :func:`histogram_parts`
+(:mod:`redis_stats._core.values`, re-exported here), and an engine's writers are added up by
+:meth:`SnapshotDecoder.merge` (:mod:`redis_stats._core.merge`): the text renderer
+(:mod:`redis_stats.prometheus.exposition`) is fed by the same methods, so both render paths skip
+the same data and show the same sums.
 """
 
 from __future__ import annotations
@@ -330,9 +333,13 @@ class SnapshotDecoder:
     """Turns replies of ``read.lua`` into :class:`Snapshot` objects.
 
     Keeps what does not change between reads: the catalogue stored in Redis (re-read only when
-    its version changes) and the parse of every field seen. Safe to share between threads: the
-    field cache holds only immutable parses, each tagged with the catalogue it was made from, so
-    a thread still decoding with the previous catalogue never reads or leaves a wrong entry.
+    its version changes), the parse of every field seen, the :class:`Layout` of every chunk
+    names field seen, and the last parse of each chunk with its text (an unchanged chunk is not
+    parsed again). Each cache is bounded (it starts afresh when full) and belongs to this
+    decoder, so to one namespace. Safe to share between threads: the caches hold only immutable
+    entries, one dictionary store each, the field and layout ones tagged with the catalogue they
+    were made from, so a thread still decoding with the previous catalogue never reads or leaves
+    a wrong entry.
     *keys* names the keys of what is skipped (default: a namespace called ``?``).
     """
 

@@ -4,16 +4,20 @@ prometheus_client's ``generate_latest`` builds a Python object per sample and fo
 label on every scrape: about 10 us per sample, so 80 ms for 64 engines of the vLLM catalogue.
 Between two scrapes almost nothing but the numbers changes, so this renderer caches, per series
 field, everything else: the decoded series and its rendered line prefix
-(``vllm:prompt_tokens_total{engine="3",model_name="m"} ``). A scrape then costs a dictionary
-lookup, a number check and a string join per series and writer; a series two writers hold is
-added up (schema 2, docs/key-schema.md). The semantics are the decoder's
-(:mod:`redis_stats._core.snapshot`), whose functions decide which fields and values are valid:
+(``vllm:prompt_tokens_total{engine="3",model_name="m"} ``), and per engine and chunk layout
+the plans of the layout's lines. The renderer is fed by the decoder's public interface
+(:meth:`~redis_stats._core.snapshot.SnapshotDecoder.decode_shell`, ``engine_chunks``, ``merge``):
+the writers' values come added up, group by group, as sample text (schema 2, docs/key-schema.md,
+"Reading schema 2"), so a scrape costs a template fill or a string join per series; an engine the
+decoder does not take in bulk (garbage) is rendered line by line here, with the decoder's rules.
+The semantics are the decoder's (:mod:`redis_stats._core.snapshot`), whose functions decide which
+fields and values are valid:
 cumulative buckets with ``+Inf``, gauges of live writers only, rolled up by mode, gauges of stale
 engines hidden, undecodable fields and wrong-typed keys skipped and counted; tests parse both
 outputs with prometheus_client's parser and compare them, on garbage too.
 
-The caches hold only what never changes for a catalogue (prefixes, templates, field parses),
-in one :class:`_Plan` swapped whole when the catalogue changes: concurrent scrapes share it and
+The caches hold only what never changes for a catalogue (prefixes, templates, field and layout
+plans), in one :class:`_Plan` swapped whole when the catalogue changes: concurrent scrapes share it and
 keep every per-scrape line and gauge value in locals.
 """
 
