@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from redis_stats import RedisCollector, StatsReader, StatsWriter
@@ -168,6 +168,9 @@ _base = st.one_of(
 
 
 @pytest.mark.redis_server
+@example(  # gauge lines with two "|" and with none: as many parts as two good ones
+    values=[["0", "0", "0", "0|0.0", "0|0|0", "0|0.0", "0", "0.0 0 0 0 0 0"]], stale=1, base={}
+)
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     values=st.integers(1, 3).flatmap(lambda n: st.lists(_chunk_values(), min_size=n, max_size=n)),

@@ -92,6 +92,7 @@ class Layout:
     by concurrent reads and by every engine whose writers hold the same series)."""
 
     __slots__ = (
+        "bars",
         "bounds",
         "catalog",
         "clean",
@@ -138,6 +139,7 @@ class Layout:
         self.gauges = tuple(gauges)
         self.summed = tuple(sorted(counters + histograms))  # lines added up over writers
         self.modes = tuple(spec_of[i].mode for i in gauges)
+        self.bars = [1] * len(gauges)
         self.bounds = tuple((*spec_of[i].buckets, _INF) for i in histograms)
         self.sizes = tuple(len(b) for b in self.bounds)
         self.spaces = [*self.sizes]  # a line "<sum> <c0> ... <cN>" has a space per count
@@ -183,6 +185,7 @@ class _NotClean(Exception):
 
 
 _spaces = methodcaller("count", " ")
+_bars = methodcaller("count", "|")
 
 
 def _all_digits(texts: tuple[str, ...]) -> bool:
@@ -252,9 +255,10 @@ def parse_chunk(layout: Layout, values: list[str]) -> tuple[Parse, list[str]]:
         counts = _compact(ints)
     gauges: list[tuple[float, float, str]] = []
     if layout.gauges:
-        parts = "|".join(layout.pick_gauges(values)).split("|")
-        if len(parts) != 2 * len(layout.gauges):
+        lines = layout.pick_gauges(values)
+        if [*map(_bars, lines)] != layout.bars:  # each line one "|": "<stamp>|<value>"
             raise _NotClean
+        parts = "|".join(lines).split("|")
         value_texts = parts[1::2]
         if "".join(value_texts).strip(NUMBER_CHARS):  # an infinity or garbage: the line-by-line rules
             raise _NotClean
