@@ -5,42 +5,78 @@ traffic through ``VllmRecorder`` from *writers* API servers, 20 engine steps eac
 per writer), then times what the exporter serves for ``/metrics`` (``RedisCollector.render_text``,
 the fast text path) and the decoded snapshot (``StatsReader.snapshot``, what ``/snapshot`` and
 the prometheus_client path use). Best of several runs: noise on a shared machine only adds.
+``reply KB`` is the size of what one read returns (the strings of the reply).
 
-Imports ``redis_stats`` from the first entry of PYTHONPATH when set, so the same script times two
-versions of the package on one machine (issue 15: read figures before and after a format change):
+Given package paths (checkouts: the directory holding ``redis_stats/``), it times each of them
+in a worker process of its own (``PYTHONPATH=<path>``) against one redis-server, alternating the
+versions round by round, and prints each version's best and the ratio of each to the first
+(issue 15: read figures before and after a format change, in the same run):
 
-    PYTHONPATH=/path/to/old/checkout python bench/scrape_full.py
-    python bench/scrape_full.py
+    python bench/scrape_full.py /path/to/old/checkout /path/to/new/checkout
+    python bench/scrape_full.py                  # this tree (or the first entry of PYTHONPATH)
 
-Usage: python bench/scrape_full.py [--engines 64,1024] [--writers 1,2]
+Usage: python bench/scrape_full.py [--engines 64,1024] [--writers 1,2] [--rounds 5] [PATH ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 if not os.environ.get("PYTHONPATH"):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from redis_stats import RedisCollector, StatsConfig, StatsReader, StatsWriter
-from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
-from redis_stats.keys import SCHEMA_VERSION
-from redis_stats.tools.embedded import EmbeddedRedis
-from redis_stats.tools.simulate import SimulatedApiServer
+
+def _imports() -> Any:
+    """The package's names, in the layout after issue 14 or before it (an older checkout)."""
+    import redis_stats
+    from redis_stats import RedisCollector, StatsConfig, StatsReader, StatsWriter
+    from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
+    from redis_stats.keys import SCHEMA_VERSION
+
+    try:
+        from redis_stats.tools.embedded import EmbeddedRedis
+        from redis_stats.tools.simulate import SimulatedApiServer
+    except ImportError:  # before the relayout (#14): flat modules
+        from redis_stats.embedded import EmbeddedRedis  # type: ignore[no-redef]
+        from redis_stats.simulate import SimulatedApiServer  # type: ignore[no-redef]
+
+    class Names:
+        pass
+
+    names: Any = Names()
+    names.__dict__.update(
+        package=Path(redis_stats.__file__).parent,
+        RedisCollector=RedisCollector,
+        StatsConfig=StatsConfig,
+        StatsReader=StatsReader,
+        StatsWriter=StatsWriter,
+        VllmRecorder=VllmRecorder,
+        vllm_catalog=vllm_catalog,
+        SCHEMA_VERSION=SCHEMA_VERSION,
+        EmbeddedRedis=EmbeddedRedis,
+        SimulatedApiServer=SimulatedApiServer,
+    )
+    return names
 
 
-def fill(url: str, namespace: str, engines: int, writers: int) -> None:
-    """*writers* simulated API servers per engine, 20 steps each, one flush per writer."""
-    cfg = StatsConfig(url=url, namespace=namespace)
-    cat = vllm_catalog()
+def fill(rs: Any, url: str, namespace: str, engines: int, writers: int) -> list[tuple[Any, list[Any]]]:
+    """*writers* simulated API servers per engine, 20 steps each, one flush per writer; the
+    writers and their simulated servers, to go on (:func:`churn`)."""
+    # A flush of 1,024 engines can take schema 1's script over a second on a busy machine.
+    cfg = rs.StatsConfig(url=url, namespace=namespace, socket_timeout_ms=30_000)
+    cat = rs.vllm_catalog()
+    made = []
     for w in range(writers):
-        writer = StatsWriter(cfg, cat, engines=list(range(engines)), start=False, role=f"api{w}")
+        writer = rs.StatsWriter(cfg, cat, engines=list(range(engines)), start=False, role=f"api{w}")
         sims = [
-            SimulatedApiServer(VllmRecorder(writer, "model", [e]), e, seed=w * 100_000 + e)
+            rs.SimulatedApiServer(rs.VllmRecorder(writer, "model", [e]), e, seed=w * 100_000 + e)
             for e in range(engines)
         ]
         now = time.monotonic()
@@ -48,10 +84,32 @@ def fill(url: str, namespace: str, engines: int, writers: int) -> None:
             for sim in sims:
                 sim.step(now + step * 0.05)
         assert writer.flush()
-        writer._closed = True
+        made.append((writer, sims))
+    return made
 
 
-def best_ms(fn, runs: int) -> float:
+def churn(made: list[tuple[Any, list[Any]]]) -> None:
+    """One more engine step of every simulated server, and a flush of every writer: every
+    chunk changes, as between two scrapes of a busy fleet."""
+    now = time.monotonic()
+    for writer, sims in made:
+        for sim in sims:
+            sim.step(now)
+        assert writer.flush()
+
+
+def best_churned_ms(fn: Any, runs: int, made: list[tuple[Any, list[Any]]]) -> float:
+    """:func:`best_ms`, with every chunk changed before each call (not timed)."""
+    times = []
+    for _ in range(runs):
+        churn(made)
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times) * 1e3
+
+
+def best_ms(fn: Any, runs: int) -> float:
     """The fastest of *runs* calls of *fn*, in ms."""
     times = []
     for _ in range(runs):
@@ -61,33 +119,165 @@ def best_ms(fn, runs: int) -> float:
     return min(times) * 1e3
 
 
+def reply_bytes(reply: Any) -> int:
+    """The size of the strings in a read reply."""
+    if isinstance(reply, (list, tuple)):
+        return sum(reply_bytes(x) for x in reply)
+    if isinstance(reply, (str, bytes)):
+        return len(reply)
+    return 0
+
+
+class Bench:
+    """One namespace per (engines, writers), filled once, timed on demand."""
+
+    def __init__(self, rs: Any, url: str) -> None:
+        self.rs = rs
+        self.url = url
+        self.views: dict[tuple[int, int], Any] = {}
+
+    def prepare(self, engines: int, writers: int, tag: str) -> None:
+        rs = self.rs
+        ns = f"scrape-{engines}-{writers}-{tag}"
+        made = fill(rs, self.url, ns, engines, writers)
+        reader = rs.StatsReader(rs.StatsConfig(url=self.url, namespace=ns), rs.vllm_catalog())
+        collector = rs.RedisCollector(reader)
+        text = collector.render_text()  # warm: field caches, engine list
+        reader.snapshot()
+        samples = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+        self.views[engines, writers] = (reader, collector, samples, reply_bytes(reader.read()), made)
+
+    def time(self, engines: int, writers: int, runs: int) -> dict[str, float]:
+        """Best times of both paths: the store unchanged between reads (an idle fleet), and
+        every chunk changed before each read (a busy one: writers flush every second, scrapes
+        come every 15 s or more)."""
+        reader, collector, samples, size, made = self.views[engines, writers]
+        return {
+            "scrape": best_ms(collector.render_text, runs),
+            "snapshot": best_ms(reader.snapshot, runs),
+            "scrape_busy": best_churned_ms(collector.render_text, runs, made),
+            "snapshot_busy": best_churned_ms(reader.snapshot, runs, made),
+            "samples": samples,
+            "kb": size / 1024,
+        }
+
+
+def worker(url: str, tag: str) -> None:
+    """Serve the parent: one JSON request per line on stdin, one JSON answer per line."""
+    rs = _imports()
+    bench = Bench(rs, url)
+    print(json.dumps({"package": str(rs.package), "schema": rs.SCHEMA_VERSION}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        if req["op"] == "prepare":
+            bench.prepare(req["engines"], req["writers"], tag)
+            print(json.dumps({}), flush=True)
+        else:
+            print(json.dumps(bench.time(req["engines"], req["writers"], req["runs"])), flush=True)
+
+
+class Worker:
+    """A worker process importing redis_stats from *path*."""
+
+    def __init__(self, path: str, url: str, tag: str) -> None:
+        env = dict(os.environ, PYTHONPATH=str(Path(path).resolve()))
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--worker", url, tag],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.hello = self._answer()
+
+    def _answer(self) -> Any:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"worker {self.proc.args} failed (see above)")
+        return json.loads(line)
+
+    def ask(self, **req: Any) -> Any:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        return self._answer()
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def compare(paths: list[str], sizes: list[tuple[int, int]], rounds: int, rs: Any) -> None:
+    """Each of *paths* timed round by round, alternating; bests and ratios to the first."""
+    with rs.EmbeddedRedis() as server:
+        workers = [Worker(p, server.url, f"v{i}") for i, p in enumerate(paths)]
+        try:
+            for i, w in enumerate(workers):
+                print(f"v{i}: redis_stats from {w.hello['package']} (schema {w.hello['schema']})")
+            head = f"{'':>8}{'':>8}  {'':<5}{'':>8}{'':>10}"
+            print(head + f"{'--- unchanged store ---':>38}{'--- every chunk changed ---':>38}")
+            head = f"{'engines':>8}{'writers':>8}  {'version':<5}{'samples':>8}{'reply KB':>10}"
+            cols = f"{'scrape ms':>11}{'x v0':>7}{'snapshot ms':>13}{'x v0':>7}"
+            print(head + cols + cols)
+            for engines, writers in sizes:
+                for w in workers:
+                    w.ask(op="prepare", engines=engines, writers=writers)
+                best: list[dict[str, float]] = [{} for _ in workers]
+                runs = 3 if engines >= 256 else 5
+                for r in range(rounds):
+                    # Alternate which version goes first: a slow spell hits both alike.
+                    order = list(enumerate(workers))
+                    for i, w in order if r % 2 == 0 else order[::-1]:
+                        got = w.ask(op="time", engines=engines, writers=writers, runs=runs)
+                        for k, v in got.items():
+                            best[i][k] = min(best[i].get(k, v), v)
+                base = best[0]
+                for i, b in enumerate(best):
+                    print(
+                        f"{engines:>8}{writers:>8}  {'v' + str(i):<5}{b['samples']:>8.0f}{b['kb']:>10.0f}"
+                        f"{b['scrape']:>11.1f}{b['scrape'] / base['scrape']:>7.2f}"
+                        f"{b['snapshot']:>13.1f}{b['snapshot'] / base['snapshot']:>7.2f}"
+                        f"{b['scrape_busy']:>11.1f}{b['scrape_busy'] / base['scrape_busy']:>7.2f}"
+                        f"{b['snapshot_busy']:>13.1f}{b['snapshot_busy'] / base['snapshot_busy']:>7.2f}"
+                    )
+        finally:
+            for w in workers:
+                w.close()
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--worker"]:
+        worker(sys.argv[2], sys.argv[3])
+        return
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--engines", default="64,1024")
     parser.add_argument("--writers", default="1,2", help="API-server writers per engine")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (with paths)")
+    parser.add_argument("paths", nargs="*", help="checkouts to compare (the first is the baseline)")
     opts = parser.parse_args()
-    import redis_stats
-
-    print(f"redis_stats from {Path(redis_stats.__file__).parent} (schema {SCHEMA_VERSION})")
-    print(f"    {'engines':>8}{'writers/engine':>16}{'samples':>10}{'scrape ms':>11}{'snapshot ms':>13}")
-    with EmbeddedRedis() as server:
-        for engines in (int(x) for x in opts.engines.split(",")):
-            for writers in (int(x) for x in opts.writers.split(",")):
-                ns = f"scrape-{engines}-{writers}"
-                fill(server.url, ns, engines, writers)
-                cfg = StatsConfig(url=server.url, namespace=ns)
-                reader = StatsReader(cfg, vllm_catalog())
-                collector = RedisCollector(reader)
-                text = collector.render_text()  # warm: field caches, engine list
-                reader.snapshot()
-                runs = 5 if engines >= 256 else 9
-                scrape = best_ms(collector.render_text, runs)
-                snap = best_ms(reader.snapshot, runs)
-                samples = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
-                print(f"    {engines:>8}{writers:>16}{samples:>10}{scrape:>11.1f}{snap:>13.1f}")
-                reader.close()
+    sizes = [(int(e), int(w)) for e in opts.engines.split(",") for w in opts.writers.split(",")]
+    rs = _imports()
+    if opts.paths:
+        compare(opts.paths, sizes, opts.rounds, rs)
+        return
+    print(f"redis_stats from {rs.package} (schema {rs.SCHEMA_VERSION})")
+    print(
+        f"{'engines':>8}{'writers':>8}{'samples':>10}{'reply KB':>10}{'scrape ms':>11}{'snapshot ms':>13}"
+        f"{'busy scrape':>13}{'busy snapshot':>15}"
+    )
+    with rs.EmbeddedRedis() as server:
+        bench = Bench(rs, server.url)
+        for engines, writers in sizes:
+            bench.prepare(engines, writers, "v0")
+            b = bench.time(engines, writers, 5 if engines >= 256 else 9)
+            print(
+                f"{engines:>8}{writers:>8}{b['samples']:>10.0f}{b['kb']:>10.0f}"
+                f"{b['scrape']:>11.1f}{b['snapshot']:>13.1f}{b['scrape_busy']:>13.1f}{b['snapshot_busy']:>15.1f}"
+            )
 
 
 if __name__ == "__main__":

@@ -3,9 +3,12 @@
 Decoding is sans-I/O (the sync and asyncio readers share it) and tolerant: a field or value that
 does not parse (written by hand, or by a newer version), or a key of the wrong type, is skipped
 and counted in ``Snapshot.skipped`` (which also names the first few keys and fields); it never
-fails the read. Whether a raw value is valid for a kind is decided here, once, by
-:func:`number_text`, :func:`gauge_parts` and :func:`histogram_parts`: the text renderer
-(:mod:`redis_stats.prometheus.exposition`) calls the same functions, so both render paths skip the same data.
+fails the read. Whether a raw value is valid for a kind is decided once, by
+:func:`number_text`, :func:`gauge_parts` and :func:`histogram_parts`
+(:mod:`redis_stats._core.values`, re-exported here), and an engine's writers are added up by
+:meth:`SnapshotDecoder.merge` (:mod:`redis_stats._core.merge`): the text renderer
+(:mod:`redis_stats.prometheus.exposition`) is fed by the same methods, so both render paths skip
+the same data and show the same sums.
 """
 
 from __future__ import annotations
@@ -13,19 +16,25 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter as _Tally
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
-from itertools import pairwise
-from typing import Any
-
-from prometheus_client.utils import floatToGoString
+from typing import Any, NamedTuple
 
 from redis_stats._core import fields
+from redis_stats._core.merge import Chunk, EngineChunks, Group, Layout, Parse, Parsed, merge_groups
+from redis_stats._core.values import (
+    gauge_parts,
+    histogram_numbers,
+    histogram_parts,
+    number_text,
+    roll_up,
+)
 from redis_stats.catalog import COUNTER, HISTOGRAM, Catalog, MetricSpec
 from redis_stats.errors import CatalogError, SchemaMismatch
 from redis_stats.keys import SCHEMA_VERSION, Keys
 
 __all__ = [
+    "EngineHash",
     "EngineSnapshot",
     "HistogramValue",
     "SeriesKey",
@@ -47,101 +56,9 @@ _INF = math.inf
 # refuse): such a value is written as the string Prometheus and OpenMetrics use for it.
 _NON_FINITE = {_INF: "+Inf", -_INF: "-Inf"}
 _FIELD_CACHE_LIMIT = 1_000_000
+_LAYOUT_CACHE_LIMIT = 10_000  # names fields kept (engines of one model share one)
+_KEPT_LIMIT = 10_000  # chunk parses kept (~7 KB each with its text): 4,096 engines x 2 writers, and room
 _SKIPPED_NAMED = 50  # keys/fields a Skipped names; the counts go on past it
-
-# -- what a valid stored value is: one decision for both render paths ---------------------------
-#
-# A number as Prometheus' text format and Redis' own HINCRBYFLOAT write it: what float() takes,
-# but with no spaces, no "_" and no NaN (float() accepts all three; a NaN is no sample); the
-# infinities come out as +Inf / -Inf. Checked with str methods, not a regex: this runs per sample.
-_NUMBER_CHARS = "0123456789.+-eE"
-_INFINITIES = {"inf": "+Inf", "+inf": "+Inf", "-inf": "-Inf", "infinity": "+Inf", "+infinity": "+Inf"}
-_INFINITIES["-infinity"] = "-Inf"
-
-
-def number_text(raw: Any) -> str | None:
-    """*raw* (a stored counter or gauge value) as sample text, or None when it is not a number.
-
-    Numbers come back unchanged (what the flush script writes, so the text renderer prints them
-    as they are); ``inf`` forms as ``+Inf``/``-Inf``; anything else (NaN, spaces, ``1_000``,
-    words) is None: the value is skipped and counted as ``bad_value``.
-    """
-    if raw.__class__ is not str:
-        return None
-    if raw.isdigit() and raw.isascii():
-        return raw
-    if raw.strip(_NUMBER_CHARS):  # letters, spaces, "_", other digits: only an infinity passes
-        return _INFINITIES.get(raw.lower())
-    try:
-        float(raw)
-    except ValueError:  # "", "1.2.3", "--1"
-        return None
-    return raw
-
-
-def gauge_parts(raw: Any) -> tuple[float, float, str] | None:
-    """A stored gauge value ``"<wall ms>|<value>"`` as (stamp, value, value as sample text), or
-    None when either part is not a number (the value by :func:`number_text`'s rule, inlined:
-    this runs for every gauge of every scrape)."""
-    if raw.__class__ is not str:
-        return None
-    stamp_text, sep, value_text = raw.partition("|")
-    try:
-        stamp, value = float(stamp_text), float(value_text)
-    except ValueError:
-        return None
-    if not sep or stamp != stamp or value != value:
-        return None
-    if value_text.strip(_NUMBER_CHARS):  # float() took spaces, "_" or a word: only infinities
-        text = _INFINITIES.get(value_text.lower())
-        return None if text is None else (stamp, value, text)
-    return stamp, value, value_text
-
-
-def histogram_parts(raw: Any, size: int) -> tuple[str, list[str]] | None:
-    """A stored histogram value ``"<sum> <c0> ... <cN>"`` (*size* cumulative counts, ``+Inf``
-    last) as (sum text, count texts), or None when it is malformed: a wrong number of parts, a
-    part that is not a number, a negative count or counts that go down."""
-    found = histogram_numbers(raw, size)
-    return None if found is None else (found[0], found[1])
-
-
-def histogram_numbers(raw: Any, size: int) -> tuple[str, list[str], list[int] | list[float]] | None:
-    """:func:`histogram_parts` and the counts as numbers (ints when they are all integers, as
-    the writers store them), for adding up several writers' parts of a series."""
-    if raw.__class__ is not str:
-        return None
-    parts = raw.split(" ")
-    if len(parts) != size + 1:
-        return None
-    total = parts[0]
-    if total.strip(_NUMBER_CHARS):  # number_text's rule, inlined: this runs per series per scrape
-        total = _INFINITIES.get(total.lower())  # type: ignore[assignment]
-        if total is None:
-            return None
-    else:
-        try:
-            float(total)
-        except ValueError:
-            return None
-    counts = parts[1:]
-    joined = "".join(counts)
-    if joined.isdigit() and joined.isascii() and all(counts):  # integers: what the flush writes
-        ints = [*map(int, counts)]
-        if ints != sorted(ints):
-            return None
-        return total, counts, ints
-    texts = [number_text(c) for c in counts]
-    if None in texts:
-        return None
-    values = [float(t) for t in texts]  # type: ignore[arg-type]
-    if values[0] < 0 or any(b < a for a, b in pairwise(values)):
-        return None
-    return total, [_count_text(v) for v in values], values
-
-
-def _count_text(value: float) -> str:
-    return str(int(value)) if value.is_integer() and abs(value) < 1e15 else floatToGoString(value)
 
 
 class Skipped(_Tally[str]):
@@ -288,9 +205,6 @@ class Snapshot:
     catalog: Catalog
     skipped: _Tally[str] = field(default_factory=Skipped)
     """Fields and keys skipped, by reason; a :class:`Skipped` also names the first few."""
-    engine_hashes: list[tuple[str, EngineSnapshot, list[Any]]] = field(
-        default_factory=list, repr=False, compare=False
-    )
 
     def total(self, name: str, *labels: str) -> float:
         """A counter summed over every engine."""
@@ -404,13 +318,28 @@ _WRITER_NUMBER_FIELDS = frozenset(
 )
 
 
+class EngineHash(NamedTuple):
+    """One engine's hash as a read returned it, with the engine's snapshot to fill (liveness
+    decoded, no series yet): what :meth:`SnapshotDecoder.decode_shell` hands the render paths."""
+
+    engine: str
+    """The engine, as the engine index names it (``"3"``)."""
+    snapshot: EngineSnapshot
+    fields: list[Any]
+    """The hash as a flat list ``[field, value, field, value, ...]`` (empty if unreadable)."""
+
+
 class SnapshotDecoder:
     """Turns replies of ``read.lua`` into :class:`Snapshot` objects.
 
     Keeps what does not change between reads: the catalogue stored in Redis (re-read only when
-    its version changes) and the parse of every field seen. Safe to share between threads: the
-    field cache holds only immutable parses, each tagged with the catalogue it was made from, so
-    a thread still decoding with the previous catalogue never reads or leaves a wrong entry.
+    its version changes), the parse of every field seen, the :class:`Layout` of every chunk
+    names field seen, and the last parse of each chunk with its text (an unchanged chunk is not
+    parsed again). Each cache is bounded (it starts afresh when full) and belongs to this
+    decoder, so to one namespace. Safe to share between threads: the caches hold only immutable
+    entries, one dictionary store each, the field and layout ones tagged with the catalogue they
+    were made from, so a thread still decoding with the previous catalogue never reads or leaves
+    a wrong entry.
     *keys* names the keys of what is skipped (default: a namespace called ``?``).
     """
 
@@ -423,7 +352,14 @@ class SnapshotDecoder:
         self.catalog = self.local
         self.keys = keys if keys is not None else Keys("?")
         # field -> (catalogue it was parsed with, (spec, label values, suffix) or reason)
-        self._fields: dict[str, tuple[Catalog, tuple[MetricSpec, tuple[str, ...], str] | str]] = {}
+        self._fields: dict[str, tuple[Catalog, Parsed | str]] = {}
+        # names field (text) -> its Layout (tagged with its catalogue); the names fields of an
+        # engine's groups -> whether no series is in two of them. Per decoder: per namespace.
+        self._layouts: dict[str, Layout] = {}
+        self._disjoint: dict[tuple[str, ...], bool] = {}
+        # (engine, chunk field, layout) -> (values text, its parse): the last parse of each
+        # chunk, reused while the chunk is unchanged (an idle writer's)
+        self._kept: dict[Any, tuple[str, Parse]] = {}
 
     # Local specs that conflict with the stored ones (names), counted in every read's ``skipped``.
     _conflicting: tuple[str, ...] = ()
@@ -476,6 +412,7 @@ class SnapshotDecoder:
             self._conflicting = tuple(conflicting)
             self.meta_version = version
             self._fields.clear()
+            self._layouts = {}
         if self._conflicting:
             skipped["catalog_conflict"] += len(self._conflicting)
 
@@ -515,7 +452,9 @@ class SnapshotDecoder:
             return "unknown_bucket"  # written with other bucket bounds than the catalogue's
         return spec, tuple(parts[1 : 1 + len(spec.labels)]), parts[-1] if extra else ""
 
-    def _field(self, name: str, catalog: Catalog) -> tuple[MetricSpec, tuple[str, ...], str] | str:
+    def series_field(self, name: str, catalog: Catalog) -> Parsed | str:
+        """A series field (of a base field or of a chunk line): (spec, label values, suffix), or
+        the reason it is skipped. Both render paths ask this."""
         entry = self._fields.get(name)
         if entry is not None and entry[0] is catalog:
             return entry[1]
@@ -525,29 +464,39 @@ class SnapshotDecoder:
         self._fields[name] = (catalog, parsed)  # one store of an immutable pair: thread-safe
         return parsed
 
-    def series_field(self, name: str, catalog: Catalog) -> tuple[MetricSpec, tuple[str, ...], str] | str:
-        """A series field (of a base field or of a chunk line): (spec, label values, suffix), or
-        the reason it is skipped. Both render paths ask this."""
-        return self._field(name, catalog)
+    def layout(self, names: str, catalog: Catalog) -> Layout:
+        """What a chunk's names field (its text) means for *catalog*: the series fields, parsed,
+        and where each kind's lines are. Kept by the text: a names field changes only when its
+        writer adds a series, and the engines serving one model share it."""
+        entry = self._layouts.get(names)
+        if entry is not None and entry.catalog is catalog:
+            return entry
+        if len(self._layouts) > _LAYOUT_CACHE_LIMIT:
+            self._layouts = {}
+        lines = tuple(names.split("\n")) if names else ()
+        layout = Layout(catalog, lines, tuple(self.series_field(line, catalog) for line in lines))
+        self._layouts[names] = layout  # one store of an immutable object: thread-safe
+        return layout
 
-    def engine_entries(self, engine: str, flat: list[Any], skipped: Skipped) -> list[tuple[Any, Any, Any]]:
-        """The series values in one engine's hash, as ``(series field, value, writer)``: its base
-        fields (writer None: departed writers folded in by gc) and every line of every writer's
-        chunk (docs/key-schema.md). Both render paths start here, so they see the same values.
+    def engine_chunks(self, engine: str, flat: list[Any], catalog: Catalog, skipped: Skipped) -> EngineChunks:
+        """One engine's hash (*flat*, as read): its base fields (departed writers folded in by
+        gc) and every writer's chunk (docs/key-schema.md). Both render paths start here, so they
+        see the same values.
 
         A chunk whose names field is missing or does not match its values line for line, or
         whose field is malformed, is skipped and counted (``bad_chunk``): it costs that chunk only.
         """
-        entries: list[tuple[Any, Any, Any]] = []
+        base: list[tuple[Any, Any, None]] = []
         chunks: dict[str, Any] = {}
         it = iter(flat)
         for name, raw in zip(it, it):
             if name.__class__ is str and name.startswith(fields.CHUNK_PREFIX):
                 chunks[name] = raw
             else:
-                entries.append((name, raw, None))
+                base.append((name, raw, None))
+        found: list[Chunk] = []
         if not chunks:
-            return entries
+            return EngineChunks(base, found)
         key = self.keys.counters(engine)
         suffix = fields.NAMES_SUFFIX
         for name, values in chunks.items():
@@ -560,13 +509,39 @@ class SnapshotDecoder:
             if writer is None or names.__class__ is not str or values.__class__ is not str:
                 skipped.note("bad_chunk", key, name)
                 continue
-            name_list = names.split("\n") if names else []
+            layout = self.layout(names, catalog)
             value_list = values.split("\n") if values else []
-            if len(name_list) != len(value_list):
+            if len(layout.fields) != len(value_list):
                 skipped.note("bad_chunk", key, name)
                 continue
-            entries += zip(name_list, value_list, [writer] * len(name_list))
-        return entries
+            found.append(Chunk(writer, name, names, layout, values, value_list))
+        return EngineChunks(base, found)
+
+    def merge(
+        self, engine: str, chunks: EngineChunks, live: Container[str], up: bool, *, numbers: bool
+    ) -> list[Group] | None:
+        """The engine's values added up over its writers, group by group (chunks with the same
+        names field, read column by column: :mod:`redis_stats._core.merge`), as sample text or,
+        with *numbers*, as floats; gauges rolled up over the *live* writers when the engine is
+        *up*. None when the engine must be read line by line (:meth:`EngineChunks.entries`): it
+        has base fields, a series in two groups, or data the bulk checks do not take (garbage,
+        infinities). Both paths give the same values."""
+        layouts = {c.names: c.layout for c in chunks.chunks}
+        disjoint = True
+        if len(layouts) > 1:  # several names fields (a writer's second chunk, or other series)
+            distinct = tuple(layouts)
+            known = self._disjoint.get(distinct)
+            if known is None:
+                if len(self._disjoint) > _LAYOUT_CACHE_LIMIT:
+                    self._disjoint = {}
+                seen: set[str] = set()
+                for layout in layouts.values():
+                    seen.update(layout.fields)
+                known = self._disjoint[distinct] = len(seen) == sum(len(x.fields) for x in layouts.values())
+            disjoint = known
+        if len(self._kept) > _KEPT_LIMIT:
+            self._kept = {}
+        return merge_groups(engine, chunks, disjoint, live, up, numbers, self._kept)
 
     _writers_of: dict[str, str | None] = {}
 
@@ -579,11 +554,12 @@ class SnapshotDecoder:
             self._writers_of[name] = writer  # the parse of a field name never changes: shared
         return writer
 
-    def decode_shell(self, reply: list[Any], skipped: _Tally[str]) -> Snapshot:
-        """The snapshot of a reply without its series: catalogue, writers, engines and their
-        liveness; ``engine_hashes`` holds each engine's raw hash for the caller to decode (this
-        decoder, or the text renderer). A key of the wrong type (or whose read
-        failed) is skipped and counted: it costs that key only."""
+    def decode_shell(self, reply: list[Any], skipped: _Tally[str]) -> tuple[Snapshot, list[EngineHash]]:
+        """The snapshot of a reply without its series (catalogue, writers, engines and their
+        liveness), and each engine's hash as read, for the caller to fill it from (this
+        decoder's :meth:`decode`, or the text renderer: :meth:`engine_chunks`, then
+        :meth:`merge`). A key of the wrong type (or whose read failed) is skipped and counted:
+        it costs that key only."""
         if not isinstance(skipped, Skipped):
             skipped = Skipped(skipped)
         keys = self.keys
@@ -616,6 +592,7 @@ class SnapshotDecoder:
             stats = self._readable(stats, keys.writer_stats(wid), skipped)
             info.stats = self._writer_stats(wid, stats, skipped)
         shell = Snapshot(now_ms / 1000.0, engines, writers, catalog, skipped)
+        hashes_read: list[EngineHash] = []
         for idx, (engine_text, score) in enumerate(engine_pairs):
             try:
                 engine = int(engine_text)
@@ -630,8 +607,8 @@ class SnapshotDecoder:
             snap.conflict = conflicts.get(engine_text, ())
             engines[engine] = snap
             flat = self._readable(hashes[idx], keys.counters(engine_text), skipped)
-            shell.engine_hashes.append((engine_text, snap, flat))
-        return shell
+            hashes_read.append(EngineHash(engine_text, snap, flat))
+        return shell, hashes_read
 
     @staticmethod
     def _readable(part: Any, key: str, skipped: Skipped) -> list[Any]:
@@ -672,10 +649,10 @@ class SnapshotDecoder:
         """Build a snapshot from ``{now, engines, writers, version, meta, conflicts, hash per
         engine, stats per writer}``."""
         skipped = Skipped()
-        shell = self.decode_shell(reply, skipped)
-        for engine_text, snap, flat in shell.engine_hashes:
-            self._decode_engine(snap, engine_text, flat, shell.writers, shell.catalog, skipped)
-        shell.engine_hashes = []
+        shell, hashes = self.decode_shell(reply, skipped)
+        live = {wid for wid, info in shell.writers.items() if info.live}
+        for engine in hashes:
+            self._decode_engine(engine, live, shell.catalog, skipped)
         return shell
 
     def _conflicts(self, flat: list[Any], now_ms: float, skipped: Skipped) -> dict[str, tuple[str, ...]]:
@@ -690,24 +667,45 @@ class SnapshotDecoder:
                 out[engine] = tuple(parts[:-1])
         return out
 
-    def _decode_engine(
+    def _decode_engine(self, read: EngineHash, live: set[str], catalog: Catalog, skipped: Skipped) -> None:
+        """One engine's series: counters and histograms added up over the writers' chunks and
+        the base fields; gauges rolled up over the live writers of an engine that is up."""
+        snap = read.snapshot
+        chunks = self.engine_chunks(read.engine, read.fields, catalog, skipped)
+        groups = self.merge(read.engine, chunks, live, snap.up, numbers=True)
+        if groups is not None:
+            counters, histograms, gauges = snap.counters, snap.histograms, snap.gauges
+            for group in groups:
+                layout = group.layout
+                keys = layout.keys
+                for i, value in zip(layout.counters, group.counters):
+                    counters[keys[i]] = value
+                counts, offsets = group.counts, layout.count_offsets
+                for i, bounds, size, offset, total in zip(
+                    layout.histograms, layout.bounds, layout.sizes, offsets, group.sums
+                ):
+                    histograms[keys[i]] = HistogramValue(bounds, tuple(counts[offset : offset + size]), total)
+                for i, value in zip(layout.gauges, group.gauges):
+                    if value is not None:
+                        gauges[keys[i]] = value
+            return
+        self._decode_lines(snap, read.engine, chunks, live, catalog, skipped)
+
+    def _decode_lines(
         self,
         snap: EngineSnapshot,
         engine: str,
-        flat: list[Any],
-        writers: dict[str, WriterInfo],
+        chunks: EngineChunks,
+        live: set[str],
         catalog: Catalog,
         skipped: Skipped,
     ) -> None:
-        """One engine's series: counters and histograms added up over the writers' chunks and
-        the base fields; gauges rolled up over the live writers of an engine that is up."""
+        """:meth:`_decode_engine` line by line: what is bad is skipped and counted."""
         key = self.keys.counters(engine)
-        newest: dict[SeriesKey, tuple[float, float]] = {}
-        combined: dict[SeriesKey, list[float]] = {}
-        modes: dict[SeriesKey, str] = {}
+        readings: dict[SeriesKey, tuple[str, list[tuple[float, float, str]]]] = {}
         counters, histograms = snap.counters, snap.histograms
-        for name, raw, writer in self.engine_entries(engine, flat, skipped):
-            parsed = self._field(name, catalog)
+        for name, raw, writer in chunks.entries():
+            parsed = self.series_field(name, catalog)
             if isinstance(parsed, str):
                 skipped.note(parsed, key, str(name))
                 continue
@@ -729,25 +727,12 @@ class SnapshotDecoder:
             elif writer is None:
                 skipped.note("bad_field", key, name)  # a gauge has no base field
             elif snap.up:
-                info = writers.get(writer)
-                if info is None or not info.live:
+                if writer not in live:
                     continue  # not current: a stale, closed or removed writer's value
                 value = gauge_parts(raw)
                 if value is None:
                     skipped.note("bad_value", key, name)
                     continue
-                stamp, number, _ = value
-                if spec.mode == "mostrecent":
-                    best = newest.get(series)
-                    if best is None or stamp > best[0]:
-                        newest[series] = (stamp, number)
-                else:
-                    modes[series] = spec.mode
-                    combined.setdefault(series, []).append(number)
-        for series, (_, number) in newest.items():
-            snap.gauges[series] = number
-        for series, values in combined.items():
-            mode = modes[series]
-            snap.gauges[series] = (
-                sum(values) if mode == "sum" else max(values) if mode == "max" else min(values)
-            )
+                readings.setdefault(series, (spec.mode, []))[1].append(value)
+        for series, (mode, found) in readings.items():
+            snap.gauges[series] = roll_up(mode, found)[0]

@@ -4,35 +4,40 @@ prometheus_client's ``generate_latest`` builds a Python object per sample and fo
 label on every scrape: about 10 us per sample, so 80 ms for 64 engines of the vLLM catalogue.
 Between two scrapes almost nothing but the numbers changes, so this renderer caches, per series
 field, everything else: the decoded series and its rendered line prefix
-(``vllm:prompt_tokens_total{engine="3",model_name="m"} ``). A scrape then costs a dictionary
-lookup, a number check and a string join per series and writer; a series two writers hold is
-added up (schema 2, docs/key-schema.md). The semantics are the decoder's
-(:mod:`redis_stats._core.snapshot`), whose functions decide which fields and values are valid:
+(``vllm:prompt_tokens_total{engine="3",model_name="m"} ``), and per engine and chunk layout
+the plans of the layout's lines. The renderer is fed by the decoder's public interface
+(:meth:`~redis_stats._core.snapshot.SnapshotDecoder.decode_shell`, ``engine_chunks``, ``merge``):
+the writers' values come added up, group by group, as sample text (schema 2, docs/key-schema.md,
+"Reading schema 2"), so a scrape costs a template fill or a string join per series; an engine the
+decoder does not take in bulk (garbage) is rendered line by line here, with the decoder's rules.
+The semantics are the decoder's (:mod:`redis_stats._core.snapshot`), whose functions decide which
+fields and values are valid:
 cumulative buckets with ``+Inf``, gauges of live writers only, rolled up by mode, gauges of stale
 engines hidden, undecodable fields and wrong-typed keys skipped and counted; tests parse both
 outputs with prometheus_client's parser and compare them, on garbage too.
 
-The caches hold only what never changes for a catalogue (prefixes, templates, field parses),
-in one :class:`_Plan` swapped whole when the catalogue changes: concurrent scrapes share it and
+The caches hold only what never changes for a catalogue (prefixes, templates, field and layout
+plans), in one :class:`_Plan` swapped whole when the catalogue changes: concurrent scrapes share it and
 keep every per-scrape line and gauge value in locals.
 """
 
 from __future__ import annotations
 
 import math
-from operator import add
 from typing import Any
 
 from prometheus_client.utils import floatToGoString
 
-from redis_stats._core.snapshot import (
-    Skipped,
-    Snapshot,
-    SnapshotDecoder,
+from redis_stats._core.merge import EngineChunks, Layout
+from redis_stats._core.snapshot import EngineHash, Skipped, Snapshot, SnapshotDecoder
+from redis_stats._core.values import (
     gauge_parts,
     histogram_numbers,
     histogram_parts,
     number_text,
+    roll_up,
+    sum_counter_texts,
+    sum_histograms,
 )
 from redis_stats.catalog import COUNTER, ENGINE_LABEL, HISTOGRAM, Catalog, MetricSpec
 
@@ -87,7 +92,7 @@ class _Plan:
     and a reset replaces the whole plan (``TextRenderer._plan``) while older scrapes finish
     with the one they hold."""
 
-    __slots__ = ("catalog", "fields", "headers", "index", "size")
+    __slots__ = ("catalog", "fields", "headers", "index", "layouts", "size")
 
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
@@ -97,6 +102,8 @@ class _Plan:
         # engine -> series field -> ("c", family index, line prefix), ("h", family index,
         # _Histogram), ("g", family index, line prefix, roll-up mode), or the reason to skip it
         self.fields: dict[str, dict[str, Any]] = {}
+        # (engine, chunk layout) -> its lines' plans, for a group read in bulk
+        self.layouts: dict[tuple[str, Layout], Any] = {}
         self.size = 0  # fields planned (approximate under threads: only bounds the memory)
 
 
@@ -138,50 +145,81 @@ class TextRenderer:
         self-metrics that follow the data.
         """
         skipped = Skipped()
-        shell = self.decoder.decode_shell(reply, skipped)
+        shell, hashes = self.decoder.decode_shell(reply, skipped)
         plan = self._plan_for(shell.catalog)
         lines: list[list[str]] = [[] for _ in plan.headers]
-        # series line prefix -> [family index, mode, best stamp, best text] (mostrecent) or
-        # [family index, mode, value, value, ...] (sum, max, min), in order of first sight
-        gauges: dict[str, list[Any]] = {}
         live = {wid for wid, info in shell.writers.items() if info.live}
-        keys = self.decoder.keys
-        for engine_text, snap, flat in shell.engine_hashes:
-            self._engine(plan, engine_text, flat, snap.up, live, lines, gauges, skipped, keys)
-        for prefix, state in gauges.items():
-            mode = state[1]
-            if mode == "mostrecent":
-                text = state[3]
-            else:
-                rollup = sum if mode == "sum" else max if mode == "max" else min
-                text = floatToGoString(rollup(state[2:]))
-            lines[state[0]].append(f"{prefix}{text}\n")
+        for read in hashes:
+            self._engine(plan, read, live, lines, skipped)
         out: list[str] = []
         for header, family_lines in zip(plan.headers, lines):
             out.append(header)
             out += family_lines
-        shell.engine_hashes = []
         return "".join(out), shell
 
     def _engine(
+        self, plan: _Plan, read: EngineHash, live: set[str], lines: list[list[str]], skipped: Skipped
+    ) -> None:
+        decoder = self.decoder
+        engine = read.engine
+        chunks = decoder.engine_chunks(engine, read.fields, plan.catalog, skipped)
+        groups = decoder.merge(engine, chunks, live, read.snapshot.up, numbers=False)
+        if groups is None:
+            self._lines(plan, engine, chunks, read.snapshot.up, live, lines, skipped)
+            return
+        for group in groups:
+            layout_plan = plan.layouts.get((engine, group.layout))
+            if layout_plan is None:
+                layout_plan = plan.layouts[engine, group.layout] = self._plan_layout(
+                    plan, engine, group.layout
+                )
+                plan.size += len(group.layout.fields)
+            counter_plans, histogram_plans, gauge_plans = layout_plan
+            for (family, prefix), text in zip(counter_plans, group.counters):
+                lines[family].append(f"{prefix}{text}\n")
+            counts = group.counts
+            for (family, hist, offset), total in zip(histogram_plans, group.sums):
+                found = counts[offset : offset + hist.size]
+                lines[family].append(hist.template % (*found, found[-1], total))
+            for (family, prefix), text in zip(gauge_plans, group.gauges):
+                if text is not None:
+                    lines[family].append(f"{prefix}{text}\n")
+
+    def _plan_layout(self, plan: _Plan, engine: str, layout: Layout) -> Any:
+        """How to render a group of *layout* in *engine*: (family, line prefix) per counter,
+        (family, _Histogram, offset of its counts) per histogram, (family, prefix) per gauge."""
+        fields = layout.fields
+        planned = [self._plan_field(plan, engine, fields[i]) for i in range(len(fields))]
+        return (
+            tuple((planned[i][1], planned[i][2]) for i in layout.counters),
+            tuple(
+                (planned[i][1], planned[i][2], offset)
+                for i, offset in zip(layout.histograms, layout.count_offsets)
+            ),
+            tuple((planned[i][1], planned[i][2]) for i in layout.gauges),
+        )
+
+    def _lines(
         self,
         plan: _Plan,
         engine: str,
-        flat: list[Any],
+        chunks: EngineChunks,
         up: bool,
         live: set[str],
         lines: list[list[str]],
-        gauges: dict[str, list[Any]],
         skipped: Skipped,
-        keys: Any,
     ) -> None:
+        """One engine line by line (what :meth:`SnapshotDecoder.merge` does not take in bulk):
+        what is bad is skipped and counted."""
         plans = plan.fields.get(engine)
         if plans is None:
             plans = plan.fields.setdefault(engine, {})
-        key = keys.counters(engine)
+        key = self.decoder.keys.counters(engine)
         # series field -> [plan, value, value, ...]: one value per writer (and the base field)
         held: dict[str, list[Any]] = {}
-        for name, raw, writer in self.decoder.engine_entries(engine, flat, skipped):
+        # gauge line prefix -> (family, mode, live writers' readings), in order of first sight
+        gauges: dict[str, tuple[int, str, list[tuple[float, float, str]]]] = {}
+        for name, raw, writer in chunks.entries():
             field_plan = plans.get(name)
             if field_plan is None:
                 field_plan = plans[name] = self._plan_field(plan, engine, name)
@@ -197,8 +235,19 @@ class TextRenderer:
             elif writer is None:
                 skipped.note("bad_field", key, name)  # a gauge has no base field
             elif up and writer in live:  # else not current: a stale, closed or removed writer's
-                self._gauge(field_plan, name, raw, gauges, skipped, key)
-        for name, entry in held.items():
+                parts = gauge_parts(raw)
+                if parts is None:
+                    skipped.note("bad_value", key, name)
+                    continue
+                _, family, prefix, mode = field_plan
+                gauges.setdefault(prefix, (family, mode, []))[2].append(parts)
+        # Shown in the order the writers' chunks hold the series, then series only the base
+        # fields hold (as the bulk read shows them); base values were added first.
+        order = [name for chunk in chunks.chunks for name in chunk.layout.fields if name in held]
+        if chunks.base:
+            order += [name for name, _, _ in chunks.base if name in held]
+        for name in dict.fromkeys(order):
+            entry = held[name]
             field_plan = entry[0]
             if field_plan[0] == "c":
                 if len(entry) == 2:
@@ -216,36 +265,19 @@ class TextRenderer:
                 continue
             hist = field_plan[2]
             if len(entry) == 2:
-                parts = histogram_parts(entry[1], hist.size)  # the decoder's rule
-                if parts is None:
+                found = histogram_parts(entry[1], hist.size)  # the decoder's rule
+                if found is None:
                     skipped.note("bad_value", key, name)
                     continue
             else:
-                parts = _sum_histograms(name, entry, hist.size, skipped, key)
-                if parts is None:
+                found = _sum_histograms(name, entry, hist.size, skipped, key)
+                if found is None:
                     continue
-            counts = parts[1]
-            lines[field_plan[1]].append(hist.template % (*counts, counts[-1], parts[0]))
-
-    @staticmethod
-    def _gauge(
-        field_plan: Any, name: str, raw: Any, gauges: dict[str, list[Any]], skipped: Skipped, key: str
-    ) -> None:
-        _, family, prefix, mode = field_plan
-        parts = gauge_parts(raw)
-        if parts is None:
-            skipped.note("bad_value", key, name)
-            return
-        state = gauges.get(prefix)
-        if mode == "mostrecent":
-            if state is None:
-                gauges[prefix] = [family, mode, parts[0], parts[2]]
-            elif parts[0] > state[2]:
-                state[2], state[3] = parts[0], parts[2]
-        elif state is None:
-            gauges[prefix] = [family, mode, parts[1]]
-        else:
-            state.append(parts[1])
+            counts = found[1]
+            lines[field_plan[1]].append(hist.template % (*counts, counts[-1], found[0]))
+        for prefix, (family, mode, readings) in gauges.items():
+            value, text = roll_up(mode, readings)
+            lines[family].append(f"{prefix}{floatToGoString(value) if text is None else text}\n")
 
 
 def _sum_text(name: str, entry: list[Any], skipped: Skipped, key: str) -> str | None:
@@ -262,14 +294,7 @@ def _sum_text(name: str, entry: list[Any], skipped: Skipped, key: str) -> str | 
             skipped.note("bad_value", key, name)
         else:
             texts.append(text)
-    if not texts:
-        return None
-    if all(t.isdigit() for t in texts):
-        return str(sum(map(int, texts)))
-    total = 0.0
-    for t in texts:
-        total += float(t)
-    return str(floatToGoString(total))  # untyped in prometheus_client
+    return sum_counter_texts(texts) if texts else None
 
 
 def _sum_histograms(
@@ -287,17 +312,7 @@ def _sum_histograms(
             found.append(parsed)
     if len(found) < 2:
         return (found[0][0], found[0][1]) if found else None
-    total = 0.0
-    for parsed in found:
-        total += float(parsed[0])
-    sums = found[0][2]
-    for parsed in found[1:]:
-        sums = [*map(add, sums, parsed[2])]
-    if all(type(parsed[2][0]) is int for parsed in found):  # integers, as writers store them
-        return floatToGoString(total), [*map(str, sums)]
-    return floatToGoString(total), [
-        str(int(x)) if x.is_integer() and abs(x) < 1e15 else floatToGoString(x) for x in map(float, sums)
-    ]
+    return sum_histograms(found)
 
 
 def format_families(families: Any) -> str:

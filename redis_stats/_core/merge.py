@@ -1,0 +1,424 @@
+"""One engine's hash, read: its writers' chunks grouped, and added up in bulk (schema 2).
+
+Both render paths (the snapshot decoder and the text renderer) are fed from here, through
+:meth:`~redis_stats._core.snapshot.SnapshotDecoder.engine_chunks` and
+:meth:`~redis_stats._core.snapshot.SnapshotDecoder.merge`.
+
+A reader adds every writer's values of a series up (docs/key-schema.md). Done series by series
+(parse each writer's line, add, format) that cost reads with two API servers per engine ~1.8x
+what schema 1 cost. But the writers of one engine nearly always hold the same series in the same
+order (two API servers of one engine record the same series set), so their chunks have the same
+names field, byte for byte. Such chunks form a **group**, read column by column: per writer, the
+group's counter lines and histogram lines are picked out together (``operator.itemgetter``),
+joined and split once, checked and converted with one pass of C each, and added up element by
+element (``map(add, a, b)``); the per-series Python work left is building what is printed.
+
+What a names field means for a catalogue is parsed once and kept (:class:`Layout`, keyed by the
+names field's text: it changes only when a writer adds a series, and engines serving one model
+share it), and so is each chunk's values (:class:`Parse`, kept with the chunk's text: an idle
+writer's chunk is not parsed again). Base fields (what gc folded in) that are exactly the
+counters and histograms of whole groups are read as one more chunk of their group, added first.
+The bulk path takes only clean data: a group whose layout has a field it cannot show, a series
+in two groups, other base fields, or a value the bulk checks do not pass sends the whole engine
+down the line-by-line path (the same rules, :mod:`redis_stats._core.values`), which skips and
+counts what is bad. So both ways give the same output for any data (``tests/test_read_cost.py``);
+the bulk one is only faster where the data is clean.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable, Container, Sequence
+from math import isnan
+from operator import add, itemgetter, le, methodcaller
+from typing import Any, NamedTuple
+
+from redis_stats._core.values import NUMBER_CHARS, go_floats, number_text, roll_up, sum_counter_texts
+from redis_stats.catalog import COUNTER, HISTOGRAM, MetricSpec
+
+__all__ = ["Chunk", "EngineChunks", "Group", "Layout", "Parse", "Parsed", "merge_groups", "parse_chunk"]
+
+Parsed = tuple[MetricSpec, tuple[str, ...], str]
+"""A series field's parse: (spec, label values, suffix: a histogram's bucket layout)."""
+
+_INF = float("inf")
+_Picker = Callable[[Sequence[Any]], tuple[Any, ...]]
+
+
+def _picker(positions: Sequence[int]) -> _Picker:
+    """A function picking *positions* out of a sequence, as a tuple (itemgetter, in C)."""
+    if len(positions) > 1:
+        return itemgetter(*positions)
+    if positions:
+        only = positions[0]
+        return lambda seq: (seq[only],)
+    return lambda seq: ()
+
+
+class Chunk(NamedTuple):
+    """One writer's chunk of an engine, as read: its names field (the text), what that means
+    (its :class:`Layout`: the series fields, parsed), and the values, one per series (a chunk
+    whose lines do not match its names is skipped before it becomes one)."""
+
+    writer: str
+    field: str
+    """The chunk's values field (``@|<writer>|<k>``)."""
+    names: str
+    layout: Layout
+    text: str
+    """The values field's text."""
+    values: list[str]
+
+
+class EngineChunks(NamedTuple):
+    """One engine's hash, sorted: base fields ``(series field, value, None)`` (departed writers,
+    folded in by gc) and the writers' well-formed chunks, in the order Redis returned them."""
+
+    base: list[tuple[Any, Any, None]]
+    chunks: list[Chunk]
+
+    def entries(self) -> list[tuple[Any, Any, Any]]:
+        """Every value of the engine as ``(series field, value, writer)``: base fields (writer
+        None), then every line of every chunk. The line-by-line path reads these."""
+        out: list[tuple[Any, Any, Any]] = list(self.base)
+        for chunk in self.chunks:
+            out += zip(chunk.layout.fields, chunk.values, [chunk.writer] * len(chunk.values))
+        return out
+
+
+class Layout:
+    """What one names field means for one catalogue: each line's parse, and where the counters,
+    histograms and gauges are, for reading a group's values column by column. Immutable (shared
+    by concurrent reads and by every engine whose writers hold the same series)."""
+
+    __slots__ = (
+        "bars",
+        "bounds",
+        "catalog",
+        "clean",
+        "count_inner",
+        "count_offsets",
+        "counters",
+        "fields",
+        "gauges",
+        "histograms",
+        "keys",
+        "modes",
+        "parsed",
+        "pick_counters",
+        "pick_counts",
+        "pick_gauges",
+        "pick_histograms",
+        "pick_sums",
+        "sizes",
+        "spaces",
+        "summed",
+    )
+
+    def __init__(self, catalog: object, names: tuple[str, ...], parsed: tuple[Parsed | str, ...]) -> None:
+        self.catalog = catalog
+        self.fields = names
+        self.parsed = parsed
+        # each line's series as the snapshot keys it: (metric name, label values)
+        self.keys: tuple[Any, ...] = tuple(None if isinstance(p, str) else (p[0].name, p[1]) for p in parsed)
+        # Clean: every line is a series this catalogue shows, each once. Only such a layout is
+        # read in bulk (a skipped line must be counted where the line-by-line path counts it).
+        self.clean = len(set(names)) == len(names) and not any(p.__class__ is str for p in parsed)
+        counters: list[int] = []
+        histograms: list[int] = []
+        gauges: list[int] = []
+        for i, p in enumerate(parsed):
+            if p.__class__ is str:
+                continue
+            kind = p[0].kind  # type: ignore[union-attr]
+            (counters if kind == COUNTER else histograms if kind == HISTOGRAM else gauges).append(i)
+        specs: list[MetricSpec] = [p[0] for p in parsed if p.__class__ is not str]  # type: ignore[misc]
+        spec_of = dict(zip([i for i, p in enumerate(parsed) if p.__class__ is not str], specs))
+        self.counters = tuple(counters)
+        self.histograms = tuple(histograms)
+        self.gauges = tuple(gauges)
+        self.summed = tuple(sorted(counters + histograms))  # lines added up over writers
+        self.modes = tuple(spec_of[i].mode for i in gauges)
+        self.bars = [1] * len(gauges)
+        self.bounds = tuple((*spec_of[i].buckets, _INF) for i in histograms)
+        self.sizes = tuple(len(b) for b in self.bounds)
+        self.spaces = [*self.sizes]  # a line "<sum> <c0> ... <cN>" has a space per count
+        # A group's histogram lines, joined by " " and split, are tokens: per series its sum,
+        # then its counts. Where the sums and counts are, and which neighbouring counts belong
+        # to one series (they must not go down).
+        sums: list[int] = []
+        counts: list[int] = []
+        offsets: list[int] = []
+        inner: list[int] = []
+        pos = 0
+        for size in self.sizes:
+            sums.append(pos)
+            offsets.append(len(counts))
+            inner += range(len(counts), len(counts) + size - 1)
+            counts += range(pos + 1, pos + 1 + size)
+            pos += size + 1
+        self.count_offsets = tuple(offsets)
+        self.count_inner = _picker(inner)
+        self.pick_sums = _picker(sums)
+        self.pick_counts = _picker(counts)
+        self.pick_counters = _picker(counters)
+        self.pick_histograms = _picker(histograms)
+        self.pick_gauges = _picker(gauges)
+
+
+class Group(NamedTuple):
+    """The values of chunks sharing one layout, added up: ``counters`` (one per counter line of
+    the layout), histograms as ``sums`` and ``counts`` (all series' counts one after the other,
+    series *j* from ``layout.count_offsets[j]``), and ``gauges`` (one per gauge line, rolled up
+    over the live writers; None when none is live). Text (as sample text) or numbers (floats,
+    as the snapshot holds them), as asked."""
+
+    layout: Layout
+    counters: Sequence[Any]
+    sums: Sequence[Any]
+    counts: Sequence[Any]
+    gauges: Sequence[Any]
+
+
+class _NotClean(Exception):
+    """A value the bulk path does not take: the engine is read line by line instead."""
+
+
+_spaces = methodcaller("count", " ")
+_bars = methodcaller("count", "|")
+
+
+def _all_digits(texts: tuple[str, ...]) -> bool:
+    joined = "".join(texts)
+    return joined.isdigit() and joined.isascii() and all(texts)
+
+
+class Parse(NamedTuple):
+    """One writer's chunk values, checked and converted, for both render paths (immutable: kept
+    by the chunk's text, so an unchanged chunk, an idle writer's, is not parsed again). Kept
+    compact (a reader keeps one per chunk): texts joined in one string, counts in an array."""
+
+    counter_texts: str
+    """The counters' sample texts, joined by newlines."""
+    counter_digits: bool
+    """Whether every counter is an integer (as writers store them)."""
+    histogram_tokens: str
+    """The histogram lines joined by spaces: per series its sum text, then its count texts."""
+    sums: list[float]
+    counts: Sequence[int]
+    """Every histogram series' cumulative counts, one series after the other."""
+    gauges: list[tuple[float, float, str]]
+    """Each gauge line as ``(stamp, value, value text)``."""
+
+
+def _compact(ints: list[int]) -> Sequence[int]:
+    try:
+        return array("q", ints)  # 8 bytes a count, not an int object each
+    except OverflowError:  # a count beyond 2**63: kept as it is
+        return ints
+
+
+def parse_chunk(layout: Layout, values: list[str]) -> tuple[Parse, list[str]]:
+    """One writer's chunk of a clean *layout*, checked and converted in bulk, and the histogram
+    tokens it split (for this read: not kept); raises :class:`_NotClean` where the line-by-line
+    rules must decide (garbage, infinities)."""
+    counters = layout.pick_counters(values)
+    counter_digits = _all_digits(counters) or not counters
+    if not counter_digits:
+        checked = [number_text(raw) for raw in counters]
+        if None in checked:
+            raise _NotClean
+        counters = tuple(checked)
+    joined = ""
+    tokens: list[str] = []
+    sums: list[float] = []
+    counts: Sequence[int] = ()
+    if layout.histograms:
+        lines = layout.pick_histograms(values)
+        if [*map(_spaces, lines)] != layout.spaces:  # each line its own number of parts
+            raise _NotClean
+        joined = " ".join(lines)
+        tokens = joined.split(" ")
+        sum_texts = layout.pick_sums(tokens)
+        if "".join(sum_texts).strip(NUMBER_CHARS):  # an infinity or garbage: the line-by-line rules
+            raise _NotClean
+        try:
+            sums = [*map(float, sum_texts)]  # "1.2.3", "", "1e": not numbers
+        except ValueError:
+            raise _NotClean from None
+        count_texts = layout.pick_counts(tokens)
+        if not _all_digits(count_texts):
+            raise _NotClean
+        ints = [*map(int, count_texts)]
+        if not all(layout.count_inner([*map(le, ints, ints[1:])])):
+            raise _NotClean  # counts that go down
+        counts = _compact(ints)
+    gauges: list[tuple[float, float, str]] = []
+    if layout.gauges:
+        lines = layout.pick_gauges(values)
+        if [*map(_bars, lines)] != layout.bars:  # each line one "|": "<stamp>|<value>"
+            raise _NotClean
+        parts = "|".join(lines).split("|")
+        value_texts = parts[1::2]
+        if "".join(value_texts).strip(NUMBER_CHARS):  # an infinity or garbage: the line-by-line rules
+            raise _NotClean
+        try:
+            stamps = [*map(float, parts[0::2])]
+            gauge_values = [*map(float, value_texts)]
+        except ValueError:
+            raise _NotClean from None
+        if any(map(isnan, stamps)):
+            raise _NotClean
+        gauges = [*zip(stamps, gauge_values, value_texts)]
+    return Parse("\n".join(counters), counter_digits, joined, sums, counts, gauges), tokens
+
+
+def _combine(
+    layout: Layout, parses: list[Parse], live: list[Parse], numbers: bool, tokens: list[str] | None
+) -> Group:
+    """A group's writers' parses (all of them, and those of *live* writers for the gauges)
+    added up, in the order each render path adds them line by line: as sample text, or with
+    *numbers* as floats. *tokens*: the first parse's histogram tokens, if this read split them."""
+    first = parses[0]
+    gauges: list[Any] = [None] * len(layout.gauges)
+    if live and layout.gauges:
+        rolled: list[tuple[int, float]] = []  # (line, value) of roll-ups still to format
+        for i, (mode, readings) in enumerate(zip(layout.modes, zip(*[p.gauges for p in live]))):
+            value, text = roll_up(mode, readings)
+            if not numbers and text is None:
+                rolled.append((i, value))
+            gauges[i] = value if numbers else text
+        for (i, _), text in zip(rolled, go_floats([value for _, value in rolled])):
+            gauges[i] = text
+    n = len(layout.counters)
+    if numbers:
+        counters: Sequence[Any] = [0.0] * n  # as the decoder: 0.0 + each writer's, in order
+        for p in parses:
+            if n:
+                counters = [*map(add, counters, map(float, p.counter_texts.split("\n")))]
+        sums, counts = first.sums, [*map(float, first.counts)]  # as HistogramValue.plus: a + b + ...
+        for p in parses[1:]:
+            sums = [*map(add, sums, p.sums)]
+            counts = [*map(add, counts, map(float, p.counts))]
+        return Group(layout, counters, sums, counts, gauges)
+    if len(parses) == 1:
+        if tokens is None:  # kept from an earlier read: split again (cheap; not kept, to save memory)
+            tokens = first.histogram_tokens.split(" ")
+        return Group(
+            layout,
+            first.counter_texts.split("\n") if n else (),
+            layout.pick_sums(tokens) if layout.histograms else (),
+            layout.pick_counts(tokens) if layout.histograms else (),
+            gauges,
+        )
+    if not n:
+        counters = ()
+    elif all(p.counter_digits for p in parses):  # integers, as writers store them: exact
+        total: Any = map(int, first.counter_texts.split("\n"))
+        for p in parses[1:]:
+            total = map(add, total, map(int, p.counter_texts.split("\n")))
+        counters = [*map(str, total)]
+    else:
+        counters = [
+            sum_counter_texts(column) for column in zip(*[p.counter_texts.split("\n") for p in parses])
+        ]
+    sum_total: list[float] = [0.0] * len(layout.histograms)  # as the text renderer adds them
+    count_total: Any = first.counts
+    for p in parses:
+        sum_total = [*map(add, sum_total, p.sums)]
+    for p in parses[1:]:
+        count_total = map(add, count_total, p.counts)
+    return Group(layout, counters, go_floats(sum_total), [*map(str, count_total)], gauges)
+
+
+def _kept_parse(
+    kept: dict[Any, tuple[str, Parse]],
+    slot: Any,
+    layout: Layout,
+    text: str,
+    values: list[str],
+    fresh: dict[int, list[str]],
+) -> Parse:
+    found = kept.get(slot)
+    if found is not None and found[0] == text:
+        return found[1]
+    parse, tokens = parse_chunk(layout, values)
+    kept[slot] = (text, parse)  # one store of an immutable pair: thread-safe
+    fresh[id(parse)] = tokens
+    return parse
+
+
+def merge_groups(
+    engine: str,
+    chunks: EngineChunks,
+    disjoint: bool,
+    live: Container[str],
+    up: bool,
+    numbers: bool,
+    kept: dict[Any, tuple[str, Parse]],
+) -> list[Group] | None:
+    """The engine's chunks added up group by group (the chunks of one names field, in order of
+    first appearance), or None when the engine must be read line by line: a layout that is not
+    clean, a series in two groups (*disjoint* False), base fields that are not exactly the
+    counters and histograms of some groups, or a value the bulk checks do not take. Base
+    fields are added first, as the line-by-line read adds them. Gauges count only *live*
+    writers of an engine that is *up*. *kept*: the last parse of each chunk of *engine* (by
+    chunk field; both paths share it) with its text, reused while the text is the same."""
+    if not disjoint:
+        return None
+    by_names: dict[str, tuple[Layout, list[Parse], list[Parse]]] = {}
+    fresh: dict[int, list[str]] = {}  # id of a parse made by this read -> its histogram tokens
+    try:
+        for chunk in chunks.chunks:
+            group = by_names.get(chunk.names)
+            if group is None:
+                if not chunk.layout.clean:
+                    return None
+                group = by_names[chunk.names] = (chunk.layout, [], [])
+            slot = (engine, chunk.field, chunk.layout)
+            parse = _kept_parse(kept, slot, chunk.layout, chunk.text, chunk.values, fresh)
+            group[1].append(parse)
+            if up and chunk.writer in live:
+                group[2].append(parse)
+        if chunks.base and not _add_base(engine, chunks.base, by_names, kept, fresh):
+            return None
+    except _NotClean:
+        return None
+    return [
+        _combine(layout, parses, live_parses, numbers, fresh.get(id(parses[0])))
+        for layout, parses, live_parses in by_names.values()
+    ]
+
+
+def _add_base(
+    engine: str,
+    flat: list[tuple[Any, Any, None]],
+    by_names: dict[str, tuple[Layout, list[Parse], list[Parse]]],
+    kept: dict[Any, tuple[str, Parse]],
+    fresh: dict[int, list[str]],
+) -> bool:
+    """Put the base fields (departed writers' totals, folded in by gc) first in the groups
+    whose series they are, read as one more chunk per group; False when they are not exactly
+    the counters and histograms of whole groups (then the engine is read line by line)."""
+    base: dict[str, str] = {}
+    for name, raw, _ in flat:
+        if name.__class__ is not str or raw.__class__ is not str or name in base:
+            return False
+        base[name] = raw
+    used = 0
+    for layout, parses, _ in by_names.values():
+        fields = layout.fields
+        found = [base.get(fields[i]) for i in layout.summed]
+        if None in found:
+            if any(x is not None for x in found):
+                return False  # a group partly in the base
+            continue
+        used += len(found)
+        values = ["0|0"] * len(fields)  # gauge lines: never read from the base (it has none)
+        for i, raw in zip(layout.summed, found):
+            values[i] = raw  # type: ignore[assignment]
+        text = "\n".join(values)
+        if text.count("\n") != len(values) - 1:
+            return False  # a base value with a newline: not one line
+        parses.insert(0, _kept_parse(kept, (engine, "", layout), layout, text, values, fresh))
+    return used == len(base)  # else a base field no group holds: a series of departed writers only
