@@ -359,6 +359,13 @@ class ReaderCore:
         """The catalogue version the decoder holds."""
         return self._decoder.meta_version
 
+    @property
+    def decoder(self) -> SnapshotDecoder:
+        """The decoder of this reader's replies, which holds the catalogue read so far: a
+        renderer of the same replies (the exporter's text path) shares it, so both see one
+        catalogue and one cache of parsed chunks."""
+        return self._decoder
+
 
 class StatsReader(ReaderCore):
     """Reads every engine of one namespace (or the given *engines*) atomically, in one round trip.

@@ -49,7 +49,7 @@ class RedisCollector:
         self.engines = None if engines is None else tuple(engines)
         self._errors: _Tally[str] = _Tally()
         self._errors_lock = threading.Lock()  # scrapes run on several threads at once
-        self._renderer = TextRenderer(reader._decoder)
+        self._renderer = TextRenderer(reader.decoder)
 
     def describe(self) -> list[Metric]:
         """Nothing: registering must not read Redis (names are only known from a snapshot)."""
