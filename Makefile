@@ -38,7 +38,7 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	touch $@
 
 test-vllm: $(VLLM_VENV)/.installed
-	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm_conformance.py tests/vllm
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/integrations/vllm/test_vllm_conformance.py tests/vllm
 
 # vLLM's next release has no CPU build: its wheel (about 340 MB, no dependencies) is unpacked into
 # .vllm-next/ (Python files only) and its vllm:* families compared with the installed vLLM's.
@@ -64,7 +64,7 @@ bench-vllm: $(VLLM_VENV)/.installed
 test-browser: $(STAMP)
 	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 		(apt-get update && apt-get install -y chromium chromium-driver)
-	$(BIN)/python -m pytest -q tests/test_web_page.py
+	$(BIN)/python -m pytest -q tests/prometheus/test_web_page.py
 
 # ruff; mypy (strict on redis_stats/, see [tool.mypy]); the import contracts of [tool.importlinter].
 lint: $(STAMP)

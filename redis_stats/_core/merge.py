@@ -21,7 +21,7 @@ counters and histograms of whole groups are read as one more chunk of their grou
 The bulk path takes only clean data: a group whose layout has a field it cannot show, a series
 in two groups, other base fields, or a value the bulk checks do not pass sends the whole engine
 down the line-by-line path (the same rules, :mod:`redis_stats._core.values`), which skips and
-counts what is bad. So both ways give the same output for any data (``tests/test_read_cost.py``);
+counts what is bad. So both ways give the same output for any data (``tests/reader/test_read_cost.py``);
 the bulk one is only faster where the data is clean.
 """
 

@@ -1,6 +1,6 @@
 """The ``vllm:*`` metric catalogue: the names, help texts, labels, kinds and buckets of vLLM's
 ``PrometheusStatLogger`` (vllm/v1/metrics/loggers.py), so dashboards work unchanged. Checked
-against vLLM 0.32 by tests/test_vllm_conformance.py.
+against vLLM 0.32 by tests/integrations/vllm/test_vllm_conformance.py.
 
 Every series also carries ``engine`` (added by redis_stats) and ``model_name``. The families vLLM
 builds through classes it is handed (spec decoding, MFU estimates, KV/EC connectors) are not

@@ -1,0 +1,327 @@
+"""/snapshot for routers and autoscalers: rates and quantiles over a recent window, fleet totals,
+a JSON Schema that real documents satisfy, ``redis-stats inspect --json``; and the exporter's own
+process and scrape metrics."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+import urllib.request
+from importlib.resources import files
+from pathlib import Path
+
+import jsonschema
+import pytest
+from click.testing import CliRunner
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+from prometheus_client.parser import text_string_to_metric_families as parse_text
+
+from redis_stats import HistogramValue, StatsConfig, StatsReader, StatsWriter
+from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
+from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
+from redis_stats.prometheus.exporter import Exporter
+from redis_stats.prometheus.recent import SnapshotRing
+from redis_stats.tools.cli import main
+from tests.conftest import ROOT, sample_catalog
+
+SCHEMA = json.loads((files("redis_stats") / "schemas" / "snapshot.schema.json").read_text())
+OPENMETRICS = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+
+
+def validate(doc: dict) -> None:
+    jsonschema.Draft202012Validator(SCHEMA).validate(doc)
+
+
+def get(server: Exporter, path: str, accept: str | None = None) -> bytes:
+    req = urllib.request.Request(server.url + path, headers={"Accept": accept} if accept else {})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return resp.read()
+
+
+def snapshot(server: Exporter) -> dict:
+    return json.loads(get(server, "/snapshot"))
+
+
+@pytest.fixture
+def fleet(redis_server, namespace):
+    """A writer of engines 0 and 1 and an exporter over them with a 2 s window."""
+    config = StatsConfig(url=redis_server.url, namespace=namespace)
+    cat = sample_catalog()
+    writer = StatsWriter(config, cat, engines=[0, 1], start=False)
+    server = Exporter(StatsReader(config, cat), port=0, window=2.0).start()
+    yield writer, server
+    server.close()
+    writer.close()
+
+
+def test_window_rates_and_quantiles_are_those_of_the_window_only(fleet):
+    writer, server = fleet
+    tokens0 = writer.counter("tokens").labels(engine=0)
+    tokens1 = writer.counter("tokens").labels(engine=1)
+    latency = writer.histogram("latency_seconds").labels(engine=1)
+    tokens0.inc(1000)  # before the window: must not count
+    for _ in range(50):
+        latency.observe(4.0)
+    writer.gauge("running").labels(engine=0).set(3)
+    writer.gauge("running").labels(engine=1).set(5)
+    assert writer.flush()
+    first = snapshot(server)
+    validate(first)
+    assert first["window"]["seconds"] is None  # nothing earlier yet: no rates rather than wrong ones
+    assert first["fleet"]["rates"]["tokens"] is None
+    assert first["fleet"]["gauges"]["running"] == {"engines": 2, "sum": 8.0, "mean": 4.0, "max": 5.0}
+    tokens0.inc(30)
+    tokens1.inc(90)
+    for v in (0.05, 0.05, 0.3, 0.3, 0.3, 0.7):
+        latency.observe(v)
+    assert writer.flush()
+    time.sleep(0.5)  # more than a tenth of the window
+    doc = snapshot(server)
+    validate(doc)
+    seconds = doc["window"]["seconds"]
+    assert 0.4 < seconds < 2.0
+    rates = {(e, r["name"]): r["per_second"] for e, b in doc["window"]["engines"].items() for r in b["rates"]}
+    assert rates[("0", "tokens")] == pytest.approx(30 / seconds)
+    assert rates[("1", "tokens")] == pytest.approx(90 / seconds)
+    assert doc["fleet"]["rates"]["tokens"] == pytest.approx(120 / seconds)
+    (hist,) = doc["window"]["engines"]["1"]["histograms"]
+    recent = HistogramValue((0.1, 0.5, 1.0, 5.0, float("inf")), (2.0, 5.0, 6.0, 6.0, 6.0), 1.7)
+    assert hist["count"] == 6
+    assert hist["p50"] == pytest.approx(recent.quantile(0.5))  # the 4.0s before the window are out
+    assert hist["p99"] == pytest.approx(recent.quantile(0.99)) and hist["p99"] < 1.0
+    assert hist["mean"] == pytest.approx(1.7 / 6)
+    # Since start (the existing block) still counts everything.
+    since = {h["name"]: h["value"] for h in doc["engines"]["1"]["histograms"]}
+    assert since["latency_seconds"]["count"] == 56
+
+
+def test_fleet_summary_is_injected_and_the_core_knows_no_vllm_name(redis_server, namespace):
+    config = StatsConfig(url=redis_server.url, namespace=namespace)
+    writer = StatsWriter(config, vllm_catalog(), engines=[0, 1], start=False)
+    recorders = VllmRecorder(writer, "m", [0, 1])
+    from types import SimpleNamespace
+
+    def sched(running: int, waiting: int, kv: float) -> SimpleNamespace:
+        return SimpleNamespace(num_running_reqs=running, num_waiting_reqs=waiting, kv_cache_usage=kv)
+
+    recorders.record(sched(4, 1, 0.2), None, engine_idx=0)
+    recorders.record(sched(6, 3, 0.6), None, engine_idx=1)
+    assert writer.flush()
+    server = Exporter(StatsReader(config, vllm_catalog()), port=0, summary=VLLM_FLEET_SUMMARY).start()
+    try:
+        doc = snapshot(server)
+    finally:
+        server.close()
+        writer.close()
+    validate(doc)
+    summary = doc["fleet"]["summary"]
+    assert summary["requests_running"] == 10 and summary["requests_waiting"] == 4
+    assert summary["kv_cache_usage_mean"] == pytest.approx(0.4) and summary["kv_cache_usage_max"] == 0.6
+    assert summary["generation_tokens_per_second"] is None  # no window yet
+    from redis_stats import reporting as reporter
+    from redis_stats.ops import inspection as inspect
+    from redis_stats.prometheus import exporter, recent
+
+    for module in (recent, exporter, reporter, inspect):  # by module, wherever the layout puts it
+        assert "vllm:" not in Path(module.__file__).read_text()  # no metric name in the core
+
+
+def test_a_bad_summary_kind_is_refused_naming_it(redis_server, namespace):
+    config = StatsConfig(url=redis_server.url, namespace=namespace)
+    with pytest.raises(ValueError, match=r"'running'.*'avg' is not one of rate, sum, mean, max"):
+        Exporter(StatsReader(config, sample_catalog()), port=0, summary={"running": ("avg", "running")})
+
+
+def test_schema_is_not_vacuous():
+    good = {
+        "time": 1.0,
+        "engines": {},
+        "writers": {},
+        "skipped": {},
+        "window": {"requested_seconds": 30, "seconds": None, "engines": {}},
+        "fleet": {"engines": 0, "engines_up": 0, "rates": {}, "gauges": {}},
+    }
+    validate(good)
+    for broken in (
+        {k: v for k, v in good.items() if k != "fleet"},
+        {**good, "time": "yesterday"},
+        {**good, "engines": {"zero": {}}},
+        {**good, "window": {**good["window"], "seconds": 0}},
+        {**good, "fleet": {**good["fleet"], "rates": {"tokens": "Infinity"}}},
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            validate(broken)
+
+
+def test_concurrent_snapshot_requests_all_valid_and_ring_stays_ordered_and_bounded(fleet):
+    writer, server = fleet
+    tokens = writer.counter("tokens").labels(engine=0)
+    stop = threading.Event()
+    docs: list[dict] = []
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        while not stop.is_set():
+            tokens.inc(7)
+            writer.flush()
+            time.sleep(0.01)
+
+    def read() -> None:
+        try:
+            for _ in range(25):
+                docs.append(snapshot(server))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write)] + [threading.Thread(target=read) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads[1:]:
+        t.join()
+    stop.set()
+    threads[0].join()
+    assert not errors
+    assert len(docs) == 150
+    for doc in docs:
+        validate(doc)
+        rate = doc["fleet"]["rates"]["tokens"]
+        assert rate is None or rate >= 0  # never a negative rate from snapshots taken out of order
+    ring = server._ring
+    times = [s.time for s in ring._ring]
+    assert times == sorted(times) and len(ring) <= 256
+    assert times[-1] - times[0] <= ring.keep
+
+
+def test_ring_keeps_only_the_window_and_ignores_a_late_older_read():
+    from redis_stats._core.snapshot import Snapshot
+    from redis_stats.catalog import Catalog
+
+    def snap(t: float) -> Snapshot:
+        return Snapshot(time=t, engines={}, writers={}, catalog=Catalog())
+
+    ring = SnapshotRing(keep=10)
+    for t in (100, 103, 106, 104, 112, 115):
+        ring.add(snap(t))
+    assert [s.time for s in ring._ring] == [106, 112, 115]
+    assert ring.baseline(snap(116), window=10).time == 106
+    assert ring.baseline(snap(116), window=10, min_span=5).time == 106
+    assert ring.baseline(snap(116), window=3).time == 115
+    assert ring.baseline(snap(116), window=3, min_span=2) is None
+    with pytest.raises(ValueError, match="keep"):
+        SnapshotRing(keep=0)
+
+
+def test_inspect_json_prints_the_documented_snapshot(redis_server, namespace):
+    config = StatsConfig(url=redis_server.url, namespace=namespace)
+    writer = StatsWriter(config, vllm_catalog(), engines=[0], start=False)
+    tokens = writer.counter("vllm:generation_tokens").labels(engine=0, model_name="m")
+    tokens.inc(5)
+    assert writer.flush()
+    env = {"REDIS_STATS_URL": redis_server.url, "REDIS_STATS_NAMESPACE": namespace}
+
+    def later() -> None:
+        time.sleep(0.2)
+        tokens.inc(40)
+        writer.flush()
+
+    t = threading.Thread(target=later)
+    t.start()
+    result = CliRunner().invoke(main, ["inspect", "--json", "--window", "0.6"], env=env)
+    t.join()
+    writer.close()
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    validate(doc)
+    seconds = doc["window"]["seconds"]
+    assert doc["fleet"]["summary"]["generation_tokens_per_second"] == pytest.approx(40 / seconds)
+    plain = CliRunner().invoke(main, ["inspect", "--json"], env=env)
+    assert plain.exit_code == 0 and json.loads(plain.output)["window"]["seconds"] is None
+
+
+def _samples(text: str, parse=parse_text) -> dict:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in parse(text) for s in f.samples}
+
+
+def test_exporter_shows_its_own_process_and_scrapes(fleet):
+    _, view = fleet
+    server = Exporter(view.reader, port=0, self_metrics=True).start()
+    try:
+        first = get(server, "/metrics")
+        second = get(server, "/metrics").decode()
+        om = get(server, "/metrics", OPENMETRICS).decode()
+    finally:
+        server.close()
+    samples = _samples(second)
+    names = {name for name, _ in samples}
+    assert {"process_cpu_seconds_total", "process_resident_memory_bytes", "python_info"} <= names
+    assert "python_gc_objects_collected_total" in names
+    assert samples[("redis_stats_exporter_scrape_duration_seconds_count", ())] == 1
+    assert samples[("redis_stats_exporter_last_scrape_size_bytes", ())] == len(first)
+    assert samples[("redis_stats_exporter_scrape_bytes_total", ())] == len(first)
+    # OpenMetrics stays valid (prometheus_client's strict parser) and counts the two scrapes before.
+    om_samples = _samples(om, parse_openmetrics)
+    assert om_samples[("redis_stats_exporter_scrape_duration_seconds_count", ())] == 2
+    # Off by default: a host such as vLLM serves its own process metrics on its own port.
+    assert "process_cpu_seconds_total" not in get(view, "/metrics").decode()
+
+
+def test_self_metrics_doc_lists_the_exporter_metrics():
+    ops = (ROOT / "docs" / "operations.md").read_text()
+    for name in (
+        "redis_stats_exporter_scrape_duration_seconds",
+        "redis_stats_exporter_scrape_bytes_total",
+        "redis_stats_exporter_last_scrape_size_bytes",
+        "process_*",
+    ):
+        assert name in ops, name
+    assert Path(ROOT / "docs" / "snapshot.md").is_file()
+
+
+def _engine_snap(t: float, values: list[float], gauges: list[float]):
+    from redis_stats._core.snapshot import EngineSnapshot, Snapshot
+
+    cat = sample_catalog()
+    engines = {}
+    for i, (c, g) in enumerate(zip(values, gauges)):
+        engines[i] = EngineSnapshot(
+            engine=i,
+            heartbeat=t,
+            age=0.0,
+            up=True,
+            counters={("tokens", ()): c},
+            gauges={("running", ()): g},
+            histograms={
+                ("latency_seconds", ()): HistogramValue(
+                    (0.1, 0.5, 1.0, 5.0, float("inf")), (c, c, c, c, c), c
+                )
+            },
+        )
+    return Snapshot(time=t, engines=engines, writers={}, catalog=cat)
+
+
+floats = st.floats(allow_nan=True, allow_infinity=True)
+
+
+@settings(max_examples=200, deadline=None)
+@example(before=[0.0, 0.0], after=[1.0, 1.0], gauges=[math.inf, -math.inf])
+@example(before=[0.0, 0.0], after=[1e308, 1e308], gauges=[1e308, 1e308])
+@given(
+    before=st.lists(floats, min_size=1, max_size=4),
+    after=st.lists(floats, min_size=1, max_size=4),
+    gauges=st.lists(floats, min_size=1, max_size=4),
+)
+def test_any_values_give_a_strict_json_document_valid_against_the_schema(before, after, gauges):
+    from redis_stats.prometheus.recent import snapshot_document
+
+    n = min(len(before), len(after), len(gauges))
+    earlier = _engine_snap(100.0, before[:n], gauges[:n])
+    now = _engine_snap(110.0, after[:n], gauges[:n])
+    doc = snapshot_document(
+        now, earlier, requested=30.0, summary={"r": ("rate", "tokens"), "g": ("mean", "running")}
+    )
+    text = json.dumps(doc, allow_nan=False)  # strict JSON: never NaN or Infinity literals
+    validate(json.loads(text))

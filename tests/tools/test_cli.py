@@ -1,0 +1,201 @@
+"""The redis-stats command: help and version, the demo end to end, top, the exporter's JSON."""
+
+import json
+import re
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
+
+from redis_stats import StatsReader, StatsWriter, __version__
+from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
+from redis_stats.prometheus.exporter import Exporter
+from redis_stats.tools.cli import main
+from redis_stats.tools.top import COLUMNS, render
+from tests.conftest import PYTHON, ROOT
+from tests.vllm_shapes import finished, iteration, scheduler
+
+
+@pytest.mark.parametrize("command", [[], ["demo"], ["exporter"], ["top"], ["inspect"], ["gc"]])
+def test_every_command_has_help(command):
+    result = CliRunner().invoke(main, [*command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage:" in result.output
+
+
+def test_version():
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0 and __version__ in result.output
+
+
+def test_bad_engines_option_is_a_clear_error():
+    result = CliRunner().invoke(
+        main, ["exporter", "--redis-url", "redis://127.0.0.1:1/0", "--engines", "0,x"]
+    )
+    assert result.exit_code != 0
+    assert "comma-separated list of engine indexes" in result.output
+
+
+def scrape_families(url: str) -> dict:
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+@pytest.mark.redis_server
+@pytest.mark.slow
+def test_demo_runs_serves_every_engine_logs_once_and_cleans_up(python_env):
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "redis_stats", "demo", "--duration", "14", "--port", "0", "--log-interval", "2"],
+        cwd=ROOT,
+        env=python_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    url = data_dir = None
+    for line in proc.stdout:
+        lines.append(line.rstrip("\n"))
+        if m := re.search(r"\(data in (\S+)\)", line):
+            data_dir = Path(m.group(1))
+        if m := re.search(r"Redis view of every engine: (http://\S+)/metrics", line):
+            url = m.group(1)
+            break
+    assert url and data_dir and data_dir.exists(), lines
+    time.sleep(3)
+    first = scrape_families(url + "/metrics")
+    time.sleep(3)
+    second = scrape_families(url + "/metrics")
+    snapshot = json.loads(urllib.request.urlopen(url + "/snapshot", timeout=10).read())
+    rest, _ = proc.communicate(timeout=60)
+    lines += rest.splitlines()
+    assert proc.returncode == 0, "\n".join(lines[-20:])
+
+    def tokens(fams):
+        return {s.labels["engine"]: s.value for s in fams["vllm:generation_tokens"].samples}
+
+    assert set(tokens(first)) == {"0", "1"}
+    assert all(tokens(second)[e] > tokens(first)[e] for e in ("0", "1")), (tokens(first), tokens(second))
+    assert set(snapshot["engines"]) == {"0", "1"}
+    printed = [ln for ln in lines if "Engine 000: Avg prompt throughput" in ln]
+    assert len(printed) >= 3
+    printers = {re.search(r"pid=(\d+)", ln).group(1) for ln in printed}
+    assert len(printers) == 1, printers
+    assert any("2 Engines Aggregated" in ln for ln in lines)
+    # Nothing left behind: no node process, no server, no temp dir.
+    assert not data_dir.exists()
+    for pid in printers:
+        assert not Path(f"/proc/{pid}").exists()
+    out = subprocess.run(["pgrep", "-f", f"redis-server.*{data_dir}"], capture_output=True, text=True)
+    assert out.stdout.strip() == ""
+    assert "every process it started has exited" in lines[-1]
+
+
+@pytest.fixture
+def fleet(config, fake_client):
+    cat = vllm_catalog()
+    writer = StatsWriter(config, cat, engines=[0, 1], client=fake_client(), start=False)
+    recorder = VllmRecorder(writer, "m", [0, 1])
+    yield writer, recorder, StatsReader(config, cat, client=fake_client())
+    writer._closed = True
+
+
+def test_top_renders_throughput_requests_kv_and_percentiles(fleet):
+    writer, recorder, reader = fleet
+    writer.flush()
+    before = reader.snapshot()
+    time.sleep(0.5)
+    recorder.record(
+        scheduler(running=7, waiting=2, kv=0.5),
+        iteration(prompt=100, generation=50, ttft=[0.05] * 10, itl=[0.02] * 100),
+        engine_idx=0,
+    )
+    recorder.record(scheduler(running=3, kv=0.25), iteration(generation=10), engine_idx=1)
+    writer.flush()
+    after = reader.snapshot()
+    console = Console(record=True, width=200)
+    console.print(render(before, after))
+    text = console.export_text()
+    for column in COLUMNS:
+        assert column in text
+    seconds = after.time - before.time
+    row0 = next(line for line in text.splitlines() if line.strip().startswith("│ 0") or line.startswith("0 "))
+    assert f"{100 / seconds:.1f}" in row0 and f"{50 / seconds:.1f}" in row0
+    assert " 7 " in row0 and " 50.0 " in row0
+    # All 10 TTFTs were 50 ms, in the (0.04, 0.06] bucket: p50 interpolates to 50 ms.
+    assert "50 ms" in row0
+    total = next(line for line in text.splitlines() if "total" in line)
+    assert " 10 " in total and "37.5" in total
+
+
+def test_exporter_json_agrees_with_its_prometheus_view(fleet):
+    writer, recorder, reader = fleet
+    recorder.record(
+        scheduler(running=4, waiting=1, kv=0.3),
+        iteration(prompt=20, generation=5, ttft=[0.1, 0.2], done=[finished("stop")]),
+        engine_idx=1,
+    )
+    writer.flush()
+    exporter = Exporter(reader, port=0).start()
+    try:
+        doc = json.loads(urllib.request.urlopen(exporter.url + "/snapshot", timeout=10).read())
+        fams = scrape_families(exporter.url + "/metrics")
+        health = json.loads(urllib.request.urlopen(exporter.url + "/healthz", timeout=10).read())
+    finally:
+        exporter.close()
+    assert health == {"status": "ok", "engines": 2, "engines_up": 2}
+    engine = doc["engines"]["1"]
+    assert engine["up"] is True
+    gauges = {g["name"]: g["value"] for g in engine["gauges"]}
+    prom_gauge = {s.labels["engine"]: s.value for s in fams["vllm:num_requests_running"].samples}
+    assert gauges["vllm:num_requests_running"] == prom_gauge["1"] == 4
+    counters = {(c["name"], tuple(sorted(c["labels"].items()))): c["value"] for c in engine["counters"]}
+    for s in fams["vllm:request_success"].samples:
+        if s.labels["engine"] == "1":
+            labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != "engine"))
+            assert counters[("vllm:request_success", labels)] == s.value
+    ttft = next(h for h in engine["histograms"] if h["name"] == "vllm:time_to_first_token_seconds")["value"]
+    prom = {
+        s.labels["le"]: s.value
+        for s in fams["vllm:time_to_first_token_seconds"].samples
+        if s.name.endswith("_bucket") and s.labels["engine"] == "1"
+    }
+    assert {("+Inf" if le == "+Inf" else float(le)): c for le, c in prom.items()} == {
+        (b if b == "+Inf" else float(b)): c for b, c in ttft["buckets"]
+    }
+    assert ttft["count"] == 2 and 0.1 <= ttft["p50"] <= 0.25
+
+
+def test_healthz_is_503_when_redis_is_down(namespace):
+    from redis_stats import StatsConfig
+
+    reader = StatsReader(StatsConfig(url="redis://127.0.0.1:1/0", namespace=namespace, connect_timeout_ms=50))
+    exporter = Exporter(reader, port=0).start()
+    try:
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(exporter.url + "/healthz", timeout=10)
+        assert err.value.code == 503
+        assert json.loads(err.value.read())["error"] == "connection"
+    finally:
+        exporter.close()
+
+
+def test_gc_and_inspect_commands(redis_server, namespace):
+    from redis_stats import StatsConfig
+
+    cfg = StatsConfig(url=redis_server.url, namespace=namespace)
+    w = StatsWriter(cfg, vllm_catalog(), engines=[0, 3], start=False)
+    assert w.flush()
+    env = {"REDIS_STATS_URL": redis_server.url, "REDIS_STATS_NAMESPACE": namespace}
+    result = CliRunner().invoke(main, ["inspect"], env=env)
+    assert result.exit_code == 0, result.output
+    assert "engines: 2" in result.output and "engine 3: up" in result.output
+    assert w.writer_id in result.output
+    result = CliRunner().invoke(main, ["gc", "--dry-run", "--retention", "3600"], env=env)
+    assert "would remove 0 engines" in result.output
+    w._closed = True

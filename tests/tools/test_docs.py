@@ -1,0 +1,63 @@
+"""The docs name every option and environment variable the code reads."""
+
+import re
+
+from redis_stats import StatsConfig
+from tests.conftest import ROOT
+
+
+def test_configuration_doc_lists_every_option_and_variable():
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    for opt in StatsConfig.options():
+        assert f"`{opt.name}`" in doc, f"docs/configuration.md does not document option {opt.name}"
+        assert f"`{opt.env}`" in doc, f"docs/configuration.md does not document {opt.env}"
+
+
+def test_every_env_variable_read_in_the_code_is_documented():
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    used = set()
+    for path in (ROOT / "redis_stats").rglob("*.py"):
+        used |= set(re.findall(r"[\"'](REDIS_STATS_[A-Z_]+)[\"']", path.read_text()))
+    missing = sorted(v for v in used if f"`{v}`" not in doc)
+    assert not missing, f"docs/configuration.md does not document {missing}"
+
+
+def test_the_vllm_plugins_variables_are_documented_as_declared():
+    # The table is generated from redis_stats/integrations/vllm/options.py: it cannot drift.
+    from redis_stats.tools.config_table import table
+
+    assert table("vllm") in (ROOT / "docs" / "configuration.md").read_text()
+    vllm_doc = (ROOT / "docs" / "vllm.md").read_text()
+    from redis_stats.integrations.vllm.options import VARIABLES
+
+    assert [v.name for v in VARIABLES if f"`{v.name}`" not in vllm_doc] == []
+
+
+def test_the_core_and_the_vllm_integration_read_the_environment_only_through_config():
+    # StatsConfig.from_env and EnvVar (config.py) are the one place that reads variables;
+    # tools (demo, embedded, cli) are outside this rule.
+    offenders = []
+    for path in (ROOT / "redis_stats").rglob("*.py"):
+        rel = path.relative_to(ROOT / "redis_stats").as_posix()
+        if rel == "config.py" or rel.startswith("tools/"):
+            continue
+        if re.search(r"os\.environ|os\.getenv", path.read_text()):
+            offenders.append(rel)
+    assert offenders == []
+
+
+def test_no_module_constant_is_dead():
+    # A constant defined and never used (not even exported in __all__) is a list that has
+    # drifted from the code that hard-codes its values (vulture is not a dependency: a word count).
+    sources = {p: p.read_text() for p in (ROOT / "redis_stats").rglob("*.py")}
+    words: dict[str, int] = {}
+    for text in sources.values():
+        for word in re.findall(r"\b[A-Z_][A-Z0-9_]{2,}\b", text):
+            words[word] = words.get(word, 0) + 1
+    dead = sorted(
+        f"{path.relative_to(ROOT).as_posix()}: {name}"
+        for path, text in sources.items()
+        for name in re.findall(r"^([A-Z_][A-Z0-9_]{2,})\s*(?::[^=\n]*)?=", text, re.M)
+        if words[name] < 2
+    )
+    assert dead == []

@@ -1,0 +1,126 @@
+"""close() and interpreter exit with Redis stopped (SIGSTOP: replies never come) or refused: the
+host's shutdown waits at most ``close_timeout`` (plus a little), and one line says what was lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from redis_stats import StatsConfig, StatsWriter
+from redis_stats.aio import AsyncStatsWriter
+from redis_stats.tools.embedded import free_port
+from tests.conftest import PYTHON, ROOT, sample_catalog
+
+pytestmark = pytest.mark.redis_server
+
+SLACK = 0.5  # scheduling on a loaded machine; the old close() waited 5-10 s
+
+
+def _stopped(server):
+    """SIGSTOP the server: connections are accepted by the kernel, nothing is ever answered."""
+
+    class _Ctx:
+        def __enter__(self):
+            os.kill(server.pid, signal.SIGSTOP)
+
+        def __exit__(self, *exc):
+            os.kill(server.pid, signal.SIGCONT)
+
+    return _Ctx()
+
+
+def _lost_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "gave up after" in r.getMessage()]
+
+
+def test_close_with_redis_stopped_returns_within_close_timeout_and_says_what_was_lost(
+    own_redis_server, namespace, caplog
+):
+    cfg = StatsConfig(url=own_redis_server.url, namespace=namespace, flush_interval=0.05)
+    writer = StatsWriter(cfg, sample_catalog(), engines=[0])
+    tokens = writer.counter("tokens").labels(engine=0)
+    tokens.inc()
+    deadline = time.monotonic() + 10
+    while writer.pending() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not writer.pending()  # connected and flushed once
+    with _stopped(own_redis_server), caplog.at_level(logging.WARNING, "redis_stats.writer"):
+        tokens.inc(5)
+        writer.counter("requests").labels(engine=0, reason="stop").inc()
+        time.sleep(0.2)  # the flusher now waits for a reply (socket_timeout_ms: 1000)
+        started = time.monotonic()
+        ok = writer.close()
+        elapsed = time.monotonic() - started
+    print(f"\n[close, Redis stopped] close() took {elapsed:.2f} s (close_timeout {cfg.close_timeout} s)")
+    assert not ok
+    assert elapsed < cfg.close_timeout + SLACK
+    (line,) = _lost_lines(caplog)
+    assert own_redis_server.url in line and "2 series in the unconfirmed batch" in line, line
+
+
+def test_close_with_redis_refused_is_bounded_and_the_line_masks_the_password(namespace, caplog):
+    url = f"redis://app:s3cret-pw@127.0.0.1:{free_port()}/0"  # nothing listens there
+    cfg = StatsConfig(url=url, namespace=namespace, flush_interval=0.05, close_timeout=0.3)
+    # Recorded before the flusher starts, so that its first (failing) batch holds both series
+    # however late this thread runs on a loaded machine.
+    writer = StatsWriter(cfg, sample_catalog(), engines=[0], start=False)
+    writer.counter("tokens").labels(engine=0).inc(3)
+    writer.histogram("latency_seconds").labels(engine=0).observe(0.2)
+    writer.start()
+    time.sleep(0.2)
+    with caplog.at_level(logging.WARNING, "redis_stats.writer"):
+        started = time.monotonic()
+        assert not writer.close()
+        elapsed = time.monotonic() - started
+    assert elapsed < 0.3 + SLACK
+    (line,) = _lost_lines(caplog)
+    assert "s3cret-pw" not in caplog.text
+    assert "redis://app:***@127.0.0.1" in line and "2 series in the unconfirmed batch" in line, line
+
+
+def test_interpreter_exit_with_redis_stopped_waits_at_most_close_timeout(
+    own_redis_server, namespace, python_env
+):
+    with _stopped(own_redis_server):
+        proc = subprocess.run(
+            [PYTHON, "-m", "tests.helpers.exit_proc", own_redis_server.url, namespace],
+            cwd=ROOT,
+            env=python_env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        ended = time.time()
+    exiting = float(proc.stdout.split("exiting ")[1].split()[0])
+    print(f"\n[exit, Redis stopped] the interpreter's exit took {ended - exiting:.2f} s")
+    assert proc.returncode == 0, proc.stderr
+    assert ended - exiting < 1.0 + 1.0  # close_timeout, and the interpreter's own teardown
+    assert "gave up after 1.0 s" in proc.stderr and "1 series in the unconfirmed batch" in proc.stderr
+
+
+async def test_async_close_with_redis_stopped_is_bounded_and_says_what_was_lost(
+    own_redis_server, namespace, caplog
+):
+    cfg = StatsConfig(url=own_redis_server.url, namespace=namespace, flush_interval=0.05, close_timeout=0.5)
+    writer = AsyncStatsWriter(cfg, sample_catalog(), engines=[0])
+    writer.start()
+    tokens = writer.counter("tokens").labels(engine=0)
+    tokens.inc()
+    assert await writer.flush()
+    with _stopped(own_redis_server), caplog.at_level(logging.WARNING, "redis_stats.aio"):
+        tokens.inc()
+        await asyncio.sleep(0.2)  # the flusher task now waits for a reply
+        started = time.monotonic()
+        assert not await writer.close()
+        elapsed = time.monotonic() - started
+    print(f"\n[async close, Redis stopped] close() took {elapsed:.2f} s")
+    assert elapsed < 0.5 + SLACK
+    (line,) = _lost_lines(caplog)
+    assert own_redis_server.url in line and "1 series in the unconfirmed batch" in line, line

@@ -1,0 +1,71 @@
+"""The library's own health, next to the data: writer self-metrics and engine ownership conflicts."""
+
+import logging
+
+from redis_stats import StatsReader, StatsWriter
+from tests.prometheus.test_collector import samples, scrape
+
+
+def test_writer_self_metrics_are_exposed_by_any_reader(config, catalog, fake_client):
+    w = StatsWriter(config, catalog, engines=[0], client=fake_client(), start=False)
+    real = w._script
+
+    def broken(**kw):
+        raise __import__("redis").ConnectionError("down")
+
+    w._script = broken
+    w.counter("tokens").labels(engine=0).inc(float("nan"))  # dropped, counted
+    assert not w.flush() and not w.flush()
+    w._script = real
+    assert w.flush()
+    assert w.flush()
+    fams, _ = scrape(StatsReader(config, catalog, client=fake_client()))
+    wid = w.writer_id
+    assert samples(fams["redis_stats_writer_up"]) == {("redis_stats_writer_up", (("writer", wid),)): 1.0}
+    # The second flush reports what the writer knew after the first success.
+    assert samples(fams["redis_stats_writer_flushes"]) == {
+        ("redis_stats_writer_flushes_total", (("writer", wid),)): 1.0
+    }
+    assert samples(fams["redis_stats_writer_flush_errors"]) == {
+        ("redis_stats_writer_flush_errors_total", (("kind", "connection"), ("writer", wid))): 2.0
+    }
+    assert samples(fams["redis_stats_writer_dropped_updates"]) == {
+        ("redis_stats_writer_dropped_updates_total", (("reason", "invalid_value"), ("writer", wid))): 1.0
+    }
+    hist = samples(fams["redis_stats_writer_flush_duration_seconds"])
+    assert hist[("redis_stats_writer_flush_duration_seconds_count", (("writer", wid),))] == 1.0
+    age = samples(fams["redis_stats_writer_last_flush_age_seconds"])
+    assert 0 <= age[("redis_stats_writer_last_flush_age_seconds", (("writer", wid),))] < 5
+    w._closed = True
+
+
+def test_two_live_owners_of_one_engine_are_detected_warned_once_and_exposed(
+    config, catalog, fake_client, caplog
+):
+    a = StatsWriter(config, catalog, engines=[0], owner="node-a:100", client=fake_client(), start=False)
+    b = StatsWriter(config, catalog, engines=[0], owner="node-b:200", client=fake_client(), start=False)
+    with caplog.at_level(logging.WARNING, logger="redis_stats.writer"):
+        for _ in range(3):
+            assert a.flush() and b.flush()
+    assert a.stats.conflicts >= 2 and b.stats.conflicts >= 3
+    warnings = [r for r in caplog.records if "another live instance" in r.getMessage()]
+    assert len(warnings) == 2  # once per writer, not once per flush
+    snap = StatsReader(config, catalog, client=fake_client()).snapshot()
+    assert set(snap.engines[0].conflict) == {"node-a:100", "node-b:200"}
+    fams, _ = scrape(StatsReader(config, catalog, client=fake_client()))
+    assert (
+        samples(fams["redis_stats_engine_conflict"])[("redis_stats_engine_conflict", (("engine", "0"),))] == 1
+    )
+
+
+def test_api_servers_of_one_instance_share_an_owner_and_do_not_conflict(config, catalog, fake_client):
+    writers = [
+        StatsWriter(config, catalog, engines=[0, 1], owner="node-a:100", client=fake_client(), start=False)
+        for _ in range(3)
+    ]
+    for _ in range(2):
+        for w in writers:
+            assert w.flush()
+    assert all(w.stats.conflicts == 0 for w in writers)
+    fams, _ = scrape(StatsReader(config, catalog, client=fake_client()))
+    assert set(samples(fams["redis_stats_engine_conflict"]).values()) == {0.0}
