@@ -56,3 +56,40 @@ def test_a_cluster_reader_used_in_a_forked_child_reads(fake_server, namespace):
         pytest.fail("the forked child's read hung")
     reader.close()
     w.close()
+
+
+def _admin_config(redis_server: Any, namespace: str, **kw: Any) -> Any:
+    """The config of a user made with the documented stats-admin rules (docs/operations.md)."""
+    import redis
+
+    from tests import acl
+
+    root = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    root.execute_command("ACL", "SETUSER", f"a-{namespace}", *acl.rules(namespace, "ap", acl.ADMIN))
+    host = redis_server.url.split("//", 1)[1].split("/", 1)[0]
+    return _cfg(namespace, f"redis://a-{namespace}:ap@{host}/0", **kw)
+
+
+@pytest.mark.parametrize("shards", [1, K])
+def test_gc_as_the_documented_admin_folds_a_departed_writer_of_a_live_engine(redis_server, namespace, shards):
+    """The documented stats-admin rules lacked what gc runs once a departed writer shares an
+    engine with a live one (TYPE, and HINCRBY/HINCRBYFLOAT to fold its totals), and, with
+    shards, the ZADD that keeps an engine live in its old shard after K changed: gc failed
+    with NOPERM (or, with TYPE granted alone, dropped the departed writer's totals)."""
+    from redis_stats.ops.retention import collect_garbage
+
+    url = redis_server.url
+    old = StatsWriter(_cfg(namespace, url), sample_catalog(), engines=[4], start=False)
+    old.counter("tokens").labels(engine=4).inc(5)
+    assert old.close()
+    new = StatsWriter(_cfg(namespace, url, shards=shards), sample_catalog(), engines=[4], start=False)
+    new.counter("tokens").labels(engine=4).inc(7)
+    assert new.flush()
+    admin = _admin_config(redis_server, namespace, retention=0.5, shards=shards)
+    time.sleep(0.6)
+    assert new.flush()  # engine 4 heartbeated within the retention
+    result = collect_garbage(admin)
+    assert (result.failed, result.writers, result.engines, result.unfolded) == ({}, [old.writer_id], [], 0)
+    snap = StatsReader(_cfg(namespace, url, shards=shards), sample_catalog()).snapshot()
+    assert snap.engines[4].counter("tokens") == 12
+    assert new.close()
