@@ -10,6 +10,7 @@ import fakeredis
 import pytest
 
 from redis_stats import StatsReader, StatsWriter
+from redis_stats.keys import Keys
 from tests.conftest import sample_catalog
 from tests.store.test_shards import K, _cfg
 
@@ -91,5 +92,34 @@ def test_gc_as_the_documented_admin_folds_a_departed_writer_of_a_live_engine(red
     result = collect_garbage(admin)
     assert (result.failed, result.writers, result.engines, result.unfolded) == ({}, [old.writer_id], [], 0)
     snap = StatsReader(_cfg(namespace, url, shards=shards), sample_catalog()).snapshot()
+    assert snap.engines[4].counter("tokens") == 12
+    assert new.close()
+
+
+def test_gc_that_cannot_share_heartbeats_leaves_that_shard_alone(redis_server, namespace):
+    """An admin user without ZADD (made with an earlier version's rules): gc cannot give an
+    engine's old shard its newest heartbeat. That failure was swallowed and gc went on to
+    delete the live engine's K=1-era hash there (12 -> 7); it must skip that shard and say so."""
+    import redis
+
+    from redis_stats.ops.retention import collect_garbage
+    from tests import acl
+
+    url = redis_server.url
+    old = StatsWriter(_cfg(namespace, url), sample_catalog(), engines=[4], start=False)
+    old.counter("tokens").labels(engine=4).inc(5)
+    assert old.close()
+    new = StatsWriter(_cfg(namespace, url, shards=K), sample_catalog(), engines=[4], start=False)
+    new.counter("tokens").labels(engine=4).inc(7)
+    assert new.flush()
+    admin = _admin_config(redis_server, namespace, retention=0.5, shards=K)
+    root = redis.Redis.from_url(url, decode_responses=True)
+    root.execute_command("ACL", "SETUSER", f"a-{namespace}", "-zadd")
+    assert "+zadd" in acl.ADMIN  # the documented rules have it; this user does not
+    time.sleep(0.6)
+    assert new.flush()
+    result = collect_garbage(admin)
+    assert Keys(namespace).prefix in result.failed and "zadd" in result.failed[Keys(namespace).prefix].lower()
+    snap = StatsReader(_cfg(namespace, url, shards=K), sample_catalog()).snapshot()
     assert snap.engines[4].counter("tokens") == 12
     assert new.close()
