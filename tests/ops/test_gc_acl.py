@@ -5,6 +5,7 @@ failed before its fix."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -15,24 +16,35 @@ from tests.conftest import sample_catalog
 from tests.store.test_shards import K, _cfg
 
 
-def _admin_config(redis_server: Any, namespace: str, **kw: Any) -> Any:
-    """The config of a user made with the documented stats-admin rules (docs/operations.md)."""
+@pytest.fixture
+def admin_config(redis_server: Any, namespace: str) -> Iterator[Callable[..., Any]]:
+    """Makes the config of a user made with the documented stats-admin rules (docs/operations.md);
+    the user is deleted after the test."""
     import redis
 
     from tests import acl
 
     root = redis.Redis.from_url(redis_server.url, decode_responses=True)
-    root.execute_command("ACL", "SETUSER", f"a-{namespace}", *acl.rules(namespace, "ap", acl.ADMIN))
-    host = redis_server.url.split("//", 1)[1].split("/", 1)[0]
-    return _cfg(namespace, f"redis://a-{namespace}:ap@{host}/0", **kw)
+    user = f"a-{namespace}"
+
+    def make(**kw: Any) -> Any:
+        root.execute_command("ACL", "SETUSER", user, *acl.rules(namespace, "ap", acl.ADMIN))
+        host = redis_server.url.split("//", 1)[1].split("/", 1)[0]
+        return _cfg(namespace, f"redis://{user}:ap@{host}/0", **kw)
+
+    yield make
+    root.execute_command("ACL", "DELUSER", user)
 
 
 @pytest.mark.parametrize("shards", [1, K])
-def test_gc_as_the_documented_admin_folds_a_departed_writer_of_a_live_engine(redis_server, namespace, shards):
+def test_gc_as_the_documented_admin_folds_a_departed_writer_of_a_live_engine(
+    redis_server, namespace, shards, admin_config
+):
     """The documented stats-admin rules lacked what gc runs once a departed writer shares an
     engine with a live one (TYPE, and HINCRBY/HINCRBYFLOAT to fold its totals), and, with
     shards, the ZADD that keeps an engine live in its old shard after K changed: gc failed
-    with NOPERM (or, with TYPE granted alone, dropped the departed writer's totals)."""
+    with NOPERM (and with TYPE granted alone, gc.lua's failed HINCRBYs would drop the departed
+    writer's totals)."""
     from redis_stats.ops.retention import collect_garbage
 
     url = redis_server.url
@@ -42,7 +54,7 @@ def test_gc_as_the_documented_admin_folds_a_departed_writer_of_a_live_engine(red
     new = StatsWriter(_cfg(namespace, url, shards=shards), sample_catalog(), engines=[4], start=False)
     new.counter("tokens").labels(engine=4).inc(7)
     assert new.flush()
-    admin = _admin_config(redis_server, namespace, retention=0.5, shards=shards)
+    admin = admin_config(retention=0.5, shards=shards)
     time.sleep(0.6)
     assert new.flush()  # engine 4 heartbeated within the retention
     result = collect_garbage(admin)
@@ -52,7 +64,7 @@ def test_gc_as_the_documented_admin_folds_a_departed_writer_of_a_live_engine(red
     assert new.close()
 
 
-def test_gc_that_cannot_share_heartbeats_leaves_that_shard_alone(redis_server, namespace):
+def test_gc_that_cannot_share_heartbeats_leaves_that_shard_alone(redis_server, namespace, admin_config):
     """An admin user without ZADD (made with an earlier version's rules): gc cannot give an
     engine's old shard its newest heartbeat. That failure was swallowed and gc went on to
     delete the live engine's K=1-era hash there (12 -> 7); it must skip that shard and say so."""
@@ -68,7 +80,7 @@ def test_gc_that_cannot_share_heartbeats_leaves_that_shard_alone(redis_server, n
     new = StatsWriter(_cfg(namespace, url, shards=K), sample_catalog(), engines=[4], start=False)
     new.counter("tokens").labels(engine=4).inc(7)
     assert new.flush()
-    admin = _admin_config(redis_server, namespace, retention=0.5, shards=K)
+    admin = admin_config(retention=0.5, shards=K)
     root = redis.Redis.from_url(url, decode_responses=True)
     root.execute_command("ACL", "SETUSER", f"a-{namespace}", "-zadd")
     assert "+zadd" in acl.ADMIN  # the documented rules have it; this user does not
