@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -398,6 +399,21 @@ class StatsReader(ReaderCore):
         return self._read_shards(engines)
 
     _pool: ThreadPoolExecutor | None = None
+    _pool_pid = 0
+
+    def _read_pool(self) -> ThreadPoolExecutor:
+        """The threads of the parallel Cluster read, made at first use, and again in a forked
+        child: the parent's threads do not exist there, and its pool, counting them as idle,
+        would start none (the child's first read would wait for ever)."""
+        pid = os.getpid()
+        pool = self._pool
+        if pool is not None and self._pool_pid == pid:
+            return pool
+        with self._lock:
+            if self._pool is None or self._pool_pid != pid:
+                self._pool = ThreadPoolExecutor(8, thread_name_prefix="redis_stats-read")
+                self._pool_pid = pid
+            return self._pool
 
     def _read_shards(self, engines: Iterable[int] | None, again: bool = True) -> list[Any]:
         """Every shard, merged: one transaction on a single server; one read.lua per shard on a
@@ -409,11 +425,8 @@ class StatsReader(ReaderCore):
         wanted = None if engines is None else list(engines)
         shards = self.shard_keys
         if is_cluster(self._client):
-            if self._pool is None:
-                with self._lock:
-                    if self._pool is None:
-                        self._pool = ThreadPoolExecutor(8, thread_name_prefix="redis_stats-read")
-            calls = [self._pool.submit(self._script, *self.shard_args(k, wanted)) for k in shards]
+            pool = self._read_pool()
+            calls = [pool.submit(self._script, *self.shard_args(k, wanted)) for k in shards]
             replies = [c.result() for c in calls]
         else:
             replies = self._shard_transaction(shards, wanted)

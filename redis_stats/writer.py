@@ -343,11 +343,6 @@ class WriterCore:
         with _LIVE_LOCK:
             _LIVE.add(self)
 
-    @property
-    def shard_keys(self) -> list[Keys]:
-        """The keys of every shard of the namespace (shard 0 first) under this writer's K."""
-        return [self.keys.shard(s, self.shards) for s in range(self.shards)]
-
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(id={self.writer_id!r}, url={self.config.safe_url!r}, "
@@ -532,9 +527,8 @@ class WriterCore:
             # writer's id, that of its self-metrics).
             old_id, new_id = self.shard_ids[shard], new_writer_id(self._role)
             self.shard_ids[shard] = new_id
-            if shard == self.home:
+            if shard == self.home:  # the series fields do not name the writer (its chunks do)
                 self.writer_id = new_id
-                self._acc.rename_writer(new_id)
             where = f" in shard {shard}" if self.shards > 1 else ""
             log.warning("writer %s was removed by gc%s; continuing as %s", old_id, where, new_id)
         return result

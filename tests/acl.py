@@ -5,10 +5,12 @@ WRITER = "+evalsha +script|load +time +exists +type +hget +hset +hincrby +hincrb
 # A read: MULTI + native reads + EXEC on one server, read.lua with EVALSHA_RO on a Cluster. With
 # %R~ the user can read its namespace and write nothing.
 READER = "+multi +exec +evalsha_ro +script|load +time +zrange +zscore +hget +hgetall"
-# gc and inspect (an operator, or the exporter with --gc-interval).
+# gc and inspect (an operator, or the exporter with --gc-interval): gc.lua folds a departed
+# writer into a live engine's base fields (TYPE, HINCRBY, HINCRBYFLOAT), and gc of a sharded
+# namespace shares the engines' heartbeats between shards (ZADD).
 ADMIN = (
     "+multi +exec +evalsha +evalsha_ro +script|load +time +zrange +zrangebyscore +zscore +zrem "
-    "+hget +hgetall +hkeys +hdel +hset +hlen +del +set +get +pttl"
+    "+hget +hgetall +hkeys +hdel +hset +hlen +del +set +get +pttl +type +hincrby +hincrbyfloat +zadd"
 )
 # The log lease (a writer that also reports with leader=lease).
 LEASE = "+get +set +pexpire +incr +del"

@@ -551,15 +551,6 @@ class Accumulator:
         # Metrics whose definition conflicts with the one stored first in Redis: never sent.
         self.conflicted: set[str] = set()
 
-    @property
-    def totals(self) -> Totals:
-        """The totals of shard 0 (all of them when the namespace is not sharded)."""
-        return self.shard_totals[0]
-
-    @property
-    def _unsent_specs(self) -> dict[str, MetricSpec]:
-        return self._unsent[0]
-
     def drop(self, reason: str, n: int = 1) -> None:
         """Count *n* dropped updates (a dict increment; racing threads may rarely lose one count)."""
         self.drops[reason] += n
@@ -637,11 +628,6 @@ class Accumulator:
                 if self.wake is not None:
                     self.wake()
             return made
-
-    def rename_writer(self, writer_id: str) -> None:
-        """The writer continues under *writer_id* (after gc removed the old one). Its series
-        fields do not name it (its chunks do), so there is nothing to change here: kept for
-        callers."""
 
     def add_spec(self, spec: MetricSpec) -> MetricSpec:
         """Add *spec* to the catalogue (after start) and queue it for storing in Redis."""

@@ -80,19 +80,22 @@ def collect_garbage(config: StatsConfig, *, dry_run: bool = False, client: Clien
         stale: dict[str, int] = {}  # engine -> in how many shards gc finds it silent
         held: dict[str, int] = {}  # ... and in how many shards collected it is listed
         for shard, beats in zip(shards, live):
-            if not dry_run and len(shards) > 1:
-                # After K changed, a live engine's old shard hears from it no more: give that
-                # shard the engine's newest heartbeat of any shard, so gc removes an engine only
-                # once it is silent everywhere (its old data is part of its live counters).
-                _share_heartbeats(client, shard, beats, live)
             try:
+                if not dry_run and len(shards) > 1:
+                    # After K changed, a live engine's old shard hears from it no more: give that
+                    # shard the engine's newest heartbeat of any shard, so gc removes an engine
+                    # only once it is silent everywhere (its old data is part of its live
+                    # counters). If that fails (NOPERM: no ZADD), the shard is not collected:
+                    # gc.lua would delete a live engine's old part there.
+                    _share_heartbeats(client, shard, beats, live)
                 engines, writers, tombstones, folded, unfolded = script(
                     keys=[shard.engines, shard.writers, shard.seq],
                     args=[shard.prefix, int(config.retention * 1000), "1" if dry_run else "0"],
                 )
             except ResponseError as exc:
-                # A key of the wrong type (garbage) in one shard costs that shard's collection
-                # only: the others are self-contained and still collected.
+                # A key of the wrong type (garbage) in one shard, or a right the user lacks,
+                # costs that shard's collection only: the others are self-contained and still
+                # collected.
                 out.failed[shard.prefix] = str(exc).split("\n")[0][:200]
                 continue
             for e in engines:
@@ -136,7 +139,5 @@ def _share_heartbeats(
             if engine in beats and t > max(beats[engine], newer.get(engine, 0.0)):
                 newer[engine] = t
     if newer:
-        try:
-            client.zadd(shard.engines, newer, xx=True, gt=True)
-        except ResponseError:  # retyped meanwhile: gc.lua fails on it, and says so
-            pass
+        # Raises (a list retyped meanwhile, NOPERM): the caller then leaves this shard alone.
+        client.zadd(shard.engines, newer, xx=True, gt=True)

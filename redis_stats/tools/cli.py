@@ -487,6 +487,14 @@ def gc(redis_url: str | None, namespace: str | None, dry_run: bool, retention: f
         click.echo(f"  writer {w}")
     for prefix, why in result.failed.items():
         click.echo(f"  not collected: keys {prefix}* ({why})", err=True)
+    if result.failed:
+        # Redis refused gc there (a key of the wrong type, a right the user lacks): exit code 1,
+        # as for any refused command, so a cron job learns that part was not collected.
+        raise RedisFailed(
+            f"gc of namespace {config.namespace!r} at {config.safe_url} did not collect "
+            f"{_plural(len(result.failed), 'shard')} (above): delete or rename the key named, or "
+            "grant the user the stats-admin rules of docs/operations.md"
+        )
 
 
 @main.command()

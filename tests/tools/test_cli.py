@@ -199,3 +199,29 @@ def test_gc_and_inspect_commands(redis_server, namespace):
     result = CliRunner().invoke(main, ["gc", "--dry-run", "--retention", "3600"], env=env)
     assert "would remove 0 engines" in result.output
     w._closed = True
+
+
+def test_gc_that_cannot_collect_the_namespace_exits_1(redis_server, namespace):
+    """A key of the wrong type (or a right the user lacks) where gc works: gc.lua fails. Before
+    shards that raised, and `redis-stats gc` exited 1 as docs/cli.md says for a refused command;
+    since each shard's failure is collected into GcResult.failed the command printed it and
+    exited 0, so a cron job never learnt that nothing was collected."""
+    import time
+
+    import redis
+
+    from redis_stats import StatsConfig
+    from redis_stats.keys import Keys
+
+    cfg = StatsConfig(url=redis_server.url, namespace=namespace)
+    w = StatsWriter(cfg, vllm_catalog(), engines=[0], start=False)
+    assert w.flush() and w.close()
+    r = redis.Redis.from_url(redis_server.url)
+    r.delete(Keys(namespace).seq)
+    r.set(Keys(namespace).seq, "not a hash")
+    time.sleep(0.05)
+    env = {"REDIS_STATS_URL": redis_server.url, "REDIS_STATS_NAMESPACE": namespace}
+    result = CliRunner().invoke(main, ["gc", "--retention", "0.01"], env=env)
+    assert result.exit_code == 1, result.output
+    assert f"not collected: keys {Keys(namespace).prefix}*" in result.output
+    assert "WRONGTYPE" in result.output
