@@ -6,7 +6,7 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -24,6 +24,9 @@ __all__ = ["MergedReply", "ReaderCore", "StatsReader", "merge_shards", "note_unr
 log = logging.getLogger("redis_stats.reader")
 
 Plan = tuple[tuple[str, ...], tuple[str, ...]]  # (engines, writers) a transaction read asks for
+# One read without its I/O (ReaderCore.read_steps): yields (what, argument) steps, is sent their
+# results, returns the read.lua-shaped reply.
+ReadSteps = Generator[tuple[str, Any], Any, list[Any]]
 
 
 def _layouts(meta_flat: Any) -> set[int]:
@@ -355,6 +358,84 @@ class ReaderCore:
         now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
         return [now_ms, engine_flat, writer_flat, version or "", None, conflicts, *results[5:]]
 
+    # -- the read, as steps: the decisions of one read without its I/O ------------------------
+    #
+    # StatsReader and AsyncStatsReader run the same generator and differ only in how they carry
+    # out each step it yields (blocking, or awaited): which commands to send, when to read again,
+    # when to fall back to read.lua, when to read the shards a catalogue names live here, once.
+    # A step is (what, argument); the generator is sent its result, or thrown its exception.
+    #   ("transaction", commands)  -> the EXEC results (raises what Redis refused, e.g. -OOM)
+    #   ("script", (KEYS, ARGV))   -> read.lua's reply (on the slot's node on a Cluster)
+    #   ("scripts", [(KEYS, ARGV)]) -> their replies, in order (in parallel on a Cluster)
+    #   ("meta", Keys)             -> that catalogue, flat (or the error reading it, not raised)
+
+    def read_steps(self, engines: Iterable[int] | None, cluster: bool) -> ReadSteps:
+        """The steps of one consistent read of the namespace (every shard), ending with the
+        read.lua-shaped reply; *cluster*: the client talks to a Redis Cluster."""
+        wanted = None if engines is None else list(engines)
+        for _ in range(2):
+            if len(self.shard_keys) > 1:
+                return (yield from self._shard_steps(wanted, cluster))
+            reply = yield from self._one_shard_steps(wanted, cluster)
+            meta = reply[4]
+            if not (meta and self.note_layouts(meta)):
+                return reply
+            # Shard 0's catalogue names shards (written with another K than ours): read them all.
+        return (yield from self._shard_steps(wanted, cluster))
+
+    def _one_shard_steps(self, engines: list[int] | None, cluster: bool) -> ReadSteps:
+        if cluster:  # Cluster: the script, on the slot's node
+            on_slot: list[Any] = yield ("script", self.read_args(engines))
+            return on_slot
+        try:
+            for _ in range(3):
+                planned = self._planned
+                reply = self.assemble((yield ("transaction", self.transaction(planned))), engines, planned)
+                if reply is not None:
+                    if reply[3].__class__ is str and reply[3] != self.meta_version:
+                        reply[4] = yield ("meta", self.keys)  # the catalogue changed: fetch it (rare)
+                    return reply
+        except (OutOfMemoryError, ExecAbortError) as exc:
+            if not refused_for_memory(exc):
+                raise
+            # Over maxmemory (noeviction) Redis 7.0 refuses to queue any command in MULTI, but
+            # runs a script that only reads: the same consistent snapshot, some server time more.
+        scripted: list[Any] = yield ("script", self.read_args(engines))
+        return scripted  # or the fleet changes faster than we read
+
+    def _shard_steps(self, engines: list[int] | None, cluster: bool, again: bool = True) -> ReadSteps:
+        """Every shard, merged: one transaction on a single server; one read.lua per shard on a
+        Cluster, in parallel. A shard that cannot be read fails the whole read (raised).
+
+        When shard 0's catalogue names shards this read did not cover (a K other than ours: the
+        first read of a reader, or a K just added), they are read at once, all together again:
+        a reply without them would show a live engine's counters lower than the next read."""
+        shards = self.shard_keys
+        replies: list[Any] | None = None
+        if not cluster:
+            try:
+                for _ in range(3):
+                    plans = [self._shard_plans.get(k.root, ((), ())) for k in shards]
+                    results = yield ("transaction", self.sharded_transaction(shards, plans))
+                    replies = self.sharded_assemble(results, shards, plans, engines)
+                    if replies is not None:
+                        break
+            except (OutOfMemoryError, ExecAbortError) as exc:
+                if not refused_for_memory(exc):
+                    raise
+                replies = None  # over maxmemory: each shard's script, as for one shard
+        if replies is None:  # a Cluster, or the fleet changes faster than we read, or OOM
+            replies = yield ("scripts", [self.shard_args(k, engines) for k in shards])
+        else:
+            for k, reply in zip(shards, replies):
+                cached = self._shard_meta.get(k.root, ("", None))[0]
+                if reply[3].__class__ is str and reply[3] != cached:
+                    reply[4] = yield ("meta", k)  # the catalogue changed: fetch it (rare)
+        merged = self.merge(replies, shards)
+        if merged[4].__class__ is list and merged[4] and self.note_layouts(merged[4]) and again:
+            return (yield from self._shard_steps(engines, cluster, again=False))
+        return merged
+
     @property
     def meta_version(self) -> str:
         """The catalogue version the decoder holds."""
@@ -388,15 +469,33 @@ class StatsReader(ReaderCore):
     def read(self, engines: Iterable[int] | None = None) -> list[Any]:
         """One consistent read of the namespace, as a read.lua-shaped reply (of every shard: each
         shard's part is consistent in itself)."""
-        for _ in range(2):
-            if len(self.shard_keys) > 1:
-                return self._read_shards(engines)
-            reply = self._read_one(engines)
-            meta = reply[4]
-            if not (meta and self.note_layouts(meta)):
+        steps = self.read_steps(engines, is_cluster(self._client))
+        result: Any = None
+        error: Exception | None = None
+        while True:
+            try:
+                step = steps.throw(error) if error is not None else steps.send(result)
+            except StopIteration as done:
+                reply: list[Any] = done.value
                 return reply
-            # Shard 0's catalogue names shards (written with another K than ours): read them all.
-        return self._read_shards(engines)
+            try:
+                result, error = self._carry_out(*step), None
+            except Exception as exc:  # the steps handle it (MULTI refused over maxmemory) or raise it
+                result, error = None, exc
+
+    def _carry_out(self, what: str, arg: Any) -> Any:
+        """One step of :meth:`ReaderCore.read_steps`, blocking."""
+        if what == "transaction":
+            return self._transaction(arg)
+        if what == "script":
+            return self._script(*arg)
+        if what == "meta":
+            return self._meta(arg)
+        if is_cluster(self._client):  # "scripts": one per shard, on their nodes, in parallel
+            pool = self._read_pool()
+            calls = [pool.submit(self._script, *a) for a in arg]
+            return [c.result() for c in calls]
+        return [self._script(*a) for a in arg]
 
     _pool: ThreadPoolExecutor | None = None
     _pool_pid = 0
@@ -414,63 +513,6 @@ class StatsReader(ReaderCore):
                 self._pool = ThreadPoolExecutor(8, thread_name_prefix="redis_stats-read")
                 self._pool_pid = pid
             return self._pool
-
-    def _read_shards(self, engines: Iterable[int] | None, again: bool = True) -> list[Any]:
-        """Every shard, merged: one transaction on a single server; one read.lua per shard on a
-        Cluster, in parallel. A shard that cannot be read fails the whole read (raised).
-
-        When shard 0's catalogue names shards this read did not cover (a K other than ours: the
-        first read of a reader, or a K just added), they are read at once, all together again:
-        a reply without them would show a live engine's counters lower than the next read."""
-        wanted = None if engines is None else list(engines)
-        shards = self.shard_keys
-        if is_cluster(self._client):
-            pool = self._read_pool()
-            calls = [pool.submit(self._script, *self.shard_args(k, wanted)) for k in shards]
-            replies = [c.result() for c in calls]
-        else:
-            replies = self._shard_transaction(shards, wanted)
-        merged = self.merge(replies, shards)
-        if merged[4].__class__ is list and merged[4] and self.note_layouts(merged[4]) and again:
-            return self._read_shards(wanted, again=False)
-        return merged
-
-    def _shard_transaction(self, shards: list[Keys], wanted: list[int] | None) -> list[list[Any]]:
-        replies = None
-        for _ in range(3):
-            plans = [self._shard_plans.get(k.root, ((), ())) for k in shards]
-            replies = self.sharded_assemble(
-                self._transaction(self.sharded_transaction(shards, plans)), shards, plans, wanted
-            )
-            if replies is not None:
-                break
-        if replies is None:  # the fleet changes faster than we read: each shard's script
-            return [self._script(*self.shard_args(k, wanted)) for k in shards]
-        for k, reply in zip(shards, replies):
-            cached = self._shard_meta.get(k.root, ("", None))[0]
-            if reply[3].__class__ is str and reply[3] != cached:
-                reply[4] = self._meta(k)  # the catalogue changed: fetch it (rare)
-        return replies
-
-    def _read_one(self, engines: Iterable[int] | None) -> list[Any]:
-        if is_cluster(self._client):  # Cluster: the script, on the slot's node
-            on_slot: list[Any] = self._script(*self.read_args(engines))
-            return on_slot
-        try:
-            for _ in range(3):
-                planned = self._planned
-                reply = self.assemble(self._transaction(self.transaction(planned)), engines, planned)
-                if reply is not None:
-                    if reply[3].__class__ is str and reply[3] != self.meta_version:
-                        reply[4] = self._meta()  # the catalogue changed: fetch it (rare)
-                    return reply
-        except (OutOfMemoryError, ExecAbortError) as exc:
-            if not refused_for_memory(exc):
-                raise
-            # Over maxmemory (noeviction) Redis 7.0 refuses to queue any command in MULTI, but
-            # runs a script that only reads: the same consistent snapshot, some server time more.
-        scripted: list[Any] = self._script(*self.read_args(engines))
-        return scripted  # or the fleet changes faster than we read
 
     def _meta(self, keys: Keys | None = None) -> Any:
         try:

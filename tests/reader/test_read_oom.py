@@ -84,3 +84,43 @@ def test_reads_work_over_maxmemory_and_stay_one_snapshot(own_redis_server, names
     assert writer.flush()
     writer.close()
     reader.close()
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "asyncio"])
+def test_a_sharded_namespace_is_read_over_maxmemory_too(own_redis_server, namespace, use_async):
+    # With shards on one server the read is one MULTI over every shard: over maxmemory it was
+    # refused and the whole read failed (redis_stats_up 0); now each shard's read-only script.
+    cfg = StatsConfig(url=own_redis_server.url, namespace=namespace, stale_after=120, shards=3)
+    catalog = sample_catalog()
+    writer = StatsWriter(cfg, catalog, engines=[0, 1, 2], start=False)
+    for e in (0, 1, 2):
+        writer.counter("tokens").labels(engine=e).inc(10 + e)
+        writer.histogram("latency_seconds").labels(engine=e).observe(0.3)
+    assert writer.flush()
+    admin = redis.Redis.from_url(own_redis_server.url, decode_responses=True)
+    admin.config_set("maxmemory-policy", "noeviction")
+    admin.config_set("maxmemory", 1)
+    try:
+        if use_async:
+
+            async def read() -> dict:
+                reader = AsyncStatsReader(cfg, catalog)
+                try:
+                    await reader.snapshot()  # planned, as a running exporter is
+                    snap = await reader.snapshot()
+                finally:
+                    await reader.close()
+                return {e: s.counter("tokens") for e, s in snap.engines.items()}
+
+            totals = asyncio.run(read())
+        else:
+            reader = StatsReader(cfg, catalog)
+            reader.snapshot()
+            snap = reader.snapshot()
+            reader.close()
+            totals = {e: s.counter("tokens") for e, s in snap.engines.items()}
+        assert totals == {0: 10, 1: 11, 2: 12}
+    finally:
+        admin.config_set("maxmemory", 0)
+        writer.close()
+        admin.close()
