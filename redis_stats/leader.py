@@ -78,12 +78,12 @@ class LeaseLeader(LeaseHolder):
 
     def renew(self) -> bool:
         """Take or renew the lease once; True if this process holds it now."""
-        keys, args = self.state.renewal()
+        keys, args, sent = self.state.renewal()
         try:
             reply = self._script(keys=keys, args=args)
         except Exception as exc:
             reply = exc
-        return self.state.renewed(reply)
+        return self.state.renewed(reply, sent)
 
     def close(self) -> None:
         """Stop renewing and release the lease if this process still holds it."""

@@ -167,6 +167,9 @@ class WriterStats:
     flushes: int = 0
     duplicates: int = 0
     errors: _Tally[str] = field(default_factory=_Tally)
+    # Failed listings of K in shard 0 (shards.lua), by kind: not flush attempts, so kept out of
+    # ``errors`` (flush_errors_total); logged, in this process only.
+    shards_errors: _Tally[str] = field(default_factory=_Tally)
     failed_fields: int = 0
     conflicts: int = 0
     last_success: float = 0.0
@@ -475,6 +478,21 @@ class WriterCore:
         log_fn = log.warning if self.stats.errors[kind] == 1 else log.debug
         log_fn("flush to %s failed (%s: %s); will retry with the same batch", self.config.safe_url, kind, exc)
 
+    def shards_failed(self, exc: BaseException) -> None:
+        """Listing this writer's K in shard 0 (``shards.lua``) failed: tried again next round.
+        Not a flush attempt, so not in ``flush_errors_total`` (each round would add one more
+        error until it succeeds): a warning on the first failure of each kind, then DEBUG."""
+        kind = error_kind(exc)
+        self.stats.shards_errors[kind] += 1
+        log_fn = log.warning if self.stats.shards_errors[kind] == 1 else log.debug
+        log_fn(
+            "listing K=%d in shard 0's catalogue at %s failed (%s: %s); will retry at the next flush",
+            self.shards,
+            self.config.safe_url,
+            kind,
+            exc,
+        )
+
     def flush_succeeded(self, reply: Any, seconds: float, shard: int = 0) -> FlushResult:
         """Redis answered the flush of *shard* (applied now, or already applied): move on."""
         result = FlushResult.from_reply(reply)
@@ -742,8 +760,8 @@ class StatsWriter(WriterCore):
                 try:
                     self._shards_script(*self.shards_call())
                     self.shards_noted = True
-                except Exception as exc:  # counted; tried again next round
-                    self.flush_failed(exc)
+                except Exception as exc:  # logged; tried again next round
+                    self.shards_failed(exc)
             ok = True
             for shard, keys, args in self.prepare_flushes(closing=closing):
                 started = time.perf_counter()

@@ -7,9 +7,11 @@ only in how they wait:
 - timing: a renewal every :attr:`LeaseState.period` (``ttl / 3``); a holder counts itself leader
   until ``renewal sent + ttl - margin`` on its own monotonic clock (see :mod:`redis_stats.leader`
   for why there is never a moment with two printers);
-- acquire / renew: :meth:`LeaseState.renewal` gives the script's KEYS and ARGV and notes when it
-  was sent; :meth:`LeaseState.renewed` reads the reply (the fencing token, 0 when another holds
-  the lease, an exception when Redis did not answer);
+- acquire / renew: :meth:`LeaseState.renewal` gives the script's KEYS and ARGV and when it was
+  sent; :meth:`LeaseState.renewed` reads the reply (the fencing token, 0 when another holds the
+  lease, an exception when Redis did not answer) against that call's own send time, so two
+  overlapping renewals (the renewal thread or task plus a caller of ``renew()``) never judge a
+  reply by the other's, later, send time;
 - lose: a reply of 0 ends the tenure at once; no reply keeps it only while it is still valid;
 - fencing: a token different from the last one is a new tenure (``on_acquire`` runs once);
 - release: :meth:`LeaseState.release` says whether there is anything to release.
@@ -47,7 +49,6 @@ class LeaseState:
         # at its next tick: failover stays within ttl + ttl/3.
         self.on_acquire: Callable[[], Any] | None = None
         self.valid_until = 0.0
-        self._sent = 0.0
 
     @property
     def period(self) -> float:
@@ -59,22 +60,24 @@ class LeaseState:
         ttl_ms = int(self.ttl * 1000) if op == "acquire" else 0
         return [self.keys.leader, self.keys.leader_epoch], [self.holder, ttl_ms, op]
 
-    def renewal(self) -> tuple[list[str], list[Any]]:
-        """KEYS and ARGV of one take-or-renew, sent now: validity is counted from this moment
-        (before the server applies it, so the local end comes before the key's expiry)."""
-        self._sent = time.monotonic()
-        return self.call("acquire")
+    def renewal(self) -> tuple[list[str], list[Any], float]:
+        """KEYS and ARGV of one take-or-renew, and its send time (now): validity is counted from
+        this moment (before the server applies it, so the local end comes before the key's
+        expiry). The caller hands the send time back to :meth:`renewed` with the reply: it is not
+        kept here, since another renewal may be sent before this one's reply arrives."""
+        keys, args = self.call("acquire")
+        return keys, args, time.monotonic()
 
-    def renewed(self, reply: Any) -> bool:
-        """The outcome of the last :meth:`renewal`: the script's reply, or the exception raised
-        instead. True if this process holds the lease now."""
+    def renewed(self, reply: Any, sent: float) -> bool:
+        """The outcome of the :meth:`renewal` sent at *sent*: the script's reply, or the exception
+        raised instead. True if this process holds the lease now."""
         if isinstance(reply, BaseException):
             return self.unanswered(reply)
         try:
             token = int(reply)
         except Exception as exc:  # not a token: as if Redis had not answered
             return self.unanswered(exc)
-        return self.answered(token, self._sent)
+        return self.answered(token, sent)
 
     def answered(self, token: int, sent: float) -> bool:
         """The script answered *token* to a renewal sent at monotonic time *sent*."""
@@ -83,7 +86,11 @@ class LeaseState:
             return False
         acquired = token != self.token or not self.is_leader()
         self.token = token
-        self.valid_until = sent + self.ttl - self.margin
+        until = sent + self.ttl - self.margin
+        # A reply of the same tenure that overtook this one may have proved a later expiry (its
+        # own send time was later): an older reply does not shorten it (the key's expiry only
+        # moves on). Never longer than the latest send time that got an answer, though.
+        self.valid_until = until if acquired else max(self.valid_until, until)
         if acquired:
             log.info("%s holds the log lease (fencing token %d)", self.holder, token)
             if self.on_acquire is not None:

@@ -16,8 +16,9 @@ element (``map(add, a, b)``); the per-series Python work left is building what i
 What a names field means for a catalogue is parsed once and kept (:class:`Layout`, keyed by the
 names field's text: it changes only when a writer adds a series, and engines serving one model
 share it), and so is each chunk's values (:class:`Parse`, kept with the chunk's text: an idle
-writer's chunk is not parsed again). Base fields (what gc folded in) that are exactly the
-counters and histograms of whole groups are read as one more chunk of their group, added first.
+writer's chunk is not parsed again; :class:`Kept` holds exactly the last read's parses). Base
+fields (what gc folded in) that are exactly the counters and histograms of whole groups are read
+as one more chunk of their group, added first.
 The bulk path takes only clean data: a group whose layout has a field it cannot show, a series
 in two groups, other base fields, or a value the bulk checks do not pass sends the whole engine
 down the line-by-line path (the same rules, :mod:`redis_stats._core.values`), which skips and
@@ -36,7 +37,17 @@ from typing import Any, NamedTuple
 from redis_stats._core.values import NUMBER_CHARS, go_floats, number_text, roll_up, sum_counter_texts
 from redis_stats.catalog import COUNTER, HISTOGRAM, MetricSpec
 
-__all__ = ["Chunk", "EngineChunks", "Group", "Layout", "Parse", "Parsed", "merge_groups", "parse_chunk"]
+__all__ = [
+    "Chunk",
+    "EngineChunks",
+    "Group",
+    "Kept",
+    "Layout",
+    "Parse",
+    "Parsed",
+    "merge_groups",
+    "parse_chunk",
+]
 
 Parsed = tuple[MetricSpec, tuple[str, ...], str]
 """A series field's parse: (spec, label values, suffix: a histogram's bucket layout)."""
@@ -331,19 +342,52 @@ def _combine(
     return Group(layout, counters, go_floats(sum_total), [*map(str, count_total)], gauges)
 
 
+# Chunk parses one reader keeps at most (~4 KB each with its text: ~400 MB): 50,000 engines x 2
+# writers. Past it a read parses the rest again each time instead of keeping them.
+KEPT_CEILING = 100_000
+
+
+class Kept:
+    """The parses of the chunks of the last read, to reuse while a chunk's text is unchanged.
+
+    Keyed by (engine, chunk field, layout), each with the chunk's text. Each read keeps exactly
+    the parses it used (:meth:`begin` makes them the ones looked up by the next read), so the
+    cache follows the namespace's size with no stale entries, up to :data:`KEPT_CEILING`. Two
+    reads at once (threads) may each start a generation: some parses are then made again, never
+    a wrong one (an entry is used only when its text is the chunk's).
+    """
+
+    __slots__ = ("last", "now")
+
+    def __init__(self) -> None:
+        self.last: dict[Any, tuple[str, Parse]] = {}
+        self.now: dict[Any, tuple[str, Parse]] = {}
+
+    def begin(self) -> None:
+        """A read starts: what the previous read used is what this one may reuse."""
+        self.last, self.now = self.now, {}
+
+    def __len__(self) -> int:
+        return len(self.now)
+
+
 def _kept_parse(
-    kept: dict[Any, tuple[str, Parse]],
+    kept: Kept,
     slot: Any,
     layout: Layout,
     text: str,
     values: list[str],
     fresh: dict[int, list[str]],
 ) -> Parse:
-    found = kept.get(slot)
+    now = kept.now
+    found = now.get(slot) or kept.last.get(slot)
     if found is not None and found[0] == text:
+        if len(now) < KEPT_CEILING:
+            now[slot] = found
         return found[1]
     parse, tokens = parse_chunk(layout, values)
-    kept[slot] = (text, parse)  # one store of an immutable pair: thread-safe
+    if len(now) < KEPT_CEILING:
+        now[slot] = (text, parse)  # one store of an immutable pair: thread-safe
     fresh[id(parse)] = tokens
     return parse
 
@@ -355,15 +399,15 @@ def merge_groups(
     live: Container[str],
     up: bool,
     numbers: bool,
-    kept: dict[Any, tuple[str, Parse]],
+    kept: Kept,
 ) -> list[Group] | None:
     """The engine's chunks added up group by group (the chunks of one names field, in order of
     first appearance), or None when the engine must be read line by line: a layout that is not
     clean, a series in two groups (*disjoint* False), base fields that are not exactly the
     counters and histograms of some groups, or a value the bulk checks do not take. Base
     fields are added first, as the line-by-line read adds them. Gauges count only *live*
-    writers of an engine that is *up*. *kept*: the last parse of each chunk of *engine* (by
-    chunk field; both paths share it) with its text, reused while the text is the same."""
+    writers of an engine that is *up*. *kept*: the parses of the last read (by engine and
+    chunk field; both paths share it) with their text, reused while the text is the same."""
     if not disjoint:
         return None
     by_names: dict[str, tuple[Layout, list[Parse], list[Parse]]] = {}
@@ -394,7 +438,7 @@ def _add_base(
     engine: str,
     flat: list[tuple[Any, Any, None]],
     by_names: dict[str, tuple[Layout, list[Parse], list[Parse]]],
-    kept: dict[Any, tuple[str, Parse]],
+    kept: Kept,
     fresh: dict[int, list[str]],
 ) -> bool:
     """Put the base fields (departed writers' totals, folded in by gc) first in the groups

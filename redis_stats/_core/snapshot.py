@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from redis_stats._core import fields
-from redis_stats._core.merge import Chunk, EngineChunks, Group, Layout, Parse, Parsed, merge_groups
+from redis_stats._core.merge import Chunk, EngineChunks, Group, Kept, Layout, Parsed, merge_groups
 from redis_stats._core.values import (
     gauge_parts,
     histogram_numbers,
@@ -57,7 +57,6 @@ _INF = math.inf
 _NON_FINITE = {_INF: "+Inf", -_INF: "-Inf"}
 _FIELD_CACHE_LIMIT = 1_000_000
 _LAYOUT_CACHE_LIMIT = 10_000  # names fields kept (engines of one model share one)
-_KEPT_LIMIT = 10_000  # chunk parses kept (~7 KB each with its text): 4,096 engines x 2 writers, and room
 _SKIPPED_NAMED = 50  # keys/fields a Skipped names; the counts go on past it
 
 
@@ -334,9 +333,10 @@ class SnapshotDecoder:
 
     Keeps what does not change between reads: the catalogue stored in Redis (re-read only when
     its version changes), the parse of every field seen, the :class:`Layout` of every chunk
-    names field seen, and the last parse of each chunk with its text (an unchanged chunk is not
-    parsed again). Each cache is bounded (it starts afresh when full) and belongs to this
-    decoder, so to one namespace. Safe to share between threads: the caches hold only immutable
+    names field seen, and the parses of the chunks of the last read with their text (an unchanged
+    chunk is not parsed again). Each cache is bounded (the chunk parses by the last read's and
+    :data:`~redis_stats._core.merge.KEPT_CEILING`, the others start afresh when full) and belongs
+    to this decoder, so to one namespace. Safe to share between threads: the caches hold only immutable
     entries, one dictionary store each, the field and layout ones tagged with the catalogue they
     were made from, so a thread still decoding with the previous catalogue never reads or leaves
     a wrong entry.
@@ -357,9 +357,9 @@ class SnapshotDecoder:
         # engine's groups -> whether no series is in two of them. Per decoder: per namespace.
         self._layouts: dict[str, Layout] = {}
         self._disjoint: dict[tuple[str, ...], bool] = {}
-        # (engine, chunk field, layout) -> (values text, its parse): the last parse of each
-        # chunk, reused while the chunk is unchanged (an idle writer's)
-        self._kept: dict[Any, tuple[str, Parse]] = {}
+        # (engine, chunk field, layout) -> (values text, its parse): the parses of the last
+        # read, reused while the chunk is unchanged (an idle writer's)
+        self._kept = Kept()
 
     # Local specs that conflict with the stored ones (names), counted in every read's ``skipped``.
     _conflicting: tuple[str, ...] = ()
@@ -539,8 +539,6 @@ class SnapshotDecoder:
                     seen.update(layout.fields)
                 known = self._disjoint[distinct] = len(seen) == sum(len(x.fields) for x in layouts.values())
             disjoint = known
-        if len(self._kept) > _KEPT_LIMIT:
-            self._kept = {}
         return merge_groups(engine, chunks, disjoint, live, up, numbers, self._kept)
 
     _writers_of: dict[str, str | None] = {}
@@ -562,6 +560,7 @@ class SnapshotDecoder:
         it costs that key only."""
         if not isinstance(skipped, Skipped):
             skipped = Skipped(skipped)
+        self._kept.begin()  # a read: the chunk parses kept are the ones it will use
         keys = self.keys
         now_ms = float(reply[0])
         version, meta = reply[3] or "", reply[4] or []

@@ -34,12 +34,12 @@ class AsyncLeaseLeader(LeaseHolder):
 
     async def renew(self) -> bool:
         """Take or renew the lease once; True if this process holds it now."""
-        keys, args = self.state.renewal()
+        keys, args, sent = self.state.renewal()
         try:
             reply = await self._script(keys, args)
         except Exception as exc:
             reply = exc
-        return self.state.renewed(reply)
+        return self.state.renewed(reply, sent)
 
     def close(self) -> None:
         """Stop renewing (the lease expires by itself; :meth:`aclose` also releases it)."""

@@ -86,8 +86,8 @@ class AsyncStatsWriter(WriterCore):
                 try:
                     await self._shards_script(*self.shards_call())
                     self.shards_noted = True
-                except Exception as exc:  # counted; tried again next round
-                    self.flush_failed(exc)
+                except Exception as exc:  # logged; tried again next round
+                    self.shards_failed(exc)
             ok = True
             for shard, keys, args in self.prepare_flushes(closing=closing):
                 started = time.perf_counter()

@@ -47,16 +47,23 @@ def _engine_fields(client: Any, shards: list[Keys], engine: int) -> Any:
     return names
 
 
-def _shard_lines(client: Any, shards: list[Keys], layouts: list[int]) -> Iterator[str]:
-    """One line per shard: its hash tag, its slot, and (on a Cluster) the master holding it."""
-    yield f"  shards: {len(shards)} (K = {', '.join(map(str, layouts))}; engine e in shard e % K)"
-    for i, shard in enumerate(shards):
+def _shard_lines(client: Any, keys: Keys, layouts: list[int]) -> Iterator[str]:
+    """One line per shard, named by its place in each split (``s of K``; shard 0 is every K's):
+    its hash tag, its slot, and (on a Cluster) the master holding it, or "no node" when none
+    serves that slot (a Cluster missing slots). Two splits whose shard has the same tag (see
+    :meth:`Keys.all_shards`) are one shard: one line, with both names."""
+    labels: dict[Keys, list[str]] = {keys: ["0 (every K)"]}
+    for k in sorted(set(layouts) - {1}):
+        for s in range(1, k):
+            labels.setdefault(keys.shard(s, k), []).append(f"{s} of K={k}")
+    yield f"  shards: {len(labels)} (K = {', '.join(map(str, layouts))}; engine e in shard e % K)"
+    for shard, names in labels.items():
         slot = key_slot(shard.seq.encode())
         where = ""
         if is_cluster(client):
             node = client.get_node_from_key(shard.seq)
-            where = f", on {node.host}:{node.port}"
-        yield f"    shard {i}: keys {shard.prefix}*, slot {slot}{where}"
+            where = f", on {node.host}:{node.port}" if node is not None else ", no node"
+        yield f"    shard {' = '.join(names)}: keys {shard.prefix}*, slot {slot}{where}"
 
 
 def inspect_namespace(config: StatsConfig, catalog: Catalog | None = None) -> Iterator[str]:
@@ -78,7 +85,7 @@ def inspect_namespace(config: StatsConfig, catalog: Catalog | None = None) -> It
     reader.layouts = reader.layouts | snap_layouts(client, keys)
     shards = reader.shard_keys
     if len(shards) > 1:
-        yield from _shard_lines(client, shards, sorted(reader.layouts))
+        yield from _shard_lines(client, keys, sorted(reader.layouts))
     meta = _or_why(client.hgetall, keys.meta)
     if isinstance(meta, dict):
         specs = [f for f in meta if f.startswith("m:")]

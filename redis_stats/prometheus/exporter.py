@@ -26,11 +26,14 @@ Run it standalone (``redis-stats exporter``) or inside any process (:class:`Expo
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
 import io
 import json
 import logging
+import queue
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -152,12 +155,101 @@ class _RequestReader(io.RawIOBase):
         return int(self._sock.recv_into(buffer))
 
 
-# Answer to a connection over the cap: written straight to the socket, no thread started.
+# Answer to a connection over the cap: written by the one _BusyResponder thread, none per connection.
 _BUSY_BODY = b'{"error": "too many connections, retry in a second"}'
 _BUSY = (
     b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
     b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY)
 )
+# A refused connection waits at most this long for its request (then the 503 goes anyway), and
+# as long again for the client to hang up after reading it; at most _BUSY_BYTES are read in
+# each phase. Short, because one thread answers every refused connection in turn.
+_BUSY_WAIT = 0.2
+_BUSY_BYTES = 1 << 20
+# Refused connections waiting for the responder; past this many a new one is just closed.
+_BUSY_QUEUE = 128
+
+
+class _BusyResponder:
+    """One daemon thread that answers connections over the cap with the 503.
+
+    Closing a socket whose request was never read makes the kernel send a reset instead of a
+    normal close, and a client (on a real network, or still sending) then loses the 503 already
+    sent. So each refused socket has its request read first (what arrives within ``_BUSY_WAIT``),
+    gets the 503, is shut for writing, and is drained until the client hangs up (or the wait
+    ends) before it is closed. The accept loop only puts the socket in a bounded queue: when it
+    is full the socket is closed at once, so a flood never blocks accepting.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[socket.socket | None] = queue.Queue(_BUSY_QUEUE)
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="redis_stats-exporter-busy", daemon=True)
+            self._thread.start()
+
+    def refuse(self, sock: socket.socket) -> bool:
+        """Queue *sock* for the 503; False when the queue is full (the caller closes it)."""
+        try:
+            self._queue.put_nowait(sock)
+        except queue.Full:
+            return False
+        return True
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            with contextlib.suppress(queue.Full):
+                self._queue.put_nowait(None)
+            self._thread.join(2 * _BUSY_WAIT + 1)
+            self._thread = None
+        while True:  # sockets still queued (stopped, or never started): close them
+            try:
+                sock = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if sock is not None:
+                sock.close()
+
+    def _run(self) -> None:
+        while (sock := self._queue.get()) is not None:
+            try:
+                self._answer(sock)
+            except OSError:
+                pass
+            finally:
+                sock.close()
+
+    @staticmethod
+    def _read(sock: socket.socket, until_end_of_headers: bool) -> None:
+        """Read (and drop) what the client sends, until EOF, the end of the request's headers
+        when *until_end_of_headers*, ``_BUSY_WAIT`` or ``_BUSY_BYTES``."""
+        deadline, seen, tail = time.monotonic() + _BUSY_WAIT, 0, b""
+        while seen < _BUSY_BYTES:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            sock.settimeout(left)
+            try:
+                data = sock.recv(65536)
+            except TimeoutError:
+                return
+            if not data:
+                return
+            seen += len(data)
+            if until_end_of_headers:
+                tail = (tail + data)[-(len(data) + 3) :]
+                if b"\r\n\r\n" in tail:
+                    return
+
+    def _answer(self, sock: socket.socket) -> None:
+        self._read(sock, until_end_of_headers=True)
+        sock.settimeout(_BUSY_WAIT)
+        sock.sendall(_BUSY)
+        sock.shutdown(socket.SHUT_WR)
+        # Whatever still arrives (a request body) is read, so the close is not a reset.
+        self._read(sock, until_end_of_headers=False)
 
 
 class _Server(ThreadingHTTPServer):
@@ -165,27 +257,33 @@ class _Server(ThreadingHTTPServer):
 
     ThreadingHTTPServer starts one thread per connection with no bound (prometheus_client's own
     server too): a burst of clients, or many slow ones each held up to the request timeout, would
-    grow threads and memory without limit. Past the cap a connection gets an immediate 503 with
-    ``Retry-After`` and is closed, so the clients already being served keep their threads and a
-    scraper sees a clear answer instead of a timeout.
+    grow threads and memory without limit. Past the cap a connection gets a 503 with
+    ``Retry-After`` from one responder thread (:class:`_BusyResponder`) and is closed, so the
+    clients already being served keep their threads and a scraper sees a clear answer instead of
+    a timeout.
     """
 
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], handler: Any, max_connections: int) -> None:
         self._slots = threading.BoundedSemaphore(max_connections)
+        self._busy = _BusyResponder()
         self.refused = 0  # connections answered 503 for the cap (read by ScrapeStats)
         super().__init__(address, handler)
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        self._busy.start()
+        super().serve_forever(poll_interval)
+
+    def server_close(self) -> None:
+        super().server_close()
+        self._busy.stop()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
             self.refused += 1
-            try:
-                request.settimeout(1.0)
-                request.sendall(_BUSY)
-            except OSError:
-                pass
-            self.shutdown_request(request)
+            if not self._busy.refuse(request):
+                self.shutdown_request(request)  # too many refused at once: no answer at all
             return
         try:
             super().process_request(request, client_address)
@@ -299,7 +397,7 @@ class Exporter:
     process metrics on its own ``/metrics``.
 
     At most *max_connections* connections are served at once (one thread each); past that a new
-    connection is answered 503 with ``Retry-After: 1`` at once and closed (counted in
+    connection is answered 503 with ``Retry-After: 1`` by one responder thread and closed (counted in
     ``redis_stats_exporter_connections_refused_total`` with *self_metrics*).
     """
 

@@ -220,3 +220,33 @@ def test_concurrent_first_snapshot_requests_start_one_sampler(config, fake_clien
     finally:
         sys.setswitchinterval(old_interval)
     assert extra == 0, f"{extra} extra window samplers started over 100 exporters"
+
+
+def test_a_refused_client_still_sending_a_large_request_gets_the_503_not_a_reset(config, fake_client):
+    # The 503 was written and the socket closed without reading the request: unread data makes
+    # the kernel send a reset, and the client lost the 503 (or its send failed).
+    reader = StatsReader(config, sample_catalog(), client=fake_client())
+    exporter = Exporter(reader, port=0, request_timeout=5.0, max_connections=1).start()
+    held = _open_idle(exporter.port, 1)
+    try:
+        time.sleep(0.2)
+        body = b"x" * (512 * 1024)
+        for _ in range(3):
+            s = socket.create_connection(("127.0.0.1", exporter.port), timeout=10)
+            request = (
+                b"POST /metrics HTTP/1.1\r\nHost: x\r\n"
+                + b"".join(b"X-Pad-%d: %s\r\n" % (i, b"y" * 1000) for i in range(32))
+                + b"Content-Length: %d\r\n\r\n" % len(body)
+                + body
+            )
+            s.sendall(request)  # all of it before reading, as a client posting a body does
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+            s.close()
+            assert data.split(b" ", 2)[1] == b"503", data[:80]
+            assert b"too many connections" in data
+    finally:
+        for s in held:
+            s.close()
+        exporter.close()

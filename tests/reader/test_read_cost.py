@@ -102,6 +102,59 @@ def test_a_names_field_is_parsed_once_and_an_unchanged_chunk_is_not_parsed_again
         w._closed = True
 
 
+def test_a_fleet_with_more_chunks_than_ten_thousand_keeps_its_parses(
+    config, catalog, fake_client, monkeypatch
+):
+    """The chunk parses kept were capped at 10,000 and cleared past it, at every read: past 5,000
+    engines x 2 writers every chunk was parsed again at every scrape. The cache now holds the
+    last read's parses, however many (up to merge.KEPT_CEILING)."""
+    parses: list[Any] = []
+    real_parse = merge.parse_chunk
+
+    def counted_parse(*args: Any) -> Any:
+        parses.append(args)
+        return real_parse(*args)
+
+    monkeypatch.setattr(merge, "parse_chunk", counted_parse)
+    engines = list(range(5_100))
+    for role, n in (("api0", 3), ("api1", 5)):
+        w = StatsWriter(config, catalog, engines=engines, client=fake_client(), start=False, role=role)
+        for e in engines:
+            w.counter("tokens").labels(engine=e).inc(n)
+        assert w.flush()
+        w._closed = True
+    reader = StatsReader(config, catalog, client=fake_client())
+    snap = reader.snapshot()
+    assert len(snap.engines) == len(engines) and snap.engines[4_321].counter("tokens") == 8
+    assert len(parses) == 2 * len(engines) > 10_000
+    collector = RedisCollector(reader)
+    text = collector.render_text()
+    assert 'tokens_total{engine="5099"} 8\n' in text
+    assert reader.snapshot().engines[5_099].counter("tokens") == 8
+    assert len(parses) == 2 * len(engines)  # nothing parsed again, by either path
+    assert len(reader._decoder._kept) == 2 * len(engines)  # exactly the last read's parses
+
+
+def test_chunk_parses_kept_are_the_last_reads_up_to_the_ceiling(config, catalog, fake_client, monkeypatch):
+    parses: list[Any] = []
+    real_parse = merge.parse_chunk
+
+    def counted_parse(*args: Any) -> Any:
+        parses.append(args)
+        return real_parse(*args)
+
+    monkeypatch.setattr(merge, "parse_chunk", counted_parse)
+    monkeypatch.setattr(merge, "KEPT_CEILING", 4)
+    writers = _writers(config, catalog, fake_client, [0, 1, 2])
+    reader = StatsReader(config, catalog, client=fake_client())
+    first = _series(reader.snapshot())
+    assert len(parses) == 6 and len(reader._decoder._kept) == 4  # past the ceiling: not kept
+    assert _series(reader.snapshot()) == first
+    assert len(parses) == 6 + 2  # the four kept are reused, the other two parsed again
+    for w in writers:
+        w._closed = True
+
+
 def test_parsed_names_are_kept_per_namespace(config, catalog, fake_client):
     """Caches do not cross namespaces: each reader keeps its own (a names field of the same
     text means the same series only against its own namespace's catalogue)."""

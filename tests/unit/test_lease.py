@@ -1,12 +1,17 @@
 """The lease's sans-I/O core with no Redis: what a renewal asks, what each answer means, when a
 holder stops counting itself leader, and when there is something to release."""
 
+import asyncio
+import threading
 import time
+from typing import Any
 
 import pytest
 
 from redis_stats._core.lease import LeaseState
+from redis_stats.aio.leader import AsyncLeaseLeader
 from redis_stats.keys import Keys
+from redis_stats.leader import LeaseLeader
 
 
 def _state(ttl: float = 3.0) -> LeaseState:
@@ -15,7 +20,7 @@ def _state(ttl: float = 3.0) -> LeaseState:
 
 def test_a_renewal_asks_lease_lua_to_acquire_for_this_holder_every_third_of_the_ttl():
     state = _state(3.0)
-    keys, args = state.renewal()
+    keys, args, _ = state.renewal()
     assert keys == [Keys("ns").leader, Keys("ns").leader_epoch]
     assert args == ["me", 3000, "acquire"]
     assert state.period == pytest.approx(1.0)
@@ -25,54 +30,117 @@ def test_a_renewal_asks_lease_lua_to_acquire_for_this_holder_every_third_of_the_
 
 def test_validity_is_counted_from_when_the_renewal_was_sent_minus_the_margin():
     state = _state(3.0)
-    state.renewal()
-    sent = time.monotonic()
+    sent = state.renewal()[2]
     time.sleep(0.05)  # the answer arrives later: it does not extend the lease
-    assert state.renewed(7) and state.is_leader() and state.token == 7
-    assert sent - 0.05 <= state.valid_until - (3.0 - state.margin) <= sent
+    assert state.renewed(7, sent) and state.is_leader() and state.token == 7
+    assert state.valid_until == sent + 3.0 - state.margin
 
 
 def test_a_new_fencing_token_is_a_new_tenure_and_on_acquire_runs_once_per_tenure():
     state, calls = _state(), []
     state.on_acquire = lambda: calls.append(state.token)
-    state.renewal()
-    state.renewed(5)
-    state.renewal()
-    state.renewed(5)  # a renewal of the same tenure
+    sent = state.renewal()[2]
+    state.renewed(5, sent)
+    sent = state.renewal()[2]
+    state.renewed(5, sent)  # a renewal of the same tenure
     assert calls == [5]
-    state.renewal()
-    state.renewed(0)  # lost: another process holds it
+    sent = state.renewal()[2]
+    state.renewed(0, sent)  # lost: another process holds it
     assert not state.is_leader() and state.valid_until == 0.0
-    state.renewal()
-    state.renewed(9)
+    sent = state.renewal()[2]
+    state.renewed(9, sent)
     assert calls == [5, 9]
 
 
 def test_a_failing_on_acquire_callback_does_not_lose_the_lease():
     state = _state()
     state.on_acquire = lambda: 1 / 0
-    state.renewal()
-    assert state.renewed(1) and state.is_leader()
+    sent = state.renewal()[2]
+    assert state.renewed(1, sent) and state.is_leader()
 
 
 def test_no_answer_keeps_the_lease_only_while_it_is_still_valid():
     state = _state(0.5)
-    assert not state.renewed(ConnectionError("down"))  # never held
-    state.renewal()
-    state.renewed(3)
-    state.renewal()
-    assert state.renewed(ConnectionError("down")) and state.token == 3
-    assert state.renewed("not a token") and state.token == 3  # a bad reply counts as no answer
+    assert not state.renewed(ConnectionError("down"), time.monotonic())  # never held
+    sent = state.renewal()[2]
+    state.renewed(3, sent)
+    sent = state.renewal()[2]
+    assert state.renewed(ConnectionError("down"), sent) and state.token == 3
+    assert state.renewed("not a token", sent) and state.token == 3  # a bad reply: no answer
     time.sleep(0.5 - state.margin + 0.02)
-    state.renewal()
-    assert not state.renewed(TimeoutError("still down")) and not state.is_leader()
+    sent = state.renewal()[2]
+    assert not state.renewed(TimeoutError("still down"), sent) and not state.is_leader()
 
 
 def test_release_only_what_is_held_and_only_once():
     state = _state()
     assert state.release() is None  # never held: nothing to send
-    state.renewal()
-    state.renewed(4)
+    sent = state.renewal()[2]
+    state.renewed(4, sent)
     assert state.release() == ([Keys("ns").leader, Keys("ns").leader_epoch], ["me", 0, "release"])
     assert not state.is_leader()
     assert state.release() is None
+
+
+def test_overlapping_renewals_each_reply_is_judged_by_its_own_send_time():
+    """A renewal (the thread's) is applied but its reply is slow; a second renewal (a caller's
+    ``renew()``) is sent later and gets no answer. The key expires ttl after the first was
+    applied, so the first reply must not count validity from the second one's send time."""
+    leader = LeaseLeader(None, Keys("ns"), "me", ttl=3.0, start=False)
+    first_sent, second_done, calls = threading.Event(), threading.Event(), []
+
+    def script(keys: list[str], args: list[Any]) -> Any:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            first_sent.set()
+            second_done.wait(5)  # the reply arrives after the second renewal is over
+            return 1
+        raise ConnectionError("lost on the way")
+
+    leader._script = script  # type: ignore[assignment]
+    thread = threading.Thread(target=leader.renew)
+    before = time.monotonic()
+    thread.start()
+    first_sent.wait(5)
+    time.sleep(0.3)
+    assert not leader.renew()  # never held yet: no answer, not leader
+    second_done.set()
+    thread.join(5)
+    assert leader.is_leader()
+    assert leader.state.valid_until <= calls[0] + 3.0 - leader.state.margin
+    assert leader.state.valid_until >= before + 3.0 - leader.state.margin
+
+
+def test_overlapping_async_renewals_each_reply_is_judged_by_its_own_send_time():
+    async def main() -> tuple[float, float, float]:
+        leader = AsyncLeaseLeader(None, Keys("ns"), "me", ttl=3.0)
+        first_sent, second_done, calls = asyncio.Event(), asyncio.Event(), []
+
+        async def script(keys: list[str], args: list[Any]) -> Any:
+            calls.append(time.monotonic())
+            if len(calls) == 1:
+                first_sent.set()
+                await second_done.wait()
+                return 1
+            raise ConnectionError("lost on the way")
+
+        leader._script = script  # type: ignore[assignment]
+        first = asyncio.create_task(leader.renew())
+        await first_sent.wait()
+        await asyncio.sleep(0.3)
+        assert not await leader.renew()
+        second_done.set()
+        assert await first
+        return leader.state.valid_until, calls[0], leader.state.margin
+
+    valid_until, first_call, margin = asyncio.run(main())
+    assert valid_until <= first_call + 3.0 - margin
+
+
+def test_an_older_reply_of_the_same_tenure_does_not_shorten_a_later_one():
+    state = _state(3.0)
+    old = state.renewal()[2]
+    new = state.renewal()[2] + 0.5
+    assert state.renewed(2, new)
+    assert state.renewed(2, old)  # overtaken: the key's expiry was already moved on
+    assert state.valid_until == new + 3.0 - state.margin
