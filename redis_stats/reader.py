@@ -6,13 +6,14 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from redis.exceptions import ExecAbortError, OutOfMemoryError, ResponseError
 
 from redis_stats._core.snapshot import Snapshot, SnapshotDecoder, unreadable
+from redis_stats._core.steps import Steps, run
 from redis_stats._scripts import ReadOnlyScript, load_script
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
@@ -26,7 +27,7 @@ log = logging.getLogger("redis_stats.reader")
 Plan = tuple[tuple[str, ...], tuple[str, ...]]  # (engines, writers) a transaction read asks for
 # One read without its I/O (ReaderCore.read_steps): yields (what, argument) steps, is sent their
 # results, returns the read.lua-shaped reply.
-ReadSteps = Generator[tuple[str, Any], Any, list[Any]]
+ReadSteps = Steps[list[Any]]
 
 
 def _layouts(meta_flat: Any) -> set[int]:
@@ -469,19 +470,7 @@ class StatsReader(ReaderCore):
     def read(self, engines: Iterable[int] | None = None) -> list[Any]:
         """One consistent read of the namespace, as a read.lua-shaped reply (of every shard: each
         shard's part is consistent in itself)."""
-        steps = self.read_steps(engines, is_cluster(self._client))
-        result: Any = None
-        error: Exception | None = None
-        while True:
-            try:
-                step = steps.throw(error) if error is not None else steps.send(result)
-            except StopIteration as done:
-                reply: list[Any] = done.value
-                return reply
-            try:
-                result, error = self._carry_out(*step), None
-            except Exception as exc:  # the steps handle it (MULTI refused over maxmemory) or raise it
-                result, error = None, exc
+        return run(self.read_steps(engines, is_cluster(self._client)), self._carry_out)
 
     def _carry_out(self, what: str, arg: Any) -> Any:
         """One step of :meth:`ReaderCore.read_steps`, blocking."""

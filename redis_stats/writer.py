@@ -45,6 +45,7 @@ import redis
 from redis.utils import HIREDIS_AVAILABLE
 
 from redis_stats._core.accumulator import Accumulator, FlushProtocol, FlushResult
+from redis_stats._core.steps import Steps, run
 from redis_stats._scripts import Script, load_script
 from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, CatalogError, MetricSpec
 from redis_stats.config import ConfigError, StatsConfig
@@ -551,6 +552,30 @@ class WriterCore:
             log.warning("writer %s was removed by gc%s; continuing as %s", old_id, where, new_id)
         return result
 
+    def flush_steps(self, *, closing: bool = False) -> Steps[bool]:
+        """One flush round as steps (see :mod:`redis_stats._core.steps`), carried out blocking by
+        :class:`StatsWriter` and awaited by the asyncio twin: ``("shards", (KEYS, ARGV))`` lists
+        this writer's K in shard 0's catalogue (until done once), then ``("flush", (KEYS, ARGV))``
+        per shard written to, one after the other. Ends with True if Redis confirmed every flush;
+        a failure is counted here and that shard's batch goes again next round."""
+        if not self.shards_noted:
+            try:
+                yield ("shards", self.shards_call())
+                self.shards_noted = True
+            except Exception as exc:  # logged; tried again next round
+                self.shards_failed(exc)
+        ok = True
+        for shard, keys, args in self.prepare_flushes(closing=closing):
+            started = time.perf_counter()
+            try:
+                reply = yield ("flush", (keys, args))
+            except Exception as exc:  # never raised into the host
+                self.flush_failed(exc, shard)
+                ok = False
+                continue
+            self.flush_succeeded(reply, time.perf_counter() - started, shard)
+        return ok
+
     def shards_call(self) -> tuple[list[str], list[str]]:
         """KEYS and ARGV of ``shards.lua``: list this writer's K in shard 0's catalogue, so that
         a reader configured with another K still reads every shard (once per writer)."""
@@ -756,23 +781,13 @@ class StatsWriter(WriterCore):
                 except Exception as exc:  # never raise into the host; nothing was taken yet
                     self.flush_failed(exc)
                     return False
-            if not self.shards_noted:
-                try:
-                    self._shards_script(*self.shards_call())
-                    self.shards_noted = True
-                except Exception as exc:  # logged; tried again next round
-                    self.shards_failed(exc)
-            ok = True
-            for shard, keys, args in self.prepare_flushes(closing=closing):
-                started = time.perf_counter()
-                try:
-                    reply = self._call(keys, args)
-                except Exception as exc:  # never raise into the host
-                    self.flush_failed(exc, shard)
-                    ok = False
-                    continue
-                self.flush_succeeded(reply, time.perf_counter() - started, shard)
-            return ok
+            return run(self.flush_steps(closing=closing), self._carry_out)
+
+    def _carry_out(self, what: str, arg: tuple[list[str], list[str]]) -> Any:
+        """One step of :meth:`WriterCore.flush_steps`, blocking."""
+        if what == "shards":
+            return self._shards_script(*arg)
+        return self._call(*arg)
 
     def _call(self, keys: list[str], args: list[str]) -> Any:
         """One flush: the script, and with ``wait_replicas`` its replication acknowledgement."""

@@ -9,6 +9,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from redis_stats._core.snapshot import Snapshot
+from redis_stats._core.steps import arun
 from redis_stats._scripts import AsyncScript, load_script
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
@@ -36,19 +37,7 @@ class AsyncStatsReader(ReaderCore):
     async def read(self, engines: Iterable[int] | None = None) -> list[Any]:
         """One consistent read of the namespace, as a read.lua-shaped reply (see StatsReader.read:
         the same steps, awaited)."""
-        steps = self.read_steps(engines, is_cluster(self._client))
-        result: Any = None
-        error: Exception | None = None
-        while True:
-            try:
-                step = steps.throw(error) if error is not None else steps.send(result)
-            except StopIteration as done:
-                reply: list[Any] = done.value
-                return reply
-            try:
-                result, error = await self._carry_out(*step), None
-            except Exception as exc:  # the steps handle it (MULTI refused over maxmemory) or raise it
-                result, error = None, exc
+        return await arun(self.read_steps(engines, is_cluster(self._client)), self._carry_out)
 
     async def _carry_out(self, what: str, arg: Any) -> Any:
         """One step of :meth:`ReaderCore.read_steps`, awaited."""

@@ -18,6 +18,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
+from redis_stats._core.steps import arun
 from redis_stats._scripts import AsyncScript, load_script
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
@@ -82,23 +83,13 @@ class AsyncStatsWriter(WriterCore):
         async with self._flush_lock:
             if self._client is None:  # first flush in a forked child
                 self._use_client(make_async_client(self.config))
-            if not self.shards_noted:
-                try:
-                    await self._shards_script(*self.shards_call())
-                    self.shards_noted = True
-                except Exception as exc:  # logged; tried again next round
-                    self.shards_failed(exc)
-            ok = True
-            for shard, keys, args in self.prepare_flushes(closing=closing):
-                started = time.perf_counter()
-                try:
-                    reply = await self._call(keys, args)
-                except Exception as exc:  # never raise into the host
-                    self.flush_failed(exc, shard)
-                    ok = False
-                    continue
-                self.flush_succeeded(reply, time.perf_counter() - started, shard)
-            return ok
+            return await arun(self.flush_steps(closing=closing), self._carry_out)
+
+    async def _carry_out(self, what: str, arg: tuple[list[str], list[str]]) -> Any:
+        """One step of :meth:`WriterCore.flush_steps`, awaited."""
+        if what == "shards":
+            return await self._shards_script(*arg)
+        return await self._call(*arg)
 
     async def _call(self, keys: list[str], args: list[str]) -> Any:
         if not self.config.wait_replicas:
