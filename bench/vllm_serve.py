@@ -17,11 +17,8 @@ Usage: .venv-vllm/bin/python bench/vllm_serve.py [--rounds 8] [--seconds 6] [--c
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -33,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from redis_stats.tools.embedded import EmbeddedRedis, free_port
+from tests.vllm.serve import VllmServe
 from tests.vllm.tiny_model import build
 
 PROMPTS = [
@@ -43,79 +41,9 @@ PROMPTS = [
 ]
 
 
-class Serve:
-    """One `vllm serve` of *model* in its own process group."""
-
-    def __init__(self, model: Path, log: Path, env: dict[str, str]) -> None:
-        self.port = free_port()
-        self.model = str(model)
-        self.log = log
-        cmd = [
-            str(Path(sys.executable).parent / "vllm"),
-            "serve",
-            self.model,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--max-model-len",
-            "128",
-            "--dtype",
-            "float32",
-            "--enforce-eager",
-        ]
-        self.proc = subprocess.Popen(
-            cmd,
-            env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **env},
-            stdout=log.open("w"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def wait_ready(self, timeout: float = 600) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"vllm serve exited:\n{self.log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(2)
-        raise SystemExit(f"vllm serve did not start:\n{self.log.read_text()[-3000:]}")
-
-    def request(self, prompt: str, max_tokens: int) -> float:
-        """One streamed completion; its time to first token, in seconds."""
-        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "stream": True}
-        body["ignore_eos"] = True  # every request the same length, whatever the random weights say
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/v1/completions",
-            data=json.dumps(body).encode(),
-            headers={"content-type": "application/json"},
-        )
-        start = time.perf_counter()
-        ttft = None
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            for line in resp:
-                if ttft is None and line.startswith(b"data: {"):
-                    ttft = time.perf_counter() - start
-        assert ttft is not None, "no token streamed"
-        return ttft
-
-    def stop(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-        except ProcessLookupError:
-            pass
-
-
-def load(server: Serve, seconds: float, concurrency: int, max_tokens: int) -> tuple[int, float, list[float]]:
+def load(
+    server: VllmServe, seconds: float, concurrency: int, max_tokens: int
+) -> tuple[int, float, list[float]]:
     """Closed loop: *concurrency* clients, each sending its next request when the last is done.
     Returns (completed requests, elapsed seconds, TTFTs)."""
     ttfts: list[float] = []
@@ -125,7 +53,7 @@ def load(server: Serve, seconds: float, concurrency: int, max_tokens: int) -> tu
     def client(i: int) -> None:
         n = i
         while time.perf_counter() < stop_at:
-            ttft = server.request(PROMPTS[n % len(PROMPTS)], max_tokens)
+            ttft = server.stream(PROMPTS[n % len(PROMPTS)], max_tokens)
             with lock:
                 ttfts.append(ttft)
             n += concurrency
@@ -173,8 +101,8 @@ def main() -> None:
         for key in ("REDIS_STATS_URL", "VLLM_PLUGINS"):
             os.environ.pop(key, None)
         servers = {
-            "with plugin": Serve(model, Path(tmp) / "with.log", with_env),
-            "without plugin": Serve(model, Path(tmp) / "without.log", without_env),
+            "with plugin": VllmServe(model, Path(tmp) / "with.log", with_env),
+            "without plugin": VllmServe(model, Path(tmp) / "without.log", without_env),
         }
         try:
             t0 = time.monotonic()

