@@ -14,7 +14,8 @@ only in how they wait:
   reply by the other's, later, send time;
 - lose: a reply of 0 ends the tenure at once; no reply keeps it only while it is still valid;
 - fencing: a token different from the last one is a new tenure (``on_acquire`` runs once);
-- release: :meth:`LeaseState.release` says whether there is anything to release.
+- release: :meth:`LeaseState.release` says whether there is anything to release; a reply to a
+  renewal sent before it does not make the process leader again.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ class LeaseState:
         # at its next tick: failover stays within ttl + ttl/3.
         self.on_acquire: Callable[[], Any] | None = None
         self.valid_until = 0.0
+        # When this process last released the lease (monotonic): a renewal sent before it, whose
+        # reply arrives after it, is not a tenure (see answered()).
+        self.released_at = float("-inf")
 
     @property
     def period(self) -> float:
@@ -84,6 +88,10 @@ class LeaseState:
         if token <= 0:
             self.valid_until = 0.0
             return False
+        if sent <= self.released_at:
+            # Sent before a release, answered after it (close() with a renewal in flight): Redis
+            # may have run it first and the release then, which let another holder in.
+            return False
         acquired = token != self.token or not self.is_leader()
         self.token = token
         until = sent + self.ttl - self.margin
@@ -108,6 +116,7 @@ class LeaseState:
     def release(self) -> tuple[list[str], list[Any]] | None:
         """KEYS and ARGV of the release, or None when this process never held the lease (or
         already released it). Either way it stops counting itself leader now."""
+        self.released_at = time.monotonic()
         if not self.valid_until:
             return None
         self.valid_until = 0.0

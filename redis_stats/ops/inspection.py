@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from redis.crc import key_slot
-from redis.exceptions import ResponseError
+from redis.exceptions import ResponseError, SlotNotCoveredError
 
 from redis_stats._core import fields
 from redis_stats._core.snapshot import Skipped
@@ -61,7 +61,10 @@ def _shard_lines(client: Any, keys: Keys, layouts: list[int]) -> Iterator[str]:
         slot = key_slot(shard.seq.encode())
         where = ""
         if is_cluster(client):
-            node = client.get_node_from_key(shard.seq)
+            try:  # redis-py raises for a slot no node serves (a Cluster missing slots)
+                node = client.get_node_from_key(shard.seq)
+            except SlotNotCoveredError:
+                node = None
             where = f", on {node.host}:{node.port}" if node is not None else ", no node"
         yield f"    shard {' = '.join(names)}: keys {shard.prefix}*, slot {slot}{where}"
 

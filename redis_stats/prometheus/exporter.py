@@ -184,14 +184,19 @@ class _BusyResponder:
     def __init__(self) -> None:
         self._queue: queue.Queue[socket.socket | None] = queue.Queue(_BUSY_QUEUE)
         self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
 
     def start(self) -> None:
         if self._thread is None:
+            self._stopping.clear()
             self._thread = threading.Thread(target=self._run, name="redis_stats-exporter-busy", daemon=True)
             self._thread.start()
 
     def refuse(self, sock: socket.socket) -> bool:
-        """Queue *sock* for the 503; False when the queue is full (the caller closes it)."""
+        """Queue *sock* for the 503; False when the queue is full or the responder stopped (the
+        caller closes it)."""
+        if self._stopping.is_set():
+            return False
         try:
             self._queue.put_nowait(sock)
         except queue.Full:
@@ -199,12 +204,24 @@ class _BusyResponder:
         return True
 
     def stop(self) -> None:
-        if self._thread is not None:
-            with contextlib.suppress(queue.Full):
+        """Close the sockets still queued (unanswered: the server is closing) and end the thread.
+
+        The thread ends after the socket it is answering (at most ``2 * _BUSY_WAIT``): it checks
+        the flag between sockets, and the sentinel wakes it if it waits on the queue. (Joining
+        first and then emptying the queue lost the sentinel with the sockets whenever a dozen slow
+        clients outlasted the join: the thread then waited on an empty queue for ever.)
+        """
+        self._stopping.set()
+        thread, self._thread = self._thread, None
+        self._close_queued()
+        if thread is not None:
+            with contextlib.suppress(queue.Full):  # just emptied, and nothing is queued any more
                 self._queue.put_nowait(None)
-            self._thread.join(2 * _BUSY_WAIT + 1)
-            self._thread = None
-        while True:  # sockets still queued (stopped, or never started): close them
+            thread.join(2 * _BUSY_WAIT + 1)
+        self._close_queued()
+
+    def _close_queued(self) -> None:
+        while True:
             try:
                 sock = self._queue.get_nowait()
             except queue.Empty:
@@ -213,7 +230,7 @@ class _BusyResponder:
                 sock.close()
 
     def _run(self) -> None:
-        while (sock := self._queue.get()) is not None:
+        while not self._stopping.is_set() and (sock := self._queue.get()) is not None:
             try:
                 self._answer(sock)
             except OSError:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from redis.crc import key_slot
+from redis.exceptions import SlotNotCoveredError
+
 from redis_stats import StatsConfig, StatsWriter
 from redis_stats.keys import Keys
 from redis_stats.ops import inspection
@@ -21,8 +24,12 @@ class _ClusterView:
     def __init__(self, client: Any, unserved: str) -> None:
         self._client, self._unserved = client, unserved
 
-    def get_node_from_key(self, key: str) -> _Node | None:
-        return None if key == self._unserved else _Node()
+    def get_node_from_key(self, key: str) -> _Node:
+        # As redis-py's RedisCluster does for a slot no node serves (it returns None only for a
+        # replica asked of a slot without one): the stand-in that returned None hid the crash.
+        if key == self._unserved:
+            raise SlotNotCoveredError(f'Slot "{key_slot(key.encode())}" is not covered by the cluster.')
+        return _Node()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)

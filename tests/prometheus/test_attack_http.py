@@ -250,3 +250,30 @@ def test_a_refused_client_still_sending_a_large_request_gets_the_503_not_a_reset
         for s in held:
             s.close()
         exporter.close()
+
+
+def test_close_during_a_flood_of_silent_refused_clients_ends_the_responder_thread(config, fake_client):
+    # The responder spends up to 2 x _BUSY_WAIT on a client that sends nothing and never hangs
+    # up: with a dozen queued, close() gave up waiting for it, then took the queued sockets and
+    # the stop sentinel with them, and the thread waited on the empty queue for ever (one thread
+    # leaked per exporter closed under a flood).
+    reader = StatsReader(config, sample_catalog(), client=fake_client())
+    exporter = Exporter(reader, port=0, request_timeout=5.0, max_connections=1).start()
+    held = _open_idle(exporter.port, 1)
+    silent = []
+    try:
+        time.sleep(0.2)
+        silent = [socket.create_connection(("127.0.0.1", exporter.port), timeout=10) for _ in range(12)]
+        time.sleep(0.3)  # all accepted and queued (the responder is on the first)
+    finally:
+        exporter.close()
+        for s in held + silent:
+            s.close()
+
+    def busy() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "redis_stats-exporter-busy"]
+
+    deadline = time.monotonic() + 5.0
+    while busy() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not busy()

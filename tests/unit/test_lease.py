@@ -144,3 +144,18 @@ def test_an_older_reply_of_the_same_tenure_does_not_shorten_a_later_one():
     assert state.renewed(2, new)
     assert state.renewed(2, old)  # overtaken: the key's expiry was already moved on
     assert state.valid_until == new + 3.0 - state.margin
+
+
+def test_a_reply_to_a_renewal_sent_before_the_release_does_not_make_it_leader_again():
+    # close() releases while a renewal is still in flight (the thread's, past its join, or a
+    # caller's renew()): its token arrived after the release and counted as a new tenure, so
+    # the process printed for another ttl though Redis may already have deleted its key and
+    # let another holder in. A renewal sent after the release is a new take, judged as usual.
+    state, acquired = _state(), []
+    state.on_acquire = lambda: acquired.append(1)
+    state.renewed(4, state.renewal()[2])
+    in_flight = state.renewal()[2]
+    assert state.release() is not None
+    assert not state.renewed(4, in_flight) and not state.is_leader()
+    assert acquired == [1] and state.release() is None
+    assert state.renewed(5, state.renewal()[2]) and state.is_leader() and acquired == [1, 1]
