@@ -165,12 +165,20 @@ class ReaderCore:
         self._shard_meta: dict[str, tuple[str, Any]] = {}
         self._shard_plans: dict[str, Plan] = {}
         self._lock = threading.Lock()
+        # The shard keys of the layouts they were made for: made again only when the layouts
+        # change (every read asks for them; K = 64 means 63 Keys each time).
+        self._shards: tuple[frozenset[int] | None, list[Keys]] = (None, [])
 
     @property
     def shard_keys(self) -> list[Keys]:
         """The keys of every shard this reader reads: shard 0 (the namespace's own keys), then
         shards 1..K-1 of every K in :attr:`layouts`."""
-        return self.keys.all_shards(self.layouts)
+        layouts = self.layouts
+        made_for, shards = self._shards
+        if made_for is not layouts:  # layouts is replaced, never changed, when a K is noted
+            shards = self.keys.all_shards(layouts)
+            self._shards = (layouts, shards)  # one store: concurrent reads see a whole pair
+        return shards
 
     def note_layouts(self, meta_flat: Any) -> bool:
         """Take the K values listed in shard 0's catalogue *meta_flat*; True if one is new."""
@@ -336,8 +344,8 @@ class ReaderCore:
 
         With *engines*, only those engines' hashes are asked for and returned. A command that
         failed (a key of the wrong type) stays in the reply as its exception, for the decoder
-        to skip and count: it costs that key only. (With ``keep=False`` the new lists are not
-        kept but given to *replan*: the sharded read keeps one plan per shard.)
+        to skip and count: it costs that key only. (With *replan*, the new lists are given to it
+        instead of kept in :attr:`planned`: the sharded read keeps one plan per shard.)
         """
         results = [_flat(r) for r in results]  # a client of the caller's may speak RESP3
         now, engine_flat, writer_flat, version, conflicts = results[:5]

@@ -502,15 +502,14 @@ class WriterCore:
             # A shard without a catalogue: new, or Redis lost its data (then maybe shard 0's
             # too, and with it the list of K): note K again (idempotent, one call).
             self.shards_noted = self.shards == 1
-        if shard != self.home:  # the self-metrics go to the home shard only
-            pass
-        elif result.writer_removed:
-            self._stats_stored = {}  # a new id: its stats hash starts empty
-        elif result.status == 1:  # applied now: with it the self-metrics it carried
-            if not result.meta_existed:
-                self._stats_stored = {}  # Redis had lost its data: it holds only these now
-            sent = self._stats_sent
-            self._stats_stored.update(zip(sent[0::2], sent[1::2]))
+        if shard == self.home:  # the self-metrics go to the home shard only
+            if result.writer_removed:
+                self._stats_stored = {}  # a new id: its stats hash starts empty
+            elif result.status == 1:  # applied now: with it the self-metrics it carried
+                if not result.meta_existed:
+                    self._stats_stored = {}  # Redis had lost its data: it holds only these now
+                sent = self._stats_sent
+                self._stats_stored.update(zip(sent[0::2], sent[1::2]))
         self.stats.observe_duration(seconds)
         self.stats.last_success = time.time()
         self.stats.flushes += 1
