@@ -285,7 +285,7 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], handler: Any, max_connections: int) -> None:
         self._slots = threading.BoundedSemaphore(max_connections)
         self._busy = _BusyResponder()
-        self.refused = 0  # connections answered 503 for the cap (read by ScrapeStats)
+        self.refused = 0  # connections refused for the cap, answered 503 or not (read by ScrapeStats)
         super().__init__(address, handler)
 
     def serve_forever(self, poll_interval: float = 0.5) -> None:
@@ -388,7 +388,8 @@ class ScrapeStats:
         yield last_size
         refused = CounterMetricFamily(
             "redis_stats_exporter_connections_refused",
-            "Connections answered 503 because max_connections were already being served.",
+            "Connections refused because max_connections were already being served (answered 503, "
+            "or closed unanswered when more than 128 refused ones were waiting).",
         )
         refused.add_metric([], float(self.refused()))
         yield refused
