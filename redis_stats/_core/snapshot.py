@@ -652,7 +652,13 @@ class SnapshotDecoder:
         live = {wid for wid, info in shell.writers.items() if info.live}
         for engine in hashes:
             self._decode_engine(engine, live, shell.catalog, skipped)
+        self.read_done()
         return shell
+
+    def read_done(self) -> None:
+        """A read's engines are all merged: the chunk parses it did not reuse are dropped (the
+        renderer calls this at the end of its read, as :meth:`decode` does)."""
+        self._kept.end()
 
     def _conflicts(self, flat: list[Any], now_ms: float, skipped: Skipped) -> dict[str, tuple[str, ...]]:
         """Engines claimed by two live owners within stale_after: engine -> (owner a, owner b)."""
@@ -679,11 +685,11 @@ class SnapshotDecoder:
                 keys = layout.keys
                 for i, value in zip(layout.counters, group.counters):
                     counters[keys[i]] = value
-                counts, offsets = group.counts, layout.count_offsets
-                for i, bounds, size, offset, total in zip(
-                    layout.histograms, layout.bounds, layout.sizes, offsets, group.sums
+                counts = group.counts
+                for i, bounds, where, total in zip(
+                    layout.histograms, layout.bounds, layout.count_slices, group.sums
                 ):
-                    histograms[keys[i]] = HistogramValue(bounds, tuple(counts[offset : offset + size]), total)
+                    histograms[keys[i]] = HistogramValue(bounds, tuple(counts[where]), total)
                 for i, value in zip(layout.gauges, group.gauges):
                     if value is not None:
                         gauges[keys[i]] = value

@@ -15,6 +15,7 @@ from typing import Any
 from prometheus_client.utils import floatToGoString
 
 __all__ = [
+    "MAX_DIGITS",
     "NUMBER_CHARS",
     "gauge_parts",
     "go_floats",
@@ -34,6 +35,10 @@ __all__ = [
 NUMBER_CHARS = "0123456789.+-eE"
 _INFINITIES = {"inf": "+Inf", "+inf": "+Inf", "-inf": "-Inf", "infinity": "+Inf", "+infinity": "+Inf"}
 _INFINITIES["-infinity"] = "-Inf"
+# An integer of more digits is not a count or a total: garbage. Python's int() refuses more than
+# 4,300 digits by default (sys.set_int_max_str_digits, which may lower it to 640): without a
+# bound, one such value in Redis would fail every read.
+MAX_DIGITS = 600
 
 
 def number_text(raw: Any) -> str | None:
@@ -46,7 +51,7 @@ def number_text(raw: Any) -> str | None:
     if raw.__class__ is not str:
         return None
     if raw.isdigit() and raw.isascii():
-        return raw
+        return raw if len(raw) <= MAX_DIGITS else None
     if raw.strip(NUMBER_CHARS):  # letters, spaces, "_", other digits: only an infinity passes
         return _INFINITIES.get(raw.lower())
     try:
@@ -104,6 +109,8 @@ def histogram_numbers(raw: Any, size: int) -> tuple[str, list[str], list[int] | 
     counts = parts[1:]
     joined = "".join(counts)
     if joined.isdigit() and joined.isascii() and all(counts):  # integers: what the flush writes
+        if len(joined) > MAX_DIGITS and max(map(len, counts)) > MAX_DIGITS:
+            return None
         ints = [*map(int, counts)]
         if ints != sorted(ints):
             return None

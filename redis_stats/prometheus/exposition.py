@@ -31,6 +31,7 @@ from prometheus_client.utils import floatToGoString
 from redis_stats._core.merge import EngineChunks, Layout
 from redis_stats._core.snapshot import EngineHash, Skipped, Snapshot, SnapshotDecoder
 from redis_stats._core.values import (
+    MAX_DIGITS,
     gauge_parts,
     histogram_numbers,
     histogram_parts,
@@ -151,6 +152,7 @@ class TextRenderer:
         live = {wid for wid, info in shell.writers.items() if info.live}
         for read in hashes:
             self._engine(plan, read, live, lines, skipped)
+        self.decoder.read_done()
         out: list[str] = []
         for header, family_lines in zip(plan.headers, lines):
             out.append(header)
@@ -178,23 +180,24 @@ class TextRenderer:
             for (family, prefix), text in zip(counter_plans, group.counters):
                 lines[family].append(f"{prefix}{text}\n")
             counts = group.counts
-            for (family, hist, offset), total in zip(histogram_plans, group.sums):
-                found = counts[offset : offset + hist.size]
-                lines[family].append(hist.template % (*found, found[-1], total))
+            for (family, template, start, stop), total in zip(histogram_plans, group.sums):
+                found = counts[start:stop]
+                lines[family].append(template % (*found, found[-1], total))
             for (family, prefix), text in zip(gauge_plans, group.gauges):
                 if text is not None:
                     lines[family].append(f"{prefix}{text}\n")
 
     def _plan_layout(self, plan: _Plan, engine: str, layout: Layout) -> Any:
         """How to render a group of *layout* in *engine*: (family, line prefix) per counter,
-        (family, _Histogram, offset of its counts) per histogram, (family, prefix) per gauge."""
+        (family, template, where its counts start and stop) per histogram, (family, prefix)
+        per gauge."""
         fields = layout.fields
         planned = [self._plan_field(plan, engine, fields[i]) for i in range(len(fields))]
         return (
             tuple((planned[i][1], planned[i][2]) for i in layout.counters),
             tuple(
-                (planned[i][1], planned[i][2], offset)
-                for i, offset in zip(layout.histograms, layout.count_offsets)
+                (planned[i][1], planned[i][2].template, where.start, where.stop)
+                for i, where in zip(layout.histograms, layout.count_slices)
             ),
             tuple((planned[i][1], planned[i][2]) for i in layout.gauges),
         )
@@ -253,7 +256,9 @@ class TextRenderer:
                 if len(entry) == 2:
                     raw = entry[1]
                     text = (
-                        raw if raw.__class__ is str and raw.isdigit() and raw.isascii() else number_text(raw)
+                        raw
+                        if raw.__class__ is str and raw.isdigit() and raw.isascii() and len(raw) <= MAX_DIGITS
+                        else number_text(raw)
                     )
                 else:
                     text = _sum_text(name, entry, skipped, key)
@@ -285,7 +290,9 @@ def _sum_text(name: str, entry: list[Any], skipped: Skipped, key: str) -> str | 
     order as the decoder adds them: exact while they are all integers. A value that is not a
     number is skipped and counted; None if none is left."""
     raws = entry[1:]
-    if all(raw.__class__ is str and raw.isdigit() and raw.isascii() for raw in raws):
+    if all(
+        raw.__class__ is str and raw.isdigit() and raw.isascii() and len(raw) <= MAX_DIGITS for raw in raws
+    ):
         return str(sum(map(int, raws)))  # integers, as writers store them: exact
     texts = []
     for raw in raws:

@@ -155,6 +155,27 @@ def test_chunk_parses_kept_are_the_last_reads_up_to_the_ceiling(config, catalog,
         w._closed = True
 
 
+def test_a_busy_fleets_old_parses_are_dropped_when_a_read_ends(config, catalog, fake_client):
+    """The parses of chunks that changed were held until the next read began: two reads' worth
+    of parses between scrapes of a busy fleet (every chunk changes). A read now drops them when
+    it ends, by either path, and keeps exactly the ones it used."""
+    writers = _writers(config, catalog, fake_client, [0, 1, 2])
+    reader = StatsReader(config, catalog, client=fake_client())
+    collector = RedisCollector(reader)
+    kept = reader._decoder._kept
+    for read in (reader.snapshot, collector.render_text, reader.snapshot):
+        for w in writers:  # every chunk changes between two reads
+            for e in (0, 1, 2):
+                w.counter("tokens").labels(engine=e).inc(1)
+            assert w.flush()
+        read()
+        held = [*kept.last.values(), *kept.now.values()]
+        assert len(held) == 6  # the six chunks just read; none of the read before
+        assert {text for text, _ in held} == {text for text, _ in kept.now.values()}
+    for w in writers:
+        w._closed = True
+
+
 def test_parsed_names_are_kept_per_namespace(config, catalog, fake_client):
     """Caches do not cross namespaces: each reader keeps its own (a names field of the same
     text means the same series only against its own namespace's catalogue)."""
@@ -173,15 +194,24 @@ _count = st.one_of(st.integers(0, 10**6), st.integers(0, 10**17))  # > 2**53 now
 _token = st.one_of(
     st.integers(0, 10**6).map(str),
     st.sampled_from(["", "x", "inf", "-inf", "+Inf", "nan", "1.5", "-1", "1e999", "1e", "007", " 1", "1_0"]),
+    # What JSON reads (the bulk read parses histogram lines as JSON) but a count or sum is not.
+    st.sampled_from(
+        ["true", "null", "NaN", "Infinity", '"1"', "[1]", "1,2", "\t1", "-0", "1e5", "1.0", "1E2"]
+    ),
+    st.just("9" * 4400),  # over Python's 4,300 digits for int(): refused, not raised
 )
 
 
 @st.composite
 def _histogram_line(draw: Any, clean: bool) -> str:
-    if clean or draw(st.booleans()):
+    way = "clean" if clean else draw(st.sampled_from(["clean", "one bad part", "garbage"]))
+    if way != "garbage":
         counts = sorted(draw(st.lists(_count, min_size=5, max_size=5)))
         total = draw(st.one_of(st.floats(0, 1e9, allow_nan=False).map(repr), st.integers(0, 10**7).map(str)))
-        return " ".join([total, *map(str, counts)])
+        parts = [total, *map(str, counts)]
+        if way == "one bad part":  # the right number of parts, one of them not what it must be
+            parts[draw(st.integers(0, 5))] = draw(_token)
+        return " ".join(parts)
     return " ".join(draw(st.lists(_token, min_size=1, max_size=7)))
 
 
@@ -222,6 +252,11 @@ _base = st.one_of(
 @pytest.mark.redis_server
 @example(  # gauge lines with two "|" and with none: as many parts as two good ones
     values=[["0", "0", "0", "0|0.0", "0|0|0", "0|0.0", "0", "0.0 0 0 0 0 0"]], stale=1, base={}
+)
+@example(  # a count over Python's 4,300 digits for int(): skipped, not a failed read
+    values=[["0", "0", "0", "0|0.0", "0|0.0", "0|0.0", "0|0.0", "1.0 0 0 0 0 " + "9" * 4400]],
+    stale=1,
+    base={},
 )
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
