@@ -12,7 +12,7 @@ from typing import Any
 
 from redis.exceptions import ExecAbortError, OutOfMemoryError, ResponseError
 
-from redis_stats._core.snapshot import Snapshot, SnapshotDecoder, unreadable
+from redis_stats._core.snapshot import EngineKey, Snapshot, SnapshotDecoder, SplitKey, unreadable
 from redis_stats._core.steps import Steps, run
 from redis_stats._scripts import ReadOnlyScript, load_script
 from redis_stats.catalog import Catalog
@@ -40,7 +40,20 @@ def _layouts(meta_flat: Any) -> set[int]:
     return set()
 
 
-def merge_shards(replies: list[list[Any]], metas: list[Any]) -> list[Any]:
+class MergedReply(list):  # type: ignore[type-arg]
+    """A read.lua-shaped reply merged from the shards' replies, with :attr:`unreadable`: the
+    ``(reason, key)`` of each shard's list, catalogue or engine hash that could not be read (a
+    key of the wrong type) and is therefore not in the reply for the decoder to count; and
+    :attr:`hash_keys`: the key each engine's hash of the reply was read from, in their order
+    (the decoder names what it skips of a hash by it)."""
+
+    def __init__(self, items: list[Any]) -> None:
+        super().__init__(items)
+        self.unreadable: list[tuple[str, str]] = []
+        self.hash_keys: list[EngineKey] | None = None
+
+
+def merge_shards(replies: list[list[Any]], metas: list[Any], shards: list[Keys] | None = None) -> MergedReply:
     """One read.lua-shaped reply out of one per shard (shard 0 first), each consistent in itself.
 
     *metas* are the shards' whole catalogues (flat, or the error reading one): the merged one is
@@ -50,25 +63,27 @@ def merge_shards(replies: list[list[Any]], metas: list[Any]) -> list[Any]:
     shards is shown with its latest heartbeat and the self-metrics of the shard holding them. A
     part a shard cannot read (a key of the wrong type) is left out; when no shard can read it, the
     first shard's error stands in its place (the decoder counts it).
+
+    With *shards* (the shards' keys, in the order of *replies*), the reply names the key of each
+    engine's hash (:attr:`MergedReply.hash_keys`: a :class:`SplitKey` for an engine found in
+    several shards), and an engine hash left out because another shard's stands in its place
+    is in :attr:`MergedReply.unreadable`, under its own key.
     """
-    engines: dict[Any, list[Any]] = {}  # engine -> [score, hash, ...]
+    engines: dict[Any, list[Any]] = {}  # engine -> [score, (shard index, hash), ...]
     writers: dict[Any, list[Any]] = {}  # writer -> [score, stats]
     conflicts: list[Any] = []
     failed: dict[int, Any] = {}
-    for reply in replies:
+    for at, reply in enumerate(replies):
         engine_flat, writer_flat = reply[1], reply[2]
         if engine_flat.__class__ is list:
             hashes = reply[6 : 6 + len(engine_flat) // 2]
             for engine, score, flat in zip(engine_flat[0::2], engine_flat[1::2], hashes):
                 seen = engines.get(engine)
                 if seen is None:
-                    engines[engine] = [score, flat]
+                    engines[engine] = [score, (at, flat)]
                     continue
                 seen[0] = max(seen[0], score, key=float)
-                if seen[1].__class__ is not list:
-                    seen[1] = flat
-                elif flat.__class__ is list:
-                    seen[1] = seen[1] + flat
+                seen.append((at, flat))
         else:
             failed.setdefault(1, engine_flat)
             hashes = []
@@ -104,27 +119,44 @@ def merge_shards(replies: list[list[Any]], metas: list[Any]) -> list[Any]:
                 continue
             names.add(name)
             meta += (name, value)
-    out = [
-        max(int(r[0]) for r in replies),
-        [x for e, (score, _) in engines.items() for x in (e, score)] or failed.get(1, []),
-        [x for w, (score, _) in writers.items() for x in (w, score)] or failed.get(2, []),
-        "" if not any(versions) else "|".join(versions),
-        meta,
-        conflicts or failed.get(5, []),
-    ]
-    out += [flat for _, flat in engines.values()]
+    out = MergedReply(
+        [
+            max(int(r[0]) for r in replies),
+            [x for e, seen in engines.items() for x in (e, seen[0])] or failed.get(1, []),
+            [x for w, (score, _) in writers.items() for x in (w, score)] or failed.get(2, []),
+            "" if not any(versions) else "|".join(versions),
+            meta,
+            conflicts or failed.get(5, []),
+        ]
+    )
+    hash_keys: list[EngineKey] = []
+    for engine, seen in engines.items():
+        if len(seen) == 2:  # one shard holds it (every engine, unless K changed)
+            at, flat = seen[1]
+            out.append(flat)
+            if shards is not None:
+                hash_keys.append(shards[at].counters(engine))
+            continue
+        read = [(at, flat) for at, flat in seen[1:] if flat.__class__ is list]
+        lost = [(at, flat) for at, flat in seen[1:] if flat.__class__ is not list]
+        if len(read) == 1:
+            out.append(read[0][1])
+        elif read:  # the writers' chunks and base fields of every shard add up
+            out.append([x for _, flat in read for x in flat])
+        else:
+            out.append(lost[0][1])  # none could be read: the first one's error, for the decoder
+        if shards is None:
+            continue
+        if len(read) > 1:
+            hash_keys.append(SplitKey((shards[at].counters(engine), flat) for at, flat in read))
+        else:
+            hash_keys.append(shards[(read or lost)[0][0]].counters(engine))
+        for at, flat in lost if read else lost[1:]:
+            out.unreadable.append((unreadable(flat) or "unreadable", shards[at].counters(engine)))
+    if shards is not None:
+        out.hash_keys = hash_keys
     out += [flat for _, flat in writers.values()]
     return out
-
-
-class MergedReply(list):  # type: ignore[type-arg]
-    """A read.lua-shaped reply merged from the shards' replies, with :attr:`unreadable`: the
-    ``(reason, key)`` of each shard's list or catalogue that could not be read (a key of the
-    wrong type) and is therefore not in the reply for the decoder to count."""
-
-    def __init__(self, items: list[Any]) -> None:
-        super().__init__(items)
-        self.unreadable: list[tuple[str, str]] = []
 
 
 def note_unreadable(reply: Any, skipped: Any) -> None:
@@ -221,7 +253,7 @@ class ReaderCore:
             else:
                 self._shard_meta[keys.root] = (version, meta)  # new (or none, or unreadable)
             metas.append(meta)
-        merged = MergedReply(merge_shards(shard_replies, metas))
+        merged = merge_shards(shard_replies, metas, shards)
         # A shard's list (or catalogue) that could not be read is counted here, under its own
         # key: the merged reply holds the lists of the shards that could be read (or, when none
         # could, the first one's error, which the decoder would count under shard 0's name).

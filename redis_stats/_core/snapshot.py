@@ -35,12 +35,14 @@ from redis_stats.keys import SCHEMA_VERSION, Keys
 
 __all__ = [
     "EngineHash",
+    "EngineKey",
     "EngineSnapshot",
     "HistogramValue",
     "SeriesKey",
     "Skipped",
     "Snapshot",
     "SnapshotDecoder",
+    "SplitKey",
     "WriterInfo",
     "gauge_parts",
     "histogram_numbers",
@@ -68,11 +70,67 @@ class Skipped(_Tally[str]):
         super().__init__(*args, **kw)
         self.where: list[tuple[str, str, str]] = []
 
-    def note(self, reason: str, key: str, field: str = "") -> None:
-        """Count one skipped field (or key) and, while there is room, say which."""
+    def note(self, reason: str, key: EngineKey, field: str = "", value: Any = None) -> None:
+        """Count one skipped field (or key) and, while there is room, say which: *key* is the key
+        it came from, or the :class:`SplitKey` of an engine's hash read from several shards
+        (then the part holding *field*, with *value* if given, is named)."""
         self[reason] += 1
         if len(self.where) < _SKIPPED_NAMED:
-            self.where.append((reason, key, field))
+            self.where.append((reason, key if isinstance(key, str) else key.of(field, value), field))
+
+
+class SplitKey:
+    """The keys of an engine's hash read from several shards and put together by the reader (only
+    after K changed: data written with K = 1 for engine 4 is in shard 0, with K = 3 in shard 1),
+    with each part as read: names the key a skipped field came from. Asked only for what is
+    skipped (and named), so it costs a read nothing."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: Iterable[tuple[str, list[Any]]]) -> None:
+        self.parts = tuple(parts)
+        """``(key, flat hash)`` of each shard's part, in the order they were put together."""
+
+    def __str__(self) -> str:
+        return " + ".join(key for key, _ in self.parts)
+
+    def __repr__(self) -> str:
+        return f"SplitKey({str(self)!r})"
+
+    def of(self, field: Any, value: Any = None) -> str:
+        """The key of the part holding *field* (with *value*, when given) as a field of its own
+        (a base field, a chunk's field) or as a line of a chunk (a series field); the keys of
+        every part that may hold it, joined by ``or``, when that is not one."""
+        held = [key for key, flat in self.parts if _holds(flat, field, value)]
+        if not held and value is not None:
+            held = [key for key, flat in self.parts if _holds(flat, field, None)]
+        return " or ".join(held or [key for key, _ in self.parts])
+
+
+def _holds(flat: list[Any], field: Any, value: Any) -> bool:
+    """Whether the hash *flat* holds *field* (with *value* unless it is None): as a field, or as
+    a line of one of its chunks' names fields (then *value* is the line of the chunk's values)."""
+    held = dict(_pairs(flat))
+    if field in held and (value is None or held[field] == value):
+        return True
+    suffix = fields.NAMES_SUFFIX
+    for name, names in held.items():
+        if not (name.__class__ is str and name.startswith(fields.CHUNK_PREFIX) and name.endswith(suffix)):
+            continue
+        lines = names.split("\n") if names.__class__ is str else []
+        if field not in lines:
+            continue
+        if value is None:
+            return True
+        values = held.get(name[: -len(suffix)])
+        found = values.split("\n") if values.__class__ is str else []
+        if any(line == field and i < len(found) and found[i] == value for i, line in enumerate(lines)):
+            return True
+    return False
+
+
+EngineKey = str | SplitKey
+"""The key of an engine's hash: its name, or the keys of the parts of one read from several shards."""
 
 
 def _json_number(value: float) -> float | str:
@@ -326,6 +384,10 @@ class EngineHash(NamedTuple):
     snapshot: EngineSnapshot
     fields: list[Any]
     """The hash as a flat list ``[field, value, field, value, ...]`` (empty if unreadable)."""
+    key: EngineKey
+    """The key it was read from (in its shard: ``rs:{NS#1.3042}:v2:e:4:c`` for engine 4 of
+    shard 1), which names what is skipped of it; a :class:`SplitKey` when it was read from
+    several shards (after K changed) and put together."""
 
 
 class SnapshotDecoder:
@@ -478,10 +540,18 @@ class SnapshotDecoder:
         self._layouts[names] = layout  # one store of an immutable object: thread-safe
         return layout
 
-    def engine_chunks(self, engine: str, flat: list[Any], catalog: Catalog, skipped: Skipped) -> EngineChunks:
-        """One engine's hash (*flat*, as read): its base fields (departed writers folded in by
-        gc) and every writer's chunk (docs/key-schema.md). Both render paths start here, so they
-        see the same values.
+    def engine_chunks(
+        self,
+        engine: str,
+        flat: list[Any],
+        catalog: Catalog,
+        skipped: Skipped,
+        key: EngineKey | None = None,
+    ) -> EngineChunks:
+        """One engine's hash (*flat*, as read from *key*, :attr:`EngineHash.key`; default: shard
+        0's key of the engine): its base fields (departed writers folded in by gc) and every
+        writer's chunk (docs/key-schema.md). Both render paths start here, so they see the same
+        values.
 
         A chunk whose names field is missing or does not match its values line for line, or
         whose field is malformed, is skipped and counted (``bad_chunk``): it costs that chunk only.
@@ -497,7 +567,8 @@ class SnapshotDecoder:
         found: list[Chunk] = []
         if not chunks:
             return EngineChunks(base, found)
-        key = self.keys.counters(engine)
+        if key is None:
+            key = self.keys.counters(engine)
         suffix = fields.NAMES_SUFFIX
         for name, values in chunks.items():
             if name.endswith(suffix):
@@ -587,6 +658,9 @@ class SnapshotDecoder:
         engines: dict[int, EngineSnapshot] = {}
         engine_pairs = list(_pairs(self._readable(reply[1], keys.engines, skipped)))
         hashes = reply[6 : 6 + len(engine_pairs)]
+        # A reply merged from several shards names each hash's key (ReaderCore.merge): an engine
+        # of shard s >= 1 is not under shard 0's key.
+        hash_keys: list[EngineKey] | None = getattr(reply, "hash_keys", None)
         for stats, (wid, info) in zip(reply[6 + len(engine_pairs) :], writers.items()):
             stats = self._readable(stats, keys.writer_stats(wid), skipped)
             info.stats = self._writer_stats(wid, stats, skipped)
@@ -605,12 +679,13 @@ class SnapshotDecoder:
             snap = EngineSnapshot(engine, beat / 1000.0, age, age * 1000.0 <= self.stale_after_ms)
             snap.conflict = conflicts.get(engine_text, ())
             engines[engine] = snap
-            flat = self._readable(hashes[idx], keys.counters(engine_text), skipped)
-            hashes_read.append(EngineHash(engine_text, snap, flat))
+            key = keys.counters(engine_text) if hash_keys is None else hash_keys[idx]
+            flat = self._readable(hashes[idx], key, skipped)
+            hashes_read.append(EngineHash(engine_text, snap, flat, key))
         return shell, hashes_read
 
     @staticmethod
-    def _readable(part: Any, key: str, skipped: Skipped) -> list[Any]:
+    def _readable(part: Any, key: EngineKey, skipped: Skipped) -> list[Any]:
         """*part* (a key's contents) if it was read, else an empty list and the key counted."""
         why = unreadable(part)
         if why is None:
@@ -676,7 +751,7 @@ class SnapshotDecoder:
         """One engine's series: counters and histograms added up over the writers' chunks and
         the base fields; gauges rolled up over the live writers of an engine that is up."""
         snap = read.snapshot
-        chunks = self.engine_chunks(read.engine, read.fields, catalog, skipped)
+        chunks = self.engine_chunks(read.engine, read.fields, catalog, skipped, read.key)
         groups = self.merge(read.engine, chunks, live, snap.up, numbers=True)
         if groups is not None:
             counters, histograms, gauges = snap.counters, snap.histograms, snap.gauges
@@ -694,49 +769,49 @@ class SnapshotDecoder:
                     if value is not None:
                         gauges[keys[i]] = value
             return
-        self._decode_lines(snap, read.engine, chunks, live, catalog, skipped)
+        self._decode_lines(snap, read.key, chunks, live, catalog, skipped)
 
     def _decode_lines(
         self,
         snap: EngineSnapshot,
-        engine: str,
+        key: EngineKey,
         chunks: EngineChunks,
         live: set[str],
         catalog: Catalog,
         skipped: Skipped,
     ) -> None:
-        """:meth:`_decode_engine` line by line: what is bad is skipped and counted."""
-        key = self.keys.counters(engine)
+        """:meth:`_decode_engine` line by line: what is bad is skipped and counted (under *key*,
+        the engine's hash)."""
         readings: dict[SeriesKey, tuple[str, list[tuple[float, float, str]]]] = {}
         counters, histograms = snap.counters, snap.histograms
         for name, raw, writer in chunks.entries():
             parsed = self.series_field(name, catalog)
             if isinstance(parsed, str):
-                skipped.note(parsed, key, str(name))
+                skipped.note(parsed, key, str(name), raw)
                 continue
             spec, labels, _ = parsed
             series = (spec.name, labels)
             if spec.kind == COUNTER:
                 text = number_text(raw)
                 if text is None:
-                    skipped.note("bad_value", key, name)
+                    skipped.note("bad_value", key, name, raw)
                     continue
                 counters[series] = counters.get(series, 0.0) + float(text)
             elif spec.kind == HISTOGRAM:
                 hist = parse_histogram(spec, raw)
                 if hist is None:
-                    skipped.note("bad_value", key, name)
+                    skipped.note("bad_value", key, name, raw)
                     continue
                 before = histograms.get(series)
                 histograms[series] = hist if before is None else before.plus(hist)
             elif writer is None:
-                skipped.note("bad_field", key, name)  # a gauge has no base field
+                skipped.note("bad_field", key, name, raw)  # a gauge has no base field
             elif snap.up:
                 if writer not in live:
                     continue  # not current: a stale, closed or removed writer's value
                 value = gauge_parts(raw)
                 if value is None:
-                    skipped.note("bad_value", key, name)
+                    skipped.note("bad_value", key, name, raw)
                     continue
                 readings.setdefault(series, (spec.mode, []))[1].append(value)
         for series, (mode, found) in readings.items():

@@ -37,12 +37,14 @@ def snap_layouts(client: Any, keys: Keys) -> set[int]:
 
 
 def _engine_fields(client: Any, shards: list[Keys], engine: int) -> Any:
-    """The field names of *engine*'s hash, over every shard holding one (two only while K changed)."""
+    """The field names of *engine*'s hash, over every shard holding one (two only while K changed),
+    or why one cannot be read, with its key (the key of the shard holding it)."""
     names: list[str] = []
     for shard in shards:
-        found = _or_why(client.hkeys, shard.counters(engine))
+        key = shard.counters(engine)
+        found = _or_why(client.hkeys, key)
         if not isinstance(found, list):
-            return found
+            return f"{found} in {key}"
         names += found
     return names
 

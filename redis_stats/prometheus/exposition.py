@@ -29,7 +29,7 @@ from typing import Any
 from prometheus_client.utils import floatToGoString
 
 from redis_stats._core.merge import EngineChunks, Layout
-from redis_stats._core.snapshot import EngineHash, Skipped, Snapshot, SnapshotDecoder
+from redis_stats._core.snapshot import EngineHash, EngineKey, Skipped, Snapshot, SnapshotDecoder
 from redis_stats._core.values import (
     MAX_DIGITS,
     gauge_parts,
@@ -164,10 +164,10 @@ class TextRenderer:
     ) -> None:
         decoder = self.decoder
         engine = read.engine
-        chunks = decoder.engine_chunks(engine, read.fields, plan.catalog, skipped)
+        chunks = decoder.engine_chunks(engine, read.fields, plan.catalog, skipped, read.key)
         groups = decoder.merge(engine, chunks, live, read.snapshot.up, numbers=False)
         if groups is None:
-            self._lines(plan, engine, chunks, read.snapshot.up, live, lines, skipped)
+            self._lines(plan, engine, chunks, read.snapshot.up, live, lines, skipped, read.key)
             return
         for group in groups:
             layout_plan = plan.layouts.get((engine, group.layout))
@@ -211,13 +211,14 @@ class TextRenderer:
         live: set[str],
         lines: list[list[str]],
         skipped: Skipped,
+        key: EngineKey,
     ) -> None:
         """One engine line by line (what :meth:`SnapshotDecoder.merge` does not take in bulk):
-        what is bad is skipped and counted."""
+        what is bad is skipped and counted, under *key* (:attr:`EngineHash.key`, the engine's
+        hash in its shard)."""
         plans = plan.fields.get(engine)
         if plans is None:
             plans = plan.fields.setdefault(engine, {})
-        key = self.decoder.keys.counters(engine)
         # series field -> [plan, value, value, ...]: one value per writer (and the base field)
         held: dict[str, list[Any]] = {}
         # gauge line prefix -> (family, mode, live writers' readings), in order of first sight
@@ -228,7 +229,7 @@ class TextRenderer:
                 field_plan = plans[name] = self._plan_field(plan, engine, name)
                 plan.size += 1
             if field_plan.__class__ is str:
-                skipped.note(field_plan, key, str(name))
+                skipped.note(field_plan, key, str(name), raw)
             elif field_plan[0] != "g":
                 entry = held.get(name)
                 if entry is None:
@@ -236,11 +237,11 @@ class TextRenderer:
                 else:
                     entry.append(raw)
             elif writer is None:
-                skipped.note("bad_field", key, name)  # a gauge has no base field
+                skipped.note("bad_field", key, name, raw)  # a gauge has no base field
             elif up and writer in live:  # else not current: a stale, closed or removed writer's
                 parts = gauge_parts(raw)
                 if parts is None:
-                    skipped.note("bad_value", key, name)
+                    skipped.note("bad_value", key, name, raw)
                     continue
                 _, family, prefix, mode = field_plan
                 gauges.setdefault(prefix, (family, mode, []))[2].append(parts)
@@ -264,7 +265,7 @@ class TextRenderer:
                     text = _sum_text(name, entry, skipped, key)
                 if text is None:
                     if len(entry) == 2:
-                        skipped.note("bad_value", key, name)
+                        skipped.note("bad_value", key, name, entry[1])
                     continue
                 lines[field_plan[1]].append(f"{field_plan[2]}{text}\n")
                 continue
@@ -272,7 +273,7 @@ class TextRenderer:
             if len(entry) == 2:
                 found = histogram_parts(entry[1], hist.size)  # the decoder's rule
                 if found is None:
-                    skipped.note("bad_value", key, name)
+                    skipped.note("bad_value", key, name, entry[1])
                     continue
             else:
                 found = _sum_histograms(name, entry, hist.size, skipped, key)
@@ -285,7 +286,7 @@ class TextRenderer:
             lines[family].append(f"{prefix}{floatToGoString(value) if text is None else text}\n")
 
 
-def _sum_text(name: str, entry: list[Any], skipped: Skipped, key: str) -> str | None:
+def _sum_text(name: str, entry: list[Any], skipped: Skipped, key: EngineKey) -> str | None:
     """Sample text of the sum of a counter's values (``entry[1:]``, one per writer), added in
     order as the decoder adds them: exact while they are all integers. A value that is not a
     number is skipped and counted; None if none is left."""
@@ -298,14 +299,14 @@ def _sum_text(name: str, entry: list[Any], skipped: Skipped, key: str) -> str | 
     for raw in raws:
         text = number_text(raw)
         if text is None:
-            skipped.note("bad_value", key, name)
+            skipped.note("bad_value", key, name, raw)
         else:
             texts.append(text)
     return sum_counter_texts(texts) if texts else None
 
 
 def _sum_histograms(
-    name: str, entry: list[Any], size: int, skipped: Skipped, key: str
+    name: str, entry: list[Any], size: int, skipped: Skipped, key: EngineKey
 ) -> tuple[str, list[str]] | None:
     """(sum text, count texts) of a histogram's values (``entry[1:]``, one per writer) added
     bucket by bucket, in order, as :meth:`~redis_stats._core.snapshot.HistogramValue.plus` adds them.
@@ -314,7 +315,7 @@ def _sum_histograms(
     for raw in entry[1:]:
         parsed = histogram_numbers(raw, size)
         if parsed is None:
-            skipped.note("bad_value", key, name)
+            skipped.note("bad_value", key, name, raw)
         else:
             found.append(parsed)
     if len(found) < 2:
