@@ -45,12 +45,19 @@ class MergedReply(list):  # type: ignore[type-arg]
     ``(reason, key)`` of each shard's list, catalogue or engine hash that could not be read (a
     key of the wrong type) and is therefore not in the reply for the decoder to count; and
     :attr:`hash_keys`: the key each engine's hash of the reply was read from, in their order
-    (the decoder names what it skips of a hash by it)."""
+    (the decoder names what it skips of a hash by it). Likewise, for what the decoder skips of
+    the other parts a shard holds: :attr:`engine_keys`, the ``engines`` zset each engine of the
+    reply was listed in; :attr:`writer_keys`, the key each writer's self-metrics were read from;
+    :attr:`conflict_keys`, the ``conflicts`` hash each field of the merged one came from. Each is
+    None when the merge was not given the shards' keys (the decoder names shard 0's)."""
 
     def __init__(self, items: list[Any]) -> None:
         super().__init__(items)
         self.unreadable: list[tuple[str, str]] = []
         self.hash_keys: list[EngineKey] | None = None
+        self.engine_keys: list[EngineKey] | None = None
+        self.writer_keys: list[str] | None = None
+        self.conflict_keys: list[str] | None = None
 
 
 def merge_shards(replies: list[list[Any]], metas: list[Any], shards: list[Keys] | None = None) -> MergedReply:
@@ -66,12 +73,16 @@ def merge_shards(replies: list[list[Any]], metas: list[Any], shards: list[Keys] 
 
     With *shards* (the shards' keys, in the order of *replies*), the reply names the key of each
     engine's hash (:attr:`MergedReply.hash_keys`: a :class:`SplitKey` for an engine found in
-    several shards), and an engine hash left out because another shard's stands in its place
-    is in :attr:`MergedReply.unreadable`, under its own key.
+    several shards), of the ``engines`` zset each engine was listed in, of each writer's
+    self-metrics and of each conflict (:attr:`MergedReply.engine_keys`, ``writer_keys``,
+    ``conflict_keys``), and an engine hash or a writer's self-metrics left out because another
+    shard's stands in its place is in :attr:`MergedReply.unreadable`, under its own key.
     """
     engines: dict[Any, list[Any]] = {}  # engine -> [score, (shard index, hash), ...]
-    writers: dict[Any, list[Any]] = {}  # writer -> [score, stats]
+    writers: dict[Any, list[Any]] = {}  # writer -> [score, shard index, stats]
     conflicts: list[Any] = []
+    conflict_keys: list[str] = []
+    lost_stats: list[tuple[str, str]] = []  # (why, key) of a writer's unreadable stats left out
     failed: dict[int, Any] = {}
     for at, reply in enumerate(replies):
         engine_flat, writer_flat = reply[1], reply[2]
@@ -92,16 +103,24 @@ def merge_shards(replies: list[list[Any]], metas: list[Any], shards: list[Keys] 
             for wid, score, flat in zip(writer_flat[0::2], writer_flat[1::2], stats):
                 seen = writers.get(wid)
                 if seen is None:
-                    writers[wid] = [score, flat]
+                    writers[wid] = [score, at, flat]
                     continue
                 if abs(float(score)) > abs(float(seen[0])):
                     seen[0] = score
-                if not (seen[1].__class__ is list and seen[1]):
-                    seen[1] = flat
+                left = (at, flat)
+                if not (seen[2].__class__ is list and seen[2]):  # its home's (the one not empty)
+                    left = (seen[1], seen[2])
+                    seen[1], seen[2] = at, flat
+                if left[1].__class__ is not list and shards is not None:
+                    # A wrong-typed w:<id> another shard's stands in for: counted, by its key.
+                    why = unreadable(left[1]) or "unreadable"
+                    lost_stats.append((why, shards[left[0]].writer_stats(wid)))
         else:
             failed.setdefault(2, writer_flat)
         if reply[5].__class__ is list:
             conflicts += reply[5]
+            if shards is not None and reply[5]:
+                conflict_keys += [shards[at].conflicts] * (len(reply[5]) // 2)
         else:
             failed.setdefault(5, reply[5])
     meta: Any = []
@@ -123,19 +142,22 @@ def merge_shards(replies: list[list[Any]], metas: list[Any], shards: list[Keys] 
         [
             max(int(r[0]) for r in replies),
             [x for e, seen in engines.items() for x in (e, seen[0])] or failed.get(1, []),
-            [x for w, (score, _) in writers.items() for x in (w, score)] or failed.get(2, []),
+            [x for w, (score, _, _) in writers.items() for x in (w, score)] or failed.get(2, []),
             "" if not any(versions) else "|".join(versions),
             meta,
             conflicts or failed.get(5, []),
         ]
     )
     hash_keys: list[EngineKey] = []
+    engine_keys: list[EngineKey] = []
+    listed_in = [keys.engines for keys in shards or ()]  # each shard's engines zset, made once
     for engine, seen in engines.items():
         if len(seen) == 2:  # one shard holds it (every engine, unless K changed)
             at, flat = seen[1]
             out.append(flat)
             if shards is not None:
                 hash_keys.append(shards[at].counters(engine))
+                engine_keys.append(listed_in[at])
             continue
         read = [(at, flat) for at, flat in seen[1:] if flat.__class__ is list]
         lost = [(at, flat) for at, flat in seen[1:] if flat.__class__ is not list]
@@ -147,6 +169,8 @@ def merge_shards(replies: list[list[Any]], metas: list[Any], shards: list[Keys] 
             out.append(lost[0][1])  # none could be read: the first one's error, for the decoder
         if shards is None:
             continue
+        # Listed in several shards' engines zsets: the part holding it (both, for a bad name).
+        engine_keys.append(SplitKey((listed_in[at], [engine, seen[0]]) for at, _ in seen[1:]))
         if len(read) > 1:
             hash_keys.append(SplitKey((shards[at].counters(engine), flat) for at, flat in read))
         else:
@@ -155,7 +179,11 @@ def merge_shards(replies: list[list[Any]], metas: list[Any], shards: list[Keys] 
             out.unreadable.append((unreadable(flat) or "unreadable", shards[at].counters(engine)))
     if shards is not None:
         out.hash_keys = hash_keys
-    out += [flat for _, flat in writers.values()]
+        out.engine_keys = engine_keys
+        out.writer_keys = [shards[at].writer_stats(wid) for wid, (_, at, _) in writers.items()]
+        out.conflict_keys = conflict_keys
+        out.unreadable += lost_stats
+    out += [flat for _, _, flat in writers.values()]
     return out
 
 

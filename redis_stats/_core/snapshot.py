@@ -83,7 +83,8 @@ class SplitKey:
     """The keys of an engine's hash read from several shards and put together by the reader (only
     after K changed: data written with K = 1 for engine 4 is in shard 0, with K = 3 in shard 1),
     with each part as read: names the key a skipped field came from. Asked only for what is
-    skipped (and named), so it costs a read nothing."""
+    skipped (and named), so it costs a read nothing. Also the ``engines`` sets of the shards
+    listing one engine (each part ``[engine, score]``): names those listing a bad engine name."""
 
     __slots__ = ("parts",)
 
@@ -654,16 +655,21 @@ class SnapshotDecoder:
             writers[wid] = WriterInfo(
                 beat / 1000.0, age, closed, not closed and age * 1000.0 <= self.stale_after_ms
             )
-        conflicts = self._conflicts(self._readable(reply[5], keys.conflicts, skipped), now_ms, skipped)
+        # A reply merged from several shards names the key each hash, engine, writer's
+        # self-metrics and conflict was read from (ReaderCore.merge): what it holds of shard
+        # s >= 1 is not under shard 0's keys. Unsharded, none: shard 0's keys, as always.
+        hash_keys: list[EngineKey] | None = getattr(reply, "hash_keys", None)
+        engine_keys: list[EngineKey] | None = getattr(reply, "engine_keys", None)
+        writer_keys: list[str] | None = getattr(reply, "writer_keys", None)
+        conflict_flat = self._readable(reply[5], keys.conflicts, skipped)
+        conflicts = self._conflicts(conflict_flat, now_ms, skipped, getattr(reply, "conflict_keys", None))
         engines: dict[int, EngineSnapshot] = {}
         engine_pairs = list(_pairs(self._readable(reply[1], keys.engines, skipped)))
         hashes = reply[6 : 6 + len(engine_pairs)]
-        # A reply merged from several shards names each hash's key (ReaderCore.merge): an engine
-        # of shard s >= 1 is not under shard 0's key.
-        hash_keys: list[EngineKey] | None = getattr(reply, "hash_keys", None)
-        for stats, (wid, info) in zip(reply[6 + len(engine_pairs) :], writers.items()):
-            stats = self._readable(stats, keys.writer_stats(wid), skipped)
-            info.stats = self._writer_stats(wid, stats, skipped)
+        for idx, (stats, (wid, info)) in enumerate(zip(reply[6 + len(engine_pairs) :], writers.items())):
+            stats_key = keys.writer_stats(wid) if writer_keys is None else writer_keys[idx]
+            stats = self._readable(stats, stats_key, skipped)
+            info.stats = self._writer_stats(stats_key, stats, skipped)
         shell = Snapshot(now_ms / 1000.0, engines, writers, catalog, skipped)
         hashes_read: list[EngineHash] = []
         for idx, (engine_text, score) in enumerate(engine_pairs):
@@ -672,7 +678,8 @@ class SnapshotDecoder:
             except (ValueError, TypeError):
                 engine = None
             if engine is None or str(engine) != engine_text:  # "+3" or " 3" would be a second 3
-                skipped.note("bad_engine", keys.engines, str(engine_text))
+                listed = keys.engines if engine_keys is None else engine_keys[idx]
+                skipped.note("bad_engine", listed, str(engine_text))
                 continue
             beat = float(score)
             age = max(0.0, (now_ms - beat) / 1000.0)
@@ -693,9 +700,10 @@ class SnapshotDecoder:
         skipped.note(why, key)
         return []
 
-    def _writer_stats(self, wid: str, flat: list[Any], skipped: Skipped) -> dict[str, str]:
-        """A writer's stats hash, its malformed fields dropped and counted (the self-metrics
-        built from it must not fail a scrape)."""
+    def _writer_stats(self, key: str, flat: list[Any], skipped: Skipped) -> dict[str, str]:
+        """A writer's stats hash (*flat*, as read from *key*, its ``w:<id>`` in the shard it was
+        read from), its malformed fields dropped and counted (the self-metrics built from it must
+        not fail a scrape)."""
         out: dict[str, str] = {}
         bounds: set[float] = set()
         for name, value in _pairs(flat):
@@ -709,12 +717,12 @@ class SnapshotDecoder:
             if prefix == "dur:":
                 bound = number_text(name[4:])
                 if bound is None or float(bound) in bounds:
-                    skipped.note("bad_field", self.keys.writer_stats(wid), name)
+                    skipped.note("bad_field", key, name)
                     continue
                 bounds.add(float(bound))
             text = number_text(value)
             if text is None or (prefix == "dur:" and float(text) < 0):
-                skipped.note("bad_value", self.keys.writer_stats(wid), name)
+                skipped.note("bad_value", key, name)
                 continue
             out[name] = text
         return out
@@ -735,13 +743,17 @@ class SnapshotDecoder:
         renderer calls this at the end of its read, as :meth:`decode` does)."""
         self._kept.end()
 
-    def _conflicts(self, flat: list[Any], now_ms: float, skipped: Skipped) -> dict[str, tuple[str, ...]]:
-        """Engines claimed by two live owners within stale_after: engine -> (owner a, owner b)."""
+    def _conflicts(
+        self, flat: list[Any], now_ms: float, skipped: Skipped, keys: list[str] | None = None
+    ) -> dict[str, tuple[str, ...]]:
+        """Engines claimed by two live owners within stale_after: engine -> (owner a, owner b).
+        *keys*: the conflicts hash each pair of *flat* was read from (a merged reply's; default:
+        shard 0's)."""
         out = {}
-        for engine, text in _pairs(flat):
+        for at, (engine, text) in enumerate(_pairs(flat)):
             parts = str(text).split("|")
             if len(parts) < 3 or number_text(parts[-1]) is None:
-                skipped.note("bad_value", self.keys.conflicts, str(engine))
+                skipped.note("bad_value", self.keys.conflicts if keys is None else keys[at], str(engine))
                 continue
             if now_ms - float(parts[-1]) <= self.stale_after_ms:
                 out[engine] = tuple(parts[:-1])

@@ -6,6 +6,7 @@ and a skipped field or a wrong-typed hash of it was reported under shard 0's key
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from typing import Any
 
 import fakeredis
@@ -17,6 +18,7 @@ from redis_stats.aio import AsyncStatsReader
 from redis_stats.keys import Keys
 from redis_stats.ops import inspection
 from redis_stats.prometheus.exposition import TextRenderer
+from redis_stats.reader import note_unreadable
 from tests.conftest import sample_catalog
 from tests.store.test_shards import K, _cfg
 
@@ -205,4 +207,154 @@ def test_an_engine_in_two_shards_with_one_hash_wrong_typed_counts_it(fake_client
     snap = reader.snapshot()
     assert sorted(snap.skipped.where) == sorted([("wrong_type", zero, ""), ("wrong_type", one, "")])
     assert dict(snap.skipped) == {"wrong_type": 2} and not snap.engines[4].counters
+    w.close()
+
+
+# The other keys a reader reads from every shard and names in what it skips: the conflicts hash,
+# a writer's self-metrics hash (``w:<id>``, in its home shard) and the engines zset. Each case
+# puts garbage in shard 1's key (K=3): the writers to close, the (reason, key, field) a reader must
+# name, and what it counts.
+CASES = [
+    "conflicts",
+    "writer_stats",
+    "writer_stats_two_shards",
+    "writer_wrong_type",
+    "writer_wrong_type_two_shards",
+    "engines",
+]
+
+
+def _spoiled(
+    fake_client: Any, namespace: str, case: str
+) -> tuple[list[StatsWriter], list[tuple[str, str, str]]]:
+    shard1 = Keys(namespace).shard(1, K)
+    raw = fake_client()
+    if case in ("conflicts", "engines"):
+        w = _written(fake_client, namespace)
+        if case == "conflicts":
+            raw.hset(shard1.conflicts, "1", "garbage")
+            return [w], [("bad_value", shard1.conflicts, "1")]
+        assert raw.zscore(shard1.engines, "1") is not None
+        raw.zadd(shard1.engines, {"x1": raw.zscore(shard1.engines, "1")})
+        return [w], [("bad_engine", shard1.engines, "x1")]
+    # A writer whose engines are all in shard 1 (its home; [1, 2]: it also heartbeats in shard 2,
+    # whose w:<id> is empty: a wrong-typed one in shard 1 was dropped by the merge, not counted)
+    # and one of shard 0.
+    engines = [1, 2] if case.endswith("two_shards") else [1, 4]
+    other = _written(fake_client, namespace)
+    w = StatsWriter(
+        _cfg(namespace, shards=K), sample_catalog(), engines=engines, client=fake_client(), start=False
+    )
+    w.counter("tokens").labels(engine=1).inc(1)
+    assert w.flush()
+    key = shard1.writer_stats(w.writer_id)
+    assert raw.exists(key) and not raw.exists(Keys(namespace).writer_stats(w.writer_id))
+    if case.startswith("writer_wrong_type"):
+        raw.delete(key)
+        raw.set(key, "garbage")
+        return [other, w], [("wrong_type", key, "")]
+    raw.hset(key, mapping={"flushes": "abc", "dur:xyz": "1"})
+    return [other, w], [("bad_value", key, "flushes"), ("bad_field", key, "dur:xyz")]
+
+
+def _close(writers: list[StatsWriter]) -> None:
+    for w in writers:
+        w.close()
+
+
+@pytest.mark.parametrize("reader_k", [K, 1])
+@pytest.mark.parametrize("case", CASES)
+def test_a_snapshot_names_the_shard_1_key_of_conflicts_writer_stats_and_engines(
+    fake_client, namespace, case, reader_k
+):
+    writers, expected = _spoiled(fake_client, namespace, case)
+    reader = StatsReader(_cfg(namespace, shards=reader_k), sample_catalog(), client=fake_client())
+    for _ in range(2):
+        snap = reader.snapshot()
+        assert sorted(snap.skipped.where) == sorted(expected), snap.skipped.where
+        assert dict(snap.skipped) == dict(Counter(reason for reason, _, _ in expected))
+        assert {0, 1, 2} <= set(snap.engines) and snap.engines[2].counter("tokens") == 3
+    _close(writers)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_exporter_text_path_names_the_shard_1_key_of_conflicts_writer_stats_and_engines(
+    fake_client, namespace, case
+):
+    writers, expected = _spoiled(fake_client, namespace, case)
+    reader = StatsReader(_cfg(namespace, shards=K), sample_catalog(), client=fake_client())
+    text = RedisCollector(reader).render_text()
+    for reason, count in Counter(reason for reason, _, _ in expected).items():
+        assert f'redis_stats_skipped_fields{{reason="{reason}"}} {float(count)}\n' in text, text
+    assert 'tokens_total{engine="2"} 3\n' in text
+    reply = reader.read()
+    _, shell = TextRenderer(reader.decoder).render(reply)
+    note_unreadable(reply, shell.skipped)  # what render_text counts: the renderer's, the merge's
+    assert sorted(shell.skipped.where) == sorted(expected), shell.skipped.where
+    _close(writers)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_async_reader_names_the_shard_1_key_of_conflicts_writer_stats_and_engines(
+    fake_client, namespace, case
+):
+    writers, expected = _spoiled(fake_client, namespace, case)
+    server = fake_client().connection_pool.connection_kwargs["server"]
+
+    async def read() -> Any:
+        client = fakeredis.FakeAsyncRedis(server=server, decode_responses=True)
+        reader = AsyncStatsReader(_cfg(namespace), sample_catalog(), client=client)
+        snaps = [await reader.snapshot() for _ in range(2)]
+        await reader.aclose()
+        return snaps
+
+    for snap in asyncio.run(read()):
+        assert sorted(snap.skipped.where) == sorted(expected), snap.skipped.where
+    _close(writers)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_inspect_names_the_shard_1_key_of_conflicts_writer_stats_and_engines(
+    fake_client, namespace, case, monkeypatch
+):
+    writers, expected = _spoiled(fake_client, namespace, case)
+    monkeypatch.setattr(inspection, "make_client", lambda config: fake_client())
+    lines = list(inspection.inspect_namespace(_cfg(namespace), sample_catalog()))
+    for reason, key, field in expected:
+        line = f"    {reason}: key {key}" + (f" field {field!r}" if field else " (the whole key)")
+        assert line in lines, lines
+    _close(writers)
+
+
+def test_a_bad_engine_name_in_two_shards_names_both_engines_sets(fake_client, namespace):
+    w = _written(fake_client, namespace)
+    zero, one = Keys(namespace).engines, Keys(namespace).shard(1, K).engines
+    raw = fake_client()
+    raw.zadd(zero, {"x1": 1})
+    raw.zadd(one, {"x1": 2, "+4": 2})
+    reader = StatsReader(_cfg(namespace, shards=K), sample_catalog(), client=fake_client())
+    snap = reader.snapshot()
+    assert sorted(snap.skipped.where) == [("bad_engine", one, "+4"), ("bad_engine", f"{zero} or {one}", "x1")]
+    assert sorted(snap.engines) == [0, 1, 2]
+    w.close()
+
+
+def test_a_wrong_typed_writer_stats_hash_outside_its_home_is_counted_by_its_key(fake_client, namespace):
+    """A writer of engines 1 and 2 (K=3) is listed in shards 1 (its home) and 2; its w:<id> of
+    the wrong type in shard 2 was dropped by the merge without being counted."""
+    w = StatsWriter(
+        _cfg(namespace, shards=K), sample_catalog(), engines=[1, 2], client=fake_client(), start=False
+    )
+    w.counter("tokens").labels(engine=1).inc(1)
+    assert w.flush()
+    key = Keys(namespace).shard(2, K).writer_stats(w.writer_id)
+    raw = fake_client()
+    assert raw.zscore(Keys(namespace).shard(2, K).writers, w.writer_id) is not None and not raw.exists(key)
+    raw.set(key, "garbage")
+    reader = StatsReader(_cfg(namespace, shards=K), sample_catalog(), client=fake_client())
+    for _ in range(2):
+        snap = reader.snapshot()
+        assert snap.skipped.where == [("wrong_type", key, "")], snap.skipped.where
+        assert "flushes" in snap.writers[w.writer_id].stats  # its home's
+    assert 'redis_stats_skipped_fields{reason="wrong_type"} 1.0\n' in RedisCollector(reader).render_text()
     w.close()
