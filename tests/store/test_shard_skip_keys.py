@@ -92,19 +92,25 @@ def test_the_exporter_text_path_names_the_shard_1_key_of_what_it_skips(fake_clie
     w.close()
 
 
-def test_the_async_reader_names_the_shard_1_key_of_what_it_skips(fake_client, namespace):
-    w = _written(fake_client, namespace)
-    key, expected = _spoil(fake_client, namespace, w)
+def _async_snapshots(fake_client: Any, namespace: str) -> list[Any]:
+    """Two snapshots by the asyncio reader, configured without K (it learns the shards from
+    shard 0's catalogue), of what the sync client wrote."""
     server = fake_client().connection_pool.connection_kwargs["server"]
 
-    async def read() -> Any:
+    async def read() -> list[Any]:
         client = fakeredis.FakeAsyncRedis(server=server, decode_responses=True)
         reader = AsyncStatsReader(_cfg(namespace), sample_catalog(), client=client)
         snaps = [await reader.snapshot() for _ in range(2)]
         await reader.aclose()
         return snaps
 
-    for snap in asyncio.run(read()):
+    return asyncio.run(read())
+
+
+def test_the_async_reader_names_the_shard_1_key_of_what_it_skips(fake_client, namespace):
+    w = _written(fake_client, namespace)
+    key, expected = _spoil(fake_client, namespace, w)
+    for snap in _async_snapshots(fake_client, namespace):
         _check(snap.skipped, key, expected)
     w.close()
 
@@ -299,16 +305,7 @@ def test_the_async_reader_names_the_shard_1_key_of_conflicts_writer_stats_and_en
     fake_client, namespace, case
 ):
     writers, expected = _spoiled(fake_client, namespace, case)
-    server = fake_client().connection_pool.connection_kwargs["server"]
-
-    async def read() -> Any:
-        client = fakeredis.FakeAsyncRedis(server=server, decode_responses=True)
-        reader = AsyncStatsReader(_cfg(namespace), sample_catalog(), client=client)
-        snaps = [await reader.snapshot() for _ in range(2)]
-        await reader.aclose()
-        return snaps
-
-    for snap in asyncio.run(read()):
+    for snap in _async_snapshots(fake_client, namespace):
         assert sorted(snap.skipped.where) == sorted(expected), snap.skipped.where
     _close(writers)
 
