@@ -169,7 +169,9 @@ class WriterStats:
     duplicates: int = 0
     errors: _Tally[str] = field(default_factory=_Tally)
     # Failed listings of K in shard 0 (shards.lua), by kind: not flush attempts, so kept out of
-    # ``errors`` (flush_errors_total); logged, in this process only.
+    # ``errors`` (flush_errors_total); logged, and stored as ``shards_err:<kind>`` with the
+    # self-metrics (redis_stats_writer_shards_listing_errors_total), so that a listing that keeps
+    # failing (readers that were not given K then miss shards) shows in Prometheus.
     shards_errors: _Tally[str] = field(default_factory=_Tally)
     failed_fields: int = 0
     conflicts: int = 0
@@ -208,6 +210,8 @@ class WriterStats:
         ]
         for kind, n in self.errors.items():
             out += (f"err:{kind}", str(n))
+        for kind, n in self.shards_errors.items():
+            out += (f"shards_err:{kind}", str(n))
         for reason, n in drops.items():
             out += (f"drop:{reason}", str(n))
         for bound, n in zip((*FLUSH_DURATION_BUCKETS, math.inf), self.duration_counts):

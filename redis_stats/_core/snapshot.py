@@ -711,7 +711,7 @@ class SnapshotDecoder:
                 out[name] = value
                 continue
             prefix = name[: name.find(":") + 1]
-            if name not in _WRITER_NUMBER_FIELDS and prefix not in ("err:", "drop:", "dur:"):
+            if name not in _WRITER_NUMBER_FIELDS and prefix not in ("err:", "shards_err:", "drop:", "dur:"):
                 out[name] = value  # unknown: a newer writer's field, read by nothing here
                 continue
             if prefix == "dur:":

@@ -173,6 +173,11 @@ def writer_families(snapshot: Snapshot) -> Iterator[Metric]:
         "Failed flush attempts, by kind (reported after Redis answers again).",
         labels=[*w, "kind"],
     )
+    listing_errors = CounterMetricFamily(
+        "redis_stats_writer_shards_listing_errors",
+        "Failed listings of a sharded writer's K in shard 0's catalogue (shards.lua), by kind.",
+        labels=[*w, "kind"],
+    )
     drops = CounterMetricFamily(
         "redis_stats_writer_dropped_updates",
         "Updates dropped on the hot path, by reason.",
@@ -215,9 +220,11 @@ def writer_families(snapshot: Snapshot) -> Iterator[Metric]:
         for key in st:
             if key.startswith("err:"):
                 errors.add_metric([wid, key[4:]], _num(st, key))
+            elif key.startswith("shards_err:"):
+                listing_errors.add_metric([wid, key[11:]], _num(st, key))
             elif key.startswith("drop:"):
                 drops.add_metric([wid, key[5:]], _num(st, key))
-    yield from (up, flushes, errors, drops, conflicts, pending, age, duration)
+    yield from (up, flushes, errors, listing_errors, drops, conflicts, pending, age, duration)
 
 
 def _num(stats: dict[str, str], key: str) -> float:

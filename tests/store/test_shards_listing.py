@@ -1,6 +1,7 @@
 """A sharded writer lists its K in shard 0's catalogue (``shards.lua``) until that succeeds once.
 Its failure was counted in flush_errors_total like a flush attempt: each round added one more
-error though every flush went through. It is logged instead, and tried again next round."""
+error though every flush went through. It is logged and counted in a self-metric of its own
+(redis_stats_writer_shards_listing_errors_total) instead, and tried again next round."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import fakeredis.aioredis
 
-from redis_stats import StatsConfig, StatsWriter
+from redis_stats import RedisCollector, StatsConfig, StatsReader, StatsWriter
 from redis_stats.aio import AsyncStatsWriter
 from tests.conftest import sample_catalog
 
@@ -38,6 +39,13 @@ def test_a_failing_shards_listing_is_not_a_flush_error(namespace, fake_client, c
     assert len(warnings) == 1  # once per kind
     w._shards_script = real
     assert w.flush() and w.shards_noted
+    # ... and it shows in Prometheus, as the writer's self-metric (it was only logged, in the
+    # writer's process: a listing that kept failing went unseen where metrics are watched).
+    reader = StatsReader(cfg, sample_catalog(), client=fake_client())
+    assert reader.snapshot().writers[w.writer_id].stats["shards_err:connection"] == "3"
+    text = RedisCollector(reader).render_text()
+    line = f'redis_stats_writer_shards_listing_errors_total{{writer="{w.writer_id}",kind="connection"}} 3.0'
+    assert line in text, [x for x in text.splitlines() if "listing" in x]
     w._closed = True
 
 
