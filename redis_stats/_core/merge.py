@@ -129,7 +129,6 @@ class Layout:
         "pick_gauges",
         "pick_histograms",
         "pick_sums",
-        "sizes",
         "spaces",
         "summed",
     )
@@ -160,14 +159,14 @@ class Layout:
         self.modes = tuple(spec_of[i].mode for i in gauges)
         self.bars = [1] * len(gauges)
         self.bounds = tuple((*spec_of[i].buckets, _INF) for i in histograms)
-        self.sizes = tuple(len(b) for b in self.bounds)
-        self.spaces = [*self.sizes]  # a line "<sum> <c0> ... <cN>" has a space per count
+        sizes = [len(b) for b in self.bounds]
+        self.spaces = sizes  # a line "<sum> <c0> ... <cN>" has a space per count
         # A group's histogram lines, joined by " ", are tokens: per series its sum, then its
         # counts. Where the sums are, and where each series' counts are (they must not go down).
         sums: list[int] = []
         slices: list[slice] = []
         pos = 0
-        for size in self.sizes:
+        for size in sizes:
             sums.append(pos)
             slices.append(slice(pos + 1, pos + 1 + size))
             pos += size + 1
@@ -182,9 +181,10 @@ class Group(NamedTuple):
     """The values of chunks sharing one layout, added up: ``counters`` (one per counter line of
     the layout), histograms as ``sums`` and ``counts`` (indexed like the histogram tokens:
     series *j*'s counts are ``counts[layout.count_slices[j]]``; what lies at the sums' places
-    is not a count), and ``gauges`` (one per gauge line, rolled up
-    over the live writers; None when none is live). Text (as sample text) or numbers (floats,
-    as the snapshot holds them), as asked."""
+    is not a count), and ``gauges`` (one per gauge line, rolled up over the live writers; None
+    when none is live). As sample text (integer counters and counts several writers added up
+    may be ints: ``str()`` of them is their text, as the template's ``%s`` and the f-string
+    print them) or as numbers (floats, as the snapshot holds them), as asked."""
 
     layout: Layout
     counters: Sequence[Any]
