@@ -129,7 +129,6 @@ class Layout:
         "pick_gauges",
         "pick_histograms",
         "pick_sums",
-        "sizes",
         "spaces",
         "summed",
     )
@@ -160,14 +159,14 @@ class Layout:
         self.modes = tuple(spec_of[i].mode for i in gauges)
         self.bars = [1] * len(gauges)
         self.bounds = tuple((*spec_of[i].buckets, _INF) for i in histograms)
-        self.sizes = tuple(len(b) for b in self.bounds)
-        self.spaces = [*self.sizes]  # a line "<sum> <c0> ... <cN>" has a space per count
+        sizes = [len(b) for b in self.bounds]
+        self.spaces = sizes  # a line "<sum> <c0> ... <cN>" has a space per count
         # A group's histogram lines, joined by " ", are tokens: per series its sum, then its
         # counts. Where the sums are, and where each series' counts are (they must not go down).
         sums: list[int] = []
         slices: list[slice] = []
         pos = 0
-        for size in self.sizes:
+        for size in sizes:
             sums.append(pos)
             slices.append(slice(pos + 1, pos + 1 + size))
             pos += size + 1
@@ -182,9 +181,10 @@ class Group(NamedTuple):
     """The values of chunks sharing one layout, added up: ``counters`` (one per counter line of
     the layout), histograms as ``sums`` and ``counts`` (indexed like the histogram tokens:
     series *j*'s counts are ``counts[layout.count_slices[j]]``; what lies at the sums' places
-    is not a count), and ``gauges`` (one per gauge line, rolled up
-    over the live writers; None when none is live). Text (as sample text) or numbers (floats,
-    as the snapshot holds them), as asked."""
+    is not a count), and ``gauges`` (one per gauge line, rolled up over the live writers; None
+    when none is live). As sample text (integer counters and counts several writers added up
+    may be ints: ``str()`` of them is their text, as the template's ``%s`` and the f-string
+    print them) or as numbers (floats, as the snapshot holds them), as asked."""
 
     layout: Layout
     counters: Sequence[Any]
@@ -198,11 +198,14 @@ class _NotClean(Exception):
 
 
 _spaces = methodcaller("count", " ")
+_bars = methodcaller("count", "|")
 _HISTOGRAM_CHARS = b"0123456789.+eE "
-_TOO_LARGE = 10**MAX_DIGITS
+# Below it, float() of an int the scanner made (the snapshot's numbers) is float() of its text,
+# the line-by-line read's. From 2**1024 on, float() of an int raises (OverflowError) where float()
+# of the text gives inf: such counts and sums go line by line, such counters are read as text.
+_FLOAT_BOUND = 10**308
 # The C scanner: (value, end) from a string and an index.
 _scan_json: Callable[[str, int], tuple[Any, int]] = make_scanner(JSONDecoder())  # type: ignore[arg-type]
-_bars = methodcaller("count", "|")
 
 
 def _all_digits(texts: tuple[str, ...]) -> bool:
@@ -228,7 +231,7 @@ class Parse(NamedTuple):
     """Whether every counter is an integer (as writers store them)."""
     counter_ints: Sequence[int] | None
     """The counters as ints, when every one is an integer written as Python writes it (no
-    leading zero): what adding writers' counters up needs."""
+    leading zero) and below 10**308 (a float's range): what adding writers' counters up needs."""
     histogram_tokens: str
     """The histogram lines joined by spaces: per series its sum text, then its count texts."""
     sums: list[float]
@@ -243,7 +246,7 @@ class Parse(NamedTuple):
 def parse_chunk(layout: Layout, values: list[str]) -> Parse:
     """One writer's chunk of a clean *layout*, checked and converted in bulk; raises
     :class:`_NotClean` where the line-by-line rules must decide (garbage, infinities, negative
-    numbers)."""
+    numbers, histogram numbers beyond a float)."""
     counters = layout.pick_counters(values)
     counter_digits = _all_digits(counters) or not counters
     if not counter_digits:
@@ -257,6 +260,9 @@ def parse_chunk(layout: Layout, values: list[str]) -> Parse:
             counter_ints = _scan_json("[" + ",".join(counters) + "]", 0)[0]
         except (ValueError, StopIteration):  # "007": read as text, as the line-by-line read does
             pass
+        else:
+            if counter_ints and max(counter_ints) >= _FLOAT_BOUND:  # read as text (inf as a float)
+                counter_ints = None
     joined = ""
     sums: list[float] = []
     counts: Sequence[Any] = ()
@@ -276,12 +282,15 @@ def parse_chunk(layout: Layout, values: list[str]) -> Parse:
             numbers = _scan_json("[" + joined.replace(" ", ",") + "]", 0)[0]
         except (ValueError, StopIteration):  # "", "1e", "007", a count over 4,300 digits
             raise _NotClean from None
-        sums = [*map(float, layout.pick_sums(numbers))]
+        try:
+            sums = [*map(float, layout.pick_sums(numbers))]
+        except OverflowError:  # a sum of 309+ digits read as an int: float() of its text is inf
+            raise _NotClean from None
         series = [*map(numbers.__getitem__, layout.count_slices)]  # a list per series
         if series != [*map(sorted, series)]:  # (sorted() of a sorted list is one pass of C)
             raise _NotClean  # counts that go down
         total = sum(map(sum, series))  # counts are >= 0 here (no "-"): below the bound if the sum is
-        if total.__class__ is not int or total >= _TOO_LARGE:  # a count with "." or "e", or huge
+        if total.__class__ is not int or total >= _FLOAT_BOUND:  # a count with "." or "e", or huge
             raise _NotClean
         counts = numbers
     gauges: list[tuple[float, float, str]] = []

@@ -4,6 +4,10 @@ again, and the bulk read of writers' chunks shows exactly what the line-by-line 
 
 from __future__ import annotations
 
+import os
+import random
+import sys
+import threading
 from typing import Any
 
 import pytest
@@ -176,6 +180,86 @@ def test_a_busy_fleets_old_parses_are_dropped_when_a_read_ends(config, catalog, 
         w._closed = True
 
 
+def test_reads_in_threads_and_in_a_forked_child_show_what_a_reader_of_their_own_shows(
+    config, catalog, fake_client, monkeypatch
+):
+    """Threads render and snapshot one reader at once, each read a reply of its own among
+    several (writers flushed between them: some chunks changed, some not), switching every
+    microsecond: :meth:`merge.Kept.begin` and :meth:`~merge.Kept.end` of one read run in the
+    middle of another's. A read may parse again what another dropped, never show another's
+    values. Then a forked child reads with the parses the parent kept."""
+    parses: list[Any] = []
+    real_parse = merge.parse_chunk
+
+    def counted_parse(*args: Any) -> Any:
+        parses.append(args)
+        return real_parse(*args)
+
+    engines = list(range(8))
+    writers = _writers(config, catalog, fake_client, engines)
+    reader = StatsReader(config, catalog, client=fake_client())
+    replies = []
+    for step in range(6):
+        for i, w in enumerate(writers):
+            for e in engines:
+                if (e + step + i) % 3:
+                    w.counter("tokens").labels(engine=e).inc(step + 1)
+                    w.histogram("latency_seconds").labels(engine=e).observe(0.01 * (step + e))
+            assert w.flush()
+        replies.append(reader.read())
+    expected = []
+    for reply in replies:
+        own = StatsReader(config, catalog, client=fake_client())
+        expected.append((RedisCollector(own)._renderer.render(reply)[0], repr(_series(own.decode(reply)))))
+    assert len(set(expected)) == len(replies)
+    renderer = RedisCollector(reader)._renderer
+    monkeypatch.setattr(merge, "parse_chunk", counted_parse)
+    wrong: list[Any] = []
+
+    def read(k: int, text: bool) -> None:
+        if text:
+            if renderer.render(replies[k])[0] != expected[k][0]:
+                wrong.append(("text", k))
+        elif repr(_series(reader.decode(replies[k]))) != expected[k][1]:
+            wrong.append(("snapshot", k))
+
+    def run(seed: int) -> None:
+        rnd = random.Random(seed)
+        try:
+            for _ in range(60):
+                read(rnd.randrange(len(replies)), rnd.random() < 0.5)
+        except Exception as exc:  # pragma: no cover - a failure
+            wrong.append(exc)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=run, args=(seed,)) for seed in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not wrong, wrong[:5]
+    chunks_read = 4 * 60 * 2 * len(engines)
+    assert 0 < len(parses) < chunks_read  # parses were reused (and some made again)
+    if hasattr(os, "fork"):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 1
+            try:
+                read(len(replies) - 1, True)
+                read(0, False)
+                code = 0 if not wrong else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    for w in writers:
+        w._closed = True
+
+
 def test_parsed_names_are_kept_per_namespace(config, catalog, fake_client):
     """Caches do not cross namespaces: each reader keeps its own (a names field of the same
     text means the same series only against its own namespace's catalogue)."""
@@ -199,6 +283,8 @@ _token = st.one_of(
         ["true", "null", "NaN", "Infinity", '"1"', "[1]", "1,2", "\t1", "-0", "1e5", "1.0", "1E2"]
     ),
     st.just("9" * 4400),  # over Python's 4,300 digits for int(): refused, not raised
+    # Integers beyond a float (2**1024 and up): float() of the text is inf, of the int raises.
+    st.sampled_from(["2" + "0" * 308, "1" + "0" * 400]),
 )
 
 
@@ -258,6 +344,15 @@ _base = st.one_of(
     stale=1,
     base={},
 )
+@example(  # a sum, a count, a counter beyond a float: read (inf in the snapshot), not raised
+    values=[
+        ["0", "0", "0", "0|0.0", "0|0.0", "0|0.0", "0|0.0", "2" + "0" * 308 + " 0 0 0 0 0"],
+        ["0", "0", "0", "0|0.0", "0|0.0", "0|0.0", "0|0.0", "1.0 0 0 0 0 " + "1" + "0" * 400],
+        ["1" + "0" * 400, "0", "0", "0|0.0", "0|0.0", "0|0.0", "0|0.0", "1.0 0 0 0 0 0"],
+    ],
+    stale=3,
+    base={},
+)
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     values=st.integers(1, 3).flatmap(lambda n: st.lists(_chunk_values(), min_size=n, max_size=n)),
@@ -267,6 +362,14 @@ _base = st.one_of(
 def test_the_bulk_read_shows_what_the_line_by_line_read_shows(
     config, catalog, fake_client, values, stale, base
 ):
+    merged = _both_ways(config, catalog, fake_client, values, stale, base)
+    event(f"writers {len(values)}, base fields: {bool(base)}, read in bulk: {all(merged)}")
+
+
+def _both_ways(config: Any, catalog: Any, fake_client: Any, values: Any, stale: int, base: Any) -> list[bool]:
+    """One engine's chunks (*values*: one writer's lines each; writer *stale* stale) and *base*
+    fields, read in bulk and line by line: both must show the same. Whether each merge of the
+    bulk read took the engine in bulk (True) or left it to the line-by-line read."""
     from redis_stats._core.snapshot import layout_of
 
     histogram = "latency_seconds|" + layout_of(catalog.get("latency_seconds"))
@@ -305,7 +408,6 @@ def test_the_bulk_read_shows_what_the_line_by_line_read_shows(
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(snapshot.SnapshotDecoder, "merge", spy)
         bulk_text, bulk = read()
-    event(f"writers {len(values)}, base fields: {bool(base)}, read in bulk: {all(merged)}")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(snapshot.SnapshotDecoder, "merge", lambda *args, **kw: None)  # line by line
         lines_text, lines = read()
@@ -315,3 +417,101 @@ def test_the_bulk_read_shows_what_the_line_by_line_read_shows(
     assert dict(bulk.skipped) == dict(lines.skipped)
     # the text itself, line for line (ordering included), but for times and ages
     assert _stable(bulk_text) == _stable(lines_text)
+    return merged
+
+
+def _chunk(counters: tuple[str, ...] = ("3", "4", "5"), histogram: str = "1.5 0 1 2 3 4") -> list[str]:
+    return [*counters, "0|1.0", "0|2.0", "0|3.0", "0|4.0", histogram]
+
+
+_BEYOND_FLOAT = "2" + "0" * 308  # 2e308: float() of the text is inf, float() of the int raises
+_BASE = {"tokens": "1", "requests|stop": "2", "requests|length": "3", "H": "1 0 1 2 3 4"}
+
+# (stored values the JSON scanner or the int/float reads of the bulk path may read otherwise than
+# the line-by-line rules, whether the bulk path takes the engine (else it leaves it to the
+# line-by-line read), base fields). One writer, two or three: each with its own case.
+_ADVERSARIAL: dict[str, tuple[list[list[str]], bool, dict[str, str]]] = {
+    # sums JSON reads as ints, exponents, infinities, many digits
+    "sum 12, one writer": ([_chunk(histogram="12 0 1 2 3 4")], True, {}),
+    "sum 12, two writers": ([_chunk(histogram="12 0 1 2 3 4")] * 2, True, {}),
+    "sums 1E5, 1e+5, 0.0": (
+        [_chunk(histogram=f"{x} 0 1 2 3 4") for x in ("1E5", "1e+5", "0.0")],
+        True,
+        {},
+    ),
+    "sum 1e999 (inf), one writer": ([_chunk(histogram="1e999 0 1 2 3 4")], True, {}),
+    "sum 1e999 plus a 301-digit int": (
+        [_chunk(histogram="1e999 0 1 2 3 4"), _chunk(histogram="1" + "0" * 300 + " 0 1 2 3 4")],
+        True,
+        {},
+    ),
+    "sum of 17 digits plus 0.1": (
+        [_chunk(histogram="12345678901234567 0 1 2 3 4"), _chunk(histogram="0.1 0 1 2 3 4")],
+        True,
+        {},
+    ),
+    "sum of 601 digits": ([_chunk(histogram="1" * 300 + "." + "1" * 300 + " 0 1 2 3 4"), _chunk()], True, {}),
+    "sum beyond a float, an int": ([_chunk(histogram=_BEYOND_FLOAT + " 0 1 2 3 4"), _chunk()], False, {}),
+    "sum beyond a float, one writer": ([_chunk(histogram=_BEYOND_FLOAT + " 0 1 2 3 4")], False, {}),
+    "sum over 4,300 digits": ([_chunk(histogram="9" * 5000 + " 0 1 2 3 4"), _chunk()], False, {}),
+    **{
+        f"sum {x!r}": ([_chunk(histogram=f"{x} 0 1 2 3 4"), _chunk()], False, {})
+        for x in (".5", "5.", "+", "+1", "-1.5", "1e-400", "1_0", "\u0661.5", "0x1", "01.5")
+    },
+    # counts beyond 2**53 and 2**63, beyond a float, not integers, not ASCII, not one line
+    "counts over 2**63, two writers": ([_chunk(histogram=f"1.5 0 1 2 3 {2**63 + 1}")] * 2, True, {}),
+    "counts over 2**53, three writers": (
+        [_chunk(histogram=f"1.5 0 1 2 3 {2**53 + 1}")] * 2 + [_chunk()],
+        True,
+        {},
+    ),
+    "count beyond a float, one writer": ([_chunk(histogram="1.5 0 1 2 3 " + _BEYOND_FLOAT)], False, {}),
+    "count beyond a float, two writers": (
+        [_chunk(histogram="1.5 0 1 2 3 " + _BEYOND_FLOAT), _chunk()],
+        False,
+        {},
+    ),
+    "counts of 600 digits": ([_chunk(histogram="1.5 0 1 2 3 " + "9" * 600)] * 2, False, {}),
+    **{
+        f"count {x!r}": ([_chunk(histogram=f"1.5 0 1 2 3 {x}"), _chunk()], False, {})
+        for x in ("1e5", "1E5", "5.0", "-0", "+4", "04", "4_0", "\u0664", "4\r", "\t4", "4e0")
+    },
+    "an extra space": ([_chunk(histogram="1.5  0 1 2 3"), _chunk()], False, {}),
+    "a trailing space": ([_chunk(histogram="1.5 0 1 2 3 "), _chunk()], False, {}),
+    "an empty histogram line": ([_chunk(histogram=""), _chunk()], False, {}),
+    # counters JSON refuses (read as text), beyond a float, over 600 digits, not ASCII
+    "counter 007, one writer": ([_chunk(counters=("007", "4", "5"))], True, {}),
+    "counters 007 and 00": (
+        [_chunk(counters=("007", "4", "5")), _chunk(counters=("0", "00", "5"))],
+        True,
+        {},
+    ),
+    "counter beyond a float, one writer": ([_chunk(counters=(_BEYOND_FLOAT, "4", "5"))], True, {}),
+    "counter beyond a float, two writers": ([_chunk(counters=(_BEYOND_FLOAT, "4", "5")), _chunk()], True, {}),
+    "counters of 600 digits, two writers": ([_chunk(counters=("9" * 600, "4", "5"))] * 2, True, {}),
+    "counters 1.5 and 1e5": ([_chunk(counters=("1.5", "1e5", "5")), _chunk()], True, {}),
+    "counter of 601 digits": ([_chunk(counters=("9" * 601, "4", "5")), _chunk()], False, {}),
+    "counter of a non-ASCII digit": ([_chunk(counters=("\u0664", "4", "5")), _chunk()], False, {}),
+    "an empty counter line": ([_chunk(counters=("", "4", "5")), _chunk()], False, {}),
+    # base fields (what gc folds in) with the chunks
+    "base: a counter 1.5": ([_chunk()] * 2, True, {**_BASE, "tokens": "1.5"}),
+    "base: a counter 007": ([_chunk()], True, {**_BASE, "tokens": "007"}),
+    "base: a counter beyond a float": ([_chunk()] * 2, True, {**_BASE, "tokens": _BEYOND_FLOAT}),
+    "base: a sum beyond a float": ([_chunk()] * 2, False, {**_BASE, "H": _BEYOND_FLOAT + " 0 1 2 3 4"}),
+    "base: counts over 2**63": ([_chunk()], True, {**_BASE, "H": f"1 0 1 2 3 {2**64}"}),
+}
+
+
+@pytest.mark.parametrize("stale", [1, 3])  # the second writer stale, or none
+@pytest.mark.parametrize("case", list(_ADVERSARIAL))
+def test_values_json_reads_otherwise_than_int_and_float_show_as_line_by_line(
+    config, catalog, fake_client, case, stale
+):
+    """Stored values where the bulk read's JSON scanner, or float() of the ints it makes, may
+    differ from the line-by-line read's int() and float() of the text: both reads show the same
+    (and none raises), whether the bulk read takes the engine or leaves it to the line-by-line
+    read, as each case says. A sum, count or counter beyond a float (2**1024) made the bulk
+    read raise (float() of an int raises where float() of its text gives inf)."""
+    values, bulk, base = _ADVERSARIAL[case]
+    merged = _both_ways(config, catalog, fake_client, values, stale, base)
+    assert merged == [bulk, bulk]  # /metrics, then the snapshot
