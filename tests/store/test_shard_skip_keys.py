@@ -20,7 +20,7 @@ from redis_stats.ops import inspection
 from redis_stats.prometheus.exposition import TextRenderer
 from redis_stats.reader import note_unreadable
 from tests.conftest import sample_catalog
-from tests.store.test_shards import K, _cfg
+from tests.store.test_shards import K, _cfg, _engine_4_after_k_changed
 
 # A base field with a value that is not a number, one naming no metric, a chunk's values without
 # its names field (engine_chunks), and a chunk line that is not a number (the chunk is read line
@@ -152,15 +152,8 @@ def test_a_wrong_typed_engine_hash_of_shard_1_is_named_by_its_key(
 
 
 def _in_two_shards(fake_client: Any, namespace: str) -> tuple[StatsWriter, str, str]:
-    """Engine 4 written with K=1 (shard 0), then with K=3 (shard 1)."""
-    old = StatsWriter(_cfg(namespace), sample_catalog(), engines=[4], client=fake_client(), start=False)
-    old.counter("tokens").labels(engine=4).inc(5)
-    assert old.close()
-    new = StatsWriter(
-        _cfg(namespace, shards=K), sample_catalog(), engines=[4], client=fake_client(), start=False
-    )
-    new.counter("tokens").labels(engine=4).inc(7)
-    assert new.flush()
+    """Engine 4 written with K=1 (shard 0), then with K=3 (shard 1): the live writer, both keys."""
+    _, new = _engine_4_after_k_changed(fake_client, namespace)
     return new, Keys(namespace).counters(4), Keys(namespace).shard(1, K).counters(4)
 
 

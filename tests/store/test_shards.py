@@ -24,6 +24,20 @@ def _cfg(namespace: str, url: str = "redis://127.0.0.1:1/0", **kw: Any) -> Stats
     return StatsConfig(url=url, namespace=namespace, flush_interval=0.05, **kw)
 
 
+def _engine_4_after_k_changed(fake_client: Any, namespace: str) -> tuple[StatsWriter, StatsWriter]:
+    """Engine 4 written with K=1 (shard 0) by a writer now closed (5 tokens), then with K=3
+    (shard 1) by a live one (7 tokens): (old writer, new writer)."""
+    old = StatsWriter(_cfg(namespace), sample_catalog(), engines=[4], client=fake_client(), start=False)
+    old.counter("tokens").labels(engine=4).inc(5)
+    assert old.close()
+    new = StatsWriter(
+        _cfg(namespace, shards=K), sample_catalog(), engines=[4], client=fake_client(), start=False
+    )
+    new.counter("tokens").labels(engine=4).inc(7)
+    assert new.flush()
+    return old, new
+
+
 def _record(w: StatsWriter, engines: range, n: int) -> None:
     for e in engines:
         w.counter("tokens").labels(engine=e).inc(n * (e + 1))

@@ -15,7 +15,7 @@ from redis_stats._scripts import load_script
 from redis_stats.catalog import MetricSpec
 from redis_stats.keys import MAX_LISTED_SHARDS, Keys, parse_layouts, shard_tag
 from tests.conftest import sample_catalog
-from tests.store.test_shards import K, _cfg, _Flaky
+from tests.store.test_shards import K, _cfg, _engine_4_after_k_changed, _Flaky
 
 
 def test_a_metric_new_in_shard_1_after_several_transaction_reads_is_known(fake_client, namespace):
@@ -180,14 +180,7 @@ def test_gc_keeps_an_engine_live_in_another_shard_after_k_changed(fake_client, n
     departed writer."""
     from redis_stats.ops.retention import collect_garbage
 
-    old = StatsWriter(_cfg(namespace), sample_catalog(), engines=[4], client=fake_client(), start=False)
-    old.counter("tokens").labels(engine=4).inc(5)
-    assert old.close()
-    new = StatsWriter(
-        _cfg(namespace, shards=K), sample_catalog(), engines=[4], client=fake_client(), start=False
-    )
-    new.counter("tokens").labels(engine=4).inc(7)
-    assert new.flush()
+    old, new = _engine_4_after_k_changed(fake_client, namespace)
     time.sleep(0.05)
     assert new.flush()  # engine 4 heartbeated (in shard 1) within the retention
     for dry in (True, False):
