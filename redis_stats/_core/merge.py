@@ -124,7 +124,6 @@ class Layout:
         "histograms",
         "keys",
         "modes",
-        "parsed",
         "pick_counters",
         "pick_gauges",
         "pick_histograms",
@@ -136,7 +135,6 @@ class Layout:
     def __init__(self, catalog: object, names: tuple[str, ...], parsed: tuple[Parsed | str, ...]) -> None:
         self.catalog = catalog
         self.fields = names
-        self.parsed = parsed
         # each line's series as the snapshot keys it: (metric name, label values)
         self.keys: tuple[Any, ...] = tuple(None if isinstance(p, str) else (p[0].name, p[1]) for p in parsed)
         # Clean: every line is a series this catalogue shows, each once. Only such a layout is
