@@ -36,6 +36,19 @@ def _writers(config: Any, catalog: Any, fake_client: Any, engines: list[int]) ->
     return out
 
 
+def _count_parses(monkeypatch: Any) -> list[Any]:
+    """The arguments of every chunk parse from now on (merge.parse_chunk spied on)."""
+    parses: list[Any] = []
+    real_parse = merge.parse_chunk
+
+    def counted_parse(*args: Any) -> Any:
+        parses.append(args)
+        return real_parse(*args)
+
+    monkeypatch.setattr(merge, "parse_chunk", counted_parse)
+    return parses
+
+
 def _stable(text: str) -> list[str]:
     return [x for x in text.splitlines() if "duration" not in x and "age_seconds" not in x]
 
@@ -54,7 +67,6 @@ def test_a_names_field_is_parsed_once_and_an_unchanged_chunk_is_not_parsed_again
     config, catalog, fake_client, monkeypatch
 ):
     layouts: list[Any] = []
-    parses: list[Any] = []
 
     class CountedLayout(merge.Layout):
         __slots__ = ()
@@ -63,14 +75,8 @@ def test_a_names_field_is_parsed_once_and_an_unchanged_chunk_is_not_parsed_again
             super().__init__(*args)
             layouts.append(self)
 
-    real_parse = merge.parse_chunk
-
-    def counted_parse(*args: Any) -> Any:
-        parses.append(args)
-        return real_parse(*args)
-
     monkeypatch.setattr(snapshot, "Layout", CountedLayout)
-    monkeypatch.setattr(merge, "parse_chunk", counted_parse)
+    parses = _count_parses(monkeypatch)
     engines = [0, 1, 2]
     a, b = _writers(config, catalog, fake_client, engines)
     reader = StatsReader(config, catalog, client=fake_client())
@@ -112,14 +118,7 @@ def test_a_fleet_with_more_chunks_than_ten_thousand_keeps_its_parses(
     """The chunk parses kept were capped at 10,000 and cleared past it, at every read: past 5,000
     engines x 2 writers every chunk was parsed again at every scrape. The cache now holds the
     last read's parses, however many (up to merge.KEPT_CEILING)."""
-    parses: list[Any] = []
-    real_parse = merge.parse_chunk
-
-    def counted_parse(*args: Any) -> Any:
-        parses.append(args)
-        return real_parse(*args)
-
-    monkeypatch.setattr(merge, "parse_chunk", counted_parse)
+    parses = _count_parses(monkeypatch)
     engines = list(range(5_100))
     for role, n in (("api0", 3), ("api1", 5)):
         w = StatsWriter(config, catalog, engines=engines, client=fake_client(), start=False, role=role)
@@ -140,14 +139,7 @@ def test_a_fleet_with_more_chunks_than_ten_thousand_keeps_its_parses(
 
 
 def test_chunk_parses_kept_are_the_last_reads_up_to_the_ceiling(config, catalog, fake_client, monkeypatch):
-    parses: list[Any] = []
-    real_parse = merge.parse_chunk
-
-    def counted_parse(*args: Any) -> Any:
-        parses.append(args)
-        return real_parse(*args)
-
-    monkeypatch.setattr(merge, "parse_chunk", counted_parse)
+    parses = _count_parses(monkeypatch)
     monkeypatch.setattr(merge, "KEPT_CEILING", 4)
     writers = _writers(config, catalog, fake_client, [0, 1, 2])
     reader = StatsReader(config, catalog, client=fake_client())
@@ -188,13 +180,6 @@ def test_reads_in_threads_and_in_a_forked_child_show_what_a_reader_of_their_own_
     microsecond: :meth:`merge.Kept.begin` and :meth:`~merge.Kept.end` of one read run in the
     middle of another's. A read may parse again what another dropped, never show another's
     values. Then a forked child reads with the parses the parent kept."""
-    parses: list[Any] = []
-    real_parse = merge.parse_chunk
-
-    def counted_parse(*args: Any) -> Any:
-        parses.append(args)
-        return real_parse(*args)
-
     engines = list(range(8))
     writers = _writers(config, catalog, fake_client, engines)
     reader = StatsReader(config, catalog, client=fake_client())
@@ -213,7 +198,7 @@ def test_reads_in_threads_and_in_a_forked_child_show_what_a_reader_of_their_own_
         expected.append((RedisCollector(own)._renderer.render(reply)[0], repr(_series(own.decode(reply)))))
     assert len(set(expected)) == len(replies)
     renderer = RedisCollector(reader)._renderer
-    monkeypatch.setattr(merge, "parse_chunk", counted_parse)
+    parses = _count_parses(monkeypatch)
     wrong: list[Any] = []
 
     def read(k: int, text: bool) -> None:
