@@ -748,15 +748,19 @@ class SnapshotDecoder:
     ) -> dict[str, tuple[str, ...]]:
         """Engines claimed by two live owners within stale_after: engine -> (owner a, owner b).
         *keys*: the conflicts hash each pair of *flat* was read from (a merged reply's; default:
-        shard 0's)."""
-        out = {}
+        shard 0's). An engine with an entry in two shards (K changed: its old shard and its new
+        one) shows the newer."""
+        out: dict[str, tuple[str, ...]] = {}
+        seen_ms: dict[str, float] = {}
         for at, (engine, text) in enumerate(_pairs(flat)):
             parts = str(text).split("|")
             if len(parts) < 3 or number_text(parts[-1]) is None:
                 skipped.note("bad_value", self.keys.conflicts if keys is None else keys[at], str(engine))
                 continue
-            if now_ms - float(parts[-1]) <= self.stale_after_ms:
+            ms = float(parts[-1])
+            if now_ms - ms <= self.stale_after_ms and ms >= seen_ms.get(engine, -_INF):
                 out[engine] = tuple(parts[:-1])
+                seen_ms[engine] = ms
         return out
 
     def _decode_engine(self, read: EngineHash, live: set[str], catalog: Catalog, skipped: Skipped) -> None:

@@ -348,3 +348,21 @@ def test_a_wrong_typed_writer_stats_hash_outside_its_home_is_counted_by_its_key(
         assert "flushes" in snap.writers[w.writer_id].stats  # its home's
     assert 'redis_stats_skipped_fields{reason="wrong_type"} 1.0\n' in RedisCollector(reader).render_text()
     w.close()
+
+
+@pytest.mark.parametrize("newer_in_shard", [0, 1])
+def test_an_engine_with_conflicts_in_two_shards_shows_the_newer_one(fake_client, namespace, newer_in_shard):
+    """After K changed, an engine's conflicts hash entries can be in its old shard and its new
+    one; both within the window. The reader showed whichever shard it merged last; it shows the
+    newer conflict, wherever it is."""
+    _, new = _engine_4_after_k_changed(fake_client, namespace)
+    raw = fake_client()
+    now_ms = int(raw.time()[0]) * 1000
+    homes = [Keys(namespace).conflicts, Keys(namespace).shard(1, K).conflicts]
+    raw.hset(homes[newer_in_shard], "4", f"w-a|w-b|{now_ms - 100}")
+    raw.hset(homes[1 - newer_in_shard], "4", f"w-c|w-d|{now_ms - 2000}")
+    for reader_k in (K, 1):
+        reader = StatsReader(_cfg(namespace, shards=reader_k), sample_catalog(), client=fake_client())
+        snap = reader.snapshot()
+        assert snap.engines[4].conflict == ("w-a", "w-b"), (reader_k, snap.engines[4].conflict)
+    new.close()
