@@ -408,3 +408,58 @@ def test_two_k_whose_shards_share_a_tag_are_read_once(fake_client):
     assert snap.engines[1].counter("tokens") == 105 and snap.engines[49].counter("tokens") == 7
     w.close()
     v.close()
+
+
+@pytest.mark.redis_server
+def test_a_writer_cut_off_from_one_shard_has_its_gauges_there_go_stale(redis_server, namespace):
+    """Writer W (engines 0 and 1, K=3) loses shard 1 only (a partition between its host and
+    that shard's master; shard 0 still answers it), while writer V keeps engine 1 live there.
+    W's last gauge values in shard 1 are frozen: after stale_after they must be hidden, as an
+    unsharded W cut off from Redis has them hidden. The merge took W's freshest heartbeat of any
+    shard (shard 0's), so W's frozen gauge of engine 1 was summed in for ever (101, not 1), on
+    both render paths and by the asyncio reader."""
+    import asyncio
+
+    from redis_stats import RedisCollector, StatsConfig
+    from redis_stats.aio import AsyncStatsReader
+
+    cfg = StatsConfig(
+        url=redis_server.url, namespace=namespace, shards=K, stale_after=0.5, flush_interval=0.05
+    )
+    one = Keys(namespace).shard(1, K)
+    cut = _Flaky(redis.Redis.from_url(redis_server.url, decode_responses=True), one.root)
+    w = StatsWriter(cfg, sample_catalog(), engines=[0, 1], client=cut, start=False, role="W")
+    v = StatsWriter(cfg, sample_catalog(), engines=[1], start=False, role="V")
+    w.gauge("inflight").labels(engine=1).set(100)  # mode "sum": every live writer's value counts
+    w.gauge("inflight").labels(engine=0).set(5)
+    v.gauge("inflight").labels(engine=1).set(1)
+    assert w.flush() and v.flush()
+    reader = StatsReader(cfg, sample_catalog())
+    collector = RedisCollector(StatsReader(cfg, sample_catalog()))
+    assert reader.snapshot().engines[1].gauge("inflight") == 101
+
+    async def read_async() -> Any:
+        r = AsyncStatsReader(cfg, sample_catalog())
+        try:
+            return await r.snapshot()
+        finally:
+            await r.aclose()
+
+    cut.fail = ["before"] * 10_000
+    ended = time.monotonic() + 1.0  # twice stale_after
+    while time.monotonic() < ended:
+        assert not w.flush()  # shard 0 confirms; shard 1 unreachable for W
+        assert v.flush()
+        time.sleep(0.05)
+    for snap in (reader.snapshot(), asyncio.run(read_async())):
+        assert snap.writers[w.writer_id].live  # live: it heartbeats in shard 0
+        assert snap.engines[0].gauge("inflight") == 5  # its gauges in shard 0 are current
+        assert snap.engines[1].up and snap.engines[1].gauge("inflight") == 1  # V's only
+    text = collector.render_text()
+    assert 'inflight{engine="1"} 1.0\n' in text and 'inflight{engine="0"} 5.0\n' in text, text
+    cut.fail = []
+    assert w.flush()  # back: its gauges in shard 1 are current again
+    assert reader.snapshot().engines[1].gauge("inflight") == 101
+    for x in (w, v):
+        assert x.close()
+    reader.close()
