@@ -463,3 +463,45 @@ def test_a_writer_cut_off_from_one_shard_has_its_gauges_there_go_stale(redis_ser
     for x in (w, v):
         assert x.close()
     reader.close()
+
+
+class _ShardDown(redis.Redis):
+    """A client to which one shard is unreachable: every command naming one of its keys times
+    out (a partition between gc's host and that shard's master); the others go through."""
+
+    root = ""
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        if self.root and any(str(a).startswith(self.root) for a in args[1:]):
+            raise redis.TimeoutError("Timeout reading from socket")
+        return super().execute_command(*args, **options)
+
+
+@pytest.mark.redis_server
+def test_gc_goes_on_past_an_unreachable_shard(redis_server, namespace):
+    """Shard 1 unreachable from the host running gc: shards 0 and 2 are still collected and
+    shard 1 is named in GcResult.failed, as for a shard holding garbage (the timeout was raised
+    out of collect_garbage: shard 2 was never collected while shard 1 stayed down, and the
+    exporter's gc timer logged that at DEBUG only). Once shard 1 answers, it is collected."""
+    from redis_stats import StatsConfig
+    from redis_stats.ops.retention import collect_garbage
+
+    cfg = StatsConfig(url=redis_server.url, namespace=namespace, shards=K, flush_interval=0.05)
+    w = StatsWriter(cfg, sample_catalog(), engines=[0, 1, 2], start=False)
+    for e in range(3):
+        w.counter("tokens").labels(engine=e).inc(e + 1)
+    assert w.close()
+    shards = [Keys(namespace).shard(s, K) for s in range(K)]
+    client = _ShardDown.from_url(redis_server.url, decode_responses=True)
+    client.root = shards[1].root
+    time.sleep(0.01)
+    gc_cfg = StatsConfig(url=redis_server.url, namespace=namespace, shards=K, retention=0.001)
+    result = collect_garbage(gc_cfg, client=client)
+    assert list(result.failed) == [shards[1].prefix] and "Timeout" in result.failed[shards[1].prefix]
+    assert result.engines == [0, 2] and result.writers == [w.writer_id]
+    raw = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    assert [raw.exists(k.counters(e)) for e, k in enumerate(shards)] == [0, 1, 0]
+    assert not raw.exists(shards[0].gc_lock)  # the lease is given back
+    client.root = ""  # shard 1 answers again
+    result = collect_garbage(gc_cfg, client=client)
+    assert result.engines == [1] and not result.failed and not raw.exists(shards[1].counters(1))
