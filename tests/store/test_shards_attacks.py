@@ -505,3 +505,37 @@ def test_gc_goes_on_past_an_unreachable_shard(redis_server, namespace):
     client.root = ""  # shard 1 answers again
     result = collect_garbage(gc_cfg, client=client)
     assert result.engines == [1] and not result.failed and not raw.exists(shards[1].counters(1))
+
+
+@pytest.mark.parametrize("shards", [1, K])
+def test_every_writer_stores_its_state_again_after_its_shard_lost_its_data(fake_client, namespace, shards):
+    """Two writers of the same engines; Redis loses the data of the shard holding engine 1
+    (its master restarted without persistence). Writer A flushes first and stores the catalogue
+    again; writer B's flush then found a catalogue, so B never learnt that its own chunks' names
+    were gone: its values stayed unreadable for good (``bad_chunk`` at every read, engine 1
+    short of B's part, B's gauges gone). The script now says "no catalogue" to a writer past its
+    first batch that the shard's sequence hash does not know, and B stores its state again."""
+    cfg = _cfg(namespace, shards=shards)
+    a, b = (
+        StatsWriter(cfg, sample_catalog(), engines=[0, 1], role=r, client=fake_client(), start=False)
+        for r in "ab"
+    )
+    for n, w in enumerate((a, b), 1):
+        for e in (0, 1):
+            w.counter("tokens").labels(engine=e).inc(n)
+            w.gauge("inflight").labels(engine=e).set(n)
+    assert a.flush() and b.flush()
+    raw = fake_client()
+    lost = Keys(namespace).shard(1 % shards, shards)
+    raw.delete(*raw.keys(lost.root + "*"))
+    for w in (a, b):
+        w.counter("tokens").labels(engine=1).inc(10)
+    assert a.flush() and a.flush()  # A finds the catalogue missing, then stores everything again
+    assert b.flush() and b.flush()
+    snap = StatsReader(cfg, sample_catalog(), client=fake_client()).snapshot()
+    assert not snap.skipped, snap.skipped.where
+    assert snap.engines[1].counter("tokens") == 1 + 2 + 20
+    assert snap.engines[1].gauge("inflight") == 3  # both writers' gauges (mode sum)
+    assert snap.engines[0].counter("tokens") == 3
+    for w in (a, b):
+        assert w.close()
