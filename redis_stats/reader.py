@@ -49,10 +49,18 @@ class MergedReply(list):  # type: ignore[type-arg]
     the other parts a shard holds: :attr:`engine_keys`, the ``engines`` zset each engine of the
     reply was listed in; :attr:`writer_keys`, the key each writer's self-metrics were read from;
     :attr:`conflict_keys`, the ``conflicts`` hash each field of the merged one came from. Each is
-    None when the merge was not given the shards' keys (the decoder names shard 0's)."""
+    None when the merge was not given the shards' keys (the decoder names shard 0's).
+
+    :attr:`shard_writers` (each shard's ``writers`` zset as read, flat, or the error reading it)
+    and :attr:`engine_shards` (the shards each engine of the reply was read from, in their
+    order) let the decoder judge a writer's gauges in an engine by its heartbeats in the shards
+    holding that engine: a writer cut off from one shard alone stays live in the merged list
+    (its other shards' heartbeats), but its values in that shard are frozen."""
 
     def __init__(self, items: list[Any]) -> None:
         super().__init__(items)
+        self.shard_writers: list[Any] = []
+        self.engine_shards: list[tuple[int, ...]] = []
         self.unreadable: list[tuple[str, str]] = []
         self.hash_keys: list[EngineKey] | None = None
         self.engine_keys: list[EngineKey] | None = None
@@ -67,7 +75,9 @@ def merge_shards(replies: list[list[Any]], metas: list[Any], shards: list[Keys] 
     shard 0's, then the specs of the others for metrics shard 0 lacks (the first stored definition
     wins, shard 0 first). Engines and writers are put together: an engine found in two shards
     (only when K changed) gets both hashes, so its writers' chunks add up; a writer found in two
-    shards is shown with its latest heartbeat and the self-metrics of the shard holding them. A
+    shards is shown with its latest heartbeat and the self-metrics of the shard holding them (its
+    gauges in an engine are judged by its heartbeats in the engine's shards:
+    :attr:`MergedReply.shard_writers`, :attr:`MergedReply.engine_shards`). A
     part a shard cannot read (a key of the wrong type) is left out; when no shard can read it, the
     first shard's error stands in its place (the decoder counts it).
 
@@ -148,17 +158,21 @@ def merge_shards(replies: list[list[Any]], metas: list[Any], shards: list[Keys] 
             conflicts or failed.get(5, []),
         ]
     )
+    out.shard_writers = [reply[2] for reply in replies]
+    engine_shards = out.engine_shards
     hash_keys: list[EngineKey] = []
     engine_keys: list[EngineKey] = []
     listed_in = [keys.engines for keys in shards or ()]  # each shard's engines zset, made once
     for engine, seen in engines.items():
         if len(seen) == 2:  # one shard holds it (every engine, unless K changed)
             at, flat = seen[1]
+            engine_shards.append((at,))
             out.append(flat)
             if shards is not None:
                 hash_keys.append(shards[at].counters(engine))
                 engine_keys.append(listed_in[at])
             continue
+        engine_shards.append(tuple(at for at, _ in seen[1:]))
         read = [(at, flat) for at, flat in seen[1:] if flat.__class__ is list]
         lost = [(at, flat) for at, flat in seen[1:] if flat.__class__ is not list]
         if len(read) == 1:

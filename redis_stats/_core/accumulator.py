@@ -478,6 +478,8 @@ class FlushResult:
 
     status: int
     meta_existed: bool
+    """The shard held the catalogue and, for a batch numbered past 1, this writer's sequence
+    number; False: Redis lost the shard's data, send the catalogue and every chunk again."""
     failed_fields: int
     server_time_ms: int
     conflicts: int = 0

@@ -389,6 +389,10 @@ class EngineHash(NamedTuple):
     """The key it was read from (in its shard: ``rs:{NS#1.3042}:v2:e:4:c`` for engine 4 of
     shard 1), which names what is skipped of it; a :class:`SplitKey` when it was read from
     several shards (after K changed) and put together."""
+    live: set[str] | None = None
+    """The writers live in the shard(s) this hash was read from, whose gauges in it count (a
+    merged reply's: a writer live in another shard only is cut off from this one, its values
+    here frozen); None: the writers live in the reply (one shard)."""
 
 
 class SnapshotDecoder:
@@ -665,6 +669,12 @@ class SnapshotDecoder:
         conflicts = self._conflicts(conflict_flat, now_ms, skipped, getattr(reply, "conflict_keys", None))
         engines: dict[int, EngineSnapshot] = {}
         engine_pairs = list(_pairs(self._readable(reply[1], keys.engines, skipped)))
+        # A merged reply (several shards): the writers live in each shard, by their heartbeats
+        # there, for the gauges of the engines read from it (see EngineHash.live).
+        engine_shards: list[tuple[int, ...]] = getattr(reply, "engine_shards", None) or []
+        shard_live: list[set[str]] = [
+            self._live_in(flat, now_ms) for flat in getattr(reply, "shard_writers", ()) if engine_shards
+        ]
         hashes = reply[6 : 6 + len(engine_pairs)]
         for idx, (stats, (wid, info)) in enumerate(zip(reply[6 + len(engine_pairs) :], writers.items())):
             stats_key = keys.writer_stats(wid) if writer_keys is None else writer_keys[idx]
@@ -688,8 +698,25 @@ class SnapshotDecoder:
             engines[engine] = snap
             key = keys.counters(engine_text) if hash_keys is None else hash_keys[idx]
             flat = self._readable(hashes[idx], key, skipped)
-            hashes_read.append(EngineHash(engine_text, snap, flat, key))
+            live: set[str] | None = None
+            if engine_shards:
+                parts = [shard_live[at] for at in engine_shards[idx]]
+                live = parts[0] if len(parts) == 1 else set().union(*parts)
+            hashes_read.append(EngineHash(engine_text, snap, flat, key, live))
         return shell, hashes_read
+
+    def _live_in(self, writer_flat: Any, now_ms: float) -> set[str]:
+        """The writers live by the heartbeats of one shard's ``writers`` zset (*writer_flat*;
+        none when it could not be read: no writer is known to be live there)."""
+        if writer_flat.__class__ is not list:
+            return set()
+        oldest = now_ms - self.stale_after_ms
+        live = set()
+        for wid, score in _pairs(writer_flat):
+            beat = float(score)
+            if beat >= 0 and beat >= oldest:  # negative: closed
+                live.add(wid)
+        return live
 
     @staticmethod
     def _readable(part: Any, key: EngineKey, skipped: Skipped) -> list[Any]:
@@ -734,7 +761,7 @@ class SnapshotDecoder:
         shell, hashes = self.decode_shell(reply, skipped)
         live = {wid for wid, info in shell.writers.items() if info.live}
         for engine in hashes:
-            self._decode_engine(engine, live, shell.catalog, skipped)
+            self._decode_engine(engine, live if engine.live is None else engine.live, shell.catalog, skipped)
         self.read_done()
         return shell
 

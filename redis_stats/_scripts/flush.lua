@@ -23,7 +23,8 @@
 -- replaces the chunks that changed. The script never reads or parses one: it sets fields. Readers
 -- add the writers' totals of a series up; gc folds a departed writer into base fields.
 --
--- Returns {status, catalogue stored before (1/0), 0, now ms, owner conflicts,
+-- Returns {status, catalogue stored before (1/0; 0 too when the writer's sequence number is past 1
+--          and the seq hash does not know it: the shard lost its data), 0, now ms, owner conflicts,
 --          {metrics whose spec conflicts with the stored one}, series refused for them};
 -- status 1 applied, 0 already applied (a duplicate), 2 not applied because gc removed this writer
 -- (its fields were folded: the writer sends what the store lacks again under a new id).
@@ -92,6 +93,13 @@ if stored_schema and stored_schema ~= ARGV[5] then
     ARGV[5] .. '; run every writer and reader of a namespace at one schema version, or use a new namespace')
 end
 local meta_existed = stored_schema and 1 or 0
+if not raw and seq > 1 then
+  -- A writer past its first batch that the sequence hash does not know: Redis lost this shard's
+  -- data (restarted without persistence), and another writer may have stored the catalogue
+  -- since. Answer "no catalogue" all the same, so that this writer sends its catalogue and every
+  -- chunk with its names again (its values alone cannot be read without them).
+  meta_existed = 0
+end
 raw = raw or '0'
 -- "x<seq>:<ms>": gc removed this writer and folded its fields into the base series.
 local removed = string.sub(raw, 1, 1) == 'x'

@@ -21,7 +21,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from redis_stats._scripts import Script, load_script
 from redis_stats.config import StatsConfig
@@ -47,8 +47,8 @@ class GcResult:
     skipped: bool = False
     """True when another process held the gc lease: nothing was done."""
     failed: dict[str, str] = field(default_factory=dict)
-    """Shards not collected (their key prefix -> why: a key of the wrong type there); the
-    others were."""
+    """Shards not collected (their key prefix -> why: a key of the wrong type there, a right the
+    user lacks, or the shard could not be reached); the others were."""
 
 
 def namespace_shards(config: StatsConfig, client: Client) -> list[Keys]:
@@ -92,10 +92,11 @@ def collect_garbage(config: StatsConfig, *, dry_run: bool = False, client: Clien
                     keys=[shard.engines, shard.writers, shard.seq],
                     args=[shard.prefix, int(config.retention * 1000), "1" if dry_run else "0"],
                 )
-            except ResponseError as exc:
-                # A key of the wrong type (garbage) in one shard, or a right the user lacks,
-                # costs that shard's collection only: the others are self-contained and still
-                # collected.
+            except RedisError as exc:
+                # A key of the wrong type (garbage) in one shard, a right the user lacks, or a
+                # shard that cannot be reached (its master down or cut off from this host: a
+                # timeout, a refused connection) costs that shard's collection only: the others
+                # are self-contained and still collected.
                 out.failed[shard.prefix] = str(exc).split("\n")[0][:200]
                 continue
             for e in engines:
@@ -122,7 +123,7 @@ def _engine_heartbeats(client: Client, shards: list[Keys]) -> list[dict[str, flo
         try:
             found: Any = client.zrange(shard.engines, 0, -1, withscores=True)
             out.append({str(e): float(t) for e, t in found})
-        except ResponseError:  # not a sorted set: gc.lua fails on it too, and says so
+        except RedisError:  # not a sorted set, or unreachable: gc.lua fails there too, and says so
             out.append(None)
     return out
 

@@ -151,7 +151,7 @@ class TextRenderer:
         lines: list[list[str]] = [[] for _ in plan.headers]
         live = {wid for wid, info in shell.writers.items() if info.live}
         for read in hashes:
-            self._engine(plan, read, live, lines, skipped)
+            self._engine(plan, read, live if read.live is None else read.live, lines, skipped)
         self.decoder.read_done()
         out: list[str] = []
         for header, family_lines in zip(plan.headers, lines):

@@ -408,3 +408,134 @@ def test_two_k_whose_shards_share_a_tag_are_read_once(fake_client):
     assert snap.engines[1].counter("tokens") == 105 and snap.engines[49].counter("tokens") == 7
     w.close()
     v.close()
+
+
+@pytest.mark.redis_server
+def test_a_writer_cut_off_from_one_shard_has_its_gauges_there_go_stale(redis_server, namespace):
+    """Writer W (engines 0 and 1, K=3) loses shard 1 only (a partition between its host and
+    that shard's master; shard 0 still answers it), while writer V keeps engine 1 live there.
+    W's last gauge values in shard 1 are frozen: after stale_after they must be hidden, as an
+    unsharded W cut off from Redis has them hidden. The merge took W's freshest heartbeat of any
+    shard (shard 0's), so W's frozen gauge of engine 1 was summed in for ever (101, not 1), on
+    both render paths and by the asyncio reader."""
+    import asyncio
+
+    from redis_stats import RedisCollector, StatsConfig
+    from redis_stats.aio import AsyncStatsReader
+
+    cfg = StatsConfig(
+        url=redis_server.url, namespace=namespace, shards=K, stale_after=0.5, flush_interval=0.05
+    )
+    one = Keys(namespace).shard(1, K)
+    cut = _Flaky(redis.Redis.from_url(redis_server.url, decode_responses=True), one.root)
+    w = StatsWriter(cfg, sample_catalog(), engines=[0, 1], client=cut, start=False, role="W")
+    v = StatsWriter(cfg, sample_catalog(), engines=[1], start=False, role="V")
+    w.gauge("inflight").labels(engine=1).set(100)  # mode "sum": every live writer's value counts
+    w.gauge("inflight").labels(engine=0).set(5)
+    v.gauge("inflight").labels(engine=1).set(1)
+    assert w.flush() and v.flush()
+    reader = StatsReader(cfg, sample_catalog())
+    collector = RedisCollector(StatsReader(cfg, sample_catalog()))
+    assert reader.snapshot().engines[1].gauge("inflight") == 101
+
+    async def read_async() -> Any:
+        r = AsyncStatsReader(cfg, sample_catalog())
+        try:
+            return await r.snapshot()
+        finally:
+            await r.aclose()
+
+    cut.fail = ["before"] * 10_000
+    ended = time.monotonic() + 1.0  # twice stale_after
+    while time.monotonic() < ended:
+        assert not w.flush()  # shard 0 confirms; shard 1 unreachable for W
+        assert v.flush()
+        time.sleep(0.05)
+    for snap in (reader.snapshot(), asyncio.run(read_async())):
+        assert snap.writers[w.writer_id].live  # live: it heartbeats in shard 0
+        assert snap.engines[0].gauge("inflight") == 5  # its gauges in shard 0 are current
+        assert snap.engines[1].up and snap.engines[1].gauge("inflight") == 1  # V's only
+    text = collector.render_text()
+    assert 'inflight{engine="1"} 1.0\n' in text and 'inflight{engine="0"} 5.0\n' in text, text
+    cut.fail = []
+    assert w.flush()  # back: its gauges in shard 1 are current again
+    assert reader.snapshot().engines[1].gauge("inflight") == 101
+    for x in (w, v):
+        assert x.close()
+    reader.close()
+
+
+class _ShardDown(redis.Redis):
+    """A client to which one shard is unreachable: every command naming one of its keys times
+    out (a partition between gc's host and that shard's master); the others go through."""
+
+    root = ""
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        if self.root and any(str(a).startswith(self.root) for a in args[1:]):
+            raise redis.TimeoutError("Timeout reading from socket")
+        return super().execute_command(*args, **options)
+
+
+@pytest.mark.redis_server
+def test_gc_goes_on_past_an_unreachable_shard(redis_server, namespace):
+    """Shard 1 unreachable from the host running gc: shards 0 and 2 are still collected and
+    shard 1 is named in GcResult.failed, as for a shard holding garbage (the timeout was raised
+    out of collect_garbage: shard 2 was never collected while shard 1 stayed down, and the
+    exporter's gc timer logged that at DEBUG only). Once shard 1 answers, it is collected."""
+    from redis_stats import StatsConfig
+    from redis_stats.ops.retention import collect_garbage
+
+    cfg = StatsConfig(url=redis_server.url, namespace=namespace, shards=K, flush_interval=0.05)
+    w = StatsWriter(cfg, sample_catalog(), engines=[0, 1, 2], start=False)
+    for e in range(3):
+        w.counter("tokens").labels(engine=e).inc(e + 1)
+    assert w.close()
+    shards = [Keys(namespace).shard(s, K) for s in range(K)]
+    client = _ShardDown.from_url(redis_server.url, decode_responses=True)
+    client.root = shards[1].root
+    time.sleep(0.01)
+    gc_cfg = StatsConfig(url=redis_server.url, namespace=namespace, shards=K, retention=0.001)
+    result = collect_garbage(gc_cfg, client=client)
+    assert list(result.failed) == [shards[1].prefix] and "Timeout" in result.failed[shards[1].prefix]
+    assert result.engines == [0, 2] and result.writers == [w.writer_id]
+    raw = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    assert [raw.exists(k.counters(e)) for e, k in enumerate(shards)] == [0, 1, 0]
+    assert not raw.exists(shards[0].gc_lock)  # the lease is given back
+    client.root = ""  # shard 1 answers again
+    result = collect_garbage(gc_cfg, client=client)
+    assert result.engines == [1] and not result.failed and not raw.exists(shards[1].counters(1))
+
+
+@pytest.mark.parametrize("shards", [1, K])
+def test_every_writer_stores_its_state_again_after_its_shard_lost_its_data(fake_client, namespace, shards):
+    """Two writers of the same engines; Redis loses the data of the shard holding engine 1
+    (its master restarted without persistence). Writer A flushes first and stores the catalogue
+    again; writer B's flush then found a catalogue, so B never learnt that its own chunks' names
+    were gone: its values stayed unreadable for good (``bad_chunk`` at every read, engine 1
+    short of B's part, B's gauges gone). The script now says "no catalogue" to a writer past its
+    first batch that the shard's sequence hash does not know, and B stores its state again."""
+    cfg = _cfg(namespace, shards=shards)
+    a, b = (
+        StatsWriter(cfg, sample_catalog(), engines=[0, 1], role=r, client=fake_client(), start=False)
+        for r in "ab"
+    )
+    for n, w in enumerate((a, b), 1):
+        for e in (0, 1):
+            w.counter("tokens").labels(engine=e).inc(n)
+            w.gauge("inflight").labels(engine=e).set(n)
+    assert a.flush() and b.flush()
+    raw = fake_client()
+    lost = Keys(namespace).shard(1 % shards, shards)
+    raw.delete(*raw.keys(lost.root + "*"))
+    for w in (a, b):
+        w.counter("tokens").labels(engine=1).inc(10)
+    assert a.flush() and a.flush()  # A finds the catalogue missing, then stores everything again
+    assert b.flush() and b.flush()
+    snap = StatsReader(cfg, sample_catalog(), client=fake_client()).snapshot()
+    assert not snap.skipped, snap.skipped.where
+    assert snap.engines[1].counter("tokens") == 1 + 2 + 20
+    assert snap.engines[1].gauge("inflight") == 3  # both writers' gauges (mode sum)
+    assert snap.engines[0].counter("tokens") == 3
+    for w in (a, b):
+        assert w.close()
