@@ -419,7 +419,7 @@ def top(redis_url: str | None, namespace: str | None, interval: float, once: boo
     default=0.0,
     show_default=True,
     type=click.FloatRange(0, 3600),
-    help="With --json: read twice this many seconds apart for rates and recent quantiles.",
+    help="With --json: read twice, this many seconds apart, for rates and recent quantiles.",
 )
 def inspect(redis_url: str | None, namespace: str | None, as_json: bool, window: float) -> None:
     """The keys, engines, writers and series of a namespace."""
@@ -428,12 +428,11 @@ def inspect(redis_url: str | None, namespace: str | None, as_json: bool, window:
     from redis_stats.ops.inspection import inspect_namespace
 
     config = _config(redis_url, namespace)
-    if as_json:
-        with _redis_errors(config):
-            _print_snapshot_json(config, window)
-        return
     with _redis_errors(config):
         _require_namespace(config, make_client(config))
+        if as_json:
+            _print_snapshot_json(config, window)
+            return
         for line in inspect_namespace(config, vllm_catalog()):
             click.echo(line)
 
