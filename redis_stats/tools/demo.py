@@ -97,6 +97,10 @@ def run_demo(
             file=out,
             flush=True,
         )
+        # The log lines show only the printer's pid: each node's, to kill it and watch failover.
+        for node in range(opts.first_engine, last_engine + 1):
+            pids = " ".join(str(c.pid) for c, (engine, _) in zip(children, slots) if engine == node)
+            print(f"  node {node}: kill {pids} to stop it", file=out, flush=True)
         exporter = Exporter(StatsReader(config, vllm_catalog()), host=opts.host, port=opts.port).start()
         print(
             f"Redis view of every engine: {exporter.url}/metrics\n"
