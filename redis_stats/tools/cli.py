@@ -142,11 +142,15 @@ def _engines(text: str | None) -> list[int] | None:
     if not text:
         return None
     try:
-        return [int(e) for e in text.split(",") if e.strip()]
+        engines = [int(e) for e in text.split(",") if e.strip()]
     except ValueError:
+        engines = [-1]
+    if any(e < 0 for e in engines):
         raise click.BadParameter(
-            f"{text!r} is not a comma-separated list of engine indexes, e.g. 0,1"
-        ) from None
+            f"{text!r} is not a comma-separated list of engine indexes (integers >= 0), e.g. 0,1",
+            param_hint="--engines",
+        )
+    return engines
 
 
 URL_FILE_HELP = (

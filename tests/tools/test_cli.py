@@ -41,6 +41,21 @@ def test_bad_engines_option_is_a_clear_error():
     assert "comma-separated list of engine indexes" in result.output
 
 
+@pytest.mark.parametrize("engines", ["0,x", "0,-1", "1.5"])
+def test_a_bad_engines_option_names_the_option_and_is_a_usage_error(engines, monkeypatch):
+    # Before: "Invalid value: '0,x' ..." named no option, and "0,-1" was taken (no engine -1 exists)
+    # and the exporter started (its serve_forever is stubbed so that the bug fails, not hangs).
+    from redis_stats.prometheus.exporter import Exporter
+
+    monkeypatch.setattr(Exporter, "serve_forever", lambda self: self.close())
+    args = ["exporter", "--redis-url", "redis://127.0.0.1:1/0", "--port", "0", "--engines", engines]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for --engines: {engines!r} is not a comma-separated list of engine indexes (" in (
+        result.output
+    )
+
+
 def scrape_families(url: str) -> dict:
     text = urllib.request.urlopen(url, timeout=10).read().decode()
     return {f.name: f for f in text_string_to_metric_families(text)}
