@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import sys
 from collections.abc import Callable, Iterator
@@ -71,6 +72,14 @@ _HINTS = {
     "noperm": "the Redis user lacks a command or key: see the ACL in docs/operations.md",
     "readonly": "this is a replica: point the URL at the master (or use redis+sentinel://)",
 }
+
+
+# A bind that fails for another reason than a taken port: the address (an unknown name, an
+# address of no interface here) or a port below 1024 without the right.
+_HOST_HINT = (
+    "check --host: it must be an address of this host (127.0.0.1, 0.0.0.0 or one of its "
+    "interfaces), and --port one this user may bind (1024 and above, or 0 for any free one)"
+)
 
 
 class RedisFailed(click.ClickException):
@@ -291,10 +300,10 @@ def demo(
     except NoServerBinary as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
+        port_hint = '--port 0 picks a free one (with make: make demo DEMO_ARGS="--port 0")'
         raise click.ClickException(
-            f"cannot serve on {host}:{port}: {exc.strerror or exc}\n"
-            "  is the port taken? --port 0 picks a free one "
-            '(with make: make demo DEMO_ARGS="--port 0")'
+            f"cannot serve on {host}:{port}: {exc.strerror or exc}\n  "
+            + (f"is the port taken? {port_hint}" if exc.errno == errno.EADDRINUSE else _HOST_HINT)
         ) from None
     sys.exit(code)
 
@@ -377,8 +386,12 @@ def exporter(
         )
     except OSError as exc:
         raise click.ClickException(
-            f"cannot listen on {host}:{port}: {exc.strerror or exc}\n"
-            "  is another exporter (or the demo) running? Pick another --port, or --port 0 for any free one"
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}\n  "
+            + (
+                "is another exporter (or the demo) running? Pick another --port, or --port 0 for any free one"
+                if exc.errno == errno.EADDRINUSE
+                else _HOST_HINT
+            )
         ) from None
     click.echo(f"serving {config.namespace!r} from {config.safe_url} on {server.url}/metrics")
     try:

@@ -240,3 +240,16 @@ def test_gc_that_cannot_collect_the_namespace_exits_1(redis_server, namespace):
     assert result.exit_code == 1, result.output
     assert f"not collected: keys {Keys(namespace).prefix}*" in result.output
     assert "WRONGTYPE" in result.output
+
+
+@pytest.mark.parametrize("command", [["exporter"], ["demo", "--duration", "1"]])
+@pytest.mark.parametrize("host", ["nosuch.invalid", "192.0.2.1"])
+def test_an_address_that_cannot_be_served_points_at_host_not_the_port(command, host):
+    # Before: "is another exporter (or the demo) running? Pick another --port, or --port 0" for an
+    # address that is no name or no interface of this host, even with --port 0 already given.
+    result = CliRunner().invoke(main, [*command, "--redis-url", "redis://127.0.0.1:1/0", "--host", host, "--port", "0"])
+    assert result.exit_code == 1, result.output
+    assert f"on {host}:0:" in result.output
+    assert "check --host: it must be an address of this host" in result.output
+    assert "another exporter" not in result.output and "port taken" not in result.output
+    assert "simulating" not in result.output  # the demo checks the address before starting anything
