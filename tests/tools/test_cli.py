@@ -253,3 +253,14 @@ def test_an_address_that_cannot_be_served_points_at_host_not_the_port(command, h
     assert "check --host: it must be an address of this host" in result.output
     assert "another exporter" not in result.output and "port taken" not in result.output
     assert "simulating" not in result.output  # the demo checks the address before starting anything
+
+
+def test_a_server_binary_variable_naming_no_program_is_said_so(tmp_path):
+    # Before: the demo's Popen raised FileNotFoundError, reported as "cannot serve on 127.0.0.1:0:
+    # No such file or directory / is the port taken?".
+    missing = tmp_path / "redis-server"
+    env = {"REDIS_STATS_SERVER_BINARY": str(missing)}
+    result = CliRunner().invoke(main, ["demo", "--port", "0", "--duration", "1"], env=env)
+    assert result.exit_code == 1, result.output
+    assert f"REDIS_STATS_SERVER_BINARY={missing} is not an executable file" in result.output
+    assert "cannot serve" not in result.output and "simulating" not in result.output
