@@ -248,7 +248,7 @@ class StatsConfig:
     url: str = _opt(
         "redis://127.0.0.1:6379/0",
         "Redis URL: ``redis://``, ``rediss://`` (TLS), ``unix://``, ``redis+sentinel://``, "
-        "``redis+cluster://``.",
+        "``redis+cluster://`` (``rediss+sentinel://``, ``rediss+cluster://``: with TLS).",
     )
     namespace: str = _opt(
         "default",

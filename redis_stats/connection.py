@@ -6,8 +6,10 @@ Schemes (the storage is chosen by the URL, as in alisaifee/limits):
 - ``rediss://...``: one server over TLS; ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile`` and
   ``ssl_cert_reqs`` (``required``/``optional``/``none``) are read from the query string.
 - ``redis+sentinel://[user:pass@]host:port[,host:port...]/service_name[/db]``: the current master
-  of *service_name*, followed across failovers.
-- ``redis+cluster://[user:pass@]host:port[,host:port...]``: a Redis Cluster.
+  of *service_name*, followed across failovers (a sentinel without a port: 26379).
+- ``redis+cluster://[user:pass@]host:port[,host:port...]``: a Redis Cluster (a node without a
+  port: 6379).
+- ``rediss+sentinel://``, ``rediss+cluster://``: the same over TLS (the TLS query parameters above).
 
 A password may also be given as ``?password=`` (and ``?username=``) for every scheme. Characters
 ``/ ? # @ &`` in a password or query value must be percent-encoded (``%2F %3F %23 %40 %26``):
@@ -74,7 +76,7 @@ def _common_kwargs(config: StatsConfig) -> dict[str, Any]:
     }
 
 
-def _split_hosts(netloc: str) -> tuple[str | None, str | None, list[tuple[str, int]]]:
+def _split_hosts(netloc: str, default_port: int) -> tuple[str | None, str | None, list[tuple[str, int]]]:
     user = password = None
     if "@" in netloc:
         userinfo, netloc = netloc.rsplit("@", 1)
@@ -86,8 +88,8 @@ def _split_hosts(netloc: str) -> tuple[str | None, str | None, list[tuple[str, i
     hosts = []
     for part in netloc.split(","):
         host, _, port = part.rpartition(":")
-        if not host:
-            host, port = port, "26379"
+        if not host or part.endswith("]"):  # no port (an IPv6 host in brackets has colons)
+            host, port = part, str(default_port)
         try:
             hosts.append((host.strip("[]"), int(port)))
         except ValueError:
@@ -138,7 +140,8 @@ def _client_plan(config: StatsConfig, retry: Any) -> tuple[str, dict[str, Any]]:
     if scheme in ("redis", "rediss", "unix"):
         return "url", {"url": config.url, **kwargs}
     query = dict(parse_qsl(parts.query))
-    user, password, hosts = _split_hosts(parts.netloc)
+    # A host without a port: Redis' 6379 on a Cluster, Sentinel's 26379 for the sentinels.
+    user, password, hosts = _split_hosts(parts.netloc, 6379 if scheme.endswith("+cluster") else 26379)
     # ?password= / ?username= work here as they do for redis:// (where redis-py reads them).
     kwargs.update(username=user or query.get("username"), password=password or query.get("password"))
     if scheme.startswith("rediss"):

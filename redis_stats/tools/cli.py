@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import sys
 from collections.abc import Callable, Iterator
@@ -73,6 +74,14 @@ _HINTS = {
 }
 
 
+# A bind that fails for another reason than a taken port: the address (an unknown name, an
+# address of no interface here) or a port below 1024 without the right.
+_HOST_HINT = (
+    "check --host: it must be an address of this host (127.0.0.1, 0.0.0.0 or one of its "
+    "interfaces), and --port one this user may bind (1024 and above, or 0 for any free one)"
+)
+
+
 class RedisFailed(click.ClickException):
     """Redis failed the command: unreachable, refused the password, refused a command (exit code 1)."""
 
@@ -142,11 +151,15 @@ def _engines(text: str | None) -> list[int] | None:
     if not text:
         return None
     try:
-        return [int(e) for e in text.split(",") if e.strip()]
+        engines = [int(e) for e in text.split(",") if e.strip()]
     except ValueError:
+        engines = [-1]
+    if any(e < 0 for e in engines):
         raise click.BadParameter(
-            f"{text!r} is not a comma-separated list of engine indexes, e.g. 0,1"
-        ) from None
+            f"{text!r} is not a comma-separated list of engine indexes (integers >= 0), e.g. 0,1",
+            param_hint="--engines",
+        )
+    return engines
 
 
 URL_FILE_HELP = (
@@ -287,10 +300,10 @@ def demo(
     except NoServerBinary as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
+        port_hint = '--port 0 picks a free one (with make: make demo DEMO_ARGS="--port 0")'
         raise click.ClickException(
-            f"cannot serve on {host}:{port}: {exc.strerror or exc}\n"
-            "  is the port taken? --port 0 picks a free one "
-            '(with make: make demo DEMO_ARGS="--port 0")'
+            f"cannot serve on {host}:{port}: {exc.strerror or exc}\n  "
+            + (f"is the port taken? {port_hint}" if exc.errno == errno.EADDRINUSE else _HOST_HINT)
         ) from None
     sys.exit(code)
 
@@ -373,8 +386,12 @@ def exporter(
         )
     except OSError as exc:
         raise click.ClickException(
-            f"cannot listen on {host}:{port}: {exc.strerror or exc}\n"
-            "  is another exporter (or the demo) running? Pick another --port, or --port 0 for any free one"
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}\n  "
+            + (
+                "is another exporter (or the demo) running? Pick another --port, or --port 0 for any free one"
+                if exc.errno == errno.EADDRINUSE
+                else _HOST_HINT
+            )
         ) from None
     click.echo(f"serving {config.namespace!r} from {config.safe_url} on {server.url}/metrics")
     try:
@@ -419,7 +436,7 @@ def top(redis_url: str | None, namespace: str | None, interval: float, once: boo
     default=0.0,
     show_default=True,
     type=click.FloatRange(0, 3600),
-    help="With --json: read twice this many seconds apart for rates and recent quantiles.",
+    help="With --json: read twice, this many seconds apart, for rates and recent quantiles.",
 )
 def inspect(redis_url: str | None, namespace: str | None, as_json: bool, window: float) -> None:
     """The keys, engines, writers and series of a namespace."""
@@ -428,12 +445,11 @@ def inspect(redis_url: str | None, namespace: str | None, as_json: bool, window:
     from redis_stats.ops.inspection import inspect_namespace
 
     config = _config(redis_url, namespace)
-    if as_json:
-        with _redis_errors(config):
-            _print_snapshot_json(config, window)
-        return
     with _redis_errors(config):
         _require_namespace(config, make_client(config))
+        if as_json:
+            _print_snapshot_json(config, window)
+            return
         for line in inspect_namespace(config, vllm_catalog()):
             click.echo(line)
 

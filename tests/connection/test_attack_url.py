@@ -44,3 +44,29 @@ def test_the_cli_refuses_a_misspelt_query_parameter_as_a_usage_error(redis_serve
     assert result.exit_code == 2, result.output
     assert "socket_timout" in result.output and "Traceback" not in result.output
     assert "Pw-5ecret" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("url", "nodes"),
+    [
+        # Before: a Cluster host without a port got Sentinel's 26379, so `redis+cluster://n1,n2`
+        # connected to no node of the Cluster (each failed flush said "connection", nothing more).
+        ("redis+cluster://n1,n2:7000", ["n1:6379", "n2:7000"]),
+        ("rediss+cluster://u:p@n1", ["n1:6379"]),
+        # An IPv6 host in brackets without a port was refused as "a port that is not a number".
+        ("redis+cluster://[::1],[::1]:7001", ["::1:6379", "::1:7001"]),
+    ],
+)
+def test_a_cluster_host_without_a_port_is_on_redis_port_6379(url, nodes):
+    from redis_stats.connection import make_async_client
+
+    client = make_async_client(StatsConfig(url=url))
+    assert list(client.nodes_manager.startup_nodes) == nodes
+
+
+def test_a_sentinel_host_without_a_port_is_on_sentinel_port_26379():
+    from redis_stats.connection import make_async_client
+
+    master = make_async_client(StatsConfig(url="redis+sentinel://s1,[::1],s2:5000/mymaster"))
+    sentinels = master.connection_pool.sentinel_manager.sentinels
+    assert [s.connection_pool.connection_kwargs["port"] for s in sentinels] == [26379, 26379, 5000]

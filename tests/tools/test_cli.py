@@ -41,6 +41,21 @@ def test_bad_engines_option_is_a_clear_error():
     assert "comma-separated list of engine indexes" in result.output
 
 
+@pytest.mark.parametrize("engines", ["0,x", "0,-1", "1.5"])
+def test_a_bad_engines_option_names_the_option_and_is_a_usage_error(engines, monkeypatch):
+    # Before: "Invalid value: '0,x' ..." named no option, and "0,-1" was taken (no engine -1 exists)
+    # and the exporter started (its serve_forever is stubbed so that the bug fails, not hangs).
+    from redis_stats.prometheus.exporter import Exporter
+
+    monkeypatch.setattr(Exporter, "serve_forever", lambda self: self.close())
+    args = ["exporter", "--redis-url", "redis://127.0.0.1:1/0", "--port", "0", "--engines", engines]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for --engines: {engines!r} is not a comma-separated list of engine indexes (" in (
+        result.output
+    )
+
+
 def scrape_families(url: str) -> dict:
     text = urllib.request.urlopen(url, timeout=10).read().decode()
     return {f.name: f for f in text_string_to_metric_families(text)}
@@ -225,3 +240,27 @@ def test_gc_that_cannot_collect_the_namespace_exits_1(redis_server, namespace):
     assert result.exit_code == 1, result.output
     assert f"not collected: keys {Keys(namespace).prefix}*" in result.output
     assert "WRONGTYPE" in result.output
+
+
+@pytest.mark.parametrize("command", [["exporter"], ["demo", "--duration", "1"]])
+@pytest.mark.parametrize("host", ["nosuch.invalid", "192.0.2.1"])
+def test_an_address_that_cannot_be_served_points_at_host_not_the_port(command, host):
+    # Before: "is another exporter (or the demo) running? Pick another --port, or --port 0" for an
+    # address that is no name or no interface of this host, even with --port 0 already given.
+    result = CliRunner().invoke(main, [*command, "--redis-url", "redis://127.0.0.1:1/0", "--host", host, "--port", "0"])
+    assert result.exit_code == 1, result.output
+    assert f"on {host}:0:" in result.output
+    assert "check --host: it must be an address of this host" in result.output
+    assert "another exporter" not in result.output and "port taken" not in result.output
+    assert "simulating" not in result.output  # the demo checks the address before starting anything
+
+
+def test_a_server_binary_variable_naming_no_program_is_said_so(tmp_path):
+    # Before: the demo's Popen raised FileNotFoundError, reported as "cannot serve on 127.0.0.1:0:
+    # No such file or directory / is the port taken?".
+    missing = tmp_path / "redis-server"
+    env = {"REDIS_STATS_SERVER_BINARY": str(missing)}
+    result = CliRunner().invoke(main, ["demo", "--port", "0", "--duration", "1"], env=env)
+    assert result.exit_code == 1, result.output
+    assert f"REDIS_STATS_SERVER_BINARY={missing} is not an executable file" in result.output
+    assert "cannot serve" not in result.output and "simulating" not in result.output

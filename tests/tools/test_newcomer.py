@@ -11,6 +11,7 @@ import socket
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -176,7 +177,12 @@ def test_namespaces_ignores_keys_that_only_look_like_a_namespace(own_redis_serve
 
 
 @pytest.mark.redis_server
-@pytest.mark.parametrize("cmd", [["inspect"], ["gc", "--dry-run"], ["top", "--once", "--interval", "0.2"]])
+@pytest.mark.parametrize(
+    "cmd",
+    # inspect --json too (before: exit 0 and a document with no engine, for a misspelt namespace
+    # as for an empty one, while docs/cli.md promised exit 3).
+    [["inspect"], ["inspect", "--json"], ["gc", "--dry-run"], ["top", "--once", "--interval", "0.2"]],
+)
 def test_an_empty_namespace_is_answered_with_the_ones_that_exist(cmd, own_redis_server, namespace):
     fill(own_redis_server.url, "demo", [0, 1])
     result = invoke([*cmd, "--redis-url", own_redis_server.url])  # namespace "default": empty
@@ -454,6 +460,33 @@ def test_the_demo_writes_the_engines_from_first_engine(python_env):
     engines = set(json.loads(urllib.request.urlopen(url + "/snapshot", timeout=10).read())["engines"])
     proc.communicate(timeout=60)
     assert engines == {"3"} and proc.returncode == 0
+
+
+def test_the_demo_prints_the_pids_of_each_node_to_kill(python_env):
+    # README: "Kill the processes of one node (their pids are ...)": the log lines show only the
+    # printer's pid (node 0, API server 0), so the demo lists every node's pids at start.
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "redis_stats", "demo", "--port", "0", "--nodes", "2", "--api-servers", "2",
+         "--duration", "4"],
+        cwd=ROOT, env=python_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    listed: dict[int, list[int]] = {}
+    for line in proc.stdout:
+        if m := re.fullmatch(r"  node (\d+): kill (\d+) (\d+) to stop it\n", line):
+            listed[int(m.group(1))] = [int(m.group(2)), int(m.group(3))]
+        if "Redis view of every engine" in line:
+            break
+    try:
+        assert sorted(listed) == [0, 1], listed
+        for node, pids in listed.items():
+            for api, pid in enumerate(pids):
+                args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                assert b"redis_stats.tools.demo" in args and args[args.index(b"redis_stats.tools.demo") + 2 :][
+                    :2
+                ] == [str(node).encode(), str(api).encode()], args
+    finally:
+        proc.communicate(timeout=60)
+    assert proc.returncode == 0
 
 
 def test_shell_completion_as_documented(python_env):

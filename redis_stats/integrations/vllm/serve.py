@@ -18,6 +18,7 @@ made as explicitly as vLLM's own ``--host``.
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -56,12 +57,18 @@ def maybe_serve(config: StatsConfig, catalog: Catalog, own_engines: Sequence[int
     *own_engines* are this instance's engines as stored (offset applied): the ``local`` view's.
     Returns the running exporter, or None (not asked for, or the port is taken).
     """
-    port = PORT.get()
-    if not port:
+    raw = PORT.get()
+    if not raw:
         return None
     from redis_stats.prometheus.exporter import Exporter
     from redis_stats.reader import StatsReader
 
+    port = raw.strip()
+    if not (port.isascii() and port.isdigit() and int(port) <= 65535):
+        raise ConfigError(
+            f"{PORT.name}={raw!r} is not a port number (0-65535): set it to the port the Redis view "
+            f"is served on, e.g. 9400, or unset it to serve no view"
+        )
     engines = view_engines(own_engines)
     addr = ADDR.get()
     try:
@@ -72,9 +79,17 @@ def maybe_serve(config: StatsConfig, catalog: Catalog, own_engines: Sequence[int
             port=int(port),
             summary=VLLM_FLEET_SUMMARY,
         )
-    except OSError:
-        log.debug("redis_stats: port %s taken; another process on this host serves the Redis view", port)
-        return None
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            log.debug("redis_stats: port %s taken; another process on this host serves the Redis view", port)
+            return None
+        # Not a busy port: an address that is no interface of this host or no name at all, a
+        # port below 1024 without the right. Said now, rather than no view and no word.
+        raise ConfigError(
+            f"cannot serve the Redis view on {ADDR.name}={addr} {PORT.name}={port}: "
+            f"{exc.strerror or exc}; set {ADDR.name} to an address of this host (127.0.0.1, 0.0.0.0 "
+            "or one of its interfaces) and the port to one this process may bind"
+        ) from None
     exporter.start()
     which = "every engine" if engines is None else f"engines {engines}"
     log.info(
