@@ -629,10 +629,11 @@ class SnapshotDecoder:
         liveness), and each engine's hash as read, for the caller to fill it from (this
         decoder's :meth:`decode`, or the text renderer: :meth:`engine_chunks`, then
         :meth:`merge`). A key of the wrong type (or whose read failed) is skipped and counted:
-        it costs that key only."""
+        it costs that key only. A read: the caller calls :meth:`read_done` when it is over,
+        whether it succeeded or not (reads running at once share what they keep)."""
+        self._kept.begin()  # a read: the chunk parses kept are the ones it will use
         if not isinstance(skipped, Skipped):
             skipped = Skipped(skipped)
-        self._kept.begin()  # a read: the chunk parses kept are the ones it will use
         keys = self.keys
         now_ms = float(reply[0])
         version, meta = reply[3] or "", reply[4] or []
@@ -731,16 +732,19 @@ class SnapshotDecoder:
         """Build a snapshot from ``{now, engines, writers, version, meta, conflicts, hash per
         engine, stats per writer}``."""
         skipped = Skipped()
-        shell, hashes = self.decode_shell(reply, skipped)
-        live = {wid for wid, info in shell.writers.items() if info.live}
-        for engine in hashes:
-            self._decode_engine(engine, live, shell.catalog, skipped)
-        self.read_done()
+        try:
+            shell, hashes = self.decode_shell(reply, skipped)
+            live = {wid for wid, info in shell.writers.items() if info.live}
+            for engine in hashes:
+                self._decode_engine(engine, live, shell.catalog, skipped)
+        finally:
+            self.read_done()
         return shell
 
     def read_done(self) -> None:
-        """A read's engines are all merged: the chunk parses it did not reuse are dropped (the
-        renderer calls this at the end of its read, as :meth:`decode` does)."""
+        """A read's engines are all merged (or it failed): the chunk parses it did not reuse are
+        dropped once no other read runs (the renderer calls this at the end of its read, as
+        :meth:`decode` does)."""
         self._kept.end()
 
     def _conflicts(

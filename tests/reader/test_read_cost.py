@@ -245,6 +245,70 @@ def test_reads_in_threads_and_in_a_forked_child_show_what_a_reader_of_their_own_
         w._closed = True
 
 
+@pytest.mark.parametrize("busy", [False, True], ids=["unchanged store", "every chunk changed"])
+def test_overlapping_reads_parse_no_chunk_another_read_parsed(
+    config, catalog, fake_client, monkeypatch, busy
+):
+    """Two scrapes of one reader at once (a Prometheus HA pair whose scrapes fall together, or
+    /metrics with the /snapshot sampler). A read that began while another ran made a generation
+    of its own (the other's parses so far), so the first lost the parses of the read before it;
+    and the first read's end dropped the generation the second was still reading from. Both
+    parsed again chunks they would have found: on an unchanged store, up to half the chunks per
+    read (bench/read_attack.py, section storm: ~1.7-1.9x the CPU of a read alone). Overlapping
+    reads now share one generation: an unchanged chunk is not parsed again, a changed one once."""
+    engines = list(range(8))
+    writers = _writers(config, catalog, fake_client, engines)
+    reader = StatsReader(config, catalog, client=fake_client())
+    renderer = RedisCollector(reader)._renderer
+    renderer.render(reader.read())  # the scrape before
+    if busy:
+        for w in writers:
+            for e in engines:
+                w.counter("tokens").labels(engine=e).inc(1)
+            assert w.flush()
+    reply = reader.read()
+    expected = RedisCollector(StatsReader(config, catalog, client=fake_client()))._renderer.render(reply)[0]
+    chunks = 2 * len(engines)
+    parses = _count_parses(monkeypatch)
+    real = merge._kept_parse
+    # Read A stops half-way; B begins, stops a quarter of the way; A ends; B ends.
+    stop_at = {"A": chunks // 2, "B": chunks // 4}
+    looked = {"A": 0, "B": 0}
+    stopped = {name: threading.Event() for name in stop_at}
+    go = {name: threading.Event() for name in stop_at}
+
+    def paced(*args: Any) -> Any:
+        name = threading.current_thread().name
+        looked[name] += 1
+        if looked[name] == stop_at[name]:
+            stopped[name].set()
+            go[name].wait(10)
+        return real(*args)
+
+    monkeypatch.setattr(merge, "_kept_parse", paced)
+    bodies: dict[str, str] = {}
+
+    def read() -> None:
+        bodies[threading.current_thread().name] = renderer.render(reply)[0]
+
+    a = threading.Thread(target=read, name="A")
+    b = threading.Thread(target=read, name="B")
+    a.start()
+    assert stopped["A"].wait(10)
+    b.start()
+    assert stopped["B"].wait(10)
+    go["A"].set()
+    a.join(10)
+    go["B"].set()
+    b.join(10)
+    assert bodies == {"A": expected, "B": expected}
+    assert len(parses) == (chunks if busy else 0)  # each changed chunk once, by whichever read came first
+    kept = reader._decoder._kept
+    assert len(kept.last) + len(kept.now) == chunks  # the chunks read, nothing else
+    for w in writers:
+        w._closed = True
+
+
 def test_parsed_names_are_kept_per_namespace(config, catalog, fake_client):
     """Caches do not cross namespaces: each reader keeps its own (a names field of the same
     text means the same series only against its own namespace's catalogue)."""
