@@ -148,7 +148,7 @@ class Fleet:
             self.made = []
             for writer, _ in old:
                 writer.close()
-            time.sleep(0.3)  # the departed engines' and writers' last heartbeat is 0.3 s old
+            time.sleep(1.0)  # the departed engines' and writers' last heartbeat is 1 s old
             for w, (_, sims) in enumerate(old):
                 new = self.writer(w)
                 keep = [s for s in sims if s.engine not in gone]
@@ -163,8 +163,9 @@ class Fleet:
                     sim.step(now)
                 assert new.flush()
                 self.made.append((new, sims))
-            # gc removes what has been silent for 0.2 s: the departed engines and writers.
-            collect_garbage(self.config(flush_interval=0.05, stale_after=0.1, retention=0.2))
+            churn(self.made)  # every live writer and engine heartbeats just before gc
+            # gc removes what has been silent for 0.5 s: the departed engines and writers.
+            collect_garbage(self.config(flush_interval=0.05, stale_after=0.1, retention=0.5))
 
 
 # -- threads -------------------------------------------------------------------------------------
@@ -411,6 +412,30 @@ def section_memory(fleet: Fleet, rounds: int, every: int, seed: int, trace: bool
             report(r)
     if trace:
         tracemalloc.stop()
+    sizes_of_one(reader, collector)
+
+
+def sizes_of_one(reader: Any, collector: Any) -> None:
+    """What one names field's Layout, and one engine's render plan of it, take (tracemalloc)."""
+    dec = reader.decoder
+    names = max({**dec._layouts.last, **dec._layouts.now} if hasattr(dec._layouts, "now") else dec._layouts)
+    renderer = collector._renderer
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    lines = tuple(names.split("\n"))
+    parsed = tuple(dec.series_field(line, dec.catalog) for line in lines)
+    made = [merge.Layout(dec.catalog, tuple(names.split("\n")), parsed) for _ in range(20)]
+    mid = tracemalloc.take_snapshot()
+    layout = dec.layout(names, dec.catalog)
+    plans = [renderer._plan_layout(renderer._plan, str(10**6 + i), layout) for i in range(20)]
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    per_layout = sum(x.size_diff for x in mid.compare_to(before, "filename")) / len(made)
+    per_plan = sum(x.size_diff for x in after.compare_to(mid, "filename")) / len(plans)
+    print(
+        f"one names field of {len(lines)} lines: its text {len(names) / 1e3:.1f} KB, its Layout "
+        f"{per_layout / 1e3:.1f} KB; one engine's render plan of it {per_plan / 1e3:.1f} KB"
+    )
 
 
 # -- fork ----------------------------------------------------------------------------------------

@@ -21,7 +21,16 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from redis_stats._core import fields
-from redis_stats._core.merge import Chunk, EngineChunks, Group, Kept, Layout, Parsed, merge_groups
+from redis_stats._core.merge import (
+    Chunk,
+    EngineChunks,
+    Generations,
+    Group,
+    Kept,
+    Layout,
+    Parsed,
+    merge_groups,
+)
 from redis_stats._core.values import (
     gauge_parts,
     histogram_numbers,
@@ -58,7 +67,9 @@ _INF = math.inf
 # refuse): such a value is written as the string Prometheus and OpenMetrics use for it.
 _NON_FINITE = {_INF: "+Inf", -_INF: "-Inf"}
 _FIELD_CACHE_LIMIT = 1_000_000
-_LAYOUT_CACHE_LIMIT = 10_000  # names fields kept (engines of one model share one)
+# Names fields a read keeps at most (engines of one model share one, unless their series differ,
+# e.g. LoRA adapter sets); past it, the others are parsed again at each read.
+_LAYOUT_CACHE_LIMIT = 10_000
 _SKIPPED_NAMED = 50  # keys/fields a Skipped names; the counts go on past it
 
 
@@ -396,10 +407,12 @@ class SnapshotDecoder:
 
     Keeps what does not change between reads: the catalogue stored in Redis (re-read only when
     its version changes), the parse of every field seen, the :class:`Layout` of every chunk
-    names field seen, and the parses of the chunks of the last read with their text (an unchanged
-    chunk is not parsed again). Each cache is bounded (the chunk parses by the last read's and
-    :data:`~redis_stats._core.merge.KEPT_CEILING`, the others start afresh when full) and belongs
-    to this decoder, so to one namespace. Safe to share between threads: the caches hold only immutable
+    names field of the last read, and the parses of the chunks of the last read with their text
+    (an unchanged chunk is not parsed again). Each cache is bounded (the last read's, as a
+    :class:`~redis_stats._core.merge.Generations`, up to
+    :data:`~redis_stats._core.merge.KEPT_CEILING` parses and ``_LAYOUT_CACHE_LIMIT`` names
+    fields; the fields' parses start afresh when full) and belongs to this decoder, so to one
+    namespace. Safe to share between threads: the caches hold only immutable
     entries, one dictionary store each, the field and layout ones tagged with the catalogue they
     were made from, so a thread still decoding with the previous catalogue never reads or leaves
     a wrong entry.
@@ -417,9 +430,10 @@ class SnapshotDecoder:
         # field -> (catalogue it was parsed with, (spec, label values, suffix) or reason)
         self._fields: dict[str, tuple[Catalog, Parsed | str]] = {}
         # names field (text) -> its Layout (tagged with its catalogue); the names fields of an
-        # engine's groups -> whether no series is in two of them. Per decoder: per namespace.
-        self._layouts: dict[str, Layout] = {}
-        self._disjoint: dict[tuple[str, ...], bool] = {}
+        # engine's groups -> whether no series is in two of them. Per decoder: per namespace;
+        # those the last read used (as the chunk parses), up to _LAYOUT_CACHE_LIMIT each.
+        self._layouts = Generations()
+        self._disjoint = Generations()
         # (engine, chunk field, layout) -> (values text, its parse): the parses of the last
         # read, reused while the chunk is unchanged (an idle writer's)
         self._kept = Kept()
@@ -474,8 +488,7 @@ class SnapshotDecoder:
             self.catalog = base.merged(stored.values(), clash)
             self._conflicting = tuple(conflicting)
             self.meta_version = version
-            self._fields.clear()
-            self._layouts = {}
+            self._fields.clear()  # (layouts are tagged with their catalogue: made again)
         if self._conflicting:
             skipped["catalog_conflict"] += len(self._conflicting)
 
@@ -531,14 +544,13 @@ class SnapshotDecoder:
         """What a chunk's names field (its text) means for *catalog*: the series fields, parsed,
         and where each kind's lines are. Kept by the text: a names field changes only when its
         writer adds a series, and the engines serving one model share it."""
-        entry = self._layouts.get(names)
+        entry: Layout | None = self._layouts.get(names)
         if entry is not None and entry.catalog is catalog:
             return entry
-        if len(self._layouts) > _LAYOUT_CACHE_LIMIT:
-            self._layouts = {}
         lines = tuple(names.split("\n")) if names else ()
         layout = Layout(catalog, lines, tuple(self.series_field(line, catalog) for line in lines))
-        self._layouts[names] = layout  # one store of an immutable object: thread-safe
+        if len(self._layouts.now) < _LAYOUT_CACHE_LIMIT:
+            self._layouts.now[names] = layout  # one store of an immutable object: thread-safe
         return layout
 
     def engine_chunks(
@@ -602,14 +614,14 @@ class SnapshotDecoder:
         disjoint = True
         if len(layouts) > 1:  # several names fields (a writer's second chunk, or other series)
             distinct = tuple(layouts)
-            known = self._disjoint.get(distinct)
+            known: bool | None = self._disjoint.get(distinct)
             if known is None:
-                if len(self._disjoint) > _LAYOUT_CACHE_LIMIT:
-                    self._disjoint = {}
                 seen: set[str] = set()
                 for layout in layouts.values():
                     seen.update(layout.fields)
-                known = self._disjoint[distinct] = len(seen) == sum(len(x.fields) for x in layouts.values())
+                known = len(seen) == sum(len(x.fields) for x in layouts.values())
+                if len(self._disjoint.now) < _LAYOUT_CACHE_LIMIT:
+                    self._disjoint.now[distinct] = known
             disjoint = known
         return merge_groups(engine, chunks, disjoint, live, up, numbers, self._kept)
 
@@ -631,7 +643,8 @@ class SnapshotDecoder:
         :meth:`merge`). A key of the wrong type (or whose read failed) is skipped and counted:
         it costs that key only. A read: the caller calls :meth:`read_done` when it is over,
         whether it succeeded or not (reads running at once share what they keep)."""
-        self._kept.begin()  # a read: the chunk parses kept are the ones it will use
+        for kept in (self._kept, self._layouts, self._disjoint):
+            kept.begin()  # a read: what is kept is what it will use
         if not isinstance(skipped, Skipped):
             skipped = Skipped(skipped)
         keys = self.keys
@@ -745,7 +758,8 @@ class SnapshotDecoder:
         """A read's engines are all merged (or it failed): the chunk parses it did not reuse are
         dropped once no other read runs (the renderer calls this at the end of its read, as
         :meth:`decode` does)."""
-        self._kept.end()
+        for kept in (self._kept, self._layouts, self._disjoint):
+            kept.end()
 
     def _conflicts(
         self, flat: list[Any], now_ms: float, skipped: Skipped, keys: list[str] | None = None

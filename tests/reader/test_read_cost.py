@@ -309,6 +309,33 @@ def test_overlapping_reads_parse_no_chunk_another_read_parsed(
         w._closed = True
 
 
+def test_names_fields_kept_are_those_of_the_last_read(config, catalog, fake_client):
+    """What a names field means (a Layout, ~15 KB for a vLLM chunk) was kept until 10,000 names
+    fields had been seen, then all dropped at once: in a fleet whose names change (a new LoRA
+    adapter set in vllm:lora_requests_info is a new series in that engine's chunk, and each
+    engine's differs), ~180 MB of names no writer holds any more. Like the chunk parses, the
+    layouts (and whether an engine's names fields share a series) kept are the last read's."""
+    engines = [0, 1, 2, 3]
+    writers = _writers(config, catalog, fake_client, engines)
+    reader = StatsReader(config, catalog, client=fake_client())
+    collector = RedisCollector(reader)
+    decoder = reader._decoder
+    for step in range(30):
+        for w in writers:  # each writer a new series in every engine: every names field changes
+            for e in engines:
+                w.counter("requests").labels(engine=e, reason=f"{w.writer_id}-{step}").inc()
+            assert w.flush()
+        text = collector.render_text()
+        snap = reader.snapshot()
+    assert snap.engines[3].counter("requests", f"{writers[1].writer_id}-29") == 1
+    assert f'requests_total{{engine="3",reason="{writers[0].writer_id}-29"}} 1\n' in text
+    # Each writer's names field (the same in every engine), and the one pair of them.
+    assert len(decoder._layouts) == 2
+    assert len(decoder._disjoint) == 1
+    for w in writers:
+        w._closed = True
+
+
 def test_parsed_names_are_kept_per_namespace(config, catalog, fake_client):
     """Caches do not cross namespaces: each reader keeps its own (a names field of the same
     text means the same series only against its own namespace's catalogue)."""
