@@ -370,8 +370,8 @@ def caches(reader: Any, collector: Any) -> dict[str, int]:
         "layouts": size(dec._layouts),
         "plans": plans,
         "plan_engines": len(engines),
-        "fields": len(dec._fields),
-        "writers_of": len(type(dec)._writers_of),
+        "fields": size(dec._fields),
+        "writers_of": size(dec._writers_of),
         "disjoint": size(dec._disjoint),
     }
 

@@ -66,6 +66,7 @@ _INF = math.inf
 # JSON has no infinities or NaN (``json.dumps`` would write ``Infinity``, which strict parsers
 # refuse): such a value is written as the string Prometheus and OpenMetrics use for it.
 _NON_FINITE = {_INF: "+Inf", -_INF: "-Inf"}
+# Series fields and chunk fields a read keeps the parse of at most; past it, parsed at each read.
 _FIELD_CACHE_LIMIT = 1_000_000
 # Names fields a read keeps at most (engines of one model share one, unless their series differ,
 # e.g. LoRA adapter sets); past it, the others are parsed again at each read.
@@ -406,16 +407,15 @@ class SnapshotDecoder:
     """Turns replies of ``read.lua`` into :class:`Snapshot` objects.
 
     Keeps what does not change between reads: the catalogue stored in Redis (re-read only when
-    its version changes), the parse of every field seen, the :class:`Layout` of every chunk
-    names field of the last read, and the parses of the chunks of the last read with their text
-    (an unchanged chunk is not parsed again). Each cache is bounded (the last read's, as a
-    :class:`~redis_stats._core.merge.Generations`, up to
-    :data:`~redis_stats._core.merge.KEPT_CEILING` parses and ``_LAYOUT_CACHE_LIMIT`` names
-    fields; the fields' parses start afresh when full) and belongs to this decoder, so to one
-    namespace. Safe to share between threads: the caches hold only immutable
-    entries, one dictionary store each, the field and layout ones tagged with the catalogue they
-    were made from, so a thread still decoding with the previous catalogue never reads or leaves
-    a wrong entry.
+    its version changes), the parse of every series field and chunk field of the last read, the
+    :class:`Layout` of every chunk names field of the last read, and the parses of the chunks of
+    the last read with their text (an unchanged chunk is not parsed again). Each cache holds what
+    the last read used (a :class:`~redis_stats._core.merge.Generations`, shared by reads at once),
+    up to :data:`~redis_stats._core.merge.KEPT_CEILING` parses, ``_LAYOUT_CACHE_LIMIT`` names
+    fields and ``_FIELD_CACHE_LIMIT`` fields, and belongs to this decoder, so to one namespace.
+    Safe to share between threads: the caches hold only immutable entries, one dictionary store
+    each, the field and layout ones tagged with the catalogue they were made from, so a thread
+    still decoding with the previous catalogue never reads or leaves a wrong entry.
     *keys* names the keys of what is skipped (default: a namespace called ``?``).
     """
 
@@ -427,8 +427,10 @@ class SnapshotDecoder:
         self.meta_version = ""
         self.catalog = self.local
         self.keys = keys if keys is not None else Keys("?")
-        # field -> (catalogue it was parsed with, (spec, label values, suffix) or reason)
-        self._fields: dict[str, tuple[Catalog, Parsed | str]] = {}
+        # field -> (catalogue it was parsed with, (spec, label values, suffix) or reason), and a
+        # chunk's values field -> (its writer or None,): those the last read used
+        self._fields = Generations()
+        self._writers_of = Generations()
         # names field (text) -> its Layout (tagged with its catalogue); the names fields of an
         # engine's groups -> whether no series is in two of them. Per decoder: per namespace;
         # those the last read used (as the chunk parses), up to _LAYOUT_CACHE_LIMIT each.
@@ -437,6 +439,8 @@ class SnapshotDecoder:
         # (engine, chunk field, layout) -> (values text, its parse): the parses of the last
         # read, reused while the chunk is unchanged (an idle writer's)
         self._kept = Kept()
+        # Begun and ended with every read (reads at once share them, see Generations).
+        self._per_read = (self._kept, self._layouts, self._disjoint, self._fields, self._writers_of)
 
     # Local specs that conflict with the stored ones (names), counted in every read's ``skipped``.
     _conflicting: tuple[str, ...] = ()
@@ -488,7 +492,7 @@ class SnapshotDecoder:
             self.catalog = base.merged(stored.values(), clash)
             self._conflicting = tuple(conflicting)
             self.meta_version = version
-            self._fields.clear()  # (layouts are tagged with their catalogue: made again)
+            # (fields and layouts are tagged with their catalogue: made again)
         if self._conflicting:
             skipped["catalog_conflict"] += len(self._conflicting)
 
@@ -531,13 +535,12 @@ class SnapshotDecoder:
     def series_field(self, name: str, catalog: Catalog) -> Parsed | str:
         """A series field (of a base field or of a chunk line): (spec, label values, suffix), or
         the reason it is skipped. Both render paths ask this."""
-        entry = self._fields.get(name)
+        entry: tuple[Catalog, Parsed | str] | None = self._fields.get(name)
         if entry is not None and entry[0] is catalog:
             return entry[1]
-        if len(self._fields) > _FIELD_CACHE_LIMIT:
-            self._fields.clear()
         parsed = self._parse(name, catalog)
-        self._fields[name] = (catalog, parsed)  # one store of an immutable pair: thread-safe
+        if len(self._fields.now) < _FIELD_CACHE_LIMIT:
+            self._fields.now[name] = (catalog, parsed)  # one store of an immutable pair: thread-safe
         return parsed
 
     def layout(self, names: str, catalog: Catalog) -> Layout:
@@ -625,16 +628,13 @@ class SnapshotDecoder:
             disjoint = known
         return merge_groups(engine, chunks, disjoint, live, up, numbers, self._kept)
 
-    _writers_of: dict[str, str | None] = {}
-
     def _chunk_writer(self, name: str) -> str | None:
-        writer = self._writers_of.get(name, "")
-        if writer == "":
-            writer = fields.chunk_writer(name)
-            if len(self._writers_of) > _FIELD_CACHE_LIMIT:
-                SnapshotDecoder._writers_of = {}
-            self._writers_of[name] = writer  # the parse of a field name never changes: shared
-        return writer
+        found: tuple[str | None] | None = self._writers_of.get(name)
+        if found is None:
+            found = (fields.chunk_writer(name),)
+            if len(self._writers_of.now) < _FIELD_CACHE_LIMIT:
+                self._writers_of.now[name] = found  # one store of an immutable tuple: thread-safe
+        return found[0]
 
     def decode_shell(self, reply: list[Any], skipped: _Tally[str]) -> tuple[Snapshot, list[EngineHash]]:
         """The snapshot of a reply without its series (catalogue, writers, engines and their
@@ -643,7 +643,7 @@ class SnapshotDecoder:
         :meth:`merge`). A key of the wrong type (or whose read failed) is skipped and counted:
         it costs that key only. A read: the caller calls :meth:`read_done` when it is over,
         whether it succeeded or not (reads running at once share what they keep)."""
-        for kept in (self._kept, self._layouts, self._disjoint):
+        for kept in self._per_read:
             kept.begin()  # a read: what is kept is what it will use
         if not isinstance(skipped, Skipped):
             skipped = Skipped(skipped)
@@ -758,7 +758,7 @@ class SnapshotDecoder:
         """A read's engines are all merged (or it failed): the chunk parses it did not reuse are
         dropped once no other read runs (the renderer calls this at the end of its read, as
         :meth:`decode` does)."""
-        for kept in (self._kept, self._layouts, self._disjoint):
+        for kept in self._per_read:
             kept.end()
 
     def _conflicts(

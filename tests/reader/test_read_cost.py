@@ -336,6 +336,33 @@ def test_names_fields_kept_are_those_of_the_last_read(config, catalog, fake_clie
         w._closed = True
 
 
+def test_writers_and_series_fields_kept_are_those_of_the_last_read(config, catalog, fake_client):
+    """Each chunk field's writer (``@|<writer>|<k>``) was kept in one dictionary shared by every
+    decoder of the process, and each series field's parse per decoder, until a million of each
+    (then all dropped): in a fleet whose writers restart with new ids every deploy, and whose
+    label values change, every departed writer's and series' entry stayed. Both are now the
+    last read's."""
+    keys = Keys(config.namespace)
+    client = fake_client()
+    engines = [0, 1, 2, 3]
+    reader = StatsReader(config, catalog, client=fake_client())
+    collector = RedisCollector(reader)
+    decoder = reader._decoder
+    for deploy in range(30):
+        for e in engines:  # gc removed the writer of the deploy before
+            client.delete(keys.counters(e))
+        w = StatsWriter(config, catalog, engines=engines, client=fake_client(), start=False)
+        for e in engines:
+            w.counter("requests").labels(engine=e, reason=f"r{deploy}").inc(e + 1)
+        assert w.flush()
+        w._closed = True
+        text = collector.render_text()
+        snap = reader.snapshot()
+    assert snap.engines[3].counter("requests", "r29") == 4 and 'reason="r28"' not in text
+    assert len(decoder._writers_of) == 1  # the last writer's one chunk field
+    assert len(decoder._fields) <= 1  # at most the one series field of the last read
+
+
 def test_parsed_names_are_kept_per_namespace(config, catalog, fake_client):
     """Caches do not cross namespaces: each reader keeps its own (a names field of the same
     text means the same series only against its own namespace's catalogue)."""
