@@ -18,7 +18,9 @@ read the way an exporter reads it:
 - ``fork``: a process forks while another thread is in the middle of a read (gunicorn
   ``--preload``): the child's first scrape must equal a fresh reader's, and not hang.
 
-Usage: python bench/read_attack.py [--engines 256] [--section threads,storm,memory,fork]
+- ``ring``: the memory of one decoded snapshot, as ``/snapshot``'s window keeps them.
+
+Usage: python bench/read_attack.py [--engines 256] [--section threads,storm,memory,fork,ring]
        [--rounds 300] [--threads 2,4,8]
 """
 
@@ -497,6 +499,35 @@ def section_fork(fleet: Fleet) -> None:
         print(f"child exit code {os.waitstatus_to_exitcode(status)}")
 
 
+# -- ring ----------------------------------------------------------------------------------------
+
+
+def section_ring(fleet: Fleet) -> None:
+    """What the exporter's /snapshot window holds: a decoded Snapshot per sample and request,
+    kept for twice the window (60 s), at most SnapshotRing's maxlen (256)."""
+    from redis_stats.prometheus.recent import SnapshotRing
+
+    print("\n== ring: the memory of one decoded snapshot, as /snapshot's window keeps them ==")
+    reader = fleet.reader()
+    reader.snapshot()
+    fleet.churn()
+    reply = reader.read()
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    snaps = [reader.decode(reply) for _ in range(3)]
+    gc.collect()
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    per = sum(x.size_diff for x in after.compare_to(before, "filename")) / len(snaps)
+    maxlen = SnapshotRing(keep=60.0)._ring.maxlen or 0
+    print(
+        f"one snapshot of {len(fleet.engines)} engines: {per / 1e6:.1f} MB; the ring at its "
+        f"maxlen ({maxlen}, e.g. 5 clients polling /snapshot every second for 60 s): "
+        f"{maxlen * per / 1e9:.2f} GB"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -524,6 +555,8 @@ def main() -> None:
                 section_memory(fleet, opts.rounds, opts.every, opts.seed, not opts.no_trace)
             elif name == "fork":
                 section_fork(fleet)
+            elif name == "ring":
+                section_ring(fleet)
             for writer, _ in fleet.made:
                 writer._closed = True
 
