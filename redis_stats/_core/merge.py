@@ -30,6 +30,8 @@ the bulk one is only faster where the data is clean.
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable, Container, Sequence
 from json import JSONDecoder
 from json.scanner import make_scanner
@@ -50,6 +52,7 @@ from redis_stats.catalog import COUNTER, HISTOGRAM, MetricSpec
 __all__ = [
     "Chunk",
     "EngineChunks",
+    "Generations",
     "Group",
     "Kept",
     "Layout",
@@ -380,34 +383,84 @@ def _combine(layout: Layout, parses: list[Parse], live: list[Parse], numbers: bo
 KEPT_CEILING = 40_000
 
 
-class Kept:
-    """The parses of the chunks of the last read, to reuse while a chunk's text is unchanged.
+# Reads that may begin while others run and share their generation (see Generations.begin): past
+# it the next read begins a new one anyway, so reads that never stop overlapping (scrapers that
+# outrun the read) still drop what no read uses any more.
+JOIN_LIMIT = 8
 
-    Keyed by (engine, chunk field, layout), each with the chunk's text. Each read keeps exactly
-    the parses it used (:meth:`begin` makes them the ones looked up by the next read), so the
-    cache follows the namespace's size with no stale entries, up to :data:`KEPT_CEILING`. Two
-    reads at once (threads) may each start a generation: some parses are then made again, never
-    a wrong one (an entry is used only when its text is the chunk's).
+
+class Generations:
+    """What reads keep for the next read: exactly what the last read used, as ``now`` (a dict
+    filled during a read) and ``last`` (what the reads before it used, looked up while ``now``
+    lacks it).
+
+    A read calls :meth:`begin`, then :meth:`end` when done. Reads that run at once (threads:
+    a Prometheus HA pair, ``/metrics`` and ``/snapshot``) share one generation: each finds what
+    the others stored, and what the read before them used stays until the last of them ends.
+    (Each read making a generation of its own lost the one before it to the second read's
+    begin and the other read's end: both parsed again what they would have found.) Entries are
+    immutable, one dict store each: safe to share between threads. In a forked child, the reads
+    the parent was running do not exist: the child's first read begins a generation.
     """
 
-    __slots__ = ("last", "now")
+    __slots__ = ("joined", "last", "lock", "now", "pid", "reads")
 
     def __init__(self) -> None:
-        self.last: dict[Any, tuple[str, Parse]] = {}
-        self.now: dict[Any, tuple[str, Parse]] = {}
+        self.last: dict[Any, Any] = {}
+        self.now: dict[Any, Any] = {}
+        self.reads = 0  # reads begun and not ended
+        self.joined = 0  # reads that began while another ran, in this generation
+        self.lock = threading.Lock()
+        self.pid = os.getpid()
+
+    def _lock(self) -> threading.Lock:
+        if self.pid != os.getpid():  # a forked child: no read runs here (the lock may be held)
+            self.lock, self.reads, self.joined, self.pid = threading.Lock(), 0, 0, os.getpid()
+        return self.lock
 
     def begin(self) -> None:
-        """A read starts: what the previous read used is what this one may reuse."""
-        self.last, self.now = self.now, {}
+        """A read starts: alone, what the previous reads used is what it may reuse; while other
+        reads run, it shares their generation."""
+        with self._lock():
+            if self.reads and self.joined < JOIN_LIMIT:
+                self.joined += 1
+            else:
+                self.last, self.now = self.now, {}
+                self.joined = 0
+            self.reads += 1
 
     def end(self) -> None:
-        """A read is done: what it did not reuse (chunks changed or gone) is dropped now, not
-        held until the next read. (A read still running in another thread then parses again
-        what it would have found: slower, never wrong.)"""
-        self.last = {}
+        """A read is done: once no other read runs, what the reads did not reuse (changed or
+        gone) is dropped now, not held until the next read."""
+        with self._lock():
+            if self.reads:
+                self.reads -= 1
+            if not self.reads:
+                self.last = {}
+
+    def get(self, key: Any) -> Any:
+        """The entry of *key* the reads so far made (None if none), kept for the next read."""
+        now = self.now
+        found = now.get(key)
+        if found is None:
+            found = self.last.get(key)
+            if found is not None:
+                now[key] = found
+        return found
 
     def __len__(self) -> int:
         return len(self.now)
+
+
+class Kept(Generations):
+    """The parses of the chunks of the last read, to reuse while a chunk's text is unchanged.
+
+    Keyed by (engine, chunk field, layout), each with the chunk's text. Each read keeps exactly
+    the parses it used, so the cache follows the namespace's size with no stale entries, up to
+    :data:`KEPT_CEILING`. An entry is used only when its text is the chunk's.
+    """
+
+    __slots__ = ()
 
 
 def _kept_parse(
@@ -418,7 +471,7 @@ def _kept_parse(
     values: list[str],
 ) -> Parse:
     now = kept.now
-    found = now.get(slot) or kept.last.get(slot)
+    found: tuple[str, Parse] | None = now.get(slot) or kept.last.get(slot)
     if found is not None and found[0] == text:
         if len(now) < KEPT_CEILING:
             now[slot] = found

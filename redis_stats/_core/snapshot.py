@@ -21,7 +21,16 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from redis_stats._core import fields
-from redis_stats._core.merge import Chunk, EngineChunks, Group, Kept, Layout, Parsed, merge_groups
+from redis_stats._core.merge import (
+    Chunk,
+    EngineChunks,
+    Generations,
+    Group,
+    Kept,
+    Layout,
+    Parsed,
+    merge_groups,
+)
 from redis_stats._core.values import (
     gauge_parts,
     histogram_numbers,
@@ -57,8 +66,11 @@ _INF = math.inf
 # JSON has no infinities or NaN (``json.dumps`` would write ``Infinity``, which strict parsers
 # refuse): such a value is written as the string Prometheus and OpenMetrics use for it.
 _NON_FINITE = {_INF: "+Inf", -_INF: "-Inf"}
+# Series fields and chunk fields a read keeps the parse of at most; past it, parsed at each read.
 _FIELD_CACHE_LIMIT = 1_000_000
-_LAYOUT_CACHE_LIMIT = 10_000  # names fields kept (engines of one model share one)
+# Names fields a read keeps at most (engines of one model share one, unless their series differ,
+# e.g. LoRA adapter sets); past it, the others are parsed again at each read.
+_LAYOUT_CACHE_LIMIT = 10_000
 _SKIPPED_NAMED = 50  # keys/fields a Skipped names; the counts go on past it
 
 
@@ -399,14 +411,15 @@ class SnapshotDecoder:
     """Turns replies of ``read.lua`` into :class:`Snapshot` objects.
 
     Keeps what does not change between reads: the catalogue stored in Redis (re-read only when
-    its version changes), the parse of every field seen, the :class:`Layout` of every chunk
-    names field seen, and the parses of the chunks of the last read with their text (an unchanged
-    chunk is not parsed again). Each cache is bounded (the chunk parses by the last read's and
-    :data:`~redis_stats._core.merge.KEPT_CEILING`, the others start afresh when full) and belongs
-    to this decoder, so to one namespace. Safe to share between threads: the caches hold only immutable
-    entries, one dictionary store each, the field and layout ones tagged with the catalogue they
-    were made from, so a thread still decoding with the previous catalogue never reads or leaves
-    a wrong entry.
+    its version changes), the parse of every series field and chunk field of the last read, the
+    :class:`Layout` of every chunk names field of the last read, and the parses of the chunks of
+    the last read with their text (an unchanged chunk is not parsed again). Each cache holds what
+    the last read used (a :class:`~redis_stats._core.merge.Generations`, shared by reads at once),
+    up to :data:`~redis_stats._core.merge.KEPT_CEILING` parses, ``_LAYOUT_CACHE_LIMIT`` names
+    fields and ``_FIELD_CACHE_LIMIT`` fields, and belongs to this decoder, so to one namespace.
+    Safe to share between threads: the caches hold only immutable entries, one dictionary store
+    each, the field and layout ones tagged with the catalogue they were made from, so a thread
+    still decoding with the previous catalogue never reads or leaves a wrong entry.
     *keys* names the keys of what is skipped (default: a namespace called ``?``).
     """
 
@@ -418,15 +431,20 @@ class SnapshotDecoder:
         self.meta_version = ""
         self.catalog = self.local
         self.keys = keys if keys is not None else Keys("?")
-        # field -> (catalogue it was parsed with, (spec, label values, suffix) or reason)
-        self._fields: dict[str, tuple[Catalog, Parsed | str]] = {}
+        # field -> (catalogue it was parsed with, (spec, label values, suffix) or reason), and a
+        # chunk's values field -> (its writer or None,): those the last read used
+        self._fields = Generations()
+        self._writers_of = Generations()
         # names field (text) -> its Layout (tagged with its catalogue); the names fields of an
-        # engine's groups -> whether no series is in two of them. Per decoder: per namespace.
-        self._layouts: dict[str, Layout] = {}
-        self._disjoint: dict[tuple[str, ...], bool] = {}
+        # engine's groups -> whether no series is in two of them. Per decoder: per namespace;
+        # those the last read used (as the chunk parses), up to _LAYOUT_CACHE_LIMIT each.
+        self._layouts = Generations()
+        self._disjoint = Generations()
         # (engine, chunk field, layout) -> (values text, its parse): the parses of the last
         # read, reused while the chunk is unchanged (an idle writer's)
         self._kept = Kept()
+        # Begun and ended with every read (reads at once share them, see Generations).
+        self._per_read = (self._kept, self._layouts, self._disjoint, self._fields, self._writers_of)
 
     # Local specs that conflict with the stored ones (names), counted in every read's ``skipped``.
     _conflicting: tuple[str, ...] = ()
@@ -478,8 +496,7 @@ class SnapshotDecoder:
             self.catalog = base.merged(stored.values(), clash)
             self._conflicting = tuple(conflicting)
             self.meta_version = version
-            self._fields.clear()
-            self._layouts = {}
+            # (fields and layouts are tagged with their catalogue: made again)
         if self._conflicting:
             skipped["catalog_conflict"] += len(self._conflicting)
 
@@ -522,27 +539,25 @@ class SnapshotDecoder:
     def series_field(self, name: str, catalog: Catalog) -> Parsed | str:
         """A series field (of a base field or of a chunk line): (spec, label values, suffix), or
         the reason it is skipped. Both render paths ask this."""
-        entry = self._fields.get(name)
+        entry: tuple[Catalog, Parsed | str] | None = self._fields.get(name)
         if entry is not None and entry[0] is catalog:
             return entry[1]
-        if len(self._fields) > _FIELD_CACHE_LIMIT:
-            self._fields.clear()
         parsed = self._parse(name, catalog)
-        self._fields[name] = (catalog, parsed)  # one store of an immutable pair: thread-safe
+        if len(self._fields.now) < _FIELD_CACHE_LIMIT:
+            self._fields.now[name] = (catalog, parsed)  # one store of an immutable pair: thread-safe
         return parsed
 
     def layout(self, names: str, catalog: Catalog) -> Layout:
         """What a chunk's names field (its text) means for *catalog*: the series fields, parsed,
         and where each kind's lines are. Kept by the text: a names field changes only when its
         writer adds a series, and the engines serving one model share it."""
-        entry = self._layouts.get(names)
+        entry: Layout | None = self._layouts.get(names)
         if entry is not None and entry.catalog is catalog:
             return entry
-        if len(self._layouts) > _LAYOUT_CACHE_LIMIT:
-            self._layouts = {}
         lines = tuple(names.split("\n")) if names else ()
         layout = Layout(catalog, lines, tuple(self.series_field(line, catalog) for line in lines))
-        self._layouts[names] = layout  # one store of an immutable object: thread-safe
+        if len(self._layouts.now) < _LAYOUT_CACHE_LIMIT:
+            self._layouts.now[names] = layout  # one store of an immutable object: thread-safe
         return layout
 
     def engine_chunks(
@@ -606,37 +621,36 @@ class SnapshotDecoder:
         disjoint = True
         if len(layouts) > 1:  # several names fields (a writer's second chunk, or other series)
             distinct = tuple(layouts)
-            known = self._disjoint.get(distinct)
+            known: bool | None = self._disjoint.get(distinct)
             if known is None:
-                if len(self._disjoint) > _LAYOUT_CACHE_LIMIT:
-                    self._disjoint = {}
                 seen: set[str] = set()
                 for layout in layouts.values():
                     seen.update(layout.fields)
-                known = self._disjoint[distinct] = len(seen) == sum(len(x.fields) for x in layouts.values())
+                known = len(seen) == sum(len(x.fields) for x in layouts.values())
+                if len(self._disjoint.now) < _LAYOUT_CACHE_LIMIT:
+                    self._disjoint.now[distinct] = known
             disjoint = known
         return merge_groups(engine, chunks, disjoint, live, up, numbers, self._kept)
 
-    _writers_of: dict[str, str | None] = {}
-
     def _chunk_writer(self, name: str) -> str | None:
-        writer = self._writers_of.get(name, "")
-        if writer == "":
-            writer = fields.chunk_writer(name)
-            if len(self._writers_of) > _FIELD_CACHE_LIMIT:
-                SnapshotDecoder._writers_of = {}
-            self._writers_of[name] = writer  # the parse of a field name never changes: shared
-        return writer
+        found: tuple[str | None] | None = self._writers_of.get(name)
+        if found is None:
+            found = (fields.chunk_writer(name),)
+            if len(self._writers_of.now) < _FIELD_CACHE_LIMIT:
+                self._writers_of.now[name] = found  # one store of an immutable tuple: thread-safe
+        return found[0]
 
     def decode_shell(self, reply: list[Any], skipped: _Tally[str]) -> tuple[Snapshot, list[EngineHash]]:
         """The snapshot of a reply without its series (catalogue, writers, engines and their
         liveness), and each engine's hash as read, for the caller to fill it from (this
         decoder's :meth:`decode`, or the text renderer: :meth:`engine_chunks`, then
         :meth:`merge`). A key of the wrong type (or whose read failed) is skipped and counted:
-        it costs that key only."""
+        it costs that key only. A read: the caller calls :meth:`read_done` when it is over,
+        whether it succeeded or not (reads running at once share what they keep)."""
+        for kept in self._per_read:
+            kept.begin()  # a read: what is kept is what it will use
         if not isinstance(skipped, Skipped):
             skipped = Skipped(skipped)
-        self._kept.begin()  # a read: the chunk parses kept are the ones it will use
         keys = self.keys
         now_ms = float(reply[0])
         version, meta = reply[3] or "", reply[4] or []
@@ -758,17 +772,23 @@ class SnapshotDecoder:
         """Build a snapshot from ``{now, engines, writers, version, meta, conflicts, hash per
         engine, stats per writer}``."""
         skipped = Skipped()
-        shell, hashes = self.decode_shell(reply, skipped)
-        live = {wid for wid, info in shell.writers.items() if info.live}
-        for engine in hashes:
-            self._decode_engine(engine, live if engine.live is None else engine.live, shell.catalog, skipped)
-        self.read_done()
+        try:
+            shell, hashes = self.decode_shell(reply, skipped)
+            live = {wid for wid, info in shell.writers.items() if info.live}
+            for engine in hashes:
+                self._decode_engine(
+                    engine, live if engine.live is None else engine.live, shell.catalog, skipped
+                )
+        finally:
+            self.read_done()
         return shell
 
     def read_done(self) -> None:
-        """A read's engines are all merged: the chunk parses it did not reuse are dropped (the
-        renderer calls this at the end of its read, as :meth:`decode` does)."""
-        self._kept.end()
+        """A read's engines are all merged (or it failed): the chunk parses it did not reuse are
+        dropped once no other read runs (the renderer calls this at the end of its read, as
+        :meth:`decode` does)."""
+        for kept in self._per_read:
+            kept.end()
 
     def _conflicts(
         self, flat: list[Any], now_ms: float, skipped: Skipped, keys: list[str] | None = None

@@ -18,7 +18,9 @@ outputs with prometheus_client's parser and compare them, on garbage too.
 
 The caches hold only what never changes for a catalogue (prefixes, templates, field and layout
 plans), in one :class:`_Plan` swapped whole when the catalogue changes: concurrent scrapes share it and
-keep every per-scrape line and gauge value in locals.
+keep every per-scrape line and gauge value in locals. Of the per-engine plans, it keeps those the
+last read used (as the decoder keeps chunk parses): an engine removed by gc, or a names field no
+writer holds any more, leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 
 from prometheus_client.utils import floatToGoString
 
-from redis_stats._core.merge import EngineChunks, Layout
+from redis_stats._core.merge import EngineChunks, Generations, Layout
 from redis_stats._core.snapshot import EngineHash, EngineKey, Skipped, Snapshot, SnapshotDecoder
 from redis_stats._core.values import (
     MAX_DIGITS,
@@ -44,7 +46,9 @@ from redis_stats.catalog import COUNTER, ENGINE_LABEL, HISTOGRAM, Catalog, Metri
 
 __all__ = ["TextRenderer", "escape_label_value"]
 
-_CACHE_LIMIT = 2_000_000
+# Plans one renderer keeps at most (engines and their groups: 20,000 engines x 2 names fields, as
+# merge.KEPT_CEILING; ~35 KB each for a vLLM engine). Past it, the rest are planned at each read.
+PLAN_CEILING = 40_000
 _INF = math.inf
 
 
@@ -87,25 +91,27 @@ class _Histogram:
 
 
 class _Plan:
-    """What the renderer knows for one catalogue: each family's header, and per engine and hash
-    field how to render it. Shared by concurrent scrapes, so it holds no per-scrape state: the
-    field plans only gain entries (immutable tuples, one dict store each, safe under the GIL),
-    and a reset replaces the whole plan (``TextRenderer._plan``) while older scrapes finish
-    with the one they hold."""
+    """What the renderer knows for one catalogue: each family's header, and per engine how to
+    render it. Shared by concurrent scrapes, so it holds no per-scrape state: the plans are
+    immutable, one dict store each (safe under the GIL), and a new catalogue replaces the whole
+    plan (``TextRenderer._plan``) while older scrapes finish with the one they hold.
 
-    __slots__ = ("catalog", "fields", "headers", "index", "layouts", "size")
+    The per-engine plans kept are those the last read used (:class:`Generations`, as the
+    decoder keeps chunk parses): an engine gc removed, or a names field no writer holds any
+    more, leaves nothing behind."""
+
+    __slots__ = ("catalog", "headers", "index", "kept")
 
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
         specs = list(catalog)
         self.headers = tuple(_header(spec) for spec in specs)
         self.index = {spec.name: i for i, spec in enumerate(specs)}
-        # engine -> series field -> ("c", family index, line prefix), ("h", family index,
-        # _Histogram), ("g", family index, line prefix, roll-up mode), or the reason to skip it
-        self.fields: dict[str, dict[str, Any]] = {}
-        # (engine, chunk layout) -> its lines' plans, for a group read in bulk
-        self.layouts: dict[tuple[str, Layout], Any] = {}
-        self.size = 0  # fields planned (approximate under threads: only bounds the memory)
+        # (engine, chunk layout) -> its lines' plans, for a group read in bulk; engine -> its
+        # series fields' plans, for an engine read line by line: series field ->
+        # ("c", family index, line prefix), ("h", family index, _Histogram), ("g", family
+        # index, line prefix, roll-up mode), or the reason to skip it
+        self.kept = Generations()
 
 
 class TextRenderer:
@@ -123,7 +129,7 @@ class TextRenderer:
 
     def _plan_for(self, catalog: Catalog) -> _Plan:
         plan = self._plan
-        if plan.catalog is not catalog or plan.size > _CACHE_LIMIT:
+        if plan.catalog is not catalog:
             plan = self._plan = _Plan(catalog)  # one atomic swap; others keep the plan they hold
         return plan
 
@@ -146,13 +152,19 @@ class TextRenderer:
         self-metrics that follow the data.
         """
         skipped = Skipped()
-        shell, hashes = self.decoder.decode_shell(reply, skipped)
-        plan = self._plan_for(shell.catalog)
-        lines: list[list[str]] = [[] for _ in plan.headers]
-        live = {wid for wid, info in shell.writers.items() if info.live}
-        for read in hashes:
-            self._engine(plan, read, live if read.live is None else read.live, lines, skipped)
-        self.decoder.read_done()
+        try:
+            shell, hashes = self.decoder.decode_shell(reply, skipped)
+            plan = self._plan_for(shell.catalog)
+            lines: list[list[str]] = [[] for _ in plan.headers]
+            live = {wid for wid, info in shell.writers.items() if info.live}
+            plan.kept.begin()
+            try:
+                for read in hashes:
+                    self._engine(plan, read, live if read.live is None else read.live, lines, skipped)
+            finally:
+                plan.kept.end()
+        finally:
+            self.decoder.read_done()
         out: list[str] = []
         for header, family_lines in zip(plan.headers, lines):
             out.append(header)
@@ -169,13 +181,13 @@ class TextRenderer:
         if groups is None:
             self._lines(plan, engine, chunks, read.snapshot.up, live, lines, skipped, read.key)
             return
+        kept = plan.kept
         for group in groups:
-            layout_plan = plan.layouts.get((engine, group.layout))
+            layout_plan = kept.get((engine, group.layout))
             if layout_plan is None:
-                layout_plan = plan.layouts[engine, group.layout] = self._plan_layout(
-                    plan, engine, group.layout
-                )
-                plan.size += len(group.layout.fields)
+                layout_plan = self._plan_layout(plan, engine, group.layout)
+                if len(kept.now) < PLAN_CEILING:
+                    kept.now[engine, group.layout] = layout_plan
             counter_plans, histogram_plans, gauge_plans = layout_plan
             for (family, prefix), text in zip(counter_plans, group.counters):
                 lines[family].append(f"{prefix}{text}\n")
@@ -216,9 +228,9 @@ class TextRenderer:
         """One engine line by line (what :meth:`SnapshotDecoder.merge` does not take in bulk):
         what is bad is skipped and counted, under *key* (:attr:`EngineHash.key`, the engine's
         hash in its shard)."""
-        plans = plan.fields.get(engine)
-        if plans is None:
-            plans = plan.fields.setdefault(engine, {})
+        # The engine's field plans of the last read; those of this read are kept for the next.
+        before: dict[str, Any] = plan.kept.get(engine) or {}
+        plans: dict[str, Any] = {}
         # series field -> [plan, value, value, ...]: one value per writer (and the base field)
         held: dict[str, list[Any]] = {}
         # gauge line prefix -> (family, mode, live writers' readings), in order of first sight
@@ -226,8 +238,10 @@ class TextRenderer:
         for name, raw, writer in chunks.entries():
             field_plan = plans.get(name)
             if field_plan is None:
-                field_plan = plans[name] = self._plan_field(plan, engine, name)
-                plan.size += 1
+                field_plan = before.get(name)
+                if field_plan is None:
+                    field_plan = self._plan_field(plan, engine, name)
+                plans[name] = field_plan
             if field_plan.__class__ is str:
                 skipped.note(field_plan, key, str(name), raw)
             elif field_plan[0] != "g":
@@ -245,6 +259,8 @@ class TextRenderer:
                     continue
                 _, family, prefix, mode = field_plan
                 gauges.setdefault(prefix, (family, mode, []))[2].append(parts)
+        if len(plan.kept.now) < PLAN_CEILING:
+            plan.kept.now[engine] = plans
         # Shown in the order the writers' chunks hold the series, then series only the base
         # fields hold (as the bulk read shows them); base values were added first.
         order = [name for chunk in chunks.chunks for name in chunk.layout.fields if name in held]

@@ -245,6 +245,124 @@ def test_reads_in_threads_and_in_a_forked_child_show_what_a_reader_of_their_own_
         w._closed = True
 
 
+@pytest.mark.parametrize("busy", [False, True], ids=["unchanged store", "every chunk changed"])
+def test_overlapping_reads_parse_no_chunk_another_read_parsed(
+    config, catalog, fake_client, monkeypatch, busy
+):
+    """Two scrapes of one reader at once (a Prometheus HA pair whose scrapes fall together, or
+    /metrics with the /snapshot sampler). A read that began while another ran made a generation
+    of its own (the other's parses so far), so the first lost the parses of the read before it;
+    and the first read's end dropped the generation the second was still reading from. Both
+    parsed again chunks they would have found: on an unchanged store, up to half the chunks per
+    read (bench/read_attack.py, section storm: ~1.7-1.9x the CPU of a read alone). Overlapping
+    reads now share one generation: an unchanged chunk is not parsed again, a changed one once."""
+    engines = list(range(8))
+    writers = _writers(config, catalog, fake_client, engines)
+    reader = StatsReader(config, catalog, client=fake_client())
+    renderer = RedisCollector(reader)._renderer
+    renderer.render(reader.read())  # the scrape before
+    if busy:
+        for w in writers:
+            for e in engines:
+                w.counter("tokens").labels(engine=e).inc(1)
+            assert w.flush()
+    reply = reader.read()
+    expected = RedisCollector(StatsReader(config, catalog, client=fake_client()))._renderer.render(reply)[0]
+    chunks = 2 * len(engines)
+    parses = _count_parses(monkeypatch)
+    real = merge._kept_parse
+    # Read A stops half-way; B begins, stops a quarter of the way; A ends; B ends.
+    stop_at = {"A": chunks // 2, "B": chunks // 4}
+    looked = {"A": 0, "B": 0}
+    stopped = {name: threading.Event() for name in stop_at}
+    go = {name: threading.Event() for name in stop_at}
+
+    def paced(*args: Any) -> Any:
+        name = threading.current_thread().name
+        looked[name] += 1
+        if looked[name] == stop_at[name]:
+            stopped[name].set()
+            go[name].wait(10)
+        return real(*args)
+
+    monkeypatch.setattr(merge, "_kept_parse", paced)
+    bodies: dict[str, str] = {}
+
+    def read() -> None:
+        bodies[threading.current_thread().name] = renderer.render(reply)[0]
+
+    a = threading.Thread(target=read, name="A")
+    b = threading.Thread(target=read, name="B")
+    a.start()
+    assert stopped["A"].wait(10)
+    b.start()
+    assert stopped["B"].wait(10)
+    go["A"].set()
+    a.join(10)
+    go["B"].set()
+    b.join(10)
+    assert bodies == {"A": expected, "B": expected}
+    assert len(parses) == (chunks if busy else 0)  # each changed chunk once, by whichever read came first
+    kept = reader._decoder._kept
+    assert len(kept.last) + len(kept.now) == chunks  # the chunks read, nothing else
+    for w in writers:
+        w._closed = True
+
+
+def test_names_fields_kept_are_those_of_the_last_read(config, catalog, fake_client):
+    """What a names field means (a Layout, ~15 KB for a vLLM chunk) was kept until 10,000 names
+    fields had been seen, then all dropped at once: in a fleet whose names change (a new LoRA
+    adapter set in vllm:lora_requests_info is a new series in that engine's chunk, and each
+    engine's differs), ~180 MB of names no writer holds any more. Like the chunk parses, the
+    layouts (and whether an engine's names fields share a series) kept are the last read's."""
+    engines = [0, 1, 2, 3]
+    writers = _writers(config, catalog, fake_client, engines)
+    reader = StatsReader(config, catalog, client=fake_client())
+    collector = RedisCollector(reader)
+    decoder = reader._decoder
+    for step in range(30):
+        for w in writers:  # each writer a new series in every engine: every names field changes
+            for e in engines:
+                w.counter("requests").labels(engine=e, reason=f"{w.writer_id}-{step}").inc()
+            assert w.flush()
+        text = collector.render_text()
+        snap = reader.snapshot()
+    assert snap.engines[3].counter("requests", f"{writers[1].writer_id}-29") == 1
+    assert f'requests_total{{engine="3",reason="{writers[0].writer_id}-29"}} 1\n' in text
+    # Each writer's names field (the same in every engine), and the one pair of them.
+    assert len(decoder._layouts) == 2
+    assert len(decoder._disjoint) == 1
+    for w in writers:
+        w._closed = True
+
+
+def test_writers_and_series_fields_kept_are_those_of_the_last_read(config, catalog, fake_client):
+    """Each chunk field's writer (``@|<writer>|<k>``) was kept in one dictionary shared by every
+    decoder of the process, and each series field's parse per decoder, until a million of each
+    (then all dropped): in a fleet whose writers restart with new ids every deploy, and whose
+    label values change, every departed writer's and series' entry stayed. Both are now the
+    last read's."""
+    keys = Keys(config.namespace)
+    client = fake_client()
+    engines = [0, 1, 2, 3]
+    reader = StatsReader(config, catalog, client=fake_client())
+    collector = RedisCollector(reader)
+    decoder = reader._decoder
+    for deploy in range(30):
+        for e in engines:  # gc removed the writer of the deploy before
+            client.delete(keys.counters(e))
+        w = StatsWriter(config, catalog, engines=engines, client=fake_client(), start=False)
+        for e in engines:
+            w.counter("requests").labels(engine=e, reason=f"r{deploy}").inc(e + 1)
+        assert w.flush()
+        w._closed = True
+        text = collector.render_text()
+        snap = reader.snapshot()
+    assert snap.engines[3].counter("requests", "r29") == 4 and 'reason="r28"' not in text
+    assert len(decoder._writers_of) == 1  # the last writer's one chunk field
+    assert len(decoder._fields) <= 1  # at most the one series field of the last read
+
+
 def test_parsed_names_are_kept_per_namespace(config, catalog, fake_client):
     """Caches do not cross namespaces: each reader keeps its own (a names field of the same
     text means the same series only against its own namespace's catalogue)."""

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
 import fakeredis
 import pytest
 
-from redis_stats import StatsReader, StatsWriter
+from redis_stats import RedisCollector, StatsReader, StatsWriter
+from redis_stats._core import merge
 from tests.conftest import sample_catalog
 from tests.store.test_shards import K, _cfg
 
@@ -56,3 +58,62 @@ def test_a_cluster_reader_used_in_a_forked_child_reads(fake_server, namespace):
         pytest.fail("the forked child's read hung")
     reader.close()
     w.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX only")
+def test_a_child_forked_in_the_middle_of_a_read_keeps_only_its_own_reads_parses(
+    config, catalog, fake_client, monkeypatch
+):
+    """A read runs in a thread of the parent when it forks (an exporter thread of a gunicorn
+    --preload master): the child has no such read. Reads running at once share what they keep
+    until the last one ends, so a count of running reads inherited from the parent would never
+    reach zero in the child, which would then hold two reads' parses for ever. The child's
+    scrapes equal a fresh reader's, and it keeps exactly the chunks of its last read."""
+    engines = [0, 1, 2, 3]
+    writers = []
+    for role in ("api0", "api1"):
+        w = StatsWriter(config, catalog, engines=engines, client=fake_client(), start=False, role=role)
+        for e in engines:
+            w.counter("tokens").labels(engine=e).inc(e + 1)
+            w.histogram("latency_seconds").labels(engine=e).observe(0.1)
+        assert w.flush()
+        writers.append(w)
+    reader = StatsReader(config, catalog, client=fake_client())
+    collector = RedisCollector(reader)
+    collector.render_text()
+    for w in writers:
+        w.counter("tokens").labels(engine=0).inc(1)
+        assert w.flush()
+    real = merge._kept_parse
+    inside, release = threading.Event(), threading.Event()
+
+    def paused(*args: Any) -> Any:
+        if threading.current_thread().name == "mid-read":
+            inside.set()
+            release.wait(10)
+        return real(*args)
+
+    monkeypatch.setattr(merge, "_kept_parse", paused)
+    t = threading.Thread(target=collector.render_text, name="mid-read")
+    t.start()
+    assert inside.wait(10)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            want = RedisCollector(StatsReader(config, catalog, client=fake_client()))
+            same = all(_stable(collector.render_text()) == _stable(want.render_text()) for _ in range(2))
+            kept = reader._decoder._kept
+            code = 0 if same and not kept.last and len(kept.now) == 2 * len(engines) else 2
+        finally:
+            os._exit(code)
+    release.set()
+    t.join(10)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    for w in writers:
+        w._closed = True
+
+
+def _stable(text: str) -> list[str]:
+    return [x for x in text.splitlines() if "duration" not in x and "age_seconds" not in x]

@@ -247,7 +247,9 @@ def test_gc_that_cannot_collect_the_namespace_exits_1(redis_server, namespace):
 def test_an_address_that_cannot_be_served_points_at_host_not_the_port(command, host):
     # Before: "is another exporter (or the demo) running? Pick another --port, or --port 0" for an
     # address that is no name or no interface of this host, even with --port 0 already given.
-    result = CliRunner().invoke(main, [*command, "--redis-url", "redis://127.0.0.1:1/0", "--host", host, "--port", "0"])
+    result = CliRunner().invoke(
+        main, [*command, "--redis-url", "redis://127.0.0.1:1/0", "--host", host, "--port", "0"]
+    )
     assert result.exit_code == 1, result.output
     assert f"on {host}:0:" in result.output
     assert "check --host: it must be an address of this host" in result.output

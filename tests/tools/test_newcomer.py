@@ -481,9 +481,9 @@ def test_the_demo_prints_the_pids_of_each_node_to_kill(python_env):
         for node, pids in listed.items():
             for api, pid in enumerate(pids):
                 args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                assert b"redis_stats.tools.demo" in args and args[args.index(b"redis_stats.tools.demo") + 2 :][
-                    :2
-                ] == [str(node).encode(), str(api).encode()], args
+                assert b"redis_stats.tools.demo" in args and args[
+                    args.index(b"redis_stats.tools.demo") + 2 :
+                ][:2] == [str(node).encode(), str(api).encode()], args
     finally:
         proc.communicate(timeout=60)
     assert proc.returncode == 0
