@@ -401,10 +401,10 @@ class EngineHash(NamedTuple):
     """The key it was read from (in its shard: ``rs:{NS#1.3042}:v2:e:4:c`` for engine 4 of
     shard 1), which names what is skipped of it; a :class:`SplitKey` when it was read from
     several shards (after K changed) and put together."""
-    live: set[str] | None = None
-    """The writers live in the shard(s) this hash was read from, whose gauges in it count (a
-    merged reply's: a writer live in another shard only is cut off from this one, its values
-    here frozen); None: the writers live in the reply (one shard)."""
+    live: set[str]
+    """The writers whose gauges in it count: those live in the reply (one shard), or in the
+    shard(s) this hash was read from (a merged reply's: a writer live in another shard only is
+    cut off from this one, its values here frozen)."""
 
 
 class SnapshotDecoder:
@@ -666,13 +666,7 @@ class SnapshotDecoder:
         writer_flat = self._readable(reply[2], keys.writers, skipped)
         writers: dict[str, WriterInfo] = {}
         for wid, score in _pairs(writer_flat):
-            score = float(score)
-            closed = score < 0
-            beat = abs(score)
-            age = max(0.0, (now_ms - beat) / 1000.0)
-            writers[wid] = WriterInfo(
-                beat / 1000.0, age, closed, not closed and age * 1000.0 <= self.stale_after_ms
-            )
+            writers[wid] = self._writer_info(float(score), now_ms)
         # A reply merged from several shards names the key each hash, engine, writer's
         # self-metrics and conflict was read from (ReaderCore.merge): what it holds of shard
         # s >= 1 is not under shard 0's keys. Unsharded, none: shard 0's keys, as always.
@@ -686,9 +680,12 @@ class SnapshotDecoder:
         # A merged reply (several shards): the writers live in each shard, by their heartbeats
         # there, for the gauges of the engines read from it (see EngineHash.live).
         engine_shards: list[tuple[int, ...]] = getattr(reply, "engine_shards", None) or []
-        shard_live: list[set[str]] = [
-            self._live_in(flat, now_ms) for flat in getattr(reply, "shard_writers", ()) if engine_shards
-        ]
+        shard_live: list[set[str]] = (
+            [self._live_in(flat, now_ms) for flat in getattr(reply, "shard_writers", ())]
+            if engine_shards
+            else []
+        )
+        reply_live = {wid for wid, info in writers.items() if info.live}
         hashes = reply[6 : 6 + len(engine_pairs)]
         for idx, (stats, (wid, info)) in enumerate(zip(reply[6 + len(engine_pairs) :], writers.items())):
             stats_key = keys.writer_stats(wid) if writer_keys is None else writer_keys[idx]
@@ -712,25 +709,27 @@ class SnapshotDecoder:
             engines[engine] = snap
             key = keys.counters(engine_text) if hash_keys is None else hash_keys[idx]
             flat = self._readable(hashes[idx], key, skipped)
-            live: set[str] | None = None
+            live = reply_live
             if engine_shards:
                 parts = [shard_live[at] for at in engine_shards[idx]]
                 live = parts[0] if len(parts) == 1 else set().union(*parts)
             hashes_read.append(EngineHash(engine_text, snap, flat, key, live))
         return shell, hashes_read
 
+    def _writer_info(self, score: float, now_ms: float) -> WriterInfo:
+        """A writer's entry of a ``writers`` zset: its heartbeat (ms; negative once it closed)."""
+        closed = score < 0
+        beat = abs(score)
+        age = max(0.0, (now_ms - beat) / 1000.0)
+        return WriterInfo(beat / 1000.0, age, closed, not closed and age * 1000.0 <= self.stale_after_ms)
+
     def _live_in(self, writer_flat: Any, now_ms: float) -> set[str]:
         """The writers live by the heartbeats of one shard's ``writers`` zset (*writer_flat*;
-        none when it could not be read: no writer is known to be live there)."""
+        none when it could not be read: no writer is known to be live there), by the rule of
+        the reply's writers (:meth:`_writer_info`)."""
         if writer_flat.__class__ is not list:
             return set()
-        oldest = now_ms - self.stale_after_ms
-        live = set()
-        for wid, score in _pairs(writer_flat):
-            beat = float(score)
-            if beat >= 0 and beat >= oldest:  # negative: closed
-                live.add(wid)
-        return live
+        return {wid for wid, score in _pairs(writer_flat) if self._writer_info(float(score), now_ms).live}
 
     @staticmethod
     def _readable(part: Any, key: EngineKey, skipped: Skipped) -> list[Any]:
@@ -774,11 +773,8 @@ class SnapshotDecoder:
         skipped = Skipped()
         try:
             shell, hashes = self.decode_shell(reply, skipped)
-            live = {wid for wid, info in shell.writers.items() if info.live}
             for engine in hashes:
-                self._decode_engine(
-                    engine, live if engine.live is None else engine.live, shell.catalog, skipped
-                )
+                self._decode_engine(engine, shell.catalog, skipped)
         finally:
             self.read_done()
         return shell
@@ -810,10 +806,11 @@ class SnapshotDecoder:
                 seen_ms[engine] = ms
         return out
 
-    def _decode_engine(self, read: EngineHash, live: set[str], catalog: Catalog, skipped: Skipped) -> None:
+    def _decode_engine(self, read: EngineHash, catalog: Catalog, skipped: Skipped) -> None:
         """One engine's series: counters and histograms added up over the writers' chunks and
-        the base fields; gauges rolled up over the live writers of an engine that is up."""
-        snap = read.snapshot
+        the base fields; gauges rolled up over the live writers (:attr:`EngineHash.live`) of an
+        engine that is up."""
+        snap, live = read.snapshot, read.live
         chunks = self.engine_chunks(read.engine, read.fields, catalog, skipped, read.key)
         groups = self.merge(read.engine, chunks, live, snap.up, numbers=True)
         if groups is not None:

@@ -156,11 +156,10 @@ class TextRenderer:
             shell, hashes = self.decoder.decode_shell(reply, skipped)
             plan = self._plan_for(shell.catalog)
             lines: list[list[str]] = [[] for _ in plan.headers]
-            live = {wid for wid, info in shell.writers.items() if info.live}
             plan.kept.begin()
             try:
                 for read in hashes:
-                    self._engine(plan, read, live if read.live is None else read.live, lines, skipped)
+                    self._engine(plan, read, lines, skipped)
             finally:
                 plan.kept.end()
         finally:
@@ -171,11 +170,9 @@ class TextRenderer:
             out += family_lines
         return "".join(out), shell
 
-    def _engine(
-        self, plan: _Plan, read: EngineHash, live: set[str], lines: list[list[str]], skipped: Skipped
-    ) -> None:
+    def _engine(self, plan: _Plan, read: EngineHash, lines: list[list[str]], skipped: Skipped) -> None:
         decoder = self.decoder
-        engine = read.engine
+        engine, live = read.engine, read.live
         chunks = decoder.engine_chunks(engine, read.fields, plan.catalog, skipped, read.key)
         groups = decoder.merge(engine, chunks, live, read.snapshot.up, numbers=False)
         if groups is None:
