@@ -27,11 +27,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from redis_stats._core.snapshot import Snapshot
 from redis_stats.catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM
 from redis_stats.errors import error_kind
 from redis_stats.prometheus.exposition import TextRenderer, format_families
-from redis_stats.reader import StatsReader, note_unreadable
+from redis_stats.reader import StatsReader
+from redis_stats.snapshot import Snapshot
 
 __all__ = ["RedisCollector"]
 
@@ -49,7 +49,7 @@ class RedisCollector:
         self.engines = None if engines is None else tuple(engines)
         self._errors: _Tally[str] = _Tally()
         self._errors_lock = threading.Lock()  # scrapes run on several threads at once
-        self._renderer = TextRenderer(reader.decoder)
+        self._renderer = TextRenderer()
 
     def describe(self) -> list[Metric]:
         """Nothing: registering must not read Redis (names are only known from a snapshot)."""
@@ -69,7 +69,7 @@ class RedisCollector:
 
     def render_text(self) -> str:
         """The same exposition as :meth:`collect` through ``generate_latest``, several times faster:
-        the reader's reply goes straight to text
+        the read's decoded form goes straight to text
         (:class:`~redis_stats.prometheus.exposition.TextRenderer`)."""
         started = time.perf_counter()
         shell: Snapshot | None = None
@@ -77,9 +77,8 @@ class RedisCollector:
         gc_was_on = gc.isenabled()
         gc.disable()  # tens of thousands of short-lived strings: a collection mid-render only costs
         try:
-            reply = self.reader.read(self.engines)
-            text, shell = self._renderer.render(reply)
-            note_unreadable(reply, shell.skipped)  # a shard's keys the merge left out
+            decoded = self.reader.decoded(self.reader.read(self.engines))
+            text, shell = self._renderer.render(decoded), decoded.shell
         except Exception as exc:  # a scrape must not fail with a traceback
             self.read_failed(exc)
         finally:
