@@ -41,6 +41,19 @@ def _layouts(meta_flat: Any) -> set[int]:
     return set()
 
 
+def _only(engine_flat: Any, engines: Iterable[int] | None) -> Any:
+    """An ``engines`` zset as read (flat, or its error) cut down to *engines* (None: all)."""
+    if engines is None or engine_flat.__class__ is not list:
+        return engine_flat
+    wanted = {str(int(e)) for e in engines}
+    return [x for e, score in zip(engine_flat[0::2], engine_flat[1::2]) if e in wanted for x in (e, score)]
+
+
+def _names(flat: Any) -> tuple[Any, ...]:
+    """The members of a zset read flat (none when it could not be read)."""
+    return tuple(flat[0::2]) if flat.__class__ is list else ()
+
+
 def _catalogues(metas: list[Any]) -> Any:
     """The shards' catalogues (flat, or the error reading one; shard 0 first) as one: shard
     0's, then the specs of the others for metrics it lacks. Shard 0's error stands for it."""
@@ -136,28 +149,31 @@ class ReaderCore:
         of them changed: shard 0's, then the specs of the others for metrics shard 0 lacks (the
         first stored definition wins). Another shard's catalogue that cannot be read is noted
         under its own key (shard 0's is the decoder's to count)."""
-        metas: list[Any] = []
-        notes: list[tuple[str, str]] = []
-        for i, (keys, reply) in enumerate(zip(shards, shard_replies)):
-            version, meta = reply[3], reply[4]
-            if version.__class__ is not str:  # the catalogue is unreadable
-                meta = version
-            elif meta is None or (meta == [] and version != ""):
-                # Not read (the transaction read fetches a catalogue only when its version
-                # changed; read.lua returns none at the version we sent): we hold it. Never
-                # store "not read" as the catalogue: a later change in another shard would
-                # merge without this shard's specs.
-                meta = self._shard_meta.get(keys.root, ("", []))[1]
-            else:
-                self._shard_meta[keys.root] = (version, meta)  # new (or none, or unreadable)
-            if i and isinstance(meta, Exception):
-                notes.append((unreadable(meta) or "unreadable", keys.meta))
-            metas.append(meta)
+        metas = [
+            self._shard_catalogue(keys, reply[3], reply[4]) for keys, reply in zip(shards, shard_replies)
+        ]
+        notes = [
+            (unreadable(meta) or "unreadable", keys.meta)
+            for keys, meta in zip(shards[1:], metas[1:])
+            if isinstance(meta, Exception)
+        ]
         versions = [r[3] if r[3].__class__ is str else "?" for r in shard_replies]
         version = "" if not any(versions) else "|".join(versions)
         meta = [] if version == self._decoder.meta_version else _catalogues(metas)
         replies = [ShardReply.of(keys, reply) for keys, reply in zip(shards, shard_replies)]
         return Read(replies, version, meta, tuple(notes))
+
+    def _shard_catalogue(self, keys: Keys, version: Any, meta: Any) -> Any:
+        """One shard's catalogue (flat, or the error reading it), kept here by its version."""
+        if version.__class__ is not str:  # the catalogue is unreadable
+            return version
+        if meta is None or (meta == [] and version != ""):
+            # Not read (the transaction read fetches a catalogue only when its version changed;
+            # read.lua returns none at the version we sent): we hold it. Never store "not read"
+            # as the catalogue: a later change in another shard would merge without its specs.
+            return self._shard_meta.get(keys.root, ("", []))[1]
+        self._shard_meta[keys.root] = (version, meta)  # new (or none, or unreadable)
+        return meta
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self.config.safe_url!r}, namespace={self.config.namespace!r})"
@@ -274,15 +290,8 @@ class ReaderCore:
         """
         results = [_flat(r) for r in results]  # a client of the caller's may speak RESP3
         now, engine_flat, writer_flat, version, conflicts = results[:5]
-        if engines is not None and engine_flat.__class__ is list:
-            wanted = {str(int(e)) for e in engines}
-            engine_flat = [
-                x for e, score in zip(engine_flat[0::2], engine_flat[1::2]) if e in wanted for x in (e, score)
-            ]
-        found = (
-            tuple(engine_flat[0::2]) if engine_flat.__class__ is list else (),
-            tuple(writer_flat[0::2]) if writer_flat.__class__ is list else (),
-        )
+        engine_flat = _only(engine_flat, engines)
+        found = (_names(engine_flat), _names(writer_flat))
         if found != (self._planned if planned is None else planned):
             if replan is not None:
                 replan(found)
@@ -337,6 +346,30 @@ class ReaderCore:
         scripted: list[Any] = yield ("script", self.read_args(engines))
         return scripted  # or the fleet changes faster than we read
 
+    def _sharded_transaction_steps(
+        self, shards: list[Keys], engines: list[int] | None
+    ) -> Steps[list[list[Any]] | None]:
+        """Every shard's reply by one transaction (on a single server), or None: the fleet
+        changes faster than we read, or the server is over maxmemory (read by scripts then)."""
+        try:
+            for _ in range(3):
+                plans = [self._shard_plans.get(k.root, ((), ())) for k in shards]
+                results = yield ("transaction", self.sharded_transaction(shards, plans))
+                replies = self.sharded_assemble(results, shards, plans, engines)
+                if replies is not None:
+                    return replies
+        except (OutOfMemoryError, ExecAbortError) as exc:
+            if not refused_for_memory(exc):
+                raise
+        return None  # over maxmemory: each shard's script, as for one shard
+
+    def _changed_catalogues(self, shards: list[Keys], replies: list[list[Any]]) -> Steps[None]:
+        """Fetch the catalogue of each shard whose version changed (rare) into its reply."""
+        for k, reply in zip(shards, replies):
+            cached = self._shard_meta.get(k.root, ("", None))[0]
+            if reply[3].__class__ is str and reply[3] != cached:
+                reply[4] = yield ("meta", k)
+
     def _shard_steps(self, engines: list[int] | None, cluster: bool, again: bool = True) -> ReadSteps:
         """Every shard, merged: one transaction on a single server; one read.lua per shard on a
         Cluster, in parallel. A shard that cannot be read fails the whole read (raised).
@@ -345,26 +378,11 @@ class ReaderCore:
         first read of a reader, or a K just added), they are read at once, all together again:
         a reply without them would show a live engine's counters lower than the next read."""
         shards = self.shard_keys
-        replies: list[Any] | None = None
-        if not cluster:
-            try:
-                for _ in range(3):
-                    plans = [self._shard_plans.get(k.root, ((), ())) for k in shards]
-                    results = yield ("transaction", self.sharded_transaction(shards, plans))
-                    replies = self.sharded_assemble(results, shards, plans, engines)
-                    if replies is not None:
-                        break
-            except (OutOfMemoryError, ExecAbortError) as exc:
-                if not refused_for_memory(exc):
-                    raise
-                replies = None  # over maxmemory: each shard's script, as for one shard
+        replies = None if cluster else (yield from self._sharded_transaction_steps(shards, engines))
         if replies is None:  # a Cluster, or the fleet changes faster than we read, or OOM
             replies = yield ("scripts", [self.shard_args(k, engines) for k in shards])
         else:
-            for k, reply in zip(shards, replies):
-                cached = self._shard_meta.get(k.root, ("", None))[0]
-                if reply[3].__class__ is str and reply[3] != cached:
-                    reply[4] = yield ("meta", k)  # the catalogue changed: fetch it (rare)
+            yield from self._changed_catalogues(shards, replies)
         merged = self.merge(replies, shards)
         if merged.meta.__class__ is list and merged.meta and self.note_layouts(merged.meta) and again:
             return (yield from self._shard_steps(engines, cluster, again=False))

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from redis_stats._core import fields
-from redis_stats._core.groups import Base, Chunk, Group, Layout, by_lines, disjoint, in_bulk, parse_field
+from redis_stats._core.groups import Base, ChunkRead, Group, Layout, by_lines, disjoint, in_bulk, parse_field
 from redis_stats._core.liveness import STALE_FIELD, Liveness
 from redis_stats._core.values import number_text
 from redis_stats.catalog import Catalog, MetricSpec
@@ -124,6 +124,44 @@ def _engine_index(name: Any) -> int | None:
     except (ValueError, TypeError):
         return None
     return engine if str(engine) == name else None
+
+
+def _number_field(name: Any) -> str | None:
+    """The prefix of a writer's stats field that holds a number (``""`` for one without a
+    prefix, ``"dur:"`` for a duration bucket, ...), None for a field of text or unknown."""
+    if name in _WRITER_TEXT_FIELDS or not isinstance(name, str):
+        return None
+    prefix = name[: name.find(":") + 1]
+    if name in _WRITER_NUMBER_FIELDS or prefix in ("err:", "shards_err:", "drop:", "dur:"):
+        return prefix
+    return None
+
+
+def _stat(name: Any, value: Any, bounds: set[float]) -> tuple[Any, str | None]:
+    """One field of a writer's stats hash: (value to keep, None), or (None, why it is skipped).
+    *bounds*: the duration buckets seen so far (one bound twice is a bad field)."""
+    prefix = _number_field(name)
+    if prefix is None:
+        return value, None  # text, or unknown: a newer writer's field, read by nothing here
+    if prefix == "dur:":
+        bound = number_text(name[4:])
+        if bound is None or float(bound) in bounds:
+            return None, "bad_field"
+        bounds.add(float(bound))
+    text = number_text(value)
+    if text is None or (prefix == "dur:" and float(text) < 0):
+        return None, "bad_value"
+    return text, None
+
+
+def _home(homes: dict[str, tuple[str, list[Any]]], wid: str, key: str, flat: Any, skipped: Skipped) -> None:
+    """Keep a writer's stats hash read from *key* as its home's when it is the first one, or
+    the first one not empty; one that cannot be read is counted under its own key."""
+    why = unreadable(flat)
+    if why is not None:
+        skipped.note(why, key)
+    elif wid not in homes or (flat and not homes[wid][1]):
+        homes[wid] = (key, flat)
 
 
 def _float(x: Any) -> float:
@@ -291,46 +329,57 @@ class SnapshotDecoder:
         catalog = self._catalogue(read, skipped)
         shards = read.shards
         now_ms = max((s.now_ms for s in shards), default=0.0)
-        scores, stats_of = self._writers(shards, skipped)
-        # Liveness by what the writers stored, never by this reader's settings (issue 24): every
-        # reader of the namespace gives the same answer at the same moment.
-        rule = Liveness.of(now_ms, stats_of, self.stale_after_ms)
+        rule, writers = self._liveness(shards, now_ms, skipped)
         # A shard whose writers zset cannot be read: no writer is known there, so its engines
         # are judged by their own heartbeats alone (one bad key must not take them down).
         blind = Liveness(now_ms, rule.declared, rule.fallback_ms, judge_owners=False)
-        writers = {
-            wid: WriterInfo(abs(score) / 1000.0, rule.age(score), score < 0, rule.writer_live(wid, score))
-            for wid, score in scores.items()
-        }
-        for wid, stats in stats_of.items():
-            writers[wid].stats = stats
         live_in = [self._live(s, rule, skipped) for s in shards]
         conflicts = self._conflicts(shards, now_ms, rule.fallback_ms, skipped)
         shell = Snapshot(now_ms / 1000.0, {}, writers, catalog, skipped)
         engines: list[EngineGroups] = []
         used: set[str] = set()
         for name, (score, parts) in self._engines(shards, skipped).items():
-            live = live_in[parts[0][0]] if len(parts) == 1 else set().union(*(live_in[i] for i, _ in parts))
+            at = [i for i, _ in parts]
+            live = live_in[at[0]] if len(at) == 1 else set().union(*(live_in[i] for i in at))
             chunks, base, owners = self._contents(name, parts, shards, catalog, skipped, used)
-            judge = rule if all(shards[i].writers.__class__ is list for i, _ in parts) else blind
+            judge = rule if all(shards[i].writers.__class__ is list for i in at) else blind
             beat = float(score)
             snap = EngineSnapshot(
-                _engine_index(name),  # type: ignore[arg-type]
-                beat / 1000.0,
-                rule.age(beat),
-                judge.engine_up(beat, owners, live),
+                int(name), beat / 1000.0, rule.age(beat), judge.engine_up(beat, owners, live)
             )
             snap.conflict = conflicts.get(name, ())
             shell.engines[snap.engine] = snap
-            groups = self._groups(chunks, base, live, snap.up, catalog, skipped)
-            engines.append(EngineGroups(name, snap, groups))
+            engines.append(
+                EngineGroups(name, snap, self._groups(chunks, base, live, snap.up, catalog, skipped))
+            )
+        self._trim(used, len(engines))
+        return Decoded(shell, engines)
+
+    def _trim(self, used: set[str], engines: int) -> None:
+        """Drop what the read did not use once the caches hold more than twice what it used:
+        names fields no writer holds any more, engines' sets of names fields that changed."""
         layouts = self._layouts
-        if len(layouts) > 2 * len(used):  # names fields no writer holds any more
+        if len(layouts) > 2 * len(used):
             self._layouts = {k: layouts[k] for k in used if k in layouts}
             self._disjoint = {}
-        if len(self._disjoint) > 2 * len(engines):  # engines' sets of names fields, changed
+        if len(self._disjoint) > 2 * engines:
             self._disjoint = {}
-        return Decoded(shell, engines)
+
+    def _liveness(
+        self, shards: list[ShardReply], now_ms: float, skipped: Skipped
+    ) -> tuple[Liveness, dict[str, WriterInfo]]:
+        """The read's liveness rule, by what the writers stored, never by this reader's settings
+        (issue 24: every reader of the namespace gives the same answer at the same moment), and
+        every writer's entry."""
+        scores, stats_of = self._writers(shards, skipped)
+        rule = Liveness.of(now_ms, stats_of, self.stale_after_ms)
+        writers = {
+            wid: WriterInfo(abs(score) / 1000.0, rule.age(score), score < 0, rule.writer_live(wid, score))
+            for wid, score in scores.items()
+        }
+        for wid, stats in stats_of.items():
+            writers[wid].stats = stats
+        return rule, writers
 
     def snapshot(self, read: Read) -> Snapshot:
         """The snapshot of *read*."""
@@ -366,16 +415,15 @@ class SnapshotDecoder:
         catalog: Catalog,
         skipped: Skipped,
         used: set[str],
-    ) -> tuple[list[Chunk], list[Base], set[str]]:
+    ) -> tuple[list[ChunkRead], list[Base], set[str]]:
         """An engine's hash (one part per shard holding it): its writers' well-formed chunks and
         its base fields, each with the key it was read from, and the writers holding chunks in
         it (well-formed or not: they say who owns the engine). A chunk whose names field is
         missing or does not match its values line for line, or whose field is malformed, is
         skipped and counted (``bad_chunk``): it costs that chunk only."""
-        chunks: list[Chunk] = []
+        chunks: list[ChunkRead] = []
         base: list[Base] = []
         owners: set[str] = set()
-        suffix = fields.NAMES_SUFFIX
         for at, flat in parts:
             key = shards[at].keys.counters(engine)
             why = unreadable(flat)
@@ -389,29 +437,47 @@ class SnapshotDecoder:
                 else:
                     base.append(Base(name, raw, key))
             for name, values in held.items():
-                if name.endswith(suffix):
-                    if name[: -len(suffix)] not in held:
-                        skipped.note("bad_chunk", key, name)  # names without values
-                    continue
-                writer = fields.chunk_writer(name)
-                if writer is not None:
-                    owners.add(writer)
-                names = held.get(name + suffix)
-                if writer is None or names.__class__ is not str or values.__class__ is not str:
-                    skipped.note("bad_chunk", key, name)
-                    continue
-                used.add(names)
-                layout = self.layout(names, catalog)
-                lines = values.split("\n") if values else []
-                if len(layout.fields) != len(lines):
-                    skipped.note("bad_chunk", key, name)
-                    continue
-                chunks.append(Chunk(writer, key, layout, lines))
+                chunk = self._chunk(key, name, values, held, catalog, skipped, owners, used)
+                if chunk is not None:
+                    chunks.append(chunk)
         return chunks, base, owners
+
+    def _chunk(
+        self,
+        key: str,
+        name: str,
+        values: Any,
+        held: dict[str, Any],
+        catalog: Catalog,
+        skipped: Skipped,
+        owners: set[str],
+        used: set[str],
+    ) -> ChunkRead | None:
+        """The chunk whose values field is *name* (of *held*, the chunk fields of a hash read
+        from *key*), or None: a names field (read with its values), or a chunk skipped."""
+        suffix = fields.NAMES_SUFFIX
+        if name.endswith(suffix):
+            if name[: -len(suffix)] not in held:
+                skipped.note("bad_chunk", key, name)  # names without values
+            return None
+        writer = fields.chunk_writer(name)
+        if writer is not None:
+            owners.add(writer)
+        names = held.get(name + suffix)
+        if writer is None or names.__class__ is not str or values.__class__ is not str:
+            skipped.note("bad_chunk", key, name)
+            return None
+        used.add(names)
+        layout = self.layout(names, catalog)
+        lines = values.split("\n") if values else []
+        if len(layout.fields) != len(lines):
+            skipped.note("bad_chunk", key, name)
+            return None
+        return ChunkRead(writer, key, layout, lines)
 
     def _groups(
         self,
-        chunks: list[Chunk],
+        chunks: list[ChunkRead],
         base: list[Base],
         live: set[str],
         up: bool,
@@ -453,18 +519,12 @@ class SnapshotDecoder:
         scores: dict[str, float] = {}
         homes: dict[str, tuple[str, list[Any]]] = {}
         for shard in shards:
-            if shard.writers.__class__ is not list:
-                continue
-            for (wid, score), flat in zip(_pairs(shard.writers), shard.stats):
+            listed = shard.writers if shard.writers.__class__ is list else []
+            for (wid, score), flat in zip(_pairs(listed), shard.stats):
                 score = float(score)
-                if wid not in scores or abs(score) > abs(scores[wid]):
+                if abs(score) > abs(scores.get(wid, 0.0)) or wid not in scores:
                     scores[wid] = score
-                key = shard.keys.writer_stats(wid)
-                why = unreadable(flat)
-                if why is not None:
-                    skipped.note(why, key)
-                elif wid not in homes or (flat and not homes[wid][1]):
-                    homes[wid] = (key, flat)
+                _home(homes, wid, shard.keys.writer_stats(wid), flat, skipped)
         stats = {wid: self._writer_stats(*homes.get(wid, ("", [])), skipped) for wid in scores}
         return scores, stats
 
@@ -474,24 +534,11 @@ class SnapshotDecoder:
         out: dict[str, str] = {}
         bounds: set[float] = set()
         for name, value in _pairs(flat):
-            if name in _WRITER_TEXT_FIELDS or not isinstance(name, str):
-                out[name] = value
-                continue
-            prefix = name[: name.find(":") + 1]
-            if name not in _WRITER_NUMBER_FIELDS and prefix not in ("err:", "shards_err:", "drop:", "dur:"):
-                out[name] = value  # unknown: a newer writer's field, read by nothing here
-                continue
-            if prefix == "dur:":
-                bound = number_text(name[4:])
-                if bound is None or float(bound) in bounds:
-                    skipped.note("bad_field", key, name)
-                    continue
-                bounds.add(float(bound))
-            text = number_text(value)
-            if text is None or (prefix == "dur:" and float(text) < 0):
-                skipped.note("bad_value", key, name)
-                continue
-            out[name] = text
+            text, why = _stat(name, value, bounds)
+            if why is not None:
+                skipped.note(why, key, name)
+            else:
+                out[name] = text
         return out
 
     def _conflicts(

@@ -36,7 +36,7 @@ from redis_stats._core.values import (
     number_text,
     roll_up,
 )
-from redis_stats.catalog import COUNTER, HISTOGRAM, Catalog, MetricSpec
+from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, MetricSpec
 from redis_stats.snapshot import SeriesKey, Skipped
 
 Parsed = tuple[MetricSpec, tuple[str, ...], str]
@@ -84,6 +84,41 @@ def _picker(positions: Sequence[int]) -> _Picker:
     return lambda seq: ()
 
 
+def _series_of(
+    parsed: Sequence[Parsed | str],
+) -> tuple[tuple[MetricSpec | None, ...], tuple[SeriesKey | None, ...]]:
+    """Each line's spec and series key (None for a line that is not a series)."""
+    specs: list[MetricSpec | None] = []
+    keys: list[SeriesKey | None] = []
+    for p in parsed:
+        spec, key = (None, None) if isinstance(p, str) else (p[0], (p[0].name, p[1]))
+        specs.append(spec)
+        keys.append(key)
+    return tuple(specs), tuple(keys)
+
+
+def _lines_by_kind(specs: Sequence[MetricSpec | None]) -> tuple[tuple[int, ...], ...]:
+    """The lines of counters, of histograms and of gauges."""
+    lines: dict[str, list[int]] = {COUNTER: [], HISTOGRAM: [], GAUGE: []}
+    for i, spec in enumerate(specs):
+        if spec is not None:
+            lines[spec.kind].append(i)
+    return tuple(lines[COUNTER]), tuple(lines[HISTOGRAM]), tuple(lines[GAUGE])
+
+
+def _token_places(sizes: list[int]) -> tuple[list[int], tuple[slice, ...]]:
+    """A group's histogram lines, joined by " ", are tokens: per series its sum, then its
+    counts (*sizes*: how many per series). Where the sums are, and where each series' counts are."""
+    sums: list[int] = []
+    slices: list[slice] = []
+    pos = 0
+    for size in sizes:
+        sums.append(pos)
+        slices.append(slice(pos + 1, pos + 1 + size))
+        pos += size + 1
+    return sums, tuple(slices)
+
+
 class Layout:
     """What one list of series fields (a names field) means for one catalogue: each line's
     series, and where the counters, histograms and gauges are, for reading a group's values
@@ -114,47 +149,27 @@ class Layout:
     def __init__(self, catalog: Catalog, names: tuple[str, ...], parsed: Sequence[Parsed | str]) -> None:
         self.catalog = catalog
         self.fields = names
-        specs: list[MetricSpec | None] = []
-        keys: list[SeriesKey | None] = []
-        for p in parsed:
-            if isinstance(p, str):
-                specs.append(None)
-                keys.append(None)
-            else:
-                specs.append(p[0])
-                keys.append((p[0].name, p[1]))  # each line's series as the snapshot keys it
-        self.specs = tuple(specs)
-        self.keys = tuple(keys)
+        # each line's spec, and its series as the snapshot keys it: (metric name, label values)
+        self.specs, self.keys = _series_of(parsed)
+        specs = self.specs
         # Clean: every line is a series this catalogue shows, each once. Only such a layout is
         # read in bulk (a skipped line must be counted where the line-by-line path counts it).
-        self.clean = len(set(names)) == len(names) and None not in self.specs
-        kinds = [None if s is None else s.kind for s in self.specs]
-        self.counters = tuple(i for i, k in enumerate(kinds) if k == COUNTER)
-        self.histograms = tuple(i for i, k in enumerate(kinds) if k == HISTOGRAM)
-        self.gauges = tuple(i for i, k in enumerate(kinds) if k not in (None, COUNTER, HISTOGRAM))
+        self.clean = len(set(names)) == len(names) and None not in specs
+        self.counters, self.histograms, self.gauges = _lines_by_kind(specs)
         self.summed = tuple(sorted(self.counters + self.histograms))  # lines added up over writers
         self.modes = tuple(specs[i].mode for i in self.gauges)  # type: ignore[union-attr]
         self.bars = [1] * len(self.gauges)
         self.bounds = tuple((*specs[i].buckets, _INF) for i in self.histograms)  # type: ignore[union-attr]
         sizes = [len(b) for b in self.bounds]
         self.spaces = sizes  # a line "<sum> <c0> ... <cN>" has a space per count
-        # A group's histogram lines, joined by " ", are tokens: per series its sum, then its
-        # counts. Where the sums are, and where each series' counts are.
-        sums: list[int] = []
-        slices: list[slice] = []
-        pos = 0
-        for size in sizes:
-            sums.append(pos)
-            slices.append(slice(pos + 1, pos + 1 + size))
-            pos += size + 1
-        self.count_slices = tuple(slices)
+        sums, self.count_slices = _token_places(sizes)
         self.pick_sums = _picker(sums)
         self.pick_counters = _picker(self.counters)
         self.pick_histograms = _picker(self.histograms)
         self.pick_gauges = _picker(self.gauges)
 
 
-class Chunk(NamedTuple):
+class ChunkRead(NamedTuple):
     """One writer's chunk of an engine, as read: its writer, the key it was read from (in its
     shard), what its names field means, and its values, one per line of the names."""
 
@@ -188,6 +203,10 @@ class Group(NamedTuple):
     counts: Sequence[Any]
     count_ints: bool
     gauges: Sequence[float | None]
+    texts: tuple[Sequence[str], str] | None = None
+    """A group one writer holds: its counter lines and its histogram lines (joined by spaces:
+    the tokens) as stored, which are these numbers' sample texts, for the text to print as they
+    are (formatting the numbers again cost a busy scrape ~9 % more instructions)."""
 
 
 class _NotClean(Exception):
@@ -214,32 +233,44 @@ class Parse(NamedTuple):
     counts: Sequence[Any]
     """The histogram tokens as JSON read them (each series' sum, then its cumulative counts)."""
     gauges: list[tuple[float, float, str]]
+    texts: tuple[Sequence[str], str]
+    """The counter lines' sample texts, and the histogram lines joined by spaces."""
 
 
-def _counters(layout: Layout, values: list[str]) -> tuple[Sequence[Any], bool]:
-    """A chunk's counter lines as numbers (by :func:`counter_number`'s rule), and whether all
-    are ints: one JSON scan when they are plain integers, as writers store them."""
+def _ints(texts: Sequence[str]) -> list[int] | None:
+    """Counter texts that are all plain integers below 10**308, as ints (one JSON scan), or
+    None."""
+    joined = "".join(texts)
+    if not (joined.isdigit() and joined.isascii() and all(texts) and max(map(len, texts)) <= MAX_DIGITS):
+        return None
+    try:
+        ints: list[int] = _scan_json("[" + ",".join(texts) + "]", 0)[0]
+    except (ValueError, StopIteration):  # "007": int() of each reads it
+        ints = [*map(int, texts)]
+    return ints if max(ints) < _FLOAT_BOUND else None
+
+
+def _counters(layout: Layout, values: list[str]) -> tuple[Sequence[Any], bool, Sequence[str]]:
+    """A chunk's counter lines as numbers (by :func:`counter_number`'s rule), whether all are
+    ints, and their sample texts: one JSON scan when they are plain integers, as writers store
+    them."""
     texts = layout.pick_counters(values)
     if not texts:
-        return (), True
-    joined = "".join(texts)
-    if joined.isdigit() and joined.isascii() and all(texts) and max(map(len, texts)) <= MAX_DIGITS:
-        try:
-            ints: list[int] = _scan_json("[" + ",".join(texts) + "]", 0)[0]
-        except (ValueError, StopIteration):  # "007": int() of each reads it
-            ints = [*map(int, texts)]
-        if max(ints) < _FLOAT_BOUND:
-            return ints, True
-    numbers = [counter_number(number_text(raw)) for raw in texts]
-    if None in numbers:
+        return (), True, ()
+    ints = _ints(texts)
+    if ints is not None:
+        return ints, True, texts
+    checked = [number_text(raw) for raw in texts]
+    if None in checked:
         raise _NotClean
-    return numbers, all(n.__class__ is int for n in numbers)
+    numbers = [*map(counter_number, checked)]
+    return numbers, all(n.__class__ is int for n in numbers), checked  # type: ignore[return-value]
 
 
-def _histograms(layout: Layout, values: list[str]) -> tuple[list[float], Sequence[Any]]:
-    """A chunk's histogram lines as (sums, tokens) by one JSON scan; raises :class:`_NotClean`
-    where the line-by-line rules must decide (negative or non-integer counts, counts that go
-    down, numbers beyond a float, garbage)."""
+def _histograms(layout: Layout, values: list[str]) -> tuple[list[float], Sequence[Any], str]:
+    """A chunk's histogram lines as (sums, tokens, the lines joined) by one JSON scan; raises
+    :class:`_NotClean` where the line-by-line rules must decide (negative or non-integer
+    counts, counts that go down, numbers beyond a float, garbage)."""
     lines = layout.pick_histograms(values)
     if [*map(_spaces, lines)] != layout.spaces:  # each line its own number of parts
         raise _NotClean
@@ -263,7 +294,7 @@ def _histograms(layout: Layout, values: list[str]) -> tuple[list[float], Sequenc
     total = sum(map(sum, series))  # counts are >= 0 here (no "-"): below the bound if the sum is
     if total.__class__ is not int or total >= _FLOAT_BOUND:  # a count with "." or "e", or huge
         raise _NotClean
-    return sums, numbers
+    return sums, numbers, joined
 
 
 def _gauges(layout: Layout, values: list[str]) -> list[tuple[float, float, str]]:
@@ -289,10 +320,10 @@ def _gauges(layout: Layout, values: list[str]) -> list[tuple[float, float, str]]
 def parse_chunk(layout: Layout, values: list[str]) -> Parse:
     """One writer's chunk of a clean *layout*, checked and converted in bulk; raises
     :class:`_NotClean` where the line-by-line rules must decide."""
-    counters, counter_ints = _counters(layout, values)
-    sums, counts = _histograms(layout, values) if layout.histograms else ([], [])
+    counters, counter_ints, counter_texts = _counters(layout, values)
+    sums, counts, joined = _histograms(layout, values) if layout.histograms else ([], [], "")
     gauges = _gauges(layout, values) if layout.gauges else []
-    return Parse(counters, counter_ints, sums, counts, gauges)
+    return Parse(counters, counter_ints, sums, counts, gauges, (counter_texts, joined))
 
 
 def _combine(layout: Layout, parses: list[Parse], live: list[Parse]) -> Group:
@@ -309,10 +340,12 @@ def _combine(layout: Layout, parses: list[Parse], live: list[Parse]) -> Group:
         readings = zip(*[p.gauges for p in live])
         gauges = [roll_up(mode, found) for mode, found in zip(layout.modes, readings)]
     ints = all(p.counter_ints for p in parses)
-    return Group(layout, counters, ints, sums, counts, True, gauges)
+    return Group(
+        layout, counters, ints, sums, counts, True, gauges, first.texts if len(parses) == 1 else None
+    )
 
 
-def in_bulk(chunks: list[Chunk], base: list[Base], live: Container[str], up: bool) -> list[Group] | None:
+def in_bulk(chunks: list[ChunkRead], base: list[Base], live: Container[str], up: bool) -> list[Group] | None:
     """The engine's chunks added up group by group (the chunks of one names field, in order of
     first appearance), base fields first, or None when the engine must be read line by line
     (:func:`by_lines`): a layout that is not clean, a series in two groups, base fields that are
@@ -347,14 +380,22 @@ def disjoint(layouts: Sequence[Layout]) -> bool:
     return len(seen) == sum(len(x.fields) for x in layouts)
 
 
-def _add_base(base: list[Base], by_layout: dict[Layout, tuple[list[Parse], list[Parse]]]) -> bool:
-    """Put the base fields first in the groups whose series they are, read as one more chunk
-    per group; False when they are not exactly the counters and histograms of whole groups."""
+def _base_values(base: list[Base]) -> dict[str, str] | None:
+    """The base fields by series field, or None when one is not text or is there twice."""
     held: dict[str, str] = {}
     for name, raw, _ in base:
         if name.__class__ is not str or raw.__class__ is not str or name in held:
-            return False
+            return None
         held[name] = raw
+    return held
+
+
+def _add_base(base: list[Base], by_layout: dict[Layout, tuple[list[Parse], list[Parse]]]) -> bool:
+    """Put the base fields first in the groups whose series they are, read as one more chunk
+    per group; False when they are not exactly the counters and histograms of whole groups."""
+    held = _base_values(base)
+    if held is None:
+        return False
     used = 0
     for layout, (parses, _) in by_layout.items():
         names = layout.fields
@@ -384,8 +425,34 @@ class _Series:
         self.total: Any = None  # a counter's number, a histogram's [sum, counts]
         self.readings: list[tuple[float, float, str]] = []  # a gauge's live writers'
 
+    def take(self, raw: Any, writer: str | None, current: bool) -> str | None:
+        """Add one stored value (of *writer*; None: a base field) to the series: a counter's or
+        a histogram's added up, a gauge's kept when *current* (a live writer's, of an engine that
+        is up). The reason it is skipped, or None."""
+        spec = self.parsed[0]
+        if spec.kind not in (COUNTER, HISTOGRAM):
+            if writer is None:
+                return "bad_field"  # a gauge has no base field
+            reading = gauge_parts(raw) if current else None  # else not current: not shown
+            if current and reading is None:
+                return "bad_value"
+            if reading is not None:
+                self.readings.append(reading)
+            return None
+        value = _value(spec, raw)
+        if value is None:
+            return "bad_value"
+        total = self.total
+        if total is None:
+            self.total = value
+        elif spec.kind == COUNTER:
+            self.total = total + value
+        else:
+            self.total = (total[0] + value[0], [*map(add, total[1], value[1])])
+        return None
 
-def _entries(chunks: list[Chunk], base: list[Base]) -> list[tuple[Any, Any, str | None, str]]:
+
+def _entries(chunks: list[ChunkRead], base: list[Base]) -> list[tuple[Any, Any, str | None, str]]:
     """Every value of the engine as ``(series field, value, writer, key)``: base fields (writer
     None) first, then every line of every chunk."""
     out: list[tuple[Any, Any, str | None, str]] = [(b.field, b.value, None, b.key) for b in base]
@@ -404,7 +471,7 @@ def _value(spec: MetricSpec, raw: Any) -> Any:
 
 
 def by_lines(
-    chunks: list[Chunk],
+    chunks: list[ChunkRead],
     base: list[Base],
     live: Container[str],
     up: bool,
@@ -423,38 +490,17 @@ def by_lines(
         if isinstance(parsed, str):
             skipped.note(parsed, key, str(name))
             continue
-        spec, labels, _ = parsed
-        series = found.get((spec.name, labels))
+        series_key = (parsed[0].name, parsed[1])
+        series = found.get(series_key)
         if series is None:
-            series = found[spec.name, labels] = _Series(name, parsed)
+            series = found[series_key] = _Series(name, parsed)
         if writer is not None:
-            chunk_order[spec.name, labels] = None
-        if spec.kind in (COUNTER, HISTOGRAM):
-            _add(series, spec, raw, key, skipped)
-        elif writer is None:
-            skipped.note("bad_field", key, name)  # a gauge has no base field
-        elif up and writer in live:  # else not current: a stale, closed or removed writer's
-            reading = gauge_parts(raw)
-            if reading is None:
-                skipped.note("bad_value", key, name)
-            else:
-                series.readings.append(reading)
+            chunk_order[series_key] = None
+        why = series.take(raw, writer, up and writer in live)
+        if why is not None:
+            skipped.note(why, key, name)
     order = [*chunk_order, *(k for k in found if k not in chunk_order)]
     return _one_group([found[k] for k in order], catalog)
-
-
-def _add(series: _Series, spec: MetricSpec, raw: Any, key: str, skipped: Skipped) -> None:
-    """Add one stored counter or histogram value to *series* (or skip and count it)."""
-    value = _value(spec, raw)
-    if value is None:
-        skipped.note("bad_value", key, series.field)
-    elif series.total is None:
-        series.total = value
-    elif spec.kind == COUNTER:
-        series.total = series.total + value
-    else:
-        total = series.total
-        series.total = (total[0] + value[0], [*map(add, total[1], value[1])])
 
 
 def _one_group(series: list[_Series], catalog: Catalog) -> list[Group]:
@@ -464,14 +510,23 @@ def _one_group(series: list[_Series], catalog: Catalog) -> list[Group]:
         return []
     layout = Layout(catalog, tuple(s.field for s in kept), [s.parsed for s in kept])
     counters = [kept[i].total for i in layout.counters]
-    sums: list[float] = []
-    counts: list[Any] = []
-    count_ints = True
-    for i in layout.histograms:
-        total, series_counts = kept[i].total
-        sums.append(total)
-        counts += [total, *series_counts]
-        count_ints = count_ints and all(c.__class__ is int for c in series_counts)
+    sums, counts, count_ints = _tokens([kept[i].total for i in layout.histograms])
     gauges: list[float | None] = [roll_up(m, kept[i].readings) for i, m in zip(layout.gauges, layout.modes)]
-    counter_ints = all(c.__class__ is int for c in counters)
-    return [Group(layout, counters, counter_ints, sums, counts, count_ints, gauges)]
+    return [Group(layout, counters, _all_ints(counters), sums, counts, count_ints, gauges)]
+
+
+def _all_ints(values: Sequence[Any]) -> bool:
+    return all(v.__class__ is int for v in values)
+
+
+def _tokens(histograms: list[tuple[float, list[Any]]]) -> tuple[list[float], list[Any], bool]:
+    """Histograms' ``(sum, counts)`` as a group holds them: the sums, the tokens (each series'
+    sum, then its counts, as the bulk read's) and whether every count is an int."""
+    sums: list[float] = []
+    tokens: list[Any] = []
+    ints = True
+    for total, counts in histograms:
+        sums.append(total)
+        tokens += (total, *counts)
+        ints = ints and all(c.__class__ is int for c in counts)
+    return sums, tokens, ints

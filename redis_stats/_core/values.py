@@ -13,17 +13,6 @@ from typing import Any
 
 from prometheus_client.utils import floatToGoString
 
-__all__ = [
-    "MAX_DIGITS",
-    "NUMBER_CHARS",
-    "counter_number",
-    "gauge_parts",
-    "go_floats",
-    "histogram_numbers",
-    "number_text",
-    "roll_up",
-]
-
 # A number as Prometheus' text format writes it: what float() takes,
 # but with no spaces, no "_" and no NaN (float() accepts all three; a NaN is no sample); the
 # infinities come out as +Inf / -Inf. Checked with str methods, not a regex: this runs per sample.
@@ -83,34 +72,44 @@ def histogram_numbers(raw: Any, size: int) -> tuple[str, list[str], list[int] | 
     if raw.__class__ is not str:
         return None
     parts = raw.split(" ")
-    if len(parts) != size + 1:
+    total = _sum_text(parts[0])
+    if len(parts) != size + 1 or total is None:
         return None
-    total = parts[0]
-    if total.strip(NUMBER_CHARS):  # number_text's rule, inlined: this runs per series per scrape
-        total = _INFINITIES.get(total.lower())  # type: ignore[assignment]
-        if total is None:
-            return None
-    else:
-        try:
-            float(total)
-        except ValueError:
-            return None
-    counts = parts[1:]
-    joined = "".join(counts)
-    if joined.isdigit() and joined.isascii() and all(counts):  # integers: what the flush writes
-        if len(joined) > MAX_DIGITS and max(map(len, counts)) > MAX_DIGITS:
-            return None
-        ints = [*map(int, counts)]
-        if ints != sorted(ints):
-            return None
-        return total, counts, ints
-    texts = [number_text(c) for c in counts]
-    if None in texts:
+    counts = _counts(parts[1:])
+    return None if counts is None else (total, counts[0], counts[1])
+
+
+def _sum_text(text: str) -> str | None:
+    """A histogram's sum as sample text, None if it is not a number (:func:`number_text`'s
+    rule, but for an integer of any length: a sum is a float)."""
+    if text.strip(NUMBER_CHARS):
+        return _INFINITIES.get(text.lower())
+    try:
+        float(text)
+    except ValueError:
         return None
-    values = [float(t) for t in texts]  # type: ignore[arg-type]
+    return text
+
+
+def _counts(texts: list[str]) -> tuple[list[str], list[int] | list[float]] | None:
+    """A histogram's cumulative count texts as (texts, numbers), or None when one is not a
+    number, is negative or is below the one before it."""
+    joined = "".join(texts)
+    if joined.isdigit() and joined.isascii() and all(texts):  # integers: what the flush writes
+        ints = [] if max(map(len, texts)) > MAX_DIGITS else [*map(int, texts)]
+        return (texts, ints) if ints and ints == sorted(ints) else None
+    return _float_counts(texts)
+
+
+def _float_counts(texts: list[str]) -> tuple[list[str], list[float]] | None:
+    """:func:`_counts` of counts that are not all plain integers (``5.0``, ``1e5``)."""
+    checked = [number_text(c) for c in texts]
+    if None in checked:
+        return None
+    values = [float(t) for t in checked]  # type: ignore[arg-type]
     if values[0] < 0 or any(b < a for a, b in pairwise(values)):
         return None
-    return total, texts, values  # type: ignore[return-value]
+    return checked, values  # type: ignore[return-value]
 
 
 def roll_up(mode: str, readings: Sequence[tuple[float, float, str]]) -> float:

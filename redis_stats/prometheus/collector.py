@@ -210,20 +210,24 @@ def writer_families(snapshot: Snapshot) -> Iterator[Metric]:
         # The writer's heartbeat is set by its last successful flush (schema 1 also stored it
         # as last_ok_ms in the stats hash).
         age.add_metric([wid], max(0.0, (now_ms - info.heartbeat * 1000.0) / 1000.0))
-        buckets, running = [], 0.0
-        for key in sorted((k for k in st if k.startswith("dur:")), key=lambda k: float(k[4:])):
-            running += _num(st, key)
-            buckets.append((floatToGoString(float(key[4:])), running))
+        buckets = _duration_buckets(st)
         if buckets:
             duration.add_metric([wid], buckets, _num(st, "dur_sum"))
+        by_kind = {"err:": errors, "shards_err:": listing_errors, "drop:": drops}
         for key in st:
-            if key.startswith("err:"):
-                errors.add_metric([wid, key[4:]], _num(st, key))
-            elif key.startswith("shards_err:"):
-                listing_errors.add_metric([wid, key[11:]], _num(st, key))
-            elif key.startswith("drop:"):
-                drops.add_metric([wid, key[5:]], _num(st, key))
+            prefix = key[: key.find(":") + 1]
+            if prefix in by_kind:
+                by_kind[prefix].add_metric([wid, key[len(prefix) :]], _num(st, key))
     yield from (up, flushes, errors, listing_errors, drops, conflicts, pending, age, duration)
+
+
+def _duration_buckets(stats: dict[str, str]) -> list[tuple[str, float]]:
+    """A writer's flush durations (``dur:<bound>`` fields, per bucket) as cumulative buckets."""
+    buckets, running = [], 0.0
+    for key in sorted((k for k in stats if k.startswith("dur:")), key=lambda k: float(k[4:])):
+        running += _num(stats, key)
+        buckets.append((floatToGoString(float(key[4:])), running))
+    return buckets
 
 
 def _num(stats: dict[str, str], key: str) -> float:

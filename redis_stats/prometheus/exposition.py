@@ -19,6 +19,7 @@ it and keep every per-scrape line in locals.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client.utils import floatToGoString
@@ -150,18 +151,35 @@ class TextRenderer:
 def _group(layout_plan: Any, group: Group, lines: list[list[str]]) -> None:
     """One group's lines, each appended to its family's."""
     counter_plans, histogram_plans, gauge_plans = layout_plan
-    counters = group.counters if group.counter_ints else [*map(_number_text, group.counters)]
-    for (family, prefix), text in zip(counter_plans, counters):
+    for (family, prefix), text in zip(counter_plans, _counter_texts(group)):
         lines[family].append(f"{prefix}{text}\n")
     if histogram_plans:
-        counts = group.counts if group.count_ints else [*map(_number_text, group.counts)]
-        for (family, template, start, stop), total in zip(histogram_plans, go_floats([*group.sums])):
+        counts, sums = _histogram_texts(group)
+        for (family, template, start, stop), total in zip(histogram_plans, sums):
             found = counts[start:stop]
             lines[family].append(template % (*found, found[-1], total))
     if gauge_plans:
         shown = [(plan, v) for plan, v in zip(gauge_plans, group.gauges) if v is not None]
         for ((family, prefix), _), text in zip(shown, go_floats([v for _, v in shown])):
             lines[family].append(f"{prefix}{text}\n")
+
+
+def _counter_texts(group: Group) -> Sequence[Any]:
+    """What to print of a group's counters: the stored texts of one writer's, ints as they are
+    (``%s`` and f-strings print them), floats as Go writes them."""
+    if group.texts is not None:
+        return group.texts[0]
+    return group.counters if group.counter_ints else [*map(_number_text, group.counters)]
+
+
+def _histogram_texts(group: Group) -> tuple[Sequence[Any], Sequence[Any]]:
+    """What to print of a group's histograms: the tokens (``counts[count_slices[j]]``) and the
+    sums, as :func:`_counter_texts` prints counters."""
+    if group.texts is not None:
+        tokens = group.texts[1].split(" ")
+        return tokens, group.layout.pick_sums(tokens)
+    counts = group.counts if group.count_ints else [*map(_number_text, group.counts)]
+    return counts, go_floats([*group.sums])
 
 
 def format_families(families: Any) -> str:

@@ -43,7 +43,9 @@ def _stable(text: str) -> list[str]:
 
 
 def _texts(found: dict[Any, float]) -> dict[Any, str]:
-    return {k: repr(v) for k, v in found.items()}
+    """Each sample's number, exactly (repr: NaN equals NaN; the parser gives "0" as an int, and
+    an integer beyond a float as an int: its float is inf, as Prometheus reads it)."""
+    return {k: repr(float(str(v))) for k, v in found.items()}
 
 
 def _series(snap: Any) -> dict[int, Any]:
@@ -362,8 +364,12 @@ def _both_ways(config: Any, catalog: Any, fake_client: Any, values: Any, stale: 
     assert skipped_of(samples(bulk_text)) == skipped_of(samples(lines_text))
     assert repr(_series(bulk)) == repr(_series(lines))
     assert dict(bulk.skipped) == dict(lines.skipped)
-    # the text itself, line for line (ordering included), but for times and ages
-    assert _stable(bulk_text) == _stable(lines_text)
+    # the series line for line (ordering included), but for times and ages; the numbers above
+    # (a group one writer holds prints its stored text: "12" where the line by line read
+    # prints 12.0, the same number)
+    assert [x.rpartition(" ")[0] for x in _stable(bulk_text)] == [
+        x.rpartition(" ")[0] for x in _stable(lines_text)
+    ]
     return merged
 
 
