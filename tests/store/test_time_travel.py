@@ -54,7 +54,9 @@ def test_a_store_that_went_back_in_time_is_exact_again_within_two_flushes(
     redis_server, namespace, shards, restored
 ):
     raw = redis.Redis.from_url(redis_server.url)
-    w = StatsWriter(_cfg(redis_server.url, namespace, shards=shards), sample_catalog(), engines=[0, 1], start=False)
+    w = StatsWriter(
+        _cfg(redis_server.url, namespace, shards=shards), sample_catalog(), engines=[0, 1], start=False
+    )
     requests = w.counter("requests")
     requests.labels(engine=0, reason="stop").inc(100)
     requests.labels(engine=1, reason="stop").inc(100)
