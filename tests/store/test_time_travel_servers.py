@@ -550,3 +550,42 @@ def test_a_writer_paused_with_a_flush_in_flight_past_twice_the_retention_is_coun
         w.close(timeout=2)
         other.close()
         proxy.close()
+
+
+@pytest.mark.slow
+def test_a_cluster_restarted_from_older_rdbs_is_exact_again_within_two_flushes(namespace):
+    """A real 3-master Cluster, shards=3 (the shards' hash tags spread over the masters): every
+    master SAVEd, more flushed, every master SIGKILLed and restarted from its older dump.rdb (and
+    its nodes.conf): the writer (flusher running) is exact again within two flushes."""
+    from tests.servers import Cluster
+
+    cluster = Cluster().start()
+    writer = None
+    try:
+        url = cluster.url
+        writer = _Writer("sync", url, namespace, 3)
+
+        def travel() -> int:
+            for node in cluster.nodes:
+                redis.Redis(port=node.port).save()
+            writer.record(SECOND)
+            writer.confirmed()
+            for node in cluster.nodes:
+                node.kill()
+            flushes = writer.flushes()
+            for node in cluster.nodes:
+                node.start()
+            _wait(
+                lambda: all(
+                    redis.Redis(port=n.port).cluster("info")["cluster_state"] == "ok" for n in cluster.nodes
+                ),
+                "the cluster to be ok again",
+                timeout=30,
+            )
+            return flushes
+
+        _back_in_time_then_exact(writer, url, namespace, 3, travel)
+    finally:
+        if writer is not None:
+            writer.close()
+        cluster.close()
