@@ -423,7 +423,7 @@ def _every_reader(
     url: str, namespace: str, reporter: Any, exporter: Any, caplog: pytest.LogCaptureFixture
 ) -> dict[str, dict[int, bool]]:
     """engine -> up, as each reader says it, one read each. The readers' own stale_after (30 s,
-    top's default) is far from the writers' (1 s and 3 s): they must judge by what the writers stored."""
+    top's default) is far from the writers' (1 s and 10 s): they must judge by what the writers stored."""
     out: dict[str, dict[int, bool]] = {}
     reader = StatsReader(_cfg(url, namespace, stale_after=30.0), sample_catalog())
     try:
@@ -463,8 +463,8 @@ def test_every_reader_calls_an_engine_down_within_one_read_of_a_kill_and_at_once
 
     url = redis_server.url
     killed = _Proc(python_env, url, namespace, 0, 0.05, 1.0)
-    alive = _Proc(python_env, url, namespace, 1, 0.05, 3.0)
-    closing = _Proc(python_env, url, namespace, 2, 0.05, 3.0)
+    alive = _Proc(python_env, url, namespace, 1, 0.05, 10.0)
+    closing = _Proc(python_env, url, namespace, 2, 0.05, 10.0)
     reader = StatsReader(_cfg(url, namespace, stale_after=30.0), sample_catalog())
     exporter = Exporter(reader, port=0).start()
     # Every engine logs at INFO (not idle): each line is returned by tick().
@@ -482,7 +482,7 @@ def test_every_reader_calls_an_engine_down_within_one_read_of_a_kill_and_at_once
         assert closing.do("close") == "closed True"
         started = time.monotonic()
         _agree(_every_reader(url, namespace, reporter, exporter, caplog), {0: True, 1: True, 2: False})
-        assert time.monotonic() - started < 3.0  # engine 2's writer declared 3 s
+        assert time.monotonic() - started < 10.0  # engine 2's writer declared 10 s
         # SIGKILL: no close. Past its writer's stale_after (1 s), one read of each says DOWN.
         last_beat = time.monotonic()
         killed.p.kill()
