@@ -104,6 +104,8 @@ def _redis_errors(config: StatsConfig) -> Iterator[None]:
 
     try:
         yield
+    except BrokenPipeError:
+        raise  # our stdout was closed (`| head`), not Redis' socket (redis-py wraps those)
     except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
         kind = error_kind(exc)
         hint = _HINTS.get(kind)
@@ -194,10 +196,30 @@ namespace_option = click.option(
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+class _Main(click.Group):
+    """The command group; a reader of its output that goes away ends the command quietly."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            # `redis-stats inspect | head -2`: the reader has what it wanted. Exit 0 without a
+            # message, and with stdout pointed at /dev/null so the flush at exit cannot fail too.
+            import os
+
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            ctx.exit(0)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.version_option(__version__, prog_name="redis-stats")
 def main() -> None:
     """redis_stats: a Redis-backed distributed stats store for LLM serving fleets."""
+    from redis_stats.integrations.vllm.options import warn_mistyped_variables
+
+    # A mistyped REDIS_STATS_* name is otherwise ignored in silence (its setting keeps its default).
+    warn_mistyped_variables(emit=lambda message: click.echo(f"warning: {message}", err=True))
 
 
 @main.command()
