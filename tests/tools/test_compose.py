@@ -164,7 +164,10 @@ def test_grafana_dashboard_is_importable_with_variables_and_one_unit_per_panel()
         assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
         exprs = [t["expr"] for t in panel["targets"]]
         for expr in exprs:
-            assert 'job="$job"' in expr and 'redis_stats_namespace=~"$namespace"' in expr, (panel["title"], expr)
+            assert 'job="$job"' in expr and 'redis_stats_namespace=~"$namespace"' in expr, (
+                panel["title"],
+                expr,
+            )
             if "engine" in expr:
                 assert 'engine=~"$engine"' in expr, (panel["title"], expr)
         # One unit per panel: 0/1 metrics never share a panel (an axis) with a duration.
