@@ -6,10 +6,10 @@ Which keys: each shard's data keys by name (docs/key-schema.md: ``meta``, ``engi
 writer's self-metrics) and shard 0's lease keys (``leader``, ``leader_epoch``, ``gc``); and,
 where the user may ``SCAN``, whatever else matches the shard's prefix ``rs:{TAG}:*`` (schema 1
 keys, an engine hash whose engine left the list). Each shard is removed by ``drop.lua``, which
-checks in the same atomic call that no writer of that shard is live (heartbeat within
-``stale_after``, server time) and removes nothing if one is. Every shard is checked before any is
-touched; shard 0 goes last, so an interrupted removal can be run again (shard 0's catalogue lists
-the other shards).
+checks in the same atomic call that no writer of that shard is live (heartbeat within the
+``stale_after`` it stored, server time) and removes nothing if one is. Every shard is checked
+before any is touched; shard 0 goes last, so an interrupted removal can be run again (shard 0's
+catalogue lists the other shards).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 
 from redis.exceptions import RedisError, ResponseError
 
+from redis_stats._core.liveness import STALE_FIELD
 from redis_stats._scripts import Script, load_script
 from redis_stats.config import StatsConfig
 from redis_stats.connection import Client, is_cluster, make_client
@@ -97,6 +98,17 @@ def _scanned_keys(client: Client, shard: Keys) -> list[str] | None:
         return None
 
 
+def _declared_stale_ms(client: Client, shard: Keys) -> int:
+    """The longest ``stale_ms`` the writers listed in *shard* stored in their stats hashes."""
+    longest = 0
+    for writer in _members(client, shard.writers):
+        try:
+            longest = max(longest, int(float(client.hget(shard.writer_stats(writer), STALE_FIELD) or 0)))
+        except (ResponseError, ValueError, OverflowError):  # garbage there: the other values decide
+            continue
+    return longest
+
+
 def _chunks(keys: list[str]) -> Iterator[list[str]]:
     for i in range(0, len(keys), KEYS_PER_CALL):
         yield keys[i : i + KEYS_PER_CALL]
@@ -109,14 +121,18 @@ def remove_namespace(
     (``config.stale_after``); with *dry_run*, only count the keys and check the writers."""
     client = client if client is not None else make_client(config)
     script = Script(client, load_script("drop"))
-    stale_ms = int(config.stale_after * 1000)
     shards = _shards(config, client)
     out = RemovalResult(config.namespace, shards=len(shards))
     plans: list[tuple[Keys, list[str]]] = []
+    # A writer is live for the stale_after it stored (readers judge it so: _core/liveness.py):
+    # the check uses the longest any writer stored, and this config's if longer (a writer that
+    # stored none), so no writer a reader calls live is taken for gone.
+    stale_ms = int(config.stale_after * 1000)
     for i, shard in enumerate(shards):
         try:
             named = _named_keys(client, shard, root=i == 0)
             scanned = _scanned_keys(client, shard)
+            stale_ms = max(stale_ms, _declared_stale_ms(client, shard))
         except RedisError as exc:
             out.failed[shard.prefix] = str(exc).split("\n")[0][:200]
             continue

@@ -78,10 +78,12 @@ def test_a_live_writer_in_any_shard_refuses_the_removal_and_nothing_goes(redis_s
 
 def test_a_writer_stale_for_stale_after_no_longer_holds_the_namespace(redis_server, namespace):
     root = redis.Redis.from_url(redis_server.url, decode_responses=True)
-    w = StatsWriter(_cfg(namespace, redis_server.url), sample_catalog(), engines=[0], start=False)
+    w = StatsWriter(
+        _cfg(namespace, redis_server.url, stale_after=0.3), sample_catalog(), engines=[0], start=False
+    )
     assert w.flush()
     w._closed = True  # killed: never closes
-    cfg = _cfg(namespace, redis_server.url, stale_after=0.3)
+    cfg = _cfg(namespace, redis_server.url, stale_after=0.1)  # the writer's own 0.3 s decides
     assert remove_namespace(cfg, dry_run=True).live_writers == [w.writer_id]
     time.sleep(0.4)
     assert remove_namespace(cfg).live_writers == []
@@ -147,3 +149,18 @@ def test_a_namespace_split_over_a_cluster_is_removed_from_every_master(namespace
         assert everywhere() == set()
     finally:
         cluster.close()
+
+
+def test_a_writer_is_live_for_the_stale_after_it_stored_not_the_removers(redis_server, namespace):
+    """Readers judge a writer by the stale_after it stored (stale_ms, _core/liveness.py): a
+    remover configured shorter must not take a writer every reader calls live for gone."""
+    root = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    w = StatsWriter(
+        _cfg(namespace, redis_server.url, stale_after=30), sample_catalog(), engines=[0], start=False
+    )
+    assert w.flush()
+    w._closed = True
+    time.sleep(0.3)
+    hasty = _cfg(namespace, redis_server.url, stale_after=0.1)
+    assert remove_namespace(hasty).live_writers == [w.writer_id]
+    assert keys_of(root, namespace)
