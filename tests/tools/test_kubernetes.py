@@ -397,3 +397,24 @@ def test_the_vllm_image_is_on_the_vllm_release_the_docs_test():
     assert version, "docs/vllm.md names no tested vLLM version"
     (base,) = [args for word, args in dockerfile_instructions(DOCKERFILE.read_text()) if word == "FROM"]
     assert base == f"vllm/vllm-openai:v{version.group(1)}"
+
+
+def test_every_variable_the_manifests_set_is_one_redis_stats_reads():
+    """A mistyped name in a manifest would be ignored (the setting keeps its default): every
+    REDIS_STATS_* variable of every layout's containers is a name redis_stats or its vLLM plugin
+    reads (the check the plugin and the command warn with at start)."""
+    from redis_stats.config import unknown_variables
+    from redis_stats.integrations.vllm.options import VARIABLES
+
+    names = {
+        e["name"]
+        for layout in every_layout()
+        for d in build(layout)
+        for c in containers(d)
+        for e in c.get("env", [])
+    }
+    assert {"REDIS_STATS_URL", "REDIS_STATS_VIEW", "REDIS_STATS_ENGINE_OFFSET"} <= names
+    known = [v.name for v in VARIABLES]
+    assert unknown_variables(known, dict.fromkeys(names, "x")) == {}
+    # ... and the check sees a typo.
+    assert unknown_variables(known, {"REDIS_STATS_VEIW": "local"}) == {"REDIS_STATS_VEIW": "REDIS_STATS_VIEW"}
