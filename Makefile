@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-fast test-e2e test-vllm test-browser vllm-next-diff bench-vllm lint demo bench clean
+.PHONY: image-vllm test test-fast test-e2e test-vllm test-browser vllm-next-diff bench-vllm lint demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -77,6 +77,11 @@ lint: $(STAMP)
 	@echo "radon: functions above complexity 10, then files with a maintainability index under 20"
 	@$(BIN)/radon cc -s -n C redis_stats
 	@$(BIN)/radon mi -n B redis_stats
+
+# vLLM's image with the plugin, from this checkout (needs a Docker engine; docs/kubernetes.md).
+VLLM_IMAGE ?= vllm-redis-stats:0.1.0
+image-vllm:
+	docker build -f deploy/kubernetes/Dockerfile.vllm -t $(VLLM_IMAGE) .
 
 # e.g. make demo DEMO_ARGS="--port 0 --nodes 4"
 DEMO_ARGS ?=
