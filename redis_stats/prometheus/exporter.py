@@ -50,7 +50,7 @@ from prometheus_client.exposition import (
     gzip_accepted,
 )
 
-from redis_stats.config import redact
+from redis_stats.config import mask_url, redact
 from redis_stats.errors import error_kind
 from redis_stats.prometheus.collector import RedisCollector
 from redis_stats.prometheus.recent import FleetSummary, SnapshotRing, snapshot_document, summary_problems
@@ -115,6 +115,22 @@ def openmetrics_from_text(text: str) -> str:
     out.append(text[done:])
     out.append("# EOF\n" if not text or text.endswith("\n") else "\n# EOF\n")
     return "".join(out)
+
+
+def redis_address(url: str) -> str:
+    """Where the view reads, for a page header: scheme, hosts and path only.
+
+    Masked by :func:`~redis_stats.config.mask_url` first (which never lets a password through, even
+    a malformed one), then cut to what a reader needs: no user name, no ``***``, no query.
+    """
+    masked = mask_url(url)
+    scheme, sep, rest = masked.partition("://")
+    if not sep:
+        scheme, rest = "", masked
+    if "<" in rest:  # mask_url's own "not shown" forms
+        return masked
+    authority, slash, path = rest.split("?", 1)[0].split("#", 1)[0].partition("/")
+    return f"{scheme}{sep}{authority.rpartition('@')[2]}{slash}{path}".replace("***", "")
 
 
 class _Both:
@@ -568,7 +584,10 @@ class Exporter:
             return 503, {"error": error_kind(exc), "detail": redact(str(exc), self.reader.config.url)}
         earlier = self._ring.baseline(snap, self.window, min_span=self.window * MIN_SPAN)
         self._ring.add(snap)
-        return 200, snapshot_document(snap, earlier, requested=self.window, summary=self.summary)
+        source = {"namespace": self.reader.config.namespace, "redis": redis_address(self.reader.config.url)}
+        return 200, snapshot_document(
+            snap, earlier, requested=self.window, summary=self.summary, source=source
+        )
 
     def _start_sampler(self) -> None:
         # Started by the first /snapshot request: an exporter nobody asks for windows (a node view

@@ -23,6 +23,7 @@ from redis_stats._core.snapshot import HistogramValue, Snapshot
 from redis_stats.catalog import COUNTER, GAUGE
 
 __all__ = [
+    "SCHEMA_VERSION",
     "SUMMARY_KINDS",
     "FleetSummary",
     "SnapshotRing",
@@ -36,6 +37,11 @@ __all__ = [
 #: engines, summed over labels per engine first).
 FleetSummary = Mapping[str, tuple[str, str]]
 SUMMARY_KINDS = ("rate", "sum", "mean", "max")
+
+#: The ``schema_version`` of the ``/snapshot`` document (docs/snapshot.md, "Stability"). Version 1
+#: (documents without the key) listed each engine's series as ``[{"name", "labels", ...}]``; version
+#: 2 keys them by metric name, so a reader changing shape breaks no version-1 client silently.
+SCHEMA_VERSION = 2
 
 # Quantiles reported for windowed histograms (as the since-start ones of Snapshot.to_dict).
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
@@ -119,7 +125,9 @@ def recent_document(
     engines: dict[str, Any] = {}
     rate_sums: dict[str, float] = {}
     for e in sorted(now.engines.values(), key=lambda e: e.engine):
-        block: dict[str, Any] = {"rates": [], "histograms": []}
+        rates: dict[str, list[dict[str, Any]]] = {}
+        histograms: dict[str, list[dict[str, Any]]] = {}
+        block: dict[str, Any] = {"rates": rates, "histograms": histograms}
         before = earlier.engines.get(e.engine) if earlier is not None and seconds else None
         if seconds:
             for (name, values), v in sorted(e.counters.items()):
@@ -127,12 +135,11 @@ def recent_document(
                 rate = _increase(v, old) / seconds
                 rate_sums[name] = rate_sums.get(name, 0.0) + rate
                 labels = _labels(now, name, values)
-                block["rates"].append({"name": name, "labels": labels, "per_second": _json(rate)})
+                rates.setdefault(name, []).append({"labels": labels, "per_second": _json(rate)})
             for (name, values), h in sorted(e.histograms.items()):
                 old_h = before.histograms.get((name, values)) if before is not None else None
                 recent = _since(h, old_h)
                 item: dict[str, Any] = {
-                    "name": name,
                     "labels": _labels(now, name, values),
                     "count": _json(recent.count),
                     "per_second": _json(recent.count / seconds),
@@ -140,7 +147,7 @@ def recent_document(
                 }
                 for key, q in QUANTILES:
                     item[key] = _json(recent.quantile(q))
-                block["histograms"].append(item)
+                histograms.setdefault(name, []).append(item)
         engines[str(e.engine)] = block
     gauges = _gauge_totals(now)
     fleet: dict[str, Any] = {
@@ -153,11 +160,12 @@ def recent_document(
         },
         "gauges": gauges,
     }
-    if summary:
-        fleet["summary"] = {
-            label: _summary_value(kind, metric, fleet, bool(seconds))
-            for label, (kind, metric) in summary.items()
-        }
+    # Always present (empty without an integration's figures): ``jq '.fleet.summary'`` never
+    # prints null, so a client can tell "no figures configured" from "an older document".
+    fleet["summary"] = {
+        label: _summary_value(kind, metric, fleet, bool(seconds))
+        for label, (kind, metric) in (summary or {}).items()
+    }
     return {
         "window": {"requested_seconds": requested, "seconds": seconds, "engines": engines},
         "fleet": fleet,
@@ -208,11 +216,57 @@ def _summary_value(kind: str, metric: str, fleet: dict[str, Any], have_window: b
     return gauge.get(kind) if gauge else None
 
 
+def _number(value: float) -> float | str:
+    # As Snapshot.to_dict writes a since-start value: a value that is not finite as Prometheus does.
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return value
+
+
+def _keyed(
+    snap: Snapshot, series: Mapping[tuple[str, tuple[str, ...]], Any]
+) -> dict[str, list[dict[str, Any]]]:
+    """``{metric name: [{"labels", "value"}, ...]}``: one engine's series, by metric name."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for (name, values), v in sorted(series.items()):
+        value = v.to_dict() if isinstance(v, HistogramValue) else _number(v)
+        out.setdefault(name, []).append({"labels": _labels(snap, name, values), "value": value})
+    return out
+
+
 def snapshot_document(
-    now: Snapshot, earlier: Snapshot | None, *, requested: float, summary: FleetSummary | None = None
+    now: Snapshot,
+    earlier: Snapshot | None,
+    *,
+    requested: float,
+    summary: FleetSummary | None = None,
+    source: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The whole ``/snapshot`` document (and ``redis-stats inspect --json``): the snapshot since start,
-    then its ``window`` and ``fleet`` blocks. Valid against ``schemas/snapshot.schema.json``."""
-    doc = now.to_dict()
+    then its ``window`` and ``fleet`` blocks. Valid against ``schemas/snapshot.schema.json``.
+
+    Every series is keyed by metric name (``engines["3"]["gauges"]["running"]``
+    is that engine's list of label sets), in the since-start and the window blocks alike.
+    *source* (namespace, Redis address: nothing secret) is written as ``source`` when given.
+    """
+    doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "time": _number(now.time)}
+    if source is not None:
+        doc["source"] = dict(source)
+    doc["engines"] = {
+        str(e.engine): {
+            "up": e.up,
+            "age_seconds": _number(e.age),
+            "counters": _keyed(now, e.counters),
+            "gauges": _keyed(now, e.gauges),
+            "histograms": _keyed(now, e.histograms),
+        }
+        for e in sorted(now.engines.values(), key=lambda e: e.engine)
+    }
+    doc["writers"] = {
+        w: {"age_seconds": _number(i.age), "closed": i.closed, "live": i.live} for w, i in now.writers.items()
+    }
+    doc["skipped"] = dict(now.skipped)
     doc.update(recent_document(now, earlier, requested=requested, summary=summary))
     return doc
