@@ -36,6 +36,7 @@ import queue
 import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -574,8 +575,9 @@ class Exporter:
             return ""
         return generate_latest(self.own_registry).decode()
 
-    def snapshot_json(self) -> tuple[int, dict[str, Any]]:
-        """(HTTP status, document) of ``/snapshot``: the snapshot, its recent window, fleet totals."""
+    def snapshot_json(self, names: list[str] | None = None) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, document) of ``/snapshot``: the snapshot, its recent window, fleet totals
+        (only the metrics *names* when given: ``/snapshot?name[]=...``)."""
         self._start_sampler()
         try:
             snap = self.reader.snapshot(self.engines)  # thread-safe: each read checks its own plan
@@ -585,9 +587,10 @@ class Exporter:
         earlier = self._ring.baseline(snap, self.window, min_span=self.window * MIN_SPAN)
         self._ring.add(snap)
         source = {"namespace": self.reader.config.namespace, "redis": redis_address(self.reader.config.url)}
-        return 200, snapshot_document(
-            snap, earlier, requested=self.window, summary=self.summary, source=source
+        doc = snapshot_document(
+            snap, earlier, requested=self.window, summary=self.summary, source=source, names=names
         )
+        return 200, doc
 
     def _start_sampler(self) -> None:
         # Started by the first /snapshot request: an exporter nobody asks for windows (a node view
@@ -663,7 +666,8 @@ class Exporter:
                 if path == "/":
                     return 200, "text/html; charset=utf-8", live_page(), "Accept-Encoding"
                 if path == "/snapshot":
-                    status, doc = exporter.snapshot_json()
+                    query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+                    status, doc = exporter.snapshot_json(query.get("name[]"))
                 elif path == "/healthz":
                     status, doc = exporter.health()
                 else:

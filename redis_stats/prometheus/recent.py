@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from redis_stats._core.snapshot import HistogramValue, Snapshot
@@ -115,13 +115,18 @@ def recent_document(
     *,
     requested: float,
     summary: FleetSummary | None = None,
+    names: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """The ``window`` and ``fleet`` blocks of ``/snapshot`` (see docs/snapshot.md).
 
     Without an *earlier* snapshot there is no window: ``window.seconds`` is None, every rate and
-    windowed quantile is absent, and fleet rates are None (gauges are still summed).
+    windowed quantile is absent, and fleet rates are None (gauges are still summed). With *names*
+    only those metrics' series and fleet totals are written (``fleet.summary`` stays whole).
     """
     seconds = now.time - earlier.time if earlier is not None else None
+    keep = None if names is None else set(names)
+    # The summary's metrics are computed even when not written: their figures need them.
+    wanted = None if keep is None else keep | {metric for _kind, metric in (summary or {}).values()}
     engines: dict[str, Any] = {}
     rate_sums: dict[str, float] = {}
     for e in sorted(now.engines.values(), key=lambda e: e.engine):
@@ -131,12 +136,18 @@ def recent_document(
         before = earlier.engines.get(e.engine) if earlier is not None and seconds else None
         if seconds:
             for (name, values), v in sorted(e.counters.items()):
+                if wanted is not None and name not in wanted:
+                    continue
                 old = before.counters.get((name, values), 0.0) if before is not None else 0.0
                 rate = _increase(v, old) / seconds
                 rate_sums[name] = rate_sums.get(name, 0.0) + rate
+                if keep is not None and name not in keep:
+                    continue
                 labels = _labels(now, name, values)
                 rates.setdefault(name, []).append({"labels": labels, "per_second": _json(rate)})
             for (name, values), h in sorted(e.histograms.items()):
+                if keep is not None and name not in keep:
+                    continue
                 old_h = before.histograms.get((name, values)) if before is not None else None
                 recent = _since(h, old_h)
                 item: dict[str, Any] = {
@@ -156,7 +167,7 @@ def recent_document(
         "rates": {
             spec.name: (_json(rate_sums.get(spec.name, 0.0)) if seconds else None)
             for spec in now.catalog
-            if spec.kind == COUNTER
+            if spec.kind == COUNTER and (wanted is None or spec.name in wanted)
         },
         "gauges": gauges,
     }
@@ -166,6 +177,9 @@ def recent_document(
         label: _summary_value(kind, metric, fleet, bool(seconds))
         for label, (kind, metric) in (summary or {}).items()
     }
+    if keep is not None:
+        fleet["rates"] = {k: v for k, v in fleet["rates"].items() if k in keep}
+        fleet["gauges"] = {k: v for k, v in gauges.items() if k in keep}
     return {
         "window": {"requested_seconds": requested, "seconds": seconds, "engines": engines},
         "fleet": fleet,
@@ -226,11 +240,13 @@ def _number(value: float) -> float | str:
 
 
 def _keyed(
-    snap: Snapshot, series: Mapping[tuple[str, tuple[str, ...]], Any]
+    snap: Snapshot, series: Mapping[tuple[str, tuple[str, ...]], Any], keep: set[str] | None
 ) -> dict[str, list[dict[str, Any]]]:
     """``{metric name: [{"labels", "value"}, ...]}``: one engine's series, by metric name."""
     out: dict[str, list[dict[str, Any]]] = {}
     for (name, values), v in sorted(series.items()):
+        if keep is not None and name not in keep:
+            continue
         value = v.to_dict() if isinstance(v, HistogramValue) else _number(v)
         out.setdefault(name, []).append({"labels": _labels(snap, name, values), "value": value})
     return out
@@ -243,6 +259,7 @@ def snapshot_document(
     requested: float,
     summary: FleetSummary | None = None,
     source: Mapping[str, Any] | None = None,
+    names: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """The whole ``/snapshot`` document (and ``redis-stats inspect --json``): the snapshot since start,
     then its ``window`` and ``fleet`` blocks. Valid against ``schemas/snapshot.schema.json``.
@@ -250,7 +267,10 @@ def snapshot_document(
     Every series is keyed by metric name (``engines["3"]["gauges"]["running"]``
     is that engine's list of label sets), in the since-start and the window blocks alike.
     *source* (namespace, Redis address: nothing secret) is written as ``source`` when given.
+    With *names* (``/snapshot?name[]=...``) only those metrics' series are written, which at a
+    thousand engines is what makes the document small and quick enough for the live page.
     """
+    keep = None if names is None else set(names)
     doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "time": _number(now.time)}
     if source is not None:
         doc["source"] = dict(source)
@@ -258,9 +278,9 @@ def snapshot_document(
         str(e.engine): {
             "up": e.up,
             "age_seconds": _number(e.age),
-            "counters": _keyed(now, e.counters),
-            "gauges": _keyed(now, e.gauges),
-            "histograms": _keyed(now, e.histograms),
+            "counters": _keyed(now, e.counters, keep),
+            "gauges": _keyed(now, e.gauges, keep),
+            "histograms": _keyed(now, e.histograms, keep),
         }
         for e in sorted(now.engines.values(), key=lambda e: e.engine)
     }
@@ -268,5 +288,5 @@ def snapshot_document(
         w: {"age_seconds": _number(i.age), "closed": i.closed, "live": i.live} for w, i in now.writers.items()
     }
     doc["skipped"] = dict(now.skipped)
-    doc.update(recent_document(now, earlier, requested=requested, summary=summary))
+    doc.update(recent_document(now, earlier, requested=requested, summary=summary, names=keep))
     return doc
