@@ -158,6 +158,45 @@ def test_an_engines_queue_and_kv_usage_are_found_by_key_and_the_source_is_named(
     assert doc["source"] == {"namespace": namespace, "redis": redis_server.url}
 
 
+def test_name_parameters_keep_only_those_metrics_and_the_whole_summary(redis_server, namespace):
+    config = StatsConfig(url=redis_server.url, namespace=namespace)
+    writer = StatsWriter(config, vllm_catalog(), engines=[0], start=False)
+    from types import SimpleNamespace
+
+    tokens = writer.counter("vllm:generation_tokens").labels(engine=0, model_name="m")
+    sched = SimpleNamespace(num_running_reqs=2, num_waiting_reqs=5, kv_cache_usage=0.3)
+    VllmRecorder(writer, "m", [0]).record(sched, None, engine_idx=0)
+    tokens.inc(10)
+    writer.counter("vllm:prompt_tokens").labels(engine=0, model_name="m").inc(50)
+    assert writer.flush()
+    server = Exporter(
+        StatsReader(config, vllm_catalog()), port=0, window=2.0, summary=VLLM_FLEET_SUMMARY
+    ).start()
+    try:
+        whole = snapshot(server)
+        time.sleep(0.5)
+        tokens.inc(100)
+        assert writer.flush()
+        doc = json.loads(get(server, "/snapshot?name[]=vllm:num_requests_waiting&name[]=vllm:prompt_tokens"))
+    finally:
+        server.close()
+        writer.close()
+    validate(doc)
+    engine = doc["engines"]["0"]
+    assert set(engine["gauges"]) == {"vllm:num_requests_waiting"} and set(engine["counters"]) == {
+        "vllm:prompt_tokens"
+    }
+    assert len(whole["engines"]["0"]["gauges"]) > 1  # without the parameter: every metric
+    assert set(doc["window"]["engines"]["0"]["rates"]) == {"vllm:prompt_tokens"}
+    assert set(doc["fleet"]["rates"]) == {"vllm:prompt_tokens"} and set(doc["fleet"]["gauges"]) == {
+        "vllm:num_requests_waiting"
+    }
+    # The summary is whole, its rates measured from metrics the filter left out of the document.
+    summary = doc["fleet"]["summary"]
+    assert summary.keys() == VLLM_FLEET_SUMMARY.keys() and summary["requests_running"] == 2
+    assert summary["generation_tokens_per_second"] == pytest.approx(100 / doc["window"]["seconds"])
+
+
 def test_every_vllm_view_serves_the_fleet_summary():
     """The demo's view had no ``fleet.summary`` (its Exporter was built without it): every place
     that builds an exporter over the vLLM catalogue passes the vLLM figures."""

@@ -90,9 +90,12 @@ class Page:
         )
 
     def screenshot(self, name: str) -> bytes:
-        png = self.b.screenshot()
         where = os.environ.get("REDIS_STATS_SCREENSHOT_DIR")
-        if where:  # how docs/img/live-page*.png are made
+        if where:  # how docs/img/live-page*.png are made (with REDIS_STATS_PAGE_SECONDS=120 of history)
+            time.sleep(float(os.environ.get("REDIS_STATS_PAGE_SECONDS", "0")))
+            self.b.resize(1280, min(1500, 40 + int(self.js("return document.body.scrollHeight"))))
+        png = self.b.screenshot()
+        if where:
             Path(where, name).write_bytes(png)
         return png
 
@@ -160,7 +163,7 @@ def test_two_engines_header_cards_from_the_first_poll_time_axes_and_seconds(
         assert paths and all(p.startswith("M") and "L" in p for p in paths), (chart, paths)
         assert len(ticks) >= 2 and all(re.fullmatch(r"\d\d:\d\d(:\d\d)?", t) for t in ticks), (chart, ticks)
     assert page.text("status").startswith("updated ")
-    assert page.screenshot("live-page-2.png").startswith(b"\x89PNG")
+    assert page.b.screenshot().startswith(b"\x89PNG")
 
 
 @pytest.mark.redis_server
@@ -211,7 +214,7 @@ def test_1024_engines_render_in_under_a_second_paged_with_bounded_lines(fleet_pa
     # seconds behind, and its engines must not look down for that (the 10-engine test covers down).
     page = fleet_page(1024, warm=False, interval=2.0, stale_after=30.0, queued=(3, 100, 517), full=(5, 900))
     page.wait(
-        "three polls with a window", "return window.__renders.filter(x => x.window !== null).length >= 3", 90
+        "two polls with a window", "return window.__renders.filter(x => x.window !== null).length >= 2", 90
     )
     renders = [r for r in page.renders() if r["window"] is not None]
     assert all(r["engines"] == 1024 for r in renders)
@@ -228,7 +231,9 @@ def test_1024_engines_render_in_under_a_second_paged_with_bounded_lines(fleet_pa
     assert page.js("return document.querySelectorAll('svg path').length") <= 2 * len(FLEET_CHARTS) + 8
     page.js("document.getElementById('prev').click(); return 1")
     attention = page.table("att-rows")
-    assert {r[0] for r in attention[:3]} == {"3", "100", "517"}, attention  # the queued ones first
+    planted = {"3", "100", "517", "5", "900"}  # queued, and KV full (those pass two thresholds)
+    assert planted <= {r[0] for r in attention}, attention
+    assert all(r[1] != "within thresholds" for r in attention if r[0] in planted), attention
     page.screenshot("live-page-1024.png")
 
 
