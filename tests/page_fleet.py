@@ -42,11 +42,13 @@ class PageFleet:
         down: tuple[int, ...] = (),
         interval: float = 0.5,
         stale_after: float = 3.0,
+        load: float = 1.0,
     ) -> None:
         self.config = StatsConfig(
             url=url, namespace=namespace, flush_interval=interval, stale_after=stale_after
         )
         self.interval = interval
+        self.load = load  # scales the healthy engines' arrivals (a thousand engines: less to simulate)
         self.dead: StatsWriter | None = None
         if down:  # first: their staleness runs while the rest starts
             self.dead = StatsWriter(self.config, vllm_catalog(), engines=list(down), start=False, role="gone")
@@ -65,19 +67,22 @@ class PageFleet:
         for writer in self.writers:
             recorder = VllmRecorder(writer, MODEL, list(writer.engines))
             for e in writer.engines:
-                self.sims.append(SimulatedApiServer(recorder, e, self._profile(e, queued, full), seed=e))
+                self.sims.append(
+                    SimulatedApiServer(recorder, e, self._profile(e, queued, full, load), seed=e)
+                )
         self._stop = threading.Event()
         self.step()  # the first flush before the page's first poll
         self._thread = threading.Thread(target=self._run, name="page-fleet", daemon=True)
         self._thread.start()
 
     @staticmethod
-    def _profile(engine: int, queued: tuple[int, ...], full: tuple[int, ...]) -> LoadProfile:
+    def _profile(engine: int, queued: tuple[int, ...], full: tuple[int, ...], load: float) -> LoadProfile:
         if engine in queued:  # far more arrivals than it may run at once
-            return LoadProfile(arrivals_per_s=6.0 + 2 * queued.index(engine), max_running=6)
+            return LoadProfile(arrivals_per_s=3.0 + queued.index(engine), max_running=6)
         if engine in full:
             return LoadProfile(arrivals_per_s=2.0, prompt_tokens=(6000, 8000), output_tokens=(200, 400))
-        return LoadProfile(arrivals_per_s=1.0 + 0.4 * (engine % 5))  # within what 32 running slots serve
+        # Within what 32 running slots serve.
+        return LoadProfile(arrivals_per_s=load * (1.0 + 0.4 * (engine % 5)))
 
     def step(self) -> None:
         """One simulated interval of every engine, then one flush per writer."""

@@ -102,7 +102,7 @@ class Page:
         where = os.environ.get("REDIS_STATS_SCREENSHOT_DIR")
         if where:  # how docs/img/live-page*.png are made (with REDIS_STATS_PAGE_SECONDS=120 of history)
             time.sleep(float(os.environ.get("REDIS_STATS_PAGE_SECONDS", "0")))
-            self.b.resize(1280, min(1500, 40 + int(self.js("return document.body.scrollHeight"))))
+            self.b.resize(1280, min(1600, 140 + int(self.js("return document.documentElement.scrollHeight"))))
         png = self.b.screenshot()
         if where:
             Path(where, name).write_bytes(png)
@@ -221,7 +221,9 @@ def test_ten_engines_the_down_and_queued_come_first_in_colours_that_do_not_repea
 def test_1024_engines_render_in_under_a_second_paged_with_bounded_lines(fleet_page):
     # stale_after 30 s: on a loaded 2-core machine the simulation of 1,024 engines can fall a few
     # seconds behind, and its engines must not look down for that (the 10-engine test covers down).
-    page = fleet_page(1024, warm=False, interval=2.0, stale_after=30.0, queued=(3, 100, 517), full=(5, 900))
+    page = fleet_page(
+        1024, warm=False, interval=2.0, stale_after=30.0, load=0.3, queued=(3, 100, 517), full=(5, 900)
+    )
     page.wait(
         "two polls with a window", "return window.__renders.filter(x => x.window !== null).length >= 2", 90
     )
