@@ -57,7 +57,7 @@ def document(exporter: Exporter, names: list[str] | None) -> tuple[float, int]:
 def one(engines: int, polls: int) -> None:
     server = EmbeddedRedis().start()
     proc = page_fleet.spawn(
-        server.url, "bench", engines, interval=2.0, stale_after=30.0, queued=(3,), full=(5,)
+        server.url, "bench", engines, interval=2.0, stale_after=30.0, load=0.3, queued=(3,), full=(5,)
     )
     config = StatsConfig(url=server.url, namespace="bench", stale_after=30.0)
     exporter = Exporter(
