@@ -575,9 +575,12 @@ class Exporter:
             return ""
         return generate_latest(self.own_registry).decode()
 
-    def snapshot_json(self, names: list[str] | None = None) -> tuple[int, dict[str, Any]]:
+    def snapshot_json(
+        self, names: list[str] | None = None, buckets: bool = True
+    ) -> tuple[int, dict[str, Any]]:
         """(HTTP status, document) of ``/snapshot``: the snapshot, its recent window, fleet totals
-        (only the metrics *names* when given: ``/snapshot?name[]=...``)."""
+        (only the metrics *names* when given: ``?name[]=...``; without since-start histogram
+        buckets when *buckets* is False: ``?buckets=0``)."""
         self._start_sampler()
         try:
             snap = self.reader.snapshot(self.engines)  # thread-safe: each read checks its own plan
@@ -588,7 +591,13 @@ class Exporter:
         self._ring.add(snap)
         source = {"namespace": self.reader.config.namespace, "redis": redis_address(self.reader.config.url)}
         doc = snapshot_document(
-            snap, earlier, requested=self.window, summary=self.summary, source=source, names=names
+            snap,
+            earlier,
+            requested=self.window,
+            summary=self.summary,
+            source=source,
+            names=names,
+            buckets=buckets,
         )
         return 200, doc
 
@@ -667,7 +676,8 @@ class Exporter:
                     return 200, "text/html; charset=utf-8", live_page(), "Accept-Encoding"
                 if path == "/snapshot":
                     query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
-                    status, doc = exporter.snapshot_json(query.get("name[]"))
+                    buckets = query.get("buckets", ["1"])[-1] != "0"
+                    status, doc = exporter.snapshot_json(query.get("name[]"), buckets)
                 elif path == "/healthz":
                     status, doc = exporter.health()
                 else:

@@ -240,14 +240,22 @@ def _number(value: float) -> float | str:
 
 
 def _keyed(
-    snap: Snapshot, series: Mapping[tuple[str, tuple[str, ...]], Any], keep: set[str] | None
+    snap: Snapshot,
+    series: Mapping[tuple[str, tuple[str, ...]], Any],
+    keep: set[str] | None,
+    buckets: bool = True,
 ) -> dict[str, list[dict[str, Any]]]:
     """``{metric name: [{"labels", "value"}, ...]}``: one engine's series, by metric name."""
     out: dict[str, list[dict[str, Any]]] = {}
     for (name, values), v in sorted(series.items()):
         if keep is not None and name not in keep:
             continue
-        value = v.to_dict() if isinstance(v, HistogramValue) else _number(v)
+        if isinstance(v, HistogramValue):
+            value = v.to_dict()
+            if not buckets:
+                del value["buckets"]
+        else:
+            value = _number(v)
         out.setdefault(name, []).append({"labels": _labels(snap, name, values), "value": value})
     return out
 
@@ -260,6 +268,7 @@ def snapshot_document(
     summary: FleetSummary | None = None,
     source: Mapping[str, Any] | None = None,
     names: Collection[str] | None = None,
+    buckets: bool = True,
 ) -> dict[str, Any]:
     """The whole ``/snapshot`` document (and ``redis-stats inspect --json``): the snapshot since start,
     then its ``window`` and ``fleet`` blocks. Valid against ``schemas/snapshot.schema.json``.
@@ -268,7 +277,9 @@ def snapshot_document(
     is that engine's list of label sets), in the since-start and the window blocks alike.
     *source* (namespace, Redis address: nothing secret) is written as ``source`` when given.
     With *names* (``/snapshot?name[]=...``) only those metrics' series are written, which at a
-    thousand engines is what makes the document small and quick enough for the live page.
+    thousand engines is what makes the document small and quick enough for the live page. Without
+    *buckets* (``?buckets=0``) the since-start histograms keep ``sum``, ``count`` and quantiles
+    but not their cumulative buckets (most of the document, for a client that only reads figures).
     """
     keep = None if names is None else set(names)
     doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "time": _number(now.time)}
@@ -280,7 +291,7 @@ def snapshot_document(
             "age_seconds": _number(e.age),
             "counters": _keyed(now, e.counters, keep),
             "gauges": _keyed(now, e.gauges, keep),
-            "histograms": _keyed(now, e.histograms, keep),
+            "histograms": _keyed(now, e.histograms, keep, buckets),
         }
         for e in sorted(now.engines.values(), key=lambda e: e.engine)
     }

@@ -178,6 +178,8 @@ def test_name_parameters_keep_only_those_metrics_and_the_whole_summary(redis_ser
         tokens.inc(100)
         assert writer.flush()
         doc = json.loads(get(server, "/snapshot?name[]=vllm:num_requests_waiting&name[]=vllm:prompt_tokens"))
+        hist = "vllm:time_to_first_token_seconds"
+        slim = json.loads(get(server, f"/snapshot?buckets=0&name[]={hist}"))
     finally:
         server.close()
         writer.close()
@@ -191,6 +193,11 @@ def test_name_parameters_keep_only_those_metrics_and_the_whole_summary(redis_ser
     assert set(doc["fleet"]["rates"]) == {"vllm:prompt_tokens"} and set(doc["fleet"]["gauges"]) == {
         "vllm:num_requests_waiting"
     }
+    validate(slim)
+    ((with_buckets,),) = [whole["engines"]["0"]["histograms"][hist]]
+    ((without,),) = [slim["engines"]["0"]["histograms"][hist]]
+    assert "buckets" in with_buckets["value"] and "buckets" not in without["value"]
+    assert without["value"] == {k: v for k, v in with_buckets["value"].items() if k != "buckets"}
     # The summary is whole, its rates measured from metrics the filter left out of the document.
     summary = doc["fleet"]["summary"]
     assert summary.keys() == VLLM_FLEET_SUMMARY.keys() and summary["requests_running"] == 2
