@@ -250,6 +250,7 @@ def _keyed(
     for (name, values), v in sorted(series.items()):
         if keep is not None and name not in keep:
             continue
+        value: dict[str, Any] | float | str
         if isinstance(v, HistogramValue):
             value = v.to_dict()
             if not buckets:
