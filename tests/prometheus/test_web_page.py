@@ -38,7 +38,7 @@ def test_the_page_is_served_at_root_and_loads_nothing_from_elsewhere(config, fak
     finally:
         exporter.close()
     assert content_type == "text/html; charset=utf-8"
-    assert '"snapshot?"' in page and "name[]=" in page
+    assert '"snapshot?buckets=0&"' in page and "name[]=" in page
     # Self-contained: no external script, stylesheet, font or image.
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
     assert "@import" not in page and "url(" not in page and "@font-face" not in page
