@@ -107,7 +107,7 @@ def busy_profile(batches: int, writers: int = 2, steps_per_flush: int = 20) -> l
             series += sum(len(b.hists) // 3 for b in batch.engines.values())
             flushes.append(Flush(keys, args, schema1_args(writer, args), series, sum(map(len, args))))
             # As if Redis confirmed it: the writer's totals and self-metrics move on as in a real run.
-            writer.flush_succeeded([1, 1, 0, int(time.time() * 1000), 0, [], 0], 0.0004)
+            writer.flush_succeeded([1, int(time.time() * 1000), 0, [], 0], 0.0004)
         writer._closed = True
         out.append(flushes)
     return out
