@@ -17,7 +17,7 @@ from __future__ import annotations
 from .body import Body, BodyError, Family, parse_body
 from .fetch import FORMATS, ScrapeError, SourceURL
 from .runner import Bridge
-from .source import DEFAULT_MAX_BYTES, BridgedSource, SourceStats, exact_amount
+from .source import DEFAULT_MAX_BYTES, BridgedSource, SourceStats, exact_amounts
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -30,6 +30,6 @@ __all__ = [
     "ScrapeError",
     "SourceStats",
     "SourceURL",
-    "exact_amount",
+    "exact_amounts",
     "parse_body",
 ]

@@ -78,9 +78,10 @@ def parser_for(content_type: str | None) -> str:
         return "openmetrics"
     if media in (TEXT, ""):
         return "text"
+    given = (content_type or "")[:80]
     raise BodyError(
         "content_type",
-        f"Content-Type {content_type[:80]!r} is neither {OPENMETRICS} nor {TEXT}: is the URL "
+        f"Content-Type {given!r} is neither {OPENMETRICS} nor {TEXT}: is the URL "
         "the server's metrics endpoint?",
     )
 
@@ -115,11 +116,16 @@ def parse_body(
         # The 0.0.4 text ends every line with a newline: without one the body was cut, and its
         # last number may be cut too (a counter that seems to have dropped).
         raise BodyError("truncated", "the body does not end with a newline (cut short?)")
+    if fmt == "openmetrics" and not text.rstrip("\n").endswith("# EOF"):
+        # Cut short if what came is OpenMetrics up to its last whole line; else not OpenMetrics.
+        try:
+            list(parse_openmetrics(text[: text.rfind("\n") + 1] + "# EOF\n"))
+        except Exception as exc:
+            raise BodyError("garbage", f"the openmetrics body does not parse: {_short(exc)}") from None
+        raise BodyError("truncated", "the OpenMetrics body does not end with '# EOF' (cut short?)")
     try:
         parsed = list((parse_openmetrics if fmt == "openmetrics" else parse_text)(text))
     except Exception as exc:  # the parsers raise ValueError, TypeError, IndexError, ...
-        if fmt == "openmetrics" and "# EOF" in str(exc):
-            raise BodyError("truncated", f"the OpenMetrics body has no '# EOF' ({_short(exc)})") from None
         raise BodyError("garbage", f"the {fmt} body does not parse: {_short(exc)}") from None
     body = Body()
     names = {m.name for m in parsed}
@@ -130,7 +136,9 @@ def parse_body(
     return body
 
 
-def _add_family(body: Body, metric: Any, names: set[str], engine_label: str | None, include: tuple[str, ...]) -> None:
+def _add_family(
+    body: Body, metric: Any, names: set[str], engine_label: str | None, include: tuple[str, ...]
+) -> None:
     typ, name = metric.type, metric.name
     if typ == "info":
         name += "_info"
@@ -191,7 +199,9 @@ def _label_names(label_sets: list[dict[str, str]], drop: tuple[str, ...]) -> tup
     return tuple(seen)
 
 
-def _spec(name: str, kind: str, help_text: str, labels: tuple[str, ...], buckets: tuple[float, ...] = ()) -> MetricSpec:
+def _spec(
+    name: str, kind: str, help_text: str, labels: tuple[str, ...], buckets: tuple[float, ...] = ()
+) -> MetricSpec:
     try:
         return MetricSpec(name, kind, help_text, labels, buckets=buckets)
     except CatalogError as exc:
@@ -215,7 +225,9 @@ def _scalar(body: Body, metric: Any, name: str, kind: str, engine_label: str | N
             raise BodyError("garbage", f"family {name!r}: series {dict(sample.labels)} appears twice")
         value = float(sample.value)
         if kind == COUNTER and not 0 <= value < math.inf:
-            raise BodyError("garbage", f"counter {name!r}{dict(sample.labels)}: {value!r} is not a number >= 0")
+            raise BodyError(
+                "garbage", f"counter {name!r}{dict(sample.labels)}: {value!r} is not a number >= 0"
+            )
         fam.series[key] = _number(value)
     body.families[name] = fam
 
@@ -264,7 +276,9 @@ def _histogram(body: Body, metric: Any, name: str, engine_label: str | None) -> 
             counts.append(int(c - previous))
             previous = c
         if group["count"] is not None and group["count"] != cumulative[-1]:
-            raise BodyError("garbage", f"{where}: _count {group['count']!r} is not the +Inf bucket {cumulative[-1]!r}")
+            raise BodyError(
+                "garbage", f"{where}: _count {group['count']!r} is not the +Inf bucket {cumulative[-1]!r}"
+            )
         total = group["sum"] if group["sum"] is not None else 0.0
         if math.isnan(total):
             raise BodyError("garbage", f"{where}: _sum is NaN")

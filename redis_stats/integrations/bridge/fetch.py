@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import http.client
-import socket
 import ssl
 import time
 from dataclasses import dataclass
@@ -118,7 +117,9 @@ def fetch(source: SourceURL, *, accept: str, timeout: float, max_bytes: int) -> 
             raise ScrapeError("http", f"HTTP {resp.status} {resp.reason[:60]}")
         length = resp.getheader("Content-Length")
         if length is not None and length.isdigit() and int(length) > max_bytes:
-            raise ScrapeError("too_large", f"the body is {int(length):,} bytes, over the cap of {max_bytes:,}")
+            raise ScrapeError(
+                "too_large", f"the body is {int(length):,} bytes, over the cap of {max_bytes:,}"
+            )
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -141,7 +142,7 @@ def fetch(source: SourceURL, *, accept: str, timeout: float, max_bytes: int) -> 
         raise
     except http.client.IncompleteRead as exc:
         raise ScrapeError("truncated", f"the connection closed after {len(exc.partial):,} bytes") from None
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         raise ScrapeError("timeout", f"no answer within {timeout:g} s") from None
     except (OSError, http.client.HTTPException) as exc:
         reason = getattr(exc, "strerror", None) or type(exc).__name__
@@ -153,4 +154,3 @@ def fetch(source: SourceURL, *, accept: str, timeout: float, max_bytes: int) -> 
 def _short(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     return text if len(text) <= 120 else text[:117] + "..."
-

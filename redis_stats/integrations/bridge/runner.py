@@ -39,7 +39,9 @@ class Bridge:
         """Start one scraping thread per source (idempotent)."""
         if not self._threads:
             for i, source in enumerate(self.sources):
-                thread = threading.Thread(target=self._run, args=(source,), name=f"redis_stats-bridge-{i}", daemon=True)
+                thread = threading.Thread(
+                    target=self._run, args=(source,), name=f"redis_stats-bridge-{i}", daemon=True
+                )
                 thread.start()
                 self._threads.append(thread)
         return self
@@ -54,8 +56,13 @@ class Bridge:
             next_at = max(next_at + self.interval, time.monotonic())
             self._stop.wait(next_at - time.monotonic())
 
+    def stop(self) -> None:
+        """Ask the threads to stop after their scrape (safe in a signal handler); :meth:`close`
+        then closes the writers."""
+        self._stop.set()
+
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until :meth:`close` is called (True) or *timeout* passes (False)."""
+        """Block until :meth:`stop` or :meth:`close` is called (True) or *timeout* passes (False)."""
         return self._stop.wait(timeout)
 
     def close(self, timeout: float | None = None) -> bool:

@@ -4,10 +4,12 @@
 absolute totals (schema 2). A source serves absolute totals, so each scrape records, per series,
 the difference from what this incarnation recorded last: a counter's amount is chosen so that
 the writer's total (``total + amount``, the addition the writer makes) *is* the source's value,
-bit for bit, floats included (:func:`exact_amount`); a histogram's bucket counts are ints and its
-sum is chosen the same way; a gauge is set to the source's value. Each record is followed by a
-flush, and nothing is recorded again before a flush has taken it (a flush that failed is retried
-first): so after each stored scrape the writer's totals in Redis equal the body.
+bit for bit, floats included (:func:`exact_amounts`; at a float rounding tie no single amount
+lands there, and a second, exact amount follows with a flush of its own); a histogram's bucket
+counts are ints and its sum is chosen the same way; a gauge is set to the source's value. Each
+record is followed by a flush, and nothing is recorded again before a flush has taken it (a
+flush that failed is retried first): so after each stored scrape the writer's totals in Redis
+equal the body.
 
 **Incarnations.** A counter or histogram bucket lower than last time, or a new
 ``process_start_time_seconds``, means the source restarted: the writer of the old incarnation is
@@ -41,7 +43,7 @@ from redis_stats.writer import StatsWriter
 from .body import Body, BodyError, Family, parse_body
 from .fetch import ACCEPT, ScrapeError, SourceURL, fetch
 
-__all__ = ["DEFAULT_MAX_BYTES", "BridgedSource", "SourceStats", "exact_amount"]
+__all__ = ["DEFAULT_MAX_BYTES", "BridgedSource", "SourceStats", "exact_amounts"]
 
 log = logging.getLogger("redis_stats.bridge")
 
@@ -49,20 +51,25 @@ log = logging.getLogger("redis_stats.bridge")
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
 
 
-def exact_amount(total: int | float, target: int | float) -> int | float:
-    """The amount *a* for which ``total + a == target`` in Python's arithmetic (the addition the
-    writer makes to its total): ``target - total`` when that is exact (always for ints), else
-    the float next to it that lands on *target*."""
+def exact_amounts(total: int | float, target: int | float) -> tuple[int | float, int | float]:
+    """Amounts *a*, *b* for which ``(total + a) + b == target`` in Python's arithmetic (the
+    additions the writer makes to its total, one per flush), ``b`` 0 whenever one addition can
+    land on *target*: ``target - total`` when that is exact (always for ints), else a float next
+    to it that lands there. At a rounding tie no float does: *a* then lands just below *target*
+    and *b* (exact: the two are neighbours) adds the rest. Both are >= 0 when *target* >= *total*.
+    """
     amount = target - total
     if type(amount) is int or total + amount == target:
-        return amount
+        return amount, 0
     for direction in (math.inf, -math.inf):
         candidate = amount
         for _ in range(4):
             candidate = math.nextafter(candidate, direction)
             if total + candidate == target:
-                return candidate
-    return amount  # pragma: no cover - a float within a few ulps always exists
+                return candidate, 0
+    while total + amount > target:
+        amount = math.nextafter(amount, -math.inf)
+    return amount, target - (total + amount)
 
 
 @dataclass
@@ -88,6 +95,26 @@ class _Incarnation:
         # series -> [sum as recorded, per-bucket counts as recorded]
         self.hists: dict[tuple[str, int, tuple[str, ...]], tuple[float, list[int]]] = {}
         self.flushed = True  # the last flush was confirmed: the next record starts a new take
+        # What a rounding tie left to add (series, amount), with a flush of its own (exact_amounts).
+        self.corrections: list[tuple[Any, int | float, bool]] = []
+
+    def flush_pending(self) -> bool:
+        """Confirm what was recorded before recording again: retry a failed flush, then add the
+        corrections of rounding ties (one more flush). True when nothing is left unconfirmed."""
+        writer = self.writer
+        if not self.flushed:
+            self.flushed = writer.flush()
+            if not self.flushed:
+                return False
+        if self.corrections:
+            for child, amount, histogram in self.corrections:
+                if histogram:
+                    child.add([0] * len(child.bounds), amount)
+                else:
+                    child.inc(amount)
+            self.corrections = []
+            self.flushed = writer.flush()
+        return self.flushed
 
     def restarted(self, body: Body) -> str | None:
         """Why *body* comes from another run of the source than the one recorded, or None."""
@@ -171,7 +198,9 @@ class BridgedSource:
         never raises for a source or Redis problem (counted in :attr:`stats`)."""
         try:
             resp = fetch(self.source, accept=self.accept, timeout=self.timeout, max_bytes=self.max_bytes)
-            body = parse_body(resp.data, resp.content_type, engine_label=self.engine_label, include=self.include)
+            body = parse_body(
+                resp.data, resp.content_type, engine_label=self.engine_label, include=self.include
+            )
             return self._store(body)
         except (ScrapeError, BodyError) as exc:
             self._failed(exc.reason, self.source.redact(str(exc)))
@@ -201,16 +230,15 @@ class BridgedSource:
         if inc is None:
             inc = self._inc = _Incarnation(self._new_writer(body), body.start_time)
             self.stats.incarnations += 1
-        writer = inc.writer
-        if not inc.flushed:
-            # The last record is not confirmed yet: retry it before recording again, so that
-            # each record is taken alone (its amounts then land exactly on the source's values).
-            inc.flushed = writer.flush()
-            if not inc.flushed:
-                return False
+        # The last record not confirmed yet: retry it before recording again, so that each
+        # record is taken alone (its amounts then land exactly on the source's values).
+        if not inc.flush_pending():
+            return False
         self._note_skipped(body)
         self._record(inc, body, specs)
-        inc.flushed = writer.flush()
+        inc.flushed = inc.writer.flush()
+        if inc.flushed and inc.corrections:
+            inc.flushed = inc.flush_pending()
         if inc.flushed:
             self._recovered()
             self.stats.stored += 1
@@ -227,7 +255,7 @@ class BridgedSource:
             spec = fam.spec
             stored = catalog.get(name)
             if stored is not None:
-                if (stored.kind, stored.labels, stored.buckets) != (spec.kind, spec.labels, spec.buckets):
+                if _layout(stored) != _layout(spec):
                     raise BodyError(
                         "definition",
                         f"family {name!r} changed from a {_describe(stored)} to a {_describe(spec)} "
@@ -237,7 +265,11 @@ class BridgedSource:
                 out[name] = stored
                 continue
             known = self.known.get(name)
-            if known is not None and (known.kind, known.labels, known.buckets) == (spec.kind, spec.labels, spec.buckets):
+            if known is not None and (known.kind, known.labels, known.buckets) == (
+                spec.kind,
+                spec.labels,
+                spec.buckets,
+            ):
                 spec = known
             elif known is not None and known.kind == GAUGE == spec.kind:
                 spec = MetricSpec(spec.name, GAUGE, spec.help, spec.labels, mode=known.mode)
@@ -288,7 +320,10 @@ class BridgedSource:
             key = (spec.name, engine, values)
             total = recorded.get(key, 0)
             child: Any = inc.writer.series(spec, engine, values)
-            child.inc(exact_amount(total, value))
+            amount, rest = exact_amounts(total, value)
+            child.inc(amount)
+            if rest:
+                inc.corrections.append((child, rest, False))
             recorded[key] = value
 
     @staticmethod
@@ -298,7 +333,10 @@ class BridgedSource:
             key = (spec.name, engine, values)
             old_sum, old_counts = recorded.get(key, (0.0, [0] * len(counts)))
             child: Any = inc.writer.series(spec, engine, values)
-            child.add([n - o for n, o in zip(counts, old_counts)], exact_amount(old_sum, total))
+            amount, rest = exact_amounts(old_sum, total)
+            child.add([n - o for n, o in zip(counts, old_counts)], amount)
+            if rest:
+                inc.corrections.append((child, rest, True))
             recorded[key] = (total, counts)
 
     # -- failures -------------------------------------------------------------------------------
@@ -333,6 +371,11 @@ class BridgedSource:
             if name not in self.stats.skipped:
                 self.stats.skipped[name] = why
                 log.info("source %s: family %r is not stored: %s", self.safe_url, name, why)
+
+
+def _layout(spec: MetricSpec) -> tuple[object, ...]:
+    """What a stored family's series mean: kind, label names, buckets (not help, not mode)."""
+    return (spec.kind, spec.labels, spec.buckets)
 
 
 def _describe(spec: MetricSpec) -> str:
