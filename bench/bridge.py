@@ -50,9 +50,9 @@ def main() -> None:
     parser.add_argument("--engines", type=int, default=1)
     args = parser.parse_args()
     port = free_port()
+    helper_args = ["--port", str(port), "--catalog", "vllm", "--engines", str(args.engines)]
     helper = subprocess.Popen(
-        [sys.executable, "-m", "tests.helpers.metrics_source", "--port", str(port), "--catalog", "vllm"]
-        + ["--engines", str(args.engines)],
+        [sys.executable, "-m", "tests.helpers.metrics_source", *helper_args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
     )
@@ -124,13 +124,20 @@ def main() -> None:
         helper.kill()
         helper.wait()
     b, p = statistics.median(bridge_cpu) * 1e3, statistics.median(plain_cpu) * 1e3
-    print(f"vLLM-shaped body: {len(body):,} bytes, {len(families)} families, {series} samples, {args.engines} engine(s)")
+    shape = f"{len(body):,} bytes, {len(families)} families, {series} samples, {args.engines} engine(s)"
+    print(f"vLLM-shaped body: {shape}")
     print(f"bridge CPU per scrape (fetch+parse+record+flush): {b:.2f} ms (median of {args.scrapes})")
     print(f"baseline, fetch+parse only:                      {p:.2f} ms  -> ratio {b / p:.2f}x")
     print(f"Redis server time per flush (EVALSHA):           {flush_us:.0f} us over {flushes} flushes")
-    print(f"an ordinary writer, {series} counters changed:".ljust(49) + f"{writer_us:.0f} us  -> ratio {flush_us / writer_us:.2f}x")
-    print(f"floor, one HSET of the same chunk fields:        {floor_us:.0f} us  -> ratio {flush_us / floor_us:.2f}x")
-    print(f"floor, that HSET from a one-line script:         {lua_us:.0f} us  -> ratio {flush_us / lua_us:.2f}x")
+    print(
+        f"an ordinary writer, {series} counters changed:".ljust(49)
+        + f"{writer_us:.0f} us  -> ratio {flush_us / writer_us:.2f}x"
+    )
+    ratio = flush_us / floor_us
+    print(f"floor, one HSET of the same chunk fields:        {floor_us:.0f} us  -> ratio {ratio:.2f}x")
+    print(
+        f"floor, that HSET from a one-line script:         {lua_us:.0f} us  -> ratio {flush_us / lua_us:.2f}x"
+    )
 
 
 def urlopen(url: str) -> None:
