@@ -385,3 +385,64 @@ def test_series_twice_and_non_cumulative_buckets_are_refused():
     with pytest.raises(ValueError, match="cumulative"):
         parse_body(bad, None)
     assert math.isfinite(1.0)
+
+
+@pytest.mark.parametrize("how", ["closed", "crashed"])
+def test_a_restarted_bridge_continues_its_predecessor_and_counts_nothing_twice(cfg, inproc, how, caplog):
+    cat, url = inproc("sglang")
+    first = BridgedSource(url, cfg)
+    cat.step(3)
+    assert first.scrape()
+    old_writer = first.writer.writer_id
+    if how == "closed":
+        first.close()
+    # else: the process died, its writer neither closed nor collected
+    cat.step(2)
+    with caplog.at_level(logging.WARNING, logger="redis_stats.bridge"):
+        second = BridgedSource(url, cfg)  # a new bridge process for the same source
+        assert second.scrape()
+    assert second.writer.writer_id != old_writer
+    assert any(old_writer in r.getMessage() for r in caplog.records)
+    body, ct = get(url, ACCEPT["text"])
+    want = source_samples(body, ct)
+    got = store_samples(cfg)
+    totals = ("_total", "_bucket", "_count")
+    assert {k: v for k, v in got.items() if k[0].endswith(totals)} == {
+        k: v for k, v in want.items() if k[0].endswith(totals)
+    }
+    for key, value in want.items():  # float sums: the two writers' parts add up to the source's
+        if key[0].endswith("_sum"):
+            assert got[key] == pytest.approx(value, rel=1e-12)
+    cat.step(1)
+    assert second.scrape()
+    assert_totals_close(cfg, url)
+    second.close()
+
+
+def assert_totals_close(cfg, url):
+    body, ct = get(url, ACCEPT["text"])
+    want = source_samples(body, ct)
+    got = store_samples(cfg)
+    for key, value in want.items():
+        if key[0].endswith(("_total", "_bucket", "_count", "_sum")):
+            assert got[key] == pytest.approx(value, rel=1e-12), key
+
+
+def test_a_restarted_bridge_whose_source_restarted_too_starts_from_zero(cfg, helpers):
+    h = helpers(seed=6)
+    h.call("/step?n=5")
+    first = BridgedSource(h.url, cfg)
+    assert first.scrape()
+    before = store_samples(cfg)
+    first.close()
+    h.kill()
+    h2 = helpers(port=h.port, seed=7)  # the source restarted while no bridge ran
+    second = BridgedSource(h2.url, cfg)
+    assert second.scrape()
+    body, ct = get(h2.url, ACCEPT["text"])
+    fresh = source_samples(body, ct)
+    now = store_samples(cfg)
+    for key, value in fresh.items():
+        if key[0].endswith(("_total", "_bucket", "_count")):
+            assert now[key] == before.get(key, 0) + value
+    second.close()

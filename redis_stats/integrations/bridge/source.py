@@ -18,6 +18,10 @@ from zero, so the fleet's counters never go backwards. A family whose kind, labe
 buckets change within one incarnation cannot be stored beside its old definition: the body is
 refused.
 
+**A restarted bridge** (the source kept running) continues the newest earlier writer of the
+same source (:mod:`.handover`): that writer's totals stay in the store and the new one records
+only what came since, so nothing counts twice.
+
 **Failures cost this source only.** A scrape that fails (down, timeout, an HTTP error, a body
 over the cap, cut short, garbage, a changed definition) stores nothing and sends no heartbeat:
 this source's engines read down once ``stale_after`` passes, and the other sources (each its own
@@ -37,11 +41,13 @@ from typing import Any
 
 from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, MetricSpec
 from redis_stats.config import StatsConfig
-from redis_stats.connection import Client
+from redis_stats.connection import Client, make_client
+from redis_stats.errors import error_kind
 from redis_stats.writer import StatsWriter
 
 from .body import Body, BodyError, Family, parse_body
 from .fetch import ACCEPT, ScrapeError, SourceURL, fetch
+from .handover import Predecessor, find_predecessor
 
 __all__ = ["DEFAULT_MAX_BYTES", "BridgedSource", "SourceStats", "exact_amounts"]
 
@@ -175,6 +181,7 @@ class BridgedSource:
         self.max_bytes = max_bytes
         self.stats = SourceStats()
         self._client = client
+        self._lookup: Any = None  # the client of the predecessor lookup (made at first use)
         self._inc: _Incarnation | None = None
         self._failing: str | None = None  # the reason of the failures going on, if any
         self._failed_run = 0
@@ -228,8 +235,19 @@ class BridgedSource:
                 inc = None
         specs = self._specs(body, inc)  # BodyError before anything is recorded
         if inc is None:
+            base = None
+            if not self.stats.incarnations:
+                # This process's first run of the source: continue a previous bridge's totals.
+                try:
+                    base = self._predecessor(body)
+                except Exception as exc:  # Redis down: record nothing rather than count twice
+                    self._failed("redis", f"looking for a previous bridge writer failed ({error_kind(exc)})")
+                    return False
             inc = self._inc = _Incarnation(self._new_writer(body), body.start_time)
             self.stats.incarnations += 1
+            if base is not None:
+                inc.counters.update(base.counters)
+                inc.hists.update(base.hists)
         # The last record not confirmed yet: retry it before recording again, so that each
         # record is taken alone (its amounts then land exactly on the source's values).
         if not inc.flush_pending():
@@ -281,8 +299,37 @@ class BridgedSource:
             out[name] = new.add(spec)
         return out
 
+    @property
+    def owner(self) -> str:
+        """The owner every writer of this source claims its engines as (no secret in it)."""
+        return ("bridge " + self.safe_url).replace("|", "/")
+
+    def _predecessor(self, body: Body) -> Predecessor | None:
+        if self._lookup is None:
+            self._lookup = self._client if self._client is not None else make_client(self.config)
+        found = find_predecessor(self._lookup, self.config, self.owner, body)
+        if found is None:
+            return None
+        why = found.below(body)
+        if why is not None:
+            log.info(
+                "source %s restarted since writer %s of an earlier bridge (%s): starting from zero",
+                self.safe_url,
+                found.writer_id,
+                why,
+            )
+            return None
+        log.warning(
+            "source %s was bridged by writer %s before: its totals stay in the store and this "
+            "bridge adds only what came since (were that bridge still running, its increments "
+            "would count twice: run one bridge per source)",
+            self.safe_url,
+            found.writer_id,
+        )
+        return found
+
     def _new_writer(self, body: Body) -> StatsWriter:
-        owner = ("bridge " + self.safe_url).replace("|", "/")
+        owner = self.owner
         writer = StatsWriter(
             self.config,
             Catalog(),
