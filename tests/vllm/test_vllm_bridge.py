@@ -51,11 +51,14 @@ def test_bridged_view_equals_vllm_metrics_over_text_and_openmetrics(tiny_model, 
         for i in range(7):
             servers[1].complete(f"tokens flow {i}", max_tokens=5)
         time.sleep(3)  # idle: vLLM's values stay put from here on
-        for fmt in ("text", "openmetrics"):
+        # vLLM's /metrics answers the text whatever is asked (prometheus-fastapi-instrumentator's
+        # route); /metrics/ is the same registry through prometheus_client's app, which serves
+        # OpenMetrics when asked.
+        for fmt, path in (("text", "/metrics"), ("openmetrics", "/metrics/")):
             config = StatsConfig(url=redis_url, namespace=f"bridge-{fmt}")
             sources = [
                 BridgedSource(
-                    f"http://127.0.0.1:{s.port}/metrics",
+                    f"http://127.0.0.1:{s.port}{path}",
                     config.replace(engine_offset=i),
                     engine_label="engine",
                     known=vllm_catalog(),
@@ -68,7 +71,7 @@ def test_bridged_view_equals_vllm_metrics_over_text_and_openmetrics(tiny_model, 
             for source in sources:
                 assert source.scrape(), source.stats
             for i, s in enumerate(servers):
-                body, ct = get(f"http://127.0.0.1:{s.port}/metrics", ACCEPT[fmt])
+                body, ct = get(f"http://127.0.0.1:{s.port}{path}", ACCEPT[fmt])
                 assert ct.startswith("application/openmetrics-text" if fmt == "openmetrics" else "text/plain")
                 want = source_samples(body, ct, offset=i, engine_label="engine", include="vllm:*")
                 got = store_samples(config, include="vllm:*", engines={str(i)})
