@@ -446,3 +446,71 @@ def test_a_restarted_bridge_whose_source_restarted_too_starts_from_zero(cfg, hel
         if key[0].endswith(("_total", "_bucket", "_count")):
             assert now[key] == before.get(key, 0) + value
     second.close()
+
+
+def test_a_sharded_namespace_holds_each_engine_in_its_shard(cfg, inproc):
+    cfg = cfg.replace(shards=2)
+    cat, url = inproc("vllm", engines=2)
+    source = BridgedSource(url, cfg, engine_label="engine")
+    for _ in range(2):
+        cat.step(1)
+        assert source.scrape(), source.stats
+        assert_view_equals(cfg, url, ACCEPT["text"], engine_label="engine")
+    source.close()
+    # a bridge restarted on a sharded namespace finds its predecessor's chunks in both shards
+    cat.step(1)
+    again = BridgedSource(url, cfg, engine_label="engine")
+    assert again.scrape()
+    body, ct = get(url, ACCEPT["text"])
+    want = source_samples(body, ct, engine_label="engine")
+    got = store_samples(cfg)
+    for key, value in want.items():
+        if key[0].endswith(("_total", "_bucket", "_count")):
+            assert got[key] == value, key
+    again.close()
+
+
+@given(st.binary(max_size=400), st.sampled_from([None, "text/plain", "application/openmetrics-text"]))
+def test_any_bytes_parse_or_are_refused_with_a_reason(data, content_type):
+    try:
+        parse_body(data, content_type, engine_label="engine")
+    except ValueError as exc:
+        assert getattr(exc, "reason", None) in {"garbage", "truncated", "engine_label"}, exc
+
+
+@given(
+    st.text(
+        alphabet=st.sampled_from(list('# TYPEHELPcountergaugehistogram_bucketle="+Inf"{}=,01.5e\n x')),
+        max_size=300,
+    )
+)
+def test_metrics_like_text_parses_or_is_refused_with_a_reason(text):
+    try:
+        parse_body(text.encode(), "text/plain; version=0.0.4", engine_label="engine")
+    except ValueError as exc:
+        assert getattr(exc, "reason", None) in {"garbage", "truncated", "engine_label"}, exc
+
+
+def test_sigterm_closes_the_writers_and_exits_0(cfg, inproc):
+    cat, url = inproc("sglang")
+    env = {
+        **os.environ,
+        "REDIS_STATS_URL": cfg.url,
+        "REDIS_STATS_NAMESPACE": cfg.namespace,
+        "PYTHONPATH": str(ROOT),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "redis_stats", "bridge", "--source", url, "--interval", "0.2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait(lambda: self_metric(cfg, None, "redis_stats_writer_up") == 1.0, 30)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert self_metric(cfg, None, "redis_stats_writer_up") == 0.0  # closed, not merely stale
