@@ -514,3 +514,26 @@ def test_sigterm_closes_the_writers_and_exits_0(cfg, inproc):
         proc.kill()
     assert proc.returncode == 0, err
     assert self_metric(cfg, None, "redis_stats_writer_up") == 0.0  # closed, not merely stale
+
+
+def test_cli_source_file_keeps_the_password_out_of_the_command_line_and_output(cfg, inproc, tmp_path):
+    secret = "fil3-s3cret"
+    cat, url = inproc("sglang", auth=f"u:{secret}")
+    path = tmp_path / "sources"
+    path.write_text("# the vLLM node\n" + url.replace("http://", f"http://u:{secret}@") + "\n")
+    env = {
+        **os.environ,
+        "REDIS_STATS_URL": cfg.url,
+        "REDIS_STATS_NAMESPACE": cfg.namespace,
+        "PYTHONPATH": str(ROOT),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "redis_stats", "bridge", "--source-file", str(path), "--duration", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert secret not in done.stdout + done.stderr and "u:***@" in done.stdout
+    assert self_metric(cfg, None, "redis_stats_writer_flushes_total") >= 1.0

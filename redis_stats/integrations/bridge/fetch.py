@@ -114,7 +114,12 @@ def fetch(source: SourceURL, *, accept: str, timeout: float, max_bytes: int) -> 
         conn.request("GET", source.target, headers=headers)
         resp = conn.getresponse()
         if resp.status != 200:
-            raise ScrapeError("http", f"HTTP {resp.status} {resp.reason[:60]}")
+            hint = ""
+            if 300 <= resp.status < 400:
+                # Not followed: a redirect could send the Basic auth to another host.
+                where = mask_url(resp.getheader("Location") or "")[:120]
+                hint = f" to {where} (redirects are not followed: give that URL as the source)"
+            raise ScrapeError("http", f"HTTP {resp.status} {resp.reason[:60]}{hint}")
         length = resp.getheader("Content-Length")
         if length is not None and length.isdigit() and int(length) > max_bytes:
             raise ScrapeError(

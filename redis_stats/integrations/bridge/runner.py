@@ -69,7 +69,12 @@ class Bridge:
         """Stop the threads and close every source's writer (marked closed in Redis). True
         when every writer's last flush was confirmed."""
         self._stop.set()
-        budget = max(s.timeout for s in self.sources) + 1.0
+        # A scrape in progress ends within its fetch timeout plus two flushes (a correction's).
+        budget = max(
+            s.timeout + 2 * (s.config.connect_timeout_ms + s.config.socket_timeout_ms) / 1000
+            for s in self.sources
+        )
+        budget += 1.0
         for thread in self._threads:
             thread.join(budget)
         return all([source.close(timeout) for source in self.sources])
