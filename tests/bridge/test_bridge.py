@@ -492,7 +492,7 @@ def test_metrics_like_text_parses_or_is_refused_with_a_reason(text):
 
 
 def test_sigterm_closes_the_writers_and_exits_0(cfg, inproc):
-    cat, url = inproc("sglang")
+    _cat, url = inproc("sglang")
     env = {
         **os.environ,
         "REDIS_STATS_URL": cfg.url,
@@ -509,7 +509,7 @@ def test_sigterm_closes_the_writers_and_exits_0(cfg, inproc):
     try:
         _wait(lambda: self_metric(cfg, None, "redis_stats_writer_up") == 1.0, 30)
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
+        _out, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
     assert proc.returncode == 0, err
@@ -518,7 +518,7 @@ def test_sigterm_closes_the_writers_and_exits_0(cfg, inproc):
 
 def test_cli_source_file_keeps_the_password_out_of_the_command_line_and_output(cfg, inproc, tmp_path):
     secret = "fil3-s3cret"
-    cat, url = inproc("sglang", auth=f"u:{secret}")
+    _cat, url = inproc("sglang", auth=f"u:{secret}")
     path = tmp_path / "sources"
     path.write_text("# the vLLM node\n" + url.replace("http://", f"http://u:{secret}@") + "\n")
     env = {
