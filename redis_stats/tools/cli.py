@@ -551,6 +551,7 @@ def namespaces(redis_url: str | None) -> None:
 @click.option(
     "--engine-label",
     default=None,
+    show_default="none: every series is engine 0",
     help="The label holding a series' engine index (vLLM: engine); series without it are engine 0.",
 )
 @click.option(
