@@ -10,9 +10,11 @@ and documented the same way (``python -m redis_stats.tools.config_table`` prints
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import unquote, unquote_plus
 
@@ -21,6 +23,7 @@ from redis_stats.errors import ConfigError  # defined in errors.py; importable f
 __all__ = [
     "ENV_PREFIX",
     "MAX_SHARDS",
+    "RETENTION_FACTOR",
     "SCHEMES",
     "SECRET_QUERY_WORDS",
     "ConfigError",
@@ -31,6 +34,7 @@ __all__ = [
     "redact",
     "url_problem",
     "url_secrets",
+    "warn_unknown_variables",
 ]
 
 ENV_PREFIX = "REDIS_STATS_"
@@ -236,6 +240,11 @@ def _opt(default: Any, help: str) -> Any:
     return dataclasses.field(default=default, metadata={"help": help})
 
 
+RETENTION_FACTOR = 2
+"""``retention`` must be at least this many times ``max(stale_after, flush_interval)``: gc must
+never remove a writer or an engine that a reader still counts as live."""
+
+
 @dataclasses.dataclass(frozen=True)
 class StatsConfig:
     """Settings shared by writers, readers, the collector, the reporter and the exporter.
@@ -347,6 +356,14 @@ class StatsConfig:
                 f"stale_after={self.stale_after} is shorter than flush_interval="
                 f"{self.flush_interval}: every engine would look stale between two flushes; "
                 "make stale_after several flush intervals long"
+            )
+        safe = RETENTION_FACTOR * max(self.stale_after, self.flush_interval)
+        if self.retention < safe:
+            raise ConfigError(
+                f"retention={self.retention:g} is shorter than {RETENTION_FACTOR} x max(stale_after="
+                f"{self.stale_after:g}, flush_interval={self.flush_interval:g}) = {safe:g} s: gc would "
+                "remove writers and engines that readers still count as live, and their data with "
+                f"them; make retention at least {safe:g} s (or shorten stale_after)"
             )
         if not isinstance(self.wait_replicas, int) or self.wait_replicas < 0:
             raise ConfigError(f"wait_replicas={self.wait_replicas!r} must be an integer >= 0")
@@ -466,3 +483,61 @@ def env_markdown(variables: list[EnvVar] | tuple[EnvVar, ...]) -> str:
     for v in variables:
         rows.append(f"| `{v.name}` | {v.used_by} | {f'`{v.default}`' if v.default else 'unset'} | {v.help} |")
     return "\n".join(rows)
+
+
+_log = logging.getLogger("redis_stats.config")
+_warned_variables: set[str] = set()  # each unknown name is warned about once per process
+
+
+def unknown_variables(
+    known: Iterable[str],
+    environ: Mapping[str, str] | None = None,
+    *,
+    prefix: str = ENV_PREFIX,
+    suggest: Iterable[str] | None = None,
+) -> dict[str, str | None]:
+    """Each variable set in *environ* whose name starts with *prefix* but is neither a
+    :class:`StatsConfig` option's nor in *known*, with the closest name of *suggest* (default:
+    the known ones; ``difflib``), or None when none is close. With *suggest* given, a name close
+    to none of them is not reported (another program's variable sharing the prefix)."""
+    env = os.environ if environ is None else environ
+    names = {o.env for o in _options().values()} | set(known)
+    # Compared without the prefix they share, which would make every pair look alike.
+    candidates = {
+        n[len(prefix) :]: n for n in (names if suggest is None else suggest) if n.startswith(prefix)
+    }
+    found: dict[str, str | None] = {}
+    for name in sorted(env):
+        if not name.startswith(prefix) or name in names:
+            continue
+        close = difflib.get_close_matches(name[len(prefix) :], sorted(candidates), n=1, cutoff=0.6)
+        if close or suggest is None:
+            found[name] = candidates[close[0]] if close else None
+    return found
+
+
+def warn_unknown_variables(
+    known: Iterable[str],
+    environ: Mapping[str, str] | None = None,
+    *,
+    prefix: str = ENV_PREFIX,
+    suggest: Iterable[str] | None = None,
+    emit: Callable[[str], object] | None = None,
+) -> list[str]:
+    """Log ONE warning per process for each variable :func:`unknown_variables` finds (a
+    mistyped name is otherwise ignored in silence: the setting it meant keeps its default).
+    Returns the messages logged by this call. The entry points call it with every name they
+    read: the ``redis-stats`` command and the vLLM plugin. *emit* replaces the logger (the
+    command prints to stderr)."""
+    messages = []
+    for name, close in unknown_variables(known, environ, prefix=prefix, suggest=suggest).items():
+        if name in _warned_variables:
+            continue
+        _warned_variables.add(name)
+        hint = f"did you mean {close}?" if close else "no variable of that name is read"
+        messages.append(f"{name} is not a variable redis_stats reads ({hint}); it is ignored")
+        if emit is None:
+            _log.warning("%s", messages[-1])
+        else:
+            emit(messages[-1])
+    return messages

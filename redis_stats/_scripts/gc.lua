@@ -1,15 +1,30 @@
 -- redis_stats gc: remove engines and writers silent for longer than the retention.
 --
--- KEYS[1] engines zset, KEYS[2] writers zset, KEYS[3] seq hash
--- ARGV: prefix, retention ms, dry run (0/1)
--- Returns {removed engines, removed writers, tombstones dropped, lines folded, lines not folded}.
+-- KEYS[1] engines zset, KEYS[2] writers zset, KEYS[3] seq hash, KEYS[4] meta hash,
+-- KEYS[5] claims hash, KEYS[6] conflicts hash
+-- ARGV: prefix, retention ms, dry run (0/1), drop the catalogue once empty (0/1)
+-- Returns {removed engines, removed writers, tombstones dropped, lines folded, lines not folded,
+--          emptied (1: nothing was left, and the shard's remaining keys were deleted)}.
+--
+-- A shard left with no engine, no writer and no tombstone is deleted whole (seq with its
+-- watermark, claims, conflicts, and the catalogue when ARGV[4] says so: shard 0's lists the
+-- namespace's K, so the caller asks for it only once every other shard is empty), so an emptied
+-- namespace is no longer listed. Nothing of a writer's can be double counted after that: with no
+-- engine hash left there are no folded base fields, and a writer that comes back stores its
+-- totals again, once.
 --
 -- A removed writer's chunks (schema 2, docs/key-schema.md) are folded into the base fields of
 -- each engine: its counter totals added to "<series>", its histograms to "<series>|h:<layout>"
 -- (cumulative counts and sum, added bucket by bucket); its gauges are dropped. Its sequence entry
 -- becomes a tombstone "x<last seq>:<removed at ms>": a late flush from it is not applied (the
 -- writer continues under a new id and sends what was not folded), and a retry of a flush applied
--- before still deduplicates. Tombstones older than one more retention are dropped.
+-- before still deduplicates. Tombstones older than one more retention are dropped; the fold
+-- watermark "!folded" (the largest cutoff gc ever applied, never dropped) still tells a writer
+-- resumed after any pause that it was folded (flush.lua), without a tombstone.
+--
+-- An engine silent for longer than the retention is removed only if no writer that stays (one
+-- not removed by this call) holds chunks in it: a live writer's data, declared engine or not,
+-- is never deleted under it (its next flush would send values without their names).
 --
 -- Key names: the script builds those of the engines and writers it removes or folds
 -- (<prefix>e:<engine>:c and :g, <prefix>w:<writer>) instead of receiving them as KEYS, because
@@ -23,11 +38,27 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cutoff = now - retention
 
-local engines = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. cutoff)
 local writers = {}
+local staying = {}  -- escaped ids of the writers this call keeps, as their chunk fields name them
 local all = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
 for j = 1, #all, 2 do
-  if math.abs(tonumber(all[j + 1])) < cutoff then writers[#writers + 1] = all[j] end
+  if math.abs(tonumber(all[j + 1])) < cutoff then
+    writers[#writers + 1] = all[j]
+  else
+    staying[escape(all[j])] = true
+  end
+end
+local engines = {}
+for _, e in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. cutoff)) do
+  local key = prefix .. 'e:' .. e .. ':c'
+  local owned = false
+  if redis.call('TYPE', key)['ok'] == 'hash' then
+    for _, f in ipairs(redis.call('HKEYS', key)) do
+      local w = string.match(f, '^@|([^|]*)|%d+$')
+      if w and staying[w] then owned = true; break end
+    end
+  end
+  if not owned then engines[#engines + 1] = e end
 end
 local tombstones = {}
 local seqs = redis.call('HGETALL', KEYS[3])
@@ -38,7 +69,10 @@ for j = 1, #seqs, 2 do
     if at < cutoff then tombstones[#tombstones + 1] = seqs[j] end
   end
 end
-if dry then return {engines, writers, tombstones, 0, 0} end
+if dry then return {engines, writers, tombstones, 0, 0, 0} end
+
+local mark = tonumber(redis.call('HGET', KEYS[3], '!folded') or '0') or 0
+if cutoff > mark then redis.call('HSET', KEYS[3], '!folded', string.format('%d', cutoff)) end
 
 for _, e in ipairs(engines) do
   redis.call('DEL', prefix .. 'e:' .. e .. ':c', prefix .. 'e:' .. e .. ':g')
@@ -118,4 +152,17 @@ if #writers > 0 then
   end
 end
 for _, w in ipairs(tombstones) do redis.call('HDEL', KEYS[3], w) end
-return {engines, writers, tombstones, folded, unfolded}
+local emptied = 0
+-- (ZRANGE and HGETALL: commands the documented stats-admin ACL already grants)
+if #redis.call('ZRANGE', KEYS[1], 0, 0) == 0 and #redis.call('ZRANGE', KEYS[2], 0, 0) == 0 then
+  emptied = 1
+  local left = redis.call('HGETALL', KEYS[3])
+  for j = 2, #left, 2 do
+    if string.sub(left[j], 1, 1) == 'x' then emptied = 0; break end
+  end
+  if emptied == 1 then
+    redis.call('DEL', KEYS[3], KEYS[5], KEYS[6])
+    if ARGV[4] == '1' then redis.call('DEL', KEYS[4]) end
+  end
+end
+return {engines, writers, tombstones, folded, unfolded, emptied}
