@@ -110,6 +110,7 @@ bench: $(STAMP) $(BENCH_VENV)/.installed $(PRC_VENV)/.installed
 	$(BIN)/python bench/scrape_full.py
 	$(BIN)/python bench/read_formats.py
 	$(BIN)/python bench/fleet.py
+	$(BIN)/python bench/bridge.py
 	$(BENCH_VENV)/bin/python bench/peers.py --prc-python $(PRC_VENV)/bin/python
 
 clean:
