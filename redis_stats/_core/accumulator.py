@@ -603,19 +603,22 @@ class Accumulator:
         self.conflicted: set[str] = set()
         # Per shard: its server's clock minus time.monotonic(), in s, from the last answer (None:
         # no answer yet), which turns a gauge's monotonic stamp into that server's time; and the
-        # shards whose gauges were sent before that, stamped 0 (sent again once it is known).
+        # shards whose gauges were sent before that, stamped by this host's clock (sent again
+        # once the server's is known).
         self._clock: list[float | None] = [None] * shards
         self._unstamped: set[int] = set()
         self._restamp = False
 
     def server_ms(self, engine: int, stamp: float) -> float:
-        """The monotonic *stamp* of a value of *engine* in its shard's server time (ms), or 0 when
-        that server has not answered yet (the value is sent again, stamped, once it has)."""
+        """The monotonic *stamp* of a value of *engine* in its shard's server time (ms); before
+        that server has answered, in this host's time (the value is sent again once it has)."""
         shard = engine % self.shards
         offset = self._clock[shard]
         if offset is None:
+            # Before that server's first answer: this host's clock, the one estimate there is;
+            # the value is sent again, stamped in the server's time, with the next batch.
             self._unstamped.add(shard)
-            return 0.0
+            offset = time.time() - _monotonic()
         return (stamp + offset) * 1000.0
 
     def anchor(self, shard: int, server_ms: int) -> None:
