@@ -24,7 +24,7 @@ steady-state flushes are cycled, each sent with the writer's next sequence numbe
 is applied, never a duplicate). The candidates measured before choosing the stored format, and
 why, are in docs/key-schema.md ("Schema 2").
 
-Usage: python bench/flush_cost.py [--rounds 2] [--interval 1.0] [--single-calls 15]
+Usage: python bench/flush_cost.py [--rounds 2] [--interval 1.0] [--single-calls 15] [--variant other.lua]
                                   [--fleet-rate 2048] [--fleet-seconds 3] [--quick]
 """
 
@@ -142,26 +142,25 @@ def slowlog_by_sha(client: redis.Redis, shas: dict[str, str]) -> dict[str, list[
 def measure(
     client: redis.Redis,
     shas: dict[str, str],
-    calls: Calls,
+    calls: dict[str, Calls],
     floor: tuple[list[str], list[str]],
     n: int,
     gap: float,
 ) -> tuple[dict[str, list[int]], float]:
-    """*n* calls of each candidate, alternating floor and flush, one every *gap* s (0: back to
-    back); the server µs of each call by candidate, and the calls per second reached."""
+    """*n* calls of each candidate, taking turns call by call, one call every *gap* s (0: back
+    to back); the server µs of each call by candidate, and the calls per second reached."""
+    names = list(shas)
     client.execute_command("SLOWLOG", "RESET")
     start = time.perf_counter()
-    for i in range(2 * n):
+    for i in range(len(names) * n):
         if gap:
             wait = start + i * gap - time.perf_counter()
             if wait > 0:
                 time.sleep(wait)
-        if i % 2:
-            keys, args = calls.next()
-            client.execute_command("EVALSHA", shas["flush"], len(keys), *keys, *args)
-        else:
-            client.execute_command("EVALSHA", shas["floor"], len(floor[0]), *floor[0], *floor[1])
-    rate = 2 * n / (time.perf_counter() - start)
+        name = names[i % len(names)]
+        keys, args = calls[name].next() if name in calls else floor
+        client.execute_command("EVALSHA", shas[name], len(keys), *keys, *args)
+    rate = len(names) * n / (time.perf_counter() - start)
     return slowlog_by_sha(client, shas), rate
 
 
@@ -175,12 +174,19 @@ def main() -> None:
     parser.add_argument("--single-calls", type=int, default=15, help="calls per candidate per round at it")
     parser.add_argument("--fleet-rate", type=float, default=2048.0, help="calls per second in all")
     parser.add_argument("--fleet-seconds", type=float, default=3.0)
+    parser.add_argument(
+        "--variant", type=Path, help="another flush.lua (after common.lua), measured beside the package's"
+    )
     parser.add_argument("--quick", action="store_true", help="1 round, 6 paced calls (a smoke run)")
     opts = parser.parse_args()
     if opts.quick:
         opts.rounds, opts.calls, opts.single_calls, opts.fleet_seconds = 1, 100, 6, 1.0
     warm = 10  # flushes per writer before the steady state: the catalogue, every chunk's names
-    fleet_n = int(opts.fleet_rate * opts.fleet_seconds / 2)
+    variant = None
+    if opts.variant is not None:
+        variant = load_script("common") + opts.variant.read_text()
+    per_call = 3 if variant else 2  # candidates taking turns
+    fleet_n = int(opts.fleet_rate * opts.fleet_seconds / per_call)
     profile = busy_profile(warm + 30)
     tail = [f for group in profile for f in group[warm:]]
     print(
@@ -191,7 +197,7 @@ def main() -> None:
     )
     paces = [
         ("back to back", opts.calls, 0.0),
-        (f"one writer, every {opts.interval:g} s", opts.single_calls, opts.interval / 2),
+        (f"one writer, every {opts.interval:g} s", opts.single_calls, opts.interval / per_call),
         (f"fleet, {opts.fleet_rate:,.0f} calls/s", fleet_n, 1.0 / opts.fleet_rate),
     ]
     with EmbeddedRedis() as server:
@@ -199,12 +205,16 @@ def main() -> None:
         client.config_set("slowlog-log-slower-than", 0)
         client.config_set("slowlog-max-len", max(10_000, 4 * max(n for _, n, _ in paces)))
         shas = {"floor": client.script_load(FLOOR_LUA), "flush": client.script_load(load_script("flush"))}
-        calls = Calls(profile, warm, "after")
+        calls = {"flush": Calls(profile, warm, "after")}
+        if variant:
+            shas["variant"] = client.script_load(variant)
+            calls["variant"] = Calls(profile, warm, "variant")
         floor = floor_call(profile)
-        for keys, args in calls.first:  # the catalogue stored, every chunk's names: the steady state
-            client.execute_command("EVALSHA", shas["flush"], len(keys), *keys, *args)
+        for name, cand in calls.items():  # the catalogue stored, every chunk's names: the steady state
+            for keys, args in cand.first:
+                client.execute_command("EVALSHA", shas[name], len(keys), *keys, *args)
         measure(client, shas, calls, floor, 100, 0.0)  # hashes at full size
-        results: dict[str, dict[str, list[int]]] = {p: {"floor": [], "flush": []} for p, _, _ in paces}
+        results: dict[str, dict[str, list[int]]] = {p: {c: [] for c in shas} for p, _, _ in paces}
         rates: dict[str, list[float]] = {p: [] for p, _, _ in paces}
         for _ in range(opts.rounds):
             for name, n, gap in paces:
@@ -218,20 +228,23 @@ def main() -> None:
         f"{opts.rounds} round(s) of the three paces"
     )
     print(
-        f"    {'pace':<30}{'calls/s':>9}{'calls':>7}{'floor µs':>10}{'flush µs':>10}{'flush/floor':>13}"
-        f"{'(means)':>9}{'flush p90':>11}"
+        f"    {'pace':<30}{'calls/s':>9}{'calls':>7}{'floor µs':>10}  {'candidate':<9}{'µs':>8}"
+        f"{'x floor':>9}{'(means)':>9}{'p90 µs':>8}"
     )
     worst = 0.0
     for name, _, _ in paces:
-        fl, fx = results[name]["floor"], results[name]["flush"]
-        ratio = statistics.median(fx) / statistics.median(fl)
-        worst = max(worst, ratio)
-        p90 = sorted(fx)[int(len(fx) * 0.9)]
-        print(
-            f"    {name:<30}{statistics.mean(rates[name]):>9,.0f}{len(fx):>7}{statistics.median(fl):>10.1f}"
-            f"{statistics.median(fx):>10.1f}{ratio:>13.2f}{statistics.mean(fx) / statistics.mean(fl):>9.2f}"
-            f"{p90:>11}"
-        )
+        fl = results[name]["floor"]
+        for cand in [c for c in shas if c != "floor"]:
+            fx = results[name][cand]
+            ratio = statistics.median(fx) / statistics.median(fl)
+            if cand == "flush":
+                worst = max(worst, ratio)
+            p90 = sorted(fx)[int(len(fx) * 0.9)]
+            print(
+                f"    {name if cand == 'flush' else '':<30}{statistics.mean(rates[name]):>9,.0f}{len(fx):>7}"
+                f"{statistics.median(fl):>10.1f}  {cand:<9}{statistics.median(fx):>8.1f}{ratio:>9.2f}"
+                f"{statistics.mean(fx) / statistics.mean(fl):>9.2f}{p90:>8}"
+            )
     fleet = statistics.median(results[paces[2][0]]["flush"])
     print(
         f"\n    worst flush/floor {worst:.2f} (target <= 1.00 at every pace; medians); at the fleet's pace "

@@ -249,6 +249,7 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=1.0, help="flush interval (s)")
     parser.add_argument("--freeze", action="store_true", help="the host calls gc.freeze() after start-up")
     parser.add_argument("--no-loops", action="store_true", help="only the per-flush allocation figures")
+    parser.add_argument("--no-per-flush", action="store_true", help="only the record loops")
     opts = parser.parse_args()
     series = opts.metrics * opts.values
     with EmbeddedRedis() as server:
@@ -320,6 +321,8 @@ def main() -> None:
             )
             del heap
             gc.collect()
+        if opts.no_per_flush:
+            return
         f = per_flush(server.url, opts.metrics, opts.values)
         print(f"\none flush of {series:,} changed series (empty heap; steady state, names already stored):")
         print(
