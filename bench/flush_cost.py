@@ -196,17 +196,19 @@ def main() -> None:
     parser.add_argument("--fleet-rate", type=float, default=2048.0, help="calls per second in all")
     parser.add_argument("--fleet-seconds", type=float, default=3.0)
     parser.add_argument(
-        "--variant", type=Path, help="another flush.lua (after common.lua), measured beside the package's"
+        "--variant",
+        type=Path,
+        action="append",
+        default=[],
+        help="another flush.lua (after common.lua), measured beside the package's (repeatable)",
     )
     parser.add_argument("--quick", action="store_true", help="1 round, 6 paced calls (a smoke run)")
     opts = parser.parse_args()
     if opts.quick:
         opts.rounds, opts.calls, opts.single_calls, opts.fleet_seconds = 1, 100, 6, 1.0
     warm = 10  # flushes per writer before the steady state: the catalogue, every chunk's names
-    variant = None
-    if opts.variant is not None:
-        variant = load_script("common") + opts.variant.read_text()
-    per_call = 3 if variant else 2  # candidates taking turns
+    variants = {path.stem: load_script("common") + path.read_text() for path in opts.variant}
+    per_call = 2 + len(variants)  # candidates taking turns
     fleet_n = int(opts.fleet_rate * opts.fleet_seconds / per_call)
     profile = busy_profile(warm + 30)
     tail = [f for group in profile for f in group[warm:]]
@@ -231,9 +233,9 @@ def main() -> None:
         client.config_set("slowlog-max-len", 10 * max(READ_EVERY, 3 * opts.single_calls))
         shas = {"floor": client.script_load(FLOOR_LUA), "flush": client.script_load(load_script("flush"))}
         calls = {"flush": Calls(profile, warm, "after")}
-        if variant:
-            shas["variant"] = client.script_load(variant)
-            calls["variant"] = Calls(profile, warm, "variant")
+        for name, source in variants.items():
+            shas[name] = client.script_load(source)
+            calls[name] = Calls(profile, warm, name)
         floor = floor_call(profile)
         for name, cand in calls.items():  # the catalogue stored, every chunk's names: the steady state
             for keys, args in cand.first:
@@ -254,7 +256,7 @@ def main() -> None:
         f"{opts.rounds} round(s) of the three paces"
     )
     print(
-        f"    {'pace':<30}{'calls/s':>9}{'calls':>7}{'floor µs':>10}  {'candidate':<9}{'µs':>8}"
+        f"    {'pace':<30}{'calls/s':>9}{'calls':>7}{'floor µs':>10}  {'candidate':<14}{'µs':>8}"
         f"{'x floor':>9}{'(means)':>9}{'p90 µs':>8}"
     )
     worst = 0.0
@@ -268,7 +270,7 @@ def main() -> None:
             p90 = sorted(fx)[int(len(fx) * 0.9)]
             print(
                 f"    {name if cand == 'flush' else '':<30}{statistics.mean(rates[name]):>9,.0f}{len(fx):>7}"
-                f"{statistics.median(fl):>10.1f}  {cand:<9}{statistics.median(fx):>8.1f}{ratio:>9.2f}"
+                f"{statistics.median(fl):>10.1f}  {cand:<14}{statistics.median(fx):>8.1f}{ratio:>9.2f}"
                 f"{statistics.mean(fx) / statistics.mean(fl):>9.2f}{p90:>8}"
             )
     fleet = statistics.median(results[paces[2][0]]["flush"])

@@ -140,3 +140,31 @@ def test_shards_have_their_own_numbers_and_batches_and_changes_wait_for_a_busy_s
     for s in third:
         proto.confirmed(APPLIED, s)
     assert not proto.has_pending()
+
+
+def test_a_writer_removed_by_gc_goes_on_with_exactly_what_redis_did_not_hold():
+    """gc folded what Redis held of the writer (the confirmed chunks' texts): the writer takes
+    exactly that off each total (an int beyond 2**53, a float sum, a histogram's counts), and its
+    new id stores only the rest."""
+    cat = _catalog()
+    cat.counter("seconds", "float counter", labels=["model"])
+    acc = _acc(cat)
+    proto = FlushProtocol(acc)
+    tokens = acc.child(cat.get("tokens"), 0, ("m",), "w1")
+    seconds = acc.child(cat.get("seconds"), 0, ("m",), "w1")
+    latency = acc.child(cat.get("latency"), 0, ("m",), "w1")
+    tokens.inc(2**60 + 1)
+    seconds.inc(0.1)
+    latency.observe(0.5)
+    proto.next_batch()
+    proto.confirmed(APPLIED)  # Redis holds these: what gc will fold
+    tokens.inc(5)
+    seconds.inc(0.2)
+    latency.observe(5.0)
+    late = proto.next_batch()
+    assert _sent([late])[tokens.field] == str(2**60 + 6)
+    proto.confirmed(FlushResult(status=2, meta_existed=True, failed_fields=0, server_time_ms=0))
+    rest = _sent([proto.next_batch()])
+    assert rest[tokens.field] == "5"
+    assert rest[seconds.field] == repr((0.1 + 0.2) - 0.1)
+    assert rest[latency.field] == "5.0 0 0 1"  # sum, then cumulative counts (<=0.1, <=1, +Inf)
