@@ -90,7 +90,7 @@ def busy_profile(batches: int, writers: int = 2, steps_per_flush: int = 20) -> l
             assert batch is not None
             flushes.append(Flush(keys, args, batch.series(), sum(map(len, args))))
             # As if Redis confirmed it: the writer's totals and self-metrics move on as in a real run.
-            writer.flush_succeeded([1, 1, 0, int(time.time() * 1000), 0, [], 0], 0.0004)
+            writer.flush_succeeded([1, int(time.time() * 1000), 0, [], 0], 0.0004)
         writer._closed = True
         out.append(flushes)
     return out
@@ -105,7 +105,8 @@ def in_namespace(ns: str, keys: list[str], args: list[str]) -> tuple[list[str], 
 
 class Calls:
     """The flush calls of the profile's writers, cycled: each call carries its writer's next
-    sequence number, so the script applies every one (no duplicate path)."""
+    sequence number (and the one before as confirmed), so the script applies every one (no
+    duplicate path)."""
 
     def __init__(self, profile: list[list[Flush]], warm: int, ns: str) -> None:
         self.first = [in_namespace(ns, f.keys, f.args) for group in zip(*profile) for f in group[:warm]]
@@ -119,7 +120,8 @@ class Calls:
         keys, args = group[(self.n // len(self.steady)) % len(group)]
         self.n += 1
         self.seq[w] += 1
-        return keys, [*args[:2], str(self.seq[w]), *args[3:]]
+        seq = self.seq[w]
+        return keys, [*args[:2], str(seq), *args[3:7], str(seq - 1), "0", *args[9:]]
 
 
 def floor_call(profile: list[list[Flush]]) -> tuple[list[str], list[str]]:
