@@ -169,7 +169,10 @@ def measure(
             wait = start + paused + i * gap - time.perf_counter()
             if wait > 0:
                 time.sleep(wait)
-        name = names[i % len(names)]
+        # The order rotates every cycle, so that each candidate follows each other one alike (a
+        # call right after a similar script finds its code paths warmer).
+        cycle, pos = divmod(i, len(names))
+        name = names[(pos + cycle) % len(names)]
         keys, args = calls[name].next() if name in calls else floor
         client.execute_command("EVALSHA", shas[name], len(keys), *keys, *args)
         if gap <= 0.01 and (i + 1) % READ_EVERY == 0:
