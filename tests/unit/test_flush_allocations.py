@@ -137,3 +137,20 @@ def test_a_heartbeat_flush_of_unchanged_series_allocates_nothing_per_series():
             proto.confirmed(APPLIED)
         assert batch.series() == 0 and not batch.chunks and sorted(batch.engines) == [0, 1]
         assert promoted[0] < 20, (n, promoted[0])
+
+
+def test_record_calls_leave_the_collector_nothing():
+    """The record path (the host's own threads) keeps no new tracked object per call: deltas
+    and pending buckets change in place, a gauge's (stamp, value) pair replaces the last one."""
+    _proto, change_all = _writer(200)
+    change_all()  # every series on the dirty list already: what follows is the steady state
+    gc.collect()
+    gc.disable()
+    try:
+        before = gc.get_count()[0]
+        for _ in range(50):
+            change_all()
+        grown = gc.get_count()[0] - before
+    finally:
+        gc.enable()
+    assert grown < 10, grown  # 50 x 800 record calls
