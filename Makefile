@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-fast test-e2e test-vllm test-browser vllm-next-diff bench-vllm lint demo bench clean
+.PHONY: image-vllm test test-fast test-e2e test-vllm test-browser vllm-next-diff bench-vllm lint demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -72,6 +72,11 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check redis_stats tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+# vLLM's image with the plugin, from this checkout (needs a Docker engine; docs/kubernetes.md).
+VLLM_IMAGE ?= vllm-redis-stats:0.1.0
+image-vllm:
+	docker build -f deploy/kubernetes/Dockerfile.vllm -t $(VLLM_IMAGE) .
 
 # e.g. make demo DEMO_ARGS="--port 0 --nodes 4"
 DEMO_ARGS ?=

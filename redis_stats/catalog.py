@@ -51,6 +51,30 @@ _METRIC_NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
+_BOUNDS_HINT = " (bounds are the buckets' upper limits, in increasing order, e.g. [0.1, 0.5, 1, 5])"
+
+
+def _bucket_bounds(name: str, buckets: object) -> tuple[float, ...]:
+    """Each bound of a histogram's ``buckets`` as a float, or a CatalogError naming the one that
+    is not a number (``float()`` would raise ValueError or TypeError, naming no metric)."""
+    if isinstance(buckets, (str, bytes)) or not isinstance(buckets, Iterable):
+        raise CatalogError(
+            f"histogram {name!r}: buckets must be a sequence of numbers, got {buckets!r}{_BOUNDS_HINT}"
+        )
+    bounds = []
+    for bound in buckets:
+        # A number, or a string of one ("+Inf", "0.5": prometheus_client takes those too).
+        if isinstance(bound, bool) or not isinstance(bound, (int, float, str)):
+            raise CatalogError(f"histogram {name!r}: bucket bound {bound!r} is not a number{_BOUNDS_HINT}")
+        try:
+            bounds.append(float(bound))
+        except ValueError:
+            raise CatalogError(
+                f"histogram {name!r}: bucket bound {bound!r} is not a number{_BOUNDS_HINT}"
+            ) from None
+    return tuple(bounds)
+
+
 @dataclass(frozen=True)
 class MetricSpec:
     """One metric: its name, kind, help text, label names and, by kind, buckets or gauge roll-up.
@@ -100,7 +124,7 @@ class MetricSpec:
                 raise CatalogError(f"metric {self.name!r}: label {label!r} is declared twice")
             seen.add(label)
         if self.kind == HISTOGRAM:
-            buckets = tuple(float(b) for b in self.buckets if not (math.isinf(float(b)) and b > 0))
+            buckets = tuple(b for b in _bucket_bounds(self.name, self.buckets) if not b == math.inf)
             if not buckets:
                 raise CatalogError(f"histogram {self.name!r} needs at least one finite bucket bound")
             if any(math.isnan(b) or math.isinf(b) for b in buckets):
@@ -256,7 +280,9 @@ class Catalog:
         self, name: str, help: str, buckets: Iterable[float], labels: Iterable[str] = ()
     ) -> MetricSpec:
         """Define a histogram with the given finite upper bounds (``+Inf`` is implied)."""
-        return self.add(MetricSpec(name, HISTOGRAM, help, tuple(labels), buckets=tuple(buckets)))
+        return self.add(
+            MetricSpec(name, HISTOGRAM, help, tuple(labels), buckets=_bucket_bounds(name, buckets))
+        )
 
     def get(self, name: str) -> MetricSpec | None:
         """The spec named *name*, or None."""

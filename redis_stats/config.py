@@ -10,9 +10,11 @@ and documented the same way (``python -m redis_stats.tools.config_table`` prints
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import unquote, unquote_plus
 
@@ -32,6 +34,7 @@ __all__ = [
     "redact",
     "url_problem",
     "url_secrets",
+    "warn_unknown_variables",
 ]
 
 ENV_PREFIX = "REDIS_STATS_"
@@ -480,3 +483,61 @@ def env_markdown(variables: list[EnvVar] | tuple[EnvVar, ...]) -> str:
     for v in variables:
         rows.append(f"| `{v.name}` | {v.used_by} | {f'`{v.default}`' if v.default else 'unset'} | {v.help} |")
     return "\n".join(rows)
+
+
+_log = logging.getLogger("redis_stats.config")
+_warned_variables: set[str] = set()  # each unknown name is warned about once per process
+
+
+def unknown_variables(
+    known: Iterable[str],
+    environ: Mapping[str, str] | None = None,
+    *,
+    prefix: str = ENV_PREFIX,
+    suggest: Iterable[str] | None = None,
+) -> dict[str, str | None]:
+    """Each variable set in *environ* whose name starts with *prefix* but is neither a
+    :class:`StatsConfig` option's nor in *known*, with the closest name of *suggest* (default:
+    the known ones; ``difflib``), or None when none is close. With *suggest* given, a name close
+    to none of them is not reported (another program's variable sharing the prefix)."""
+    env = os.environ if environ is None else environ
+    names = {o.env for o in _options().values()} | set(known)
+    # Compared without the prefix they share, which would make every pair look alike.
+    candidates = {
+        n[len(prefix) :]: n for n in (names if suggest is None else suggest) if n.startswith(prefix)
+    }
+    found: dict[str, str | None] = {}
+    for name in sorted(env):
+        if not name.startswith(prefix) or name in names:
+            continue
+        close = difflib.get_close_matches(name[len(prefix) :], sorted(candidates), n=1, cutoff=0.6)
+        if close or suggest is None:
+            found[name] = candidates[close[0]] if close else None
+    return found
+
+
+def warn_unknown_variables(
+    known: Iterable[str],
+    environ: Mapping[str, str] | None = None,
+    *,
+    prefix: str = ENV_PREFIX,
+    suggest: Iterable[str] | None = None,
+    emit: Callable[[str], object] | None = None,
+) -> list[str]:
+    """Log ONE warning per process for each variable :func:`unknown_variables` finds (a
+    mistyped name is otherwise ignored in silence: the setting it meant keeps its default).
+    Returns the messages logged by this call. The entry points call it with every name they
+    read: the ``redis-stats`` command and the vLLM plugin. *emit* replaces the logger (the
+    command prints to stderr)."""
+    messages = []
+    for name, close in unknown_variables(known, environ, prefix=prefix, suggest=suggest).items():
+        if name in _warned_variables:
+            continue
+        _warned_variables.add(name)
+        hint = f"did you mean {close}?" if close else "no variable of that name is read"
+        messages.append(f"{name} is not a variable redis_stats reads ({hint}); it is ignored")
+        if emit is None:
+            _log.warning("%s", messages[-1])
+        else:
+            emit(messages[-1])
+    return messages

@@ -66,6 +66,9 @@ class ReportCore:
         self.logger = logger or log
         self._previous: Snapshot | None = None
         self._older: Snapshot | None = None
+        # Snapshot time of a lease takeover's report (it comes between two regular ticks): the
+        # regular tick that follows within half an interval must not report that interval again.
+        self._takeover_at: float | None = None
 
     def read_failed(self, exc: BaseException) -> list[str]:
         """The read of this tick failed: the leader says so (once per tick), nobody crashes."""
@@ -73,13 +76,19 @@ class ReportCore:
             self.logger.warning("stats unavailable: reading %s failed (%s)", self.reader.config.safe_url, exc)
         return []
 
-    def consume(self, snap: Snapshot) -> list[str]:
+    def consume(self, snap: Snapshot, *, takeover: bool = False) -> list[str]:
         """Take a new snapshot; if leader, log the interval since the previous one (sans-I/O:
-        the asyncio reporter shares it)."""
+        the asyncio reporter shares it). *takeover*: this tick is the one a new lease holder
+        runs at once; the regular tick after it logs nothing if it comes within half an interval."""
         previous, older = self._previous, self._older
         self._older, self._previous = previous, snap
+        takeover_at, self._takeover_at = self._takeover_at, None
         if previous is None or not self.leader.is_leader():
             return []
+        if takeover:
+            self._takeover_at = snap.time
+        elif takeover_at is not None and snap.time - takeover_at < self.interval / 2:
+            return []  # the takeover's report covered this interval: print it once
         if older is not None and snap.time - previous.time < self.interval / 2:
             # An early tick (a lease takeover): measure over a full-length window instead.
             previous = older
@@ -117,7 +126,7 @@ class StatsReporter(ReportCore):
         self._thread: threading.Thread | None = None
         self._tick_lock = threading.Lock()
         if hasattr(leader, "on_acquire"):
-            leader.on_acquire = self.tick  # a new lease holder prints at once
+            leader.on_acquire = self._takeover_tick  # a new lease holder prints at once
 
     def start(self) -> None:
         """Tick every interval from a daemon thread."""
@@ -141,9 +150,15 @@ class StatsReporter(ReportCore):
 
         Returns the lines logged at INFO (idle engines' DEBUG lines are not returned).
         """
+        return self._tick(takeover=False)
+
+    def _takeover_tick(self) -> list[str]:
+        return self._tick(takeover=True)
+
+    def _tick(self, *, takeover: bool) -> list[str]:
         with self._tick_lock:  # log() and a lease takeover may tick from two threads
             try:
                 snap = self.reader.snapshot()
             except Exception as exc:
                 return self.read_failed(exc)
-            return self.consume(snap)
+            return self.consume(snap, takeover=takeover)

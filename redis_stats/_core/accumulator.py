@@ -866,4 +866,8 @@ class FlushProtocol:
 
     def has_pending(self) -> bool:
         """Whether anything is waiting to be sent (in flight, dirty, or owed to a shard)."""
-        return any(f.in_flight is not None for f in self.flows) or bool(self.acc.dirty or self.acc.owed)
+        # A shard owed the writer's whole state (gc removed it, or the store went back in time)
+        # is pending too: a closing writer must store it before it stops.
+        return any(f.in_flight is not None or f.resend_all for f in self.flows) or bool(
+            self.acc.dirty or self.acc.owed
+        )

@@ -1,8 +1,17 @@
 -- redis_stats gc: remove engines and writers silent for longer than the retention.
 --
--- KEYS[1] engines zset, KEYS[2] writers zset, KEYS[3] seq hash
--- ARGV: prefix, retention ms, dry run (0/1)
--- Returns {removed engines, removed writers, tombstones dropped, lines folded, lines not folded}.
+-- KEYS[1] engines zset, KEYS[2] writers zset, KEYS[3] seq hash, KEYS[4] meta hash,
+-- KEYS[5] claims hash, KEYS[6] conflicts hash
+-- ARGV: prefix, retention ms, dry run (0/1), drop the catalogue once empty (0/1)
+-- Returns {removed engines, removed writers, tombstones dropped, lines folded, lines not folded,
+--          emptied (1: nothing was left, and the shard's remaining keys were deleted)}.
+--
+-- A shard left with no engine, no writer and no tombstone is deleted whole (seq with its
+-- watermark, claims, conflicts, and the catalogue when ARGV[4] says so: shard 0's lists the
+-- namespace's K, so the caller asks for it only once every other shard is empty), so an emptied
+-- namespace is no longer listed. Nothing of a writer's can be double counted after that: with no
+-- engine hash left there are no folded base fields, and a writer that comes back stores its
+-- totals again, once.
 --
 -- A removed writer's chunks (schema 2, docs/key-schema.md) are folded into the base fields of
 -- each engine: its counter totals added to "<series>", its histograms to "<series>|h:<layout>"
@@ -60,7 +69,7 @@ for j = 1, #seqs, 2 do
     if at < cutoff then tombstones[#tombstones + 1] = seqs[j] end
   end
 end
-if dry then return {engines, writers, tombstones, 0, 0} end
+if dry then return {engines, writers, tombstones, 0, 0, 0} end
 
 local mark = tonumber(redis.call('HGET', KEYS[3], '!folded') or '0') or 0
 if cutoff > mark then redis.call('HSET', KEYS[3], '!folded', string.format('%d', cutoff)) end
@@ -143,4 +152,17 @@ if #writers > 0 then
   end
 end
 for _, w in ipairs(tombstones) do redis.call('HDEL', KEYS[3], w) end
-return {engines, writers, tombstones, folded, unfolded}
+local emptied = 0
+-- (ZRANGE and HGETALL: commands the documented stats-admin ACL already grants)
+if #redis.call('ZRANGE', KEYS[1], 0, 0) == 0 and #redis.call('ZRANGE', KEYS[2], 0, 0) == 0 then
+  emptied = 1
+  local left = redis.call('HGETALL', KEYS[3])
+  for j = 2, #left, 2 do
+    if string.sub(left[j], 1, 1) == 'x' then emptied = 0; break end
+  end
+  if emptied == 1 then
+    redis.call('DEL', KEYS[3], KEYS[5], KEYS[6])
+    if ARGV[4] == '1' then redis.call('DEL', KEYS[4]) end
+  end
+end
+return {engines, writers, tombstones, folded, unfolded, emptied}

@@ -35,16 +35,19 @@ class AsyncStatsReporter:
         self._task: asyncio.Task[None] | None = None
         if hasattr(leader, "on_acquire"):
             # A new lease holder prints at once: schedule a tick on the loop.
-            leader.on_acquire = lambda: asyncio.get_running_loop().create_task(self.tick())
+            leader.on_acquire = lambda: asyncio.get_running_loop().create_task(self._tick(takeover=True))
 
     async def tick(self) -> list[str]:
         """Read, and if leader log the interval since the previous read; returns the INFO lines."""
+        return await self._tick(takeover=False)
+
+    async def _tick(self, *, takeover: bool) -> list[str]:
         async with self._lock:
             try:
                 snap = await self.reader.snapshot()
             except Exception as exc:
                 return self._core.read_failed(exc)
-            return self._core.consume(snap)
+            return self._core.consume(snap, takeover=takeover)
 
     def start(self) -> None:
         """Tick every interval on the running loop."""

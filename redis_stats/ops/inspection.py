@@ -22,6 +22,10 @@ from redis_stats.reader import StatsReader
 __all__ = ["inspect_namespace"]
 
 
+def _plural(n: int, word: str, words: str = "") -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {words or word + 's'}"
+
+
 def _or_why(call: Callable[..., Any], *args: Any) -> Any:
     """``call(*args)``, or why Redis refused it (a key of the wrong type: see "skipped" below)."""
     try:
@@ -116,15 +120,17 @@ def inspect_namespace(config: StatsConfig, catalog: Catalog | None = None) -> It
                 f for f in names if f.startswith(fields.CHUNK_PREFIX) and not f.endswith(fields.NAMES_SUFFIX)
             ]
             writers = {fields.chunk_writer(f) for f in chunks}
-            layout = (
-                f"{len(names)} fields: {len(chunks)} chunks of {len(writers)} writers, "
-                f"{sum(not f.startswith(fields.CHUNK_PREFIX) for f in names)} base fields"
-            )
+            # The nouns of docs/architecture.md: series, writers, chunks; what gc folded in from
+            # departed writers is counted as series too (key-schema's "base fields").
+            folded = sum(not f.startswith(fields.CHUNK_PREFIX) for f in names)
+            layout = f"stored by {_plural(len(writers), 'writer')} in {_plural(len(chunks), 'chunk')}"
+            if folded:
+                layout += f", {_plural(folded, 'series', 'series')} folded in from departed writers by gc"
         else:
-            layout = f"fields {names}"
+            layout = f"its hash {names}"
         yield (
-            f"    engine {e.engine}: {state}, last heartbeat {e.age:.1f} s ago, {series} current series, "
-            + layout
+            f"    engine {e.engine}: {state}, last heartbeat {e.age:.1f} s ago, "
+            f"{_plural(series, 'series', 'series')}, {layout}"
         )
     live = Counter(w.live for w in snap.writers.values())
     yield f"  writers: {len(snap.writers)} ({live[True]} live)"

@@ -79,7 +79,11 @@ def collect_garbage(config: StatsConfig, *, dry_run: bool = False, client: Clien
             live = _engine_heartbeats(client, shards)
         stale: dict[str, int] = {}  # engine -> in how many shards gc finds it silent
         held: dict[str, int] = {}  # ... and in how many shards collected it is listed
-        for shard, beats in zip(shards, live):
+        emptied = 0  # shards left with nothing (their keys deleted)
+        # Shard 0 last: its catalogue lists K, dropped only once every other shard is empty.
+        order = list(zip(shards, live))
+        order = order[1:] + order[:1]
+        for shard, beats in order:
             try:
                 if not dry_run and len(shards) > 1:
                     # After K changed, a live engine's old shard hears from it no more: give that
@@ -88,10 +92,17 @@ def collect_garbage(config: StatsConfig, *, dry_run: bool = False, client: Clien
                     # counters). If that fails (NOPERM: no ZADD), the shard is not collected:
                     # gc.lua would delete a live engine's old part there.
                     _share_heartbeats(client, shard, beats, live)
-                engines, writers, tombstones, folded, unfolded = script(
-                    keys=[shard.engines, shard.writers, shard.seq],
-                    args=[shard.prefix, int(config.retention * 1000), "1" if dry_run else "0"],
+                last = shard is shards[0]
+                engines, writers, tombstones, folded, unfolded, gone = script(
+                    keys=[shard.engines, shard.writers, shard.seq, shard.meta, shard.claims, shard.conflicts],
+                    args=[
+                        shard.prefix,
+                        int(config.retention * 1000),
+                        "1" if dry_run else "0",
+                        "1" if not last or emptied == len(shards) - 1 else "0",
+                    ],
                 )
+                emptied += int(gone)
             except RedisError as exc:
                 # A key of the wrong type (garbage) in one shard, a right the user lacks, or a
                 # shard that cannot be reached (its master down or cut off from this host: a

@@ -103,6 +103,7 @@ class RedisCollector:
         up = GaugeMetricFamily("redis_stats_up", "1 if the last read of Redis succeeded, else 0.")
         up.add_metric([], 1.0 if snapshot is not None else 0.0)
         yield up
+        yield namespace_info(self.reader.config.namespace)
         errors = CounterMetricFamily(
             "redis_stats_read_errors", "Reads of Redis that failed, by kind.", labels=["kind"]
         )
@@ -161,11 +162,48 @@ def engine_lines(snapshot: Snapshot) -> str:
     return "".join(out)
 
 
+def namespace_info(namespace: str) -> Metric:
+    """``redis_stats_namespace_info{redis_stats_namespace="NS"} 1``: which namespace this view
+    serves, for dashboards to select by (joined ``on (job, instance)``). Not a ``namespace`` label:
+    the Prometheus Operator gives every target its Kubernetes namespace under that name, and
+    would rename this one to ``exported_namespace``. Known without a read: served while Redis is
+    down too."""
+    info = GaugeMetricFamily(
+        "redis_stats_namespace_info",
+        "The redis_stats namespace this view serves (always 1).",
+        labels=["redis_stats_namespace"],
+    )
+    info.add_metric([namespace], 1.0)
+    return info
+
+
+WRITER_STATES = ("live", "stale", "closed")
+
+
 def writer_families(snapshot: Snapshot) -> Iterator[Metric]:
-    """Every writer's self-metrics, as stored with its last flush (``WriterStats.as_fields``)."""
+    """The live writers' self-metrics, as stored with their last flush (``WriterStats.as_fields``),
+    and how many writers the namespace lists in each state.
+
+    A writer that closed or stopped heartbeating (stale) leaves these series at once: each
+    process start is a new writer id, and its series would otherwise stay until gc removes the
+    writer (the retention, 24 h by default), one set per restart.
+    ``redis_stats_writers{state}`` counts the departed ones (3 series, whatever the restarts).
+    """
+    states = GaugeMetricFamily(
+        "redis_stats_writers",
+        "Writers the namespace lists, by state: live, stale (no heartbeat within stale_after, "
+        "not closed) or closed; until gc removes them.",
+        labels=["state"],
+    )
+    tally = _Tally("closed" if i.closed else "live" if i.live else "stale" for i in snapshot.writers.values())
+    for state in WRITER_STATES:
+        states.add_metric([state], float(tally[state]))
+    yield states
     w = ["writer"]
     up = GaugeMetricFamily(
-        "redis_stats_writer_up", "1 if the writer heartbeated within stale_after.", labels=w
+        "redis_stats_writer_up",
+        "1 for each live writer (heartbeat within stale_after); a departed one leaves the view.",
+        labels=w,
     )
     flushes = CounterMetricFamily("redis_stats_writer_flushes", "Flushes confirmed by Redis.", labels=w)
     errors = CounterMetricFamily(
@@ -201,7 +239,9 @@ def writer_families(snapshot: Snapshot) -> Iterator[Metric]:
     )
     now_ms = snapshot.time * 1000.0
     for wid, info in sorted(snapshot.writers.items()):
-        up.add_metric([wid], 1.0 if info.live else 0.0)
+        if not info.live:
+            continue  # departed: counted in redis_stats_writers{state} only
+        up.add_metric([wid], 1.0)
         st = info.stats
         if not st:
             continue

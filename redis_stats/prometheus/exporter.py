@@ -33,6 +33,7 @@ import io
 import json
 import logging
 import queue
+import re
 import socket
 import threading
 import time
@@ -72,6 +73,31 @@ def live_page() -> bytes:
 # gzip level 6 (zlib's default) rather than prometheus_client's 9: on a multi-megabyte scrape it is
 # several times faster for a body a few percent larger (bench/http_exporter.py measures both).
 GZIP_LEVEL = 6
+
+
+# A version prometheus_client may echo back into Content-Type: digits only (ASCII), three parts.
+_VERSION = re.compile(r"version=([^;]*)")
+_SAFE_VERSION = re.compile(r"[0-9]{1,4}\.[0-9]{1,4}\.[0-9]{1,4}", re.ASCII)
+
+
+def negotiate(accept: str) -> tuple[Callable[[Any], bytes], str]:
+    """(encoder, Content-Type) for an ``Accept`` header, as ``choose_encoder`` picks them, except
+    that a header it cannot parse gets the Prometheus text format instead of an exception.
+
+    ``choose_encoder`` raises on a version that is not numbers (``version=abc``, ``1.x``) and
+    echoes whatever parses (``1.0.0.\\x01``) into the answer's Content-Type; any client could
+    then make every request a 500 and a traceback in the log. A version that is not three ASCII
+    numbers is treated as no OpenMetrics request at all.
+    """
+    try:
+        encoder, content_type = choose_encoder(accept)
+    except (TypeError, ValueError):
+        return generate_latest, CONTENT_TYPE_PLAIN_0_0_4
+    if content_type != CONTENT_TYPE_PLAIN_0_0_4:
+        version = _VERSION.search(content_type)
+        if version is None or not _SAFE_VERSION.fullmatch(version.group(1)):
+            return generate_latest, CONTENT_TYPE_PLAIN_0_0_4
+    return encoder, content_type
 
 
 def openmetrics_from_text(text: str) -> str:
@@ -540,7 +566,7 @@ class Exporter:
         prometheus_client over :meth:`RedisCollector.collect`.
         """
         started = time.perf_counter()
-        encoder, content_type = choose_encoder(accept or "")
+        encoder, content_type = negotiate(accept or "")
         if not content_type.startswith("application/openmetrics-text"):
             body = (self.collector.render_text() + self._own_text()).encode()
         elif "version=1.0.0;" in content_type:

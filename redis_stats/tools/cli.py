@@ -61,6 +61,7 @@ def _config(redis_url: str | None, namespace: str | None) -> StatsConfig:
 # own code); 3 the namespace holds nothing (the message lists the ones that do).
 EXIT_REDIS = 1
 EXIT_EMPTY_NAMESPACE = 3
+EXIT_LIVE_WRITERS = 4  # drop-namespace refused: a writer of the namespace is live
 
 # What to do, by error_kind: the second line of a failed command's message.
 _HINTS = {
@@ -104,6 +105,8 @@ def _redis_errors(config: StatsConfig) -> Iterator[None]:
 
     try:
         yield
+    except BrokenPipeError:
+        raise  # our stdout was closed (`| head`), not Redis' socket (redis-py wraps those)
     except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
         kind = error_kind(exc)
         hint = _HINTS.get(kind)
@@ -194,10 +197,30 @@ namespace_option = click.option(
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+class _Main(click.Group):
+    """The command group; a reader of its output that goes away ends the command quietly."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            # `redis-stats inspect | head -2`: the reader has what it wanted. Exit 0 without a
+            # message, and with stdout pointed at /dev/null so the flush at exit cannot fail too.
+            import os
+
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            ctx.exit(0)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.version_option(__version__, prog_name="redis-stats")
 def main() -> None:
     """redis_stats: a Redis-backed distributed stats store for LLM serving fleets."""
+    from redis_stats.integrations.vllm.options import warn_mistyped_variables
+
+    # A mistyped REDIS_STATS_* name is otherwise ignored in silence (its setting keeps its default).
+    warn_mistyped_variables(emit=lambda message: click.echo(f"warning: {message}", err=True))
 
 
 @main.command()
@@ -513,6 +536,63 @@ def gc(redis_url: str | None, namespace: str | None, dry_run: bool, retention: f
             f"gc of namespace {config.namespace!r} at {config.safe_url} did not collect "
             f"{_plural(len(result.failed), 'shard')} (above): delete or rename the key named, or "
             "grant the user the stats-admin rules of docs/operations.md"
+        )
+
+
+class LiveWriters(click.ClickException):
+    """drop-namespace refused: a writer of the namespace is live (exit code 4)."""
+
+    exit_code = EXIT_LIVE_WRITERS
+
+
+@main.command("drop-namespace")
+@url_option
+@namespace_option
+@click.option("--dry-run", is_flag=True, help="Only count the keys and check the writers; remove nothing.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation (scripts).")
+def drop_namespace(redis_url: str | None, namespace: str | None, dry_run: bool, yes: bool) -> None:
+    """Remove a namespace: every key of every shard. Refused while any writer of it is live."""
+    from redis_stats.connection import make_client
+    from redis_stats.ops.removal import remove_namespace
+
+    if namespace is None:  # never the default by accident
+        raise click.UsageError("give the namespace to remove: --namespace NS (or REDIS_STATS_NAMESPACE)")
+    config = _config(redis_url, namespace)
+    where = f"namespace {config.namespace!r} at {config.safe_url}"
+    with _redis_errors(config):
+        client = make_client(config)
+        _require_namespace(config, client)
+        plan = remove_namespace(config, dry_run=True, client=client)
+        _removal_refused(plan, where, config.stale_after)
+        shards = f" in {_plural(plan.shards, 'shard')}" if plan.shards > 1 else ""
+        click.echo(f"{where}: {_plural(plan.keys, 'key')}{shards}, no live writer")
+        if not plan.scanned:
+            click.echo("  (this user may not SCAN: only the keys known by name are counted and removed)")
+        if dry_run:
+            click.echo("dry run: nothing removed")
+            return
+        if not yes:
+            click.confirm(f"remove {where}?", abort=True)
+        done = remove_namespace(config, client=client)
+        _removal_refused(done, where, config.stale_after)
+    click.echo(f"removed {_plural(done.keys, 'key')} of {where}")
+
+
+def _removal_refused(result: Any, where: str, stale_after: float) -> None:
+    """End drop-namespace when the removal was refused (live writers: exit 4; Redis: exit 1)."""
+    if result.failed:
+        lines = "\n".join(f"  not removed: keys {p}* ({why})" for p, why in result.failed.items())
+        raise RedisFailed(
+            f"{where}: Redis refused the removal\n{lines}\n  grant the user the stats-admin rules of "
+            "docs/operations.md"
+        )
+    if result.live_writers:
+        first = "; the shards before it were removed" if result.partial else "; nothing was removed"
+        raise LiveWriters(
+            f"{where} has {_plural(len(result.live_writers), 'live writer')}{first}: "
+            + ", ".join(sorted(result.live_writers))
+            + f"\n  stop them (a writer stays live {stale_after:g} s after its last flush unless it "
+            "closed) and run it again"
         )
 
 

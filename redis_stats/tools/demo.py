@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,7 +29,7 @@ from redis_stats.prometheus.exporter import Exporter
 from redis_stats.reader import StatsReader
 from redis_stats.tools.embedded import EmbeddedRedis
 
-__all__ = ["DemoOptions", "run_demo", "run_node"]
+__all__ = ["DemoOptions", "command_line", "run_demo", "run_node"]
 
 URL_ENV = ENV_PREFIX + "URL"  # how the demo hands the Redis URL to its node processes
 
@@ -110,8 +111,8 @@ def run_demo(
             f"  live page: {exporter.url}/\n"
             f"  in another terminal (the URL by environment, not on the command line{_own(url)}):\n"
             f"       export REDIS_STATS_URL='{mask_url(url)}' REDIS_STATS_NAMESPACE={opts.namespace}\n"
-            f"       redis-stats top\n"
-            f"       redis-stats inspect\n"
+            f"       {command_line()} top\n"
+            f"       {command_line()} inspect\n"
             f"periodic log lines ({_printer(opts)}) every {opts.log_interval:g} s; Ctrl-C stops",
             file=out,
             flush=True,
@@ -188,6 +189,21 @@ def run_demo(
 
 def _plural(n: int, word: str, plural: str | None = None) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {plural or word + 's'}"
+
+
+def command_line() -> str:
+    """How a new shell runs this ``redis-stats``: the bare name only when this installation is
+    not a virtualenv's and PATH finds this very script; else the script's absolute path (a new
+    terminal has not activated the virtualenv, e.g. ``make demo``'s ``.venv``, nor is it in this
+    directory). Without a script beside the interpreter, ``python -m redis_stats``."""
+    script = os.path.join(os.path.dirname(sys.executable), "redis-stats")
+    if not os.path.isfile(script):
+        return f"{sys.executable} -m redis_stats"
+    found = shutil.which("redis-stats")
+    in_venv = sys.prefix != sys.base_prefix
+    if not in_venv and found is not None and os.path.realpath(found) == os.path.realpath(script):
+        return "redis-stats"
+    return os.path.abspath(script)
 
 
 def _own(url: str) -> str:

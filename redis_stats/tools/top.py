@@ -8,7 +8,9 @@ requests and averages KV usage over live engines, as vLLM's aggregate line does.
 from __future__ import annotations
 
 import math
+import os
 import time
+from collections.abc import Mapping
 from contextlib import nullcontext
 from typing import Any, cast
 
@@ -27,6 +29,7 @@ __all__ = [
     "ITL",
     "TTFT",
     "columns_for",
+    "plain_width",
     "render",
     "render_plain",
     "run_top",
@@ -147,11 +150,12 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def columns_for(width: int | None, rows: list[list[str]]) -> list[int]:
+def columns_for(width: int | None, rows: list[list[str]], *, gap: int = 3, edge: int = 1) -> list[int]:
     """Indexes of the COLUMNS that fit in *width* characters, whole (never a cut number).
 
-    Every column is as wide as its widest cell or header, plus rich's padding and border (3
-    characters, and 1 for the last border). Columns go in DROP_ORDER until the rest fits.
+    Every column is as wide as its widest cell or header, plus *gap* characters (rich's padding
+    and border: 3, and *edge* 1 for the last border; plain text: 2 between columns, so edge -2).
+    Columns go in DROP_ORDER until the rest fits.
     """
     keep = list(range(len(COLUMNS)))
     if width is None:
@@ -160,9 +164,30 @@ def columns_for(width: int | None, rows: list[list[str]]) -> list[int]:
     for name in (None, *DROP_ORDER):
         if name is not None:
             keep.remove(COLUMNS.index(name))
-        if sum(widths[i] + 3 for i in keep) + 1 <= width:
+        if sum(widths[i] + gap for i in keep) + edge <= width:
             break
     return keep
+
+
+def plain_width(environ: Mapping[str, str] | None = None) -> int:
+    """The width of plain output (a pipe, a file): ``COLUMNS`` when it is a whole number > 0,
+    else 80, as a terminal would be."""
+    raw = (os.environ if environ is None else environ).get("COLUMNS", "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else 80
+
+
+def _fit_title(title: str, width: int | None) -> list[str]:
+    """The title on as many lines as it needs to fit *width*, broken between its parts."""
+    if width is None or len(title) <= width:
+        return [title]
+    lines = [""]
+    for part in title.split(" — "):
+        candidate = f"{lines[-1]} — {part}" if lines[-1] else part
+        if len(candidate) <= width or not lines[-1]:
+            lines[-1] = candidate
+        else:
+            lines.append(part)
+    return lines
 
 
 def render(
@@ -193,16 +218,26 @@ def render(
 
 
 def render_plain(
-    previous: Snapshot, current: Snapshot, metrics: LogMetrics | None = None, *, title: str | None = None
+    previous: Snapshot,
+    current: Snapshot,
+    metrics: LogMetrics | None = None,
+    *,
+    title: str | None = None,
+    width: int | None = None,
 ) -> str:
-    """Every column as plain aligned text (no box, no colour, no width limit): for pipes and scripts."""
-    rows = [list(COLUMNS)] + [cells for _, cells in _cells(previous, current, metrics)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
-    lines = [title or title_of(current)]
+    """Plain aligned text (no box, no colour): for pipes and scripts. With *width*, the columns
+    that fit it whole (they go in DROP_ORDER, as on a terminal) and a title broken to fit it;
+    without, every column."""
+    body = [cells for _, cells in _cells(previous, current, metrics)]
+    keep = columns_for(width, body, gap=2, edge=-2)
+    rows = [[COLUMNS[i] for i in keep]] + [[cells[i] for i in keep] for cells in body]
+    widths = [max(len(r[j]) for r in rows) for j in range(len(keep))]
+    lines = _fit_title(title or title_of(current), width)
     for row in rows:
         lines.append(
             "  ".join(
-                cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))
+                cell.ljust(w) if keep[j] < 2 else cell.rjust(w)
+                for j, (cell, w) in enumerate(zip(row, widths))
             ).rstrip()
         )
     return "\n".join(lines)
@@ -232,7 +267,7 @@ def run_top(
     def show(previous: Snapshot, current: Snapshot) -> Any:
         title = title_of(current, config.namespace, config.safe_url)
         if plain:
-            return render_plain(previous, current, title=title)
+            return render_plain(previous, current, title=title, width=plain_width())
         return render(previous, current, title=title, width=console.width)
 
     previous = reader.snapshot()

@@ -316,7 +316,7 @@ def test_real_prometheus_answers_match_the_writers_totals(redis_server, python_e
                     expr = (
                         target["expr"]
                         .replace("$job", job)
-                        .replace("$namespace", ".*")
+                        .replace("$namespace", namespace)  # one namespace picked, as a user would
                         .replace("$model", ".*")
                         .replace("$engine", ".*")
                         .replace("$__rate_interval", f"{WINDOW}s")
@@ -330,6 +330,7 @@ def test_real_prometheus_answers_match_the_writers_totals(redis_server, python_e
                 for name, v in variables.items()
             }
             assert set(JOBS) <= values["job"] and values["engine"] == {"0", "1"}, values
+            assert values["namespace"] == {namespace}, values  # the redis_stats one, as served
             assert values["model"] == {"tiny-llama"}, values
 
         # Freeze the load: totals become exact, and PromQL must give them exactly.

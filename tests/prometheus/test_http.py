@@ -274,3 +274,37 @@ def test_openmetrics_from_text_matches_prometheus_client(helps, value, number):
             yield h
 
     assert openmetrics_from_text(text_latest(Families()).decode()) == om_latest(Families()).decode()
+
+
+MALFORMED_ACCEPT = [
+    "application/openmetrics-text; version=abc",
+    "application/openmetrics-text; version=1.x",
+    "application/openmetrics-text; version=1.0.0.\x01",
+    "application/openmetrics-text; version=\x01",
+    "application/openmetrics-text; version=1.0.0.x; charset=utf-8",
+    "text/plain; version=abc",
+    "application/openmetrics-text; version=\u0661.0.0",  # an Arabic-Indic digit: int() takes it
+]
+
+
+@pytest.mark.parametrize("accept", MALFORMED_ACCEPT)
+def test_a_malformed_accept_gets_the_text_format_not_a_500_nor_a_logged_traceback(exporter, accept, caplog):
+    caplog.set_level("DEBUG", logger="redis_stats")
+    status, headers, body = request(exporter, "/metrics", Accept=accept.encode("utf-8").decode("latin-1"))
+    assert status == 200, body
+    assert headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    families = {f.name for f in parse_text(body.decode())}
+    assert "tokens" in families
+    assert not [r for r in caplog.records if r.levelno >= 30], [r.getMessage() for r in caplog.records]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    version=st.text(max_size=12), escaping=st.sampled_from(["", "; escaping=zz", "; escaping=allow-utf-8"])
+)
+def test_no_accept_header_raises_or_is_echoed_unchecked(version, escaping):
+    from redis_stats.prometheus.exporter import negotiate
+
+    _, content_type = negotiate(f"application/openmetrics-text; version={version}{escaping}")
+    # What goes back in Content-Type is prometheus_client's own text or three ASCII numbers.
+    assert re.fullmatch(r"[a-z/.=; 0-9_-]+", content_type), content_type

@@ -249,7 +249,7 @@ def test_gc_namespaces_and_inspect_cover_every_shard(fake_client, namespace, mon
     monkeypatch.setattr(inspection, "make_client", lambda config: fake_client())
     lines = "\n".join(inspection.inspect_namespace(_cfg(namespace), sample_catalog()))
     assert "shards: 3" in lines and "engines: 6" in lines
-    assert "slot" in lines and lines.count("1 chunks of 1 writers") == 6
+    assert "slot" in lines and lines.count("stored by 1 writer in 1 chunk") == 6
     time.sleep(0.01)
     # A gc configured with K=1 finds the shards in shard 0's catalogue, and collects each one.
     result = collect_garbage(

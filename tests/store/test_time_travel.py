@@ -168,3 +168,18 @@ def test_a_gauge_is_ordered_by_when_it_was_set_whatever_the_writers_clocks(redis
     assert _read(redis_server.url, namespace, 1).engines[0].gauge("running") == 7
     a.close()
     b.close()
+
+
+def test_a_writer_closing_right_after_the_store_went_back_in_time_stores_its_state_first(
+    redis_server, namespace
+):
+    raw = redis.Redis.from_url(redis_server.url)
+    w = StatsWriter(_cfg(redis_server.url, namespace), sample_catalog(), engines=[0], start=False)
+    w.counter("tokens").labels(engine=0).inc(4)
+    assert w.flush()
+    saved = _save(raw, namespace)
+    w.counter("tokens").labels(engine=0).inc(6)
+    assert w.flush()
+    _restore(raw, namespace, saved)
+    assert w.close()  # its last flush finds the store behind: close stores everything, then stops
+    assert _read(redis_server.url, namespace, 1).engines[0].counter("tokens") == 10

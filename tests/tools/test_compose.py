@@ -16,6 +16,7 @@ SELF_METRICS = {
     "redis_stats_read_errors_total",
     "redis_stats_read_duration_seconds",
     "redis_stats_skipped_fields",
+    "redis_stats_namespace_info",
 }
 
 
@@ -163,7 +164,10 @@ def test_grafana_dashboard_is_importable_with_variables_and_one_unit_per_panel()
         assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
         exprs = [t["expr"] for t in panel["targets"]]
         for expr in exprs:
-            assert 'job="$job"' in expr and 'namespace=~"$namespace"' in expr, (panel["title"], expr)
+            assert 'job="$job"' in expr and 'redis_stats_namespace=~"$namespace"' in expr, (
+                panel["title"],
+                expr,
+            )
             if "engine" in expr:
                 assert 'engine=~"$engine"' in expr, (panel["title"], expr)
         # One unit per panel: 0/1 metrics never share a panel (an axis) with a duration.
@@ -174,3 +178,122 @@ def test_grafana_dashboard_is_importable_with_variables_and_one_unit_per_panel()
             assert unit == "none" and panel["fieldConfig"]["defaults"]["max"] == 1
         if any(("_seconds" in e and "histogram_quantile" in e) or "age_seconds" in e for e in exprs):
             assert unit == "s", panel["title"]
+
+
+# --- every variable and panel query of the dashboard against a live exporter's series ---
+
+# Labels Prometheus adds to every scraped series (target labels), whatever the exporter serves.
+TARGET_LABELS = {"job": "redis_stats", "instance": "exporter:9400"}
+SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\}")
+MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*')
+
+
+def live_series(config, fake_client) -> list[tuple[str, dict[str, str]]]:
+    """(sample name, labels) of every sample a live `redis-stats exporter` serves for a busy fleet,
+    with the target labels Prometheus adds."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from redis_stats import StatsReader, StatsWriter
+    from redis_stats.integrations.vllm import VllmRecorder
+    from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
+    from redis_stats.prometheus.exporter import Exporter
+    from tests.vllm_shapes import finished, iteration, scheduler
+
+    cat = vllm_catalog()
+    writer = StatsWriter(config, cat, engines=[0, 1], client=fake_client(), start=False)
+    recorder = VllmRecorder(writer, "tiny-llama", [0, 1])
+    for engine in (0, 1):
+        recorder.record(
+            scheduler(running=2, waiting=1, kv=0.5),
+            iteration(prompt=50, generation=20, ttft=[0.05], itl=[0.01] * 5, done=[finished("stop")]),
+            engine_idx=engine,
+        )
+    assert writer.flush()
+    exporter = Exporter(
+        StatsReader(config, cat, client=fake_client()), port=0, summary=VLLM_FLEET_SUMMARY, self_metrics=True
+    ).start()
+    try:
+        with urllib.request.urlopen(f"{exporter.url}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+    finally:
+        exporter.close()
+        writer._closed = True
+    return [
+        (s.name, {**s.labels, **TARGET_LABELS})
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    ]
+
+
+def _matches(labels: dict[str, str], matchers: str) -> bool:
+    for m in MATCHER.finditer(matchers):
+        name, op, value = m.groups()
+        have = labels.get(name, "")  # PromQL: an absent label is the empty string
+        ok = {
+            "=": have == value,
+            "!=": have != value,
+            "=~": re.fullmatch(value, have) is not None,
+            "!~": re.fullmatch(value, have) is None,
+        }[op]
+        if not ok:
+            return False
+    return True
+
+
+def selected(series, expr: str) -> list[tuple[str, list[dict[str, str]]]]:
+    """Each selector of *expr*, with the live series it selects."""
+    return [
+        (
+            f"{name}{{{matchers}}}",
+            [labels for n, labels in series if n == name and _matches(labels, matchers)],
+        )
+        for name, matchers in SELECTOR.findall(expr)
+    ]
+
+
+def test_every_variable_and_panel_query_selects_series_a_live_exporter_serves(config, fake_client):
+    """The name check above, with the labels too: every selector of every panel and variable
+    selects series of a live exporter (Grafana's variables substituted with what a user picks),
+    every label a query groups by is on them, and each variable lists the values served. Before,
+    `namespace` was a label the exporter never served: empty under compose, and the Kubernetes
+    namespace under the Prometheus Operator."""
+    series = live_series(config, fake_client)
+    dash = json.loads((COMPOSE / "grafana/dashboards/redis_stats_fleet.json").read_text())
+    variables = {v["name"]: v for v in dash["templating"]["list"] if v["type"] == "query"}
+    picked = {"job": "redis_stats", "namespace": config.namespace, "model": "tiny-llama", "engine": "1"}
+    assert set(variables) == set(picked)
+
+    def substitute(expr: str) -> str:
+        used = set(re.findall(r"\$(\w+)", expr)) - {"__rate_interval"}
+        assert used <= set(picked), (expr, used - set(picked))
+        for name, value in picked.items():
+            expr = expr.replace(f"${name}", value)
+        return expr.replace("$__rate_interval", "1m")
+
+    for name, variable in variables.items():
+        query = variable["query"]["query"]
+        m = re.fullmatch(r"label_values\((.+), (\w+)\)", query)
+        assert m, query
+        selector, label = m.groups()
+        if "{" in selector:
+            found = [labels for _, sel in selected(series, substitute(selector)) for labels in sel]
+        else:  # a bare metric name
+            found = [labels for n, labels in series if n == selector]
+        values = {labels[label] for labels in found if label in labels}
+        assert picked[name] in values, f"variable {name}: {query} lists {sorted(values)} from a live exporter"
+    assert {labels["redis_stats_namespace"] for n, labels in series if n == "redis_stats_namespace_info"} == {
+        config.namespace
+    }
+
+    for panel in dash["panels"]:
+        for target in panel["targets"]:
+            expr = substitute(target["expr"])
+            chosen = selected(series, expr)
+            assert chosen, (panel["title"], expr)
+            for selector, labels in chosen:
+                assert labels, f"panel {panel['title']!r}: {selector} selects nothing a live exporter serves"
+            for clause in re.findall(r"\b(?:by|on) \(([^)]*)\)", expr):
+                for label in filter(None, (x.strip() for x in clause.split(","))):
+                    assert any(label in lab for _, sel in chosen for lab in sel), (panel["title"], label)

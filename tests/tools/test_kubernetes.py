@@ -5,7 +5,12 @@ Secret, monitors that select what exists, and one copy of each engine in every l
 
 from __future__ import annotations
 
+import fnmatch
+import re
+import shlex
+import shutil
 import socket
+import subprocess
 from pathlib import Path
 
 import jsonschema
@@ -18,6 +23,7 @@ from tests.conftest import ROOT
 KUBE = ROOT / "deploy" / "kubernetes"
 KUBERNETES_VERSION = "1.30.0"  # the version docs/kubernetes.md states
 LAYOUTS = {"fleet view (exporter)": KUBE, "per-pod views": KUBE / "per-pod-views", "redis": KUBE / "redis"}
+MONITOR_LABELS = KUBE / "monitor-labels"
 
 _ENDPOINT = {
     "type": "object",
@@ -63,13 +69,29 @@ def kustomization(directory: Path) -> dict:
     return yaml.safe_load((directory / "kustomization.yaml").read_text())
 
 
+def every_layout() -> list[Path]:
+    """Every directory `kubectl apply -k` can take: a kustomization.yaml that is not a Component
+    (a layout added later is checked without touching this file)."""
+    return sorted(
+        path.parent
+        for path in KUBE.rglob("kustomization.yaml")
+        if yaml.safe_load(path.read_text()).get("kind", "Kustomization") == "Kustomization"
+    )
+
+
+def build(directory: Path) -> list[dict]:
+    """What `kubectl kustomize` makes of a layout: the objects `kubectl apply -k` would send."""
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl is needed to build the kustomize layouts (apt-get install kubectl)"
+    done = subprocess.run(
+        [kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, f"kubectl kustomize {directory.relative_to(ROOT)}: {done.stderr.strip()}"
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
 def resources(directory: Path) -> list[dict]:
-    docs = []
-    for name in kustomization(directory)["resources"]:
-        path = (directory / name).resolve()
-        assert path.is_file(), f"{directory}/kustomization.yaml lists {name}, which does not exist"
-        docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
-    return docs
+    return build(directory)
 
 
 def every_manifest() -> list[tuple[Path, dict]]:
@@ -88,8 +110,7 @@ def env_of(container: dict) -> dict[str, dict]:
     return {e["name"]: e for e in container.get("env", [])}
 
 
-@pytest.fixture
-def no_network(monkeypatch):
+def _block_network(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError("schema validation tried to use the network")
 
@@ -98,18 +119,49 @@ def no_network(monkeypatch):
     monkeypatch.setattr(socket, "getaddrinfo", refuse)
 
 
+@pytest.fixture
+def no_network(monkeypatch):
+    _block_network(monkeypatch)
+
+
+def validate(doc: dict, where: str) -> None:
+    """One object against the Kubernetes 1.30 schemas (strict), or a monitor against MONITOR_SCHEMA."""
+    name = f"{where} {doc['kind']}/{doc['metadata']['name']}"
+    if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+        try:
+            jsonschema.Draft202012Validator(MONITOR_SCHEMA).validate(doc)
+        except jsonschema.ValidationError as exc:
+            pytest.fail(f"{name}: {exc.message}")
+        return
+    try:
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        pytest.fail(f"{name}: {exc}")
+
+
 def test_every_manifest_is_valid_kubernetes_offline(no_network):
     manifests = every_manifest()
     kinds = {d["kind"] for _, d in manifests}
     assert {"StatefulSet", "Deployment", "Service", "ServiceMonitor", "PodMonitor"} <= kinds
     for path, doc in manifests:
-        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
-            jsonschema.Draft202012Validator(MONITOR_SCHEMA).validate(doc)
-            continue
-        try:
-            kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            pytest.fail(f"{path.relative_to(ROOT)} {doc['kind']}/{doc['metadata']['name']}: {exc}")
+        validate(doc, str(path.relative_to(ROOT)))
+
+
+def test_the_layouts_are_found():
+    found = set(every_layout())
+    assert set(LAYOUTS.values()) <= found and MONITOR_LABELS not in found
+
+
+@pytest.mark.parametrize("layout", every_layout(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_layout_builds_and_what_it_builds_is_valid_kubernetes(layout):
+    """`kubectl apply -k LAYOUT` as written: kustomize builds it (no file outside the layout's own
+    directory, kustomize v5's rule), and every object it sends is valid against the schemas."""
+    docs = build(layout)
+    assert docs, f"{layout.relative_to(ROOT)} builds nothing"
+    with pytest.MonkeyPatch.context() as mp:
+        _block_network(mp)
+        for doc in docs:
+            validate(doc, f"kubectl kustomize {layout.relative_to(ROOT)}:")
 
 
 def test_the_validator_is_not_vacuous(no_network):
@@ -204,11 +256,13 @@ def test_each_layout_scrapes_every_engine_exactly_once(layout):
 
 
 def test_images_are_set_by_the_kustomizations():
-    for name in ("fleet view (exporter)", "per-pod views"):
-        images = {i["name"] for i in kustomization(LAYOUTS[name]).get("images", [])}
-        used = {c["image"] for d in resources(LAYOUTS[name]) for c in containers(d)}
-        assert used <= images, (name, used - images)
-    assert (KUBE / "Dockerfile.vllm").is_file() and "redis_stats" in (KUBE / "Dockerfile.vllm").read_text()
+    """The manifests name images by a placeholder (`image: redis-stats`); each layout's build must
+    have replaced every one with the registry set in a kustomization's `images:`."""
+    placeholders = {c["image"] for _, d in every_manifest() for c in containers(d) if ":" not in c["image"]}
+    for layout in every_layout():
+        used = {c["image"] for d in build(layout) for c in containers(d)}
+        assert not used & placeholders, (layout, used & placeholders)
+    assert DOCKERFILE.is_file() and "redis_stats" in DOCKERFILE.read_text()
 
 
 def test_docs_state_the_version_and_every_file():
@@ -219,3 +273,148 @@ def test_docs_state_the_version_and_every_file():
             assert str(path.relative_to(ROOT)) in doc, (
                 f"docs/kubernetes.md does not mention {path.relative_to(ROOT)}"
             )
+
+
+def _monitor_labels() -> dict[str, str]:
+    """The labels monitor-labels/ (a kustomize Component) adds to every monitor."""
+    component = kustomization(MONITOR_LABELS)
+    assert component["kind"] == "Component"
+    labels = {}
+    for patch in component["patches"]:
+        assert patch["target"] == {"group": "monitoring.coreos.com"}
+        for op in yaml.safe_load(patch["patch"]):
+            assert op["op"] == "add" and op["path"].startswith("/metadata/labels/")
+            labels[op["path"].rsplit("/", 1)[1]] = op["value"]
+    return labels
+
+
+def test_every_monitor_carries_the_labels_set_in_one_place():
+    """A Prometheus Operator ignores, silently, a monitor its selector does not match
+    (kube-prometheus-stack selects `release: <Helm release>`): every monitor of every layout gets
+    the labels of monitor-labels/, and no monitor sets them itself (one place to change them)."""
+    wanted = _monitor_labels()
+    assert "release" in wanted
+    monitors = 0
+    for layout in every_layout():
+        for doc in build(layout):
+            if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+                monitors += 1
+                labels = doc["metadata"].get("labels", {})
+                assert wanted.items() <= labels.items(), (layout, doc["metadata"]["name"], labels)
+    assert monitors >= 2
+    for path, doc in every_manifest():
+        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            assert not wanted.keys() & doc["metadata"].get("labels", {}).keys(), path
+
+
+def test_the_vllm_pods_serve_a_gated_model_from_a_cache_and_survive_a_slow_start():
+    for layout in (LAYOUTS["fleet view (exporter)"], LAYOUTS["per-pod views"]):
+        (sts,) = [d for d in build(layout) if d["kind"] == "StatefulSet"]
+        (c,) = containers(sts)
+        env = env_of(c)
+        # The Hugging Face token of a gated model: from a Secret, like the Redis URL.
+        assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
+        # The download lands on a per-pod volume claim (kept across restarts), not the container.
+        claims = {t["metadata"]["name"] for t in sts["spec"].get("volumeClaimTemplates", [])}
+        mounts = {m["name"]: m["mountPath"] for m in c.get("volumeMounts", [])}
+        assert claims & mounts.keys(), (claims, mounts)
+        assert any(env["HF_HOME"]["value"].startswith(mounts[n]) for n in claims & mounts.keys())
+        # Minutes of download and load before /health answers: a startup probe, so the liveness
+        # probe does not restart a pod that is still loading.
+        startup = c["startupProbe"]
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
+        assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+        resources = c["resources"]
+        assert {"cpu", "memory", "nvidia.com/gpu"} <= resources["requests"].keys()
+        assert resources["limits"]["nvidia.com/gpu"] == resources["requests"]["nvidia.com/gpu"]
+        assert resources["limits"]["memory"] == resources["requests"]["memory"]
+
+
+DOCKERFILE = KUBE / "Dockerfile.vllm"
+
+
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) per instruction: comments dropped, continuation lines joined."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for line in text.splitlines():
+        if line.lstrip().startswith("#") or not line.strip():
+            continue
+        stripped = line.rstrip()
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        word, _, args = (pending + stripped).strip().partition(" ")
+        out.append((word.upper(), args.strip()))
+        pending = ""
+    return out
+
+
+def installs_by_name(text: str) -> list[str]:
+    """Every requirement a `pip install` of the Dockerfile takes by name (from an index), not as a
+    path copied from the build context."""
+    copied = []
+    for word, args in dockerfile_instructions(text):
+        if word in ("COPY", "ADD") and "--from" not in args:
+            copied.append(shlex.split(args)[-1])
+    by_name = []
+    for word, args in dockerfile_instructions(text):
+        if word != "RUN":
+            continue
+        for command in re.split(r"&&|;|\|\|", args):
+            argv = shlex.split(command)
+            if "install" not in argv or not any(a.endswith("pip") or a == "pip" for a in argv):
+                continue
+            for arg in argv[argv.index("install") + 1 :]:
+                if arg.startswith("-"):
+                    continue
+                path = arg.split("[", 1)[0]
+                if not any(path == d.rstrip("/") or path.startswith(d.rstrip("/") + "/") for d in copied):
+                    by_name.append(arg)
+    return by_name
+
+
+def test_the_vllm_image_installs_this_checkout_not_a_name_from_an_index():
+    text = DOCKERFILE.read_text()
+    assert installs_by_name(text) == []
+    # ... and the check sees what the Dockerfile used to do.
+    assert installs_by_name("FROM x\nRUN pip install --no-cache-dir 'redis_stats[hiredis]'\n") == [
+        "redis_stats[hiredis]"
+    ]
+    # What it copies exists in the build context (the repository's root) and is not dockerignored.
+    ignored = [p.strip() for p in (ROOT / ".dockerignore").read_text().splitlines() if p.strip()]
+    for word, args in dockerfile_instructions(text):
+        if word == "COPY":
+            for source in shlex.split(args)[:-1]:
+                assert (ROOT / source).exists(), source
+                assert not any(fnmatch.fnmatch(source, pattern) for pattern in ignored), source
+    assert "pyproject.toml" in text
+
+
+def test_the_vllm_image_is_on_the_vllm_release_the_docs_test():
+    tested = (ROOT / "docs" / "vllm.md").read_text().split("## Versions tested", 1)[1]
+    version = re.search(r"- vLLM (\d+\.\d+\.\d+) ", tested)
+    assert version, "docs/vllm.md names no tested vLLM version"
+    (base,) = [args for word, args in dockerfile_instructions(DOCKERFILE.read_text()) if word == "FROM"]
+    assert base == f"vllm/vllm-openai:v{version.group(1)}"
+
+
+def test_every_variable_the_manifests_set_is_one_redis_stats_reads():
+    """A mistyped name in a manifest would be ignored (the setting keeps its default): every
+    REDIS_STATS_* variable of every layout's containers is a name redis_stats or its vLLM plugin
+    reads (the check the plugin and the command warn with at start)."""
+    from redis_stats.config import unknown_variables
+    from redis_stats.integrations.vllm.options import VARIABLES
+
+    names = {
+        e["name"]
+        for layout in every_layout()
+        for d in build(layout)
+        for c in containers(d)
+        for e in c.get("env", [])
+    }
+    assert {"REDIS_STATS_URL", "REDIS_STATS_VIEW", "REDIS_STATS_ENGINE_OFFSET"} <= names
+    known = [v.name for v in VARIABLES]
+    assert unknown_variables(known, dict.fromkeys(names, "x")) == {}
+    # ... and the check sees a typo.
+    assert unknown_variables(known, {"REDIS_STATS_VEIW": "local"}) == {"REDIS_STATS_VEIW": "REDIS_STATS_VIEW"}

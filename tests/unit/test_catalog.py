@@ -31,6 +31,20 @@ def test_bad_definitions_fail_at_definition(make, word):
         make(Catalog())
 
 
+@pytest.mark.parametrize(
+    "buckets, named",
+    [(["a"], "'a'"), ([None], "None"), ([0.1, "x"], "'x'"), ([True], "True"), ("0.5", "'0.5'")],
+)
+def test_a_bucket_bound_that_is_not_a_number_is_a_catalog_error_naming_it(buckets, named):
+    with pytest.raises(CatalogError) as err:
+        Catalog().histogram("latency_seconds", "help", buckets)
+    assert "latency_seconds" in str(err.value) and named in str(err.value)
+    with pytest.raises(CatalogError, match="latency_seconds"):
+        MetricSpec("latency_seconds", "histogram", "help", buckets=buckets)
+    # Numbers and number strings (as prometheus_client takes them) stay accepted.
+    assert MetricSpec("h", "histogram", "help", buckets=(1, "2.5", "+Inf")).buckets == (1.0, 2.5)
+
+
 def test_counter_total_suffix_is_stripped_like_prometheus_client():
     spec = Catalog().counter("tokens_total", "h")
     assert spec.name == "tokens"

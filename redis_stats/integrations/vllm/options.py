@@ -8,9 +8,9 @@ This module does not import vLLM, so the plugin's configuration is tested withou
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-from redis_stats.config import EnvVar, StatsConfig
+from redis_stats.config import EnvVar, StatsConfig, warn_unknown_variables
 from redis_stats.integrations.vllm import namespace_for_model
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "VIEW",
     "plugin_config",
     "plugin_enabled",
+    "warn_mistyped_variables",
 ]
 
 _PLUGIN = "the vLLM plugin"
@@ -85,3 +86,29 @@ def plugin_config(model: str, environ: Mapping[str, str] | None = None) -> Stats
         namespace=NAMESPACE.get(environ) or namespace_for_model(model),
         log_interval=INTERVAL.number(environ),
     )
+
+
+# Read by the demo's private server (redis_stats.tools.embedded), not by the plugin: a pod or host
+# may have it set for both.
+_ALSO_READ = ("REDIS_STATS_SERVER_BINARY",)
+
+
+def warn_mistyped_variables(
+    environ: Mapping[str, str] | None = None,
+    vllm_names: tuple[str, ...] | list[str] | None = None,
+    emit: Callable[[str], object] | None = None,
+) -> list[str]:
+    """One warning per process for a ``REDIS_STATS_*`` variable neither redis_stats nor the
+    plugin reads, naming the closest one (``REDIS_STATS_NAMESPCE``: did you mean
+    ``REDIS_STATS_NAMESPACE``?), and for a ``VLLM_*`` variable vLLM does not know (*vllm_names*:
+    ``vllm.envs.environment_variables``) that is close to one the plugin reads (not checked
+    when *vllm_names* is None: the ``redis-stats`` command reads no ``VLLM_*`` variable)."""
+    ours = [v.name for v in VARIABLES]
+    messages = warn_unknown_variables([*ours, *_ALSO_READ], environ, emit=emit)
+    if vllm_names is None:
+        return messages
+    vllm_read = [name for name in ours if name.startswith("VLLM_")]
+    messages += warn_unknown_variables(
+        [*vllm_names, *vllm_read], environ, prefix="VLLM_", suggest=vllm_read, emit=emit
+    )
+    return messages

@@ -19,7 +19,7 @@ from redis_stats.catalog import Catalog
 from redis_stats.connection import make_client
 from redis_stats.integrations.vllm.catalog import BUCKET_FAMILIES, vllm_catalog
 from redis_stats.integrations.vllm.logline import VllmLogLines
-from redis_stats.integrations.vllm.options import plugin_config, plugin_enabled
+from redis_stats.integrations.vllm.options import plugin_config, plugin_enabled, warn_mistyped_variables
 from redis_stats.integrations.vllm.prom import metric_classes
 from redis_stats.integrations.vllm.recorder import VllmFeatures, VllmRecorder
 from redis_stats.leader import make_leader
@@ -208,6 +208,19 @@ class VllmRecording:
         self.recorder.record_cache_config(info)
 
 
+def _warn_mistyped_variables() -> None:
+    try:
+        import vllm.envs as envs
+
+        vllm_names = list(getattr(envs, "environment_variables", {}))
+    except Exception:
+        vllm_names = []
+    # Under vLLM's logger, as the plugin's other lines.
+    warn_mistyped_variables(
+        vllm_names=vllm_names, emit=lambda message: log.warning("redis_stats: %s", message)
+    )
+
+
 class RedisStatLogger(AggregateStatLoggerBase):
     """Writes every engine's stats to Redis; optionally serves the Redis view on REDIS_STATS_PORT."""
 
@@ -220,6 +233,7 @@ class RedisStatLogger(AggregateStatLoggerBase):
         self.reporter: StatsReporter | None = None
         self._tick_thread: threading.Thread | None = None
         self.vllm_config = vllm_config
+        _warn_mistyped_variables()  # before the switch: a mistyped REDIS_STATS_URL is one too
         if not plugin_enabled():
             if not _warned_inactive:
                 log.info("redis_stats: REDIS_STATS_URL is not set; the Redis stat logger does nothing")
