@@ -6,17 +6,23 @@ vLLM API server) that is a pause of tens to hundreds of milliseconds, in whichev
 allocates next. A writer whose take kept one tuple per changed series until Redis confirmed the
 batch pushed its host into a full collection every few flushes at 100,000 series. These tests
 count what a take and its confirmation leave for the collector to see, at two sizes: it must not
-grow with the number of series.
+grow with the number of series. Each count runs in a fresh interpreter (`_fresh`): the collector's
+counters are the process' own, and a test run leaves threads behind that allocate too.
 """
 
 from __future__ import annotations
 
 import gc
+import json
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from redis_stats import Catalog
 from redis_stats._core.accumulator import Accumulator, FlushProtocol, FlushResult
+from tests.conftest import ROOT
 
 APPLIED = FlushResult(status=1, server_time_ms=0)
 
@@ -93,7 +99,16 @@ def _young_collections_counted() -> Iterator[list[int]]:
         gc.collect()
 
 
-def _flush_survivors(n: int) -> int:
+def _fresh(name: str, *args: Any) -> Any:
+    """``name(*args)`` of this module, run in a new interpreter (no other thread allocating)."""
+    imported = f"from tests.unit.test_flush_allocations import {name}"
+    code = f"import json; {imported}; print(json.dumps({name}(*{args!r})))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def flush_survivors(n: int) -> int:
+    """Objects that live through a young collection during a flush of every series of _writer(n)."""
     proto, change_all = _writer(n)
     change_all()
     with _young_collections_counted() as promoted:
@@ -103,45 +118,36 @@ def _flush_survivors(n: int) -> int:
     return promoted[0]
 
 
-def test_a_flush_of_many_changed_series_leaves_the_collector_nothing_per_series():
-    small, large = _flush_survivors(200), _flush_survivors(4_000)
-    # A few containers per shard and engine (the chunk lists of the batch), whatever the size.
-    assert large < 200 and large - small < 100, (small, large)
+def held_until_answered(n: int) -> list[int]:
+    """Net new tracked objects while a batch of every series waits for its answer, and after."""
+    proto, change_all = _writer(n)
+    change_all()
+    gc.collect()
+    gc.disable()
+    try:
+        before = gc.get_count()[0]
+        batch = proto.next_batch([0, 1])
+        held = gc.get_count()[0] - before  # net new tracked objects: kept until the answer
+        proto.confirmed(APPLIED)
+        after = gc.get_count()[0] - before
+    finally:
+        gc.enable()
+    assert batch.series() == 8 * (n // 2)
+    return [held, after]
 
 
-def test_a_batch_waiting_for_its_answer_holds_no_object_per_series():
-    held = {}
-    for n in (200, 4_000):
-        proto, change_all = _writer(n)
-        change_all()
-        gc.collect()
-        gc.disable()
-        try:
-            before = gc.get_count()[0]
-            batch = proto.next_batch([0, 1])
-            held[n] = gc.get_count()[0] - before  # net new tracked objects: kept until the answer
-            proto.confirmed(APPLIED)
-            after = gc.get_count()[0] - before
-        finally:
-            gc.enable()
-        assert batch.series() == 8 * (n // 2)
-        assert after <= held[n] + 5
-    assert held[4_000] < 100 and held[4_000] - held[200] < 50, held
+def heartbeat_survivors(n: int) -> int:
+    """As flush_survivors, for a flush in which no series changed."""
+    proto, _change_all = _writer(n)
+    with _young_collections_counted() as promoted:
+        batch = proto.next_batch([0, 1])
+        proto.confirmed(APPLIED)
+    assert batch.series() == 0 and not batch.chunks and sorted(batch.engines) == [0, 1]
+    return promoted[0]
 
 
-def test_a_heartbeat_flush_of_unchanged_series_allocates_nothing_per_series():
-    for n in (200, 4_000):
-        proto, _change_all = _writer(n)
-        with _young_collections_counted() as promoted:
-            batch = proto.next_batch([0, 1])
-            proto.confirmed(APPLIED)
-        assert batch.series() == 0 and not batch.chunks and sorted(batch.engines) == [0, 1]
-        assert promoted[0] < 20, (n, promoted[0])
-
-
-def test_record_calls_leave_the_collector_nothing():
-    """The record path (the host's own threads) keeps no new tracked object per call: deltas
-    and pending buckets change in place, a gauge's (stamp, value) pair replaces the last one."""
+def record_growth() -> int:
+    """Net new tracked objects over 50 x 800 record calls on bound series (every kind)."""
     _proto, change_all = _writer(200)
     change_all()  # every series on the dirty list already: what follows is the steady state
     gc.collect()
@@ -150,7 +156,29 @@ def test_record_calls_leave_the_collector_nothing():
         before = gc.get_count()[0]
         for _ in range(50):
             change_all()
-        grown = gc.get_count()[0] - before
+        return int(gc.get_count()[0] - before)
     finally:
         gc.enable()
-    assert grown < 10, grown  # 50 x 800 record calls
+
+
+def test_a_flush_of_many_changed_series_leaves_the_collector_nothing_per_series():
+    small, large = _fresh("flush_survivors", 200), _fresh("flush_survivors", 4_000)
+    # A few containers per shard and engine (the chunk lists of the batch), whatever the size.
+    assert large < 200 and large - small < 100, (small, large)
+
+
+def test_a_batch_waiting_for_its_answer_holds_no_object_per_series():
+    (small, _), (large, after) = _fresh("held_until_answered", 200), _fresh("held_until_answered", 4_000)
+    assert large < 100 and large - small < 50, (small, large)
+    assert after <= large + 5
+
+
+def test_a_heartbeat_flush_of_unchanged_series_allocates_nothing_per_series():
+    for n in (200, 4_000):
+        assert _fresh("heartbeat_survivors", n) < 20
+
+
+def test_record_calls_leave_the_collector_nothing():
+    """The record path (the host's own threads) keeps no new tracked object per call: deltas
+    and pending buckets change in place, a gauge's (stamp, value) pair replaces the last one."""
+    assert _fresh("record_growth") < 10
