@@ -29,6 +29,9 @@ class CuttingProxy:
         self.cut_probability = 0.0
         self.reset_probability = 0.0
         self.delay = 0.0
+        # Cleared: nothing is forwarded either way (a stalled link: the bytes wait in the proxy).
+        self.flowing = threading.Event()
+        self.flowing.set()
         self.cuts = 0
         self.resets = 0
         self._rng = random.Random(seed)
@@ -75,6 +78,7 @@ class CuttingProxy:
                 data = src.recv(65536)
                 if not data:
                     break
+                self.flowing.wait()
                 if is_reply and self.delay:
                     time.sleep(self.delay)
                 if self._should_cut(is_reply):
@@ -89,6 +93,26 @@ class CuttingProxy:
                 except OSError:
                     pass
                 s.close()
+
+    def stall(self) -> None:
+        """Hold every byte from now on (connections stay open) until :meth:`resume`."""
+        self.flowing.clear()
+
+    def resume(self) -> None:
+        self.flowing.set()
+
+    def retarget(self, target_port: int) -> None:
+        """Send new connections to *target_port* and cut the current ones (a failover behind one
+        address: the clients reconnect, to the new server)."""
+        self.target_port = target_port
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for s in conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
 
     def close(self) -> None:
         self._closed = True

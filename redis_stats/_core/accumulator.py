@@ -33,7 +33,7 @@ import threading
 import time
 from bisect import bisect_left
 from collections import Counter as _Tally
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -259,6 +259,31 @@ class HistogramChild:
                 if acc.wake is not None:
                     acc.wake()
 
+    def add(self, counts: Sequence[int], total: float) -> None:
+        """Add *counts* (one non-negative int per bucket, ``+Inf`` last) and *total* to the sum at
+        once: for a histogram counted elsewhere, whose totals are known but not its observations
+        (redis_stats.integrations.bridge). Anything else is dropped and counted as
+        ``invalid_value`` (never raised)."""
+        if (
+            len(counts) != len(self.bounds)
+            or not all(type(n) is int and n >= 0 for n in counts)
+            or not -_MAX <= total <= _MAX
+        ):
+            self._acc.drop("invalid_value")
+            return
+        acc = self._acc
+        with self._lock:
+            gen = acc.gen
+            pending = self.pending[gen & 1]
+            for i, n in enumerate(counts):
+                pending[i] += n
+            pending[-1] += total
+            if self.gen != gen:
+                self.gen = gen
+                acc.dirty.append(self)
+                if acc.wake is not None:
+                    acc.wake()
+
     def _take(self, slot: int) -> None:
         # Without the lock: recorders write the other slot until the next take (see the module doc).
         (self.series or self._acc.bind(self, chunks.HISTOGRAM)).observe(self.pending[slot])
@@ -279,7 +304,7 @@ class _DroppedChild:
     def _count(self, *_args: object) -> None:
         self._acc.drop(self._reason)
 
-    inc = dec = set = observe = _count
+    inc = dec = set = observe = add = _count
 
 
 class _ConflictCounter(CounterChild):
@@ -327,6 +352,10 @@ class _ConflictHistogram(HistogramChild):
     __slots__ = ()
 
     def observe(self, value: float) -> None:
+        """Dropped and counted (``catalog_conflict``)."""
+        self._acc.drop("catalog_conflict")
+
+    def add(self, counts: Sequence[int], total: float) -> None:
         """Dropped and counted (``catalog_conflict``)."""
         self._acc.drop("catalog_conflict")
 
