@@ -432,7 +432,7 @@ class WriterCore:
             return f"{series} series in the unconfirmed batch and {pending} more changed since"
         # Sharded: changes for a shard whose batch is in flight wait in its totals (owed), not
         # in the dirty list; and say which shards did not confirm.
-        owed = sum(len(found) for found in self._acc.owed_series.values())
+        owed = self._acc.owed_series()
         unconfirmed = [s for s, f in enumerate(self._protocol.flows) if f.in_flight is not None]
         behind = sorted(set(unconfirmed) | self._acc.owed)
         where = ", ".join(f"{s} ({self.keys.shard(s, self.shards).root})" for s in behind) or "none"
