@@ -14,6 +14,11 @@ lists per second, with its own writer id, engine, sequence number and chunk fiel
 ``--drivers`` processes. The first two flushes of each fleet writer are the template's first two
 (the catalogue, every chunk's names), as in a real start. A driver that falls behind says so.
 
+**Calibration** (issue 28), (a) only: in the same window the bench process calls the floor (a
+function of 45 ``HINCRBY`` calls on one hash, ``FCALL``, so that ``INFO commandstats`` keeps it apart
+from the writers' ``EVALSHA`` calls) ``--floor-rate`` times a second, and prints the server time per
+flush and per floor call at the fleet's pace, and their ratio.
+
 (b) runs twice: with the namespace in one hash slot (``shards`` K = 1), where one master carries
 the whole load, and with K = 3 (engine e in shard e % 3, one shard per master, see
 docs/key-schema.md "Shards"): each fleet writer then sends its calls to its engine's shard, and
@@ -49,6 +54,15 @@ from redis_stats.tools.simulate import SimulatedApiServer  # noqa: E402
 
 TEMPLATE_ENGINES = 4
 TEMPLATE_FLUSHES = 30
+
+# The floor of bench/flush_cost.py as a function: FCALL has its own line in INFO commandstats.
+FLOOR_LIBRARY = """#!lua name=rs_bench_floor
+redis.register_function('floor45', function(keys, args)
+  for j = 1, #args, 2 do redis.call('HINCRBY', keys[1], args[j], args[j + 1]) end
+  return 1
+end)
+"""
+FLOOR_ARGS = [x for i in range(45) for x in (f"vllm:series_{i}|meta-llama/Llama-3-8B|0", "3")]
 
 
 def templates() -> list[tuple[str, list[list[str]]]]:
@@ -156,7 +170,13 @@ def cpu_seconds(client: redis.Redis) -> float:
 
 
 def run(
-    url: str, nodes: list[redis.Redis], engines: int, seconds: float, drivers: int, shards: int = 1
+    url: str,
+    nodes: list[redis.Redis],
+    engines: int,
+    seconds: float,
+    drivers: int,
+    shards: int = 1,
+    floor_rate: float = 0.0,
 ) -> dict[str, Any]:
     namespace = f"fleet{engines}-{int(time.time())}"
     writers = [(e, a) for e in range(engines) for a in range(2)]
@@ -173,11 +193,23 @@ def run(
         p.start()
     # Measure from the third second: the first two carry the catalogue and every chunk's names.
     time.sleep(max(0.0, start_at + 2.0 - time.time()))
+    if floor_rate:
+        nodes[0].execute_command("FUNCTION", "LOAD", "REPLACE", FLOOR_LIBRARY)
+        nodes[0].config_resetstat()
     cpu0 = [cpu_seconds(n) for n in nodes]
     t0 = time.monotonic()
+    if floor_rate:  # the floor at the fleet's pace, until the drivers are done
+        k = 0
+        while queue.empty():
+            wait = t0 + k / floor_rate - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            nodes[0].execute_command("FCALL", "floor45", 1, "floor:{x}", *FLOOR_ARGS)
+            k += 1
     results = [queue.get() for _ in procs]
     wall = time.monotonic() - t0
     cpu1 = [cpu_seconds(n) for n in nodes]
+    stats = nodes[0].info("commandstats") if floor_rate else {}
     for p in procs:
         p.join()
     latencies = sorted(x for lat, _ in results for x in lat)
@@ -198,6 +230,8 @@ def run(
         "p99_ms": latencies[int(len(latencies) * 0.99)] * 1e3,
         "behind_s": max(b for _, b in results),
         "scrape_ms": scrape * 1e3,
+        "flush_us": float(stats.get("cmdstat_evalsha", {}).get("usec_per_call", "nan")),
+        "floor_us": float(stats.get("cmdstat_fcall", {}).get("usec_per_call", "nan")),
     }
 
 
@@ -220,6 +254,15 @@ def report(title: str, rows: list[dict[str, Any]]) -> None:
             f"{100 * r['spread']:>7.0f}%{r['p50_ms']:>8.2f}{r['p99_ms']:>8.2f}"
             f"{r['scrape_ms']:>11.0f}{r['behind_s']:>17.2f}"
         )
+    calibrated = [r for r in rows if r.get("floor_us") == r.get("floor_us") and r.get("floor_us")]
+    if calibrated:
+        print("    server µs per call at the fleet's pace (INFO commandstats, the same window):")
+        for r in calibrated:
+            print(
+                f"    {r['engines']:>8} engines: flush {r['flush_us']:.1f}, floor (45 HINCRBY) "
+                f"{r['floor_us']:.1f}: {r['flush_us'] / r['floor_us']:.2f}x the floor; one core carries "
+                f"~{1e6 / r['flush_us']:,.0f} flushes/s of this profile"
+            )
 
 
 def main() -> None:
@@ -232,6 +275,9 @@ def main() -> None:
     parser.add_argument("--no-cluster", action="store_true")
     parser.add_argument("--only-cluster", action="store_true", help="skip (a)")
     parser.add_argument(
+        "--floor-rate", type=float, default=50.0, help="floor calls per second during (a) (0: none)"
+    )
+    parser.add_argument(
         "--out", default=str(ROOT / "bench" / "results" / "fleet.json"), help="results (JSON)"
     )
     parser.add_argument("--plot", default=str(ROOT / "docs" / "img" / "fleet_redis_cpu.png"))
@@ -241,7 +287,10 @@ def main() -> None:
     if not opts.only_cluster:
         with EmbeddedRedis() as server:
             node = redis.Redis.from_url(server.url)
-            rows = [run(server.url, [node], n, opts.seconds, opts.drivers) for n in counts]
+            rows = [
+                run(server.url, [node], n, opts.seconds, opts.drivers, floor_rate=opts.floor_rate)
+                for n in counts
+            ]
             node.close()
         report("(a) one Redis", rows)
         results["one_redis"] = rows

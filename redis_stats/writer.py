@@ -388,6 +388,18 @@ class WriterCore:
         """Add *spec* to the catalogue after start; it is stored in Redis with the next flush."""
         return MetricHandle(self, self._acc.add_spec(spec))
 
+    def add_engines(self, engines: tuple[int, ...] | list[int]) -> None:
+        """Heartbeat *engines* too from the next flush on (a bridge learns a source's engines
+        as it scrapes them); refused as at construction when one is not an int >= 0."""
+        self.engines = tuple(sorted({*self.engines, *_check_engines(engines)}))
+        offset, k = self.config.engine_offset, self.shards
+        self._always = tuple(sorted({shard_of(e + offset, k) for e in self.engines} | {self.home}))
+
+    def count_drop(self, reason: str, n: int = 1) -> None:
+        """Count *n* updates dropped before they reached this writer, by *reason* (a bridge's
+        refused scrape): stored with the self-metrics, as ``redis_stats_writer_dropped_updates``."""
+        self._acc.drop(reason, n)
+
     @property
     def drops(self) -> dict[str, int]:
         """Updates dropped on the hot path, by reason (invalid_value, label_too_long, ...)."""
@@ -420,7 +432,7 @@ class WriterCore:
             return f"{series} series in the unconfirmed batch and {pending} more changed since"
         # Sharded: changes for a shard whose batch is in flight wait in its totals (owed), not
         # in the dirty list; and say which shards did not confirm.
-        owed = sum(len(found) for found in self._acc.owed_series.values())
+        owed = self._acc.owed_series()
         unconfirmed = [s for s, f in enumerate(self._protocol.flows) if f.in_flight is not None]
         behind = sorted(set(unconfirmed) | self._acc.owed)
         where = ", ".join(f"{s} ({self.keys.shard(s, self.shards).root})" for s in behind) or "none"

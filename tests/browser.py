@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -23,18 +24,26 @@ CHROMIUM_ARGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    "--disable-quic",
     "--no-first-run",
     "--window-size=1280,800",
 ]
 
 
 def missing() -> str | None:
-    """Why no browser test can run here, or None."""
+    """Why no browser test can run here, or None.
+
+    With ``REDIS_STATS_REQUIRE_BROWSER=1`` (CI, ``.ci/run``) a missing browser is not a reason
+    to skip: it raises, so the live page is never left untested.
+    """
+    why = None
     if not (shutil.which("chromium") or shutil.which("chromium-browser")):
-        return "no chromium here: make test-browser installs it (apt-get install chromium chromium-driver)"
-    if not shutil.which("chromedriver"):
-        return "no chromedriver here: make test-browser installs it (apt-get install chromium-driver)"
-    return None
+        why = "no chromium here: make test-browser installs it (apt-get install chromium chromium-driver)"
+    elif not shutil.which("chromedriver"):
+        why = "no chromedriver here: make test-browser installs it (apt-get install chromium-driver)"
+    if why and os.environ.get("REDIS_STATS_REQUIRE_BROWSER") == "1":
+        raise RuntimeError(f"REDIS_STATS_REQUIRE_BROWSER=1 but {why}")
+    return why
 
 
 class Browser:
@@ -77,6 +86,10 @@ class Browser:
     def js(self, script: str) -> Any:
         """The value of *script* (a function body: ``return ...``) in the page."""
         return self._call("POST", self.session + "/execute/sync", {"script": script, "args": []})["value"]
+
+    def resize(self, width: int, height: int) -> None:
+        """Set the window's size (a taller window screenshots the whole page)."""
+        self._call("POST", self.session + "/window/rect", {"width": width, "height": height})
 
     def screenshot(self) -> bytes:
         """The window as PNG."""

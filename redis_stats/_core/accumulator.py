@@ -5,12 +5,15 @@ asyncio writer (:mod:`redis_stats.aio`) share every rule:
 
 - ``record`` side: a *child* (one series of one engine) adds to its pending delta under one lock;
   the first change since the last flush puts it on the dirty list. No allocation per update.
-- ``take_batch``: swaps the dirty list out and turns it into one :class:`Batch` (script arguments).
-  The record lock is held only for that swap (O(1), whatever the number of pending series):
-  each child keeps two delta slots, one per *generation* (``gen & 1``). Recorders write the
-  slot of the current generation; the swap bumps the generation, so the slots of the list just
-  taken belong to the collector alone, which reads, resets and encodes them without the lock.
-  The next swap happens only after that (takes are serialized), so no update is lost or doubled.
+- ``take_batch``: swaps the dirty list out, adds each child's pending delta into the writer's
+  absolute totals (:mod:`redis_stats._core.chunks`) and makes one :class:`Batch` of the chunks
+  that changed. The record lock is held only for that swap (O(1), whatever the number of pending
+  series): each child keeps two delta slots, one per *generation* (``gen & 1``). Recorders write
+  the slot of the current generation; the swap bumps the generation, so the slots of the list
+  just taken belong to the collector alone, which reads and resets them without the lock. The
+  next swap happens only after that (takes are serialized), so no update is lost or doubled.
+  A take allocates no container per series (issue 28): the host's garbage collector is not
+  pushed into full collections by the number of series a writer flushes.
 - :class:`FlushProtocol`: a batch keeps its sequence number and contents until Redis confirms it
   (applied, or already applied). A lost reply is retried with the same number; the script skips
   numbers it has seen, so nothing is applied twice. New updates wait in the dirty list for the
@@ -30,12 +33,12 @@ import threading
 import time
 from bisect import bisect_left
 from collections import Counter as _Tally
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis_stats._core import fields
-from redis_stats._core.chunks import Totals
+from redis_stats._core import chunks, fields
+from redis_stats._core.chunks import Chunk, Series, Totals
 from redis_stats.catalog import COUNTER, GAUGE, Catalog, MetricSpec
 from redis_stats.keys import SCHEMA_VERSION, Keys, shard_of
 
@@ -84,13 +87,14 @@ def _real(x: object) -> int | float:
 class CounterChild:
     """One counter series of one engine. ``inc`` is the hot path: memory only, never raises."""
 
-    __slots__ = ("_acc", "_lock", "deltas", "engine", "field", "gen", "stored")
+    __slots__ = ("_acc", "_lock", "deltas", "engine", "field", "gen", "series", "stored")
 
     def __init__(self, acc: Accumulator, engine: int, field_name: str) -> None:
         self._acc = acc
         self._lock = acc.lock
         self.engine = engine
         self.field = field_name
+        self.series: Series | None = None  # its total in its shard's totals, bound by the first take
         self.deltas: list[int | float] = [0, 0]  # pending delta per generation slot (gen & 1)
         self.gen = -1  # the generation whose dirty list holds this child (-1: none yet)
         self.stored = False  # a bound series shows as 0 from the start, as in prometheus_client
@@ -118,30 +122,31 @@ class CounterChild:
                 if acc.wake is not None:
                     acc.wake()
 
-    def _take(self, batch: Batch, slot: int) -> None:
+    def _take(self, slot: int) -> None:
         # Without the lock: recorders write the other slot until the next take (see the module doc).
         delta, self.deltas[slot] = self.deltas[slot], 0
         if type(delta) is int and delta > _I64_MAX:
-            # More than HINCRBY holds: sent as a float (exact to 53 bits, as the stored total will be).
+            # Beyond 64 bits: added as a float (exact to 53 bits, as a reader reads the total).
             delta = float(delta) if delta <= _MAX else _INF
         if delta == _INF:  # a sum of valid amounts beyond the largest float
             self._acc.drop("invalid_value")
             return
         if delta or not self.stored:
             self.stored = True
-            batch.add_delta(self.engine, self.field, delta)
+            (self.series or self._acc.bind(self, chunks.COUNTER)).add(delta)
 
 
 class GaugeChild:
     """One gauge series of one engine, as this writer sees it; the reader rolls writers up."""
 
-    __slots__ = ("_acc", "_lock", "engine", "field", "gen", "state")
+    __slots__ = ("_acc", "_lock", "engine", "field", "gen", "series", "state")
 
     def __init__(self, acc: Accumulator, engine: int, field_name: str) -> None:
         self._acc = acc
         self._lock = acc.lock
         self.engine = engine
         self.field = field_name
+        self.series: Series | None = None
         # (monotonic stamp, value) in one tuple: the collector reads both without the lock, and
         # a tuple is read whole (two attributes could mix two set() calls). The stamp becomes
         # server time when the value is sent (Accumulator.server_ms): no host's wall clock is
@@ -201,10 +206,10 @@ class GaugeChild:
             amount = _real(amount)  # negating an arbitrary object could raise
         self.inc(-amount)
 
-    def _take(self, batch: Batch, slot: int = 0) -> None:
+    def _take(self, slot: int = 0) -> None:
         stamp, value = self.state  # one read: a racing set() is re-sent by the next batch anyway
         ms = self._acc.server_ms(self.engine, stamp)
-        batch.add_gauge(self.engine, self.field, f"{ms:.3f}|{float(value)!r}")
+        (self.series or self._acc.bind(self, chunks.GAUGE)).set_text(f"{ms:.3f}|{float(value)!r}")
 
 
 class HistogramChild:
@@ -214,15 +219,18 @@ class HistogramChild:
     so a flush updates it in one step and a read gets it in one value (see docs/key-schema.md).
     """
 
-    __slots__ = ("_acc", "_lock", "bounds", "engine", "field", "gen", "pending")
+    __slots__ = ("_acc", "_lock", "bounds", "engine", "field", "gen", "pending", "series")
 
     def __init__(self, acc: Accumulator, engine: int, spec: MetricSpec, components: tuple[str, ...]) -> None:
         self._acc = acc
         self._lock = acc.lock
         self.engine = engine
+        self.series: Series | None = None
         self.bounds = (*spec.buckets, _INF)
         self.field = fields.encode((*components, fields.bucket_layout(self.bounds)))
         # Per generation slot (gen & 1), as for counters: the pending bucket counts, then the sum.
+        # A take adds a slot into the totals and zeroes it in place: the lists live as long as
+        # the series.
         self.pending = [self._empty(), self._empty()]
         self.gen = -1
 
@@ -251,10 +259,34 @@ class HistogramChild:
                 if acc.wake is not None:
                     acc.wake()
 
-    def _take(self, batch: Batch, slot: int) -> None:
+    def add(self, counts: Sequence[int], total: float) -> None:
+        """Add *counts* (one non-negative int per bucket, ``+Inf`` last) and *total* to the sum at
+        once: for a histogram counted elsewhere, whose totals are known but not its observations
+        (redis_stats.integrations.bridge). Anything else is dropped and counted as
+        ``invalid_value`` (never raised)."""
+        if (
+            len(counts) != len(self.bounds)
+            or not all(type(n) is int and n >= 0 for n in counts)
+            or not -_MAX <= total <= _MAX
+        ):
+            self._acc.drop("invalid_value")
+            return
+        acc = self._acc
+        with self._lock:
+            gen = acc.gen
+            pending = self.pending[gen & 1]
+            for i, n in enumerate(counts):
+                pending[i] += n
+            pending[-1] += total
+            if self.gen != gen:
+                self.gen = gen
+                acc.dirty.append(self)
+                if acc.wake is not None:
+                    acc.wake()
+
+    def _take(self, slot: int) -> None:
         # Without the lock: recorders write the other slot until the next take (see the module doc).
-        pending, self.pending[slot] = self.pending[slot], self._empty()
-        batch.add_histogram(self.engine, self.field, pending[-1], pending[:-1])
+        (self.series or self._acc.bind(self, chunks.HISTOGRAM)).observe(self.pending[slot])
 
     def _empty(self) -> list[float]:
         return [0] * len(self.bounds) + [0.0]
@@ -272,7 +304,7 @@ class _DroppedChild:
     def _count(self, *_args: object) -> None:
         self._acc.drop(self._reason)
 
-    inc = dec = set = observe = _count
+    inc = dec = set = observe = add = _count
 
 
 class _ConflictCounter(CounterChild):
@@ -286,7 +318,7 @@ class _ConflictCounter(CounterChild):
         """Dropped and counted (``catalog_conflict``)."""
         self._acc.drop("catalog_conflict")
 
-    def _take(self, batch: Batch, slot: int) -> None:
+    def _take(self, slot: int) -> None:
         # Changes recorded before the conflict was known: one drop per series (the number of
         # calls behind a counter delta is not kept).
         self.deltas[slot] = 0
@@ -310,7 +342,7 @@ class _ConflictGauge(GaugeChild):
         """Dropped and counted (``catalog_conflict``)."""
         self._acc.drop("catalog_conflict")
 
-    def _take(self, batch: Batch, slot: int = 0) -> None:
+    def _take(self, slot: int = 0) -> None:
         self._acc.drop("catalog_conflict")
 
 
@@ -323,7 +355,11 @@ class _ConflictHistogram(HistogramChild):
         """Dropped and counted (``catalog_conflict``)."""
         self._acc.drop("catalog_conflict")
 
-    def _take(self, batch: Batch, slot: int) -> None:
+    def add(self, counts: Sequence[int], total: float) -> None:
+        """Dropped and counted (``catalog_conflict``)."""
+        self._acc.drop("catalog_conflict")
+
+    def _take(self, slot: int) -> None:
         # The observations recorded before the conflict was known: each one is a drop.
         pending, self.pending[slot] = self.pending[slot], self._empty()
         self._acc.drop("catalog_conflict", max(int(sum(pending[:-1])), 1))
@@ -337,97 +373,36 @@ _CONFLICT_CLASS: dict[type, type] = {
 
 
 @dataclass
-class _EngineBlock:
-    # The deltas of one take, flat: ints/floats (field, delta), gauges (field, "<ms>|<value>"),
-    # hists (field, sum delta, per-bucket increases). Added to the writer's totals at the take.
-    ints: list[Any] = field(default_factory=list)
-    floats: list[Any] = field(default_factory=list)
-    gauges: list[Any] = field(default_factory=list)
-    hists: list[Any] = field(default_factory=list)
-
-
-@dataclass
 class Batch:
     """One flush: catalogue specs to store, and per engine the chunks of the writer's absolute
     state that changed (see :mod:`redis_stats._core.chunks`).
 
-    Built once, then sent as-is until Redis confirms it; ``seq`` never changes.
+    Built once, then sent as-is until Redis confirms it; ``seq`` never changes. It holds no copy
+    of the series: the texts it sends are on its chunks, which no other take touches until this
+    batch is answered (a shard takes again only then).
     """
 
     seq: int = 0
     specs: list[MetricSpec] = field(default_factory=list)
-    engines: dict[int, _EngineBlock] = field(default_factory=dict)
+    engines: dict[int, int] = field(default_factory=dict)
+    """engine -> how many of its series changed (0: heartbeated only)."""
     closing: bool = False
-    chunks: dict[int, list[tuple[int, str | None, str]]] = field(default_factory=dict)
-    """engine -> (chunk index, its names or None when Redis holds them, its values)."""
-    sent: list[Any] = field(default_factory=list, repr=False)
-    """What confirming this batch means (:meth:`redis_stats._core.chunks.Totals.confirm`)."""
+    chunks: dict[int, list[Chunk]] = field(default_factory=dict)
+    """engine -> its chunks that changed, in index order (texts in ``sent_values``/``sent_names``)."""
     confirmed: int = 0
     """The writer's last batch Redis confirmed applied in this shard when this one was made (0:
     this batch carries the writer's whole state there), and the server time it was applied at:
     how the script tells a store that went back in time (see ``flush.lua``)."""
     confirmed_ms: int = 0
 
-    def _block(self, engine: int) -> _EngineBlock:
-        block = self.engines.get(engine)
-        if block is None:
-            block = self.engines[engine] = _EngineBlock()
-        return block
-
-    def add_delta(self, engine: int, field_name: str, delta: int | float) -> None:
-        """Add a counter increment (an int stays exact)."""
-        block = self._block(engine)
-        if type(delta) is int:
-            block.ints += (field_name, delta)
-        else:
-            block.floats += (field_name, float(delta))
-
-    def add_gauge(self, engine: int, field_name: str, stamped_value: str) -> None:
-        """Set a gauge to ``<wall ms>|<value>``."""
-        self._block(engine).gauges += (field_name, stamped_value)
-
-    def add_histogram(self, engine: int, field_name: str, sum_delta: float, counts: list[float]) -> None:
-        """Add observations to a histogram series: the sum's and each bucket's increase."""
-        self._block(engine).hists += (field_name, float(sum_delta), counts)
+    @property
+    def sent(self) -> dict[int, list[Chunk]]:
+        """What confirming this batch means (:meth:`redis_stats._core.chunks.Totals.confirm`)."""
+        return self.chunks
 
     def series(self) -> int:
-        """How many series (counter fields, gauges, histograms) this batch carries."""
-        return sum(
-            (len(b.ints) + len(b.floats) + len(b.gauges)) // 2 + len(b.hists) // 3
-            for b in self.engines.values()
-        )
-
-    def fields(self) -> list[tuple[int, str]]:
-        """Every (engine, series field) this batch's deltas change."""
-        return [
-            (engine, name)
-            for engine, b in self.engines.items()
-            for name in (*b.ints[0::2], *b.floats[0::2], *b.gauges[0::2], *b.hists[0::3])
-        ]
-
-    def touch(self, engine: int) -> None:
-        """Make sure *engine* is heartbeated by this batch even without data."""
-        self._block(engine)
-
-    def absorb_into(self, totals: Totals) -> None:
-        """Add this batch's deltas to the writer's *totals* and take the chunks that changed."""
-        self.add_to(totals)
-        self.take_chunks(totals)
-
-    def take_chunks(self, totals: Totals) -> None:
-        """Take the chunks of *totals* that changed since its last take into this batch."""
-        self.chunks, self.sent = totals.take(with_names=bool(self.specs))
-
-    def add_to(self, totals: Totals) -> None:
-        """Add this batch's deltas to the writer's *totals*."""
-        for engine, block in self.engines.items():
-            ints, floats, gauges, hists = block.ints, block.floats, block.gauges, block.hists
-            totals.absorb(
-                engine,
-                [*zip(ints[0::2], ints[1::2]), *zip(floats[0::2], floats[1::2])],
-                zip(gauges[0::2], gauges[1::2]),
-                zip(hists[0::3], hists[1::3], hists[2::3]),
-            )
+        """How many series (counters, gauges, histograms) changed in this batch."""
+        return sum(self.engines.values())
 
     def block_engines(self) -> list[int]:
         """The engines of this batch's blocks, in the order of its arguments (and keys)."""
@@ -473,14 +448,20 @@ class Batch:
         ]
         for spec in self.specs:
             args += (spec.name, spec.to_json())
+        head = fields.chunk_field(writer_id, 0)[:-1]  # "@|<writer>|": the writer escaped once
+        names_suffix = fields.NAMES_SUFFIX
+        append = args.append
         for engine in self.block_engines():
-            pairs: list[str] = []
-            for index, names, values in self.chunks.get(engine, ()):
-                name = fields.chunk_field(writer_id, index)
-                if names is not None:
-                    pairs += (name + fields.NAMES_SUFFIX, names)
-                pairs += (name, values)
-            args += (str(engine), str(len(pairs) // 2), *pairs)
+            taken = self.chunks.get(engine, ())
+            append(str(engine))
+            append(str(len(taken) + sum(1 for c in taken if c.send_names)))
+            for chunk in taken:
+                name = head + str(chunk.index)
+                if chunk.send_names:
+                    append(name + names_suffix)
+                    append(chunk.sent_names)
+                append(name)
+                append(chunk.sent_values)
         return args
 
 
@@ -558,35 +539,37 @@ class Accumulator:
         self.engine_offset = engine_offset
         self._children: dict[tuple[str, int, tuple[str, ...]], _Series] = {}
         self._series_count: _Tally[tuple[str, int]] = _Tally()
-        self._gauges: list[GaugeChild] = []
+        self._gauges: list[GaugeChild] = []  # taken again when their stamps must be (take_shards)
         # The absolute totals and chunks, per shard: touched only by takes and their answers
         # (serialized).
         self.shards = shards
         self.shard_totals = [Totals(self.drop) for _ in range(shards)]
-        # Shards whose totals changed since their last batch was made (their batch was in flight),
-        # and the series changed there meanwhile (engine, field): what a close that gives up
-        # loses besides the batches in flight (lost_summary).
+        # Shards whose totals changed since their last batch was made (their batch was in flight):
+        # with the series changed there meanwhile (owed_series), what a close that gives up loses
+        # besides the batches in flight (lost_summary).
         self.owed: set[int] = set()
-        self.owed_series: dict[int, set[tuple[int, str]]] = {}
         # The specs each shard has yet to store (every shard holds the catalogue it is written with).
         self._unsent: list[dict[str, MetricSpec]] = [{s.name: s for s in catalog} for _ in range(shards)]
         # Metrics whose definition conflicts with the one stored first in Redis: never sent.
         self.conflicted: set[str] = set()
         # Per shard: its server's clock minus time.monotonic(), in s, from the last answer (None:
         # no answer yet), which turns a gauge's monotonic stamp into that server's time; and the
-        # shards whose gauges were sent before that, stamped 0 (sent again once it is known).
+        # shards whose gauges were sent before that, stamped by this host's clock (sent again
+        # once the server's is known).
         self._clock: list[float | None] = [None] * shards
         self._unstamped: set[int] = set()
         self._restamp = False
 
     def server_ms(self, engine: int, stamp: float) -> float:
-        """The monotonic *stamp* of a value of *engine* in its shard's server time (ms), or 0 when
-        that server has not answered yet (the value is sent again, stamped, once it has)."""
+        """The monotonic *stamp* of a value of *engine* in its shard's server time (ms); before
+        that server has answered, in this host's time (the value is sent again once it has)."""
         shard = engine % self.shards
         offset = self._clock[shard]
         if offset is None:
+            # Before that server's first answer: this host's clock, the one estimate there is;
+            # the value is sent again, stamped in the server's time, with the next batch.
             self._unstamped.add(shard)
-            return 0.0
+            offset = time.time() - _monotonic()
         return (stamp + offset) * 1000.0
 
     def anchor(self, shard: int, server_ms: int) -> None:
@@ -707,7 +690,6 @@ class Accumulator:
         resend = set(resend)
         k = self.shards
         batches = {shard: Batch(seq=seq) for shard, seq in seqs.items()}
-        taken = Batch()  # every engine's deltas of this take, whatever its shard
         with self._take_lock:
             with self.lock:  # O(1): whatever the number of pending series, record calls barely wait
                 for shard in resend:
@@ -720,10 +702,12 @@ class Accumulator:
                 self.gen = gen + 1
             for shard, batch in batches.items():
                 batch.specs = [s for s in specs[shard].values() if s.name not in self.conflicted]
-            batch = taken
+            # Without the record lock: the totals belong to the collector (takes are serialized).
+            for shard in resend:
+                self.shard_totals[shard].resend_all()
             slot = gen & 1
             for i, child in enumerate(dirty, 1):
-                child._take(batch, slot)
+                child._take(slot)
                 if not i % _YIELD_EVERY:
                     # Let the host's threads have the GIL: otherwise a record call that wants it
                     # waits out the whole switch interval (5 ms) while this loop runs.
@@ -737,38 +721,31 @@ class Accumulator:
                 seen = {id(c) for c in dirty}
                 for g in list(self._gauges):
                     if g.state[0] and id(g) not in seen and type(g) is GaugeChild:
-                        g._take(taken)
+                        g._take()
+            del dirty
             for engine in engines:
                 engine += self.engine_offset
-                if shard_of(engine, k) in batches:
-                    taken.touch(engine)
-            # Without the record lock: the totals belong to the collector (takes are serialized).
-            for shard in resend:
-                self.shard_totals[shard].resend_all()
-            if k == 1:  # the one shard: the take is its batch (no split, as before sharding)
-                only = batches[0]
-                only.engines = taken.engines
-                only.absorb_into(self.shard_totals[0])
-                return batches
-            parts: dict[int, Batch] = {}
-            for engine, block in taken.engines.items():
                 shard = shard_of(engine, k)
-                part = parts.get(shard)
-                if part is None:
-                    part = parts[shard] = batches.get(shard) or Batch()
-                part.engines[engine] = block
-            for shard, part in parts.items():
-                # Also a shard with a batch in flight: its totals keep the changes (dirty chunks)
-                # for its next batch.
-                part.add_to(self.shard_totals[shard])
-                self.owed.add(shard)
-                if shard not in batches:
-                    self.owed_series.setdefault(shard, set()).update(part.fields())
+                if shard in batches:
+                    self.shard_totals[shard].touch(engine)
             for shard, batch in batches.items():
-                batch.take_chunks(self.shard_totals[shard])
-                self.owed.discard(shard)
-                self.owed_series.pop(shard, None)
+                batch.engines, batch.chunks = self.shard_totals[shard].take(with_names=bool(batch.specs))
+            # A shard with a batch in flight keeps its changes (dirty chunks) for its next batch.
+            self.owed = {s for s, totals in enumerate(self.shard_totals) if totals.touched}
         return batches
+
+    def bind(self, child: _Series, kind: str) -> Series:
+        """The series in the totals of *child*'s shard that its takes add to (made on first use).
+
+        Called by the collector only (the first take of the child): the totals are its own.
+        """
+        totals = self.shard_totals[shard_of(child.engine, self.shards)]
+        child.series = made = totals.series(child.engine, child.field, kind)
+        return made
+
+    def owed_series(self) -> int:
+        """Series changed for shards whose batch was in flight, not in a batch yet."""
+        return sum(sum(self.shard_totals[s].touched.values()) for s in self.owed)
 
     def pending_series(self) -> int:
         """Series changed since the last batch was taken."""
@@ -787,6 +764,7 @@ class Accumulator:
         # A new writer stores them again, in every shard.
         self._unsent = [{s.name: s for s in self.catalog} for _ in range(self.shards)]
         for made in self._children.values():
+            made.series = None  # in the totals reset below
             if isinstance(made, CounterChild):
                 made.deltas = [0, 0]
             elif isinstance(made, HistogramChild):
@@ -800,7 +778,6 @@ class Accumulator:
         for totals in self.shard_totals:
             totals.reset()
         self.owed = set()
-        self.owed_series = {}
 
 
 class _ShardFlow:

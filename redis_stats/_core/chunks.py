@@ -1,21 +1,32 @@
 """A writer's absolute state per engine, kept in chunks (schema 2, see docs/key-schema.md).
 
-The record path still counts deltas (cheap, under one lock); the collector adds each batch's
-deltas here, into totals that only it touches, and sends the chunks that changed: per engine,
+The record path still counts deltas (cheap, under one lock); at each take the collector adds them
+here, into totals that only it touches, and sends the chunks that changed: per engine,
 ``@|<writer>|<k>`` holds the values of up to :data:`~redis_stats._core.fields.CHUNK_SIZE` series, one
 per line, and ``@|<writer>|<k>|n`` their series fields, one per line, sent only when they changed.
 The flush script just sets those fields: absolute values make a repeated flush harmless, and no
 Lua parses or formats a number (issue 15: that was 90 % of a flush's Redis time).
 
 What the store holds for this writer is what was last *confirmed* (applied, or found already
-applied); that is what gc folds into the base fields if it removes the writer, so
-:meth:`Totals.rebase` takes it off every total before the writer continues under a new id.
+applied): the texts of each chunk it sent. That is what gc folds into the base fields if it
+removes the writer, so :meth:`Totals.rebase` takes it off every total before the writer continues
+under a new id.
+
+**What a flush allocates** (issue 28: a flush's allocations push the host's garbage collector into
+full collections, which pause the host). A take of N changed series keeps no container per
+series: each series' total is updated in place (a counter's number, a histogram's lists), its
+value text is one string, a chunk's names text is built once (when its series change) and its
+values text once per take; what the batch in flight needs to be confirmed is those two strings on
+the chunk. The only containers a take makes are a few per shard (the list of chunks taken per
+engine), whatever N.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable
 from itertools import accumulate
+from operator import attrgetter
 from typing import Any
 
 from redis_stats._core.fields import CHUNK_SIZE, decode
@@ -24,14 +35,24 @@ __all__ = ["Chunk", "Series", "Totals"]
 
 _MAX = 1.7976931348623157e308
 COUNTER, HISTOGRAM, GAUGE = "c", "h", "g"
+_INDEX = attrgetter("index")
+# A take gives the GIL away every this many chunks (about 1,000 series, as the record loop does).
+_YIELD_EVERY = 16
+
+
+def _number(text: str) -> int | float:
+    """A counter total back from its text (``str`` of an int, ``repr`` of a float): exact."""
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
 
 
 class Series:
     """One series of one engine as this writer holds it: its field, its total (a counter's number,
-    a histogram's ``[sum, per-bucket counts]``, a gauge's stamped text), its value text, and the
-    totals last sent and last confirmed."""
+    a histogram's ``[sum, per-bucket counts]``; a gauge has only its text) and its value text."""
 
-    __slots__ = ("chunk", "confirmed", "field", "kind", "sent", "text", "total")
+    __slots__ = ("chunk", "field", "kind", "taken", "text", "total")
 
     def __init__(self, field: str, kind: str, chunk: Chunk) -> None:
         self.field = field
@@ -39,43 +60,127 @@ class Series:
         self.chunk = chunk
         self.total: Any = None
         self.text = ""
-        self.sent: Any = None
-        self.confirmed: Any = None
+        self.taken = -1  # the take of its totals that last counted it as changed
 
-    def snapshot(self) -> Any:
-        """The total as it is now (a copy: the total goes on changing)."""
-        if self.kind == HISTOGRAM:
-            return (self.total[0], tuple(self.total[1]))
-        return self.total
+    def add(self, delta: int | float) -> None:
+        """Add a counter's *delta* (a sum beyond the float range is dropped and counted)."""
+        total = delta if self.total is None else self.total + delta
+        if not -_MAX <= total <= _MAX:  # an int beyond the float range, or an infinite sum
+            self.chunk.totals.drop("invalid_value")
+            if self.total is not None:
+                return
+            total = 0
+        self.total = total
+        self.text = str(total) if total.__class__ is int else repr(total)
+        self.chunk.changed(self)
 
-    def render(self) -> None:
-        """Set :attr:`text` from the total."""
+    def observe(self, pending: list[float]) -> None:
+        """Add a histogram's pending bucket counts and sum (``[c0 .. cN, sum]``), then zero them:
+        the list is the recorder's slot, reused (a take allocates no list per histogram)."""
+        total = self.total
+        n = len(pending) - 1
+        if total is None:
+            total = self.total = [0.0, [0] * n]
+        bucket = total[1]
+        if len(bucket) != n:  # cannot happen: a series' bounds are fixed
+            pending[:] = [0] * n + [0.0]
+            return
+        # A sum beyond the float range stays infinite (Prometheus writes +Inf), as in schema 1.
+        total[0] += pending[n]
+        pending[n] = 0.0
+        for i in range(n):
+            if pending[i]:
+                bucket[i] += pending[i]
+                pending[i] = 0
+        # Stored cumulative (the +Inf bucket last: the count), so a reader prints it as it is.
+        self.text = " ".join([repr(total[0]), *map(str, accumulate(bucket))])
+        self.chunk.changed(self)
+
+    def set_text(self, text: str) -> None:
+        """Set a gauge's stamped value text (``<wall ms>|<value>``)."""
+        self.text = text
+        self.chunk.changed(self)
+
+    def unfold(self, text: str) -> None:
+        """Take the value *text* that gc folded into the base fields off this series' total."""
         if self.kind == COUNTER:
-            total = self.total
-            self.text = str(total) if total.__class__ is int else repr(total)
+            self.total -= _number(text)
+            self.text = str(self.total) if self.total.__class__ is int else repr(self.total)
         elif self.kind == HISTOGRAM:
-            # Stored cumulative (the +Inf bucket last: the count), so a reader prints it as it is.
-            self.text = " ".join([repr(self.total[0]), *map(str, accumulate(self.total[1]))])
+            parts = text.split(" ")
+            cumulative = [int(x) for x in parts[1:]]
+            folded = [b - a for a, b in zip([0, *cumulative], cumulative)]
+            total = self.total
+            if len(folded) == len(total[1]):
+                total[0] -= float(parts[0])
+                total[1] = [a - b for a, b in zip(total[1], folded)]
+                self.text = " ".join([repr(total[0]), *map(str, accumulate(total[1]))])
 
 
 class Chunk:
-    """Up to CHUNK_SIZE series of one engine, sent together in one field (names in another)."""
+    """Up to CHUNK_SIZE series of one engine, sent together in one field (names in another).
 
-    __slots__ = ("dirty", "index", "names_confirmed", "series")
+    A chunk is in at most one unconfirmed batch: a shard takes its totals again only after the
+    answer to its batch in flight, so the texts taken (``sent_*``) stay put until then.
+    """
 
-    def __init__(self, index: int) -> None:
+    __slots__ = (
+        "_names",
+        "dirty",
+        "engine",
+        "index",
+        "names_confirmed",
+        "names_held",
+        "send_names",
+        "sent_names",
+        "sent_values",
+        "series",
+        "totals",
+        "values_confirmed",
+    )
+
+    def __init__(self, totals: Totals, engine: int, index: int) -> None:
+        self.totals = totals
+        self.engine = engine
         self.index = index
         self.series: list[Series] = []
         self.dirty = False
-        self.names_confirmed: str | None = None  # the names Redis holds (as far as we know)
+        self._names: str | None = None  # the names text, built when first needed after a change
+        self.sent_names = ""  # the names and values texts of the batch that took it last
+        self.sent_values = ""
+        self.send_names = True  # whether that batch sends the names (else Redis holds them)
+        self.names_held: str | None = None  # the names Redis holds (as far as we know)
+        # The texts of the last batch Redis confirmed (what gc folds if it removes the writer).
+        self.names_confirmed: str | None = None
+        self.values_confirmed: str | None = None
 
     def names(self) -> str:
-        """The chunk's series fields, one per line."""
-        return "\n".join(s.field for s in self.series)
+        """The chunk's series fields, one per line (built once per change of its series)."""
+        names = self._names
+        if names is None:
+            names = self._names = "\n".join([s.field for s in self.series])
+        return names
 
     def values(self) -> str:
         """The chunk's values, one per line in the order of :meth:`names`."""
-        return "\n".join(s.text for s in self.series)
+        return "\n".join([s.text for s in self.series])
+
+    def changed(self, series: Series) -> None:
+        """*series* of this chunk changed: the chunk goes with the next take."""
+        totals = self.totals
+        if not self.dirty:
+            self.dirty = True
+            totals.dirty.append(self)
+        if series.taken != totals.takes:
+            series.taken = totals.takes
+            touched = totals.touched
+            touched[self.engine] = touched.get(self.engine, 0) + 1
+
+    def _mark(self) -> None:
+        self._names = None
+        if not self.dirty:
+            self.dirty = True
+            self.totals.dirty.append(self)
 
 
 class _Engine:
@@ -85,127 +190,104 @@ class _Engine:
         self.series: dict[str, Series] = {}
         self.chunks: list[Chunk] = []
 
-    def get(self, field: str, kind: str) -> Series:
-        found = self.series.get(field)
-        if found is not None:
-            return found
-        if not self.chunks or len(self.chunks[-1].series) >= CHUNK_SIZE:
-            self.chunks.append(Chunk(len(self.chunks)))
-        chunk = self.chunks[-1]
-        made = self.series[field] = Series(field, kind, chunk)
-        chunk.series.append(made)
-        return made
-
 
 class Totals:
-    """Every series of one writer, by engine and field, with its absolute total and its chunk.
+    """Every series of one writer (in one shard), by engine and field, with its absolute total
+    and its chunk.
 
     Only the collector touches it (a take and the answer to it are serialized by the flush), so
     it needs no lock. *drop* counts a delta that would push a total beyond the float range.
     """
 
     def __init__(self, drop: Callable[[str], None]) -> None:
-        self._drop = drop
+        self.drop = drop
         self._engines: dict[int, _Engine] = {}
+        self.dirty: list[Chunk] = []  # the chunks changed since the last take, in that order
+        self.touched: dict[int, int] = {}  # engine -> series changed since the last take
+        self.takes = 0  # takes so far (a series changed since the last one has .taken == takes)
 
-    def _engine(self, engine: int) -> _Engine:
-        found = self._engines.get(engine)
-        if found is None:
-            found = self._engines[engine] = _Engine()
-        return found
+    def series(self, engine: int, field: str, kind: str) -> Series:
+        """The series of *engine* with *field*, made (in the engine's last chunk) on first use."""
+        state = self._engines.get(engine)
+        if state is None:
+            state = self._engines[engine] = _Engine()
+        found = state.series.get(field)
+        if found is not None:
+            return found
+        if not state.chunks or len(state.chunks[-1].series) >= CHUNK_SIZE:
+            state.chunks.append(Chunk(self, engine, len(state.chunks)))
+        chunk = state.chunks[-1]
+        made = state.series[field] = Series(field, kind, chunk)
+        chunk.series.append(made)
+        chunk._mark()
+        return made
 
-    def absorb(
-        self, engine: int, counters: Iterable[Any], gauges: Iterable[Any], hists: Iterable[Any]
-    ) -> None:
-        """Add one engine's deltas of a batch: counters ``(field, delta)``, gauges
-        ``(field, "<ms>|<value>")``, histograms ``(field, sum delta, per-bucket increases)``."""
-        state = self._engine(engine)
-        for field, delta in counters:
-            s = state.get(field, COUNTER)
-            total = delta if s.total is None else s.total + delta
-            if not -_MAX <= total <= _MAX:  # an int beyond the float range, or an infinite sum
-                self._drop("invalid_value")
-                if s.total is not None:
-                    continue
-                total = 0
-            s.total = total
-            s.render()
-            s.chunk.dirty = True
-        for field, text in gauges:
-            s = state.get(field, GAUGE)
-            s.total = s.text = text
-            s.chunk.dirty = True
-        for field, sum_delta, counts in hists:
-            s = state.get(field, HISTOGRAM)
-            if s.total is None:
-                s.total = [0.0, [0] * len(counts)]
-            if len(counts) != len(s.total[1]):
-                continue  # cannot happen: a series' bounds are fixed
-            # A sum beyond the float range stays infinite (Prometheus writes +Inf), as in schema 1.
-            s.total[0] += sum_delta
-            bucket = s.total[1]
-            for i, n in enumerate(counts):
-                if n:
-                    bucket[i] += n
-            s.render()
-            s.chunk.dirty = True
+    def touch(self, engine: int) -> None:
+        """Make sure *engine* is heartbeated by the next take's batch even without data."""
+        self.touched.setdefault(engine, 0)
 
-    def take(
-        self, *, with_names: bool = False
-    ) -> tuple[dict[int, list[tuple[int, str | None, str]]], list[Any]]:
-        """The chunks that changed since the last take, per engine ``(index, names or None when
-        Redis holds them already, values)``, and what confirming them means (for
-        :meth:`confirm`). *with_names*: names of every chunk taken, held or not (a batch with
-        specs may meet a conflicting definition: the script then takes lines out by name, and
-        what it stores is not what this writer sent)."""
-        out: dict[int, list[tuple[int, str | None, str]]] = {}
-        sent: list[Any] = []
-        for engine, state in self._engines.items():
-            for chunk in state.chunks:
-                if not chunk.dirty:
-                    continue
-                chunk.dirty = False
-                names = chunk.names()
-                values = chunk.values()
-                out.setdefault(engine, []).append(
-                    (
-                        chunk.index,
-                        None if names == chunk.names_confirmed and not with_names else names,
-                        values,
-                    )
-                )
-                members = [(s, s.snapshot()) for s in chunk.series if s.kind != GAUGE]
-                sent.append((chunk, names, members))
-        return out, sent
+    def take(self, *, with_names: bool = False) -> tuple[dict[int, int], dict[int, list[Chunk]]]:
+        """The engines changed (or touched) since the last take, with the number of their series
+        that changed, and per engine the chunks that changed, in index order. Each chunk taken
+        holds the texts to send (``sent_values``, ``sent_names``; ``send_names`` False when Redis
+        holds those names already). *with_names*: the names of every chunk taken, held or not (a
+        batch with specs may meet a conflicting definition: the script then takes lines out by
+        name, and what it stores is not what this writer sent)."""
+        self.takes += 1
+        touched, self.touched = self.touched, {}
+        dirty, self.dirty = self.dirty, []
+        out: dict[int, list[Chunk]] = {}
+        for i, chunk in enumerate(dirty, 1):
+            if not i % _YIELD_EVERY:
+                time.sleep(0)  # the host's threads get the GIL (see accumulator.take_shards)
+            if not chunk.dirty:
+                continue
+            chunk.dirty = False
+            names = chunk.names()
+            chunk.sent_names = names
+            chunk.send_names = with_names or names != chunk.names_held
+            chunk.sent_values = chunk.values()
+            found = out.get(chunk.engine)
+            if found is None:
+                out[chunk.engine] = [chunk]
+            else:
+                found.append(chunk)
+        for chunks in out.values():
+            chunks.sort(key=_INDEX)
+        return touched, out
 
     @staticmethod
-    def confirm(sent: list[Any]) -> None:
-        """Redis holds what :meth:`take` returned *sent* for (applied, or applied before)."""
-        for chunk, names, members in sent:
-            chunk.names_confirmed = names
-            for s, total in members:
-                s.confirmed = total
+    def confirm(taken: dict[int, list[Chunk]]) -> None:
+        """Redis holds the chunks that :meth:`take` returned as *taken* (applied, or applied
+        before): what they sent is what the store holds of this writer."""
+        for chunks in taken.values():
+            for chunk in chunks:
+                chunk.names_held = chunk.names_confirmed = chunk.sent_names
+                chunk.values_confirmed = chunk.sent_values
 
     def resend_all(self) -> None:
         """Send every chunk again, names too (Redis lost them, or the writer has a new id)."""
+        self.dirty = []
         for state in self._engines.values():
             for chunk in state.chunks:
-                chunk.names_confirmed = None
+                chunk.names_held = None
                 chunk.dirty = bool(chunk.series)
+                if chunk.dirty:
+                    self.dirty.append(chunk)
 
     def rebase(self) -> None:
-        """gc removed this writer and folded what Redis held of it (the confirmed totals) into
+        """gc removed this writer and folded what Redis held of it (the confirmed chunks) into
         the base fields: take that off every total, so that the new id holds only the rest."""
         for state in self._engines.values():
-            for s in state.series.values():
-                if s.kind == COUNTER and s.confirmed is not None:
-                    s.total -= s.confirmed
-                    s.render()
-                elif s.kind == HISTOGRAM and s.confirmed is not None:
-                    folded_sum, folded = s.confirmed
-                    s.total = [s.total[0] - folded_sum, [a - b for a, b in zip(s.total[1], folded)]]
-                    s.render()
-                s.confirmed = None
+            for chunk in state.chunks:
+                names, values = chunk.names_confirmed, chunk.values_confirmed
+                chunk.names_confirmed = chunk.values_confirmed = None
+                if names is None or values is None or not names:
+                    continue
+                for field, text in zip(names.split("\n"), values.split("\n")):
+                    s = state.series.get(field)
+                    if s is not None and s.kind != GAUGE:
+                        s.unfold(text)
         self.resend_all()
 
     def forget_metrics(self, names: set[str]) -> None:
@@ -216,8 +298,10 @@ class Totals:
                 if decode(field)[0] in names:
                     del state.series[field]
                     s.chunk.series.remove(s)
-                    s.chunk.dirty = True
+                    s.chunk._mark()
 
     def reset(self) -> None:
         """Forget everything (a forked child is a new writer: its totals start at zero)."""
         self._engines = {}
+        self.dirty = []
+        self.touched = {}

@@ -18,7 +18,10 @@
 -- (cumulative counts and sum, added bucket by bucket); its gauges are dropped. Its sequence entry
 -- becomes a tombstone "x<last seq>:<removed at ms>": a late flush from it is not applied (the
 -- writer continues under a new id and sends what was not folded), and a retry of a flush applied
--- before still deduplicates. Tombstones older than one more retention are dropped; the fold
+-- before still deduplicates. Tombstones of writers that closed, older than one more retention,
+-- are dropped; those of writers that did not close are kept ("x<seq>:<ms>:k": one small field per
+-- writer process that died or was paused, not per restart), so a writer paused mid-flush for any
+-- length still finds out its last batch was applied and folded. The fold
 -- watermark "!folded" (the largest cutoff gc ever applied, never dropped) still tells a writer
 -- resumed after any pause that it was folded (flush.lua), without a tombstone.
 --
@@ -39,11 +42,13 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cutoff = now - retention
 
 local writers = {}
+local closed = {}  -- the removed writers that had closed cleanly (a negative heartbeat)
 local staying = {}  -- escaped ids of the writers this call keeps, as their chunk fields name them
 local all = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
 for j = 1, #all, 2 do
   if math.abs(tonumber(all[j + 1])) < cutoff then
     writers[#writers + 1] = all[j]
+    closed[all[j]] = tonumber(all[j + 1]) < 0
   else
     staying[escape(all[j])] = true
   end
@@ -64,7 +69,7 @@ local tombstones = {}
 local seqs = redis.call('HGETALL', KEYS[3])
 for j = 1, #seqs, 2 do
   local v = seqs[j + 1]
-  if string.sub(v, 1, 1) == 'x' then
+  if string.sub(v, 1, 1) == 'x' and string.sub(v, -2) ~= ':k' then
     local at = tonumber(string.match(v, ':(%d+)$') or '0')
     if at < cutoff then tombstones[#tombstones + 1] = seqs[j] end
   end
@@ -145,7 +150,10 @@ if #writers > 0 then
     end
     local last = redis.call('HGET', KEYS[3], w) or '0'
     if string.sub(last, 1, 1) ~= 'x' then
-      redis.call('HSET', KEYS[3], w, 'x' .. last .. ':' .. now)
+      -- A writer that did not close may still be paused with a batch whose answer it never
+      -- heard (applied, and folded now): only its tombstone's <seq> tells its retry "already
+      -- applied", so that one is kept (":k"); a closed writer's goes after one more retention.
+      redis.call('HSET', KEYS[3], w, 'x' .. last .. ':' .. now .. (closed[w] and '' or ':k'))
     end
     redis.call('ZREM', KEYS[2], w)
     redis.call('DEL', prefix .. 'w:' .. w)
@@ -157,8 +165,8 @@ local emptied = 0
 if #redis.call('ZRANGE', KEYS[1], 0, 0) == 0 and #redis.call('ZRANGE', KEYS[2], 0, 0) == 0 then
   emptied = 1
   local left = redis.call('HGETALL', KEYS[3])
-  for j = 2, #left, 2 do
-    if string.sub(left[j], 1, 1) == 'x' then emptied = 0; break end
+  for j = 2, #left, 2 do  -- kept tombstones (":k") protect folded base fields: none is left
+    if string.sub(left[j], 1, 1) == 'x' and string.sub(left[j], -2) ~= ':k' then emptied = 0; break end
   end
   if emptied == 1 then
     redis.call('DEL', KEYS[3], KEYS[5], KEYS[6])

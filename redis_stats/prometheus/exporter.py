@@ -37,6 +37,7 @@ import re
 import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -51,7 +52,7 @@ from prometheus_client.exposition import (
     gzip_accepted,
 )
 
-from redis_stats.config import redact
+from redis_stats.config import mask_url, redact
 from redis_stats.errors import error_kind
 from redis_stats.prometheus.collector import RedisCollector
 from redis_stats.prometheus.recent import FleetSummary, SnapshotRing, snapshot_document, summary_problems
@@ -141,6 +142,22 @@ def openmetrics_from_text(text: str) -> str:
     out.append(text[done:])
     out.append("# EOF\n" if not text or text.endswith("\n") else "\n# EOF\n")
     return "".join(out)
+
+
+def redis_address(url: str) -> str:
+    """Where the view reads, for a page header: scheme, hosts and path only.
+
+    Masked by :func:`~redis_stats.config.mask_url` first (which never lets a password through, even
+    a malformed one), then cut to what a reader needs: no user name, no ``***``, no query.
+    """
+    masked = mask_url(url)
+    scheme, sep, rest = masked.partition("://")
+    if not sep:
+        scheme, rest = "", masked
+    if "<" in rest:  # mask_url's own "not shown" forms
+        return masked
+    authority, slash, path = rest.split("?", 1)[0].split("#", 1)[0].partition("/")
+    return f"{scheme}{sep}{authority.rpartition('@')[2]}{slash}{path}".replace("***", "")
 
 
 class _Both:
@@ -584,8 +601,12 @@ class Exporter:
             return ""
         return generate_latest(self.own_registry).decode()
 
-    def snapshot_json(self) -> tuple[int, dict[str, Any]]:
-        """(HTTP status, document) of ``/snapshot``: the snapshot, its recent window, fleet totals."""
+    def snapshot_json(
+        self, names: list[str] | None = None, buckets: bool = True
+    ) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, document) of ``/snapshot``: the snapshot, its recent window, fleet totals
+        (only the metrics *names* when given: ``?name[]=...``; without since-start histogram
+        buckets when *buckets* is False: ``?buckets=0``)."""
         self._start_sampler()
         try:
             snap = self.reader.snapshot(self.engines)  # thread-safe: each read checks its own plan
@@ -594,7 +615,17 @@ class Exporter:
             return 503, {"error": error_kind(exc), "detail": redact(str(exc), self.reader.config.url)}
         earlier = self._ring.baseline(snap, self.window, min_span=self.window * MIN_SPAN)
         self._ring.add(snap)
-        return 200, snapshot_document(snap, earlier, requested=self.window, summary=self.summary)
+        source = {"namespace": self.reader.config.namespace, "redis": redis_address(self.reader.config.url)}
+        doc = snapshot_document(
+            snap,
+            earlier,
+            requested=self.window,
+            summary=self.summary,
+            source=source,
+            names=names,
+            buckets=buckets,
+        )
+        return 200, doc
 
     def _start_sampler(self) -> None:
         # Started by the first /snapshot request: an exporter nobody asks for windows (a node view
@@ -670,7 +701,9 @@ class Exporter:
                 if path == "/":
                     return 200, "text/html; charset=utf-8", live_page(), "Accept-Encoding"
                 if path == "/snapshot":
-                    status, doc = exporter.snapshot_json()
+                    query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+                    buckets = query.get("buckets", ["1"])[-1] != "0"
+                    status, doc = exporter.snapshot_json(query.get("name[]"), buckets)
                 elif path == "/healthz":
                     status, doc = exporter.health()
                 else:

@@ -16,13 +16,14 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from redis_stats.catalog import COUNTER, GAUGE
 from redis_stats.snapshot import HistogramValue, Snapshot
 
 __all__ = [
+    "SCHEMA_VERSION",
     "SUMMARY_KINDS",
     "FleetSummary",
     "SnapshotRing",
@@ -36,6 +37,11 @@ __all__ = [
 #: engines, summed over labels per engine first).
 FleetSummary = Mapping[str, tuple[str, str]]
 SUMMARY_KINDS = ("rate", "sum", "mean", "max")
+
+#: The ``schema_version`` of the ``/snapshot`` document (docs/snapshot.md, "Stability"). Version 1
+#: (documents without the key) listed each engine's series as ``[{"name", "labels", ...}]``; version
+#: 2 keys them by metric name, so a reader changing shape breaks no version-1 client silently.
+SCHEMA_VERSION = 2
 
 # Quantiles reported for windowed histograms (as the since-start ones of Snapshot.to_dict).
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
@@ -109,30 +115,42 @@ def recent_document(
     *,
     requested: float,
     summary: FleetSummary | None = None,
+    names: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """The ``window`` and ``fleet`` blocks of ``/snapshot`` (see docs/snapshot.md).
 
     Without an *earlier* snapshot there is no window: ``window.seconds`` is None, every rate and
-    windowed quantile is absent, and fleet rates are None (gauges are still summed).
+    windowed quantile is absent, and fleet rates are None (gauges are still summed). With *names*
+    only those metrics' series and fleet totals are written (``fleet.summary`` stays whole).
     """
     seconds = now.time - earlier.time if earlier is not None else None
+    keep = None if names is None else set(names)
+    # The summary's metrics are computed even when not written: their figures need them.
+    wanted = None if keep is None else keep | {metric for _kind, metric in (summary or {}).values()}
     engines: dict[str, Any] = {}
     rate_sums: dict[str, float] = {}
     for e in sorted(now.engines.values(), key=lambda e: e.engine):
-        block: dict[str, Any] = {"rates": [], "histograms": []}
+        rates: dict[str, list[dict[str, Any]]] = {}
+        histograms: dict[str, list[dict[str, Any]]] = {}
+        block: dict[str, Any] = {"rates": rates, "histograms": histograms}
         before = earlier.engines.get(e.engine) if earlier is not None and seconds else None
         if seconds:
             for (name, values), v in sorted(e.counters.items()):
+                if wanted is not None and name not in wanted:
+                    continue
                 old = before.counters.get((name, values), 0.0) if before is not None else 0.0
                 rate = _increase(v, old) / seconds
                 rate_sums[name] = rate_sums.get(name, 0.0) + rate
+                if keep is not None and name not in keep:
+                    continue
                 labels = _labels(now, name, values)
-                block["rates"].append({"name": name, "labels": labels, "per_second": _json(rate)})
+                rates.setdefault(name, []).append({"labels": labels, "per_second": _json(rate)})
             for (name, values), h in sorted(e.histograms.items()):
+                if keep is not None and name not in keep:
+                    continue
                 old_h = before.histograms.get((name, values)) if before is not None else None
                 recent = _since(h, old_h)
                 item: dict[str, Any] = {
-                    "name": name,
                     "labels": _labels(now, name, values),
                     "count": _json(recent.count),
                     "per_second": _json(recent.count / seconds),
@@ -140,7 +158,7 @@ def recent_document(
                 }
                 for key, q in QUANTILES:
                     item[key] = _json(recent.quantile(q))
-                block["histograms"].append(item)
+                histograms.setdefault(name, []).append(item)
         engines[str(e.engine)] = block
     gauges = _gauge_totals(now)
     fleet: dict[str, Any] = {
@@ -149,15 +167,19 @@ def recent_document(
         "rates": {
             spec.name: (_json(rate_sums.get(spec.name, 0.0)) if seconds else None)
             for spec in now.catalog
-            if spec.kind == COUNTER
+            if spec.kind == COUNTER and (wanted is None or spec.name in wanted)
         },
         "gauges": gauges,
     }
-    if summary:
-        fleet["summary"] = {
-            label: _summary_value(kind, metric, fleet, bool(seconds))
-            for label, (kind, metric) in summary.items()
-        }
+    # Always present (empty without an integration's figures): ``jq '.fleet.summary'`` never
+    # prints null, so a client can tell "no figures configured" from "an older document".
+    fleet["summary"] = {
+        label: _summary_value(kind, metric, fleet, bool(seconds))
+        for label, (kind, metric) in (summary or {}).items()
+    }
+    if keep is not None:
+        fleet["rates"] = {k: v for k, v in fleet["rates"].items() if k in keep}
+        fleet["gauges"] = {k: v for k, v in gauges.items() if k in keep}
     return {
         "window": {"requested_seconds": requested, "seconds": seconds, "engines": engines},
         "fleet": fleet,
@@ -208,11 +230,75 @@ def _summary_value(kind: str, metric: str, fleet: dict[str, Any], have_window: b
     return gauge.get(kind) if gauge else None
 
 
+def _number(value: float) -> float | str:
+    # As Snapshot.to_dict writes a since-start value: a value that is not finite as Prometheus does.
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return value
+
+
+def _keyed(
+    snap: Snapshot,
+    series: Mapping[tuple[str, tuple[str, ...]], Any],
+    keep: set[str] | None,
+    buckets: bool = True,
+) -> dict[str, list[dict[str, Any]]]:
+    """``{metric name: [{"labels", "value"}, ...]}``: one engine's series, by metric name."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for (name, values), v in sorted(series.items()):
+        if keep is not None and name not in keep:
+            continue
+        value: dict[str, Any] | float | str
+        if isinstance(v, HistogramValue):
+            value = v.to_dict()
+            if not buckets:
+                del value["buckets"]
+        else:
+            value = _number(v)
+        out.setdefault(name, []).append({"labels": _labels(snap, name, values), "value": value})
+    return out
+
+
 def snapshot_document(
-    now: Snapshot, earlier: Snapshot | None, *, requested: float, summary: FleetSummary | None = None
+    now: Snapshot,
+    earlier: Snapshot | None,
+    *,
+    requested: float,
+    summary: FleetSummary | None = None,
+    source: Mapping[str, Any] | None = None,
+    names: Collection[str] | None = None,
+    buckets: bool = True,
 ) -> dict[str, Any]:
     """The whole ``/snapshot`` document (and ``redis-stats inspect --json``): the snapshot since start,
-    then its ``window`` and ``fleet`` blocks. Valid against ``schemas/snapshot.schema.json``."""
-    doc = now.to_dict()
-    doc.update(recent_document(now, earlier, requested=requested, summary=summary))
+    then its ``window`` and ``fleet`` blocks. Valid against ``schemas/snapshot.schema.json``.
+
+    Every series is keyed by metric name (``engines["3"]["gauges"]["running"]``
+    is that engine's list of label sets), in the since-start and the window blocks alike.
+    *source* (namespace, Redis address: nothing secret) is written as ``source`` when given.
+    With *names* (``/snapshot?name[]=...``) only those metrics' series are written, which at a
+    thousand engines is what makes the document small and quick enough for the live page. Without
+    *buckets* (``?buckets=0``) the since-start histograms keep ``sum``, ``count`` and quantiles
+    but not their cumulative buckets (most of the document, for a client that only reads figures).
+    """
+    keep = None if names is None else set(names)
+    doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "time": _number(now.time)}
+    if source is not None:
+        doc["source"] = dict(source)
+    doc["engines"] = {
+        str(e.engine): {
+            "up": e.up,
+            "age_seconds": _number(e.age),
+            "counters": _keyed(now, e.counters, keep),
+            "gauges": _keyed(now, e.gauges, keep),
+            "histograms": _keyed(now, e.histograms, keep, buckets),
+        }
+        for e in sorted(now.engines.values(), key=lambda e: e.engine)
+    }
+    doc["writers"] = {
+        w: {"age_seconds": _number(i.age), "closed": i.closed, "live": i.live} for w, i in now.writers.items()
+    }
+    doc["skipped"] = dict(now.skipped)
+    doc.update(recent_document(now, earlier, requested=requested, summary=summary, names=keep))
     return doc

@@ -1,4 +1,4 @@
-"""The ``redis-stats`` command: demo, exporter, top, inspect, gc."""
+"""The ``redis-stats`` command: demo, exporter, top, inspect, gc, namespaces, bridge."""
 
 from __future__ import annotations
 
@@ -611,3 +611,163 @@ def namespaces(redis_url: str | None) -> None:
         return
     for info in infos:
         click.echo(summary(info))
+
+
+@main.command()
+@url_option
+@namespace_option
+@click.option(
+    "--source",
+    "sources",
+    multiple=True,
+    metavar="URL",
+    help="A metrics endpoint to bridge, e.g. http://127.0.0.1:8000/metrics (repeat for several; "
+    "user:password@ is sent as Basic auth and never printed).",
+)
+@click.option(
+    "--source-file",
+    "source_files",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="Read source URLs from this file, one a line (keeps a password out of `ps`).",
+)
+@click.option(
+    "--engine-label",
+    default=None,
+    show_default="none: every series is engine 0",
+    help="The label holding a series' engine index (vLLM: engine); series without it are engine 0.",
+)
+@click.option(
+    "--engine-offset",
+    "offsets",
+    multiple=True,
+    type=click.IntRange(0),
+    show_default="REDIS_STATS_ENGINE_OFFSET, 0",
+    help="Added to the engine indexes of a source: once per --source (in order), or once for all "
+    "(source i then gets OFFSET + i x --engine-stride).",
+)
+@click.option(
+    "--engine-stride",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1),
+    help="With one --engine-offset and several sources: engines per source.",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(0.05, 3600),
+    show_default="REDIS_STATS_FLUSH_INTERVAL, 1",
+    help="Seconds between two scrapes of a source (each scrape is one flush).",
+)
+@click.option(
+    "--timeout",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(0.05, 600),
+    help="Seconds a scrape may take in all (connect, headers, body).",
+)
+@click.option(
+    "--max-body-bytes",
+    default=16 * 1024 * 1024,
+    show_default=True,
+    type=click.IntRange(1024),
+    help="A body larger than this is refused (and counted).",
+)
+@click.option(
+    "--format",
+    "accept",
+    type=click.Choice(["any", "text", "openmetrics"]),
+    default="any",
+    show_default=True,
+    help="What to ask for: OpenMetrics or the 0.0.4 text (any), or only one. The body is parsed "
+    "by the Content-Type it comes with.",
+)
+@click.option(
+    "--family",
+    "families",
+    multiple=True,
+    metavar="PATTERN",
+    help="Store only families matching this shell pattern, e.g. 'vllm:*' (repeatable; default all).",
+)
+@click.option(
+    "--duration",
+    type=click.FloatRange(0.1),
+    show_default="until SIGTERM/Ctrl-C",
+    help="Stop after this many seconds.",
+)
+def bridge(
+    redis_url: str | None,
+    namespace: str | None,
+    sources: tuple[str, ...],
+    source_files: tuple[str, ...],
+    engine_label: str | None,
+    offsets: tuple[int, ...],
+    engine_stride: int,
+    interval: float | None,
+    timeout: float,
+    max_body_bytes: int,
+    accept: str,
+    families: tuple[str, ...],
+    duration: float | None,
+) -> None:
+    """Scrape LLM servers' own /metrics (vLLM, SGLang, TensorRT-LLM, llama.cpp) into the store,
+    each source one writer (docs/bridge.md)."""
+    import logging
+    import signal
+
+    from redis_stats.integrations.bridge import Bridge, BridgedSource
+    from redis_stats.integrations.vllm import vllm_catalog
+
+    config = _config(redis_url, namespace)
+    urls = [*sources, *(url for path in source_files for url in _read_sources(path))]
+    if not urls:
+        raise click.UsageError("give at least one --source URL (or --source-file)")
+    if len(offsets) > 1 and len(offsets) != len(urls):
+        raise click.UsageError(
+            f"{len(offsets)} --engine-offset values for {len(urls)} sources: give one per source, "
+            "or one for all (with --engine-stride)"
+        )
+    base = offsets[0] if offsets else config.engine_offset
+    starts = list(offsets) if len(offsets) > 1 else [base + i * engine_stride for i in range(len(urls))]
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    known = vllm_catalog()
+    try:
+        bridged = [
+            BridgedSource(
+                url,
+                config.replace(engine_offset=start),
+                engine_label=engine_label,
+                known=known,
+                include=families,
+                accept=accept,
+                timeout=timeout,
+                max_bytes=max_body_bytes,
+            )
+            for url, start in zip(urls, starts)
+        ]
+    except (ValueError, ConfigError) as exc:
+        raise click.UsageError(str(exc)) from None
+    runner = Bridge(bridged, interval=interval)
+    signal.signal(signal.SIGTERM, lambda *_: runner.stop())
+    for source, start in zip(bridged, starts):
+        click.echo(
+            f"bridging {source.safe_url} -> {config.namespace!r} at {config.safe_url} (engine offset {start})"
+        )
+    runner.start()
+    try:
+        runner.wait(duration)
+    except KeyboardInterrupt:
+        pass
+    runner.close()
+
+
+def _read_sources(path: str) -> list[str]:
+    """The URLs of a --source-file (one a line; blank lines and # comments skipped)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [line.strip() for line in f]
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise click.BadParameter(f"cannot read {path}: {reason}", param_hint="--source-file") from None
+    return [line for line in lines if line and not line.startswith("#")]

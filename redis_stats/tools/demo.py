@@ -25,6 +25,7 @@ from typing import TextIO
 
 from redis_stats.config import ENV_PREFIX, StatsConfig, mask_url
 from redis_stats.integrations.vllm import vllm_catalog
+from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
 from redis_stats.prometheus.exporter import Exporter
 from redis_stats.reader import StatsReader
 from redis_stats.tools.embedded import EmbeddedRedis
@@ -102,7 +103,9 @@ def run_demo(
         for node in range(opts.first_engine, last_engine + 1):
             pids = " ".join(str(c.pid) for c, (engine, _) in zip(children, slots) if engine == node)
             print(f"  node {node}: kill {pids} to stop it", file=out, flush=True)
-        exporter = Exporter(StatsReader(config, vllm_catalog()), host=opts.host, port=opts.port).start()
+        exporter = Exporter(
+            StatsReader(config, vllm_catalog()), host=opts.host, port=opts.port, summary=VLLM_FLEET_SUMMARY
+        ).start()
         print(
             f"Redis view of every engine: {exporter.url}/metrics\n"
             f"  try: curl -s {exporter.url}/metrics"

@@ -469,3 +469,15 @@ def test_a_redis_failure_in_the_cli_is_one_clean_line(cmd):
     assert result.output.startswith("Error: reading redis+cluster://statsuser:***@127.0.0.1:")
     assert result.exception is None or isinstance(result.exception, SystemExit)
     assert_clean({"cli": result.output})
+
+
+@pytest.mark.parametrize("name", [*forms(6390), *MALFORMED])
+def test_the_redis_address_a_page_header_shows_has_no_secret_and_no_user(name):
+    from redis_stats.prometheus.exporter import redis_address
+
+    url = {**forms(6390), **MALFORMED}[name]
+    shown = redis_address(url)
+    assert_clean({name: shown})
+    assert "statsuser" not in shown and "***" not in shown and "?" not in shown, shown
+    if name in forms(6390) and not name.startswith("unix"):
+        assert "127.0.0.1:6390" in shown, shown  # still says where it reads

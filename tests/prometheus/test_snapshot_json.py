@@ -50,7 +50,10 @@ def infinite(redis_server, namespace):
 
 
 def _values(doc: dict, kind: str) -> dict:
-    return {tuple(s["labels"].values()): s["value"] for s in doc["engines"]["0"][kind]}
+    series = doc["engines"]["0"][kind]
+    if isinstance(series, dict):  # /snapshot (schema_version 2): by metric name
+        series = [s for by_name in series.values() for s in by_name]
+    return {tuple(s["labels"].values()): s["value"] for s in series}
 
 
 def test_snapshot_is_strict_json_with_non_finite_values_as_prometheus_strings(infinite):

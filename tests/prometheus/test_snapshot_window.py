@@ -84,18 +84,23 @@ def test_window_rates_and_quantiles_are_those_of_the_window_only(fleet):
     validate(doc)
     seconds = doc["window"]["seconds"]
     assert 0.4 < seconds < 2.0
-    rates = {(e, r["name"]): r["per_second"] for e, b in doc["window"]["engines"].items() for r in b["rates"]}
+    rates = {
+        (e, name): r["per_second"]
+        for e, b in doc["window"]["engines"].items()
+        for name, series in b["rates"].items()
+        for r in series
+    }
     assert rates[("0", "tokens")] == pytest.approx(30 / seconds)
     assert rates[("1", "tokens")] == pytest.approx(90 / seconds)
     assert doc["fleet"]["rates"]["tokens"] == pytest.approx(120 / seconds)
-    (hist,) = doc["window"]["engines"]["1"]["histograms"]
+    ((hist,),) = doc["window"]["engines"]["1"]["histograms"].values()
     recent = HistogramValue((0.1, 0.5, 1.0, 5.0, float("inf")), (2.0, 5.0, 6.0, 6.0, 6.0), 1.7)
     assert hist["count"] == 6
     assert hist["p50"] == pytest.approx(recent.quantile(0.5))  # the 4.0s before the window are out
     assert hist["p99"] == pytest.approx(recent.quantile(0.99)) and hist["p99"] < 1.0
     assert hist["mean"] == pytest.approx(1.7 / 6)
     # Since start (the existing block) still counts everything.
-    since = {h["name"]: h["value"] for h in doc["engines"]["1"]["histograms"]}
+    since = {name: h["value"] for name, (h,) in doc["engines"]["1"]["histograms"].items()}
     assert since["latency_seconds"]["count"] == 56
 
 
@@ -130,6 +135,88 @@ def test_fleet_summary_is_injected_and_the_core_knows_no_vllm_name(redis_server,
         assert "vllm:" not in Path(module.__file__).read_text()  # no metric name in the core
 
 
+def test_an_engines_queue_and_kv_usage_are_found_by_key_and_the_source_is_named(redis_server, namespace):
+    config = StatsConfig(url=redis_server.url, namespace=namespace)
+    writer = StatsWriter(config, vllm_catalog(), engines=[0, 1, 2], start=False)
+    from types import SimpleNamespace
+
+    for engine, (waiting, kv) in enumerate([(0, 0.1), (7, 0.9), (2, 0.5)]):
+        sched = SimpleNamespace(num_running_reqs=1, num_waiting_reqs=waiting, kv_cache_usage=kv)
+        VllmRecorder(writer, "m", [engine]).record(sched, None, engine_idx=engine)
+    assert writer.flush()
+    server = Exporter(StatsReader(config, vllm_catalog()), port=0, summary=VLLM_FLEET_SUMMARY).start()
+    try:
+        doc = snapshot(server)
+    finally:
+        server.close()
+        writer.close()
+    validate(doc)
+    assert doc["schema_version"] == 2
+    engine = doc["engines"]["1"]  # no list to filter: metric name, then its label sets
+    assert engine["gauges"]["vllm:num_requests_waiting"] == [{"labels": {"model_name": "m"}, "value": 7.0}]
+    assert engine["gauges"]["vllm:kv_cache_usage_perc"][0]["value"] == 0.9
+    assert doc["source"] == {"namespace": namespace, "redis": redis_server.url}
+
+
+def test_name_parameters_keep_only_those_metrics_and_the_whole_summary(redis_server, namespace):
+    config = StatsConfig(url=redis_server.url, namespace=namespace)
+    writer = StatsWriter(config, vllm_catalog(), engines=[0], start=False)
+    from types import SimpleNamespace
+
+    tokens = writer.counter("vllm:generation_tokens").labels(engine=0, model_name="m")
+    sched = SimpleNamespace(num_running_reqs=2, num_waiting_reqs=5, kv_cache_usage=0.3)
+    VllmRecorder(writer, "m", [0]).record(sched, None, engine_idx=0)
+    tokens.inc(10)
+    writer.counter("vllm:prompt_tokens").labels(engine=0, model_name="m").inc(50)
+    assert writer.flush()
+    server = Exporter(
+        StatsReader(config, vllm_catalog()), port=0, window=2.0, summary=VLLM_FLEET_SUMMARY
+    ).start()
+    try:
+        whole = snapshot(server)
+        time.sleep(0.5)
+        tokens.inc(100)
+        assert writer.flush()
+        doc = json.loads(get(server, "/snapshot?name[]=vllm:num_requests_waiting&name[]=vllm:prompt_tokens"))
+        hist = "vllm:time_to_first_token_seconds"
+        slim = json.loads(get(server, f"/snapshot?buckets=0&name[]={hist}"))
+    finally:
+        server.close()
+        writer.close()
+    validate(doc)
+    engine = doc["engines"]["0"]
+    assert set(engine["gauges"]) == {"vllm:num_requests_waiting"} and set(engine["counters"]) == {
+        "vllm:prompt_tokens"
+    }
+    assert len(whole["engines"]["0"]["gauges"]) > 1  # without the parameter: every metric
+    assert set(doc["window"]["engines"]["0"]["rates"]) == {"vllm:prompt_tokens"}
+    assert set(doc["fleet"]["rates"]) == {"vllm:prompt_tokens"} and set(doc["fleet"]["gauges"]) == {
+        "vllm:num_requests_waiting"
+    }
+    validate(slim)
+    ((with_buckets,),) = [whole["engines"]["0"]["histograms"][hist]]
+    ((without,),) = [slim["engines"]["0"]["histograms"][hist]]
+    assert "buckets" in with_buckets["value"] and "buckets" not in without["value"]
+    assert without["value"] == {k: v for k, v in with_buckets["value"].items() if k != "buckets"}
+    # The summary is whole, its rates measured from metrics the filter left out of the document.
+    summary = doc["fleet"]["summary"]
+    assert summary.keys() == VLLM_FLEET_SUMMARY.keys() and summary["requests_running"] == 2
+    assert summary["generation_tokens_per_second"] == pytest.approx(100 / doc["window"]["seconds"])
+
+
+def test_every_vllm_view_serves_the_fleet_summary():
+    """The demo's view had no ``fleet.summary`` (its Exporter was built without it): every place
+    that builds an exporter over the vLLM catalogue passes the vLLM figures."""
+    import ast
+
+    for path in (ROOT / "redis_stats").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Exporter":
+                keywords = {k.arg for k in node.keywords}
+                assert "summary" in keywords, f"{path}:{node.lineno} builds an Exporter without summary="
+
+
 def test_a_bad_summary_kind_is_refused_naming_it(redis_server, namespace):
     config = StatsConfig(url=redis_server.url, namespace=namespace)
     with pytest.raises(ValueError, match=r"'running'.*'avg' is not one of rate, sum, mean, max"):
@@ -137,17 +224,32 @@ def test_a_bad_summary_kind_is_refused_naming_it(redis_server, namespace):
 
 
 def test_schema_is_not_vacuous():
+    series = {"labels": {"model_name": "m"}, "value": 3.0}
+    engine = {
+        "up": True,
+        "age_seconds": 0.1,
+        "counters": {},
+        "gauges": {"waiting": [series]},
+        "histograms": {},
+    }
     good = {
+        "schema_version": 2,
         "time": 1.0,
-        "engines": {},
+        "engines": {"0": engine},
         "writers": {},
         "skipped": {},
         "window": {"requested_seconds": 30, "seconds": None, "engines": {}},
-        "fleet": {"engines": 0, "engines_up": 0, "rates": {}, "gauges": {}},
+        "fleet": {"engines": 0, "engines_up": 0, "rates": {}, "gauges": {}, "summary": {}},
     }
     validate(good)
+    version_1 = {**engine, "gauges": [{"name": "waiting", **series}]}  # lists of named series
     for broken in (
         {k: v for k, v in good.items() if k != "fleet"},
+        {k: v for k, v in good.items() if k != "schema_version"},
+        {**good, "schema_version": 1},
+        {**good, "engines": {"0": version_1}},
+        {**good, "fleet": {k: v for k, v in good["fleet"].items() if k != "summary"}},
+        {**good, "source": {"namespace": "demo"}},
         {**good, "time": "yesterday"},
         {**good, "engines": {"zero": {}}},
         {**good, "window": {**good["window"], "seconds": 0}},

@@ -274,8 +274,7 @@ def test_memory_during_an_outage_grows_with_series_not_updates(catalog, namespac
         assert not w.flush()
         # One unconfirmed batch (kept whole for its retry) plus the series changed since.
         batch = w._protocol.in_flight
-        block = batch.engines[0]
-        assert len(block.ints) // 2 + len(block.hists) // 3 == 3
+        assert batch.series() == 3 and [len(c.series) for c in batch.chunks[0]] == [3]
         assert len(w._acc.dirty) <= 3
     assert w.pending()
 

@@ -97,6 +97,9 @@ def test_demo_runs_serves_every_engine_logs_once_and_cleans_up(python_env):
     assert set(tokens(first)) == {"0", "1"}
     assert all(tokens(second)[e] > tokens(first)[e] for e in ("0", "1")), (tokens(first), tokens(second))
     assert set(snapshot["engines"]) == {"0", "1"}
+    # The docs' `jq '.fleet.summary'` (docs/snapshot.md) on the demo's view: its vLLM figures (the
+    # demo's exporter was built without them, and the key was absent).
+    assert snapshot["fleet"]["summary"]["requests_running"] is not None, snapshot["fleet"]
     printed = [ln for ln in lines if "Engine 000: Avg prompt throughput" in ln]
     assert len(printed) >= 3
     printers = {re.search(r"pid=(\d+)", ln).group(1) for ln in printed}
@@ -166,15 +169,19 @@ def test_exporter_json_agrees_with_its_prometheus_view(fleet):
     assert health == {"status": "ok", "engines": 2, "engines_up": 2}
     engine = doc["engines"]["1"]
     assert engine["up"] is True
-    gauges = {g["name"]: g["value"] for g in engine["gauges"]}
+    gauges = {name: series[0]["value"] for name, series in engine["gauges"].items()}
     prom_gauge = {s.labels["engine"]: s.value for s in fams["vllm:num_requests_running"].samples}
     assert gauges["vllm:num_requests_running"] == prom_gauge["1"] == 4
-    counters = {(c["name"], tuple(sorted(c["labels"].items()))): c["value"] for c in engine["counters"]}
+    counters = {
+        (name, tuple(sorted(c["labels"].items()))): c["value"]
+        for name, cs in engine["counters"].items()
+        for c in cs
+    }
     for s in fams["vllm:request_success"].samples:
         if s.labels["engine"] == "1":
             labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != "engine"))
             assert counters[("vllm:request_success", labels)] == s.value
-    ttft = next(h for h in engine["histograms"] if h["name"] == "vllm:time_to_first_token_seconds")["value"]
+    (ttft,) = (h["value"] for h in engine["histograms"]["vllm:time_to_first_token_seconds"])
     prom = {
         s.labels["le"]: s.value
         for s in fams["vllm:time_to_first_token_seconds"].samples

@@ -20,9 +20,20 @@ def _acc(cat: Catalog) -> Accumulator:
     return Accumulator(cat, max_label_length=64, max_series_per_metric=100)
 
 
+def _sent(batches) -> dict[str, str]:
+    """Series field -> the value text the batches send for it (the last batch's, when several)."""
+    out: dict[str, str] = {}
+    for b in batches:
+        for chunks in b.chunks.values():
+            for chunk in chunks:
+                out.update(zip(chunk.sent_names.split("\n"), chunk.sent_values.split("\n")))
+    return out
+
+
 def _int_total(batches) -> int:
-    """Sum of the integer counter deltas the batches carry (field, delta pairs)."""
-    return sum(int(v) for b in batches for block in b.engines.values() for v in block.ints[1::2])
+    """Sum of the integer counter totals the batches leave in Redis (absolute values: the last
+    batch that sends a series holds its total)."""
+    return sum(int(v) for v in _sent(batches).values())
 
 
 APPLIED = FlushResult(status=1, server_time_ms=0)
@@ -41,7 +52,7 @@ def test_an_unconfirmed_batch_is_sent_again_unchanged_and_new_updates_wait_for_t
     assert again is first and again.seq == 1 and _int_total([again]) == 3
     proto.confirmed(APPLIED)
     second = proto.next_batch()
-    assert second.seq == 2 and _int_total([second]) == 4
+    assert second.seq == 2 and _int_total([second]) == 7  # the total: 3, then 4 more
     assert not proto.confirmed(SEEN_BEFORE) and not proto.has_pending()
 
 
@@ -65,6 +76,7 @@ def test_a_lost_reply_resends_the_specs_and_a_lost_catalogue_resends_everything(
     # again, and says it carries everything (confirmed 0).
     resent = proto.next_batch()
     assert resent.series() == 1 and {s.name for s in resent.specs} == everything
+    assert [f.split("|")[0] for f in _sent([resent])] == ["running"] and resent.chunks[0][0].send_names
     assert resent.confirmed == 0
 
 
@@ -126,7 +138,35 @@ def test_shards_have_their_own_numbers_and_batches_and_changes_wait_for_a_busy_s
         proto.confirmed(APPLIED, s)
     assert proto.has_pending()  # shard 1's 10
     third = proto.next_batches([0], closing=True, always=(0,))
-    assert third[1].seq == 2 and third[1].closing and third[1].chunks[1][0][2] == "12"
+    assert third[1].seq == 2 and third[1].closing and third[1].chunks[1][0].sent_values == "12"
     for s in third:
         proto.confirmed(APPLIED, s)
     assert not proto.has_pending()
+
+
+def test_a_writer_removed_by_gc_goes_on_with_exactly_what_redis_did_not_hold():
+    """gc folded what Redis held of the writer (the confirmed chunks' texts): the writer takes
+    exactly that off each total (an int beyond 2**53, a float sum, a histogram's counts), and its
+    new id stores only the rest."""
+    cat = _catalog()
+    cat.counter("seconds", "float counter", labels=["model"])
+    acc = _acc(cat)
+    proto = FlushProtocol(acc)
+    tokens = acc.child(cat.get("tokens"), 0, ("m",), "w1")
+    seconds = acc.child(cat.get("seconds"), 0, ("m",), "w1")
+    latency = acc.child(cat.get("latency"), 0, ("m",), "w1")
+    tokens.inc(2**60 + 1)
+    seconds.inc(0.1)
+    latency.observe(0.5)
+    proto.next_batch()
+    proto.confirmed(APPLIED)  # Redis holds these: what gc will fold
+    tokens.inc(5)
+    seconds.inc(0.2)
+    latency.observe(5.0)
+    late = proto.next_batch()
+    assert _sent([late])[tokens.field] == str(2**60 + 6)
+    proto.confirmed(FlushResult(status=2, server_time_ms=0))
+    rest = _sent([proto.next_batch()])
+    assert rest[tokens.field] == "5"
+    assert rest[seconds.field] == repr((0.1 + 0.2) - 0.1)
+    assert rest[latency.field] == "5.0 0 0 1"  # sum, then cumulative counts (<=0.1, <=1, +Inf)

@@ -10,6 +10,7 @@ import threading
 
 from redis_stats import Catalog
 from redis_stats._core.accumulator import Accumulator, Batch, FlushProtocol
+from redis_stats._core.chunks import Series
 
 
 def _catalog() -> Catalog:
@@ -25,6 +26,15 @@ def _acc(cat: Catalog) -> Accumulator:
     return Accumulator(cat, max_label_length=100, max_series_per_metric=100_000)
 
 
+def _sent(batch: Batch) -> dict[str, str]:
+    """Series field -> the value text *batch* sends for it (the writer's absolute total)."""
+    out: dict[str, str] = {}
+    for chunks in batch.chunks.values():
+        for chunk in chunks:
+            out.update(zip(chunk.sent_names.split("\n"), chunk.sent_values.split("\n")))
+    return out
+
+
 def test_a_record_call_completes_while_the_flusher_builds_a_batch(monkeypatch):
     cat = _catalog()
     acc = _acc(cat)
@@ -33,29 +43,28 @@ def test_a_record_call_completes_while_the_flusher_builds_a_batch(monkeypatch):
         c.inc()
     finished: list[bool] = []
     racer = threading.Thread(target=lambda: (children[0].inc(10), children[5].inc(1)))
-    original = Batch.add_delta
+    original = Series.add
 
-    def add_delta(self, engine, field_name, delta):
+    def add(self, delta):
         if not finished:  # while the batch is being built, another thread records
             racer.start()
             racer.join(2.0)
             finished.append(not racer.is_alive())
-        original(self, engine, field_name, delta)
+        original(self, delta)
 
-    monkeypatch.setattr(Batch, "add_delta", add_delta)
+    monkeypatch.setattr(Series, "add", add)
     first = acc.take_batch(1)
     racer.join()
     assert finished == [True], "a record call waited for the whole batch to be built"
+    stored = _sent(first)  # what Redis holds once it is applied (each series' absolute total)
+    assert stored[children[0].field] == "1" and stored[children[5].field] == "1"
     second = acc.take_batch(2)
-    monkeypatch.setattr(Batch, "add_delta", original)
-    # The racing updates are in exactly one of the two batches, never both, never neither.
-    sent = {}
-    for batch in (first, second):
-        ints = batch.engines[0].ints
-        for name, value in zip(ints[::2], ints[1::2]):
-            sent[name] = sent.get(name, 0) + int(value)
-    assert sent[children[0].field] == 11 and sent[children[5].field] == 2
-    assert sum(sent.values()) == 1000 + 11
+    monkeypatch.setattr(Series, "add", original)
+    # The racing updates are in exactly one of the two batches, never both, never neither: the
+    # second one sends the totals they made.
+    stored.update(_sent(second))
+    assert stored[children[0].field] == "11" and stored[children[5].field] == "2"
+    assert sum(int(v) for v in stored.values()) == 1000 + 11
 
 
 def test_threads_hammering_every_kind_while_batches_are_taken_exact_totals():
@@ -68,25 +77,12 @@ def test_threads_hammering_every_kind_while_batches_are_taken_exact_totals():
     gauge = acc.child(cat["g"], 0, (), "w")
     hist = acc.child(cat["h"], 0, (), "w")
     stop = threading.Event()
-    totals: dict[str, float] = {}
-    hist_counts = [0, 0, 0]
-    hist_sum = [0.0]
-    last_gauge: list[str] = []
+    stored: dict[str, str] = {}  # what Redis would hold: each batch's absolute texts
 
     def collect() -> None:
         batch = protocol.next_batch([0])
         protocol.in_flight = None  # "confirmed"
-        for block in batch.engines.values():
-            for name, value in zip(block.ints[::2], block.ints[1::2]):
-                totals[name] = totals.get(name, 0) + int(value)
-            for name, value in zip(block.floats[::2], block.floats[1::2]):
-                totals[name] = totals.get(name, 0.0) + float(value)
-            if block.gauges:
-                last_gauge[:] = [block.gauges[1]]
-            for i in range(0, len(block.hists), 3):
-                hist_sum[0] += float(block.hists[i + 1])
-                for j, c in enumerate(block.hists[i + 2]):  # the batch's per-bucket increases
-                    hist_counts[j] += int(c)
+        stored.update(_sent(batch))
 
     def flusher() -> None:
         while not stop.is_set():
@@ -110,12 +106,13 @@ def test_threads_hammering_every_kind_while_batches_are_taken_exact_totals():
     stop.set()
     f.join()
     collect()  # what was recorded after the flusher's last take
-    assert sum(totals[c.field] for c in counters) == n_threads * n
-    assert totals[fcounter.field] == n_threads * n * 0.5
+    assert sum(int(stored[c.field]) for c in counters) == n_threads * n
+    assert float(stored[fcounter.field]) == n_threads * n * 0.5
     per_bucket = [len(range(j, n, 3)) * n_threads for j in range(3)]
-    assert hist_counts == per_bucket
-    assert hist_sum[0] == sum(v * c for v, c in zip((0.5, 1.5, 3.0), per_bucket))
-    assert float(last_gauge[0].split("|")[1]) == n_threads * (n - n // 2)
+    hist_sum, *cumulative = stored[hist.field].split(" ")  # stored cumulative
+    assert [int(c) for c in cumulative] == [sum(per_bucket[: j + 1]) for j in range(3)]
+    assert float(hist_sum) == sum(v * c for v, c in zip((0.5, 1.5, 3.0), per_bucket))
+    assert float(stored[gauge.field].split("|")[1]) == n_threads * (n - n // 2)
 
 
 def test_sliced_packer_sends_the_bytes_redis_py_would():
