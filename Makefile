@@ -73,12 +73,17 @@ browser-deps:
 test-browser: $(STAMP) browser-deps
 	$(BIN)/python -m pytest -q tests/prometheus/test_web_page.py
 
-# ruff; mypy (strict on redis_stats/, see [tool.mypy]); the import contracts of [tool.importlinter].
+# ruff; mypy (strict on redis_stats/, see [tool.mypy]); the import contracts of [tool.importlinter];
+# then a report of the code's shape (radon): functions above complexity 10, files whose
+# maintainability index is under 20 (the targets: none above 20, at most 4 % above 10, none under 20).
 lint: $(STAMP)
 	$(BIN)/ruff check redis_stats tests bench
 	$(BIN)/ruff format --check redis_stats tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	@echo "radon: functions above complexity 10, then files with a maintainability index under 20"
+	@$(BIN)/radon cc -s -n C redis_stats
+	@$(BIN)/radon mi -n B redis_stats
 
 # vLLM's image with the plugin, from this checkout (needs a Docker engine; docs/kubernetes.md).
 VLLM_IMAGE ?= vllm-redis-stats:0.1.0

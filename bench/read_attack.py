@@ -8,19 +8,16 @@ read the way an exporter reads it:
   while the writers flush between them. Each body is checked against what a fresh reader of its
   own renders (and decodes) from the same reply; then the writers stop and every thread's body
   must equal a fresh reader's of the frozen store, no series twice or missing.
-- ``storm``: what two overlapping reads cost (a Prometheus HA pair whose scrapes fall at the
-  same time) against one alone: chunk parses per read (``merge.parse_chunk`` counted) and CPU
-  seconds per read, on an unchanged store and with every chunk changed.
 - ``memory``: a few hundred scrapes while every chunk changes, writers restart with new ids
   (each deploy), engines come and go (gc removes the departed ones) and names fields change
   (new label values of ``vllm:lora_requests_info``): RSS, ``tracemalloc`` of the reader's modules
-  and the size of every per-read, per-engine and per-writer cache, every few rounds.
+  and the size of the reader's caches (names fields, render plans), every few rounds.
 - ``fork``: a process forks while another thread is in the middle of a read (gunicorn
   ``--preload``): the child's first scrape must equal a fresh reader's, and not hang.
 
 - ``ring``: the memory of one decoded snapshot, as ``/snapshot``'s window keeps them.
 
-Usage: python bench/read_attack.py [--engines 256] [--section threads,storm,memory,fork,ring]
+Usage: python bench/read_attack.py [--engines 256] [--section threads,memory,fork,ring]
        [--rounds 300] [--threads 2,4,8]
 """
 
@@ -41,7 +38,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.scrape_full import _imports, churn, fill
-from redis_stats._core import merge
+from redis_stats._core import decoder, groups
+from redis_stats.prometheus.exposition import TextRenderer
 
 # Lines whose values move with the clock or the call (not the data).
 VOLATILE = (
@@ -186,11 +184,16 @@ def threads_once(fleet: Fleet, n: int, seconds: float) -> None:
     collector.render_text()
     renderer = collector._renderer
     log: list[tuple[str, Any, Any]] = []
-    real_render, real_decode = renderer.render, reader.decode
+    real_render, real_decode, real_decoded = renderer.render, reader.decode, reader.decoded
+    last = threading.local()
 
-    def render(reply: Any) -> Any:
-        out = real_render(reply)
-        log.append(("text", reply, out[0]))
+    def decoded(reply: Any) -> Any:
+        last.reply = reply
+        return real_decoded(reply)
+
+    def render(form: Any) -> Any:
+        out = real_render(form)
+        log.append(("text", last.reply, out))
         return out
 
     def decode(reply: Any) -> Any:
@@ -198,7 +201,7 @@ def threads_once(fleet: Fleet, n: int, seconds: float) -> None:
         log.append(("snap", reply, series_of(out)))
         return out
 
-    renderer.render, reader.decode = render, decode
+    renderer.render, reader.decode, reader.decoded = render, decode, decoded
     stop = threading.Event()
     failures: list[BaseException] = []
     reads = Counter[str]()
@@ -233,7 +236,7 @@ def threads_once(fleet: Fleet, n: int, seconds: float) -> None:
     for kind, reply, got in log:
         own = fleet.reader()
         if kind == "text":
-            want = rs.RedisCollector(own)._renderer.render(reply)[0]
+            want = TextRenderer().render(own.decoded(reply))
         else:
             want = series_of(own.decode(reply))
         bad += got != want
@@ -264,117 +267,21 @@ def threads_once(fleet: Fleet, n: int, seconds: float) -> None:
     )
 
 
-# -- storm ---------------------------------------------------------------------------------------
-
-# B starts after A (None), with A (0), or once A has looked up that share of its chunks.
-MODES = {"alone": None, "together": 0.0, "B at 1/3 of A": 1 / 3, "B at 9/10 of A": 0.9}
-
-
-def section_storm(fleet: Fleet, repeats: int) -> None:
-    print("\n== storm: chunk parses and CPU per read, one scraper vs two overlapping (HA pair) ==")
-    print("(both scrapers render the same reply: the read of Redis is not timed, only the renders)")
-    parses = [0]
-    real = merge.parse_chunk
-
-    def counted(*args: Any) -> Any:
-        parses[0] += 1
-        return real(*args)
-
-    merge.parse_chunk = counted
-    chunks = 2 * len(fleet.engines)
-    try:
-        print(f"{'case':<40}{'parses/read':>12}{'of chunks':>10}{'CPU ms/read':>13}")
-        for busy in (False, True):
-            collector = fleet.rs.RedisCollector(fleet.reader())
-            collector.render_text()
-            for mode, share in MODES.items():
-                n_parse = cpu = 0.0
-                for _ in range(repeats):
-                    if busy:
-                        fleet.churn()
-                    else:
-                        collector.render_text()  # the previous scrape (warm parses)
-                    reply = collector.reader.read()
-                    parses[0] = 0
-                    gc.disable()  # as render_text() does
-                    t0 = time.process_time()
-                    pair(collector._renderer.render, reply, share, chunks)
-                    cpu += time.process_time() - t0
-                    gc.enable()
-                    n_parse += parses[0]
-                per_read = n_parse / repeats / 2
-                label = f"{'every chunk changed' if busy else 'unchanged store'}, {mode}"
-                ms = cpu / repeats / 2 * 1e3
-                print(f"{label:<40}{per_read:>12.0f}{per_read / chunks:>10.2f}{ms:>13.1f}")
-    finally:
-        merge.parse_chunk = real
-
-
-def pair(render: Any, reply: Any, share: float | None, chunks: int) -> None:
-    """Two renders of *reply*: one after the other (*share* None), or B starting once A has
-    looked up *share* of its chunks (``merge._kept_parse`` counted; 0: both at once)."""
-    if share is None:
-        render(reply)
-        render(reply)
-        return
-    started = threading.Event()
-    looked = [0]
-    real_kept = merge._kept_parse
-
-    def progress(*args: Any) -> Any:
-        if threading.current_thread().name == "A":
-            looked[0] += 1
-            if looked[0] >= share * chunks:
-                started.set()
-        return real_kept(*args)
-
-    def second() -> None:
-        started.wait()
-        render(reply)
-
-    merge._kept_parse = progress
-    try:
-        a = threading.Thread(target=render, args=(reply,), name="A")
-        b = threading.Thread(target=second, name="B")
-        b.start()
-        a.start()
-        a.join()
-        started.set()
-        b.join()
-    finally:
-        merge._kept_parse = real_kept
-
-
 # -- memory --------------------------------------------------------------------------------------
 
 READER_FILES = ("redis_stats/_core/", "redis_stats/prometheus/", "redis_stats/reader.py")
 
 
 def caches(reader: Any, collector: Any) -> dict[str, int]:
-    """Entries held by the reader's caches (the renderer's plans as kept before or after
-    they were kept by read)."""
-    dec = reader.decoder
+    """Entries held by the reader's caches: names fields, and the renderer's plans."""
+    dec = reader._decoder
     plan = collector._renderer._plan
-    kept = dec._kept
-    if hasattr(plan, "layouts"):  # per engine and layout, and per engine (line by line)
-        plans = len(plan.layouts) + len(plan.fields)
-        engines = {e for e, *_ in plan.layouts} | set(plan.fields)
-    else:  # the last read's
-        held = {**plan.kept.last, **plan.kept.now}
-        plans = len(held)
-        engines = {k[0] if isinstance(k, tuple) else k for k in held}
-
-    def size(cache: Any) -> int:
-        return len(cache) if isinstance(cache, dict) else len({**cache.last, **cache.now})
-
+    plans = plan.layouts if plan is not None else {}
     return {
-        "kept": len(kept.last) + len(kept.now),
-        "layouts": size(dec._layouts),
-        "plans": plans,
-        "plan_engines": len(engines),
-        "fields": size(dec._fields),
-        "writers_of": size(dec._writers_of),
-        "disjoint": size(dec._disjoint),
+        "layouts": len(dec._layouts),
+        "plans": len(plans),
+        "plan_engines": len({e for e, _ in plans}),
+        "disjoint": len(dec._disjoint),
     }
 
 
@@ -419,17 +326,19 @@ def section_memory(fleet: Fleet, rounds: int, every: int, seed: int, trace: bool
 
 def sizes_of_one(reader: Any, collector: Any) -> None:
     """What one names field's Layout, and one engine's render plan of it, take (tracemalloc)."""
-    dec = reader.decoder
-    names = max({**dec._layouts.last, **dec._layouts.now} if hasattr(dec._layouts, "now") else dec._layouts)
-    renderer = collector._renderer
+    dec = reader._decoder
+    names = max(dec._layouts)
+    plan = collector._renderer._plan
     tracemalloc.start()
     before = tracemalloc.take_snapshot()
     lines = tuple(names.split("\n"))
-    parsed = tuple(dec.series_field(line, dec.catalog) for line in lines)
-    made = [merge.Layout(dec.catalog, tuple(names.split("\n")), parsed) for _ in range(20)]
+    made = [
+        groups.Layout(dec.catalog, lines, [groups.parse_field(line, dec.catalog, {}) for line in lines])
+        for _ in range(20)
+    ]
     mid = tracemalloc.take_snapshot()
     layout = dec.layout(names, dec.catalog)
-    plans = [renderer._plan_layout(renderer._plan, str(10**6 + i), layout) for i in range(20)]
+    plans = [plan.of(str(10**6 + i), layout) for i in range(20)]
     after = tracemalloc.take_snapshot()
     tracemalloc.stop()
     per_layout = sum(x.size_diff for x in mid.compare_to(before, "filename")) / len(made)
@@ -450,7 +359,7 @@ def section_fork(fleet: Fleet) -> None:
     collector = rs.RedisCollector(reader)
     collector.render_text()
     fleet.churn()
-    real = merge.parse_chunk
+    real = decoder.in_bulk
     inside, release = threading.Event(), threading.Event()
     count = [0]
 
@@ -461,7 +370,7 @@ def section_fork(fleet: Fleet) -> None:
             release.wait()
         return real(*args)
 
-    merge.parse_chunk = paused
+    decoder.in_bulk = paused  # type: ignore[assignment]
     t = threading.Thread(target=collector.render_text, name="mid-read")
     t.start()
     inside.wait()
@@ -469,7 +378,7 @@ def section_fork(fleet: Fleet) -> None:
     if pid == 0:  # the child
         code = 3
         try:
-            merge.parse_chunk = real
+            decoder.in_bulk = real
             t0 = time.perf_counter()
             got = stable(collector.render_text())
             took = 1e3 * (time.perf_counter() - t0)
@@ -494,7 +403,7 @@ def section_fork(fleet: Fleet) -> None:
         print("child: HUNG (killed after 60 s)")
     release.set()
     t.join()
-    merge.parse_chunk = real
+    decoder.in_bulk = real
     if status is not None:
         print(f"child exit code {os.waitstatus_to_exitcode(status)}")
 
@@ -533,13 +442,12 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--engines", type=int, default=256)
-    parser.add_argument("--section", default="threads,storm,memory,fork")
+    parser.add_argument("--section", default="threads,memory,fork")
     parser.add_argument("--rounds", type=int, default=300, help="scrapes of the memory section")
     parser.add_argument("--every", type=int, default=25, help="report every so many rounds")
     parser.add_argument("--no-trace", action="store_true", help="memory: RSS only (tracemalloc is slow)")
     parser.add_argument("--threads", default="2,4,8")
     parser.add_argument("--seconds", type=float, default=8.0, help="of each thread count")
-    parser.add_argument("--repeats", type=int, default=3, help="pairs of reads per storm case")
     parser.add_argument("--seed", type=int, default=1)
     opts = parser.parse_args()
     rs = _imports()
@@ -549,8 +457,6 @@ def main() -> None:
             fleet = Fleet(rs, server.url, f"attack-{name}", opts.engines)
             if name == "threads":
                 section_threads(fleet, [int(x) for x in opts.threads.split(",")], opts.seconds)
-            elif name == "storm":
-                section_storm(fleet, opts.repeats)
             elif name == "memory":
                 section_memory(fleet, opts.rounds, opts.every, opts.seed, not opts.no_trace)
             elif name == "fork":

@@ -9,11 +9,11 @@ forms, on the same data (a busy fleet's, filled as ``bench/scrape_full.py`` fill
 process, and prints each per engine and as a ratio to the first:
 
 - ``merged line (schema 1)``: one line ``"<sum> <c0> ... <cN>"`` per series holding both writers'
-  sums, read by the per-series rule (:func:`~redis_stats._core.values.histogram_parts`: split,
+  sums, read by the per-series rule (:func:`~redis_stats._core.values.histogram_numbers`: split,
   ``int()`` to check, the texts printed as stored). What schema 1's reader did; the writers'
   flushes paid for the merge, in Lua.
 - ``per writer, decimal (now)``: what schema 2 stores and reads (the bulk path of
-  :mod:`redis_stats._core.merge`: one JSON scan per writer's chunk, checks, sums, template).
+  :mod:`redis_stats._core.groups`: one JSON scan per writer's chunk, checks, sums, template).
 - ``per writer, packed hex``: the candidate not taken: each series' per-bucket (not cumulative)
   counts as fixed-width 16-digit hex, all series of a chunk read as one ``int(text, 16)``, the
   writers added as two big integers (no carry crosses a field: each count is below 2**60), then
@@ -41,9 +41,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from redis_stats._core import merge
-from redis_stats._core.snapshot import Skipped
-from redis_stats._core.values import histogram_parts
+from redis_stats._core import groups
+from redis_stats._core.values import go_floats, histogram_numbers
+from redis_stats.snapshot import Skipped
 
 
 def _scrape_full() -> Any:
@@ -63,7 +63,7 @@ class Histograms:
     def __init__(self, chunk: Any, decoder: Any, catalog: Any, scale: int) -> None:
         full = chunk.layout
         names = "\n".join(full.fields[i] for i in full.histograms)
-        self.layout: merge.Layout = decoder.layout(names, catalog)
+        self.layout: groups.Layout = decoder.layout(names, catalog)
         self.values: list[str] = [_scaled(chunk.values[i], scale) for i in full.histograms]
 
 
@@ -85,20 +85,23 @@ def busy_chunks(engines: int, scales: list[int]) -> dict[int, list[tuple[Histogr
         made = sf.fill(rs, server.url, "formats", engines, 2)
         sf.churn(made)
         reader = rs.StatsReader(rs.StatsConfig(url=server.url, namespace="formats"), rs.vllm_catalog())
-        decoder = rs.RedisCollector(reader)._renderer.decoder
-        shell, hashes = decoder.decode_shell(reader.read(), Skipped())
+        decoder = reader._decoder
+        read = reader.read()
+        decoder.decode(read)  # the catalogue
+        catalog = decoder.catalog
+        shard = read.shards[0]
         out: dict[int, list[tuple[Histograms, Histograms]]] = {scale: [] for scale in scales}
-        for read in hashes:
-            chunks = decoder.engine_chunks(read.engine, read.fields, shell.catalog, Skipped(), read.key)
-            first, second = chunks.chunks
-            assert first.names == second.names, "the bench needs both writers to hold the same series"
+        for name, hashed in zip(shard.engines[0::2], shard.hashes):
+            chunks, _, _ = decoder._contents(name, [(0, hashed)], read.shards, catalog, Skipped(), set())
+            first, second = chunks
+            assert first.layout is second.layout, "the bench needs both writers to hold the same series"
             for scale, pairs in out.items():
-                cut = [Histograms(chunk, decoder, shell.catalog, scale) for chunk in (first, second)]
+                cut = [Histograms(chunk, decoder, catalog, scale) for chunk in (first, second)]
                 pairs.append((cut[0], cut[1]))
     return out
 
 
-def _templates(layout: merge.Layout) -> list[str]:
+def _templates(layout: groups.Layout) -> list[str]:
     """One ``%`` template per histogram series, a line per bucket, then count and sum (as the
     renderer's, with a shorter line prefix: the same work per number)."""
     out = []
@@ -115,9 +118,8 @@ Form = tuple[Callable[[], list[str]], int]
 def form_merged(first: Any, second: Any) -> Form:
     """Schema 1: one stored line per series holding both writers' values."""
     layout = first.layout
-    group = merge._combine(
-        layout, [merge.parse_chunk(layout, first.values), merge.parse_chunk(layout, second.values)], [], False
-    )
+    parses = [groups.parse_chunk(layout, first.values), groups.parse_chunk(layout, second.values)]
+    group = groups._combine(layout, parses, [])
     lines = [
         f"{total} " + " ".join(map(str, group.counts[where]))
         for where, total in zip(layout.count_slices, group.sums)
@@ -127,7 +129,7 @@ def form_merged(first: Any, second: Any) -> Form:
     def read() -> list[str]:
         out = []
         for template, line, size in plan:
-            found = histogram_parts(line, size)
+            found = histogram_numbers(line, size)
             assert found is not None
             counts = found[1]
             out.append(template % (*counts, counts[-1], found[0]))
@@ -142,12 +144,12 @@ def form_now(first: Any, second: Any) -> Form:
     plan = [(t, w.start, w.stop) for t, w in zip(_templates(layout), layout.count_slices)]
 
     def read() -> list[str]:
-        one = merge.parse_chunk(layout, first.values)
-        two = merge.parse_chunk(layout, second.values)
-        group = merge._combine(layout, [one, two], [one, two], False)
+        one = groups.parse_chunk(layout, first.values)
+        two = groups.parse_chunk(layout, second.values)
+        group = groups._combine(layout, [one, two], [one, two])
         counts = group.counts
         out = []
-        for (template, start, stop), total in zip(plan, group.sums):
+        for (template, start, stop), total in zip(plan, go_floats([*group.sums])):
             found = counts[start:stop]
             out.append(template % (*found, found[-1], total))
         return out

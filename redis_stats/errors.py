@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import re
+from typing import Any
 
 import redis
 from redis import exceptions as _rx
@@ -94,6 +95,19 @@ _BY_TEXT = (
 )
 
 
+# In order: redis-py makes a refused password a ConnectionError subclass, so auth comes first.
+_BY_CLASS: tuple[tuple[Any, str], ...] = (
+    (ReplicationLag, "replication"),
+    (SchemaMismatch, "schema"),
+    (_AUTH_CLASSES, "auth"),
+    (_rx.NoPermissionError, "noperm"),
+    (_rx.OutOfMemoryError, "oom"),
+    ((_rx.ReadOnlyError, _rx.MasterDownError), "readonly"),
+    ((redis.TimeoutError, builtins.TimeoutError), "timeout"),
+    ((redis.ConnectionError, builtins.ConnectionError), "connection"),
+)
+
+
 def error_kind(exc: BaseException) -> str:
     """A short, stable name for a failed flush or read (the ``kind`` label of the error counters).
 
@@ -104,23 +118,9 @@ def error_kind(exc: BaseException) -> str:
     reply), ``schema`` (:class:`SchemaMismatch`: the namespace holds another version's format),
     ``other`` (not a Redis error).
     """
-    if isinstance(exc, ReplicationLag):
-        return "replication"
-    if isinstance(exc, SchemaMismatch):
-        return "schema"
-    # Before ConnectionError: redis-py makes a refused password a ConnectionError subclass.
-    if isinstance(exc, _AUTH_CLASSES):
-        return "auth"
-    if isinstance(exc, _rx.NoPermissionError):
-        return "noperm"
-    if isinstance(exc, _rx.OutOfMemoryError):
-        return "oom"
-    if isinstance(exc, (_rx.ReadOnlyError, _rx.MasterDownError)):
-        return "readonly"
-    if isinstance(exc, (redis.TimeoutError, builtins.TimeoutError)):
-        return "timeout"
-    if isinstance(exc, (redis.ConnectionError, builtins.ConnectionError)):
-        return "connection"
+    for classes, kind in _BY_CLASS:
+        if isinstance(exc, classes):
+            return kind
     if isinstance(exc, _rx.RedisClusterException) and "cannot be connected" in str(exc):
         # redis-py's Cluster client when no startup node answers (not a RedisError subclass).
         return "connection"

@@ -1,4 +1,4 @@
-"""StatsReader: one round trip to Redis returns a consistent :class:`~redis_stats._core.snapshot.Snapshot`."""
+"""StatsReader: one round trip to Redis returns a consistent :class:`~redis_stats.snapshot.Snapshot`."""
 
 from __future__ import annotations
 
@@ -12,22 +12,23 @@ from typing import Any
 
 from redis.exceptions import ExecAbortError, OutOfMemoryError, ResponseError
 
-from redis_stats._core.snapshot import EngineKey, Snapshot, SnapshotDecoder, SplitKey, unreadable
+from redis_stats._core.decoder import Decoded, Read, ShardReply, SnapshotDecoder, unreadable
 from redis_stats._core.steps import Steps, run
 from redis_stats._scripts import ReadOnlyScript, load_script
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
 from redis_stats.connection import Client, is_cluster, make_client
 from redis_stats.keys import MAX_LISTED_SHARDS, Keys, parse_layouts
+from redis_stats.snapshot import Snapshot
 
-__all__ = ["MergedReply", "ReaderCore", "StatsReader", "merge_shards", "note_unreadable"]
+__all__ = ["ReaderCore", "StatsReader"]
 
 log = logging.getLogger("redis_stats.reader")
 
 Plan = tuple[tuple[str, ...], tuple[str, ...]]  # (engines, writers) a transaction read asks for
 # One read without its I/O (ReaderCore.read_steps): yields (what, argument) steps, is sent their
-# results, returns the read.lua-shaped reply.
-ReadSteps = Steps[list[Any]]
+# results, returns the read.
+ReadSteps = Steps[Read]
 
 
 def _layouts(meta_flat: Any) -> set[int]:
@@ -40,171 +41,36 @@ def _layouts(meta_flat: Any) -> set[int]:
     return set()
 
 
-class MergedReply(list):  # type: ignore[type-arg]
-    """A read.lua-shaped reply merged from the shards' replies, with :attr:`unreadable`: the
-    ``(reason, key)`` of each shard's list, catalogue or engine hash that could not be read (a
-    key of the wrong type) and is therefore not in the reply for the decoder to count; and
-    :attr:`hash_keys`: the key each engine's hash of the reply was read from, in their order
-    (the decoder names what it skips of a hash by it). Likewise, for what the decoder skips of
-    the other parts a shard holds: :attr:`engine_keys`, the ``engines`` zset each engine of the
-    reply was listed in; :attr:`writer_keys`, the key each writer's self-metrics were read from;
-    :attr:`conflict_keys`, the ``conflicts`` hash each field of the merged one came from. Each is
-    None when the merge was not given the shards' keys (the decoder names shard 0's).
-
-    :attr:`shard_writers` (each shard's ``writers`` zset as read, flat, or the error reading it)
-    and :attr:`engine_shards` (the shards each engine of the reply was read from, in their
-    order) let the decoder judge a writer's gauges in an engine by its heartbeats in the shards
-    holding that engine: a writer cut off from one shard alone stays live in the merged list
-    (its other shards' heartbeats), but its values in that shard are frozen."""
-
-    def __init__(self, items: list[Any]) -> None:
-        super().__init__(items)
-        self.shard_writers: list[Any] = []
-        self.engine_shards: list[tuple[int, ...]] = []
-        self.unreadable: list[tuple[str, str]] = []
-        self.hash_keys: list[EngineKey] | None = None
-        self.engine_keys: list[EngineKey] | None = None
-        self.writer_keys: list[str] | None = None
-        self.conflict_keys: list[str] | None = None
+def _only(engine_flat: Any, engines: Iterable[int] | None) -> Any:
+    """An ``engines`` zset as read (flat, or its error) cut down to *engines* (None: all)."""
+    if engines is None or engine_flat.__class__ is not list:
+        return engine_flat
+    wanted = {str(int(e)) for e in engines}
+    return [x for e, score in zip(engine_flat[0::2], engine_flat[1::2]) if e in wanted for x in (e, score)]
 
 
-def merge_shards(replies: list[list[Any]], metas: list[Any], shards: list[Keys] | None = None) -> MergedReply:
-    """One read.lua-shaped reply out of one per shard (shard 0 first), each consistent in itself.
+def _names(flat: Any) -> tuple[Any, ...]:
+    """The members of a zset read flat (none when it could not be read)."""
+    return tuple(flat[0::2]) if flat.__class__ is list else ()
 
-    *metas* are the shards' whole catalogues (flat, or the error reading one): the merged one is
-    shard 0's, then the specs of the others for metrics shard 0 lacks (the first stored definition
-    wins, shard 0 first). Engines and writers are put together: an engine found in two shards
-    (only when K changed) gets both hashes, so its writers' chunks add up; a writer found in two
-    shards is shown with its latest heartbeat and the self-metrics of the shard holding them (its
-    gauges in an engine are judged by its heartbeats in the engine's shards:
-    :attr:`MergedReply.shard_writers`, :attr:`MergedReply.engine_shards`). A
-    part a shard cannot read (a key of the wrong type) is left out; when no shard can read it, the
-    first shard's error stands in its place (the decoder counts it).
 
-    With *shards* (the shards' keys, in the order of *replies*), the reply names the key of each
-    engine's hash (:attr:`MergedReply.hash_keys`: a :class:`SplitKey` for an engine found in
-    several shards), of the ``engines`` zset each engine was listed in, of each writer's
-    self-metrics and of each conflict (:attr:`MergedReply.engine_keys`, ``writer_keys``,
-    ``conflict_keys``), and an engine hash or a writer's self-metrics left out because another
-    shard's stands in its place is in :attr:`MergedReply.unreadable`, under its own key.
-    """
-    engines: dict[Any, list[Any]] = {}  # engine -> [score, (shard index, hash), ...]
-    writers: dict[Any, list[Any]] = {}  # writer -> [score, shard index, stats]
-    conflicts: list[Any] = []
-    conflict_keys: list[str] = []
-    lost_stats: list[tuple[str, str]] = []  # (why, key) of a writer's unreadable stats left out
-    failed: dict[int, Any] = {}
-    for at, reply in enumerate(replies):
-        engine_flat, writer_flat = reply[1], reply[2]
-        if engine_flat.__class__ is list:
-            hashes = reply[6 : 6 + len(engine_flat) // 2]
-            for engine, score, flat in zip(engine_flat[0::2], engine_flat[1::2], hashes):
-                seen = engines.get(engine)
-                if seen is None:
-                    engines[engine] = [score, (at, flat)]
-                    continue
-                seen[0] = max(seen[0], score, key=float)
-                seen.append((at, flat))
-        else:
-            failed.setdefault(1, engine_flat)
-            hashes = []
-        if writer_flat.__class__ is list:
-            stats = reply[6 + len(hashes) :]
-            for wid, score, flat in zip(writer_flat[0::2], writer_flat[1::2], stats):
-                seen = writers.get(wid)
-                if seen is None:
-                    writers[wid] = [score, at, flat]
-                    continue
-                if abs(float(score)) > abs(float(seen[0])):
-                    seen[0] = score
-                left = (at, flat)
-                if not (seen[2].__class__ is list and seen[2]):  # its home's (the one not empty)
-                    left = (seen[1], seen[2])
-                    seen[1], seen[2] = at, flat
-                if left[1].__class__ is not list and shards is not None:
-                    # A wrong-typed w:<id> another shard's stands in for: counted, by its key.
-                    why = unreadable(left[1]) or "unreadable"
-                    lost_stats.append((why, shards[left[0]].writer_stats(wid)))
-        else:
-            failed.setdefault(2, writer_flat)
-        if reply[5].__class__ is list:
-            conflicts += reply[5]
-            if shards is not None and reply[5]:
-                conflict_keys += [shards[at].conflicts] * (len(reply[5]) // 2)
-        else:
-            failed.setdefault(5, reply[5])
-    meta: Any = []
-    names: set[Any] = set()
-    versions = [r[3] if r[3].__class__ is str else "?" for r in replies]
-    for i, flat in enumerate(metas):
+def _catalogues(metas: list[Any]) -> Any:
+    """The shards' catalogues (flat, or the error reading one; shard 0 first) as one: shard
+    0's, then the specs of the others for metrics it lacks. Shard 0's error stands for it."""
+    meta: Any = metas[0] if metas else []
+    if meta.__class__ is not list:
+        return meta
+    meta = list(meta)
+    names = set(meta[0::2])
+    for flat in metas[1:]:
         if flat.__class__ is not list:
-            if i == 0:
-                meta = flat
-            continue
-        if meta.__class__ is not list:
             continue
         for name, value in zip(flat[0::2], flat[1::2]):
-            if i and (name in names or name.__class__ is not str or not name.startswith(("m:", "schema"))):
+            if name in names or name.__class__ is not str or not name.startswith(("m:", "schema")):
                 continue
             names.add(name)
             meta += (name, value)
-    out = MergedReply(
-        [
-            max(int(r[0]) for r in replies),
-            [x for e, seen in engines.items() for x in (e, seen[0])] or failed.get(1, []),
-            [x for w, (score, _, _) in writers.items() for x in (w, score)] or failed.get(2, []),
-            "" if not any(versions) else "|".join(versions),
-            meta,
-            conflicts or failed.get(5, []),
-        ]
-    )
-    out.shard_writers = [reply[2] for reply in replies]
-    engine_shards = out.engine_shards
-    hash_keys: list[EngineKey] = []
-    engine_keys: list[EngineKey] = []
-    listed_in = [keys.engines for keys in shards or ()]  # each shard's engines zset, made once
-    for engine, seen in engines.items():
-        if len(seen) == 2:  # one shard holds it (every engine, unless K changed)
-            at, flat = seen[1]
-            engine_shards.append((at,))
-            out.append(flat)
-            if shards is not None:
-                hash_keys.append(shards[at].counters(engine))
-                engine_keys.append(listed_in[at])
-            continue
-        engine_shards.append(tuple(at for at, _ in seen[1:]))
-        read = [(at, flat) for at, flat in seen[1:] if flat.__class__ is list]
-        lost = [(at, flat) for at, flat in seen[1:] if flat.__class__ is not list]
-        if len(read) == 1:
-            out.append(read[0][1])
-        elif read:  # the writers' chunks and base fields of every shard add up
-            out.append([x for _, flat in read for x in flat])
-        else:
-            out.append(lost[0][1])  # none could be read: the first one's error, for the decoder
-        if shards is None:
-            continue
-        # Listed in several shards' engines zsets: the part holding it (both, for a bad name).
-        engine_keys.append(SplitKey((listed_in[at], [engine, seen[0]]) for at, _ in seen[1:]))
-        if len(read) > 1:
-            hash_keys.append(SplitKey((shards[at].counters(engine), flat) for at, flat in read))
-        else:
-            hash_keys.append(shards[(read or lost)[0][0]].counters(engine))
-        for at, flat in lost if read else lost[1:]:
-            out.unreadable.append((unreadable(flat) or "unreadable", shards[at].counters(engine)))
-    if shards is not None:
-        out.hash_keys = hash_keys
-        out.engine_keys = engine_keys
-        out.writer_keys = [shards[at].writer_stats(wid) for wid, (_, at, _) in writers.items()]
-        out.conflict_keys = conflict_keys
-        out.unreadable += lost_stats
-    out += [flat for _, _, flat in writers.values()]
-    return out
-
-
-def note_unreadable(reply: Any, skipped: Any) -> None:
-    """Count in *skipped* (a snapshot's) the shards' keys the merge of *reply* left out."""
-    for why, key in getattr(reply, "unreadable", ()):
-        skipped.note(why, key)
+    return meta
 
 
 def refused_for_memory(exc: BaseException) -> bool:
@@ -277,41 +143,37 @@ class ReaderCore:
             args += [str(int(e)) for e in engines]
         return [keys.engines, keys.writers, keys.meta, keys.conflicts], args
 
-    def merge(self, shard_replies: list[list[Any]], shards: list[Keys]) -> list[Any]:
-        """One reply out of the shards' replies (read.lua-shaped; their catalogues are kept
-        here and given to the decoder whenever one of them changed)."""
-        metas: list[Any] = []
-        for keys, reply in zip(shards, shard_replies):
-            version, meta = reply[3], reply[4]
-            if version.__class__ is not str:  # the catalogue is unreadable: the decoder counts it
-                metas.append(version)
-                continue
-            if meta is None or (meta == [] and version != ""):
-                # Not read (the transaction read fetches a catalogue only when its version
-                # changed; read.lua returns none at the version we sent): we hold it. Never
-                # store "not read" as the catalogue: a later change in another shard would
-                # merge without this shard's specs.
-                meta = self._shard_meta.get(keys.root, ("", []))[1]
-            else:
-                self._shard_meta[keys.root] = (version, meta)  # new (or none, or unreadable)
-            metas.append(meta)
-        merged = merge_shards(shard_replies, metas, shards)
-        # A shard's list (or catalogue) that could not be read is counted here, under its own
-        # key: the merged reply holds the lists of the shards that could be read (or, when none
-        # could, the first one's error, which the decoder would count under shard 0's name).
-        for slot in (1, 2, 5):
-            if unreadable(merged[slot]) is not None:
-                merged[slot] = []
-        for keys, reply, meta in zip(shards, shard_replies, metas):
-            for part, key in ((reply[1], keys.engines), (reply[2], keys.writers), (reply[5], keys.conflicts)):
-                why = unreadable(part)
-                if why is not None:
-                    merged.unreadable.append((why, key))
-            if isinstance(meta, Exception) and merged[4] is not meta:  # shard 0's: the decoder's
-                merged.unreadable.append((unreadable(meta) or "unreadable", keys.meta))
-        if merged[3] == self._decoder.meta_version:
-            merged[4] = []  # the decoder holds it
-        return merged
+    def merge(self, shard_replies: list[list[Any]], shards: list[Keys]) -> Read:
+        """One read out of the shards' replies (read.lua-shaped, shard 0 first). Their
+        catalogues are kept here, one per shard, and put together for the decoder whenever one
+        of them changed: shard 0's, then the specs of the others for metrics shard 0 lacks (the
+        first stored definition wins). Another shard's catalogue that cannot be read is noted
+        under its own key (shard 0's is the decoder's to count)."""
+        metas = [
+            self._shard_catalogue(keys, reply[3], reply[4]) for keys, reply in zip(shards, shard_replies)
+        ]
+        notes = [
+            (unreadable(meta) or "unreadable", keys.meta)
+            for keys, meta in zip(shards[1:], metas[1:])
+            if isinstance(meta, Exception)
+        ]
+        versions = [r[3] if r[3].__class__ is str else "?" for r in shard_replies]
+        version = "" if not any(versions) else "|".join(versions)
+        meta = [] if version == self._decoder.meta_version else _catalogues(metas)
+        replies = [ShardReply.of(keys, reply) for keys, reply in zip(shards, shard_replies)]
+        return Read(replies, version, meta, tuple(notes))
+
+    def _shard_catalogue(self, keys: Keys, version: Any, meta: Any) -> Any:
+        """One shard's catalogue (flat, or the error reading it), kept here by its version."""
+        if version.__class__ is not str:  # the catalogue is unreadable
+            return version
+        if meta is None or (meta == [] and version != ""):
+            # Not read (the transaction read fetches a catalogue only when its version changed;
+            # read.lua returns none at the version we sent): we hold it. Never store "not read"
+            # as the catalogue: a later change in another shard would merge without its specs.
+            return self._shard_meta.get(keys.root, ("", []))[1]
+        self._shard_meta[keys.root] = (version, meta)  # new (or none, or unreadable)
+        return meta
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self.config.safe_url!r}, namespace={self.config.namespace!r})"
@@ -324,11 +186,16 @@ class ReaderCore:
             args += [str(int(e)) for e in engines]
         return keys, args
 
-    def decode(self, reply: Any) -> Snapshot:
-        """The snapshot in a reply of ``read.lua`` (or of :meth:`assemble`, or :meth:`merge`)."""
-        snap = self._decoder.decode(reply)
-        note_unreadable(reply, snap.skipped)
-        return snap
+    def decoded(self, read: Read | list[Any]) -> Decoded:
+        """The decoded form of a read (:meth:`StatsReader.read`; or one reply of ``read.lua``
+        for this namespace): what the snapshot and the ``/metrics`` text are made from."""
+        if not isinstance(read, Read):
+            read = Read([ShardReply.of(self.keys, read)], read[3], read[4])
+        return self._decoder.decode(read)
+
+    def decode(self, read: Read | list[Any]) -> Snapshot:
+        """The snapshot of a read (see :meth:`decoded`)."""
+        return self.decoded(read).snapshot()
 
     # -- the transaction read (standalone and Sentinel servers) ------------------------------
     #
@@ -423,15 +290,8 @@ class ReaderCore:
         """
         results = [_flat(r) for r in results]  # a client of the caller's may speak RESP3
         now, engine_flat, writer_flat, version, conflicts = results[:5]
-        if engines is not None and engine_flat.__class__ is list:
-            wanted = {str(int(e)) for e in engines}
-            engine_flat = [
-                x for e, score in zip(engine_flat[0::2], engine_flat[1::2]) if e in wanted for x in (e, score)
-            ]
-        found = (
-            tuple(engine_flat[0::2]) if engine_flat.__class__ is list else (),
-            tuple(writer_flat[0::2]) if writer_flat.__class__ is list else (),
-        )
+        engine_flat = _only(engine_flat, engines)
+        found = (_names(engine_flat), _names(writer_flat))
         if found != (self._planned if planned is None else planned):
             if replan is not None:
                 replan(found)
@@ -462,11 +322,11 @@ class ReaderCore:
             reply = yield from self._one_shard_steps(wanted, cluster)
             meta = reply[4]
             if not (meta and self.note_layouts(meta)):
-                return reply
+                return Read([ShardReply.of(self.keys, reply)], reply[3], reply[4])
             # Shard 0's catalogue names shards (written with another K than ours): read them all.
         return (yield from self._shard_steps(wanted, cluster))
 
-    def _one_shard_steps(self, engines: list[int] | None, cluster: bool) -> ReadSteps:
+    def _one_shard_steps(self, engines: list[int] | None, cluster: bool) -> Steps[list[Any]]:
         if cluster:  # Cluster: the script, on the slot's node
             on_slot: list[Any] = yield ("script", self.read_args(engines))
             return on_slot
@@ -486,6 +346,30 @@ class ReaderCore:
         scripted: list[Any] = yield ("script", self.read_args(engines))
         return scripted  # or the fleet changes faster than we read
 
+    def _sharded_transaction_steps(
+        self, shards: list[Keys], engines: list[int] | None
+    ) -> Steps[list[list[Any]] | None]:
+        """Every shard's reply by one transaction (on a single server), or None: the fleet
+        changes faster than we read, or the server is over maxmemory (read by scripts then)."""
+        try:
+            for _ in range(3):
+                plans = [self._shard_plans.get(k.root, ((), ())) for k in shards]
+                results = yield ("transaction", self.sharded_transaction(shards, plans))
+                replies = self.sharded_assemble(results, shards, plans, engines)
+                if replies is not None:
+                    return replies
+        except (OutOfMemoryError, ExecAbortError) as exc:
+            if not refused_for_memory(exc):
+                raise
+        return None  # over maxmemory: each shard's script, as for one shard
+
+    def _changed_catalogues(self, shards: list[Keys], replies: list[list[Any]]) -> Steps[None]:
+        """Fetch the catalogue of each shard whose version changed (rare) into its reply."""
+        for k, reply in zip(shards, replies):
+            cached = self._shard_meta.get(k.root, ("", None))[0]
+            if reply[3].__class__ is str and reply[3] != cached:
+                reply[4] = yield ("meta", k)
+
     def _shard_steps(self, engines: list[int] | None, cluster: bool, again: bool = True) -> ReadSteps:
         """Every shard, merged: one transaction on a single server; one read.lua per shard on a
         Cluster, in parallel. A shard that cannot be read fails the whole read (raised).
@@ -494,28 +378,13 @@ class ReaderCore:
         first read of a reader, or a K just added), they are read at once, all together again:
         a reply without them would show a live engine's counters lower than the next read."""
         shards = self.shard_keys
-        replies: list[Any] | None = None
-        if not cluster:
-            try:
-                for _ in range(3):
-                    plans = [self._shard_plans.get(k.root, ((), ())) for k in shards]
-                    results = yield ("transaction", self.sharded_transaction(shards, plans))
-                    replies = self.sharded_assemble(results, shards, plans, engines)
-                    if replies is not None:
-                        break
-            except (OutOfMemoryError, ExecAbortError) as exc:
-                if not refused_for_memory(exc):
-                    raise
-                replies = None  # over maxmemory: each shard's script, as for one shard
+        replies = None if cluster else (yield from self._sharded_transaction_steps(shards, engines))
         if replies is None:  # a Cluster, or the fleet changes faster than we read, or OOM
             replies = yield ("scripts", [self.shard_args(k, engines) for k in shards])
         else:
-            for k, reply in zip(shards, replies):
-                cached = self._shard_meta.get(k.root, ("", None))[0]
-                if reply[3].__class__ is str and reply[3] != cached:
-                    reply[4] = yield ("meta", k)  # the catalogue changed: fetch it (rare)
+            yield from self._changed_catalogues(shards, replies)
         merged = self.merge(replies, shards)
-        if merged[4].__class__ is list and merged[4] and self.note_layouts(merged[4]) and again:
+        if merged.meta.__class__ is list and merged.meta and self.note_layouts(merged.meta) and again:
             return (yield from self._shard_steps(engines, cluster, again=False))
         return merged
 
@@ -523,13 +392,6 @@ class ReaderCore:
     def meta_version(self) -> str:
         """The catalogue version the decoder holds."""
         return self._decoder.meta_version
-
-    @property
-    def decoder(self) -> SnapshotDecoder:
-        """The decoder of this reader's replies, which holds the catalogue read so far: a
-        renderer of the same replies (the exporter's text path) shares it, so both see one
-        catalogue and one cache of parsed chunks."""
-        return self._decoder
 
 
 class StatsReader(ReaderCore):
@@ -549,9 +411,9 @@ class StatsReader(ReaderCore):
         self._client: Any = client if client is not None else make_client(self.config)
         self._script = ReadOnlyScript(self._client, load_script("read"))
 
-    def read(self, engines: Iterable[int] | None = None) -> list[Any]:
-        """One consistent read of the namespace, as a read.lua-shaped reply (of every shard: each
-        shard's part is consistent in itself)."""
+    def read(self, engines: Iterable[int] | None = None) -> Read:
+        """One consistent read of the namespace: a reply per shard, each consistent in itself
+        (decode it with :meth:`decode` or :meth:`decoded`)."""
         return run(self.read_steps(engines, is_cluster(self._client)), self._carry_out)
 
     def _carry_out(self, what: str, arg: Any) -> Any:

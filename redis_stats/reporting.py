@@ -16,10 +16,10 @@ import logging
 import threading
 from typing import Any, Protocol
 
-from redis_stats._core.snapshot import Snapshot
 from redis_stats.config import StatsConfig
 from redis_stats.leader import Leader
 from redis_stats.reader import StatsReader
+from redis_stats.snapshot import Snapshot
 
 __all__ = ["LogLines", "ReportCore", "StatsReporter"]
 

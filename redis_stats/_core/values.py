@@ -1,6 +1,6 @@
-"""What a valid stored value is, and how several writers' values of one series add up: one
-decision for both render paths (:mod:`redis_stats._core.snapshot` and the text renderer,
-:mod:`redis_stats.prometheus.exposition`), so both skip the same data and print the same sums.
+"""What a valid stored value is, and what number it stands for: one rule for the bulk read and
+the line-by-line read of an engine's hash (:mod:`redis_stats._core.groups`), so both skip the
+same data and show the same numbers.
 """
 
 from __future__ import annotations
@@ -9,27 +9,11 @@ from collections.abc import Sequence
 from itertools import pairwise
 from math import inf as _INF
 from math import isnan
-from operator import add
 from typing import Any
 
 from prometheus_client.utils import floatToGoString
 
-__all__ = [
-    "MAX_DIGITS",
-    "NUMBER_CHARS",
-    "gauge_parts",
-    "go_floats",
-    "histogram_numbers",
-    "histogram_parts",
-    "number_text",
-    "roll_up",
-    "sum_counter_texts",
-    "sum_histograms",
-]
-
-# -- what a valid stored value is: one decision for both render paths ---------------------------
-#
-# A number as Prometheus' text format and Redis' own HINCRBYFLOAT write it: what float() takes,
+# A number as Prometheus' text format writes it: what float() takes,
 # but with no spaces, no "_" and no NaN (float() accepts all three; a NaN is no sample); the
 # infinities come out as +Inf / -Inf. Checked with str methods, not a regex: this runs per sample.
 NUMBER_CHARS = "0123456789.+-eE"
@@ -80,95 +64,84 @@ def gauge_parts(raw: Any) -> tuple[float, float, str] | None:
     return stamp, value, value_text
 
 
-def histogram_parts(raw: Any, size: int) -> tuple[str, list[str]] | None:
-    """A stored histogram value ``"<sum> <c0> ... <cN>"`` (*size* cumulative counts, ``+Inf``
-    last) as (sum text, count texts), or None when it is malformed: a wrong number of parts, a
-    part that is not a number, a negative count or counts that go down."""
-    found = histogram_numbers(raw, size)
-    return None if found is None else (found[0], found[1])
-
-
 def histogram_numbers(raw: Any, size: int) -> tuple[str, list[str], list[int] | list[float]] | None:
-    """:func:`histogram_parts` and the counts as numbers (ints when they are all integers, as
-    the writers store them), for adding up several writers' parts of a series."""
+    """A stored histogram value ``"<sum> <c0> ... <cN>"`` (*size* cumulative counts, ``+Inf``
+    last) as (sum text, count texts, counts as numbers: ints when they are all integers, as the
+    writers store them), or None when it is malformed: a wrong number of parts, a part that is
+    not a number, a negative count or counts that go down."""
     if raw.__class__ is not str:
         return None
     parts = raw.split(" ")
-    if len(parts) != size + 1:
+    total = _sum_text(parts[0])
+    if len(parts) != size + 1 or total is None:
         return None
-    total = parts[0]
-    if total.strip(NUMBER_CHARS):  # number_text's rule, inlined: this runs per series per scrape
-        total = _INFINITIES.get(total.lower())  # type: ignore[assignment]
-        if total is None:
-            return None
-    else:
-        try:
-            float(total)
-        except ValueError:
-            return None
-    counts = parts[1:]
-    joined = "".join(counts)
-    if joined.isdigit() and joined.isascii() and all(counts):  # integers: what the flush writes
-        if len(joined) > MAX_DIGITS and max(map(len, counts)) > MAX_DIGITS:
-            return None
-        ints = [*map(int, counts)]
-        if ints != sorted(ints):
-            return None
-        return total, counts, ints
-    texts = [number_text(c) for c in counts]
-    if None in texts:
+    counts = _counts(parts[1:])
+    return None if counts is None else (total, counts[0], counts[1])
+
+
+def _sum_text(text: str) -> str | None:
+    """A histogram's sum as sample text, None if it is not a number (:func:`number_text`'s
+    rule, but for an integer of any length: a sum is a float)."""
+    if text.strip(NUMBER_CHARS):
+        return _INFINITIES.get(text.lower())
+    try:
+        float(text)
+    except ValueError:
         return None
-    values = [float(t) for t in texts]  # type: ignore[arg-type]
+    return text
+
+
+def _counts(texts: list[str]) -> tuple[list[str], list[int] | list[float]] | None:
+    """A histogram's cumulative count texts as (texts, numbers), or None when one is not a
+    number, is negative or is below the one before it."""
+    joined = "".join(texts)
+    if joined.isdigit() and joined.isascii() and all(texts):  # integers: what the flush writes
+        ints = [] if max(map(len, texts)) > MAX_DIGITS else [*map(int, texts)]
+        return (texts, ints) if ints and ints == sorted(ints) else None
+    return _float_counts(texts)
+
+
+def _float_counts(texts: list[str]) -> tuple[list[str], list[float]] | None:
+    """:func:`_counts` of counts that are not all plain integers (``5.0``, ``1e5``)."""
+    checked = [number_text(c) for c in texts]
+    if None in checked:
+        return None
+    values = [float(t) for t in checked]  # type: ignore[arg-type]
     if values[0] < 0 or any(b < a for a, b in pairwise(values)):
         return None
-    return total, [_count_text(v) for v in values], values
+    return checked, values  # type: ignore[return-value]
 
 
-def _count_text(value: float) -> str:
-    return str(int(value)) if value.is_integer() and abs(value) < 1e15 else floatToGoString(value)
-
-
-def roll_up(mode: str, readings: Sequence[tuple[float, float, str]]) -> tuple[float, str | None]:
+def roll_up(mode: str, readings: Sequence[tuple[float, float, str]]) -> float:
     """A gauge series' value over its live writers' *readings* ``(stamp, value, value text)``
     (as :func:`gauge_parts` gives them, in the order the writers' chunks were read), by the
-    gauge's *mode*: ``mostrecent`` the reading with the newest stamp (the first of equals), with
-    its text; ``sum``, ``max``, ``min`` the roll-up of the values, text None (format it with
-    ``floatToGoString`` where text is wanted). The one roll-up both render paths use."""
+    gauge's *mode*: ``mostrecent`` the value with the newest stamp (the first of equals);
+    ``sum``, ``max``, ``min`` the roll-up of the values."""
     if mode == "mostrecent":
         best = readings[0]
         for reading in readings:
             if reading[0] > best[0]:
                 best = reading
-        return best[1], best[2]
+        return best[1]
     values = [reading[1] for reading in readings]
-    return (sum(values) if mode == "sum" else max(values) if mode == "max" else min(values)), None
+    return sum(values) if mode == "sum" else max(values) if mode == "max" else min(values)
 
 
-def sum_counter_texts(texts: Sequence[str]) -> str:
-    """Sample text of the sum of a counter's values (valid sample texts, as :func:`number_text`
-    gives them, one per writer), added in order: exact while they are all integers."""
-    if all(t.isdigit() for t in texts):
-        return str(sum(map(int, texts)))
-    total = 0.0
-    for t in texts:
-        total += float(t)
-    return str(floatToGoString(total))  # untyped in prometheus_client
+# Below it, float() of an int is float() of its text; from 2**1024 on, float() of an int raises.
+_FLOAT_BOUND = 10**308
 
 
-def sum_histograms(found: Sequence[tuple[str, list[str], list[int] | list[float]]]) -> tuple[str, list[str]]:
-    """(sum text, count texts) of two or more writers' parts of a histogram series (as
-    :func:`histogram_numbers` gives them), added bucket by bucket, in order."""
-    total = 0.0
-    for parsed in found:
-        total += float(parsed[0])
-    sums: list[Any] = found[0][2]
-    for parsed in found[1:]:
-        sums = [*map(add, sums, parsed[2])]
-    if all(type(parsed[2][0]) is int for parsed in found):  # integers, as writers store them
-        return floatToGoString(total), [*map(str, sums)]
-    return floatToGoString(total), [
-        str(int(x)) if x.is_integer() and abs(x) < 1e15 else floatToGoString(x) for x in map(float, sums)
-    ]
+def counter_number(text: str | None) -> int | float | None:
+    """A counter's sample text (as :func:`number_text` gives it; None: not a number) as the
+    number a read adds up: an int when it is an integer below 10**308 (exact, however many
+    writers), else a float."""
+    if text is None:
+        return None
+    if text.isdigit():
+        value = int(text)
+        if value < _FLOAT_BOUND:
+            return value
+    return float(text)
 
 
 def go_floats(values: list[float]) -> list[str]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from redis_stats._core.snapshot import Snapshot
+from redis_stats._core.decoder import Read
 from redis_stats._core.steps import arun
 from redis_stats._scripts import AsyncScript, load_script
 from redis_stats.catalog import Catalog
@@ -16,6 +16,7 @@ from redis_stats.config import StatsConfig
 from redis_stats.connection import AsyncClient, is_cluster, make_async_client
 from redis_stats.keys import Keys
 from redis_stats.reader import ReaderCore
+from redis_stats.snapshot import Snapshot
 
 __all__ = ["AsyncStatsReader"]
 
@@ -34,9 +35,8 @@ class AsyncStatsReader(ReaderCore):
         self._client: Any = client if client is not None else make_async_client(self.config)
         self._script = AsyncScript(self._client, load_script("read"), read_only=True)
 
-    async def read(self, engines: Iterable[int] | None = None) -> list[Any]:
-        """One consistent read of the namespace, as a read.lua-shaped reply (see StatsReader.read:
-        the same steps, awaited)."""
+    async def read(self, engines: Iterable[int] | None = None) -> Read:
+        """One consistent read of the namespace (see StatsReader.read: the same steps, awaited)."""
         return await arun(self.read_steps(engines, is_cluster(self._client)), self._carry_out)
 
     async def _carry_out(self, what: str, arg: Any) -> Any:

@@ -11,13 +11,13 @@ from redis.crc import key_slot
 from redis.exceptions import ResponseError, SlotNotCoveredError
 
 from redis_stats._core import fields
-from redis_stats._core.snapshot import Skipped
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
 from redis_stats.connection import is_cluster, make_client
 from redis_stats.errors import SchemaMismatch
 from redis_stats.keys import Keys, parse_layouts
 from redis_stats.reader import StatsReader
+from redis_stats.snapshot import Skipped
 
 __all__ = ["inspect_namespace"]
 

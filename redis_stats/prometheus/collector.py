@@ -27,11 +27,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from redis_stats._core.snapshot import Snapshot
 from redis_stats.catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM
 from redis_stats.errors import error_kind
 from redis_stats.prometheus.exposition import TextRenderer, format_families
-from redis_stats.reader import StatsReader, note_unreadable
+from redis_stats.reader import StatsReader
+from redis_stats.snapshot import Snapshot
 
 __all__ = ["RedisCollector"]
 
@@ -49,7 +49,7 @@ class RedisCollector:
         self.engines = None if engines is None else tuple(engines)
         self._errors: _Tally[str] = _Tally()
         self._errors_lock = threading.Lock()  # scrapes run on several threads at once
-        self._renderer = TextRenderer(reader.decoder)
+        self._renderer = TextRenderer()
 
     def describe(self) -> list[Metric]:
         """Nothing: registering must not read Redis (names are only known from a snapshot)."""
@@ -69,7 +69,7 @@ class RedisCollector:
 
     def render_text(self) -> str:
         """The same exposition as :meth:`collect` through ``generate_latest``, several times faster:
-        the reader's reply goes straight to text
+        the read's decoded form goes straight to text
         (:class:`~redis_stats.prometheus.exposition.TextRenderer`)."""
         started = time.perf_counter()
         shell: Snapshot | None = None
@@ -77,9 +77,8 @@ class RedisCollector:
         gc_was_on = gc.isenabled()
         gc.disable()  # tens of thousands of short-lived strings: a collection mid-render only costs
         try:
-            reply = self.reader.read(self.engines)
-            text, shell = self._renderer.render(reply)
-            note_unreadable(reply, shell.skipped)  # a shard's keys the merge left out
+            decoded = self.reader.decoded(self.reader.read(self.engines))
+            text, shell = self._renderer.render(decoded), decoded.shell
         except Exception as exc:  # a scrape must not fail with a traceback
             self.read_failed(exc)
         finally:
@@ -189,16 +188,7 @@ def writer_families(snapshot: Snapshot) -> Iterator[Metric]:
     writer (the retention, 24 h by default), one set per restart.
     ``redis_stats_writers{state}`` counts the departed ones (3 series, whatever the restarts).
     """
-    states = GaugeMetricFamily(
-        "redis_stats_writers",
-        "Writers the namespace lists, by state: live, stale (no heartbeat within stale_after, "
-        "not closed) or closed; until gc removes them.",
-        labels=["state"],
-    )
-    tally = _Tally("closed" if i.closed else "live" if i.live else "stale" for i in snapshot.writers.values())
-    for state in WRITER_STATES:
-        states.add_metric([state], float(tally[state]))
-    yield states
+    yield _writer_states(snapshot)
     w = ["writer"]
     up = GaugeMetricFamily(
         "redis_stats_writer_up",
@@ -248,23 +238,40 @@ def writer_families(snapshot: Snapshot) -> Iterator[Metric]:
         flushes.add_metric([wid], _num(st, "flushes"))
         conflicts.add_metric([wid], _num(st, "conflicts"))
         pending.add_metric([wid], _num(st, "pending"))
-        # The writer's heartbeat is set by its last successful flush (schema 1 also stored it
-        # as last_ok_ms in the stats hash).
+        # The writer's heartbeat is set by its last successful flush.
         age.add_metric([wid], max(0.0, (now_ms - info.heartbeat * 1000.0) / 1000.0))
-        buckets, running = [], 0.0
-        for key in sorted((k for k in st if k.startswith("dur:")), key=lambda k: float(k[4:])):
-            running += _num(st, key)
-            buckets.append((floatToGoString(float(key[4:])), running))
+        buckets = _duration_buckets(st)
         if buckets:
             duration.add_metric([wid], buckets, _num(st, "dur_sum"))
+        by_kind = {"err:": errors, "shards_err:": listing_errors, "drop:": drops}
         for key in st:
-            if key.startswith("err:"):
-                errors.add_metric([wid, key[4:]], _num(st, key))
-            elif key.startswith("shards_err:"):
-                listing_errors.add_metric([wid, key[11:]], _num(st, key))
-            elif key.startswith("drop:"):
-                drops.add_metric([wid, key[5:]], _num(st, key))
+            prefix = key[: key.find(":") + 1]
+            if prefix in by_kind:
+                by_kind[prefix].add_metric([wid, key[len(prefix) :]], _num(st, key))
     yield from (up, flushes, errors, listing_errors, drops, conflicts, pending, age, duration)
+
+
+def _writer_states(snapshot: Snapshot) -> Metric:
+    """``redis_stats_writers{state}``: how many writers the namespace lists in each state."""
+    states = GaugeMetricFamily(
+        "redis_stats_writers",
+        "Writers the namespace lists, by state: live, stale (no heartbeat within stale_after, "
+        "not closed) or closed; until gc removes them.",
+        labels=["state"],
+    )
+    tally = _Tally("closed" if i.closed else "live" if i.live else "stale" for i in snapshot.writers.values())
+    for state in WRITER_STATES:
+        states.add_metric([state], float(tally[state]))
+    return states
+
+
+def _duration_buckets(stats: dict[str, str]) -> list[tuple[str, float]]:
+    """A writer's flush durations (``dur:<bound>`` fields, per bucket) as cumulative buckets."""
+    buckets, running = [], 0.0
+    for key in sorted((k for k in stats if k.startswith("dur:")), key=lambda k: float(k[4:])):
+        running += _num(stats, key)
+        buckets.append((floatToGoString(float(key[4:])), running))
+    return buckets
 
 
 def _num(stats: dict[str, str], key: str) -> float:

@@ -1,54 +1,36 @@
-"""TextRenderer: one read of Redis straight to Prometheus text, for the exporter's /metrics.
+"""TextRenderer: the decoded form of a read (:class:`~redis_stats._core.decoder.Decoded`) as
+Prometheus text, for the exporter's ``/metrics``.
 
 prometheus_client's ``generate_latest`` builds a Python object per sample and formats every
 label on every scrape: about 10 us per sample, so 80 ms for 64 engines of the vLLM catalogue.
-Between two scrapes almost nothing but the numbers changes, so this renderer caches, per series
-field, everything else: the decoded series and its rendered line prefix
-(``vllm:prompt_tokens_total{engine="3",model_name="m"} ``), and per engine and chunk layout
-the plans of the layout's lines. The renderer is fed by the decoder's public interface
-(:meth:`~redis_stats._core.snapshot.SnapshotDecoder.decode_shell`, ``engine_chunks``, ``merge``):
-the writers' values come added up, group by group, as sample text (schema 2, docs/key-schema.md,
-"Reading schema 2"), so a scrape costs a template fill or a string join per series; an engine the
-decoder does not take in bulk (garbage) is rendered line by line here, with the decoder's rules.
-The semantics are the decoder's (:mod:`redis_stats._core.snapshot`), whose functions decide which
-fields and values are valid:
-cumulative buckets with ``+Inf``, gauges of live writers only, rolled up by mode, gauges of stale
-engines hidden, undecodable fields and wrong-typed keys skipped and counted; tests parse both
-outputs with prometheus_client's parser and compare them, on garbage too.
+Between two scrapes nothing but the numbers changes, so this formatter keeps, per engine and
+names field (a :class:`~redis_stats._core.groups.Layout`), the text around the numbers: each
+line's prefix (``vllm:prompt_tokens_total{engine="3",model_name="m"} ``) and each histogram's
+template. A scrape is then a string join per counter and gauge and a template fill per
+histogram. It reads only the decoded form (the writers already added up, what was skipped
+already counted), so it prints what the snapshot holds.
 
-The caches hold only what never changes for a catalogue (prefixes, templates, field and layout
-plans), in one :class:`_Plan` swapped whole when the catalogue changes: concurrent scrapes share it and
-keep every per-scrape line and gauge value in locals. Of the per-engine plans, it keeps those the
-last read used (as the decoder keeps chunk parses): an engine removed by gc, or a names field no
-writer holds any more, leaves nothing behind.
+What it keeps depends only on the catalogue (one :class:`_Plan` per catalogue, swapped whole when
+it changes) and on the names fields the engines hold: what a render did not use is dropped when
+it ends (an engine gc removed, a names field no writer holds any more). Concurrent scrapes share
+it and keep every per-scrape line in locals.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client.utils import floatToGoString
 
-from redis_stats._core.merge import EngineChunks, Generations, Layout
-from redis_stats._core.snapshot import EngineHash, EngineKey, Skipped, Snapshot, SnapshotDecoder
-from redis_stats._core.values import (
-    MAX_DIGITS,
-    gauge_parts,
-    histogram_numbers,
-    histogram_parts,
-    number_text,
-    roll_up,
-    sum_counter_texts,
-    sum_histograms,
-)
-from redis_stats.catalog import COUNTER, ENGINE_LABEL, HISTOGRAM, Catalog, MetricSpec
+from redis_stats._core.decoder import Decoded
+from redis_stats._core.groups import Group, Layout
+from redis_stats._core.values import go_floats
+from redis_stats.catalog import COUNTER, ENGINE_LABEL, Catalog, MetricSpec
 
-__all__ = ["TextRenderer", "escape_label_value"]
+__all__ = ["TextRenderer", "escape_label_value", "format_families"]
 
-# Plans one renderer keeps at most (engines and their groups: 20,000 engines x 2 names fields, as
-# merge.KEPT_CEILING; ~35 KB each for a vLLM engine). Past it, the rest are planned at each read.
-PLAN_CEILING = 40_000
 _INF = math.inf
 
 
@@ -75,265 +57,129 @@ def _labels(engine: str, spec: MetricSpec, values: tuple[str, ...]) -> str:
     return ",".join(pairs)
 
 
-class _Histogram:
-    """One histogram series of one engine: its lines as one template (immutable), filled with
-    the cumulative counts, the count (the last of them) and the sum."""
+def _histogram_template(engine: str, spec: MetricSpec, values: tuple[str, ...]) -> str:
+    """One histogram series' lines, to fill with its cumulative counts, its count and its sum."""
+    labels = _labels(engine, spec, values)
+    lines = [f'{spec.name}_bucket{{{labels},le="{floatToGoString(b)}"}} %s\n' for b in (*spec.buckets, _INF)]
+    lines += [f"{spec.name}_count{{{labels}}} %s\n", f"{spec.name}_sum{{{labels}}} %s\n"]
+    return "".join(lines)
 
-    __slots__ = ("size", "template")
 
-    def __init__(self, engine: str, spec: MetricSpec, values: tuple[str, ...]) -> None:
-        labels = _labels(engine, spec, values)
-        bounds = (*spec.buckets, _INF)
-        lines = [f'{spec.name}_bucket{{{labels},le="{floatToGoString(b)}"}} %s\n' for b in bounds]
-        lines += [f"{spec.name}_count{{{labels}}} %s\n", f"{spec.name}_sum{{{labels}}} %s\n"]
-        self.template = "".join(lines)
-        self.size = len(bounds)
+def _number_text(value: Any) -> str:
+    """A counter's or a count's sample text: an int as it is (exact), a float as Go writes it."""
+    return str(value) if value.__class__ is int else str(floatToGoString(value))
+
+
+def _line(layout: Layout, i: int) -> tuple[MetricSpec, tuple[str, ...]]:
+    """The spec and label values of line *i* of *layout* (a group's lines are all series)."""
+    spec, key = layout.specs[i], layout.keys[i]
+    if spec is None or key is None:
+        raise ValueError(f"line {i} of a group's layout is not a series")  # (never: groups are clean)
+    return spec, key[1]
 
 
 class _Plan:
-    """What the renderer knows for one catalogue: each family's header, and per engine how to
-    render it. Shared by concurrent scrapes, so it holds no per-scrape state: the plans are
+    """What the renderer knows for one catalogue: each family's header, and per (engine,
+    layout) the text around each of its numbers. Holds no per-scrape state: its entries are
     immutable, one dict store each (safe under the GIL), and a new catalogue replaces the whole
-    plan (``TextRenderer._plan``) while older scrapes finish with the one they hold.
+    plan while older scrapes finish with the one they hold."""
 
-    The per-engine plans kept are those the last read used (:class:`Generations`, as the
-    decoder keeps chunk parses): an engine gc removed, or a names field no writer holds any
-    more, leaves nothing behind."""
-
-    __slots__ = ("catalog", "headers", "index", "kept")
+    __slots__ = ("catalog", "headers", "index", "layouts")
 
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
         specs = list(catalog)
         self.headers = tuple(_header(spec) for spec in specs)
         self.index = {spec.name: i for i, spec in enumerate(specs)}
-        # (engine, chunk layout) -> its lines' plans, for a group read in bulk; engine -> its
-        # series fields' plans, for an engine read line by line: series field ->
-        # ("c", family index, line prefix), ("h", family index, _Histogram), ("g", family
-        # index, line prefix, roll-up mode), or the reason to skip it
-        self.kept = Generations()
+        self.layouts: dict[tuple[str, Layout], Any] = {}
+
+    def of(self, engine: str, layout: Layout) -> Any:
+        """How to render a group of *layout* in *engine*: (family, line prefix) per counter,
+        (family, template, where its counts start and stop) per histogram, (family, prefix)
+        per gauge."""
+        found = self.layouts.get((engine, layout))
+        if found is not None:
+            return found
+        index = self.index
+        counters = [_line(layout, i) for i in layout.counters]
+        histograms = [_line(layout, i) for i in layout.histograms]
+        gauges = [_line(layout, i) for i in layout.gauges]
+        found = (
+            tuple((index[s.name], f"{s.name}_total{{{_labels(engine, s, v)}}} ") for s, v in counters),
+            tuple(
+                (index[s.name], _histogram_template(engine, s, v), w.start, w.stop)
+                for (s, v), w in zip(histograms, layout.count_slices)
+            ),
+            tuple((index[s.name], f"{s.name}{{{_labels(engine, s, v)}}} ") for s, v in gauges),
+        )
+        self.layouts[engine, layout] = found
+        return found
 
 
 class TextRenderer:
-    """Renders replies of a reader (``StatsReader.read``) as Prometheus text.
+    """Renders decoded reads as Prometheus text. Safe to call from several threads at once (the
+    exporter serves each request on its own thread): every scrape's lines live in locals."""
 
-    Shares the reader's :class:`~redis_stats._core.snapshot.SnapshotDecoder` for the catalogue, field
-    parsing, value validation and liveness, and keeps its own per-field cache of rendered
-    prefixes. Safe to call from several threads at once (the exporter serves each request on
-    its own thread): every scrape's lines and gauge roll-ups live in locals of :meth:`render`.
-    """
-
-    def __init__(self, decoder: SnapshotDecoder) -> None:
-        self.decoder = decoder
-        self._plan = _Plan(decoder.catalog)
+    def __init__(self) -> None:
+        self._plan: _Plan | None = None
 
     def _plan_for(self, catalog: Catalog) -> _Plan:
         plan = self._plan
-        if plan.catalog is not catalog:
+        if plan is None or plan.catalog is not catalog:
             plan = self._plan = _Plan(catalog)  # one atomic swap; others keep the plan they hold
         return plan
 
-    def _plan_field(self, plan: _Plan, engine: str, name: str) -> Any:
-        parsed = self.decoder.series_field(name, plan.catalog)
-        if isinstance(parsed, str):
-            return parsed  # the reason to skip it
-        spec, values, _ = parsed
-        family = plan.index[spec.name]
-        if spec.kind == COUNTER:
-            return ("c", family, f"{spec.name}_total{{{_labels(engine, spec, values)}}} ")
-        if spec.kind == HISTOGRAM:
-            return ("h", family, _Histogram(engine, spec, values))
-        return ("g", family, f"{spec.name}{{{_labels(engine, spec, values)}}} ", spec.mode)
-
-    def render(self, reply: list[Any]) -> tuple[str, Snapshot]:
-        """(text of every family, the snapshot without series) for one read reply.
-
-        The snapshot carries the engines' and writers' liveness and what was skipped, for the
-        self-metrics that follow the data.
-        """
-        skipped = Skipped()
-        try:
-            shell, hashes = self.decoder.decode_shell(reply, skipped)
-            plan = self._plan_for(shell.catalog)
-            lines: list[list[str]] = [[] for _ in plan.headers]
-            plan.kept.begin()
-            try:
-                for read in hashes:
-                    self._engine(plan, read, lines, skipped)
-            finally:
-                plan.kept.end()
-        finally:
-            self.decoder.read_done()
+    def render(self, decoded: Decoded) -> str:
+        """The text of every family of the catalogue, with the series of *decoded*."""
+        plan = self._plan_for(decoded.shell.catalog)
+        lines: list[list[str]] = [[] for _ in plan.headers]
+        used: list[tuple[str, Layout]] = []
+        for engine in decoded.engines:
+            for group in engine.groups:
+                _group(plan.of(engine.engine, group.layout), group, lines)
+                used.append((engine.engine, group.layout))
+        kept = plan.layouts
+        if len(kept) > len(used):  # engines gc removed, names fields no writer holds any more
+            plan.layouts = {k: kept[k] for k in used if k in kept}
         out: list[str] = []
         for header, family_lines in zip(plan.headers, lines):
             out.append(header)
             out += family_lines
-        return "".join(out), shell
-
-    def _engine(self, plan: _Plan, read: EngineHash, lines: list[list[str]], skipped: Skipped) -> None:
-        decoder = self.decoder
-        engine, live = read.engine, read.live
-        chunks = decoder.engine_chunks(engine, read.fields, plan.catalog, skipped, read.key)
-        groups = decoder.merge(engine, chunks, live, read.snapshot.up, numbers=False)
-        if groups is None:
-            self._lines(plan, engine, chunks, read.snapshot.up, live, lines, skipped, read.key)
-            return
-        kept = plan.kept
-        for group in groups:
-            layout_plan = kept.get((engine, group.layout))
-            if layout_plan is None:
-                layout_plan = self._plan_layout(plan, engine, group.layout)
-                if len(kept.now) < PLAN_CEILING:
-                    kept.now[engine, group.layout] = layout_plan
-            counter_plans, histogram_plans, gauge_plans = layout_plan
-            for (family, prefix), text in zip(counter_plans, group.counters):
-                lines[family].append(f"{prefix}{text}\n")
-            counts = group.counts
-            for (family, template, start, stop), total in zip(histogram_plans, group.sums):
-                found = counts[start:stop]
-                lines[family].append(template % (*found, found[-1], total))
-            for (family, prefix), text in zip(gauge_plans, group.gauges):
-                if text is not None:
-                    lines[family].append(f"{prefix}{text}\n")
-
-    def _plan_layout(self, plan: _Plan, engine: str, layout: Layout) -> Any:
-        """How to render a group of *layout* in *engine*: (family, line prefix) per counter,
-        (family, template, where its counts start and stop) per histogram, (family, prefix)
-        per gauge."""
-        fields = layout.fields
-        planned = [self._plan_field(plan, engine, fields[i]) for i in range(len(fields))]
-        return (
-            tuple((planned[i][1], planned[i][2]) for i in layout.counters),
-            tuple(
-                (planned[i][1], planned[i][2].template, where.start, where.stop)
-                for i, where in zip(layout.histograms, layout.count_slices)
-            ),
-            tuple((planned[i][1], planned[i][2]) for i in layout.gauges),
-        )
-
-    def _lines(
-        self,
-        plan: _Plan,
-        engine: str,
-        chunks: EngineChunks,
-        up: bool,
-        live: set[str],
-        lines: list[list[str]],
-        skipped: Skipped,
-        key: EngineKey,
-    ) -> None:
-        """One engine line by line (what :meth:`SnapshotDecoder.merge` does not take in bulk):
-        what is bad is skipped and counted, under *key* (:attr:`EngineHash.key`, the engine's
-        hash in its shard)."""
-        # The engine's field plans of the last read; those of this read are kept for the next.
-        before: dict[str, Any] = plan.kept.get(engine) or {}
-        plans: dict[str, Any] = {}
-        # series field -> [plan, value, value, ...]: one value per writer (and the base field)
-        held: dict[str, list[Any]] = {}
-        # gauge line prefix -> (family, mode, live writers' readings), in order of first sight
-        gauges: dict[str, tuple[int, str, list[tuple[float, float, str]]]] = {}
-        for name, raw, writer in chunks.entries():
-            field_plan = plans.get(name)
-            if field_plan is None:
-                field_plan = before.get(name)
-                if field_plan is None:
-                    field_plan = self._plan_field(plan, engine, name)
-                plans[name] = field_plan
-            if field_plan.__class__ is str:
-                skipped.note(field_plan, key, str(name), raw)
-            elif field_plan[0] != "g":
-                entry = held.get(name)
-                if entry is None:
-                    held[name] = [field_plan, raw]
-                else:
-                    entry.append(raw)
-            elif writer is None:
-                skipped.note("bad_field", key, name, raw)  # a gauge has no base field
-            elif up and writer in live:  # else not current: a stale, closed or removed writer's
-                parts = gauge_parts(raw)
-                if parts is None:
-                    skipped.note("bad_value", key, name, raw)
-                    continue
-                _, family, prefix, mode = field_plan
-                gauges.setdefault(prefix, (family, mode, []))[2].append(parts)
-        if len(plan.kept.now) < PLAN_CEILING:
-            plan.kept.now[engine] = plans
-        # Shown in the order the writers' chunks hold the series, then series only the base
-        # fields hold (as the bulk read shows them); base values were added first.
-        order = [name for chunk in chunks.chunks for name in chunk.layout.fields if name in held]
-        if chunks.base:
-            order += [name for name, _, _ in chunks.base if name in held]
-        for name in dict.fromkeys(order):
-            entry = held[name]
-            field_plan = entry[0]
-            if field_plan[0] == "c":
-                if len(entry) == 2:
-                    raw = entry[1]
-                    text = (
-                        raw
-                        if raw.__class__ is str and raw.isdigit() and raw.isascii() and len(raw) <= MAX_DIGITS
-                        else number_text(raw)
-                    )
-                else:
-                    text = _sum_text(name, entry, skipped, key)
-                if text is None:
-                    if len(entry) == 2:
-                        skipped.note("bad_value", key, name, entry[1])
-                    continue
-                lines[field_plan[1]].append(f"{field_plan[2]}{text}\n")
-                continue
-            hist = field_plan[2]
-            if len(entry) == 2:
-                found = histogram_parts(entry[1], hist.size)  # the decoder's rule
-                if found is None:
-                    skipped.note("bad_value", key, name, entry[1])
-                    continue
-            else:
-                found = _sum_histograms(name, entry, hist.size, skipped, key)
-                if found is None:
-                    continue
-            counts = found[1]
-            lines[field_plan[1]].append(hist.template % (*counts, counts[-1], found[0]))
-        for prefix, (family, mode, readings) in gauges.items():
-            value, text = roll_up(mode, readings)
-            lines[family].append(f"{prefix}{floatToGoString(value) if text is None else text}\n")
+        return "".join(out)
 
 
-def _sum_text(name: str, entry: list[Any], skipped: Skipped, key: EngineKey) -> str | None:
-    """Sample text of the sum of a counter's values (``entry[1:]``, one per writer), added in
-    order as the decoder adds them: exact while they are all integers. A value that is not a
-    number is skipped and counted; None if none is left."""
-    raws = entry[1:]
-    if all(
-        raw.__class__ is str and raw.isdigit() and raw.isascii() and len(raw) <= MAX_DIGITS for raw in raws
-    ):
-        return str(sum(map(int, raws)))  # integers, as writers store them: exact
-    texts = []
-    for raw in raws:
-        text = number_text(raw)
-        if text is None:
-            skipped.note("bad_value", key, name, raw)
-        else:
-            texts.append(text)
-    return sum_counter_texts(texts) if texts else None
+def _group(layout_plan: Any, group: Group, lines: list[list[str]]) -> None:
+    """One group's lines, each appended to its family's."""
+    counter_plans, histogram_plans, gauge_plans = layout_plan
+    for (family, prefix), text in zip(counter_plans, _counter_texts(group)):
+        lines[family].append(f"{prefix}{text}\n")
+    if histogram_plans:
+        counts, sums = _histogram_texts(group)
+        for (family, template, start, stop), total in zip(histogram_plans, sums):
+            found = counts[start:stop]
+            lines[family].append(template % (*found, found[-1], total))
+    if gauge_plans:
+        shown = [(plan, v) for plan, v in zip(gauge_plans, group.gauges) if v is not None]
+        for ((family, prefix), _), text in zip(shown, go_floats([v for _, v in shown])):
+            lines[family].append(f"{prefix}{text}\n")
 
 
-def _sum_histograms(
-    name: str, entry: list[Any], size: int, skipped: Skipped, key: EngineKey
-) -> tuple[str, list[str]] | None:
-    """(sum text, count texts) of a histogram's values (``entry[1:]``, one per writer) added
-    bucket by bucket, in order, as :meth:`~redis_stats._core.snapshot.HistogramValue.plus` adds them.
-    A malformed value is skipped and counted; None if none is left."""
-    found = []
-    for raw in entry[1:]:
-        parsed = histogram_numbers(raw, size)
-        if parsed is None:
-            skipped.note("bad_value", key, name, raw)
-        else:
-            found.append(parsed)
-    if len(found) < 2:
-        return (found[0][0], found[0][1]) if found else None
-    return sum_histograms(found)
+def _counter_texts(group: Group) -> Sequence[Any]:
+    """What to print of a group's counters: the stored texts of one writer's, ints as they are
+    (``%s`` and f-strings print them), floats as Go writes them."""
+    if group.texts is not None:
+        return group.texts[0]
+    return group.counters if group.counter_ints else [*map(_number_text, group.counters)]
+
+
+def _histogram_texts(group: Group) -> tuple[Sequence[Any], Sequence[Any]]:
+    """What to print of a group's histograms: the tokens (``counts[count_slices[j]]``) and the
+    sums, as :func:`_counter_texts` prints counters."""
+    if group.texts is not None:
+        tokens = group.texts[1].split(" ")
+        return tokens, group.layout.pick_sums(tokens)
+    counts = group.counts if group.count_ints else [*map(_number_text, group.counts)]
+    return counts, go_floats([*group.sums])
 
 
 def format_families(families: Any) -> str:

@@ -19,8 +19,8 @@ from collections import deque
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from redis_stats._core.snapshot import HistogramValue, Snapshot
 from redis_stats.catalog import COUNTER, GAUGE
+from redis_stats.snapshot import HistogramValue, Snapshot
 
 __all__ = [
     "SCHEMA_VERSION",

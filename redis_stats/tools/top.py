@@ -19,9 +19,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from redis_stats._core.snapshot import EngineSnapshot, HistogramValue, Snapshot
 from redis_stats.integrations.vllm.logline import LogMetrics, aggregate, engine_intervals
 from redis_stats.reader import StatsReader
+from redis_stats.snapshot import EngineSnapshot, HistogramValue, Snapshot
 
 __all__ = [
     "COLUMNS",

@@ -149,7 +149,7 @@ async def test_async_lease_and_reporter(config, fake_async):
 
 
 def test_rate_and_quantile_helpers_by_hand():
-    from redis_stats._core.snapshot import EngineSnapshot, HistogramValue, Snapshot
+    from redis_stats.snapshot import EngineSnapshot, HistogramValue, Snapshot
 
     h = HistogramValue((1.0, 2.0, 4.0, math.inf), (1.0, 3.0, 4.0, 4.0), 6.5)  # 0.5, 1.5, 1.5, 3
     assert h.quantile(0.5) == pytest.approx(1.5)  # rank 2 in (1, 2]: 1 + (2 - 1) * (2 - 1) / (3 - 1)
@@ -178,7 +178,7 @@ def test_quantile_agrees_with_prometheus_client_exposition():
     from prometheus_client import CollectorRegistry, Histogram
     from prometheus_client.utils import floatToGoString
 
-    from redis_stats._core.snapshot import HistogramValue
+    from redis_stats.snapshot import HistogramValue
 
     bounds = (0.01, 0.05, 0.1, 0.5, 1.0)
     reg = CollectorRegistry()

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from redis_stats._core.snapshot import HistogramValue
 from redis_stats.integrations.vllm import vllm_catalog
+from redis_stats.snapshot import HistogramValue
 
 from ..conftest import ROOT
 

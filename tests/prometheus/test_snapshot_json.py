@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
 from redis_stats import Catalog, RedisCollector, StatsConfig, StatsReader, StatsWriter
-from redis_stats._core.snapshot import EngineSnapshot, HistogramValue, Snapshot, WriterInfo
 from redis_stats.prometheus.exporter import Exporter
+from redis_stats.snapshot import EngineSnapshot, HistogramValue, Snapshot, WriterInfo
 
 
 def _refuse(constant: str) -> float:

@@ -299,8 +299,8 @@ def test_concurrent_snapshot_requests_all_valid_and_ring_stays_ordered_and_bound
 
 
 def test_ring_keeps_only_the_window_and_ignores_a_late_older_read():
-    from redis_stats._core.snapshot import Snapshot
     from redis_stats.catalog import Catalog
+    from redis_stats.snapshot import Snapshot
 
     def snap(t: float) -> Snapshot:
         return Snapshot(time=t, engines={}, writers={}, catalog=Catalog())
@@ -384,7 +384,7 @@ def test_self_metrics_doc_lists_the_exporter_metrics():
 
 
 def _engine_snap(t: float, values: list[float], gauges: list[float]):
-    from redis_stats._core.snapshot import EngineSnapshot, Snapshot
+    from redis_stats.snapshot import EngineSnapshot, Snapshot
 
     cat = sample_catalog()
     engines = {}

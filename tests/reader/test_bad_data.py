@@ -209,7 +209,7 @@ def _fields(draw: Any, writer: str) -> str:
     labels = draw(st.lists(st.sampled_from(["stop", "", "a|b", "x\\y", "é"]), max_size=2))
     suffix = draw(st.sampled_from([[], [writer], ["other-writer"], ["h:00000000"], ["<layout>"]]))
     if suffix == ["<layout>"]:
-        from redis_stats._core.snapshot import layout_of
+        from redis_stats._core.groups import bucket_tag as layout_of
 
         suffix = [layout_of(sample_catalog().get("latency_seconds"))]
     raw = draw(st.sampled_from(["encoded", "raw"]))

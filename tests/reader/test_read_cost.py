@@ -1,6 +1,7 @@
-"""What a read costs, checked by structure rather than by time (docs/key-schema.md, "Reading
-schema 2"): a chunk's names field is parsed once per catalogue, an unchanged chunk is not parsed
-again, and the bulk read of writers' chunks shows exactly what the line-by-line read shows."""
+"""How a read adds an engine's writers up (docs/architecture.md, "The read path"): the bulk read
+of writers' chunks shows exactly what the line-by-line read shows, on clean data and on garbage;
+reads in threads and in a forked child show what a reader of their own shows; what a reader keeps
+between reads (the meaning of each names field) follows the namespace, not its history."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from redis_stats import RedisCollector, StatsReader, StatsWriter
-from redis_stats._core import fields, merge, snapshot
+from redis_stats._core import decoder, fields
 from redis_stats.keys import Keys
+from redis_stats.prometheus.exposition import TextRenderer
 from tests.reader.test_bad_data import samples, skipped_of
 
 
@@ -38,25 +40,14 @@ def _writers(config: Any, catalog: Any, fake_client: Any, engines: list[int]) ->
     return out
 
 
-def _count_parses(monkeypatch: Any) -> list[Any]:
-    """The arguments of every chunk parse from now on (merge.parse_chunk spied on)."""
-    parses: list[Any] = []
-    real_parse = merge.parse_chunk
-
-    def counted_parse(*args: Any) -> Any:
-        parses.append(args)
-        return real_parse(*args)
-
-    monkeypatch.setattr(merge, "parse_chunk", counted_parse)
-    return parses
-
-
 def _stable(text: str) -> list[str]:
     return [x for x in text.splitlines() if "duration" not in x and "age_seconds" not in x]
 
 
 def _texts(found: dict[Any, float]) -> dict[Any, str]:
-    return {k: repr(v) for k, v in found.items()}
+    """Each sample's number, exactly (repr: NaN equals NaN; the parser gives "0" as an int, and
+    an integer beyond a float as an int: its float is inf, as Prometheus reads it)."""
+    return {k: repr(float(str(v))) for k, v in found.items()}
 
 
 def _series(snap: Any) -> dict[int, Any]:
@@ -65,20 +56,7 @@ def _series(snap: Any) -> dict[int, Any]:
     }
 
 
-def test_a_names_field_is_parsed_once_and_an_unchanged_chunk_is_not_parsed_again(
-    config, catalog, fake_client, monkeypatch
-):
-    layouts: list[Any] = []
-
-    class CountedLayout(merge.Layout):
-        __slots__ = ()
-
-        def __init__(self, *args: Any) -> None:
-            super().__init__(*args)
-            layouts.append(self)
-
-    monkeypatch.setattr(snapshot, "Layout", CountedLayout)
-    parses = _count_parses(monkeypatch)
+def test_totals_follow_one_writer_moving_on_and_a_new_series(config, catalog, fake_client):
     engines = [0, 1, 2]
     a, b = _writers(config, catalog, fake_client, engines)
     reader = StatsReader(config, catalog, client=fake_client())
@@ -89,88 +67,23 @@ def test_a_names_field_is_parsed_once_and_an_unchanged_chunk_is_not_parsed_again
 
     text, snap = both()
     assert snap.engines[2].counter("tokens") == 3 + 2 + 5 + 2
-    assert len(layouts) == 1  # two writers x three engines, one series set: one names field
-    assert len(parses) == 2 * len(engines)  # every chunk, once for both render paths
     text2, snap2 = both()
     assert (samples(text2), _series(snap2)) == (samples(text), _series(snap))
-    assert len(layouts) == 1 and len(parses) == 6  # nothing parsed again
 
-    # One writer moves on in one engine: only that chunk is parsed again, and the totals move.
+    # One writer moves on in one engine: the totals move.
     b.counter("tokens").labels(engine=1).inc(100)
     assert b.flush()
     text3, snap3 = both()
-    assert len(layouts) == 1 and len(parses) == 6 + 1
     assert snap3.engines[1].counter("tokens") == 3 + 1 + 5 + 1 + 100
     assert 'tokens_total{engine="1"} 110\n' in text3
 
-    # A writer adds a series: its names field changes, and that one is parsed (once).
+    # A writer adds a series: its names field changes, and the new series shows.
     a.counter("requests").labels(engine=0, reason="length").inc(1)
     assert a.flush()
     text4, snap4 = both()
-    assert len(layouts) == 2
     assert snap4.engines[0].counter("requests", "length") == 1
     assert 'requests_total{engine="0",reason="length"} 1\n' in text4
     for w in (a, b):
-        w._closed = True
-
-
-def test_a_fleet_with_more_chunks_than_ten_thousand_keeps_its_parses(
-    config, catalog, fake_client, monkeypatch
-):
-    """The chunk parses kept were capped at 10,000 and cleared past it, at every read: past 5,000
-    engines x 2 writers every chunk was parsed again at every scrape. The cache now holds the
-    last read's parses, however many (up to merge.KEPT_CEILING)."""
-    parses = _count_parses(monkeypatch)
-    engines = list(range(5_100))
-    for role, n in (("api0", 3), ("api1", 5)):
-        w = StatsWriter(config, catalog, engines=engines, client=fake_client(), start=False, role=role)
-        for e in engines:
-            w.counter("tokens").labels(engine=e).inc(n)
-        assert w.flush()
-        w._closed = True
-    reader = StatsReader(config, catalog, client=fake_client())
-    snap = reader.snapshot()
-    assert len(snap.engines) == len(engines) and snap.engines[4_321].counter("tokens") == 8
-    assert len(parses) == 2 * len(engines) > 10_000
-    collector = RedisCollector(reader)
-    text = collector.render_text()
-    assert 'tokens_total{engine="5099"} 8\n' in text
-    assert reader.snapshot().engines[5_099].counter("tokens") == 8
-    assert len(parses) == 2 * len(engines)  # nothing parsed again, by either path
-    assert len(reader._decoder._kept) == 2 * len(engines)  # exactly the last read's parses
-
-
-def test_chunk_parses_kept_are_the_last_reads_up_to_the_ceiling(config, catalog, fake_client, monkeypatch):
-    parses = _count_parses(monkeypatch)
-    monkeypatch.setattr(merge, "KEPT_CEILING", 4)
-    writers = _writers(config, catalog, fake_client, [0, 1, 2])
-    reader = StatsReader(config, catalog, client=fake_client())
-    first = _series(reader.snapshot())
-    assert len(parses) == 6 and len(reader._decoder._kept) == 4  # past the ceiling: not kept
-    assert _series(reader.snapshot()) == first
-    assert len(parses) == 6 + 2  # the four kept are reused, the other two parsed again
-    for w in writers:
-        w._closed = True
-
-
-def test_a_busy_fleets_old_parses_are_dropped_when_a_read_ends(config, catalog, fake_client):
-    """The parses of chunks that changed were held until the next read began: two reads' worth
-    of parses between scrapes of a busy fleet (every chunk changes). A read now drops them when
-    it ends, by either path, and keeps exactly the ones it used."""
-    writers = _writers(config, catalog, fake_client, [0, 1, 2])
-    reader = StatsReader(config, catalog, client=fake_client())
-    collector = RedisCollector(reader)
-    kept = reader._decoder._kept
-    for read in (reader.snapshot, collector.render_text, reader.snapshot):
-        for w in writers:  # every chunk changes between two reads
-            for e in (0, 1, 2):
-                w.counter("tokens").labels(engine=e).inc(1)
-            assert w.flush()
-        read()
-        held = [*kept.last.values(), *kept.now.values()]
-        assert len(held) == 6  # the six chunks just read; none of the read before
-        assert {text for text, _ in held} == {text for text, _ in kept.now.values()}
-    for w in writers:
         w._closed = True
 
 
@@ -179,9 +92,7 @@ def test_reads_in_threads_and_in_a_forked_child_show_what_a_reader_of_their_own_
 ):
     """Threads render and snapshot one reader at once, each read a reply of its own among
     several (writers flushed between them: some chunks changed, some not), switching every
-    microsecond: :meth:`merge.Kept.begin` and :meth:`~merge.Kept.end` of one read run in the
-    middle of another's. A read may parse again what another dropped, never show another's
-    values. Then a forked child reads with the parses the parent kept."""
+    microsecond: a read never shows another's values. Then a forked child reads too."""
     engines = list(range(8))
     writers = _writers(config, catalog, fake_client, engines)
     reader = StatsReader(config, catalog, client=fake_client())
@@ -197,15 +108,14 @@ def test_reads_in_threads_and_in_a_forked_child_show_what_a_reader_of_their_own_
     expected = []
     for reply in replies:
         own = StatsReader(config, catalog, client=fake_client())
-        expected.append((RedisCollector(own)._renderer.render(reply)[0], repr(_series(own.decode(reply)))))
+        expected.append((TextRenderer().render(own.decoded(reply)), repr(_series(own.decode(reply)))))
     assert len(set(expected)) == len(replies)
-    renderer = RedisCollector(reader)._renderer
-    parses = _count_parses(monkeypatch)
+    renderer = TextRenderer()
     wrong: list[Any] = []
 
     def read(k: int, text: bool) -> None:
         if text:
-            if renderer.render(replies[k])[0] != expected[k][0]:
+            if renderer.render(reader.decoded(replies[k])) != expected[k][0]:
                 wrong.append(("text", k))
         elif repr(_series(reader.decode(replies[k]))) != expected[k][1]:
             wrong.append(("snapshot", k))
@@ -229,8 +139,6 @@ def test_reads_in_threads_and_in_a_forked_child_show_what_a_reader_of_their_own_
     finally:
         sys.setswitchinterval(interval)
     assert not wrong, wrong[:5]
-    chunks_read = 4 * 60 * 2 * len(engines)
-    assert 0 < len(parses) < chunks_read  # parses were reused (and some made again)
     if hasattr(os, "fork"):
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child
@@ -247,131 +155,64 @@ def test_reads_in_threads_and_in_a_forked_child_show_what_a_reader_of_their_own_
         w._closed = True
 
 
-@pytest.mark.parametrize("busy", [False, True], ids=["unchanged store", "every chunk changed"])
-def test_overlapping_reads_parse_no_chunk_another_read_parsed(
-    config, catalog, fake_client, monkeypatch, busy
-):
-    """Two scrapes of one reader at once (a Prometheus HA pair whose scrapes fall together, or
-    /metrics with the /snapshot sampler). A read that began while another ran made a generation
-    of its own (the other's parses so far), so the first lost the parses of the read before it;
-    and the first read's end dropped the generation the second was still reading from. Both
-    parsed again chunks they would have found: on an unchanged store, up to half the chunks per
-    read (bench/read_attack.py, section storm: ~1.7-1.9x the CPU of a read alone). Overlapping
-    reads now share one generation: an unchanged chunk is not parsed again, a changed one once."""
-    engines = list(range(8))
-    writers = _writers(config, catalog, fake_client, engines)
-    reader = StatsReader(config, catalog, client=fake_client())
-    renderer = RedisCollector(reader)._renderer
-    renderer.render(reader.read())  # the scrape before
-    if busy:
-        for w in writers:
-            for e in engines:
-                w.counter("tokens").labels(engine=e).inc(1)
-            assert w.flush()
-    reply = reader.read()
-    expected = RedisCollector(StatsReader(config, catalog, client=fake_client()))._renderer.render(reply)[0]
-    chunks = 2 * len(engines)
-    parses = _count_parses(monkeypatch)
-    real = merge._kept_parse
-    # Read A stops half-way; B begins, stops a quarter of the way; A ends; B ends.
-    stop_at = {"A": chunks // 2, "B": chunks // 4}
-    looked = {"A": 0, "B": 0}
-    stopped = {name: threading.Event() for name in stop_at}
-    go = {name: threading.Event() for name in stop_at}
+def test_what_a_reader_keeps_follows_the_namespace_not_its_history(config, catalog, fake_client):
+    """What a names field means (~15 KB for a vLLM chunk) and each engine's render plan (~35 KB)
+    are kept between reads: a fleet whose writers restart with new ids every deploy, with new
+    label values (a names field no writer holds any more) and engines gc removed, must not leave
+    them behind. After 30 deploys a reader holds what a fresh reader of the same store holds."""
+    import gc
+    import tracemalloc
 
-    def paced(*args: Any) -> Any:
-        name = threading.current_thread().name
-        looked[name] += 1
-        if looked[name] == stop_at[name]:
-            stopped[name].set()
-            go[name].wait(10)
-        return real(*args)
-
-    monkeypatch.setattr(merge, "_kept_parse", paced)
-    bodies: dict[str, str] = {}
-
-    def read() -> None:
-        bodies[threading.current_thread().name] = renderer.render(reply)[0]
-
-    a = threading.Thread(target=read, name="A")
-    b = threading.Thread(target=read, name="B")
-    a.start()
-    assert stopped["A"].wait(10)
-    b.start()
-    assert stopped["B"].wait(10)
-    go["A"].set()
-    a.join(10)
-    go["B"].set()
-    b.join(10)
-    assert bodies == {"A": expected, "B": expected}
-    assert len(parses) == (chunks if busy else 0)  # each changed chunk once, by whichever read came first
-    kept = reader._decoder._kept
-    assert len(kept.last) + len(kept.now) == chunks  # the chunks read, nothing else
-    for w in writers:
-        w._closed = True
-
-
-def test_names_fields_kept_are_those_of_the_last_read(config, catalog, fake_client):
-    """What a names field means (a Layout, ~15 KB for a vLLM chunk) was kept until 10,000 names
-    fields had been seen, then all dropped at once: in a fleet whose names change (a new LoRA
-    adapter set in vllm:lora_requests_info is a new series in that engine's chunk, and each
-    engine's differs), ~180 MB of names no writer holds any more. Like the chunk parses, the
-    layouts (and whether an engine's names fields share a series) kept are the last read's."""
-    engines = [0, 1, 2, 3]
-    writers = _writers(config, catalog, fake_client, engines)
-    reader = StatsReader(config, catalog, client=fake_client())
-    collector = RedisCollector(reader)
-    decoder = reader._decoder
-    for step in range(30):
-        for w in writers:  # each writer a new series in every engine: every names field changes
-            for e in engines:
-                w.counter("requests").labels(engine=e, reason=f"{w.writer_id}-{step}").inc()
-            assert w.flush()
-        text = collector.render_text()
-        snap = reader.snapshot()
-    assert snap.engines[3].counter("requests", f"{writers[1].writer_id}-29") == 1
-    assert f'requests_total{{engine="3",reason="{writers[0].writer_id}-29"}} 1\n' in text
-    # Each writer's names field (the same in every engine), and the one pair of them.
-    assert len(decoder._layouts) == 2
-    assert len(decoder._disjoint) == 1
-    for w in writers:
-        w._closed = True
-
-
-def test_writers_and_series_fields_kept_are_those_of_the_last_read(config, catalog, fake_client):
-    """Each chunk field's writer (``@|<writer>|<k>``) was kept in one dictionary shared by every
-    decoder of the process, and each series field's parse per decoder, until a million of each
-    (then all dropped): in a fleet whose writers restart with new ids every deploy, and whose
-    label values change, every departed writer's and series' entry stayed. Both are now the
-    last read's."""
     keys = Keys(config.namespace)
     client = fake_client()
-    engines = [0, 1, 2, 3]
     reader = StatsReader(config, catalog, client=fake_client())
     collector = RedisCollector(reader)
-    decoder = reader._decoder
-    for deploy in range(30):
-        for e in engines:  # gc removed the writer of the deploy before
-            client.delete(keys.counters(e))
+    from redis_stats._core import groups
+    from redis_stats.prometheus import exposition
+
+    traced = [tracemalloc.Filter(True, m.__file__) for m in (decoder, groups, exposition)]
+
+    def held() -> int:
+        gc.collect()
+        return sum(t.size for t in tracemalloc.take_snapshot().filter_traces(traced).traces)
+
+    def deploy(k: int) -> None:
+        engines = [4 * k + e for e in range(4)]
+        for old in range(4 * k - 4, 4 * k):  # gc removed the engines of the deploy before
+            client.zrem(keys.engines, str(old))
+            client.delete(keys.counters(old))
         w = StatsWriter(config, catalog, engines=engines, client=fake_client(), start=False)
         for e in engines:
-            w.counter("requests").labels(engine=e, reason=f"r{deploy}").inc(e + 1)
+            w.counter("requests").labels(engine=e, reason=f"r{k}").inc(e + 1)
+            w.histogram("latency_seconds").labels(engine=e).observe(0.1 * k)
         assert w.flush()
         w._closed = True
-        text = collector.render_text()
-        snap = reader.snapshot()
-    assert snap.engines[3].counter("requests", "r29") == 4 and 'reason="r28"' not in text
-    assert len(decoder._writers_of) == 1  # the last writer's one chunk field
-    assert len(decoder._fields) <= 1  # at most the one series field of the last read
+
+    tracemalloc.start()
+    try:
+        for k in range(30):
+            deploy(k)
+            text = collector.render_text()
+            snap = reader.snapshot()
+        assert snap.engines[119].counter("requests", "r29") == 120 and 'reason="r28"' not in text
+        del text, snap  # what the reads returned: the caller's, not the reader's
+        ours = held()
+        fresh = StatsReader(config, catalog, client=fake_client())
+        fresh_collector = RedisCollector(fresh)
+        fresh_collector.render_text()
+        fresh.snapshot()
+        both = held()
+    finally:
+        tracemalloc.stop()
+    assert ours < 2 * (both - ours), (ours, both - ours)
 
 
 def test_parsed_names_are_kept_per_namespace(config, catalog, fake_client):
     """Caches do not cross namespaces: each reader keeps its own (a names field of the same
     text means the same series only against its own namespace's catalogue)."""
     names = "tokens\nrequests|stop"
-    one = StatsReader(config, catalog, client=fake_client())._decoder
-    other = StatsReader(config, catalog, client=fake_client())._decoder
-    other.keys = Keys("another")
+    one = decoder.SnapshotDecoder(catalog, keys=Keys(config.namespace))
+    other = decoder.SnapshotDecoder(catalog, keys=Keys("another"))
     kept = one.layout(names, one.catalog)
     assert one.layout("".join(["tokens\n", "requests|stop"]), one.catalog) is kept  # by text
     assert other.layout(names, other.catalog) is not kept
@@ -480,9 +321,9 @@ def _both_ways(config: Any, catalog: Any, fake_client: Any, values: Any, stale: 
     """One engine's chunks (*values*: one writer's lines each; writer *stale* stale) and *base*
     fields, read in bulk and line by line: both must show the same. Whether each merge of the
     bulk read took the engine in bulk (True) or left it to the line-by-line read."""
-    from redis_stats._core.snapshot import layout_of
+    from redis_stats._core.groups import bucket_tag
 
-    histogram = "latency_seconds|" + layout_of(catalog.get("latency_seconds"))
+    histogram = "latency_seconds|" + bucket_tag(catalog.get("latency_seconds"))
     names = "\n".join([*_COUNTERS, *_GAUGES, histogram])
     client = fake_client()
     client.flushall()
@@ -507,26 +348,30 @@ def _both_ways(config: Any, catalog: Any, fake_client: Any, values: Any, stale: 
         snap = reader.snapshot()
         return text, snap
 
-    real_merge = snapshot.SnapshotDecoder.merge
+    in_bulk = decoder.in_bulk
     merged: list[bool] = []
 
-    def spy(*args: Any, **kw: Any) -> Any:
-        found = real_merge(*args, **kw)
+    def bulk_or_not(*args: Any, **kw: Any) -> Any:
+        found = in_bulk(*args, **kw)
         merged.append(found is not None)
         return found
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(snapshot.SnapshotDecoder, "merge", spy)
+        mp.setattr(decoder, "in_bulk", bulk_or_not)
         bulk_text, bulk = read()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(snapshot.SnapshotDecoder, "merge", lambda *args, **kw: None)  # line by line
+        mp.setattr(decoder, "in_bulk", lambda *args, **kw: None)  # line by line
         lines_text, lines = read()
     assert _texts(samples(bulk_text)) == _texts(samples(lines_text))  # NaN (inf + -inf) too
     assert skipped_of(samples(bulk_text)) == skipped_of(samples(lines_text))
     assert repr(_series(bulk)) == repr(_series(lines))
     assert dict(bulk.skipped) == dict(lines.skipped)
-    # the text itself, line for line (ordering included), but for times and ages
-    assert _stable(bulk_text) == _stable(lines_text)
+    # the series line for line (ordering included), but for times and ages; the numbers above
+    # (a group one writer holds prints its stored text: "12" where the line by line read
+    # prints 12.0, the same number)
+    assert [x.rpartition(" ")[0] for x in _stable(bulk_text)] == [
+        x.rpartition(" ")[0] for x in _stable(lines_text)
+    ]
     return merged
 
 

@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from redis_stats._core.snapshot import EngineSnapshot, Snapshot
+from redis_stats.snapshot import EngineSnapshot, Snapshot
 
 __all__ = [
     "EngineInterval",

@@ -1,0 +1,568 @@
+"""The decoder: one read of a namespace (a reply per shard) as the one decoded form.
+
+Sans-I/O (the sync and asyncio readers share it) and tolerant: a field or value that does not
+parse (written by hand, or by a newer version), or a key of the wrong type, is skipped and
+counted in ``Snapshot.skipped`` under the key it was read from (in its shard); it never fails
+the read. Shards compose: each shard's reply is a :class:`ShardReply` that carries its own
+:class:`~redis_stats.keys.Keys`; engines and writers are grouped by name across them (an engine
+found in two shards, only after K changed, adds both parts up); one shard is a list of one.
+
+:meth:`SnapshotDecoder.decode` gives a :class:`Decoded`: the snapshot's shell (time, catalogue,
+writers, engines' liveness, what was skipped) and per engine its series as
+:class:`~redis_stats._core.groups.Group` s of numbers, writers added up. The snapshot
+(:meth:`Decoded.snapshot`), the collector's families and the ``/metrics`` text
+(:mod:`redis_stats.prometheus.exposition`) are all made from it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+from redis_stats._core import fields
+from redis_stats._core.groups import Base, ChunkRead, Group, Layout, by_lines, disjoint, in_bulk, parse_field
+from redis_stats._core.liveness import STALE_FIELD, Liveness
+from redis_stats._core.values import number_text
+from redis_stats.catalog import Catalog, MetricSpec
+from redis_stats.errors import CatalogError, SchemaMismatch
+from redis_stats.keys import SCHEMA_VERSION, Keys
+from redis_stats.snapshot import EngineSnapshot, HistogramValue, Skipped, Snapshot, WriterInfo
+
+log = logging.getLogger("redis_stats.reader")
+
+_INF = float("inf")
+
+# A writer's stats hash (WriterStats.as_fields): fields holding text; every other known field
+# holds a number. Unknown fields (a newer writer's) are kept as they are: nothing reads them.
+_WRITER_TEXT_FIELDS = frozenset({"engines", "owner"})
+_WRITER_NUMBER_FIELDS = frozenset(
+    {"flushes", "duplicates", "conflicts", "pending", "dur_sum", "last_ok_ms", STALE_FIELD}
+)
+
+
+def _pairs(flat: Sequence[Any]) -> Iterable[tuple[Any, Any]]:
+    it = iter(flat)
+    return zip(it, it)
+
+
+def unreadable(part: Any) -> str | None:
+    """Why a part of a reply that should hold a key's contents (a list) does not: the key has
+    the wrong type (``wrong_type``) or the read of it failed (``unreadable``); None if it is
+    fine. One command of the read failing costs that key only."""
+    if part.__class__ is list:
+        return None
+    if isinstance(part, Exception) and str(part).startswith("WRONGTYPE"):
+        return "wrong_type"
+    return "unreadable"
+
+
+class ShardReply(NamedTuple):
+    """One shard's part of a read (``read.lua``'s reply, or the transaction read's), with the
+    keys it was read from. A part that could not be read is its error."""
+
+    keys: Keys
+    now_ms: float
+    engines: Any
+    """The ``engines`` zset, flat ``[engine, heartbeat ms, ...]``."""
+    writers: Any
+    """The ``writers`` zset, flat ``[writer, heartbeat ms, ...]`` (negative once closed)."""
+    conflicts: Any
+    hashes: list[Any]
+    """The hash of each engine of :attr:`engines`, flat ``[field, value, ...]``."""
+    stats: list[Any]
+    """The self-metrics hash of each writer of :attr:`writers`."""
+
+    @classmethod
+    def of(cls, keys: Keys, reply: list[Any]) -> ShardReply:
+        """The parts of a ``read.lua``-shaped *reply* of the shard of *keys*."""
+        engines, writers = reply[1], reply[2]
+        listed = len(engines) // 2 if engines.__class__ is list else 0
+        return cls(
+            keys, float(reply[0]), engines, writers, reply[5], reply[6 : 6 + listed], reply[6 + listed :]
+        )
+
+
+class Read(NamedTuple):
+    """One consistent read of a namespace: a reply per shard (shard 0 first; one shard: a list
+    of one), and the catalogue: its *version* and, when the decoder may not hold it, the stored
+    catalogue *meta* (flat, or the error reading it). *notes*: ``(reason, key)`` of what the
+    reader could not read besides (another shard's catalogue)."""
+
+    shards: list[ShardReply]
+    version: Any
+    meta: Any
+    notes: tuple[tuple[str, str], ...] = ()
+
+
+class EngineGroups(NamedTuple):
+    """One engine of a read: its snapshot (liveness; no series yet) and its series, added up."""
+
+    engine: str
+    snapshot: EngineSnapshot
+    groups: list[Group]
+
+
+class Decoded(NamedTuple):
+    """A read decoded: the snapshot without series, and every engine's series as groups."""
+
+    shell: Snapshot
+    engines: list[EngineGroups]
+
+    def snapshot(self) -> Snapshot:
+        """The snapshot, each engine's series filled in from its groups (once per read)."""
+        for engine in self.engines:
+            fill(engine.snapshot, engine.groups)
+        return self.shell
+
+
+def _engine_index(name: Any) -> int | None:
+    """An engine's index from its name in an ``engines`` zset, None if it is not its own
+    spelling of an int."""
+    try:
+        engine = int(name)
+    except (ValueError, TypeError):
+        return None
+    return engine if str(engine) == name else None
+
+
+def _number_field(name: Any) -> str | None:
+    """The prefix of a writer's stats field that holds a number (``""`` for one without a
+    prefix, ``"dur:"`` for a duration bucket, ...), None for a field of text or unknown."""
+    if name in _WRITER_TEXT_FIELDS or not isinstance(name, str):
+        return None
+    prefix = name[: name.find(":") + 1]
+    if name in _WRITER_NUMBER_FIELDS or prefix in ("err:", "shards_err:", "drop:", "dur:"):
+        return prefix
+    return None
+
+
+def _stat(name: Any, value: Any, bounds: set[float]) -> tuple[Any, str | None]:
+    """One field of a writer's stats hash: (value to keep, None), or (None, why it is skipped).
+    *bounds*: the duration buckets seen so far (one bound twice is a bad field)."""
+    prefix = _number_field(name)
+    if prefix is None:
+        return value, None  # text, or unknown: a newer writer's field, read by nothing here
+    if prefix == "dur:":
+        bound = number_text(name[4:])
+        if bound is None or float(bound) in bounds:
+            return None, "bad_field"
+        bounds.add(float(bound))
+    text = number_text(value)
+    if text is None or (prefix == "dur:" and float(text) < 0):
+        return None, "bad_value"
+    return text, None
+
+
+def _home(homes: dict[str, tuple[str, list[Any]]], wid: str, key: str, flat: Any, skipped: Skipped) -> None:
+    """Keep a writer's stats hash read from *key* as its home's when it is the first one, or
+    the first one not empty; one that cannot be read is counted under its own key."""
+    why = unreadable(flat)
+    if why is not None:
+        skipped.note(why, key)
+    elif wid not in homes or (flat and not homes[wid][1]):
+        homes[wid] = (key, flat)
+
+
+def _float(x: Any) -> float:
+    try:
+        return float(x)
+    except OverflowError:  # an int past a float's range (writers' counters added up)
+        return _INF
+
+
+def _floats(xs: Sequence[Any]) -> list[float]:
+    try:
+        return [*map(float, xs)]
+    except OverflowError:
+        return [*map(_float, xs)]
+
+
+def fill(snap: EngineSnapshot, groups: list[Group]) -> None:
+    """An engine's series, from its groups, as the snapshot holds them (floats)."""
+    counters, histograms, gauges = snap.counters, snap.histograms, snap.gauges
+    for group in groups:
+        layout = group.layout
+        keys = layout.keys
+        for i, value in zip(layout.counters, _floats(group.counters)):
+            counters[keys[i]] = value  # type: ignore[index]
+        counts = _floats(group.counts) if layout.histograms else []
+        for i, bounds, where, total in zip(layout.histograms, layout.bounds, layout.count_slices, group.sums):
+            histograms[keys[i]] = HistogramValue(bounds, tuple(counts[where]), float(total))  # type: ignore[index]
+        for i, gauge in zip(layout.gauges, group.gauges):
+            if gauge is not None:
+                gauges[keys[i]] = gauge  # type: ignore[index]
+
+
+class SnapshotDecoder:
+    """Turns reads (:class:`Read`) into :class:`Decoded` forms and snapshots.
+
+    Keeps what changes rarely, for the catalogue it holds: the catalogue stored in Redis (read
+    again only when its version changes), the meaning of every names field (a :class:`Layout`,
+    keyed by its text: it changes only when a writer adds a series, and the engines serving one
+    model share it) and whether an engine's groups hold each series once. Both are plain
+    dictionaries, dropped when the catalogue changes or when they hold more than twice what a
+    read used; nothing to begin or end. Safe to share between threads: every entry is
+    immutable, one dictionary store each, and tagged with its catalogue.
+    *keys* names the keys of what is skipped (default: a namespace called ``?``).
+    """
+
+    def __init__(
+        self, catalog: Catalog | None = None, *, stale_after: float = 30.0, keys: Keys | None = None
+    ) -> None:
+        self.local = catalog if catalog is not None else Catalog()
+        self.stale_after_ms = stale_after * 1000.0
+        self.meta_version = ""
+        self.catalog = self.local
+        self.keys = keys if keys is not None else Keys("?")
+        self._layouts: dict[str, Layout] = {}
+        self._disjoint: dict[tuple[Layout, ...], bool] = {}
+        self._tags: dict[tuple[float, ...], str] = {}
+
+    # Local specs that conflict with the stored ones (names), counted in every read's ``skipped``.
+    _conflicting: tuple[str, ...] = ()
+
+    # -- the catalogue -----------------------------------------------------------------------
+
+    def _update_meta(self, version: str, flat: list[Any], skipped: Skipped) -> None:
+        """Merge the catalogue stored in Redis (*flat*, at *version*) with the local one.
+
+        The stored definition wins (it is the first one written, see docs/key-schema.md): stored
+        series are always read with the labels they were written with. A local spec that conflicts
+        with it (kind, labels, buckets, mode) is not used, and is counted in every read as
+        ``skipped["catalog_conflict"]``; local specs Redis does not hold are used as they are.
+        """
+        if version != self.meta_version:
+            stored = self._stored_specs(flat, skipped)
+            conflicting = []
+            base = Catalog()
+            for spec in self.local:
+                theirs = stored.pop(spec.name, None)
+                if theirs is not None and theirs.conflicts_with(spec):
+                    conflicting.append(spec.name)
+                    log.warning(
+                        "metric %r is stored in Redis as %s, but this reader's code defines it as %s: "
+                        "shown as stored (the first definition wins); fix the code or the namespace",
+                        spec.name,
+                        theirs.to_json(),
+                        spec.to_json(),
+                    )
+                try:
+                    base.add(theirs if theirs is not None else spec)
+                except CatalogError:
+                    # A stored spec taking a local one's place whose samples would repeat another
+                    # local metric's: one series printed twice is worse than one metric missing.
+                    skipped.note("name_clash", self.keys.meta, "m:" + spec.name)
+
+            # A stored spec whose samples would repeat another's (written by an older or foreign
+            # writer) is left out, for the same reason.
+            def clash(spec: MetricSpec, why: str) -> None:
+                skipped.note("name_clash", self.keys.meta, "m:" + spec.name)
+
+            self.catalog = base.merged(stored.values(), clash)
+            self._layouts, self._disjoint, self._tags = {}, {}, {}  # made for the old catalogue
+            self._conflicting = tuple(conflicting)
+            self.meta_version = version
+        if self._conflicting:
+            skipped["catalog_conflict"] += len(self._conflicting)
+
+    def _stored_specs(self, flat: list[Any], skipped: Skipped) -> dict[str, MetricSpec]:
+        stored: dict[str, MetricSpec] = {}
+        for name, value in _pairs(flat):
+            if name == "schema":
+                self._check_schema(value)
+            if not name.startswith("m:"):
+                continue
+            try:
+                stored[name[2:]] = MetricSpec.from_json(name[2:], value)
+            except (ValueError, TypeError):
+                skipped.note("bad_spec", self.keys.meta, name)
+        return stored
+
+    def _check_schema(self, stored: Any) -> None:
+        """Raise :class:`SchemaMismatch` when the namespace was written in another format than
+        this reader's: reading it as ours would miscount or drop series without a word."""
+        if stored == SCHEMA_VERSION:
+            return
+        known = {
+            "1": "schema 1: deltas merged into one field per series by the flush script, gauges in "
+            "rs:{NS}:e:<engine>:g; written by redis_stats before issue 15",
+        }
+        what = known.get(str(stored), f"schema {stored!r}, which this version does not know (a newer one?)")
+        raise SchemaMismatch(
+            f"namespace {self.keys.namespace!r}: {self.keys.meta} says its data is in {what}; this "
+            f"reader reads schema {SCHEMA_VERSION}. Read it with the redis_stats version that wrote it, "
+            "or run every writer and reader of the namespace at one version (a new namespace starts "
+            "afresh); nothing was read"
+        )
+
+    def _catalogue(self, read: Read, skipped: Skipped) -> Catalog:
+        version, meta = read.version or "", read.meta or []
+        why = unreadable(version) if version.__class__ is not str else unreadable(meta) if meta else None
+        if why is not None:  # the catalogue hash itself: only the code's own catalogue is left
+            skipped.note(why, read.shards[0].keys.meta if read.shards else self.keys.meta)
+            version, meta = "", []
+        if version == self.meta_version or meta or version == "":
+            self._update_meta(version, meta, skipped)
+        # else: a read planned against an older catalogue version by another thread, without
+        # the catalogue itself: keep the one we hold (at least as new) rather than drop it.
+        return self.catalog
+
+    def layout(self, names: str, catalog: Catalog) -> Layout:
+        """What a chunk's names field (its text) means for *catalog*, kept by the text."""
+        found = self._layouts.get(names)
+        if found is not None and found.catalog is catalog:
+            return found
+        lines = tuple(names.split("\n")) if names else ()
+        tags = self._tags
+        layout = Layout(catalog, lines, [parse_field(line, catalog, tags) for line in lines])
+        self._layouts[names] = layout  # one store of an immutable object: thread-safe
+        return layout
+
+    # -- one read ------------------------------------------------------------------------------
+
+    def decode(self, read: Read) -> Decoded:
+        """The decoded form of *read*: liveness and catalogue, and every engine's groups."""
+        skipped = Skipped()
+        for why, key in read.notes:
+            skipped.note(why, key)
+        catalog = self._catalogue(read, skipped)
+        shards = read.shards
+        now_ms = max((s.now_ms for s in shards), default=0.0)
+        rule, writers = self._liveness(shards, now_ms, skipped)
+        # A shard whose writers zset cannot be read: no writer is known there, so its engines
+        # are judged by their own heartbeats alone (one bad key must not take them down).
+        blind = Liveness(now_ms, rule.declared, rule.fallback_ms, judge_owners=False)
+        live_in = [self._live(s, rule, skipped) for s in shards]
+        conflicts = self._conflicts(shards, now_ms, rule.fallback_ms, skipped)
+        shell = Snapshot(now_ms / 1000.0, {}, writers, catalog, skipped)
+        engines: list[EngineGroups] = []
+        used: set[str] = set()
+        for name, (score, parts) in self._engines(shards, skipped).items():
+            at = [i for i, _ in parts]
+            live = live_in[at[0]] if len(at) == 1 else set().union(*(live_in[i] for i in at))
+            chunks, base, owners = self._contents(name, parts, shards, catalog, skipped, used)
+            judge = rule if all(shards[i].writers.__class__ is list for i in at) else blind
+            beat = float(score)
+            snap = EngineSnapshot(
+                int(name), beat / 1000.0, rule.age(beat), judge.engine_up(beat, owners, live)
+            )
+            snap.conflict = conflicts.get(name, ())
+            shell.engines[snap.engine] = snap
+            engines.append(
+                EngineGroups(name, snap, self._groups(chunks, base, live, snap.up, catalog, skipped))
+            )
+        self._trim(used, len(engines))
+        return Decoded(shell, engines)
+
+    def _trim(self, used: set[str], engines: int) -> None:
+        """Drop what the read did not use once the caches hold more than twice what it used:
+        names fields no writer holds any more, engines' sets of names fields that changed."""
+        layouts = self._layouts
+        if len(layouts) > 2 * len(used):
+            self._layouts = {k: layouts[k] for k in used if k in layouts}
+            self._disjoint = {}
+        if len(self._disjoint) > 2 * engines:
+            self._disjoint = {}
+
+    def _liveness(
+        self, shards: list[ShardReply], now_ms: float, skipped: Skipped
+    ) -> tuple[Liveness, dict[str, WriterInfo]]:
+        """The read's liveness rule, by what the writers stored, never by this reader's settings
+        (issue 24: every reader of the namespace gives the same answer at the same moment), and
+        every writer's entry."""
+        scores, stats_of = self._writers(shards, skipped)
+        rule = Liveness.of(now_ms, stats_of, self.stale_after_ms)
+        writers = {
+            wid: WriterInfo(abs(score) / 1000.0, rule.age(score), score < 0, rule.writer_live(wid, score))
+            for wid, score in scores.items()
+        }
+        for wid, stats in stats_of.items():
+            writers[wid].stats = stats
+        return rule, writers
+
+    def snapshot(self, read: Read) -> Snapshot:
+        """The snapshot of *read*."""
+        return self.decode(read).snapshot()
+
+    def _engines(
+        self, shards: list[ShardReply], skipped: Skipped
+    ) -> dict[str, tuple[Any, list[tuple[int, Any]]]]:
+        """Every engine listed, by name: its latest heartbeat and its hash in each shard listing
+        it. A bad engine name (``"+3"`` would be a second 3) is counted under its listing."""
+        found: dict[str, tuple[Any, list[tuple[int, Any]]]] = {}
+        for at, shard in enumerate(shards):
+            flat = shard.engines
+            if flat.__class__ is not list:
+                continue  # counted by _live
+            for (name, score), hashed in zip(_pairs(flat), shard.hashes):
+                if _engine_index(name) is None:  # "+3" or " 3" would be a second 3
+                    skipped.note("bad_engine", shard.keys.engines, str(name))
+                    continue
+                seen = found.get(name)
+                if seen is None:
+                    found[name] = (score, [(at, hashed)])
+                else:
+                    seen[1].append((at, hashed))
+                    found[name] = (max(seen[0], score, key=float), seen[1])
+        return found
+
+    def _contents(
+        self,
+        engine: str,
+        parts: list[tuple[int, Any]],
+        shards: list[ShardReply],
+        catalog: Catalog,
+        skipped: Skipped,
+        used: set[str],
+    ) -> tuple[list[ChunkRead], list[Base], set[str]]:
+        """An engine's hash (one part per shard holding it): its writers' well-formed chunks and
+        its base fields, each with the key it was read from, and the writers holding chunks in
+        it (well-formed or not: they say who owns the engine). A chunk whose names field is
+        missing or does not match its values line for line, or whose field is malformed, is
+        skipped and counted (``bad_chunk``): it costs that chunk only."""
+        chunks: list[ChunkRead] = []
+        base: list[Base] = []
+        owners: set[str] = set()
+        for at, flat in parts:
+            key = shards[at].keys.counters(engine)
+            why = unreadable(flat)
+            if why is not None:
+                skipped.note(why, key)
+                continue
+            held: dict[str, Any] = {}
+            for name, raw in _pairs(flat):
+                if name.__class__ is str and name.startswith(fields.CHUNK_PREFIX):
+                    held[name] = raw
+                else:
+                    base.append(Base(name, raw, key))
+            for name, values in held.items():
+                chunk = self._chunk(key, name, values, held, catalog, skipped, owners, used)
+                if chunk is not None:
+                    chunks.append(chunk)
+        return chunks, base, owners
+
+    def _chunk(
+        self,
+        key: str,
+        name: str,
+        values: Any,
+        held: dict[str, Any],
+        catalog: Catalog,
+        skipped: Skipped,
+        owners: set[str],
+        used: set[str],
+    ) -> ChunkRead | None:
+        """The chunk whose values field is *name* (of *held*, the chunk fields of a hash read
+        from *key*), or None: a names field (read with its values), or a chunk skipped."""
+        suffix = fields.NAMES_SUFFIX
+        if name.endswith(suffix):
+            if name[: -len(suffix)] not in held:
+                skipped.note("bad_chunk", key, name)  # names without values
+            return None
+        writer = fields.chunk_writer(name)
+        if writer is not None:
+            owners.add(writer)
+        names = held.get(name + suffix)
+        if writer is None or names.__class__ is not str or values.__class__ is not str:
+            skipped.note("bad_chunk", key, name)
+            return None
+        used.add(names)
+        layout = self.layout(names, catalog)
+        lines = values.split("\n") if values else []
+        if len(layout.fields) != len(lines):
+            skipped.note("bad_chunk", key, name)
+            return None
+        return ChunkRead(writer, key, layout, lines)
+
+    def _groups(
+        self,
+        chunks: list[ChunkRead],
+        base: list[Base],
+        live: set[str],
+        up: bool,
+        catalog: Catalog,
+        skipped: Skipped,
+    ) -> list[Group]:
+        """The engine's series added up: in bulk when its data is clean, else line by line."""
+        layouts = tuple(dict.fromkeys(c.layout for c in chunks))
+        if len(layouts) > 1:  # several names fields (a writer's second chunk, or other series)
+            apart = self._disjoint.get(layouts)
+            if apart is None:
+                apart = self._disjoint[layouts] = disjoint(layouts)
+            if not apart:
+                return by_lines(chunks, base, live, up, catalog, skipped, self._tags)
+        found = in_bulk(chunks, base, live, up) if chunks else None
+        if found is None:
+            return by_lines(chunks, base, live, up, catalog, skipped, self._tags)
+        return found
+
+    # -- writers, liveness, conflicts ----------------------------------------------------------
+
+    @staticmethod
+    def _live(shard: ShardReply, rule: Liveness, skipped: Skipped) -> set[str]:
+        """The writers live by the heartbeats of one shard (whose gauges in its engines count:
+        a writer cut off from one shard alone has its values there frozen); the shard's lists
+        that could not be read are counted here."""
+        for part, key in ((shard.engines, shard.keys.engines), (shard.writers, shard.keys.writers)):
+            why = unreadable(part)
+            if why is not None:
+                skipped.note(why, key)
+        return rule.live_in(shard.writers)
+
+    def _writers(
+        self, shards: list[ShardReply], skipped: Skipped
+    ) -> tuple[dict[str, float], dict[str, dict[str, str]]]:
+        """Every writer listed, by id: its latest heartbeat (ms; negative once it closed), and
+        the self-metrics of the shard holding them (its home: the one whose hash is not empty).
+        A stats hash that cannot be read is counted under its own key."""
+        scores: dict[str, float] = {}
+        homes: dict[str, tuple[str, list[Any]]] = {}
+        for shard in shards:
+            listed = shard.writers if shard.writers.__class__ is list else []
+            for (wid, score), flat in zip(_pairs(listed), shard.stats):
+                score = float(score)
+                if abs(score) > abs(scores.get(wid, 0.0)) or wid not in scores:
+                    scores[wid] = score
+                _home(homes, wid, shard.keys.writer_stats(wid), flat, skipped)
+        stats = {wid: self._writer_stats(*homes.get(wid, ("", [])), skipped) for wid in scores}
+        return scores, stats
+
+    def _writer_stats(self, key: str, flat: list[Any], skipped: Skipped) -> dict[str, str]:
+        """A writer's stats hash (*flat*, as read from *key*), its malformed fields dropped and
+        counted (the self-metrics built from it must not fail a scrape)."""
+        out: dict[str, str] = {}
+        bounds: set[float] = set()
+        for name, value in _pairs(flat):
+            text, why = _stat(name, value, bounds)
+            if why is not None:
+                skipped.note(why, key, name)
+            else:
+                out[name] = text
+        return out
+
+    def _conflicts(
+        self, shards: list[ShardReply], now_ms: float, window_ms: float, skipped: Skipped
+    ) -> dict[str, tuple[str, ...]]:
+        """Engines claimed by two live owners within *window_ms* (the namespace's stale_after):
+        engine -> (owner a, owner b).
+        An engine with an entry in two shards (K changed: its old shard and its new one) shows
+        the newer."""
+        out: dict[str, tuple[str, ...]] = {}
+        seen_ms: dict[str, float] = {}
+        for shard in shards:
+            key = shard.keys.conflicts
+            why = unreadable(shard.conflicts)
+            if why is not None:
+                skipped.note(why, key)
+                continue
+            for engine, text in _pairs(shard.conflicts):
+                parts = str(text).split("|")
+                if len(parts) < 3 or number_text(parts[-1]) is None:
+                    skipped.note("bad_value", key, str(engine))
+                    continue
+                ms = float(parts[-1])
+                if now_ms - ms <= window_ms and ms >= seen_ms.get(engine, -_INF):
+                    out[engine] = tuple(parts[:-1])
+                    seen_ms[engine] = ms
+        return out
