@@ -19,6 +19,7 @@ from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
 from redis_stats.connection import Client, is_cluster, make_client
 from redis_stats.keys import MAX_LISTED_SHARDS, Keys, parse_layouts
+from redis_stats.load import LoadView, load_view
 
 __all__ = ["MergedReply", "ReaderCore", "StatsReader", "merge_shards", "note_unreadable"]
 
@@ -28,6 +29,7 @@ Plan = tuple[tuple[str, ...], tuple[str, ...]]  # (engines, writers) a transacti
 # One read without its I/O (ReaderCore.read_steps): yields (what, argument) steps, is sent their
 # results, returns the read.lua-shaped reply.
 ReadSteps = Steps[list[Any]]
+LoadSteps = Steps[LoadView]
 
 
 def _layouts(meta_flat: Any) -> set[int]:
@@ -519,6 +521,75 @@ class ReaderCore:
             return (yield from self._shard_steps(engines, cluster, again=False))
         return merged
 
+    # -- the load feed: the load hashes, engines and writers only (redis_stats/load.py) ------
+
+    _load_decoder: SnapshotDecoder | None = None
+
+    def load_steps(self, engines: Iterable[int] | None = None) -> LoadSteps:
+        """The steps of one read of the load feed: one ``load_read.lua`` per shard, yielded as
+        ``("load", [(KEYS, ARGV), ...])`` (their replies, in order), ending with the
+        :class:`LoadView` (of *engines* only, when given). Reads shards a writer listed in shard
+        0's catalogue and this reader did not know at once, as the snapshot read does."""
+        for _ in range(2):
+            shards = self.shard_keys
+            calls = [([k.engines, k.writers, k.load, k.meta], []) for k in shards]
+            replies: list[Any] = yield ("load", calls)
+            listed = replies[0][4] if replies and len(replies[0]) > 4 else None
+            if not (listed.__class__ is str and self.note_layouts(["shards", listed])):
+                break
+        return self.load_of(replies, shards, engines)
+
+    def load_of(self, replies: list[Any], shards: list[Keys], engines: Iterable[int] | None = None) -> LoadView:
+        """The :class:`LoadView` of ``load_read.lua``'s replies (one per shard of *shards*).
+
+        ``up`` and the writers whose entries count are decided as the snapshot decides them
+        (the decoder's own rule, on the engines and writers read with the entries), so
+        ``/load`` and ``/snapshot`` never disagree about an engine."""
+        decoder = self._load_decoder
+        if decoder is None:  # the rule only: no catalogue, no series (one store: thread-safe)
+            decoder = self._load_decoder = SnapshotDecoder(None, stale_after=self.config.stale_after, keys=self.keys)
+        shaped: list[list[Any]] = []
+        load_flat: list[Any] = []
+        skipped: dict[str, int] = {}
+        for keys, reply in zip(shards, replies):
+            now, engine_flat, writer_flat, flat = reply[0], reply[1], reply[2], reply[3]
+            if flat.__class__ is list:
+                load_flat += flat
+            else:
+                skipped[unreadable(flat) or "unreadable"] = skipped.get(unreadable(flat) or "unreadable", 0) + 1
+            n_engines = len(engine_flat) // 2 if engine_flat.__class__ is list else 0
+            n_writers = len(writer_flat) // 2 if writer_flat.__class__ is list else 0
+            shaped.append([now, engine_flat, writer_flat, "", [], [], *([[]] * n_engines), *([[]] * n_writers)])
+        reply_in: list[Any]
+        if len(shaped) == 1:
+            reply_in = shaped[0]
+        else:
+            merged = merge_shards(shaped, [[] for _ in shaped], shards)
+            for slot in (1, 2):
+                if unreadable(merged[slot]) is not None:
+                    merged[slot] = []
+            for keys, reply in zip(shards, shaped):
+                for part, key in ((reply[1], keys.engines), (reply[2], keys.writers)):
+                    why = unreadable(part)
+                    if why is not None:
+                        merged.unreadable.append((why, key))
+            reply_in = merged
+        shell_skipped: Any = {}
+        try:
+            shell, hashes = decoder.decode_shell(reply_in, shell_skipped)
+        finally:
+            decoder.read_done()
+        for why, _key in getattr(reply_in, "unreadable", ()):
+            skipped[why] = skipped.get(why, 0) + 1
+        for why, n in dict(shell.skipped).items():
+            skipped[why] = skipped.get(why, 0) + n
+        wanted = None if engines is None else {int(e) for e in engines}
+        states = {
+            e: (s.up, s.age) for e, s in shell.engines.items() if wanted is None or e in wanted
+        }
+        live = {int(h.engine): set(h.live) for h in hashes}
+        return load_view(float(shell.time * 1000.0), states, live, load_flat, skipped)
+
     @property
     def meta_version(self) -> str:
         """The catalogue version the decoder holds."""
@@ -548,6 +619,13 @@ class StatsReader(ReaderCore):
         super().__init__(config, catalog)
         self._client: Any = client if client is not None else make_client(self.config)
         self._script = ReadOnlyScript(self._client, load_script("read"))
+        self._load_script = ReadOnlyScript(self._client, load_script("load_read"))
+
+    def load(self, engines: Iterable[int] | None = None) -> LoadView:
+        """The load feed (:mod:`redis_stats.load`): every engine's (or *engines*') load and the
+        fleet's, from the load entries writers store beside their flushes, in one round trip
+        per shard (never the engines' series)."""
+        return run(self.load_steps(engines), self._carry_out)
 
     def read(self, engines: Iterable[int] | None = None) -> list[Any]:
         """One consistent read of the namespace, as a read.lua-shaped reply (of every shard: each
@@ -562,11 +640,12 @@ class StatsReader(ReaderCore):
             return self._script(*arg)
         if what == "meta":
             return self._meta(arg)
-        if is_cluster(self._client):  # "scripts": one per shard, on their nodes, in parallel
+        script = self._load_script if what == "load" else self._script  # "load": load_read.lua
+        if is_cluster(self._client) and len(arg) > 1:  # one per shard, on their nodes, in parallel
             pool = self._read_pool()
-            calls = [pool.submit(self._script, *a) for a in arg]
+            calls = [pool.submit(script, *a) for a in arg]
             return [c.result() for c in calls]
-        return [self._script(*a) for a in arg]
+        return [script(*a) for a in arg]
 
     _pool: ThreadPoolExecutor | None = None
     _pool_pid = 0

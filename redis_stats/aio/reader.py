@@ -15,6 +15,7 @@ from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
 from redis_stats.connection import AsyncClient, is_cluster, make_async_client
 from redis_stats.keys import Keys
+from redis_stats.load import LoadView
 from redis_stats.reader import ReaderCore
 
 __all__ = ["AsyncStatsReader"]
@@ -33,6 +34,11 @@ class AsyncStatsReader(ReaderCore):
         super().__init__(config, catalog)
         self._client: Any = client if client is not None else make_async_client(self.config)
         self._script = AsyncScript(self._client, load_script("read"), read_only=True)
+        self._load_script = AsyncScript(self._client, load_script("load_read"), read_only=True)
+
+    async def load(self, engines: Iterable[int] | None = None) -> LoadView:
+        """The load feed (see StatsReader.load: the same steps, awaited)."""
+        return await arun(self.load_steps(engines), self._carry_out)
 
     async def read(self, engines: Iterable[int] | None = None) -> list[Any]:
         """One consistent read of the namespace, as a read.lua-shaped reply (see StatsReader.read:
@@ -47,7 +53,8 @@ class AsyncStatsReader(ReaderCore):
             return await self._script(*arg)
         if what == "meta":
             return await self._meta(arg)
-        return list(await asyncio.gather(*(self._script(*a) for a in arg)))  # "scripts"
+        script = self._load_script if what == "load" else self._script  # "load": load_read.lua
+        return list(await asyncio.gather(*(script(*a) for a in arg)))  # "scripts", "load"
 
     async def _meta(self, keys: Keys | None = None) -> Any:
         try:

@@ -5,6 +5,10 @@
                         histograms with p50/p90/p99 since start; rates and quantiles over the
                         last *window* seconds and fleet totals (for routers and autoscalers;
                         JSON Schema: ``redis_stats/schemas/snapshot.schema.json``)
+    GET /load           every engine's load for routers: up, age, requests running and waiting,
+                        KV-cache usage and capacity, recent token rates, and the fleet's sums,
+                        means and max (refreshed by one thread; ETag / If-None-Match -> 304;
+                        JSON Schema: ``redis_stats/schemas/load.schema.json``, docs/load.md)
     GET /healthz        200 when Redis answers, 503 otherwise
     GET /               a live page (redis_stats/prometheus/web/index.html): each engine's state, throughput
                         and latency with charts of the last minutes, polling /snapshot
@@ -53,6 +57,7 @@ from prometheus_client.exposition import (
 from redis_stats.config import redact
 from redis_stats.errors import error_kind
 from redis_stats.prometheus.collector import RedisCollector
+from redis_stats.prometheus.loadfeed import LoadFeed
 from redis_stats.prometheus.recent import FleetSummary, SnapshotRing, snapshot_document, summary_problems
 from redis_stats.reader import StatsReader
 
@@ -60,7 +65,7 @@ __all__ = ["Exporter"]
 
 log = logging.getLogger("redis_stats.exporter")
 
-PATHS = ("/", "/metrics", "/snapshot", "/healthz")
+PATHS = ("/", "/metrics", "/snapshot", "/load", "/healthz")
 
 
 @functools.cache
@@ -432,6 +437,7 @@ class Exporter:
         summary: FleetSummary | None = None,
         self_metrics: bool = False,
         max_connections: int = 64,
+        load_refresh: float = 0.25,
     ) -> None:
         if not request_timeout > 0:
             raise ValueError(f"request_timeout={request_timeout!r} must be a positive number of seconds")
@@ -451,6 +457,7 @@ class Exporter:
         self.window = window
         self.summary = dict(summary or {})
         self.collector = RedisCollector(reader, engines=engines)
+        self.load_feed = LoadFeed(reader, refresh=load_refresh, engines=engines)
         # Twice the window: a baseline a full window old is still there when the next sample lands.
         self._ring = SnapshotRing(keep=2 * window)
         self._sampler_lock = threading.Lock()
@@ -523,6 +530,7 @@ class Exporter:
     def close(self) -> None:
         """Stop serving (and the retention timer); also fine before :meth:`start`."""
         self._stop.set()
+        self.load_feed.close()
         if self._serving:
             # socketserver's shutdown() waits for serve_forever() to end: called on a server that
             # never served, it would wait for ever.
@@ -628,6 +636,9 @@ class Exporter:
 
             def _serve(self, *, head: bool) -> None:
                 path = self.path.split("?", 1)[0]
+                if path == "/load":
+                    self._serve_load(head)
+                    return
                 try:
                     status, content_type, body, vary = self._respond(path)
                 except Exception:
@@ -651,6 +662,41 @@ class Exporter:
                     status, doc = 404, {"error": "not found", "paths": list(PATHS)}
                 body = json.dumps(doc, allow_nan=False).encode()  # strict JSON: Snapshot.to_dict is
                 return status, "application/json", body, "Accept-Encoding"
+
+            def _serve_load(self, head: bool) -> None:
+                """``/load``: the feed's kept body (no Redis read, no encoding here), or ``304``
+                when ``If-None-Match`` names its ETag."""
+                try:
+                    answer = exporter.load_feed.answer()
+                except Exception:
+                    log.exception("serving /load failed")
+                    body = json.dumps({"error": "internal error, see the exporter's log"}).encode()
+                    self._send(500, "application/json", body, head, "Accept-Encoding")
+                    return
+                extra = [("Cache-Control", "no-cache"), ("X-Load-Refreshed", f"{answer.refreshed:.3f}")]
+                if answer.etag:
+                    extra.append(("ETag", answer.etag))
+                    wanted = self.headers.get("If-None-Match", "")
+                    if answer.etag in (t.strip() for t in wanted.split(",")) or wanted.strip() == "*":
+                        self.send_response(304)
+                        for name, value in extra:
+                            self.send_header(name, value)
+                        self.send_header("Vary", "Accept-Encoding")
+                        self.end_headers()
+                        return
+                zipped = gzip_accepted(self.headers.get("Accept-Encoding", ""))
+                body = answer.gzipped if zipped else answer.body
+                self.send_response(answer.status)
+                self.send_header("Content-Type", "application/json")
+                if zipped:
+                    self.send_header("Content-Encoding", "gzip")
+                for name, value in extra:
+                    self.send_header(name, value)
+                self.send_header("Vary", "Accept-Encoding")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if not head:
+                    self.wfile.write(body)
 
             def _send(self, status: int, content_type: str, body: bytes, head: bool, vary: str) -> None:
                 if gzip_accepted(self.headers.get("Accept-Encoding", "")):
