@@ -12,6 +12,7 @@ from typing import Any
 
 from redis.exceptions import ExecAbortError, OutOfMemoryError, ResponseError
 
+from redis_stats._core.slices import EngineSlice
 from redis_stats._core.snapshot import EngineKey, Snapshot, SnapshotDecoder, SplitKey, unreadable
 from redis_stats._core.steps import Steps, run
 from redis_stats._scripts import ReadOnlyScript, load_script
@@ -21,7 +22,15 @@ from redis_stats.connection import Client, is_cluster, make_client
 from redis_stats.keys import MAX_LISTED_SHARDS, Keys, parse_layouts
 from redis_stats.load import LoadView, load_view
 
-__all__ = ["MergedReply", "ReaderCore", "StatsReader", "merge_shards", "note_unreadable"]
+__all__ = [
+    "EngineSlice",
+    "Engines",
+    "MergedReply",
+    "ReaderCore",
+    "StatsReader",
+    "merge_shards",
+    "note_unreadable",
+]
 
 log = logging.getLogger("redis_stats.reader")
 
@@ -30,6 +39,8 @@ Plan = tuple[tuple[str, ...], tuple[str, ...]]  # (engines, writers) a transacti
 # results, returns the read.lua-shaped reply.
 ReadSteps = Steps[list[Any]]
 LoadSteps = Steps[LoadView]
+# What a read reads: every engine (None), these engine indexes, or a slice of the fleet.
+Engines = Iterable[int] | EngineSlice | None
 
 
 def _layouts(meta_flat: Any) -> set[int]:
@@ -209,6 +220,15 @@ def note_unreadable(reply: Any, skipped: Any) -> None:
         skipped.note(why, key)
 
 
+def _wanted(engines: Iterable[int] | EngineSlice | None) -> Any:
+    """The engines a read asks for, fixed once: None (all), a slice, or a list of indexes."""
+    return engines if engines is None or isinstance(engines, EngineSlice) else list(engines)
+
+
+def _in_slice(part: EngineSlice, engine: int) -> bool:
+    return part.holds(str(engine))
+
+
 def refused_for_memory(exc: BaseException) -> bool:
     """True when Redis refused a command for being over ``maxmemory`` (``OOM ...``)."""
     return isinstance(exc, OutOfMemoryError) or "maxmemory" in str(exc)
@@ -271,11 +291,13 @@ class ReaderCore:
                 self.layouts = frozenset(layouts)
         return bool(found)
 
-    def shard_args(self, keys: Keys, engines: Iterable[int] | None = None) -> tuple[list[str], list[str]]:
+    def shard_args(self, keys: Keys, engines: Engines = None) -> tuple[list[str], list[str]]:
         """KEYS and ARGV of ``read.lua`` for one shard (*keys*), knowing its catalogue version."""
         version = self._shard_meta.get(keys.root, ("", None))[0]
         args = [keys.prefix, version]
-        if engines is not None:
+        if isinstance(engines, EngineSlice):  # a slice: read.lua picks its engines
+            args += engines.script_args
+        elif engines is not None:
             args += [str(int(e)) for e in engines]
         return [keys.engines, keys.writers, keys.meta, keys.conflicts], args
 
@@ -318,11 +340,13 @@ class ReaderCore:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self.config.safe_url!r}, namespace={self.config.namespace!r})"
 
-    def read_args(self, engines: Iterable[int] | None = None) -> tuple[list[str], list[str]]:
+    def read_args(self, engines: Engines = None) -> tuple[list[str], list[str]]:
         """KEYS and ARGV of ``read.lua``: every engine, or only *engines*."""
         keys = [self.keys.engines, self.keys.writers, self.keys.meta, self.keys.conflicts]
         args = [self.keys.prefix, self._decoder.meta_version]
-        if engines is not None:
+        if isinstance(engines, EngineSlice):  # a slice: read.lua picks its engines
+            args += engines.script_args
+        elif engines is not None:
             args += [str(int(e)) for e in engines]
         return keys, args
 
@@ -388,11 +412,11 @@ class ReaderCore:
         self._shard_plans[keys.root] = found
 
     def sharded_assemble(
-        self, results: list[Any], shards: list[Keys], plans: list[Plan], engines: Iterable[int] | None = None
+        self, results: list[Any], shards: list[Keys], plans: list[Plan], engines: Engines = None
     ) -> list[list[Any]] | None:
         """The EXEC results of :meth:`sharded_transaction` as one read.lua-shaped reply per shard,
         or None when a shard's lists differ from its plan (the new plans are kept: read again)."""
-        wanted = None if engines is None else list(engines)
+        wanted = _wanted(engines)
         at = 1 + 4 * len(shards)
         out, stale = [], False
         for i, (k, plan) in enumerate(zip(shards, plans)):
@@ -409,7 +433,7 @@ class ReaderCore:
     def assemble(
         self,
         results: list[Any],
-        engines: Iterable[int] | None = None,
+        engines: Engines = None,
         planned: Plan | None = None,
         *,
         replan: Callable[[Plan], None] | None = None,
@@ -426,9 +450,13 @@ class ReaderCore:
         results = [_flat(r) for r in results]  # a client of the caller's may speak RESP3
         now, engine_flat, writer_flat, version, conflicts = results[:5]
         if engines is not None and engine_flat.__class__ is list:
-            wanted = {str(int(e)) for e in engines}
+            held: Callable[[str], bool]
+            if isinstance(engines, EngineSlice):
+                held = engines.holds
+            else:
+                held = {str(int(e)) for e in engines}.__contains__
             engine_flat = [
-                x for e, score in zip(engine_flat[0::2], engine_flat[1::2]) if e in wanted for x in (e, score)
+                x for e, score in zip(engine_flat[0::2], engine_flat[1::2]) if held(e) for x in (e, score)
             ]
         found = (
             tuple(engine_flat[0::2]) if engine_flat.__class__ is list else (),
@@ -454,10 +482,11 @@ class ReaderCore:
     #   ("scripts", [(KEYS, ARGV)]) -> their replies, in order (in parallel on a Cluster)
     #   ("meta", Keys)             -> that catalogue, flat (or the error reading it, not raised)
 
-    def read_steps(self, engines: Iterable[int] | None, cluster: bool) -> ReadSteps:
+    def read_steps(self, engines: Engines, cluster: bool) -> ReadSteps:
         """The steps of one consistent read of the namespace (every shard), ending with the
-        read.lua-shaped reply; *cluster*: the client talks to a Redis Cluster."""
-        wanted = None if engines is None else list(engines)
+        read.lua-shaped reply; *cluster*: the client talks to a Redis Cluster. *engines* may be
+        an :class:`EngineSlice` (the engines ``e % N == i``, picked by the read itself)."""
+        wanted = _wanted(engines)
         for _ in range(2):
             if len(self.shard_keys) > 1:
                 return (yield from self._shard_steps(wanted, cluster))
@@ -525,21 +554,23 @@ class ReaderCore:
 
     _load_decoder: SnapshotDecoder | None = None
 
-    def load_steps(self, engines: Iterable[int] | None = None) -> LoadSteps:
+    def load_steps(self, engines: Engines = None) -> LoadSteps:
         """The steps of one read of the load feed: one ``load_read.lua`` per shard, yielded as
         ``("load", [(KEYS, ARGV), ...])`` (their replies, in order), ending with the
         :class:`LoadView` (of *engines* only, when given). Reads shards a writer listed in shard
         0's catalogue and this reader did not know at once, as the snapshot read does."""
         for _ in range(2):
             shards = self.shard_keys
-            calls = [([k.engines, k.writers, k.load, k.meta], []) for k in shards]
+            calls: list[tuple[list[str], list[str]]] = [
+                ([k.engines, k.writers, k.load, k.meta], []) for k in shards
+            ]
             replies: list[Any] = yield ("load", calls)
             listed = replies[0][4] if replies and len(replies[0]) > 4 else None
             if not (listed.__class__ is str and self.note_layouts(["shards", listed])):
                 break
         return self.load_of(replies, shards, engines)
 
-    def load_of(self, replies: list[Any], shards: list[Keys], engines: Iterable[int] | None = None) -> LoadView:
+    def load_of(self, replies: list[Any], shards: list[Keys], engines: Engines = None) -> LoadView:
         """The :class:`LoadView` of ``load_read.lua``'s replies (one per shard of *shards*).
 
         ``up`` and the writers whose entries count are decided as the snapshot decides them
@@ -547,19 +578,23 @@ class ReaderCore:
         ``/load`` and ``/snapshot`` never disagree about an engine."""
         decoder = self._load_decoder
         if decoder is None:  # the rule only: no catalogue, no series (one store: thread-safe)
-            decoder = self._load_decoder = SnapshotDecoder(None, stale_after=self.config.stale_after, keys=self.keys)
+            decoder = SnapshotDecoder(None, stale_after=self.config.stale_after, keys=self.keys)
+            self._load_decoder = decoder
         shaped: list[list[Any]] = []
         load_flat: list[Any] = []
         skipped: dict[str, int] = {}
-        for keys, reply in zip(shards, replies):
+        for reply in replies:
             now, engine_flat, writer_flat, flat = reply[0], reply[1], reply[2], reply[3]
             if flat.__class__ is list:
                 load_flat += flat
-            else:
-                skipped[unreadable(flat) or "unreadable"] = skipped.get(unreadable(flat) or "unreadable", 0) + 1
+            else:  # the load hash is of the wrong type: counted, the other shards' entries shown
+                why = unreadable(flat) or "unreadable"
+                skipped[why] = skipped.get(why, 0) + 1
             n_engines = len(engine_flat) // 2 if engine_flat.__class__ is list else 0
             n_writers = len(writer_flat) // 2 if writer_flat.__class__ is list else 0
-            shaped.append([now, engine_flat, writer_flat, "", [], [], *([[]] * n_engines), *([[]] * n_writers)])
+            # read.lua's shape with every hash empty: the decoder judges engines and writers only
+            empty: list[Any] = [[]] * (n_engines + n_writers)
+            shaped.append([now, engine_flat, writer_flat, "", [], [], *empty])
         reply_in: list[Any]
         if len(shaped) == 1:
             reply_in = shaped[0]
@@ -570,9 +605,9 @@ class ReaderCore:
                     merged[slot] = []
             for keys, reply in zip(shards, shaped):
                 for part, key in ((reply[1], keys.engines), (reply[2], keys.writers)):
-                    why = unreadable(part)
-                    if why is not None:
-                        merged.unreadable.append((why, key))
+                    lost = unreadable(part)
+                    if lost is not None:
+                        merged.unreadable.append((lost, key))
             reply_in = merged
         shell_skipped: Any = {}
         try:
@@ -583,10 +618,12 @@ class ReaderCore:
             skipped[why] = skipped.get(why, 0) + 1
         for why, n in dict(shell.skipped).items():
             skipped[why] = skipped.get(why, 0) + n
-        wanted = None if engines is None else {int(e) for e in engines}
-        states = {
-            e: (s.up, s.age) for e, s in shell.engines.items() if wanted is None or e in wanted
-        }
+        keep: Callable[[int], bool] | None = None
+        if isinstance(engines, EngineSlice):
+            keep = functools.partial(_in_slice, engines)
+        elif engines is not None:
+            keep = {int(e) for e in engines}.__contains__
+        states = {e: (s.up, s.age) for e, s in shell.engines.items() if keep is None or keep(e)}
         live = {int(h.engine): set(h.live) for h in hashes}
         return load_view(float(shell.time * 1000.0), states, live, load_flat, skipped)
 
@@ -621,13 +658,18 @@ class StatsReader(ReaderCore):
         self._script = ReadOnlyScript(self._client, load_script("read"))
         self._load_script = ReadOnlyScript(self._client, load_script("load_read"))
 
-    def load(self, engines: Iterable[int] | None = None) -> LoadView:
+    @property
+    def client(self) -> Client:
+        """The Redis client this reader reads with (another reader may share it)."""
+        return self._client  # type: ignore[no-any-return]
+
+    def load(self, engines: Engines = None) -> LoadView:
         """The load feed (:mod:`redis_stats.load`): every engine's (or *engines*') load and the
         fleet's, from the load entries writers store beside their flushes, in one round trip
         per shard (never the engines' series)."""
         return run(self.load_steps(engines), self._carry_out)
 
-    def read(self, engines: Iterable[int] | None = None) -> list[Any]:
+    def read(self, engines: Engines = None) -> list[Any]:
         """One consistent read of the namespace, as a read.lua-shaped reply (of every shard: each
         shard's part is consistent in itself)."""
         return run(self.read_steps(engines, is_cluster(self._client)), self._carry_out)
@@ -690,7 +732,7 @@ class StatsReader(ReaderCore):
             raise refused
         return results  # a failed command (WRONGTYPE) is its exception, for the decoder to skip
 
-    def snapshot(self, engines: Iterable[int] | None = None) -> Snapshot:
+    def snapshot(self, engines: Engines = None) -> Snapshot:
         """All engines (or only *engines*) at one instant, in one round trip."""
         return self.decode(self.read(engines))
 

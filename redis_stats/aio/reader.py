@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -16,7 +15,7 @@ from redis_stats.config import StatsConfig
 from redis_stats.connection import AsyncClient, is_cluster, make_async_client
 from redis_stats.keys import Keys
 from redis_stats.load import LoadView
-from redis_stats.reader import ReaderCore
+from redis_stats.reader import Engines, ReaderCore
 
 __all__ = ["AsyncStatsReader"]
 
@@ -36,11 +35,11 @@ class AsyncStatsReader(ReaderCore):
         self._script = AsyncScript(self._client, load_script("read"), read_only=True)
         self._load_script = AsyncScript(self._client, load_script("load_read"), read_only=True)
 
-    async def load(self, engines: Iterable[int] | None = None) -> LoadView:
+    async def load(self, engines: Engines = None) -> LoadView:
         """The load feed (see StatsReader.load: the same steps, awaited)."""
         return await arun(self.load_steps(engines), self._carry_out)
 
-    async def read(self, engines: Iterable[int] | None = None) -> list[Any]:
+    async def read(self, engines: Engines = None) -> list[Any]:
         """One consistent read of the namespace, as a read.lua-shaped reply (see StatsReader.read:
         the same steps, awaited)."""
         return await arun(self.read_steps(engines, is_cluster(self._client)), self._carry_out)
@@ -83,7 +82,7 @@ class AsyncStatsReader(ReaderCore):
             raise refused
         return results  # a failed command (WRONGTYPE) is its exception, for the decoder to skip
 
-    async def snapshot(self, engines: Iterable[int] | None = None) -> Snapshot:
+    async def snapshot(self, engines: Engines = None) -> Snapshot:
         """All engines (or only *engines*) at one instant, in one round trip."""
         return self.decode(await self.read(engines))
 

@@ -31,7 +31,7 @@ from redis_stats._core.snapshot import Snapshot
 from redis_stats.catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM
 from redis_stats.errors import error_kind
 from redis_stats.prometheus.exposition import TextRenderer, format_families
-from redis_stats.reader import StatsReader, note_unreadable
+from redis_stats.reader import EngineSlice, StatsReader, note_unreadable
 
 __all__ = ["RedisCollector"]
 
@@ -41,12 +41,18 @@ log = logging.getLogger("redis_stats.collector")
 class RedisCollector:
     """Collects a fresh snapshot on every scrape; register it in any ``CollectorRegistry``.
 
-    *engines* limits the view to those engine indexes (default: all).
+    *engines* limits the view to those engine indexes (default: all), or to a slice of the
+    fleet (an :class:`~redis_stats.reader.EngineSlice`, read by Redis' own choice). With
+    ``writers=False`` the writers' self-metrics (``redis_stats_writer_*``, fleet-wide) are left
+    out: a sliced scrape other than slice 0 (redis_stats/prometheus/slices.py).
     """
 
-    def __init__(self, reader: StatsReader, *, engines: Iterable[int] | None = None) -> None:
+    def __init__(
+        self, reader: StatsReader, *, engines: Iterable[int] | EngineSlice | None = None, writers: bool = True
+    ) -> None:
         self.reader = reader
-        self.engines = None if engines is None else tuple(engines)
+        self.engines = engines if engines is None or isinstance(engines, EngineSlice) else tuple(engines)
+        self.writers = writers
         self._errors: _Tally[str] = _Tally()
         self._errors_lock = threading.Lock()  # scrapes run on several threads at once
         self._renderer = TextRenderer(reader.decoder)
@@ -123,7 +129,8 @@ class RedisCollector:
             for e in sorted(snapshot.engines.values(), key=lambda e: e.engine):
                 fam.add_metric([str(e.engine)], value(e))
             yield fam
-        yield from writer_families(snapshot)
+        if self.writers:
+            yield from writer_families(snapshot)
         skipped = GaugeMetricFamily(
             "redis_stats_skipped_fields",
             "Fields of the last read that could not be decoded and were skipped, by reason.",

@@ -17,19 +17,19 @@ most a flush interval (or ``load_interval``) older than the writers'.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import json
 import logging
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from redis_stats.config import redact
 from redis_stats.errors import error_kind
 from redis_stats.load import LoadView
-from redis_stats.reader import StatsReader
+from redis_stats.reader import EngineSlice, StatsReader
 
 __all__ = ["LoadBody", "LoadFeed"]
 
@@ -62,6 +62,10 @@ def _etag(doc: dict[str, Any]) -> str:
     return 'W/"' + hashlib.sha1(key.encode()).hexdigest()[:20] + '"'
 
 
+def _held(part: EngineSlice, engine: int) -> bool:
+    return part.holds(str(engine))
+
+
 class LoadFeed:
     """The shared, refreshed ``/load`` of one exporter (thread-safe).
 
@@ -78,12 +82,14 @@ class LoadFeed:
         refresh: float = 0.25,
         engines: list[int] | None = None,
         namespace: str | None = None,
+        only: EngineSlice | None = None,
     ) -> None:
         if not refresh > 0:
             raise ValueError(f"refresh={refresh!r} must be a positive number of seconds (the /load refresh)")
         self.reader = reader
         self.refresh = refresh
-        self.engines = engines
+        self.engines: Any = only if only is not None else engines
+        self.only = only
         self.namespace = namespace if namespace is not None else reader.config.namespace
         self._lock = threading.Lock()  # the state below: held for a few assignments only
         self._refreshing = threading.Lock()  # one refresh at a time (held while Redis answers)
@@ -103,8 +109,14 @@ class LoadFeed:
         """Stop the refresher."""
         self._stop.set()
 
-    def answer(self, key: str = "", select: Callable[[int], bool] | None = None) -> LoadBody:
-        """The current body of the selection *key* (engines kept by *select*; all when None)."""
+    def answer(self, part: EngineSlice | None = None) -> LoadBody:
+        """The current body of slice *part* of the view (the whole view when None)."""
+        if part is not None and self.only is not None:
+            raise ValueError(
+                f"this exporter serves slice {self.only} only; ?slice= needs one of the whole fleet"
+            )
+        key = "" if part is None else str(part)
+        select = None if part is None else functools.partial(_held, part)
         if self._thread is None:
             self._start()
         with self._lock:
