@@ -260,7 +260,8 @@ class StatsConfig:
     )
     stale_after: float = _opt(
         30.0,
-        "Seconds without a heartbeat after which an engine or writer is stale: its gauges are hidden.",
+        "A writer's: seconds without its heartbeat after which it and its engines are DOWN (gauges "
+        "hidden). Stored in Redis: every reader judges each writer by its own value.",
     )
     retention: float = _opt(
         86400.0,

@@ -45,6 +45,7 @@ import redis
 from redis.utils import HIREDIS_AVAILABLE
 
 from redis_stats._core.accumulator import Accumulator, FlushProtocol, FlushResult
+from redis_stats._core.liveness import STALE_FIELD
 from redis_stats._core.steps import Steps, run
 from redis_stats._scripts import Script, load_script
 from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, CatalogError, MetricSpec
@@ -470,6 +471,8 @@ class WriterCore:
     def _changed_stats(self) -> list[str]:
         """The self-metrics (field, value pairs) that differ from what Redis holds."""
         fields = self.stats.as_fields(self.drops, self._acc.pending_series(), self.engines, self.owner)
+        # Readers judge this writer (and its engines) by its own stale_after (_core/liveness.py).
+        fields += (STALE_FIELD, str(int(self.config.stale_after * 1000)))
         stored = self._stats_stored
         changed = [x for k, v in zip(fields[0::2], fields[1::2]) if stored.get(k) != v for x in (k, v)]
         self._stats_sent = changed

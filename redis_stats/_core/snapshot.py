@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from redis_stats._core import fields
+from redis_stats._core.liveness import STALE_FIELD, Liveness
 from redis_stats._core.merge import (
     Chunk,
     EngineChunks,
@@ -384,7 +385,7 @@ def unreadable(part: Any) -> str | None:
 # holds a number. Unknown fields (a newer writer's) are kept as they are: nothing reads them.
 _WRITER_TEXT_FIELDS = frozenset({"engines", "owner"})
 _WRITER_NUMBER_FIELDS = frozenset(
-    {"flushes", "duplicates", "failed_fields", "conflicts", "pending", "dur_sum", "last_ok_ms"}
+    {"flushes", "duplicates", "failed_fields", "conflicts", "pending", "dur_sum", "last_ok_ms", STALE_FIELD}
 )
 
 
@@ -664,33 +665,40 @@ class SnapshotDecoder:
         # the catalogue itself: keep the one we hold (at least as new) rather than drop it.
         catalog = self.catalog
         writer_flat = self._readable(reply[2], keys.writers, skipped)
-        writers: dict[str, WriterInfo] = {}
-        for wid, score in _pairs(writer_flat):
-            writers[wid] = self._writer_info(float(score), now_ms)
+        scores = {wid: float(score) for wid, score in _pairs(writer_flat)}
         # A reply merged from several shards names the key each hash, engine, writer's
         # self-metrics and conflict was read from (ReaderCore.merge): what it holds of shard
         # s >= 1 is not under shard 0's keys. Unsharded, none: shard 0's keys, as always.
         hash_keys: list[EngineKey] | None = getattr(reply, "hash_keys", None)
         engine_keys: list[EngineKey] | None = getattr(reply, "engine_keys", None)
         writer_keys: list[str] | None = getattr(reply, "writer_keys", None)
-        conflict_flat = self._readable(reply[5], keys.conflicts, skipped)
-        conflicts = self._conflicts(conflict_flat, now_ms, skipped, getattr(reply, "conflict_keys", None))
-        engines: dict[int, EngineSnapshot] = {}
         engine_pairs = list(_pairs(self._readable(reply[1], keys.engines, skipped)))
+        stats_of: dict[str, dict[str, str]] = {}
+        for idx, (stats, wid) in enumerate(zip(reply[6 + len(engine_pairs) :], scores)):
+            stats_key = keys.writer_stats(wid) if writer_keys is None else writer_keys[idx]
+            stats_of[wid] = self._writer_stats(stats_key, self._readable(stats, stats_key, skipped), skipped)
+        # Liveness by what the writers stored, never by this reader's settings (issue 24): every
+        # reader of the namespace gives the same answer at the same moment.
+        rule = Liveness.of(now_ms, stats_of, self.stale_after_ms, judge_owners=unreadable(reply[2]) is None)
+        writers = {
+            wid: WriterInfo(abs(score) / 1000.0, rule.age(score), score < 0, rule.writer_live(wid, score))
+            for wid, score in scores.items()
+        }
+        for wid, stats in stats_of.items():
+            writers[wid].stats = stats
+        conflict_flat = self._readable(reply[5], keys.conflicts, skipped)
+        conflicts = self._conflicts(
+            conflict_flat, now_ms, rule.fallback_ms, skipped, getattr(reply, "conflict_keys", None)
+        )
+        engines: dict[int, EngineSnapshot] = {}
         # A merged reply (several shards): the writers live in each shard, by their heartbeats
         # there, for the gauges of the engines read from it (see EngineHash.live).
         engine_shards: list[tuple[int, ...]] = getattr(reply, "engine_shards", None) or []
         shard_live: list[set[str]] = (
-            [self._live_in(flat, now_ms) for flat in getattr(reply, "shard_writers", ())]
-            if engine_shards
-            else []
+            [rule.live_in(flat) for flat in getattr(reply, "shard_writers", ())] if engine_shards else []
         )
         reply_live = {wid for wid, info in writers.items() if info.live}
         hashes = reply[6 : 6 + len(engine_pairs)]
-        for idx, (stats, (wid, info)) in enumerate(zip(reply[6 + len(engine_pairs) :], writers.items())):
-            stats_key = keys.writer_stats(wid) if writer_keys is None else writer_keys[idx]
-            stats = self._readable(stats, stats_key, skipped)
-            info.stats = self._writer_stats(stats_key, stats, skipped)
         shell = Snapshot(now_ms / 1000.0, engines, writers, catalog, skipped)
         hashes_read: list[EngineHash] = []
         for idx, (engine_text, score) in enumerate(engine_pairs):
@@ -702,34 +710,26 @@ class SnapshotDecoder:
                 listed = keys.engines if engine_keys is None else engine_keys[idx]
                 skipped.note("bad_engine", listed, str(engine_text))
                 continue
-            beat = float(score)
-            age = max(0.0, (now_ms - beat) / 1000.0)
-            snap = EngineSnapshot(engine, beat / 1000.0, age, age * 1000.0 <= self.stale_after_ms)
-            snap.conflict = conflicts.get(engine_text, ())
-            engines[engine] = snap
             key = keys.counters(engine_text) if hash_keys is None else hash_keys[idx]
             flat = self._readable(hashes[idx], key, skipped)
             live = reply_live
             if engine_shards:
                 parts = [shard_live[at] for at in engine_shards[idx]]
                 live = parts[0] if len(parts) == 1 else set().union(*parts)
+            beat = float(score)
+            owners = {
+                w
+                for name in flat[0::2]
+                if name.__class__ is str
+                and name.startswith(fields.CHUNK_PREFIX)
+                and not name.endswith(fields.NAMES_SUFFIX)
+                and (w := self._chunk_writer(name))
+            }
+            snap = EngineSnapshot(engine, beat / 1000.0, rule.age(beat), rule.engine_up(beat, owners, live))
+            snap.conflict = conflicts.get(engine_text, ())
+            engines[engine] = snap
             hashes_read.append(EngineHash(engine_text, snap, flat, key, live))
         return shell, hashes_read
-
-    def _writer_info(self, score: float, now_ms: float) -> WriterInfo:
-        """A writer's entry of a ``writers`` zset: its heartbeat (ms; negative once it closed)."""
-        closed = score < 0
-        beat = abs(score)
-        age = max(0.0, (now_ms - beat) / 1000.0)
-        return WriterInfo(beat / 1000.0, age, closed, not closed and age * 1000.0 <= self.stale_after_ms)
-
-    def _live_in(self, writer_flat: Any, now_ms: float) -> set[str]:
-        """The writers live by the heartbeats of one shard's ``writers`` zset (*writer_flat*;
-        none when it could not be read: no writer is known to be live there), by the rule of
-        the reply's writers (:meth:`_writer_info`)."""
-        if writer_flat.__class__ is not list:
-            return set()
-        return {wid for wid, score in _pairs(writer_flat) if self._writer_info(float(score), now_ms).live}
 
     @staticmethod
     def _readable(part: Any, key: EngineKey, skipped: Skipped) -> list[Any]:
@@ -787,9 +787,15 @@ class SnapshotDecoder:
             kept.end()
 
     def _conflicts(
-        self, flat: list[Any], now_ms: float, skipped: Skipped, keys: list[str] | None = None
+        self,
+        flat: list[Any],
+        now_ms: float,
+        window_ms: float,
+        skipped: Skipped,
+        keys: list[str] | None = None,
     ) -> dict[str, tuple[str, ...]]:
-        """Engines claimed by two live owners within stale_after: engine -> (owner a, owner b).
+        """Engines claimed by two live owners within *window_ms* (the namespace's stale_after):
+        engine -> (owner a, owner b).
         *keys*: the conflicts hash each pair of *flat* was read from (a merged reply's; default:
         shard 0's). An engine with an entry in two shards (K changed: its old shard and its new
         one) shows the newer."""
@@ -801,7 +807,7 @@ class SnapshotDecoder:
                 skipped.note("bad_value", self.keys.conflicts if keys is None else keys[at], str(engine))
                 continue
             ms = float(parts[-1])
-            if now_ms - ms <= self.stale_after_ms and ms >= seen_ms.get(engine, -_INF):
+            if now_ms - ms <= window_ms and ms >= seen_ms.get(engine, -_INF):
                 out[engine] = tuple(parts[:-1])
                 seen_ms[engine] = ms
         return out

@@ -109,7 +109,7 @@ def inspect_namespace(config: StatsConfig, catalog: Catalog | None = None) -> It
     yield f"  engines: {len(snap.engines)}"
     for e in sorted(snap.engines.values(), key=lambda e: e.engine):
         names = _engine_fields(client, shards, e.engine)
-        state = "up" if e.up else "STALE"
+        state = "up" if e.up else "DOWN"
         series = len(e.counters) + len(e.gauges) + len(e.histograms)
         if isinstance(names, list):
             chunks = [

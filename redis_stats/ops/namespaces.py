@@ -15,6 +15,8 @@ from typing import Any
 
 import redis
 
+from redis_stats._core import fields
+from redis_stats._core.liveness import STALE_FIELD, Liveness
 from redis_stats.connection import is_cluster
 from redis_stats.keys import SCHEMA_VERSION, Keys, parse_layouts
 
@@ -100,7 +102,9 @@ def namespace_holds_data(client: Any, namespace: str) -> bool:
 def describe_namespaces(
     client: Any, stale_after: float, names: list[str] | None = None
 ) -> list[NamespaceInfo]:
-    """Engines (up within *stale_after* seconds), writers (live) and newest heartbeat of each."""
+    """Engines (up), writers (live) and newest heartbeat of each namespace, by the rule every
+    reader applies (:mod:`redis_stats._core.liveness`); *stale_after* (seconds) only for writers
+    that stored none."""
     if names is None:
         ours, older = _scan_namespaces(client)
         names = sorted(ours | older)
@@ -116,35 +120,65 @@ def describe_namespaces(
             continue
         keys = Keys(ns)
         try:
-            # Every shard (the K values its writers listed in shard 0's catalogue): an engine is
-            # counted once (in two shards only while K changed), a writer once (its latest beat).
-            seen_engines: dict[Any, float] = {}
-            seen_writers: dict[Any, float] = {}
-            for shard in keys.all_shards(parse_layouts(client.hget(keys.meta, "shards"))):
-                for e, score in client.zrange(shard.engines, 0, -1, withscores=True):
-                    seen_engines[e] = max(score, seen_engines.get(e, score))
-                for w, score in client.zrange(shard.writers, 0, -1, withscores=True):
-                    if abs(score) >= abs(seen_writers.get(w, 0.0)):
-                        seen_writers[w] = score
-            engines = list(seen_engines.items())
-            writers = list(seen_writers.items())
+            engines, writers, owners, stats = _liveness_inputs(client, keys)
         except redis.ResponseError as exc:  # one bad key costs its namespace's line only
             infos.append(NamespaceInfo(ns, 0, 0, 0, 0, None, problem=str(exc).split("\n")[0][:120]))
             continue
-        beats = [score for _, score in engines]
+        # The rule every reader applies (from what the writers stored), not a setting of ours.
+        rule = Liveness.of(now_ms, stats, stale_after * 1000)
+        live = {w for w, score in writers.items() if rule.writer_live(w, score)}
+        beats = list(engines.values())
         newest = max(beats) if beats else None
         infos.append(
             NamespaceInfo(
                 namespace=ns,
                 engines=len(engines),
-                engines_up=sum(now_ms - s <= stale_after * 1000 for s in beats),
+                engines_up=sum(rule.engine_up(s, owners.get(e, ()), live) for e, s in engines.items()),
                 writers=len(writers),
-                # Closed writers have a negative score (key-schema.md): never live.
-                writers_live=sum(0 <= now_ms - s <= stale_after * 1000 for _, s in writers),
+                writers_live=len(live),
                 last_heartbeat_age=None if newest is None else max(0.0, (now_ms - newest) / 1000),
             )
         )
     return infos
+
+
+def _liveness_inputs(
+    client: Any, keys: Keys
+) -> tuple[dict[str, float], dict[str, float], dict[str, set[str]], dict[str, dict[str, str]]]:
+    """Of every shard of a namespace (the K values its writers listed in shard 0's catalogue):
+    each engine's newest heartbeat, each writer's latest entry, the writers holding chunks in each
+    engine, and the ``stale_ms`` each writer stored (an engine is counted once, in two shards only
+    while K changed; a writer once)."""
+    engines: dict[str, float] = {}
+    writers: dict[str, float] = {}
+    owners: dict[str, set[str]] = {}
+    stats: dict[str, dict[str, str]] = {}
+    for shard in keys.all_shards(parse_layouts(client.hget(keys.meta, "shards"))):
+        shard_engines = client.zrange(shard.engines, 0, -1, withscores=True)
+        shard_writers = client.zrange(shard.writers, 0, -1, withscores=True)
+        for e, score in shard_engines:
+            engines[e] = max(score, engines.get(e, score))
+        for w, score in shard_writers:
+            if abs(score) >= abs(writers.get(w, 0.0)):
+                writers[w] = score
+        pipe = client.pipeline(transaction=False)
+        for w, _ in shard_writers:
+            pipe.hget(shard.writer_stats(w), STALE_FIELD)
+        for e, _ in shard_engines:
+            pipe.hkeys(shard.counters(e))
+        replies = pipe.execute(raise_on_error=False)
+        for (w, _), ms in zip(shard_writers, replies):
+            if isinstance(ms, str):
+                stats.setdefault(w, {})[STALE_FIELD] = ms
+        for (e, _), names in zip(shard_engines, replies[len(shard_writers) :]):
+            if isinstance(names, list):
+                found = owners.setdefault(e, set())
+                for name in names:
+                    if name.startswith(fields.CHUNK_PREFIX) and not name.endswith(fields.NAMES_SUFFIX):
+                        writer = fields.chunk_writer(name)
+                        if writer is not None:
+                            found.add(writer)
+    return engines, writers, owners, stats
 
 
 def _plural(n: int, word: str) -> str:

@@ -289,10 +289,12 @@ class VllmLogLines:
             if not e.up:
                 emit(
                     logging.INFO,
-                    "Engine %03d: DOWN, no heartbeat for %.1f s (its gauges are hidden)",
+                    "Engine %03d: DOWN, last heartbeat %.1f s ago (its gauges are hidden)",
                     [engine, e.age],
                 )
-        if len(per_engine) > 1:
+        # Over the live engines, also while others are DOWN (a fleet of one live engine of two
+        # still gets its aggregate line: the line every operator greps for).
+        if per_engine and len(current.engines) > 1:
             agg = aggregate(per_engine)
             level = (
                 logging.DEBUG
