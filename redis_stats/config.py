@@ -351,7 +351,9 @@ class StatsConfig:
             raise ConfigError(f"close_timeout={ct!r} must be a number of seconds >= 0 (0: do not wait)")
         li = self.load_interval
         if not isinstance(li, (int, float)) or isinstance(li, bool) or not 0 <= li < float("inf"):
-            raise ConfigError(f"load_interval={li!r} must be a number of seconds >= 0 (0: with each flush only)")
+            raise ConfigError(
+                f"load_interval={li!r} must be a number of seconds >= 0 (0: with each flush only)"
+            )
         if li and li >= self.flush_interval:
             raise ConfigError(
                 f"load_interval={li} is not shorter than flush_interval={self.flush_interval}: every flush "

@@ -12,6 +12,8 @@ from typing import Any
 
 from redis.exceptions import ExecAbortError, OutOfMemoryError, ResponseError
 
+from redis_stats._core import fields
+from redis_stats._core.liveness import Liveness
 from redis_stats._core.slices import EngineSlice
 from redis_stats._core.snapshot import EngineKey, Snapshot, SnapshotDecoder, SplitKey, unreadable
 from redis_stats._core.steps import Steps, run
@@ -552,8 +554,6 @@ class ReaderCore:
 
     # -- the load feed: the load hashes, engines and writers only (redis_stats/load.py) ------
 
-    _load_decoder: SnapshotDecoder | None = None
-
     def load_steps(self, engines: Engines = None) -> LoadSteps:
         """The steps of one read of the load feed: one ``load_read.lua`` per shard, yielded as
         ``("load", [(KEYS, ARGV), ...])`` (their replies, in order), ending with the
@@ -562,70 +562,77 @@ class ReaderCore:
         for _ in range(2):
             shards = self.shard_keys
             calls: list[tuple[list[str], list[str]]] = [
-                ([k.engines, k.writers, k.load, k.meta], []) for k in shards
+                ([k.engines, k.writers, k.load, k.meta], [k.prefix]) for k in shards
             ]
             replies: list[Any] = yield ("load", calls)
             listed = replies[0][4] if replies and len(replies[0]) > 4 else None
             if not (listed.__class__ is str and self.note_layouts(["shards", listed])):
                 break
-        return self.load_of(replies, shards, engines)
+        return self.load_of(replies, engines)
 
-    def load_of(self, replies: list[Any], shards: list[Keys], engines: Engines = None) -> LoadView:
-        """The :class:`LoadView` of ``load_read.lua``'s replies (one per shard of *shards*).
+    def load_of(self, replies: list[Any], engines: Engines = None) -> LoadView:
+        """The :class:`LoadView` of ``load_read.lua``'s replies (one per shard, shard 0 first).
 
-        ``up`` and the writers whose entries count are decided as the snapshot decides them
-        (the decoder's own rule, on the engines and writers read with the entries), so
-        ``/load`` and ``/snapshot`` never disagree about an engine."""
-        decoder = self._load_decoder
-        if decoder is None:  # the rule only: no catalogue, no series (one store: thread-safe)
-            decoder = SnapshotDecoder(None, stale_after=self.config.stale_after, keys=self.keys)
-            self._load_decoder = decoder
-        shaped: list[list[Any]] = []
-        load_flat: list[Any] = []
+        ``up``, and the writers whose entries count in each engine, are decided by the rule
+        every reader applies (:class:`~redis_stats._core.liveness.Liveness`, on what the
+        writers stored: their heartbeats, their own ``stale_ms``, the engine's chunk writers),
+        with the writers live in the engine's own shard(s), as the snapshot decodes them: so
+        ``/load``, ``/snapshot`` and ``redis_stats_engine_up`` never disagree."""
         skipped: dict[str, int] = {}
-        for reply in replies:
-            now, engine_flat, writer_flat, flat = reply[0], reply[1], reply[2], reply[3]
+
+        def skip(why: str) -> None:
+            skipped[why] = skipped.get(why, 0) + 1
+
+        now_ms = max(float(r[0]) for r in replies)
+        stats: dict[str, dict[str, str]] = {}
+        load_flat: list[Any] = []
+        judge = False
+        # engine text -> [newest heartbeat, chunk writers, shards it was read from]
+        found: dict[str, list[Any]] = {}
+        for at, reply in enumerate(replies):
+            engine_flat, writer_flat, flat, stale, owners = reply[1], reply[2], reply[3], reply[5], reply[6]
+            for part in (engine_flat, writer_flat, flat):
+                if part.__class__ is not list:  # a key of the wrong type: the others are shown
+                    skip(unreadable(part) or "unreadable")
             if flat.__class__ is list:
                 load_flat += flat
-            else:  # the load hash is of the wrong type: counted, the other shards' entries shown
-                why = unreadable(flat) or "unreadable"
-                skipped[why] = skipped.get(why, 0) + 1
-            n_engines = len(engine_flat) // 2 if engine_flat.__class__ is list else 0
-            n_writers = len(writer_flat) // 2 if writer_flat.__class__ is list else 0
-            # read.lua's shape with every hash empty: the decoder judges engines and writers only
-            empty: list[Any] = [[]] * (n_engines + n_writers)
-            shaped.append([now, engine_flat, writer_flat, "", [], [], *empty])
-        reply_in: list[Any]
-        if len(shaped) == 1:
-            reply_in = shaped[0]
-        else:
-            merged = merge_shards(shaped, [[] for _ in shaped], shards)
-            for slot in (1, 2):
-                if unreadable(merged[slot]) is not None:
-                    merged[slot] = []
-            for keys, reply in zip(shards, shaped):
-                for part, key in ((reply[1], keys.engines), (reply[2], keys.writers)):
-                    lost = unreadable(part)
-                    if lost is not None:
-                        merged.unreadable.append((lost, key))
-            reply_in = merged
-        shell_skipped: Any = {}
-        try:
-            shell, hashes = decoder.decode_shell(reply_in, shell_skipped)
-        finally:
-            decoder.read_done()
-        for why, _key in getattr(reply_in, "unreadable", ()):
-            skipped[why] = skipped.get(why, 0) + 1
-        for why, n in dict(shell.skipped).items():
-            skipped[why] = skipped.get(why, 0) + n
-        keep: Callable[[int], bool] | None = None
+            if writer_flat.__class__ is list:
+                judge = True
+                for wid, ms in zip(writer_flat[0::2], stale):
+                    if ms.__class__ is str:
+                        stats.setdefault(wid, {})["stale_ms"] = ms
+                    else:
+                        stats.setdefault(wid, {})
+            if engine_flat.__class__ is not list:
+                continue
+            for engine, score, held in zip(engine_flat[0::2], engine_flat[1::2], owners):
+                seen = found.setdefault(engine, [float(score), set(), []])
+                seen[0] = max(seen[0], float(score))
+                seen[1].update(w for name in held if (w := fields.chunk_writer(name)) is not None)
+                seen[2].append(at)
+        rule = Liveness.of(now_ms, stats, self.config.stale_after * 1000.0, judge_owners=judge)
+        live_in = [rule.live_in(reply[2]) for reply in replies]
+        keep: Callable[[str], bool] | None = None
         if isinstance(engines, EngineSlice):
-            keep = functools.partial(_in_slice, engines)
+            keep = engines.holds
         elif engines is not None:
-            keep = {int(e) for e in engines}.__contains__
-        states = {e: (s.up, s.age) for e, s in shell.engines.items() if keep is None or keep(e)}
-        live = {int(h.engine): set(h.live) for h in hashes}
-        return load_view(float(shell.time * 1000.0), states, live, load_flat, skipped)
+            keep = {str(int(e)) for e in engines}.__contains__
+        states: dict[int, tuple[bool, float]] = {}
+        live: dict[int, set[str]] = {}
+        for engine_text, (score, owners_of, where) in found.items():
+            if keep is not None and not keep(engine_text):
+                continue
+            try:
+                engine = int(engine_text)
+            except ValueError:
+                engine = -1
+            if engine < 0 or str(engine) != engine_text:  # "+3" or " 3" would be a second 3
+                skip("bad_engine")
+                continue
+            here = live_in[where[0]] if len(where) == 1 else set().union(*(live_in[at] for at in where))
+            states[engine] = (rule.engine_up(score, owners_of, here), rule.age(score))
+            live[engine] = here
+        return load_view(now_ms, states, live, load_flat, skipped)
 
     @property
     def meta_version(self) -> str:
