@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -44,17 +43,16 @@ def fill(url: str, namespace: str, engines: int) -> list[StatsWriter]:
     """2 writers of every engine, 20 engine steps each, one flush each (with the load entries)."""
     cfg = StatsConfig(url=url, namespace=namespace, socket_timeout_ms=30_000, stale_after=3600)
     made = []
+    cache = {"block_size": "16", "num_gpu_blocks": "4096", "gpu_memory_utilization": "0.9"}
     for w in range(2):
+        catalog = vllm_catalog(cache_config_labels=tuple(sorted(cache)))
         writer = StatsWriter(
-            cfg, vllm_catalog(), engines=list(range(engines)), start=False, role=f"api{w}", load=VLLM_LOAD
+            cfg, catalog, engines=list(range(engines)), start=False, role=f"api{w}", load=VLLM_LOAD
         )
-        sims = [
-            SimulatedApiServer(VllmRecorder(writer, "model", [e]), e, seed=w * 100_000 + e) for e in range(engines)
-        ]
-        for e in range(engines):  # vLLM's cache configuration: the KV capacity
-            writer.metric("vllm:cache_config_info").labels(
-                e, **{k: "" for k in writer.catalog["vllm:cache_config_info"].labels}
-            )
+        recorders = [VllmRecorder(writer, "model", [e]) for e in range(engines)]
+        for recorder in recorders:  # vLLM's cache configuration: the KV capacity
+            recorder.record_cache_config(cache)
+        sims = [SimulatedApiServer(r, e, seed=w * 100_000 + e) for e, r in enumerate(recorders)]
         now = time.monotonic()
         for step in range(20):
             for sim in sims:
@@ -123,8 +121,10 @@ def measure(url: str, engines: int, requests: int) -> dict[str, Any]:
     client = redis.Redis.from_url(url, decode_responses=True)
     view = reader.load()
     assert len(view.engines) == engines and all(e.up and e.writers == 2 for e in view.engines.values())
+    assert all(e.kv_cache_capacity_tokens == 16 * 4096 for e in view.engines.values())
     shards = reader.shard_keys
-    load_reply = reader._load_script(*([shards[0].engines, shards[0].writers, shards[0].load, shards[0].meta], []))
+    k = shards[0]
+    load_reply = reader._load_script([k.engines, k.writers, k.load, k.meta], [k.prefix])
     snap_reply = reader.read()
     row: dict[str, Any] = {
         "engines": engines,
@@ -164,7 +164,9 @@ def measure(url: str, engines: int, requests: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--engines", default="64,1024")
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "load_feed.json"))

@@ -77,7 +77,9 @@ def measure(rs: Any, url: str, engines: int, slices: int, rounds: int) -> dict[s
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--engines", default="64,1024")
     parser.add_argument("--slices", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
@@ -90,7 +92,8 @@ def main() -> None:
             results.append(measure(rs, server.url, n, opts.slices, opts.rounds))
     for res in results:
         print(f"\n{res['engines']} engines x 2 writers, full vLLM catalogue")
-        print(f"    {'slice':>7}{'body MiB':>10}{'x whole':>9}{'Redis reply MiB':>17}{'build ms':>10}{'samples':>9}")
+        head = f"    {'slice':>7}{'body MiB':>10}{'x whole':>9}{'Redis reply MiB':>17}"
+        print(head + f"{'build ms':>10}{'samples':>9}")
         whole = res["rows"][0]
         for r in res["rows"]:
             print(

@@ -19,11 +19,14 @@ rate is the sum of the live writers' rates).
 
 from __future__ import annotations
 
+import functools
+import json
 import math
+import operator
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -34,6 +37,7 @@ __all__ = [
     "ENTRY_VERSION",
     "GAUGE_FIELDS",
     "LOAD_SCHEMA_VERSION",
+    "MODE_CODES",
     "RATE_FIELDS",
     "RATE_WINDOW",
     "EngineLoad",
@@ -42,6 +46,7 @@ __all__ = [
     "LoadSource",
     "LoadTracker",
     "LoadView",
+    "decode_entries",
     "decode_entry",
     "encode_entry",
     "load_view",
@@ -63,10 +68,6 @@ ENTRY_VERSION = "1"
 
 # Seconds over which a writer computes the recent rates it stores.
 RATE_WINDOW = 5.0
-
-# One letter per gauge field in an entry: its metric's roll-up mode.
-_MODE_LETTER = {"mostrecent": "m", "sum": "s", "max": "x", "min": "n"}
-_LETTER_MODE = {v: k for k, v in _MODE_LETTER.items()}
 
 
 class LoadSource(NamedTuple):
@@ -107,43 +108,97 @@ class LoadEntry(NamedTuple):
     """Server time (ms) the entry was stored: its age."""
     stamp_ms: float
     """The newest wall-clock stamp of its gauges (ms): ``mostrecent`` picks the newest."""
-    modes: str
+    modes: int
+    """Each gauge field's roll-up mode, two bits each (:data:`MODE_CODES`), field 0 lowest."""
     values: tuple[float | None, ...]
     """One per :data:`FIELDS` (None: not reported by this writer)."""
+
+    def mode(self, i: int) -> str:
+        """The roll-up mode of gauge field *i*."""
+        return _MODES[(self.modes >> (2 * i)) & 3]
+
+
+# A gauge field's roll-up mode in an entry: its index here.
+_MODES = ("mostrecent", "sum", "max", "min")
+MODE_CODES = {mode: i for i, mode in enumerate(_MODES)}
 
 
 def _text(value: float | None) -> str:
     if value is None or not math.isfinite(value):
-        return ""
+        return "null"
     return repr(float(value))
 
 
 def encode_entry(stamp_ms: float, modes: Iterable[str], values: Iterable[float | None]) -> str:
-    """The entry a writer sends (``load.lua`` puts the server time in front):
-    ``<version>|<stamp ms>|<mode letters>|<value>|...`` in :data:`FIELDS` order, an empty value
-    for a field the writer does not report (or a value that is not finite)."""
-    letters = "".join(_MODE_LETTER.get(m, "m") for m in modes)
-    return "|".join([ENTRY_VERSION, f"{stamp_ms:.0f}", letters, *map(_text, values)])
+    """The entry a writer sends (``load.lua`` puts the server time and a comma in front):
+    ``<version>,<stamp ms>,<modes>,<value>,...`` in :data:`FIELDS` order, ``null`` for a field
+    the writer does not report (or a value that is not finite): with brackets around it, a
+    JSON list, so a reader parses every entry of a read in one call."""
+    code = sum(MODE_CODES.get(m, 0) << (2 * i) for i, m in enumerate(modes))
+    return ",".join([ENTRY_VERSION, f"{stamp_ms:.0f}", str(code), *map(_text, values)])
+
+
+# What a stored entry may hold (digits, signs, exponents, commas, null): anything else (a list,
+# a string, NaN, Infinity) is not read in bulk but entry by entry, and then skipped.
+_PLAIN = str.maketrans("", "", "0123456789.eE+-,nul")
+_WIDTH = 4 + len(FIELDS)
+_NUMBER = functools.partial(operator.is_not, None)  # x is not None, as a C callable
+_VERSION = int(ENTRY_VERSION)
+
+
+def _checked(row: Any) -> LoadEntry | None:
+    """An entry from a parsed row of any JSON, every element checked."""
+    if row.__class__ is not list or len(row) < _WIDTH:
+        return None
+    for x in row:
+        if x is not None and x.__class__ not in (int, float):
+            return None
+    return _plain(row)
+
+
+def _plain(row: list[Any]) -> LoadEntry | None:
+    """An entry from a row known to hold numbers and nulls only (JSON's: an exponent past the
+    float range reads as inf, an integer of hundreds of digits as an int beyond it: refused)."""
+    try:
+        if not all(map(math.isfinite, filter(_NUMBER, row))):  # every number, in C
+            return None
+    except OverflowError:
+        return None
+    if (
+        len(row) < _WIDTH
+        or row[1] != _VERSION
+        or row[3].__class__ is not int
+        or row[0] is None
+        or row[2] is None
+    ):
+        return None  # a later version appends fields, or changes ENTRY_VERSION to reorder them
+    return LoadEntry(row[0], row[2], row[3], tuple(row[4:_WIDTH]))
 
 
 def decode_entry(stored: str) -> LoadEntry | None:
-    """A stored entry (``<server ms>|`` + :func:`encode_entry`), or None when it is not one this
+    """A stored entry (``<server ms>,`` + :func:`encode_entry`), or None when it is not one this
     version reads (another entry version, garbage)."""
     if stored.__class__ is not str:
         return None
-    parts = stored.split("|")
-    if len(parts) < 4 + len(FIELDS) or parts[1] != ENTRY_VERSION:
-        return None  # a later version may append fields: it must change ENTRY_VERSION to reorder
     try:
-        stored_ms, stamp_ms = float(parts[0]), float(parts[2])
-        values = tuple(float(p) if p else None for p in parts[4 : 4 + len(FIELDS)])
-    except ValueError:
+        return _checked(json.loads("[" + stored + "]"))
+    except (ValueError, RecursionError):
         return None
-    if not (math.isfinite(stored_ms) and math.isfinite(stamp_ms)):
-        return None
-    if any(v is not None and not math.isfinite(v) for v in values):
-        return None
-    return LoadEntry(stored_ms, stamp_ms, parts[3], values)
+
+
+def decode_entries(stored: list[Any]) -> list[LoadEntry | None]:
+    """:func:`decode_entry` of each of *stored*, in one JSON parse when they all look plain (the
+    usual case: numbers and nulls only, checked on the text), else one by one."""
+    if all(s.__class__ is str for s in stored):
+        joined = "],[".join(stored)
+        if not "".join(stored).translate(_PLAIN):
+            try:
+                rows = json.loads("[[" + joined + "]]")
+            except ValueError:
+                rows = None
+            if rows is not None and len(rows) == len(stored):
+                return [_plain(r) if r.__class__ is list else None for r in rows]
+    return [decode_entry(s) for s in stored]
 
 
 @dataclass
@@ -164,6 +219,17 @@ class EngineLoad:
     generation_tokens_per_second: float | None = None
     writers: int = 0
     """Live writers whose entries make up this engine's numbers."""
+
+    def set_values(self, values: Sequence[float | None]) -> None:
+        """Set the fields of :data:`FIELDS`, in their order."""
+        (
+            self.requests_running,
+            self.requests_waiting,
+            self.kv_cache_usage,
+            self.kv_cache_capacity_tokens,
+            self.prompt_tokens_per_second,
+            self.generation_tokens_per_second,
+        ) = values
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (``/load``'s ``engines.<index>``)."""
@@ -213,6 +279,24 @@ class LoadView:
             }
         return out
 
+    def signature(self) -> str:
+        """What a body of this view says but its times (ages, ``time``): equal for equal
+        values and ups (``/load``'s ETag is a digest of it)."""
+        rows = [
+            (
+                e,
+                v.up,
+                v.requests_running,
+                v.requests_waiting,
+                v.kv_cache_usage,
+                v.kv_cache_capacity_tokens,
+                v.prompt_tokens_per_second,
+                v.generation_tokens_per_second,
+            )
+            for e, v in sorted(self.engines.items())
+        ]
+        return repr((rows, sorted(self.skipped.items())))
+
     def to_dict(self, *, namespace: str | None = None) -> dict[str, Any]:
         """The ``/load`` document (``redis_stats/schemas/load.schema.json``)."""
         doc: dict[str, Any] = {"schema_version": LOAD_SCHEMA_VERSION}
@@ -238,34 +322,43 @@ def load_view(
     concatenated). An entry of a writer not live in its engine, or of an engine not up, is not
     counted; one that cannot be read is skipped and counted as ``bad_entry``."""
     skipped = dict(skipped or {})
+    bad = 0
     found: dict[int, list[LoadEntry]] = {}
-    for name, stored in zip(load_flat[0::2], load_flat[1::2]):
-        engine_text, sep, writer = str(name).partition("|")
-        entry = decode_entry(stored) if sep else None
-        if entry is None or not engine_text.isdigit() or not engine_text.isascii():
-            skipped["bad_entry"] = skipped.get("bad_entry", 0) + 1
+    for name, entry in zip(load_flat[0::2], decode_entries(load_flat[1::2])):
+        engine_text, sep, writer = name.partition("|") if name.__class__ is str else ("", "", "")
+        if entry is None or not sep or not (engine_text.isdigit() and engine_text.isascii()):
+            bad += 1
             continue
         engine = int(engine_text)
         if writer in live.get(engine, ()):
-            found.setdefault(engine, []).append(entry)
+            held = found.get(engine)
+            if held is None:
+                found[engine] = [entry]
+            else:
+                held.append(entry)
+    if bad:
+        skipped["bad_entry"] = skipped.get("bad_entry", 0) + bad
     out: dict[int, EngineLoad] = {}
+    n_gauges = len(GAUGE_FIELDS)
     for engine, (up, beat_age) in engines.items():
-        entries = found.get(engine, []) if up else []
+        entries = found.get(engine) if up else None
         if not entries:
             out[engine] = EngineLoad(engine, up, beat_age)
             continue
         newest = max(e.stored_ms for e in entries)
-        load = EngineLoad(engine, up, max(0.0, (now_ms - newest) / 1000.0), writers=len(entries))
-        for i, name in enumerate(GAUGE_FIELDS):
+        age = max(0.0, (now_ms - newest) / 1000.0)
+        load = out[engine] = EngineLoad(engine, up, age, writers=len(entries))
+        if len(entries) == 1:  # one writer: its values are the roll-up of any mode
+            load.set_values(entries[0].values)
+            continue
+        values: list[float | None] = []
+        for i in range(n_gauges):
             readings = [(e.stamp_ms, v, "") for e in entries if (v := e.values[i]) is not None]
-            if readings:
-                letter = next((e.modes[i] for e in entries if i < len(e.modes)), "m")
-                setattr(load, name, roll_up(_LETTER_MODE.get(letter, "mostrecent"), readings)[0])
-        for j, name in enumerate(RATE_FIELDS, start=len(GAUGE_FIELDS)):
+            values.append(roll_up(entries[0].mode(i), readings)[0] if readings else None)
+        for j in range(n_gauges, len(FIELDS)):
             rates = [v for e in entries if (v := e.values[j]) is not None]
-            if rates:
-                setattr(load, name, math.fsum(rates))
-        out[engine] = load
+            values.append(math.fsum(rates) if rates else None)
+        load.set_values(values)
     return LoadView(now_ms / 1000.0, out, skipped)
 
 

@@ -222,6 +222,19 @@ def note_unreadable(reply: Any, skipped: Any) -> None:
         skipped.note(why, key)
 
 
+def _chunk_writer(name: Any) -> str | None:
+    """:func:`fields.chunk_writer`, without its full decode for a field with no escape in it
+    (every writer id but one holding ``|``, ``\\`` or a newline)."""
+    if name.__class__ is not str:
+        return None
+    if "\\" in name:
+        return fields.chunk_writer(name)
+    head, sep, index = name.rpartition("|")
+    if not (sep and head.startswith("@|") and index.isdigit() and index.isascii()) or "|" in head[2:]:
+        return fields.chunk_writer(name)
+    return head[2:]
+
+
 def _wanted(engines: Iterable[int] | EngineSlice | None) -> Any:
     """The engines a read asks for, fixed once: None (all), a slice, or a list of indexes."""
     return engines if engines is None or isinstance(engines, EngineSlice) else list(engines)
@@ -262,6 +275,7 @@ class ReaderCore:
         # Per shard read (its root): (catalogue version, the catalogue) last read.
         self._shard_meta: dict[str, tuple[str, Any]] = {}
         self._shard_plans: dict[str, Plan] = {}
+        self._load_plans: dict[str, Plan] = {}  # the load feed's, per shard (load_steps)
         self._lock = threading.Lock()
         # The shard keys of the layouts they were made for: made again only when the layouts
         # change (every read asks for them; K = 64 means 63 Keys each time).
@@ -554,21 +568,88 @@ class ReaderCore:
 
     # -- the load feed: the load hashes, engines and writers only (redis_stats/load.py) ------
 
-    def load_steps(self, engines: Engines = None) -> LoadSteps:
-        """The steps of one read of the load feed: one ``load_read.lua`` per shard, yielded as
-        ``("load", [(KEYS, ARGV), ...])`` (their replies, in order), ending with the
-        :class:`LoadView` (of *engines* only, when given). Reads shards a writer listed in shard
-        0's catalogue and this reader did not know at once, as the snapshot read does."""
+    def load_steps(self, engines: Engines = None, cluster: bool = False) -> LoadSteps:
+        """The steps of one read of the load feed, ending with the :class:`LoadView` (of
+        *engines* only, when given). On a single server one transaction of native reads covers
+        every shard, planned from the last read's lists as the snapshot's transaction read is
+        (``("transaction", commands)``); on a Cluster (or over ``maxmemory``, or when the fleet
+        changes faster than it is read) one ``load_read.lua`` per shard (``("load", calls)``).
+        Shards a writer listed in shard 0's catalogue and this reader did not know are read at
+        once, as the snapshot read does."""
         for _ in range(2):
             shards = self.shard_keys
-            calls: list[tuple[list[str], list[str]]] = [
-                ([k.engines, k.writers, k.load, k.meta], [k.prefix]) for k in shards
-            ]
-            replies: list[Any] = yield ("load", calls)
-            listed = replies[0][4] if replies and len(replies[0]) > 4 else None
+            replies: list[Any] | None = None
+            if not cluster:
+                try:
+                    for _ in range(3):
+                        plans = [self._load_plans.get(k.root, ((), ())) for k in shards]
+                        results = yield ("transaction", self.load_transaction(shards, plans))
+                        replies = self.load_assemble(results, shards, plans)
+                        if replies is not None:
+                            break
+                except (OutOfMemoryError, ExecAbortError) as exc:
+                    if not refused_for_memory(exc):
+                        raise
+            if replies is None:
+                calls: list[tuple[list[str], list[str]]] = [
+                    ([k.engines, k.writers, k.load, k.meta], [k.prefix]) for k in shards
+                ]
+                replies = yield ("load", calls)
+            listed = replies[0][4] if replies else None
             if not (listed.__class__ is str and self.note_layouts(["shards", listed])):
                 break
+        assert replies is not None
         return self.load_of(replies, engines)
+
+    def load_transaction(self, shards: list[Keys], plans: list[Plan]) -> list[tuple[Any, ...]]:
+        """The commands of one transaction read of the load feed: each shard's lists and load
+        hash, then per planned writer its ``stale_ms`` and per planned engine its hash's field
+        names (``HKEYS``: never a value)."""
+        cmds: list[tuple[Any, ...]] = [("MULTI",), ("TIME",)]
+        for k in shards:
+            cmds += [
+                ("ZRANGE", k.engines, 0, -1, "WITHSCORES"),
+                ("ZRANGE", k.writers, 0, -1, "WITHSCORES"),
+                ("HGETALL", k.load),
+                ("HGET", k.meta, "shards"),
+            ]
+        for k, (engine_list, writer_list) in zip(shards, plans):
+            cmds += [("HGET", k.writer_stats(w), "stale_ms") for w in writer_list]
+            cmds += [("HKEYS", k.counters(e)) for e in engine_list]
+        cmds.append(("EXEC",))
+        return cmds
+
+    def load_assemble(
+        self, results: list[Any], shards: list[Keys], plans: list[Plan]
+    ) -> list[list[Any]] | None:
+        """The EXEC results of :meth:`load_transaction` as one ``load_read.lua``-shaped reply per
+        shard, or None when a shard's lists differ from its plan (the new plans are kept)."""
+        results = [_flat(r) for r in results]
+        now = results[0]
+        now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
+        at = 1 + 4 * len(shards)
+        out, stale = [], False
+        for i, (k, (engine_list, writer_list)) in enumerate(zip(shards, plans)):
+            engine_flat, writer_flat, flat, listed = results[1 + 4 * i : 5 + 4 * i]
+            found = (
+                tuple(engine_flat[0::2]) if engine_flat.__class__ is list else (),
+                tuple(writer_flat[0::2]) if writer_flat.__class__ is list else (),
+            )
+            stale_ms = results[at : at + len(writer_list)]
+            at += len(writer_list)
+            owners = [
+                [n for n in names if n.__class__ is str and n.startswith("@|") and not n.endswith("|n")]
+                if names.__class__ is list
+                else []
+                for names in results[at : at + len(engine_list)]
+            ]
+            at += len(engine_list)
+            if found != (engine_list, writer_list):
+                self._load_plans[k.root] = found
+                stale = True
+                continue
+            out.append([now_ms, engine_flat, writer_flat, flat, listed, stale_ms, owners])
+        return None if stale else out
 
     def load_of(self, replies: list[Any], engines: Engines = None) -> LoadView:
         """The :class:`LoadView` of ``load_read.lua``'s replies (one per shard, shard 0 first).
@@ -608,7 +689,7 @@ class ReaderCore:
             for engine, score, held in zip(engine_flat[0::2], engine_flat[1::2], owners):
                 seen = found.setdefault(engine, [float(score), set(), []])
                 seen[0] = max(seen[0], float(score))
-                seen[1].update(w for name in held if (w := fields.chunk_writer(name)) is not None)
+                seen[1].update(w for name in held if (w := _chunk_writer(name)) is not None)
                 seen[2].append(at)
         rule = Liveness.of(now_ms, stats, self.config.stale_after * 1000.0, judge_owners=judge)
         live_in = [rule.live_in(reply[2]) for reply in replies]
@@ -674,7 +755,7 @@ class StatsReader(ReaderCore):
         """The load feed (:mod:`redis_stats.load`): every engine's (or *engines*') load and the
         fleet's, from the load entries writers store beside their flushes, in one round trip
         per shard (never the engines' series)."""
-        return run(self.load_steps(engines), self._carry_out)
+        return run(self.load_steps(engines, is_cluster(self._client)), self._carry_out)
 
     def read(self, engines: Engines = None) -> list[Any]:
         """One consistent read of the namespace, as a read.lua-shaped reply (of every shard: each

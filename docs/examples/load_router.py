@@ -86,11 +86,16 @@ def pick(doc: dict[str, Any], refreshed: float, stale: float = 2.0) -> int | Non
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """Poll, pick, print: ``--count`` times, every ``--every`` seconds."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("url", help="the exporter, e.g. http://127.0.0.1:9400")
     parser.add_argument("--every", type=float, default=0.05, help="seconds between two polls")
     parser.add_argument("--count", type=int, default=20, help="polls, then exit")
-    parser.add_argument("--stale", type=float, default=2.0, help="seconds after which an engine's data is unknown")
+    parser.add_argument(
+        "--stale", type=float, default=2.0, help="seconds after which an engine's data is unknown"
+    )
     opts = parser.parse_args()
     client = LoadClient(opts.url)
     for _ in range(opts.count):

@@ -2,7 +2,7 @@
 -- load hash. One job: the flush (flush.lua) stays as it is; a writer sends this script in the
 -- same pipelined round trip as its flush, and alone at the faster load_interval when set.
 --
--- KEYS[1] load hash      "<engine>|<writer>" -> "<server ms>|<entry>" (docs/key-schema.md)
+-- KEYS[1] load hash      "<engine>|<writer>" -> "<server ms>,<entry>" (docs/key-schema.md)
 -- KEYS[2] writers zset   writer id -> last heartbeat (ms; negative: closed), read only here
 --
 -- ARGV: writer, closing (0/1), then per engine: engine, entry (the writer's fields, absolute
@@ -35,7 +35,7 @@ if ARGV[2] == '1' then
   end
 elseif #ARGV > 2 then
   local args = {}
-  local stamp = now .. '|'
+  local stamp = now .. ','
   for j = 3, #ARGV, 2 do
     args[#args + 1] = ARGV[j] .. '|' .. writer
     args[#args + 1] = stamp .. ARGV[j + 1]

@@ -37,7 +37,7 @@ class AsyncStatsReader(ReaderCore):
 
     async def load(self, engines: Engines = None) -> LoadView:
         """The load feed (see StatsReader.load: the same steps, awaited)."""
-        return await arun(self.load_steps(engines), self._carry_out)
+        return await arun(self.load_steps(engines, is_cluster(self._client)), self._carry_out)
 
     async def read(self, engines: Engines = None) -> list[Any]:
         """One consistent read of the namespace, as a read.lua-shaped reply (see StatsReader.read:

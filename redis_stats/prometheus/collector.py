@@ -31,6 +31,13 @@ from redis_stats._core.snapshot import Snapshot
 from redis_stats.catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM
 from redis_stats.errors import error_kind
 from redis_stats.prometheus.exposition import TextRenderer, format_families
+from redis_stats.prometheus.slices import (
+    REPLACED,
+    REPLACED_HELP,
+    cap_families,
+    cap_label_values,
+    replaced_text,
+)
 from redis_stats.reader import EngineSlice, StatsReader, note_unreadable
 
 __all__ = ["RedisCollector"]
@@ -69,9 +76,13 @@ class RedisCollector:
             snapshot = self.reader.snapshot(self.engines)
         except Exception as exc:  # a scrape must not fail with a traceback
             self.read_failed(exc)
-        if snapshot is not None:
-            yield from families(snapshot)
-        yield from self._self_metrics(snapshot, time.perf_counter() - started)
+        made = list(families(snapshot)) if snapshot is not None else []
+        made += self._self_metrics(snapshot, time.perf_counter() - started)
+        replaced = cap_families(made, self.reader.config.max_label_length)
+        yield from made
+        replaced_family = GaugeMetricFamily(REPLACED, REPLACED_HELP)
+        replaced_family.add_metric([], float(replaced))
+        yield replaced_family
 
     def render_text(self) -> str:
         """The same exposition as :meth:`collect` through ``generate_latest``, several times faster:
@@ -92,7 +103,12 @@ class RedisCollector:
             if gc_was_on:
                 gc.enable()
         families = self._self_metrics(shell, time.perf_counter() - started, engines=False)
-        return text + (engine_lines(shell) if shell is not None else "") + format_families(families)
+        # A label value past max_label_length (stored by a writer configured otherwise, or
+        # garbage) is replaced here, as collect() does, and counted (redis_stats/prometheus/slices.py).
+        cap = self.reader.config.max_label_length
+        body, replaced = cap_label_values(text + (engine_lines(shell) if shell is not None else ""), cap)
+        own, more = cap_label_values(format_families(families), cap)
+        return body + own + replaced_text(replaced + more)
 
     def read_failed(self, exc: BaseException) -> None:
         """Count a failed read (and warn on the first of its kind)."""

@@ -64,14 +64,7 @@ from redis_stats.errors import error_kind
 from redis_stats.prometheus.collector import RedisCollector
 from redis_stats.prometheus.loadfeed import LoadFeed
 from redis_stats.prometheus.recent import FleetSummary, SnapshotRing, snapshot_document, summary_problems
-from redis_stats.prometheus.slices import (
-    EngineSlice,
-    ScrapeQuery,
-    cap_label_values,
-    parse_query,
-    replaced_text,
-    select_samples,
-)
+from redis_stats.prometheus.slices import EngineSlice, ScrapeQuery, parse_query, select_samples
 from redis_stats.reader import StatsReader
 
 __all__ = ["Exporter"]
@@ -575,11 +568,9 @@ class Exporter:
         started = time.perf_counter()
         query = query or ScrapeQuery()
         collector = self.collector if query.slice is None else self.slice_collector(query.slice)
-        cap = self.reader.config.max_label_length
         encoder, content_type = choose_encoder(accept or "")
         if not content_type.startswith("application/openmetrics-text") or "version=1.0.0;" in content_type:
-            text, replaced = cap_label_values(collector.render_text() + self._own_text(), cap)
-            text += replaced_text(replaced)
+            text = collector.render_text() + self._own_text()
             if query.names is not None:
                 text = select_samples(text, query.names)
             if content_type.startswith("application/openmetrics-text"):
@@ -587,10 +578,7 @@ class Exporter:
                 text = openmetrics_from_text(text)
             body = text.encode()
         else:  # another version: prometheus_client writes it
-            text, replaced = cap_label_values(encoder(_Both(self, collector)).decode(), cap)
-            head, eof, tail = text.rpartition("# EOF")
-            own = openmetrics_from_text(replaced_text(replaced)).rpartition("# EOF")[0]
-            text = head + own + eof + tail if eof else text + own
+            text = encoder(_Both(self, collector)).decode()
             if query.names is not None:
                 text = select_samples(text, query.names)
             body = text.encode()

@@ -55,11 +55,9 @@ def _encode(status: int, doc: dict[str, Any], etag: str, refreshed: float) -> Lo
     return LoadBody(status, body, gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0), etag, refreshed)
 
 
-def _etag(doc: dict[str, Any]) -> str:
-    """A weak ETag of what a body says, but its times: the same values give the same tag."""
-    engines = {e: {k: v for k, v in d.items() if k != "age_seconds"} for e, d in doc["engines"].items()}
-    key = json.dumps([doc["fleet"], engines, doc["skipped"]], sort_keys=True, separators=(",", ":"))
-    return 'W/"' + hashlib.sha1(key.encode()).hexdigest()[:20] + '"'
+def _etag(view: LoadView) -> str:
+    """A weak ETag of what a body of *view* says, but its times: the same values, the same tag."""
+    return 'W/"' + hashlib.sha1(view.signature().encode()).hexdigest()[:20] + '"'
 
 
 def _held(part: EngineSlice, engine: int) -> bool:
@@ -132,12 +130,11 @@ class LoadFeed:
         assert view is not None
         if select is not None:
             view = LoadView(view.time, {e: v for e, v in view.engines.items() if select(e)}, view.skipped)
-        doc = view.to_dict(namespace=self.namespace)
-        etag = _etag(doc)
+        etag = _etag(view)
         if kept is not None and kept[1].etag == etag:
             body = LoadBody(kept[1].status, kept[1].body, kept[1].gzipped, etag, refreshed)
         else:
-            body = _encode(200, doc, etag, refreshed)
+            body = _encode(200, view.to_dict(namespace=self.namespace), etag, refreshed)
         with self._lock:
             if self._generation == generation:
                 self._bodies[key] = (generation, body)
@@ -172,12 +169,17 @@ class LoadFeed:
                 self._last_etag = ""
             return
         self.refreshes += 1
-        etag = _etag(view.to_dict(namespace=self.namespace))
+        etag = _etag(view)
+        if self._error is None and etag == self._last_etag:
+            with self._lock:
+                self._refreshed = view.time
+            return  # the same values: the kept bodies stand (their times are the older view's)
+        # The whole view's body now, in this thread (requests are served the old one meanwhile).
+        body = _encode(200, view.to_dict(namespace=self.namespace), etag, view.time)
         with self._lock:
             self._refreshed = view.time
-            if self._error is None and etag == self._last_etag:
-                return  # the same values: the kept bodies stand (their times are the older view's)
             self._error = None
             self._view = view
             self._last_etag = etag
             self._generation += 1
+            self._bodies[""] = (self._generation, body)

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import parse_qs
 
+from prometheus_client.core import Metric
+
 from redis_stats._core.slices import MAX_SLICES, EngineSlice
 
 __all__ = [
@@ -36,9 +38,11 @@ __all__ = [
     "PER_SCRAPE",
     "EngineSlice",
     "ScrapeQuery",
+    "cap_families",
     "cap_label_values",
     "parse_query",
     "select_samples",
+    "short_label",
 ]
 
 # Families every slice carries, each about its own scrape (prefixes of family names).
@@ -125,10 +129,22 @@ def _long_value(cap: int) -> re.Pattern[str]:
     return re.compile(r'="((?:[^"\\\n]|\\.){' + str(cap + 1) + r',})"')
 
 
+def short_label(value: str, cap: int) -> str:
+    """*value* if at most *cap* characters long, else its first :data:`KEPT_CHARACTERS`
+    characters and ``...[sha1:<16 hex of the whole value>]`` (two long values stay apart)."""
+    if len(value) <= cap:
+        return value
+    digest = hashlib.sha1(value.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{value[:KEPT_CHARACTERS]}...[sha1:{digest}]"
+
+
+_UNESCAPE = re.compile(r"\\(.)")
+
+
 def cap_label_values(text: str, cap: int) -> tuple[str, int]:
-    """*text* with every label value longer than *cap* characters (as escaped in the text)
-    replaced by its first :data:`KEPT_CHARACTERS` characters and ``...[sha1:<16 hex>]``, and how
-    many were replaced. Text without one is returned as it is (one regular-expression scan)."""
+    """*text* (exposition text) with every label value longer than *cap* characters replaced
+    by :func:`short_label` (the same value the prometheus_client path gives), and how many
+    were replaced. Text without one is returned as it is (one regular-expression scan)."""
     pattern = _long_value(cap)
     if pattern.search(text) is None:
         return text, 0
@@ -137,20 +153,39 @@ def cap_label_values(text: str, cap: int) -> tuple[str, int]:
     def short(match: re.Match[str]) -> str:
         nonlocal replaced
         replaced += 1
-        value = match.group(1)
-        head = value[:KEPT_CHARACTERS]
-        if (len(head) - len(head.rstrip("\\"))) % 2:
-            head = head[:-1]  # never cut an escape (\\, \", \n) in two
-        digest = hashlib.sha1(value.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-        return f'="{head}...[sha1:{digest}]"'
+        raw = _UNESCAPE.sub(lambda m: "\n" if m.group(1) == "n" else m.group(1), match.group(1))
+        value = short_label(raw, cap)
+        return '="' + value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"') + '"'
 
     return pattern.sub(short, text), replaced
 
 
+REPLACED = "redis_stats_label_values_replaced"
+REPLACED_HELP = (
+    f"Label values of this scrape longer than max_label_length, replaced by their first {KEPT_CHARACTERS} "
+    "characters and a digest."
+)
+
+
 def replaced_text(count: int) -> str:
-    """The self-metric of the label values replaced in one scrape."""
-    name = "redis_stats_label_values_replaced"
-    return (
-        f"# HELP {name} Label values of this scrape longer than max_label_length, replaced by their "
-        f"first {KEPT_CHARACTERS} characters and a digest.\n# TYPE {name} gauge\n{name} {float(count)!r}\n"
-    )
+    """The self-metric of the label values replaced in one scrape, as text."""
+    return f"# HELP {REPLACED} {REPLACED_HELP}\n# TYPE {REPLACED} gauge\n{REPLACED} {float(count)!r}\n"
+
+
+def cap_families(families: list[Metric], cap: int) -> int:
+    """Replace (:func:`short_label`) every label value longer than *cap* characters in the
+    samples of *families*, in place; how many were replaced."""
+    replaced = 0
+    for family in families:
+        samples = family.samples
+        for i, sample in enumerate(samples):
+            if not any(len(v) > cap for v in sample.labels.values()):
+                continue
+            labels = {}
+            for name, value in sample.labels.items():
+                if len(value) > cap:
+                    replaced += 1
+                    value = short_label(value, cap)
+                labels[name] = value
+            samples[i] = sample._replace(labels=labels)
+    return replaced

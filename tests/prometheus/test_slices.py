@@ -151,8 +151,11 @@ def test_a_label_value_past_the_cap_is_replaced_and_counted(redis_server, namesp
     assert writer.flush()
     reader_config = StatsConfig(url=redis_server.url, namespace=namespace)  # max_label_length 1,024
     exporter = Exporter(StatsReader(reader_config, cat), port=0).start()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RedisCollector(StatsReader(reader_config, cat)))
     try:
         status, text = get(exporter, "/metrics")
+        theirs = generate_latest(registry).decode()  # the prometheus_client path replaces alike
     finally:
         exporter.close()
         writer.close()
@@ -163,6 +166,8 @@ def test_a_label_value_past_the_cap_is_replaced_and_counted(redis_server, namesp
     assert 'reason="stop"' in text
     assert max(len(line) for line in lines) < 200
     assert "redis_stats_label_values_replaced 2.0" in text
+    assert "redis_stats_label_values_replaced 2.0" in theirs
+    assert parsed(theirs) == parsed(text)
 
 
 def test_cap_keeps_escapes_whole_and_leaves_short_values():
@@ -170,7 +175,7 @@ def test_cap_keeps_escapes_whole_and_leaves_short_values():
     out, n = cap_label_values(text, 1024)
     assert n == 1
     value = re.search(r'a="(.*?)\.\.\.\[sha1:', out).group(1)
-    assert value == "\\\\" * 32  # 64 characters: 32 whole escapes, none cut in two
+    assert value == "\\\\" * 64  # the first 64 characters of the value (backslashes), escaped again
     assert 'm{a="short"} 2' in out
     assert cap_label_values('m{a="short"} 2\n', 1024) == ('m{a="short"} 2\n', 0)
 
