@@ -5,49 +5,50 @@
 -- KEYS[1] load hash      "<engine>|<writer>" -> "<server ms>,<entry>" (docs/key-schema.md)
 -- KEYS[2] writers zset   writer id -> last heartbeat (ms; negative: closed), read only here
 --
--- ARGV: writer, closing (0/1), then per engine: engine, entry (the writer's fields, absolute
---       values: redis_stats/load.py encode_entry)
+-- ARGV: writer, mode, then per engine: engine, entry (the writer's fields, absolute values:
+--       redis_stats/load.py encode_entry)
+--       mode 0: store the entries; 2: store them and collect garbage (beside a flush);
+--       1: the writer closes: delete its entries of these engines (the entries are ignored)
 --
 -- Returns {1, now ms}. Absolute values: applying a call twice stores the same thing (a retry
--- or a duplicate is harmless, no sequence number needed). A closing call deletes the writer's
--- entries instead (a cleanly closed writer's load is gone at once; readers also skip the entries
--- of any writer they do not judge live).
+-- or a duplicate is harmless, no sequence number needed). Readers also skip the entries of any
+-- writer they do not judge live, so a writer that died without closing is never counted.
 --
--- Bounded garbage: each call looks at two random entries of the hash and deletes those whose
--- writer gc removed from the writers zset or that closed (a writer that died without closing
--- leaves its entries until gc removes it; readers never count them meanwhile). So the hash holds
--- about one entry per live writer and engine, whatever the fleet's churn, without gc.lua.
+-- Bounded garbage: with mode 2 (once per flush, not at the faster cadence) two random entries of
+-- the hash are looked at, and those whose writer gc removed from the writers zset or that closed
+-- are deleted: the hash holds about one entry per live writer and engine, whatever the churn,
+-- without gc.lua.
 --
--- All or nothing: the only check (the load hash is a hash) comes before the first write; the
--- writes are HSET/HDEL of a hash, which cannot fail.
+-- All or nothing: the first write (HSET or HDEL) is the only command that can fail (a key of the
+-- wrong type: the whole call is refused, nothing written); the garbage collection after it only
+-- reads with pcall and deletes fields of a hash, which cannot fail.
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind ~= 'none' and kind ~= 'hash' then
-  return redis.error_reply('ERR redis_stats load refused, nothing written: key ' .. KEYS[1] ..
-    ' (load entries) is a ' .. kind .. ', not a hash; it was not written by redis_stats: delete or rename it')
-end
-local writer = ARGV[1]
-if ARGV[2] == '1' then
+local writer, mode = ARGV[1], ARGV[2]
+local fields = {}
+if mode == '1' then
   for j = 3, #ARGV, 2 do
-    redis.call('HDEL', KEYS[1], ARGV[j] .. '|' .. writer)
+    fields[#fields + 1] = ARGV[j] .. '|' .. writer
   end
-elseif #ARGV > 2 then
-  local args = {}
-  local stamp = now .. ','
-  for j = 3, #ARGV, 2 do
-    args[#args + 1] = ARGV[j] .. '|' .. writer
-    args[#args + 1] = stamp .. ARGV[j + 1]
+  if #fields > 0 then
+    redis.call('HDEL', KEYS[1], unpack(fields))
   end
-  redis.call('HSET', KEYS[1], unpack(args))
+  return {1, now}
 end
-if redis.call('TYPE', KEYS[2])['ok'] == 'zset' then
-  local picked = redis.call('HRANDFIELD', KEYS[1], 2)
-  for _, field in ipairs(picked) do
+local stamp = now .. ','
+for j = 3, #ARGV, 2 do
+  fields[#fields + 1] = ARGV[j] .. '|' .. writer
+  fields[#fields + 1] = stamp .. ARGV[j + 1]
+end
+if #fields > 0 then
+  redis.call('HSET', KEYS[1], unpack(fields))
+end
+if mode == '2' then
+  for _, field in ipairs(redis.call('HRANDFIELD', KEYS[1], 2)) do
     local owner = string.match(field, '^[^|]*|(.*)$')
-    local score = owner and redis.call('ZSCORE', KEYS[2], owner)
-    if not score or tonumber(score) < 0 then
+    local score = owner and redis.pcall('ZSCORE', KEYS[2], owner)
+    if type(score) ~= 'table' and (not score or tonumber(score) < 0) then
       redis.call('HDEL', KEYS[1], field)
     end
   end
