@@ -351,10 +351,21 @@ def load_view(
         if len(entries) == 1:  # one writer: its values are the roll-up of any mode
             load.set_values(entries[0].values)
             continue
-        values: list[float | None] = []
-        for i in range(n_gauges):
-            readings = [(e.stamp_ms, v, "") for e in entries if (v := e.values[i]) is not None]
-            values.append(roll_up(entries[0].mode(i), readings)[0] if readings else None)
+        values: list[float | None]
+        if entries[0].modes == 0:
+            # Every gauge field mostrecent (vLLM's): the newest entry's, field by field the
+            # newest that reports it (roll_up's rule: the first of equal stamps in read order).
+            ordered = sorted(entries, key=_stamp, reverse=True)
+            values = list(ordered[0].values[:n_gauges])
+            if None in values:
+                for i, v in enumerate(values):
+                    if v is None:
+                        values[i] = next((x for e in ordered[1:] if (x := e.values[i]) is not None), None)
+        else:
+            values = []
+            for i in range(n_gauges):
+                readings = [(e.stamp_ms, v, "") for e in entries if (v := e.values[i]) is not None]
+                values.append(roll_up(entries[0].mode(i), readings)[0] if readings else None)
         for j in range(n_gauges, len(FIELDS)):
             rates = [v for e in entries if (v := e.values[j]) is not None]
             values.append(math.fsum(rates) if rates else None)
@@ -363,6 +374,7 @@ def load_view(
 
 
 _MAX = 1.7976931348623157e308
+_stamp = operator.attrgetter("stamp_ms")
 
 
 class _Counted:

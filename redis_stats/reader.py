@@ -276,6 +276,7 @@ class ReaderCore:
         self._shard_meta: dict[str, tuple[str, Any]] = {}
         self._shard_plans: dict[str, Plan] = {}
         self._load_plans: dict[str, Plan] = {}  # the load feed's, per shard (load_steps)
+        self._load_owners: dict[tuple[str, ...], frozenset[str]] = {}  # chunk fields -> writers
         self._lock = threading.Lock()
         # The shard keys of the layouts they were made for: made again only when the layouts
         # change (every read asks for them; K = 64 means 63 Keys each time).
@@ -637,12 +638,8 @@ class ReaderCore:
             )
             stale_ms = results[at : at + len(writer_list)]
             at += len(writer_list)
-            owners = [
-                [n for n in names if n.__class__ is str and n.startswith("@|") and not n.endswith("|n")]
-                if names.__class__ is list
-                else []
-                for names in results[at : at + len(engine_list)]
-            ]
+            # every field name: load_of takes the chunk writers out (the other names give none)
+            owners = [n if n.__class__ is list else [] for n in results[at : at + len(engine_list)]]
             at += len(engine_list)
             if found != (engine_list, writer_list):
                 self._load_plans[k.root] = found
@@ -670,6 +667,7 @@ class ReaderCore:
         judge = False
         # engine text -> [newest heartbeat, chunk writers, shards it was read from]
         found: dict[str, list[Any]] = {}
+        kept, now_kept = self._load_owners, {}
         for at, reply in enumerate(replies):
             engine_flat, writer_flat, flat, stale, owners = reply[1], reply[2], reply[3], reply[5], reply[6]
             for part in (engine_flat, writer_flat, flat):
@@ -687,10 +685,21 @@ class ReaderCore:
             if engine_flat.__class__ is not list:
                 continue
             for engine, score, held in zip(engine_flat[0::2], engine_flat[1::2], owners):
-                seen = found.setdefault(engine, [float(score), set(), []])
+                # An engine's chunk fields change only when a writer comes or goes: their
+                # writers are kept by the fields' text, for the next read (this read's only).
+                names = tuple(held)
+                writers_of = kept.get(names)
+                if writers_of is None:
+                    writers_of = frozenset(w for name in names if (w := _chunk_writer(name)) is not None)
+                now_kept[names] = writers_of
+                seen = found.get(engine)
+                if seen is None:
+                    found[engine] = [float(score), writers_of, [at]]
+                    continue
                 seen[0] = max(seen[0], float(score))
-                seen[1].update(w for name in held if (w := _chunk_writer(name)) is not None)
+                seen[1] = seen[1] | writers_of
                 seen[2].append(at)
+        self._load_owners = now_kept  # one store: a read at once keeps its own
         rule = Liveness.of(now_ms, stats, self.config.stale_after * 1000.0, judge_owners=judge)
         live_in = [rule.live_in(reply[2]) for reply in replies]
         keep: Callable[[str], bool] | None = None

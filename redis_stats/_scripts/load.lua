@@ -19,9 +19,9 @@
 -- are deleted: the hash holds about one entry per live writer and engine, whatever the churn,
 -- without gc.lua.
 --
--- All or nothing: the first write (HSET or HDEL) is the only command that can fail (a key of the
--- wrong type: the whole call is refused, nothing written); the garbage collection after it only
--- reads with pcall and deletes fields of a hash, which cannot fail.
+-- All or nothing: the first write (HSET or HDEL) is the only command that can fail the call (a
+-- key of the wrong type, a user without the command: refused, nothing written); the garbage
+-- collection after it runs every command with pcall.
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -45,11 +45,16 @@ if #fields > 0 then
   redis.call('HSET', KEYS[1], unpack(fields))
 end
 if mode == '2' then
-  for _, field in ipairs(redis.call('HRANDFIELD', KEYS[1], 2)) do
-    local owner = string.match(field, '^[^|]*|(.*)$')
-    local score = owner and redis.pcall('ZSCORE', KEYS[2], owner)
-    if type(score) ~= 'table' and (not score or tonumber(score) < 0) then
-      redis.call('HDEL', KEYS[1], field)
+  -- Every command here with pcall: after the first write nothing may fail the call (a user
+  -- with an earlier version's ACL rules, without HRANDFIELD or ZSCORE, only collects nothing).
+  local picked = redis.pcall('HRANDFIELD', KEYS[1], 2)
+  if type(picked) == 'table' and picked.err == nil then
+    for _, field in ipairs(picked) do
+      local owner = string.match(field, '^[^|]*|(.*)$')
+      local score = owner and redis.pcall('ZSCORE', KEYS[2], owner)
+      if type(score) ~= 'table' and (not score or tonumber(score) < 0) then
+        redis.pcall('HDEL', KEYS[1], field)
+      end
     end
   end
 end
