@@ -82,7 +82,7 @@ def templates() -> list[tuple[str, list[list[str]], list[list[str]]]]:
                 VllmRecorder(w, "meta-llama/Llama-3-8B", [engine]), engine, seed=engine * 2 + api
             )
             step, flushes, loads = 0, [], []
-            for k in range(TEMPLATE_FLUSHES):
+            for _ in range(TEMPLATE_FLUSHES):
                 for _ in range(20):
                     sim.step(step * 0.05)
                     step += 1
@@ -90,7 +90,7 @@ def templates() -> list[tuple[str, list[list[str]], list[list[str]]]]:
                 beside = w.load_call(flushes[-1])
                 assert beside is not None
                 loads.append(beside[1])
-                w.flush_succeeded([1, int(k > 0), 0, 0, 0, [], 0], 0.0004)
+                w.flush_succeeded([1, 0, 0, [], 0], 0.0004)
             w._closed = True
             out.append((w.writer_id, flushes, loads))
     return out
@@ -101,8 +101,9 @@ def rewrite(
 ) -> tuple[list[str], list[str]]:
     """A template flush as fleet writer *writer* of *engine* sends it: its KEYS and ARGV."""
     prefix = keys.prefix
-    out = [prefix, writer, str(seq), *args[3:7]]
-    i = 7
+    # Confirmed: the previous one, applied "just now" (the fleet runs no gc: the time is not read).
+    out = [prefix, writer, str(seq), *args[3:7], str(seq - 1), "0"]
+    i = 9
     nclaims = int(args[i])
     out += [str(nclaims), *[str(engine)] * nclaims]
     i += 1 + nclaims

@@ -21,6 +21,7 @@ from redis_stats.errors import ConfigError  # defined in errors.py; importable f
 __all__ = [
     "ENV_PREFIX",
     "MAX_SHARDS",
+    "RETENTION_FACTOR",
     "SCHEMES",
     "SECRET_QUERY_WORDS",
     "ConfigError",
@@ -236,6 +237,11 @@ def _opt(default: Any, help: str) -> Any:
     return dataclasses.field(default=default, metadata={"help": help})
 
 
+RETENTION_FACTOR = 2
+"""``retention`` must be at least this many times ``max(stale_after, flush_interval)``: gc must
+never remove a writer or an engine that a reader still counts as live."""
+
+
 @dataclasses.dataclass(frozen=True)
 class StatsConfig:
     """Settings shared by writers, readers, the collector, the reporter and the exporter.
@@ -364,6 +370,14 @@ class StatsConfig:
                 f"stale_after={self.stale_after} is shorter than flush_interval="
                 f"{self.flush_interval}: every engine would look stale between two flushes; "
                 "make stale_after several flush intervals long"
+            )
+        safe = RETENTION_FACTOR * max(self.stale_after, self.flush_interval)
+        if self.retention < safe:
+            raise ConfigError(
+                f"retention={self.retention:g} is shorter than {RETENTION_FACTOR} x max(stale_after="
+                f"{self.stale_after:g}, flush_interval={self.flush_interval:g}) = {safe:g} s: gc would "
+                "remove writers and engines that readers still count as live, and their data with "
+                f"them; make retention at least {safe:g} s (or shorten stale_after)"
             )
         if not isinstance(self.wait_replicas, int) or self.wait_replicas < 0:
             raise ConfigError(f"wait_replicas={self.wait_replicas!r} must be an integer >= 0")

@@ -174,7 +174,6 @@ class WriterStats:
     # self-metrics (redis_stats_writer_shards_listing_errors_total), so that a listing that keeps
     # failing (readers that were not given K then miss shards) shows in Prometheus.
     shards_errors: _Tally[str] = field(default_factory=_Tally)
-    failed_fields: int = 0
     conflicts: int = 0
     last_success: float = 0.0
     last_duration: float = 0.0
@@ -196,8 +195,6 @@ class WriterStats:
             str(self.flushes),
             "duplicates",
             str(self.duplicates),
-            "failed_fields",
-            str(self.failed_fields),
             "conflicts",
             str(self.conflicts),
             "pending",
@@ -505,23 +502,27 @@ class WriterCore:
         """Redis answered the flush of *shard* (applied now, or already applied): move on."""
         result = FlushResult.from_reply(reply)
         self._protocol.confirmed(result, shard)
-        if not result.meta_existed:
-            # A shard without a catalogue: new, or Redis lost its data (then maybe shard 0's
-            # too, and with it the list of K): note K again (idempotent, one call).
+        if result.store_behind:
+            # Redis lost (some of) this shard's data: maybe shard 0's too, and with it the list
+            # of K: note K again (idempotent, one call). The next batch stores everything.
             self.shards_noted = self.shards == 1
+            log.warning(
+                "%s holds less of this writer than it confirmed (restarted empty or from an older "
+                "copy, or a replica that had not caught up took over%s): storing its whole state "
+                "again with the next flush",
+                self.config.safe_url,
+                f"; shard {shard}" if self.shards > 1 else "",
+            )
         if shard == self.home:  # the self-metrics go to the home shard only
-            if result.writer_removed:
-                self._stats_stored = {}  # a new id: its stats hash starts empty
-            elif result.status == 1:  # applied now: with it the self-metrics it carried
-                if not result.meta_existed:
-                    self._stats_stored = {}  # Redis had lost its data: it holds only these now
+            if result.writer_removed or result.store_behind:
+                self._stats_stored = {}  # a new id, or a store that lost them: all sent again
+            elif result.applied:  # applied now: with it the self-metrics it carried
                 sent = self._stats_sent
                 self._stats_stored.update(zip(sent[0::2], sent[1::2]))
         self.stats.observe_duration(seconds)
         self.stats.last_success = time.time()
         self.stats.flushes += 1
         self.stats.duplicates += not result.applied
-        self.stats.failed_fields += result.failed_fields
         if result.catalog_conflicts:
             for name in self._acc.catalog_conflict(result.catalog_conflicts, result.refused_series):
                 log.warning(

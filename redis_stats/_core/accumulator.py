@@ -50,6 +50,7 @@ __all__ = [
 ]
 
 _INF = math.inf
+_monotonic = time.monotonic
 _NAN = math.nan
 # The largest finite float: an amount beyond it (e.g. the int 10**400) cannot be stored or summed.
 _MAX = 1.7976931348623157e308
@@ -141,13 +142,16 @@ class GaugeChild:
         self._lock = acc.lock
         self.engine = engine
         self.field = field_name
-        # (wall-clock stamp, value) in one tuple: the collector reads both without the lock, and
-        # a tuple is read whole (two attributes could mix two set() calls).
+        # (monotonic stamp, value) in one tuple: the collector reads both without the lock, and
+        # a tuple is read whole (two attributes could mix two set() calls). The stamp becomes
+        # server time when the value is sent (Accumulator.server_ms): no host's wall clock is
+        # ever compared with another's.
         self.state: tuple[float, float] = (0.0, 0.0)
         self.gen = -1  # the generation whose dirty list holds this gauge (-1: none yet)
 
     def set(self, value: float) -> None:
-        """Set the value (any number but NaN; +-inf allowed); stamped with this host's wall clock.
+        """Set the value (any number but NaN; +-inf allowed); stamped with the time it was set, in
+        the server's clock (the newest value of a ``mostrecent`` gauge wins among writers).
 
         What ``float()`` refuses (e.g. the int 10**400, ``None``) is dropped and counted as
         ``invalid_value``; never raises.
@@ -161,7 +165,7 @@ class GaugeChild:
             return
         acc = self._acc
         with self._lock:
-            self.state = (time.time(), value)
+            self.state = (_monotonic(), value)
             if self.gen != acc.gen:
                 self.gen = acc.gen
                 acc.dirty.append(self)
@@ -183,7 +187,7 @@ class GaugeChild:
         acc = self._acc
         with self._lock:
             # float + an amount within the float range: never raises, never NaN
-            self.state = (time.time(), self.state[1] + amount)
+            self.state = (_monotonic(), self.state[1] + amount)
             if self.gen != acc.gen:
                 self.gen = acc.gen
                 acc.dirty.append(self)
@@ -199,7 +203,8 @@ class GaugeChild:
 
     def _take(self, batch: Batch, slot: int = 0) -> None:
         stamp, value = self.state  # one read: a racing set() is re-sent by the next batch anyway
-        batch.add_gauge(self.engine, self.field, f"{stamp * 1000.0:.3f}|{float(value)!r}")
+        ms = self._acc.server_ms(self.engine, stamp)
+        batch.add_gauge(self.engine, self.field, f"{ms:.3f}|{float(value)!r}")
 
 
 class HistogramChild:
@@ -357,6 +362,11 @@ class Batch:
     """engine -> (chunk index, its names or None when Redis holds them, its values)."""
     sent: list[Any] = field(default_factory=list, repr=False)
     """What confirming this batch means (:meth:`redis_stats._core.chunks.Totals.confirm`)."""
+    confirmed: int = 0
+    """The writer's last batch Redis confirmed applied in this shard when this one was made (0:
+    this batch carries the writer's whole state there), and the server time it was applied at:
+    how the script tells a store that went back in time (see ``flush.lua``)."""
+    confirmed_ms: int = 0
 
     def _block(self, engine: int) -> _EngineBlock:
         block = self.engines.get(engine)
@@ -453,6 +463,8 @@ class Batch:
             SCHEMA_VERSION,
             owner,
             str(stale_ms),
+            str(self.confirmed),
+            str(self.confirmed_ms),
             str(len(claimed)),
             *claimed,
             str(len(stats) // 2),
@@ -472,15 +484,19 @@ class Batch:
         return args
 
 
+DUPLICATE, APPLIED, REMOVED, BEHIND = 0, 1, 2, 3
+"""The statuses of ``flush.lua``'s reply (see :class:`FlushResult`)."""
+
+
 @dataclass(frozen=True)
 class FlushResult:
     """What the flush script answered."""
 
     status: int
-    meta_existed: bool
-    """The shard held the catalogue and, for a batch numbered past 1, this writer's sequence
-    number; False: Redis lost the shard's data, send the catalogue and every chunk again."""
-    failed_fields: int
+    """APPLIED now; DUPLICATE (an earlier attempt applied it, its reply was lost); REMOVED (gc
+    folded this writer: nothing applied, it continues under a new id); BEHIND (the shard lacks
+    what this writer saw confirmed — Redis restarted empty or went back in time: nothing applied,
+    the writer sends its whole state next)."""
     server_time_ms: int
     conflicts: int = 0
     catalog_conflicts: tuple[str, ...] = ()
@@ -490,22 +506,26 @@ class FlushResult:
 
     @property
     def applied(self) -> bool:
-        """Applied now (False: an earlier attempt had applied it; the reply was lost)."""
-        return self.status != 0
+        """Applied now (False: applied by an earlier attempt, or not at all)."""
+        return self.status == APPLIED
 
     @property
     def writer_removed(self) -> bool:
         """gc removed this writer (and folded what Redis held of it): nothing of this batch was
         applied; the writer continues under a new id with the rest of its totals."""
-        return self.status == 2
+        return self.status == REMOVED
+
+    @property
+    def store_behind(self) -> bool:
+        """The shard lacks what this writer saw confirmed: nothing applied; send everything."""
+        return self.status == BEHIND
 
     @classmethod
     def from_reply(cls, reply: list[Any]) -> FlushResult:
-        """Parse the script's reply ``{status, meta_existed, failed, now, conflicts, {metric, ...},
-        refused series}``."""
-        status, meta, failed, now, conflicts = (int(x) for x in reply[:5])
-        names = tuple(x.decode() if isinstance(x, bytes) else str(x) for x in reply[5])
-        return cls(status, bool(meta), failed, now, conflicts, names, int(reply[6]))
+        """Parse the script's reply ``{status, now, conflicts, {metric, ...}, refused series}``."""
+        status, now, conflicts = (int(x) for x in reply[:3])
+        names = tuple(x.decode() if isinstance(x, bytes) else str(x) for x in reply[3])
+        return cls(status, now, conflicts, names, int(reply[4]))
 
 
 _Series = CounterChild | GaugeChild | HistogramChild  # one series of one engine, made by child()
@@ -552,6 +572,31 @@ class Accumulator:
         self._unsent: list[dict[str, MetricSpec]] = [{s.name: s for s in catalog} for _ in range(shards)]
         # Metrics whose definition conflicts with the one stored first in Redis: never sent.
         self.conflicted: set[str] = set()
+        # Per shard: its server's clock minus time.monotonic(), in s, from the last answer (None:
+        # no answer yet), which turns a gauge's monotonic stamp into that server's time; and the
+        # shards whose gauges were sent before that, stamped 0 (sent again once it is known).
+        self._clock: list[float | None] = [None] * shards
+        self._unstamped: set[int] = set()
+        self._restamp = False
+
+    def server_ms(self, engine: int, stamp: float) -> float:
+        """The monotonic *stamp* of a value of *engine* in its shard's server time (ms), or 0 when
+        that server has not answered yet (the value is sent again, stamped, once it has)."""
+        shard = engine % self.shards
+        offset = self._clock[shard]
+        if offset is None:
+            self._unstamped.add(shard)
+            return 0.0
+        return (stamp + offset) * 1000.0
+
+    def anchor(self, shard: int, server_ms: int) -> None:
+        """*shard*'s server answered at *server_ms* (its clock): anchor its gauge stamps to it
+        (within the round trip; anchored again at every answer, so a pause or a failover to
+        another server's clock is followed at the next flush)."""
+        self._clock[shard] = server_ms / 1000.0 - _monotonic()
+        if shard in self._unstamped:
+            self._unstamped.discard(shard)
+            self._restamp = True
 
     def drop(self, reason: str, n: int = 1) -> None:
         """Count *n* dropped updates (a dict increment; racing threads may rarely lose one count)."""
@@ -683,10 +728,12 @@ class Accumulator:
                     # Let the host's threads have the GIL: otherwise a record call that wants it
                     # waits out the whole switch interval (5 ms) while this loop runs.
                     time.sleep(0)
-            if resend:
+            restamp, self._restamp = self._restamp, False
+            if resend or restamp:
                 # Every gauge with a value, again (a gauge set since the swap is sent now and
-                # again with the next batch: harmless, the newer value wins). Not those whose
-                # metric conflicts with the stored definition: they are never sent.
+                # again with the next batch: harmless, the newer value wins); also once its
+                # shard's server time is first known, for the values sent stamped 0. Not those
+                # whose metric conflicts with the stored definition: they are never sent.
                 seen = {id(c) for c in dirty}
                 for g in list(self._gauges):
                     if g.state[0] and id(g) not in seen and type(g) is GaugeChild:
@@ -757,14 +804,18 @@ class Accumulator:
 
 
 class _ShardFlow:
-    """One shard's part of the protocol: its next sequence number and its unconfirmed batch."""
+    """One shard's part of the protocol: its next sequence number, its unconfirmed batch, and
+    the last batch Redis confirmed applied there (number, server time; 0: none under this id, or
+    the store lost it: the next batch carries everything)."""
 
-    __slots__ = ("in_flight", "next_seq", "resend_all")
+    __slots__ = ("confirmed", "confirmed_ms", "in_flight", "next_seq", "resend_all")
 
     def __init__(self) -> None:
         self.in_flight: Batch | None = None
         self.next_seq = 1
         self.resend_all = False
+        self.confirmed = 0
+        self.confirmed_ms = 0
 
 
 class FlushProtocol:
@@ -822,6 +873,7 @@ class FlushProtocol:
                     wanted.add(shard)
                 flow = flows[shard]
                 flow.in_flight, flow.resend_all = batch, False
+                batch.confirmed, batch.confirmed_ms = flow.confirmed, flow.confirmed_ms
                 flow.next_seq += 1
         out: dict[int, Batch] = {}
         for shard in sorted(wanted):
@@ -836,23 +888,32 @@ class FlushProtocol:
 
     def confirmed(self, result: FlushResult, shard: int = 0) -> None:
         """Redis answered *shard*'s call: its in-flight batch is applied (now or by an earlier
-        attempt), or gc had removed this writer there and nothing of it was applied."""
+        attempt), or nothing of it was: gc had removed this writer there, or the store is behind
+        what it confirmed before (both: the next batch carries everything)."""
         flow = self.flows[shard]
         batch, flow.in_flight = flow.in_flight, None
-        if result.writer_removed:
-            # What Redis held of this writer was folded into the base fields: keep only the rest,
-            # for the new id (the batch's chunks are in the totals, sent again with everything).
-            self.acc.shard_totals[shard].rebase()
-        elif batch is not None:
-            Totals.confirm(batch.sent)
-        if not result.applied and batch is not None and batch.specs:
+        self.acc.anchor(shard, result.server_time_ms)
+        if result.writer_removed or result.store_behind:
+            if result.writer_removed:
+                # What Redis held of this writer was folded into the base fields: keep only the
+                # rest, for the new id (the batch's chunks are in the totals, sent with the rest).
+                self.acc.shard_totals[shard].rebase()
+            # Nothing of the batch was applied: its changes are in the totals, all sent again.
+            flow.resend_all = True
+            flow.confirmed = flow.confirmed_ms = 0
+            return
+        if batch is None:
+            return
+        Totals.confirm(batch.sent)
+        flow.confirmed = batch.seq
+        if result.applied:
+            flow.confirmed_ms = result.server_time_ms
+        # else: applied by an earlier attempt, at a time not known: the previous batch's stays
+        # (a lower bound of this writer's heartbeat, which is what gc's fold watermark needs).
+        if not result.applied and batch.specs:
             # An earlier attempt applied it, but its answer (which would name catalogue conflicts)
             # was lost: send the specs again, so the script can tell us.
             self.acc.requeue_specs(batch.specs, shard)
-        if not result.meta_existed or result.writer_removed:
-            # The namespace had no catalogue (Redis is new or lost its data), or gc removed this
-            # writer (it will come back under a new id): store the catalogue and chunks again.
-            flow.resend_all = True
 
     def in_flight_series(self) -> int:
         """Series in the batches sent but not confirmed yet (0 if none)."""

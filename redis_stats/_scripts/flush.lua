@@ -1,6 +1,8 @@
 -- redis_stats flush (schema 2): apply one writer's batch atomically and exactly once.
 --
--- KEYS[1] seq hash        writer id -> last applied sequence number ("x<seq>:<ms>": removed by gc)
+-- KEYS[1] seq hash        writer id -> last applied sequence number ("x<seq>:<ms>": removed by gc);
+--                         "!folded" -> gc's fold watermark (ms: every writer silent since before it
+--                         was folded, see gc.lua)
 -- KEYS[2] engines zset    engine -> last heartbeat (ms, server time)
 -- KEYS[3] writers zset    writer id -> last heartbeat (ms; negative: closed at -score)
 -- KEYS[4] meta hash       schema, _v (catalogue version), m:<metric> -> spec JSON
@@ -11,6 +13,10 @@
 -- Every key the script touches is declared (Redis Cluster requires it): the writer knows them all.
 --
 -- ARGV: prefix (named in error replies only), writer, seq, closing (0/1), schema, owner, stale ms,
+--       confirmed seq (of this writer's last batch here that Redis confirmed applied; 0: this
+--       batch carries the writer's whole state here — catalogue, every chunk with its names —
+--       as its first batch, or after the store lost it),
+--       confirmed ms (the server time at which that batch was applied),
 --       nclaims, {engine} * nclaims,
 --       nstats, {field, value} * nstats           (the writer's self-metrics that changed, absolute)
 --       nspecs, {name, json} * nspecs,
@@ -18,16 +24,20 @@
 --
 -- Schema 2 (docs/key-schema.md): a writer keeps, per engine, its own absolute state in chunks of
 -- the engine's hash: "@|<writer>|<k>" -> the values of up to 64 series, one per line (counter
--- totals, histograms "<sum> <c0> ... <cN>" with cumulative counts, gauges "<wall ms>|<value>"), and
+-- totals, histograms "<sum> <c0> ... <cN>" with cumulative counts, gauges "<ms>|<value>", ms the
+-- writer's estimate of this server's clock when the value was set), and
 -- "@|<writer>|<k>|n" -> their series fields, one per line (sent only when they change). A flush
 -- replaces the chunks that changed. The script never reads or parses one: it sets fields. Readers
 -- add the writers' totals of a series up; gc folds a departed writer into base fields.
 --
--- Returns {status, catalogue stored before (1/0; 0 too when the writer's sequence number is past 1
---          and the seq hash does not know it: the shard lost its data), 0, now ms, owner conflicts,
---          {metrics whose spec conflicts with the stored one}, series refused for them};
+-- Returns {status, now ms, owner conflicts, {metrics whose spec conflicts with the stored one},
+--          series refused for them};
 -- status 1 applied, 0 already applied (a duplicate), 2 not applied because gc removed this writer
--- (its fields were folded: the writer sends what the store lacks again under a new id).
+-- (its fields were folded: the writer sends what the store lacks again under a new id), 3 not
+-- applied because the shard lacks what this writer saw confirmed: a sequence entry older than
+-- the confirmed one, or none at all, or no catalogue (Redis restarted empty or went back in time:
+-- restarted from an older RDB/AOF, a lagging replica promoted, a backup restored). The writer
+-- then sends its whole state (confirmed 0), applied as it is: exact again with that one flush.
 --
 -- lines() comes from common.lua, which the loader puts in front of this file.
 --
@@ -76,6 +86,11 @@ end
 local seq = tonumber(seq_text)
 local stale = tonumber(ARGV[7])
 if stale == nil then return refuse('bad stale_after argument') end
+local confirmed = count_at(8)
+local confirmed_ms = count_at(9)
+if confirmed == nil or confirmed_ms == nil or (confirmed > 0 and confirmed >= seq) then
+  return refuse('bad confirmed sequence number or time argument')
+end
 
 -- A read refuses a key of another type before anything is written: no TYPE call needed for it.
 local raw = redis.pcall('HGET', KEYS[1], writer)
@@ -92,30 +107,38 @@ if stored_schema and stored_schema ~= ARGV[5] then
   return refuse('namespace ' .. prefix .. ' holds schema ' .. stored_schema .. ' data and this writer writes schema ' ..
     ARGV[5] .. '; run every writer and reader of a namespace at one schema version, or use a new namespace')
 end
-local meta_existed = stored_schema and 1 or 0
-if not raw and seq > 1 then
-  -- A writer past its first batch that the sequence hash does not know: Redis lost this shard's
-  -- data (restarted without persistence), and another writer may have stored the catalogue
-  -- since. Answer "no catalogue" all the same, so that this writer sends its catalogue and every
-  -- chunk with its names again (its values alone cannot be read without them).
-  meta_existed = 0
+local removed = false
+if not raw and confirmed > 0 then
+  -- A writer Redis confirmed batches to that the sequence hash does not know: either gc folded it
+  -- (silent for longer than the retention) and dropped its tombstone since, or Redis lost this
+  -- shard's data (restarted empty, or from a copy older than this writer's first flush). gc's
+  -- watermark tells them apart without a tombstone that expires: gc folds every writer silent
+  -- since before the watermark, so one whose batch was applied before it was folded.
+  local mark = redis.call('HGET', KEYS[1], '!folded')
+  removed = mark ~= false and confirmed_ms < (tonumber(mark) or 0)
 end
 raw = raw or '0'
 -- "x<seq>:<ms>": gc removed this writer and folded its fields into the base series.
-local removed = string.sub(raw, 1, 1) == 'x'
+removed = removed or string.sub(raw, 1, 1) == 'x'
 local last = tonumber(removed and string.match(raw, '^x(%d+)') or raw) or 0
 if seq <= last then
   -- Already applied: the reply of an earlier attempt was lost. Apply nothing twice.
-  return {0, meta_existed, 0, now, 0, {}, 0}
+  return {0, now, 0, {}, 0}
 end
 if removed then
   -- Its absolute values would count the folded part twice: apply nothing; the writer continues
   -- under a new id and sends what the store lacks (its totals minus what was last confirmed).
-  return {2, meta_existed, 0, now, 0, {}, 0}
+  return {2, now, 0, {}, 0}
+end
+if last < confirmed or (confirmed > 0 and not stored_schema) then
+  -- The store is behind what this writer saw confirmed (Redis went back in time, or lost it all):
+  -- its chunks here may be older than its names, or missing. Apply nothing (a batch carries only
+  -- the chunks that changed); the writer sends its whole state with the next one.
+  return {3, now, 0, {}, 0}
 end
 
 -- Walk the arguments once (by counts, not by field) and check each block's keys.
-local i = 8
+local i = 10
 local nclaims = count_at(i)
 if nclaims == nil then return refuse('bad claims count') end
 local claims_at = i + 1
@@ -329,4 +352,4 @@ if closing then
 else
   redis.call('ZADD', KEYS[3], now_text, writer)
 end
-return {1, meta_existed, 0, now, #owner_conflicts / 2, conflict_names, refused}
+return {1, now, #owner_conflicts / 2, conflict_names, refused}

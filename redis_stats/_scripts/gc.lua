@@ -9,7 +9,13 @@
 -- (cumulative counts and sum, added bucket by bucket); its gauges are dropped. Its sequence entry
 -- becomes a tombstone "x<last seq>:<removed at ms>": a late flush from it is not applied (the
 -- writer continues under a new id and sends what was not folded), and a retry of a flush applied
--- before still deduplicates. Tombstones older than one more retention are dropped.
+-- before still deduplicates. Tombstones older than one more retention are dropped; the fold
+-- watermark "!folded" (the largest cutoff gc ever applied, never dropped) still tells a writer
+-- resumed after any pause that it was folded (flush.lua), without a tombstone.
+--
+-- An engine silent for longer than the retention is removed only if no writer that stays (one
+-- not removed by this call) holds chunks in it: a live writer's data, declared engine or not,
+-- is never deleted under it (its next flush would send values without their names).
 --
 -- Key names: the script builds those of the engines and writers it removes or folds
 -- (<prefix>e:<engine>:c and :g, <prefix>w:<writer>) instead of receiving them as KEYS, because
@@ -23,11 +29,27 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cutoff = now - retention
 
-local engines = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. cutoff)
 local writers = {}
+local staying = {}  -- escaped ids of the writers this call keeps, as their chunk fields name them
 local all = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
 for j = 1, #all, 2 do
-  if math.abs(tonumber(all[j + 1])) < cutoff then writers[#writers + 1] = all[j] end
+  if math.abs(tonumber(all[j + 1])) < cutoff then
+    writers[#writers + 1] = all[j]
+  else
+    staying[escape(all[j])] = true
+  end
+end
+local engines = {}
+for _, e in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. cutoff)) do
+  local key = prefix .. 'e:' .. e .. ':c'
+  local owned = false
+  if redis.call('TYPE', key)['ok'] == 'hash' then
+    for _, f in ipairs(redis.call('HKEYS', key)) do
+      local w = string.match(f, '^@|([^|]*)|%d+$')
+      if w and staying[w] then owned = true; break end
+    end
+  end
+  if not owned then engines[#engines + 1] = e end
 end
 local tombstones = {}
 local seqs = redis.call('HGETALL', KEYS[3])
@@ -39,6 +61,9 @@ for j = 1, #seqs, 2 do
   end
 end
 if dry then return {engines, writers, tombstones, 0, 0} end
+
+local mark = tonumber(redis.call('HGET', KEYS[3], '!folded') or '0') or 0
+if cutoff > mark then redis.call('HSET', KEYS[3], '!folded', string.format('%d', cutoff)) end
 
 for _, e in ipairs(engines) do
   redis.call('DEL', prefix .. 'e:' .. e .. ':c', prefix .. 'e:' .. e .. ':g')

@@ -516,7 +516,10 @@ def gc(redis_url: str | None, namespace: str | None, dry_run: bool, retention: f
 
     config = _config(redis_url, namespace)
     if retention is not None:
-        config = config.replace(retention=retention)
+        try:  # a retention that would remove live data is refused where it enters: exit 2
+            config = config.replace(retention=retention)
+        except ConfigError as exc:
+            raise click.UsageError(f"--retention: {exc}") from None
     with _redis_errors(config):
         client = make_client(config)
         _require_namespace(config, client)

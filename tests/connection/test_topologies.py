@@ -189,7 +189,11 @@ def test_acl_users_limited_to_the_documented_rules(acl_server, namespace, python
     # The operator role runs gc and inspect.
     admin.execute_command("ACL", "SETUSER", "stats-admin", *acl.rules(namespace, "apass", acl.ADMIN))
     admin_cfg = StatsConfig(
-        url=f"redis://stats-admin:apass@127.0.0.1:{acl_server.port}/0", namespace=namespace, retention=0.001
+        url=f"redis://stats-admin:apass@127.0.0.1:{acl_server.port}/0",
+        namespace=namespace,
+        retention=0.001,
+        stale_after=0.0005,
+        flush_interval=0.0005,
     )
     from redis_stats.ops.inspection import inspect_namespace
     from redis_stats.ops.retention import collect_garbage

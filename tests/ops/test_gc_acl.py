@@ -54,7 +54,7 @@ def test_gc_as_the_documented_admin_folds_a_departed_writer_of_a_live_engine(
     new = StatsWriter(_cfg(namespace, url, shards=shards), sample_catalog(), engines=[4], start=False)
     new.counter("tokens").labels(engine=4).inc(7)
     assert new.flush()
-    admin = admin_config(retention=0.5, shards=shards)
+    admin = admin_config(retention=0.5, stale_after=0.25, flush_interval=0.05, shards=shards)
     time.sleep(0.6)
     assert new.flush()  # engine 4 heartbeated within the retention
     result = collect_garbage(admin)
@@ -80,7 +80,7 @@ def test_gc_that_cannot_share_heartbeats_leaves_that_shard_alone(redis_server, n
     new = StatsWriter(_cfg(namespace, url, shards=K), sample_catalog(), engines=[4], start=False)
     new.counter("tokens").labels(engine=4).inc(7)
     assert new.flush()
-    admin = admin_config(retention=0.5, shards=K)
+    admin = admin_config(retention=0.5, stale_after=0.25, flush_interval=0.05, shards=K)
     root = redis.Redis.from_url(url, decode_responses=True)
     root.execute_command("ACL", "SETUSER", f"a-{namespace}", "-zadd")
     assert "+zadd" in acl.ADMIN  # the documented rules have it; this user does not

@@ -68,11 +68,12 @@ def test_a_flush_sends_only_the_self_metrics_and_chunks_that_changed(config, cat
     w = StatsWriter(config, catalog, engines=[0], client=fake_client(), start=False)
     w.counter("tokens").labels(engine=0).inc(5)
     assert w.flush()
-    assert w.flush()  # (the first flush found no catalogue in Redis: the second sends all again)
+    assert w.flush()
     _keys, args = w.prepare_flush()  # nothing recorded since: only what changed by flushing
-    assert args[7] == "0"  # no owner, no claims
-    nstats = int(args[8])
-    sent = dict(zip(args[9 : 9 + 2 * nstats : 2], args[10 : 10 + 2 * nstats : 2]))
+    assert args[7:9] == ["2", args[8]] and int(args[8]) > 0  # the batch confirmed last, and when
+    assert args[9] == "0"  # no owner, no claims
+    nstats = int(args[10])
+    sent = dict(zip(args[11 : 11 + 2 * nstats : 2], args[12 : 12 + 2 * nstats : 2]))
     assert set(sent) <= {"flushes", "dur_sum", "pending"} | {k for k in sent if k.startswith("dur:")}
     assert sent["flushes"] == "2"
     assert args[-2:] == ["0", "0"]  # engine 0: heartbeat, no chunk (nothing changed)

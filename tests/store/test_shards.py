@@ -21,7 +21,7 @@ K = 3
 
 
 def _cfg(namespace: str, url: str = "redis://127.0.0.1:1/0", **kw: Any) -> StatsConfig:
-    return StatsConfig(url=url, namespace=namespace, flush_interval=0.05, **kw)
+    return StatsConfig(url=url, namespace=namespace, **{"flush_interval": 0.05, **kw})
 
 
 def _engine_4_after_k_changed(fake_client: Any, namespace: str) -> tuple[StatsWriter, StatsWriter]:
@@ -252,7 +252,9 @@ def test_gc_namespaces_and_inspect_cover_every_shard(fake_client, namespace, mon
     assert "slot" in lines and lines.count("1 chunks of 1 writers") == 6
     time.sleep(0.01)
     # A gc configured with K=1 finds the shards in shard 0's catalogue, and collects each one.
-    result = collect_garbage(_cfg(namespace, retention=0.001), client=fake_client())
+    result = collect_garbage(
+        _cfg(namespace, retention=0.001, stale_after=0.0005, flush_interval=0.0005), client=fake_client()
+    )
     assert result.engines == list(range(6)) and result.writers == [w.writer_id]
     snap = StatsReader(_cfg(namespace), sample_catalog(), client=fake_client()).snapshot()
     assert not snap.engines and not snap.writers

@@ -110,7 +110,9 @@ def test_gc_goes_on_past_a_shard_holding_garbage(fake_client, namespace):
     raw.delete(one.writers)
     raw.set(one.writers, "garbage")
     time.sleep(0.01)
-    result = collect_garbage(_cfg(namespace, retention=0.001), client=fake_client())
+    result = collect_garbage(
+        _cfg(namespace, retention=0.001, stale_after=0.0005, flush_interval=0.0005), client=fake_client()
+    )
     assert result.engines == [0, 2] and result.writers == [w.writer_id]
     assert list(result.failed) == [one.prefix] and "WRONGTYPE" in result.failed[one.prefix]
     assert not raw.exists(Keys(namespace).shard(2, K).counters(2))
@@ -181,10 +183,14 @@ def test_gc_keeps_an_engine_live_in_another_shard_after_k_changed(fake_client, n
     from redis_stats.ops.retention import collect_garbage
 
     old, new = _engine_4_after_k_changed(fake_client, namespace)
-    time.sleep(0.05)
+    time.sleep(0.35)
     assert new.flush()  # engine 4 heartbeated (in shard 1) within the retention
     for dry in (True, False):
-        result = collect_garbage(_cfg(namespace, retention=0.04), dry_run=dry, client=fake_client())
+        result = collect_garbage(
+            _cfg(namespace, retention=0.3, stale_after=0.15, flush_interval=0.02),
+            dry_run=dry,
+            client=fake_client(),
+        )
         assert result.engines == [] and result.writers == [old.writer_id], (dry, result)
     for shards in (1, K):
         snap = StatsReader(_cfg(namespace, shards=shards), sample_catalog(), client=fake_client()).snapshot()
@@ -192,8 +198,10 @@ def test_gc_keeps_an_engine_live_in_another_shard_after_k_changed(fake_client, n
     assert fake_client().exists(Keys(namespace).counters(4))  # the K=1 part, folded into base fields
     # Once engine 4 is silent everywhere, gc removes it in every shard.
     new.close()
-    time.sleep(0.05)
-    result = collect_garbage(_cfg(namespace, retention=0.04), client=fake_client())
+    time.sleep(0.35)
+    result = collect_garbage(
+        _cfg(namespace, retention=0.3, stale_after=0.15, flush_interval=0.02), client=fake_client()
+    )
     assert result.engines == [4]
     assert not StatsReader(_cfg(namespace), sample_catalog(), client=fake_client()).snapshot().engines
 
@@ -339,7 +347,10 @@ def test_a_rolling_k_change_with_threads_and_gc_keeps_every_total_exact(redis_se
 
     def cfg(k: int, **kw: Any) -> StatsConfig:
         return StatsConfig(
-            url=redis_server.url, namespace=namespace, shards=k, flush_interval=0.02, stale_after=120, **kw
+            url=redis_server.url,
+            namespace=namespace,
+            shards=k,
+            **{"flush_interval": 0.02, "stale_after": 120, **kw},
         )
 
     writers = [
@@ -370,7 +381,7 @@ def test_a_rolling_k_change_with_threads_and_gc_keeps_every_total_exact(redis_se
     keep = StatsWriter(cfg(3), cat, engines=list(range(6)), start=False)  # the engines stay live
     for w in (writers[0], writers[2], keep):
         assert w.flush()
-    result = collect_garbage(cfg(1, retention=0.04))
+    result = collect_garbage(cfg(1, retention=0.04, stale_after=0.02, flush_interval=0.02))
     assert result.engines == [] and writers[1].writer_id in result.writers and result.folded
     for w in (writers[0], writers[2], keep):
         assert w.close()
@@ -495,7 +506,14 @@ def test_gc_goes_on_past_an_unreachable_shard(redis_server, namespace):
     client = _ShardDown.from_url(redis_server.url, decode_responses=True)
     client.root = shards[1].root
     time.sleep(0.01)
-    gc_cfg = StatsConfig(url=redis_server.url, namespace=namespace, shards=K, retention=0.001)
+    gc_cfg = StatsConfig(
+        url=redis_server.url,
+        namespace=namespace,
+        shards=K,
+        retention=0.001,
+        stale_after=0.0005,
+        flush_interval=0.0005,
+    )
     result = collect_garbage(gc_cfg, client=client)
     assert list(result.failed) == [shards[1].prefix] and "Timeout" in result.failed[shards[1].prefix]
     assert result.engines == [0, 2] and result.writers == [w.writer_id]

@@ -236,6 +236,7 @@ def test_gc_that_cannot_collect_the_namespace_exits_1(redis_server, namespace):
     r.set(Keys(namespace).seq, "not a hash")
     time.sleep(0.05)
     env = {"REDIS_STATS_URL": redis_server.url, "REDIS_STATS_NAMESPACE": namespace}
+    env |= {"REDIS_STATS_STALE_AFTER": "0.005", "REDIS_STATS_FLUSH_INTERVAL": "0.005"}
     result = CliRunner().invoke(main, ["gc", "--retention", "0.01"], env=env)
     assert result.exit_code == 1, result.output
     assert f"not collected: keys {Keys(namespace).prefix}*" in result.output
@@ -266,3 +267,11 @@ def test_a_server_binary_variable_naming_no_program_is_said_so(tmp_path):
     assert result.exit_code == 1, result.output
     assert f"REDIS_STATS_SERVER_BINARY={missing} is not an executable file" in result.output
     assert "cannot serve" not in result.output and "simulating" not in result.output
+
+
+def test_gc_refuses_a_retention_that_would_remove_live_data_naming_both_values():
+    env = {"REDIS_STATS_URL": "redis://127.0.0.1:1/0", "REDIS_STATS_STALE_AFTER": "30"}
+    result = CliRunner().invoke(main, ["gc", "--retention", "10"], env=env)
+    assert result.exit_code == 2, result.output
+    assert "retention=10 is shorter than 2 x max(stale_after=30, flush_interval=1) = 60 s" in result.output
+    assert "make retention at least 60 s" in result.output

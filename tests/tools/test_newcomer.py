@@ -417,7 +417,8 @@ def test_gc_says_1_engine_not_1_engines(own_redis_server, namespace):
     fill(own_redis_server.url, namespace, [0])
     time.sleep(0.05)
     url = own_redis_server.url
-    result = invoke(["gc", "--redis-url", url, "--namespace", namespace, "--retention", "0.01"])
+    fast = {"REDIS_STATS_STALE_AFTER": "0.005", "REDIS_STATS_FLUSH_INTERVAL": "0.005"}
+    result = invoke(["gc", "--redis-url", url, "--namespace", namespace, "--retention", "0.01"], fast)
     assert result.exit_code == 0, result.output
     assert result.output.startswith("removed 1 engine [0] and 1 writer (retention 0.01 s)")
 

@@ -66,3 +66,20 @@ def test_password_is_masked(url, masked):
     cfg = StatsConfig(url=url)
     assert "s3cret" not in repr(cfg)
     assert "s3cret" not in cfg.safe_url
+
+
+@pytest.mark.parametrize(
+    ("retention", "stale_after", "flush_interval", "minimum"),
+    [(59, 30.0, 1.0, 60), (1.5, 1.0, 1.0, 2), (0.5, 0.5, 0.1, 1)],
+)
+def test_a_retention_that_would_remove_live_data_is_refused_naming_both_values(
+    retention, stale_after, flush_interval, minimum
+):
+    with pytest.raises(ConfigError) as err:
+        StatsConfig(retention=retention, stale_after=stale_after, flush_interval=flush_interval)
+    text = str(err.value)
+    assert f"retention={retention:g} is shorter than 2 x max(stale_after={stale_after:g}" in text
+    assert f"flush_interval={flush_interval:g}) = {minimum:g} s" in text
+    assert f"make retention at least {minimum:g} s" in text
+    # The minimum itself is accepted.
+    StatsConfig(retention=minimum, stale_after=stale_after, flush_interval=flush_interval)

@@ -25,8 +25,8 @@ def _int_total(batches) -> int:
     return sum(int(v) for b in batches for block in b.engines.values() for v in block.ints[1::2])
 
 
-APPLIED = FlushResult(status=1, meta_existed=True, failed_fields=0, server_time_ms=0)
-SEEN_BEFORE = FlushResult(status=0, meta_existed=True, failed_fields=0, server_time_ms=0)
+APPLIED = FlushResult(status=1, server_time_ms=0)
+SEEN_BEFORE = FlushResult(status=0, server_time_ms=0)
 
 
 def test_an_unconfirmed_batch_is_sent_again_unchanged_and_new_updates_wait_for_the_next_number():
@@ -60,10 +60,12 @@ def test_a_lost_reply_resends_the_specs_and_a_lost_catalogue_resends_everything(
     proto.confirmed(SEEN_BEFORE)  # applied by an earlier attempt whose answer (conflicts) was lost
     assert [s.name for s in sent.specs] == ["tokens"]
     assert [s.name for s in proto.next_batch().specs] == ["tokens"]  # sent again, to hear them
-    proto.confirmed(FlushResult(status=1, meta_existed=False, failed_fields=0, server_time_ms=0))
-    # Redis had no catalogue (it lost its data): the next batch stores the gauge and specs again.
+    proto.confirmed(FlushResult(status=3, server_time_ms=0))
+    # Redis lacks what it confirmed (it lost its data): the next batch stores the gauge and specs
+    # again, and says it carries everything (confirmed 0).
     resent = proto.next_batch()
     assert resent.series() == 1 and {s.name for s in resent.specs} == everything
+    assert resent.confirmed == 0
 
 
 def test_bad_values_are_dropped_and_counted_never_raised():

