@@ -9,7 +9,8 @@ Where the numbers come from. A writer given a :class:`LoadMap` (which metric fee
 field: the integration's, e.g. ``redis_stats.integrations.vllm.load.VLLM_LOAD``; this module
 knows no product's names) stores one small **entry** per engine it records, beside its flush, in
 its shard's load hash (``load.lua``, docs/key-schema.md): the gauges' current values, the
-roll-up mode of each, their newest wall-clock stamp, and the recent rates of the counters (over
+roll-up mode of each, their newest stamp (in the server's clock, as the flushed gauges'), and
+the recent rates of the counters (over
 :data:`RATE_WINDOW` seconds, computed by the writer, which knows its own increments exactly). A
 reader reads the load hash, the engines and the writers (``load_read.lua``: a few kilobytes per
 engine fewer than the snapshot) and adds each engine's entries up over the writers the reader
@@ -26,7 +27,7 @@ import operator
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -107,7 +108,7 @@ class LoadEntry(NamedTuple):
     stored_ms: float
     """Server time (ms) the entry was stored: its age."""
     stamp_ms: float
-    """The newest wall-clock stamp of its gauges (ms): ``mostrecent`` picks the newest."""
+    """The newest stamp of its gauges' values (server clock, ms): ``mostrecent`` picks the newest."""
     modes: int
     """Each gauge field's roll-up mode, two bits each (:data:`MODE_CODES`), field 0 lowest."""
     values: tuple[float | None, ...]
@@ -473,9 +474,14 @@ class LoadTracker:
         with self.lock:
             return sorted(self._state)
 
-    def entries(self, engines: Iterable[int] | None = None) -> list[str]:
+    def entries(
+        self, engines: Iterable[int] | None = None, server_ms: Callable[[int, float], float] | None = None
+    ) -> list[str]:
         """``engine, entry, ...`` (``load.lua``'s arguments) for *engines* (default: every
-        engine with a series that feeds a field; engines without one are left out)."""
+        engine with a series that feeds a field; engines without one are left out). A gauge's
+        stamp is monotonic (its ``set``): *server_ms* (engine, stamp) puts it in the engine's
+        server clock, as the writer stamps the gauges it flushes (``Accumulator.server_ms``);
+        without it, the stamps are this process's monotonic milliseconds."""
         now = time.monotonic()
         out: list[str] = []
         with self.lock:
@@ -506,7 +512,8 @@ class LoadTracker:
                 span = now - then
                 for j, total in enumerate(totals):
                     values.append((total - before[j]) / span if span > 0 and state.rated[j] else None)
-                out += [str(engine), encode_entry(stamp * 1000.0, self._modes, values)]
+                ms = server_ms(engine, stamp) if server_ms is not None and stamp else stamp * 1000.0
+                out += [str(engine), encode_entry(ms, self._modes, values)]
         return out
 
 
