@@ -8,7 +8,10 @@ Starts one private redis-server (a free loopback port, never 6379) and measures,
 - **after**: the package's ``flush.lua`` (schema 2) with exactly the arguments the writers build;
 - **before**: the schema-1 flush script (``bench/baseline/flush_schema1.lua``, merging histograms
   in Lua) with the same batches in its own argument format (deltas, all self-metrics);
-- each one's duplicate path (a batch already applied, sent again).
+- each one's duplicate path (a batch already applied, sent again);
+- the load feed's ``load.lua`` (docs/load.md) that a writer given ``load=VLLM_LOAD`` pipelines
+  beside each flush (mode 2: store and collect garbage), and the same entries alone (mode 0: what
+  ``load_interval`` sends between flushes), with the writers' own arguments.
 
 The busy-engine profile is real: two writers (two API servers of one engine, as the vLLM plugin
 runs them, with an owner claim) record vLLM-shaped traffic through ``VllmRecorder`` driven by
@@ -37,6 +40,7 @@ import redis  # noqa: E402
 from redis_stats import StatsConfig, StatsWriter  # noqa: E402
 from redis_stats._scripts import load_script  # noqa: E402
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog  # noqa: E402
+from redis_stats.integrations.vllm.load import VLLM_LOAD  # noqa: E402
 from redis_stats.keys import Keys  # noqa: E402
 from redis_stats.tools.embedded import EmbeddedRedis  # noqa: E402
 from redis_stats.tools.simulate import SimulatedApiServer  # noqa: E402
@@ -58,6 +62,7 @@ class Flush:
     args: list[str]
     schema1: list[str]
     series: int = 0
+    load: tuple[list[str], list[str]] | None = None
     args_bytes: int = 0
 
 
@@ -89,7 +94,7 @@ def busy_profile(batches: int, writers: int = 2, steps_per_flush: int = 20) -> l
     cfg = StatsConfig(url="redis://127.0.0.1:1/0", namespace="profile")
     for w in range(writers):
         writer = StatsWriter(
-            cfg, vllm_catalog(), engines=[0], start=False, role=f"api{w}", owner="node1:4242"
+            cfg, vllm_catalog(), engines=[0], start=False, role=f"api{w}", owner="node1:4242", load=VLLM_LOAD
         )
         sim = SimulatedApiServer(VllmRecorder(writer, "meta-llama/Llama-3-8B", [0]), 0, seed=w + 1)
         now = time.monotonic()
@@ -105,9 +110,11 @@ def busy_profile(batches: int, writers: int = 2, steps_per_flush: int = 20) -> l
                 len(b.ints) // 2 + len(b.floats) // 2 + len(b.gauges) // 2 for b in batch.engines.values()
             )
             series += sum(len(b.hists) // 3 for b in batch.engines.values())
-            flushes.append(Flush(keys, args, schema1_args(writer, args), series, sum(map(len, args))))
+            flush = Flush(keys, args, schema1_args(writer, args), series, sum(map(len, args)))
+            flush.load = writer.load_call(args)
+            flushes.append(flush)
             # As if Redis confirmed it: the writer's totals and self-metrics move on as in a real run.
-            writer.flush_succeeded([1, 1, 0, int(time.time() * 1000), 0, [], 0], 0.0004)
+            writer.flush_succeeded([1, int(time.time() * 1000), 0, [], 0], 0.0004)
         writer._closed = True
         out.append(flushes)
     return out
@@ -152,6 +159,10 @@ def build(profile: list[list[Flush]], warm: int) -> list[Candidate]:
     ] * n
     flush_lua = load_script("flush")
     schema1 = SCHEMA1.read_text()
+    load_keys = Keys("load")
+    beside = [([load_keys.load, load_keys.writers], f.load[1]) for f in flushes if f.load is not None]
+    alone = [(k, [a[0], "0", *a[2:]]) for k, a in beside]
+    assert len(beside) == n
     return [
         Candidate("floor: 45 HINCRBY in one script", FLOOR_LUA, floor),
         Candidate("plain HSET of 45 fields (no script)", None, hset),
@@ -159,6 +170,8 @@ def build(profile: list[list[Flush]], warm: int) -> list[Candidate]:
         Candidate("  schema 1 duplicate path (already applied)", schema1, before[warm - 2 : warm - 1] * n),
         Candidate("after: schema 2 flush.lua (writers' chunks)", flush_lua, after),
         Candidate("  schema 2 duplicate path (already applied)", flush_lua, after[warm - 2 : warm - 1] * n),
+        Candidate("load.lua beside the flush (load=VLLM_LOAD)", load_script("load"), beside),
+        Candidate("  load.lua alone (load_interval)", load_script("load"), alone),
     ]
 
 
@@ -218,6 +231,11 @@ def main() -> None:
         print(f"    {cand.name:<52}{med:>9.1f}{min(xs):>8.1f}{max(xs):>8.1f}{med / floor:>9.2f}")
     before = statistics.median(results[cands[2].name])
     after = statistics.median(results[cands[4].name])
+    load = statistics.median(results[cands[6].name])
+    print(
+        f"\n    load.lua beside a flush: {load:.1f} µs, {load / after:.2f}x the flush's own; the flush "
+        f"and its load entries together {(after + load) / floor:.2f}x the floor"
+    )
     print(
         f"\n    after/floor {after / floor:.2f} (target <= 1.00); before/after {before / after:.1f}x; "
         f"one Redis core carries ~{1e6 / after:,.0f} flushes/s of this profile (before: ~{1e6 / before:,.0f})"

@@ -8,8 +8,12 @@ same store in the same run (what ``/snapshot`` and ``/metrics`` read, the baseli
 - what one refresh of the feed reads from Redis: the bytes of the reply, and Redis' own time per
   read (``INFO commandstats``: the sum of every command's usec over the reads, divided by them);
 - the refresh's CPU in the exporter (``StatsReader.load`` + the body and its ETag);
-- ``/load`` over HTTP on loopback, as a router polls it: latency p50/p99 of a ``200`` (gzip) and
-  of a ``304`` (``If-None-Match``), seen by the client (an upper bound of the server's time);
+- the server's own work for a request (``LoadFeed.answer``: the kept body and its ETag), p99 over
+  20,000 calls while the refresher runs;
+- ``/load`` over HTTP on loopback, as a router polls it (a new connection per request, as
+  http.server's HTTP/1.0 answers): latency p50/p99 of a ``200`` (gzip) and of a ``304``
+  (``If-None-Match``), seen by the client (an upper bound of the server's time), with the
+  refresher reading every 0.25 s and, as the baseline, with no refresh during the requests;
 - the body, plain and gzipped.
 
 Usage: python bench/load_feed.py [--engines 64,1024] [--requests 500]
@@ -135,8 +139,23 @@ def measure(url: str, engines: int, requests: int) -> dict[str, Any]:
         "load_refresh_ms": best_ms(lambda: LoadFeed(reader)._refresh_once(), 5),
         "snapshot_ms": best_ms(reader.snapshot, 3),
     }
+    quiet = Exporter(reader, port=0, load_refresh=3600).start()  # the baseline: no refresh meanwhile
+    try:
+        quiet.load_feed.answer()
+        base, _, _ = http_latencies(quiet.port, requests, {"Accept-Encoding": "gzip"})
+        base_etag = quiet.load_feed.answer().etag
+        base304, _, _ = http_latencies(quiet.port, requests, {"If-None-Match": base_etag})
+    finally:
+        quiet.close()
     exporter = Exporter(reader, port=0, load_refresh=0.25).start()
     try:
+        exporter.load_feed.answer()
+        answers = []
+        for _ in range(20_000):
+            t0 = time.perf_counter()
+            exporter.load_feed.answer()
+            answers.append(time.perf_counter() - t0)
+        answers.sort()
         lat, status, size = http_latencies(exporter.port, requests, {"Accept-Encoding": "gzip"})
         assert status == 200
         etag = exporter.load_feed.answer().etag
@@ -146,6 +165,9 @@ def measure(url: str, engines: int, requests: int) -> dict[str, Any]:
         )
         assert status304 == 304, status304
         row.update(
+            answer_p99_us=p(answers, 0.99) * 1e3,
+            base_p99_ms=p(base, 0.99),
+            base304_p99_ms=p(base304, 0.99),
             body_kb=len(body) / 1e3,
             gzip_kb=size / 1e3,
             http_p50_ms=p(lat, 0.5),
@@ -187,6 +209,10 @@ def main() -> None:
             f"{r['load_refresh_ms']:>11.1f}{r['snapshot_ms']:>11.0f}{r['body_kb']:>9.1f}{r['gzip_kb']:>9.1f}"
             f"{r['http_p50_ms']:>8.2f}/{r['http_p99_ms']:<7.2f}{r['not_modified_p50_ms']:>8.2f}/"
             f"{r['not_modified_p99_ms']:<7.2f}"
+        )
+        print(
+            f"{'':>8}server's work per request (LoadFeed.answer) p99 {r['answer_p99_us']:.1f} µs; without a "
+            f"refresh meanwhile: 200 p99 {r['base_p99_ms']:.2f} ms, 304 p99 {r['base304_p99_ms']:.2f} ms"
         )
         print(
             f"{'':>8}ratios to the snapshot read: bytes {r['load_reply_kb'] / r['snapshot_reply_kb']:.4f}, "

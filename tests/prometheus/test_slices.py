@@ -198,3 +198,22 @@ def test_cli_refuses_a_bad_slice():
     result = CliRunner().invoke(main, ["exporter", "--slice", "4/4", "--port", "0"])
     assert result.exit_code != 0
     assert "--slice" in result.output and "0 <= i < N" in result.output
+
+
+def test_an_exporter_of_one_slice_serves_it_on_every_path(fleet):
+    config, cat, _ = fleet
+    exporter = Exporter(StatsReader(config, cat), port=0, slice=EngineSlice(2, 4)).start()
+    try:
+        status, text = get(exporter, "/metrics")
+        assert status == 200
+        assert {int(m) for m in re.findall(r'engine="(\d+)"', text)} == {2, 6, 10}
+        assert "redis_stats_writer_up{" not in text  # slice 0's
+        status, body = get(exporter, "/snapshot")
+        assert status == 200 and sorted(json.loads(body)["engines"]) == ["10", "2", "6"]
+        status, body = get(exporter, "/load")
+        assert status == 200 and sorted(json.loads(body)["engines"]) == ["10", "2", "6"]
+        assert get(exporter, "/metrics?slice=1/4")[0] == 400  # one slice only: no other
+    finally:
+        exporter.close()
+    with pytest.raises(ValueError, match="give one"):
+        Exporter(StatsReader(config, cat), port=0, engines=[1], slice=EngineSlice(0, 2))
