@@ -186,7 +186,8 @@ def drive(
         else:  # the flush and its load.lua, pipelined: one round trip, as the writer sends them
             pipe = client.pipeline(transaction=False)
             pipe.evalsha(script.sha, len(key_list), *key_list, *args)
-            pipe.evalsha(load_sha, 2, keys.load, keys.writers, ids[idx], "2", str(engine), *loads[at][3:])
+            mode = loads[at][1]  # the writer's own: garbage collection with every 8th flush
+            pipe.evalsha(load_sha, 2, keys.load, keys.writers, ids[idx], mode, str(engine), *loads[at][3:])
             pipe.execute()
         if k >= 2:
             latencies.append(time.perf_counter() - t0)

@@ -70,6 +70,11 @@ __all__ = [
 
 log = logging.getLogger("redis_stats.writer")
 
+# A writer's load.lua beside every this-many-th flush also collects two random load entries of
+# writers gone (load.lua mode 2): with W writers flushing each second, every dead entry is looked
+# at about every F / (2 W / LOAD_GC_EVERY) seconds for F entries, a few seconds in a fleet.
+LOAD_GC_EVERY = 8
+
 
 def _check_identity(what: str, value: object) -> None:
     """A writer's *role*, *owner* or id goes to Redis as UTF-8 with every flush: refuse at
@@ -309,6 +314,7 @@ class WriterCore:
         self.config = config or StatsConfig.from_env()
         # The load feed's fields (redis_stats/load.py): which series feed them, and their entries.
         self.load = LoadTracker(load) if load is not None else None
+        self._load_flushes = -1  # load.lua calls beside a flush so far (LOAD_GC_EVERY)
         self.catalog = catalog if catalog is not None else Catalog()
         _check_identity("role", role)
         _check_identity("owner", owner)
@@ -616,10 +622,13 @@ class WriterCore:
                 "1",
                 *(x for e in engines for x in (str(e), "")),
             ]
-        # mode 2: store, and collect two random entries of writers gone (once per flush)
+        # mode 2 (every LOAD_GC_EVERY-th flush): store, and collect two random entries of
+        # writers gone; else store only (garbage collection is a third of the call's cost)
+        self._load_flushes += 1
+        mode = "2" if self._load_flushes % LOAD_GC_EVERY == 0 else "0"
         return [keys.load, keys.writers], [
             flush_args[1],
-            "2",
+            mode,
             *self.load.entries(engines, self._acc.server_ms),
         ]
 

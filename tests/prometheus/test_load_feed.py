@@ -160,9 +160,9 @@ def test_entries_of_writers_gone_are_pruned(cfg):
     record(w, 0, 1, 0, 0.1)
     assert w.flush()
     keys = w.keys
-    for n in range(20):  # entries of writers gc removed (not in the writers zset any more)
-        client.hset(keys.load, f"{n}|gone-{n}", "1|1|0|mmmm|1|1|1|1|1|1")
-    for _ in range(40):
+    for n in range(6):  # entries of writers gc removed (not in the writers zset any more)
+        client.hset(keys.load, f"{n}|gone-{n}", "1,1,2,0,1,1,1,1,1,1")
+    for _ in range(300):  # every 8th flush looks at two random entries
         assert w.flush()
     assert client.hlen(keys.load) == 1, client.hkeys(keys.load)
     client.close()
