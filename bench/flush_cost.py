@@ -62,8 +62,8 @@ class Flush:
     args: list[str]
     schema1: list[str]
     series: int = 0
-    load: tuple[list[str], list[str]] | None = None
     args_bytes: int = 0
+    load: tuple[list[str], list[str]] | None = None  # load.lua beside it (load=VLLM_LOAD)
 
 
 def schema1_args(writer: StatsWriter, args: list[str]) -> list[str]:
