@@ -886,18 +886,32 @@ class StatsWriter(WriterCore):
 
     def _call(self, keys: list[str], args: list[str]) -> Any:
         """One flush: the script, with its load entries (``load.lua``, pipelined: the same round
-        trip) and with ``wait_replicas`` its replication acknowledgement."""
+        trip; on a Cluster right after it) and with ``wait_replicas`` its replication
+        acknowledgement."""
         beside = self.load_call(args)
         if not self.config.wait_replicas and beside is None:
             return self._script(keys=keys, args=args)
         wanted, timeout = self.config.wait_replicas, self.config.wait_timeout_ms
         cluster = is_cluster(self._client)
+        if cluster:  # redis-py pipelines no script on a Cluster: the calls one after the other
+            reply = self._script(keys, args)
+            if beside is not None:
+                try:
+                    loaded = self._load_script(*beside)
+                except Exception as exc:  # counted; never the flush's failure
+                    loaded = exc
+                self.load_done(loaded)
+            if not wanted:
+                return reply
+            node = self._client.get_node_from_key(keys[0])
+            acked = self._client.execute_command("WAIT", wanted, timeout, target_nodes=node)
+            return self.script_and_wait(reply, acked)
         for attempt in (1, 2):  # script (, load.lua) and WAIT pipelined on one connection
             pipe = self._client.pipeline(transaction=False)
             pipe.evalsha(self._script.sha, len(keys), *keys, *args)
             if beside is not None:
                 pipe.evalsha(self._load_script.sha, len(beside[0]), *beside[0], *beside[1])
-            if wanted and not cluster:
+            if wanted:
                 pipe.execute_command("WAIT", wanted, timeout)
             results = pipe.execute(raise_on_error=False)
             if isinstance(results[0], redis.exceptions.NoScriptError) and attempt == 1:
@@ -917,14 +931,7 @@ class StatsWriter(WriterCore):
             if isinstance(reply, Exception):
                 raise reply
             return reply
-        if cluster:  # Cluster: WAIT on the node of our slot
-            if isinstance(reply, Exception):
-                raise reply
-            node = self._client.get_node_from_key(keys[0])
-            acked = self._client.execute_command("WAIT", wanted, timeout, target_nodes=node)
-        else:
-            acked = results[-1]
-        return self.script_and_wait(reply, acked)
+        return self.script_and_wait(reply, results[-1])
 
     def flush_load(self) -> None:
         """Store the load entries alone (``load_interval``), once the writer's first flush was

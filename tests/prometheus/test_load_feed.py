@@ -416,3 +416,31 @@ def test_the_documented_acl_rules_carry_the_feed_and_older_writer_rules_only_los
         w.close()
     finally:
         server.close()
+
+
+@pytest.mark.slow
+def test_on_a_cluster_with_three_shards_one_round_trip_per_shard(namespace):
+    # load.lua pipelined beside each shard's flush on a ClusterPipeline, and load_read.lua on each
+    # shard's node (the Cluster's read path), with the liveness rule's per-shard writers.
+    from tests.servers import Cluster
+
+    cluster = Cluster().start()
+    try:
+        cfg = StatsConfig(url=cluster.url, namespace=namespace, shards=3, flush_interval=0.1)
+        writers = [
+            StatsWriter(cfg, catalog(), engines=[e], start=False, role=f"api{e}", load=LOAD) for e in range(6)
+        ]
+        for e, w in enumerate(writers):
+            record(w, e, e + 1, e, 0.1 * e)
+            assert w.flush() and w.flush()
+            assert not any(k.startswith("load_") for k in w.stats.errors), w.stats.errors
+        view = StatsReader(cfg).load()
+        assert {e: v.requests_running for e, v in view.engines.items()} == {e: e + 1 for e in range(6)}
+        assert all(v.up for v in view.engines.values())
+        writers[4].close()
+        view = StatsReader(cfg).load()
+        assert not view.engines[4].up and view.engines[5].up
+        for w in writers[:4] + writers[5:]:
+            w.close()
+    finally:
+        cluster.close()
