@@ -353,6 +353,7 @@ def demo(
     "--slice",
     "slice_text",
     default=None,
+    show_default="every engine",
     metavar="I/N",
     help="Serve only the engines e with e % N == I (one of N exporters, each its own Prometheus "
     "target; the writers' self-metrics in slice 0). Or scrape one exporter with ?slice=I/N.",
