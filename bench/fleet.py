@@ -24,8 +24,17 @@ the whole load, and with K = 3 (engine e in shard e % 3, one shard per master, s
 docs/key-schema.md "Shards"): each fleet writer then sends its calls to its engine's shard, and
 the spread is (busiest - idlest) / mean of the masters' CPU.
 
+**The load feed** (``--load``, docs/load.md): (a) runs three times per size: without it (the
+baseline), with every writer's ``load.lua`` pipelined beside each of its flushes (``load=VLLM_LOAD``:
+the template writers' own ``load_call``), and with that plus the load entries alone every
+``--load-interval`` seconds (0.1: what a router polling every 50 ms would ask for; a driver sends
+its writers' calls of one tick in one pipeline, so the driver processes keep up: Redis runs the
+same scripts). During the two load runs an exporter's ``/load`` refresher reads every 0.25 s. The
+Redis CPU of each is printed with its ratio to the baseline of the same size, measured in the same
+run.
+
 Usage: python bench/fleet.py [--engines 64,256,1024] [--seconds 10] [--drivers 2] [--no-cluster]
-                             [--only-cluster]
+                             [--only-cluster] [--load] [--load-interval 0.1]
 """
 
 from __future__ import annotations
@@ -48,7 +57,9 @@ from redis_stats import RedisCollector, StatsConfig, StatsReader, StatsWriter  #
 from redis_stats._core import fields  # noqa: E402
 from redis_stats._scripts import load_script  # noqa: E402
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog  # noqa: E402
+from redis_stats.integrations.vllm.load import VLLM_LOAD  # noqa: E402
 from redis_stats.keys import Keys  # noqa: E402
+from redis_stats.prometheus.loadfeed import LoadFeed  # noqa: E402
 from redis_stats.tools.embedded import EmbeddedRedis  # noqa: E402
 from redis_stats.tools.simulate import SimulatedApiServer  # noqa: E402
 
@@ -65,27 +76,37 @@ end)
 FLOOR_ARGS = [x for i in range(45) for x in (f"vllm:series_{i}|meta-llama/Llama-3-8B|0", "3")]
 
 
-def templates() -> list[tuple[str, list[list[str]]]]:
-    """(writer id, the ARGV of each of its flushes) of 4 engines x 2 API servers."""
+def templates() -> list[tuple[str, list[list[str]], list[list[str]]]]:
+    """(writer id, the ARGV of each of its flushes, the ARGV of load.lua beside each) of 4
+    engines x 2 API servers."""
     cfg = StatsConfig(url="redis://127.0.0.1:1/0", namespace="template")
     out = []
     for engine in range(TEMPLATE_ENGINES):
         for api in range(2):
             w = StatsWriter(
-                cfg, vllm_catalog(), engines=[engine], start=False, role=f"api{api}", owner=f"n{engine}"
+                cfg,
+                vllm_catalog(),
+                engines=[engine],
+                start=False,
+                role=f"api{api}",
+                owner=f"n{engine}",
+                load=VLLM_LOAD,
             )
             sim = SimulatedApiServer(
                 VllmRecorder(w, "meta-llama/Llama-3-8B", [engine]), engine, seed=engine * 2 + api
             )
-            step, flushes = 0, []
+            step, flushes, loads = 0, [], []
             for _ in range(TEMPLATE_FLUSHES):
                 for _ in range(20):
                     sim.step(step * 0.05)
                     step += 1
                 flushes.append(w.prepare_flush()[1])
+                beside = w.load_call(flushes[-1])
+                assert beside is not None
+                loads.append(beside[1])
                 w.flush_succeeded([1, 0, 0, [], 0], 0.0004)
             w._closed = True
-            out.append((w.writer_id, flushes))
+            out.append((w.writer_id, flushes, loads))
     return out
 
 
@@ -128,10 +149,12 @@ def drive(
     start_at: float,
     queue: Any,
     shards: int = 1,
+    load: float | None = None,
 ) -> None:
     """Send each (engine, api) writer's flushes, one per second, spread over the second, from
     wall-clock time *start_at*, to its engine's shard. Latencies are kept from the third second
-    (steady state)."""
+    (steady state). With *load* (None: off), each flush has its writer's ``load.lua`` pipelined
+    beside it, and with *load* > 0 every writer's load entries go alone that often as well."""
     tpl = templates()
     cfg = StatsConfig(url=url, namespace=namespace, shards=shards)
     writer = StatsWriter(cfg, vllm_catalog(), start=False)
@@ -139,26 +162,47 @@ def drive(
     writer._shards_script(*writer.shards_call())  # as a sharded writer does once: readers find K
     writer._closed = True
     script = client.register_script(load_script("flush"))
+    load_sha = client.script_load(load_script("load"))
     shard_keys = [Keys(namespace).shard(s, shards) for s in range(shards)]
     ids = [f"fleet:{e}:api{a}" for e, a in writers]
     latencies: list[float] = []
     behind = 0.0
     start = time.monotonic() + (start_at - time.time())
     total_calls = int(seconds) * len(writers)
+    next_tick = start + (load or 0.0)
     for n in range(total_calls):
         k, idx = divmod(n, len(writers))
         engine, api = writers[idx]
-        template_id, flushes = tpl[(engine % TEMPLATE_ENGINES) * 2 + api]
-        flush = flushes[k] if k < 2 else flushes[2 + (k - 2) % (TEMPLATE_FLUSHES - 2)]
-        key_list, args = rewrite(flush, template_id, shard_keys[engine % shards], ids[idx], engine, k + 1)
+        template_id, flushes, loads = tpl[(engine % TEMPLATE_ENGINES) * 2 + api]
+        at = k if k < 2 else 2 + (k - 2) % (TEMPLATE_FLUSHES - 2)
+        keys = shard_keys[engine % shards]
+        key_list, args = rewrite(flushes[at], template_id, keys, ids[idx], engine, k + 1)
         due = start + k + idx / len(writers)
+        while load and next_tick <= due:  # the load entries alone, every writer of this driver
+            pause = next_tick - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            pipe = client.pipeline(transaction=False)
+            for (e, a), wid in zip(writers, ids):
+                entry = tpl[(e % TEMPLATE_ENGINES) * 2 + a][2][at]
+                lk = shard_keys[e % shards]
+                pipe.evalsha(load_sha, 2, lk.load, lk.writers, wid, "0", str(e), *entry[3:])
+            pipe.execute()
+            next_tick += load
         wait = due - time.monotonic()
         if wait > 0:
             time.sleep(wait)
         else:
             behind = max(behind, -wait)
         t0 = time.perf_counter()
-        script(keys=key_list, args=args)
+        if load is None:
+            script(keys=key_list, args=args)
+        else:  # the flush and its load.lua, pipelined: one round trip, as the writer sends them
+            pipe = client.pipeline(transaction=False)
+            pipe.evalsha(script.sha, len(key_list), *key_list, *args)
+            mode = loads[at][1]  # the writer's own: garbage collection with every 8th flush
+            pipe.evalsha(load_sha, 2, keys.load, keys.writers, ids[idx], mode, str(engine), *loads[at][3:])
+            pipe.execute()
         if k >= 2:
             latencies.append(time.perf_counter() - t0)
     queue.put((latencies, behind))
@@ -177,6 +221,7 @@ def run(
     drivers: int,
     shards: int = 1,
     floor_rate: float = 0.0,
+    load: float | None = None,
 ) -> dict[str, Any]:
     namespace = f"fleet{engines}-{int(time.time())}"
     writers = [(e, a) for e in range(engines) for a in range(2)]
@@ -185,7 +230,7 @@ def run(
     start_at = time.time() + 15.0  # the drivers build their templates first
     procs = [
         ctx.Process(
-            target=drive, args=(url, namespace, writers[d::drivers], seconds, start_at, queue, shards)
+            target=drive, args=(url, namespace, writers[d::drivers], seconds, start_at, queue, shards, load)
         )
         for d in range(drivers)
     ]
@@ -196,6 +241,11 @@ def run(
     if floor_rate:
         nodes[0].execute_command("FUNCTION", "LOAD", "REPLACE", FLOOR_LIBRARY)
         nodes[0].config_resetstat()
+    feed = None
+    if load is not None:  # an exporter's /load refresher reads meanwhile, every 0.25 s
+        feed_reader = StatsReader(StatsConfig(url=url, namespace=namespace, shards=shards))
+        feed = LoadFeed(feed_reader, refresh=0.25)
+        feed.answer()
     cpu0 = [cpu_seconds(n) for n in nodes]
     t0 = time.monotonic()
     if floor_rate:  # the floor at the fleet's pace, until the drivers are done
@@ -210,6 +260,12 @@ def run(
     wall = time.monotonic() - t0
     cpu1 = [cpu_seconds(n) for n in nodes]
     stats = nodes[0].info("commandstats") if floor_rate else {}
+    load_engines = 0
+    if feed is not None:
+        feed.close()
+        view = feed_reader.load()
+        load_engines = sum(e.up and e.writers == 2 for e in view.engines.values())
+        feed_reader.close()
     for p in procs:
         p.join()
     latencies = sorted(x for lat, _ in results for x in lat)
@@ -232,6 +288,8 @@ def run(
         "scrape_ms": scrape * 1e3,
         "flush_us": float(stats.get("cmdstat_evalsha", {}).get("usec_per_call", "nan")),
         "floor_us": float(stats.get("cmdstat_fcall", {}).get("usec_per_call", "nan")),
+        "load": "off" if load is None else ("beside each flush" if not load else f"and alone every {load} s"),
+        "load_engines": load_engines,
     }
 
 
@@ -274,6 +332,8 @@ def main() -> None:
     parser.add_argument("--drivers", type=int, default=2, help="processes sending the writers' calls")
     parser.add_argument("--no-cluster", action="store_true")
     parser.add_argument("--only-cluster", action="store_true", help="skip (a)")
+    parser.add_argument("--load", action="store_true", help="(a) with the load feed too (docs/load.md)")
+    parser.add_argument("--load-interval", type=float, default=0.1)
     parser.add_argument(
         "--floor-rate", type=float, default=50.0, help="floor calls per second during (a) (0: none)"
     )
@@ -291,9 +351,31 @@ def main() -> None:
                 run(server.url, [node], n, opts.seconds, opts.drivers, floor_rate=opts.floor_rate)
                 for n in counts
             ]
+            if opts.load:
+                load_rows = []
+                for n, base in zip(counts, rows):
+                    for mode in (0.0, opts.load_interval):
+                        row = run(server.url, [node], n, opts.seconds, opts.drivers, load=mode)
+                        row["x_baseline"] = row["cpu"][0] / base["cpu"][0]
+                        load_rows.append(row)
             node.close()
         report("(a) one Redis", rows)
         results["one_redis"] = rows
+        if opts.load:
+            print(
+                "\n(a) one Redis, with the load feed (docs/load.md); an exporter's /load refreshes "
+                "every 0.25 s"
+            )
+            print(
+                f"    {'engines':>8}{'writers':>9}  {'load entries':<26}{'Redis CPU':>10}{'x baseline':>12}"
+                f"{'p50 ms':>8}{'p99 ms':>8}{'engines in /load':>18}"
+            )
+            for r in load_rows:
+                print(
+                    f"    {r['engines']:>8}{2 * r['engines']:>9}  {r['load']:<26}{r['cpu'][0]:>10.3f}"
+                    f"{r['x_baseline']:>12.2f}{r['p50_ms']:>8.2f}{r['p99_ms']:>8.2f}{r['load_engines']:>18}"
+                )
+            results["one_redis_load"] = load_rows
     if not opts.no_cluster:
         results.update(cluster_rows(counts, opts))
     Path(opts.out).write_text(json.dumps(results, indent=1))
@@ -317,6 +399,8 @@ def plot(results: dict[str, Any], path: str) -> None:
         "cluster_k3": "Cluster, busiest master (K = 3)",
     }
     for name, rows in results.items():
+        if name not in labels:
+            continue
         ax.plot(
             [2 * r["engines"] for r in rows], [100 * max(r["cpu"]) for r in rows], "o-", label=labels[name]
         )

@@ -330,6 +330,13 @@ class StatsConfig:
         "last flush; then it logs what was lost and returns, so a dead Redis never holds a shutdown.",
     )
 
+    load_interval: float = _opt(
+        0.0,
+        "Seconds between two stores of a writer's load entries alone (the ``/load`` feed's "
+        "fields, ``load.lua``), between its flushes, e.g. 0.1 for routers that poll every 50 ms; "
+        "0: only with each flush. Only for writers given a load map (the vLLM plugin's).",
+    )
+
     def __post_init__(self) -> None:
         problem = url_problem(self.url)
         if problem is not None:
@@ -351,6 +358,16 @@ class StatsConfig:
         ct = self.close_timeout
         if not isinstance(ct, (int, float)) or isinstance(ct, bool) or not 0 <= ct < float("inf"):
             raise ConfigError(f"close_timeout={ct!r} must be a number of seconds >= 0 (0: do not wait)")
+        li = self.load_interval
+        if not isinstance(li, (int, float)) or isinstance(li, bool) or not 0 <= li < float("inf"):
+            raise ConfigError(
+                f"load_interval={li!r} must be a number of seconds >= 0 (0: with each flush only)"
+            )
+        if li and li >= self.flush_interval:
+            raise ConfigError(
+                f"load_interval={li} is not shorter than flush_interval={self.flush_interval}: every flush "
+                "already stores the load entries; make it shorter (e.g. 0.1) or 0"
+            )
         if self.stale_after < self.flush_interval:
             raise ConfigError(
                 f"stale_after={self.stale_after} is shorter than flush_interval="

@@ -185,6 +185,12 @@ class Keys:
         """Hash: engine -> ``<owner a>|<owner b>|<ms>``, when two live instances claimed it."""
         return self.prefix + "conflicts"
 
+    @property
+    def load(self) -> str:
+        """Hash: ``<engine>|<writer>`` -> that writer's load entry for the engine (the router
+        feed's fields, ``load.lua``; see redis_stats/load.py)."""
+        return self.prefix + "load"
+
     def writer_stats(self, writer_id: str) -> str:
         """Hash: one writer's self-metrics (flushes, errors, drops, flush durations, ...)."""
         return f"{self.prefix}w:{writer_id}"

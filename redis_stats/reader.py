@@ -12,16 +12,20 @@ from typing import Any
 
 from redis.exceptions import ExecAbortError, OutOfMemoryError, ResponseError
 
+from redis_stats._core import fields
 from redis_stats._core.decoder import Decoded, Read, ShardReply, SnapshotDecoder, unreadable
+from redis_stats._core.liveness import Liveness
+from redis_stats._core.slices import EngineSlice
 from redis_stats._core.steps import Steps, run
 from redis_stats._scripts import ReadOnlyScript, load_script
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
 from redis_stats.connection import Client, is_cluster, make_client
 from redis_stats.keys import MAX_LISTED_SHARDS, Keys, parse_layouts
+from redis_stats.load import LoadView, load_view
 from redis_stats.snapshot import Snapshot
 
-__all__ = ["ReaderCore", "StatsReader"]
+__all__ = ["EngineSlice", "Engines", "ReaderCore", "StatsReader"]
 
 log = logging.getLogger("redis_stats.reader")
 
@@ -29,6 +33,9 @@ Plan = tuple[tuple[str, ...], tuple[str, ...]]  # (engines, writers) a transacti
 # One read without its I/O (ReaderCore.read_steps): yields (what, argument) steps, is sent their
 # results, returns the read.
 ReadSteps = Steps[Read]
+LoadSteps = Steps[LoadView]
+# What a read reads: every engine (None), these engine indexes, or a slice of the fleet.
+Engines = Iterable[int] | EngineSlice | None
 
 
 def _layouts(meta_flat: Any) -> set[int]:
@@ -41,12 +48,20 @@ def _layouts(meta_flat: Any) -> set[int]:
     return set()
 
 
-def _only(engine_flat: Any, engines: Iterable[int] | None) -> Any:
+def _holds(engines: Iterable[int] | EngineSlice) -> Callable[[Any], bool]:
+    """Whether an engine's text (as its zset lists it) is among *engines*: the indexes given,
+    or the engines of a slice."""
+    if isinstance(engines, EngineSlice):
+        return engines.holds
+    return {str(int(e)) for e in engines}.__contains__
+
+
+def _only(engine_flat: Any, engines: Iterable[int] | EngineSlice | None) -> Any:
     """An ``engines`` zset as read (flat, or its error) cut down to *engines* (None: all)."""
     if engines is None or engine_flat.__class__ is not list:
         return engine_flat
-    wanted = {str(int(e)) for e in engines}
-    return [x for e, score in zip(engine_flat[0::2], engine_flat[1::2]) if e in wanted for x in (e, score)]
+    held = _holds(engines)
+    return [x for e, score in zip(engine_flat[0::2], engine_flat[1::2]) if held(e) for x in (e, score)]
 
 
 def _names(flat: Any) -> tuple[Any, ...]:
@@ -71,6 +86,24 @@ def _catalogues(metas: list[Any]) -> Any:
             names.add(name)
             meta += (name, value)
     return meta
+
+
+def _chunk_writer(name: Any) -> str | None:
+    """:func:`fields.chunk_writer`, without its full decode for a field with no escape in it
+    (every writer id but one holding ``|``, ``\\`` or a newline)."""
+    if name.__class__ is not str:
+        return None
+    if "\\" in name:
+        return fields.chunk_writer(name)
+    head, sep, index = name.rpartition("|")
+    if not (sep and head.startswith("@|") and index.isdigit() and index.isascii()) or "|" in head[2:]:
+        return fields.chunk_writer(name)
+    return head[2:]
+
+
+def _wanted(engines: Iterable[int] | EngineSlice | None) -> Any:
+    """The engines a read asks for, fixed once: None (all), a slice, or a list of indexes."""
+    return engines if engines is None or isinstance(engines, EngineSlice) else list(engines)
 
 
 def refused_for_memory(exc: BaseException) -> bool:
@@ -104,6 +137,8 @@ class ReaderCore:
         # Per shard read (its root): (catalogue version, the catalogue) last read.
         self._shard_meta: dict[str, tuple[str, Any]] = {}
         self._shard_plans: dict[str, Plan] = {}
+        self._load_plans: dict[str, Plan] = {}  # the load feed's, per shard (load_steps)
+        self._load_owners: dict[tuple[str, ...], frozenset[str]] = {}  # chunk fields -> writers
         self._lock = threading.Lock()
         # The shard keys of the layouts they were made for: made again only when the layouts
         # change (every read asks for them; K = 64 means 63 Keys each time).
@@ -135,11 +170,13 @@ class ReaderCore:
                 self.layouts = frozenset(layouts)
         return bool(found)
 
-    def shard_args(self, keys: Keys, engines: Iterable[int] | None = None) -> tuple[list[str], list[str]]:
+    def shard_args(self, keys: Keys, engines: Engines = None) -> tuple[list[str], list[str]]:
         """KEYS and ARGV of ``read.lua`` for one shard (*keys*), knowing its catalogue version."""
         version = self._shard_meta.get(keys.root, ("", None))[0]
         args = [keys.prefix, version]
-        if engines is not None:
+        if isinstance(engines, EngineSlice):  # a slice: read.lua picks its engines
+            args += engines.script_args
+        elif engines is not None:
             args += [str(int(e)) for e in engines]
         return [keys.engines, keys.writers, keys.meta, keys.conflicts], args
 
@@ -178,11 +215,13 @@ class ReaderCore:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self.config.safe_url!r}, namespace={self.config.namespace!r})"
 
-    def read_args(self, engines: Iterable[int] | None = None) -> tuple[list[str], list[str]]:
+    def read_args(self, engines: Engines = None) -> tuple[list[str], list[str]]:
         """KEYS and ARGV of ``read.lua``: every engine, or only *engines*."""
         keys = [self.keys.engines, self.keys.writers, self.keys.meta, self.keys.conflicts]
         args = [self.keys.prefix, self._decoder.meta_version]
-        if engines is not None:
+        if isinstance(engines, EngineSlice):  # a slice: read.lua picks its engines
+            args += engines.script_args
+        elif engines is not None:
             args += [str(int(e)) for e in engines]
         return keys, args
 
@@ -253,11 +292,11 @@ class ReaderCore:
         self._shard_plans[keys.root] = found
 
     def sharded_assemble(
-        self, results: list[Any], shards: list[Keys], plans: list[Plan], engines: Iterable[int] | None = None
+        self, results: list[Any], shards: list[Keys], plans: list[Plan], engines: Engines = None
     ) -> list[list[Any]] | None:
         """The EXEC results of :meth:`sharded_transaction` as one read.lua-shaped reply per shard,
         or None when a shard's lists differ from its plan (the new plans are kept: read again)."""
-        wanted = None if engines is None else list(engines)
+        wanted = _wanted(engines)
         at = 1 + 4 * len(shards)
         out, stale = [], False
         for i, (k, plan) in enumerate(zip(shards, plans)):
@@ -274,7 +313,7 @@ class ReaderCore:
     def assemble(
         self,
         results: list[Any],
-        engines: Iterable[int] | None = None,
+        engines: Engines = None,
         planned: Plan | None = None,
         *,
         replan: Callable[[Plan], None] | None = None,
@@ -312,10 +351,11 @@ class ReaderCore:
     #   ("scripts", [(KEYS, ARGV)]) -> their replies, in order (in parallel on a Cluster)
     #   ("meta", Keys)             -> that catalogue, flat (or the error reading it, not raised)
 
-    def read_steps(self, engines: Iterable[int] | None, cluster: bool) -> ReadSteps:
+    def read_steps(self, engines: Engines, cluster: bool) -> ReadSteps:
         """The steps of one consistent read of the namespace (every shard), ending with the
-        read.lua-shaped reply; *cluster*: the client talks to a Redis Cluster."""
-        wanted = None if engines is None else list(engines)
+        read.lua-shaped reply; *cluster*: the client talks to a Redis Cluster. *engines* may be
+        an :class:`EngineSlice` (the engines ``e % N == i``, picked by the read itself)."""
+        wanted = _wanted(engines)
         for _ in range(2):
             if len(self.shard_keys) > 1:
                 return (yield from self._shard_steps(wanted, cluster))
@@ -326,7 +366,7 @@ class ReaderCore:
             # Shard 0's catalogue names shards (written with another K than ours): read them all.
         return (yield from self._shard_steps(wanted, cluster))
 
-    def _one_shard_steps(self, engines: list[int] | None, cluster: bool) -> Steps[list[Any]]:
+    def _one_shard_steps(self, engines: list[int] | EngineSlice | None, cluster: bool) -> Steps[list[Any]]:
         if cluster:  # Cluster: the script, on the slot's node
             on_slot: list[Any] = yield ("script", self.read_args(engines))
             return on_slot
@@ -347,7 +387,7 @@ class ReaderCore:
         return scripted  # or the fleet changes faster than we read
 
     def _sharded_transaction_steps(
-        self, shards: list[Keys], engines: list[int] | None
+        self, shards: list[Keys], engines: list[int] | EngineSlice | None
     ) -> Steps[list[list[Any]] | None]:
         """Every shard's reply by one transaction (on a single server), or None: the fleet
         changes faster than we read, or the server is over maxmemory (read by scripts then)."""
@@ -370,7 +410,9 @@ class ReaderCore:
             if reply[3].__class__ is str and reply[3] != cached:
                 reply[4] = yield ("meta", k)
 
-    def _shard_steps(self, engines: list[int] | None, cluster: bool, again: bool = True) -> ReadSteps:
+    def _shard_steps(
+        self, engines: list[int] | EngineSlice | None, cluster: bool, again: bool = True
+    ) -> ReadSteps:
         """Every shard, merged: one transaction on a single server; one read.lua per shard on a
         Cluster, in parallel. A shard that cannot be read fails the whole read (raised).
 
@@ -387,6 +429,165 @@ class ReaderCore:
         if merged.meta.__class__ is list and merged.meta and self.note_layouts(merged.meta) and again:
             return (yield from self._shard_steps(engines, cluster, again=False))
         return merged
+
+    # -- the load feed: the load hashes, engines and writers only (redis_stats/load.py) ------
+
+    def load_steps(self, engines: Engines = None, cluster: bool = False) -> LoadSteps:
+        """The steps of one read of the load feed, ending with the :class:`LoadView` (of
+        *engines* only, when given). On a single server one transaction of native reads covers
+        every shard, planned from the last read's lists as the snapshot's transaction read is
+        (``("transaction", commands)``); on a Cluster (or over ``maxmemory``, or when the fleet
+        changes faster than it is read) one ``load_read.lua`` per shard (``("load", calls)``).
+        Shards a writer listed in shard 0's catalogue and this reader did not know are read at
+        once, as the snapshot read does."""
+        for _ in range(2):
+            shards = self.shard_keys
+            replies: list[Any] | None = None
+            if not cluster:
+                try:
+                    for _ in range(3):
+                        plans = [self._load_plans.get(k.root, ((), ())) for k in shards]
+                        results = yield ("transaction", self.load_transaction(shards, plans))
+                        replies = self.load_assemble(results, shards, plans)
+                        if replies is not None:
+                            break
+                except (OutOfMemoryError, ExecAbortError) as exc:
+                    if not refused_for_memory(exc):
+                        raise
+            if replies is None:
+                calls: list[tuple[list[str], list[str]]] = [
+                    ([k.engines, k.writers, k.load, k.meta], [k.prefix]) for k in shards
+                ]
+                replies = yield ("load", calls)
+            listed = replies[0][4] if replies else None
+            if not (listed.__class__ is str and self.note_layouts(["shards", listed])):
+                break
+        assert replies is not None
+        return self.load_of(replies, engines)
+
+    def load_transaction(self, shards: list[Keys], plans: list[Plan]) -> list[tuple[Any, ...]]:
+        """The commands of one transaction read of the load feed: each shard's lists and load
+        hash, then per planned writer its ``stale_ms`` and per planned engine its hash's field
+        names (``HKEYS``: never a value)."""
+        cmds: list[tuple[Any, ...]] = [("MULTI",), ("TIME",)]
+        for k in shards:
+            cmds += [
+                ("ZRANGE", k.engines, 0, -1, "WITHSCORES"),
+                ("ZRANGE", k.writers, 0, -1, "WITHSCORES"),
+                ("HGETALL", k.load),
+                ("HGET", k.meta, "shards"),
+            ]
+        for k, (engine_list, writer_list) in zip(shards, plans):
+            cmds += [("HGET", k.writer_stats(w), "stale_ms") for w in writer_list]
+            cmds += [("HKEYS", k.counters(e)) for e in engine_list]
+        cmds.append(("EXEC",))
+        return cmds
+
+    def load_assemble(
+        self, results: list[Any], shards: list[Keys], plans: list[Plan]
+    ) -> list[list[Any]] | None:
+        """The EXEC results of :meth:`load_transaction` as one ``load_read.lua``-shaped reply per
+        shard, or None when a shard's lists differ from its plan (the new plans are kept)."""
+        results = [_flat(r) for r in results]
+        now = results[0]
+        now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
+        at = 1 + 4 * len(shards)
+        out, stale = [], False
+        for i, (k, (engine_list, writer_list)) in enumerate(zip(shards, plans)):
+            engine_flat, writer_flat, flat, listed = results[1 + 4 * i : 5 + 4 * i]
+            found = (
+                tuple(engine_flat[0::2]) if engine_flat.__class__ is list else (),
+                tuple(writer_flat[0::2]) if writer_flat.__class__ is list else (),
+            )
+            stale_ms = results[at : at + len(writer_list)]
+            at += len(writer_list)
+            # every field name: load_of takes the chunk writers out (the other names give none)
+            owners = [n if n.__class__ is list else [] for n in results[at : at + len(engine_list)]]
+            at += len(engine_list)
+            if found != (engine_list, writer_list):
+                self._load_plans[k.root] = found
+                stale = True
+                continue
+            out.append([now_ms, engine_flat, writer_flat, flat, listed, stale_ms, owners])
+        return None if stale else out
+
+    def load_of(self, replies: list[Any], engines: Engines = None) -> LoadView:
+        """The :class:`LoadView` of ``load_read.lua``'s replies (one per shard, shard 0 first).
+
+        ``up``, and the writers whose entries count in each engine, are decided by the rule
+        every reader applies (:class:`~redis_stats._core.liveness.Liveness`, on what the
+        writers stored: their heartbeats, their own ``stale_ms``, the engine's chunk writers),
+        with the writers live in the engine's own shard(s), as the snapshot decodes them: so
+        ``/load``, ``/snapshot`` and ``redis_stats_engine_up`` never disagree."""
+        skipped: dict[str, int] = {}
+
+        def skip(why: str) -> None:
+            skipped[why] = skipped.get(why, 0) + 1
+
+        now_ms = max(float(r[0]) for r in replies)
+        stats: dict[str, dict[str, str]] = {}
+        load_flat: list[Any] = []
+        judge = False
+        # engine text -> [newest heartbeat, chunk writers, shards it was read from]
+        found: dict[str, list[Any]] = {}
+        kept, now_kept = self._load_owners, {}
+        for at, reply in enumerate(replies):
+            engine_flat, writer_flat, flat, stale, owners = reply[1], reply[2], reply[3], reply[5], reply[6]
+            for part in (engine_flat, writer_flat, flat):
+                if part.__class__ is not list:  # a key of the wrong type: the others are shown
+                    skip(unreadable(part) or "unreadable")
+            if flat.__class__ is list:
+                load_flat += flat
+            if writer_flat.__class__ is list:
+                judge = True
+                for wid, ms in zip(writer_flat[0::2], stale):
+                    if ms.__class__ is str:
+                        stats.setdefault(wid, {})["stale_ms"] = ms
+                    else:
+                        stats.setdefault(wid, {})
+            if engine_flat.__class__ is not list:
+                continue
+            for engine, score, held in zip(engine_flat[0::2], engine_flat[1::2], owners):
+                # An engine's chunk fields change only when a writer comes or goes: their
+                # writers are kept by the fields' text, for the next read (this read's only).
+                names = tuple(held)
+                writers_of = kept.get(names)
+                if writers_of is None:
+                    writers_of = frozenset(w for name in names if (w := _chunk_writer(name)) is not None)
+                now_kept[names] = writers_of
+                seen = found.get(engine)
+                if seen is None:
+                    found[engine] = [float(score), writers_of, [at]]
+                    continue
+                seen[0] = max(seen[0], float(score))
+                seen[1] = seen[1] | writers_of
+                seen[2].append(at)
+        self._load_owners = now_kept  # one store: a read at once keeps its own
+        rule = Liveness.of(now_ms, stats, self.config.stale_after * 1000.0, judge_owners=judge)
+        live_in = [rule.live_in(reply[2]) for reply in replies]
+        keep = None if engines is None else _holds(engines)
+        states: dict[int, tuple[bool, float]] = {}
+        live: dict[int, set[str]] = {}
+        for engine_text, (score, owners_of, where) in found.items():
+            if keep is not None and not keep(engine_text):
+                continue
+            try:
+                engine = int(engine_text)
+            except ValueError:
+                engine = -1
+            if engine < 0 or str(engine) != engine_text:  # "+3" or " 3" would be a second 3
+                skip("bad_engine")
+                continue
+            here = live_in[where[0]] if len(where) == 1 else set().union(*(live_in[at] for at in where))
+            states[engine] = (rule.engine_up(score, owners_of, here), rule.age(score))
+            live[engine] = here
+        return load_view(now_ms, states, live, load_flat, skipped)
+
+    @property
+    def catalog(self) -> Catalog:
+        """The code's own catalogue this reader was made with (another reader of the same
+        namespace, e.g. one per slice, is made with it too)."""
+        return self._decoder.local
 
     @property
     def meta_version(self) -> str:
@@ -410,8 +611,20 @@ class StatsReader(ReaderCore):
         super().__init__(config, catalog)
         self._client: Any = client if client is not None else make_client(self.config)
         self._script = ReadOnlyScript(self._client, load_script("read"))
+        self._load_script = ReadOnlyScript(self._client, load_script("load_read"))
 
-    def read(self, engines: Iterable[int] | None = None) -> Read:
+    @property
+    def client(self) -> Client:
+        """The Redis client this reader reads with (another reader may share it)."""
+        return self._client  # type: ignore[no-any-return]
+
+    def load(self, engines: Engines = None) -> LoadView:
+        """The load feed (:mod:`redis_stats.load`): every engine's (or *engines*') load and the
+        fleet's, from the load entries writers store beside their flushes, in one round trip
+        per shard (never the engines' series)."""
+        return run(self.load_steps(engines, is_cluster(self._client)), self._carry_out)
+
+    def read(self, engines: Engines = None) -> Read:
         """One consistent read of the namespace: a reply per shard, each consistent in itself
         (decode it with :meth:`decode` or :meth:`decoded`)."""
         return run(self.read_steps(engines, is_cluster(self._client)), self._carry_out)
@@ -424,11 +637,12 @@ class StatsReader(ReaderCore):
             return self._script(*arg)
         if what == "meta":
             return self._meta(arg)
-        if is_cluster(self._client):  # "scripts": one per shard, on their nodes, in parallel
+        script = self._load_script if what == "load" else self._script  # "load": load_read.lua
+        if is_cluster(self._client) and len(arg) > 1:  # one per shard, on their nodes, in parallel
             pool = self._read_pool()
-            calls = [pool.submit(self._script, *a) for a in arg]
+            calls = [pool.submit(script, *a) for a in arg]
             return [c.result() for c in calls]
-        return [self._script(*a) for a in arg]
+        return [script(*a) for a in arg]
 
     _pool: ThreadPoolExecutor | None = None
     _pool_pid = 0
@@ -473,7 +687,7 @@ class StatsReader(ReaderCore):
             raise refused
         return results  # a failed command (WRONGTYPE) is its exception, for the decoder to skip
 
-    def snapshot(self, engines: Iterable[int] | None = None) -> Snapshot:
+    def snapshot(self, engines: Engines = None) -> Snapshot:
         """All engines (or only *engines*) at one instant, in one round trip."""
         return self.decode(self.read(engines))
 

@@ -53,6 +53,7 @@ from redis_stats.config import ConfigError, StatsConfig
 from redis_stats.connection import Client, is_cluster, make_client
 from redis_stats.errors import ReplicationLag, error_kind  # both importable from here as they always were
 from redis_stats.keys import Keys, shard_of
+from redis_stats.load import LoadMap, LoadTracker
 
 __all__ = [
     "CounterSeries",
@@ -68,6 +69,11 @@ __all__ = [
 ]
 
 log = logging.getLogger("redis_stats.writer")
+
+# A writer's load.lua beside every this-many-th flush also collects two random load entries of
+# writers gone (load.lua mode 2): with W writers flushing each second, every dead entry is looked
+# at about every F / (2 W / LOAD_GC_EVERY) seconds for F entries, a few seconds in a fleet.
+LOAD_GC_EVERY = 8
 
 
 def _check_identity(what: str, value: object) -> None:
@@ -303,8 +309,12 @@ class WriterCore:
         writer_id: str | None = None,
         role: str = "",
         owner: str = "",
+        load: LoadMap | None = None,
     ) -> None:
         self.config = config or StatsConfig.from_env()
+        # The load feed's fields (redis_stats/load.py): which series feed them, and their entries.
+        self.load = LoadTracker(load) if load is not None else None
+        self._load_flushes = -1  # load.lua calls beside a flush so far (LOAD_GC_EVERY)
         self.catalog = catalog if catalog is not None else Catalog()
         _check_identity("role", role)
         _check_identity("owner", owner)
@@ -364,7 +374,10 @@ class WriterCore:
     def series(self, spec: MetricSpec, engine: int, values: tuple[str, ...]) -> object:
         """The series of *spec* for *engine* and label *values*, made on first use (what
         :meth:`MetricHandle.labels` returns, typed there by the metric's kind)."""
-        return self._acc.child(spec, engine, values, self.writer_id)
+        child = self._acc.child(spec, engine, values, self.writer_id)
+        if self.load is None:
+            return child
+        return self.load.bind(spec, engine + self.config.engine_offset, values, child)
 
     def _kind(self, name: str, kind: str) -> MetricHandle[Any]:
         handle = self.metric(name)
@@ -424,6 +437,8 @@ class WriterCore:
         self._stats_stored, self._stats_sent = {}, []
         self._acc.forget_pending(self.writer_id)
         self._protocol = FlushProtocol(self._acc)
+        if self.load is not None:
+            self.load.forked()
 
     def lost_summary(self) -> str:
         """What is not confirmed by Redis yet, in words (for the line logged when it is given up)."""
@@ -595,6 +610,68 @@ class WriterCore:
             self.flush_succeeded(reply, time.perf_counter() - started, shard)
         return ok
 
+    # -- the load feed (redis_stats/load.py): load.lua beside each flush, and alone --------------
+
+    def load_call(self, flush_args: list[str]) -> tuple[list[str], list[str]] | None:
+        """KEYS and ARGV of ``load.lua`` to pipeline beside the flush whose ARGV is *flush_args*
+        (its shard's prefix, the writer's id there and its closing flag are in it): the load
+        entries of this writer's engines of that shard, or None (no load map, or no engine of
+        it there). A closing flush's deletes the entries."""
+        if self.load is None:
+            return None
+        by_shard: dict[int, list[int]] = {}
+        for e in self.load.engines():
+            by_shard.setdefault(shard_of(e, self.shards), []).append(e)
+        # the flush's shard, by its prefix (shard tags are cached: no cost after the first)
+        found = [s for s in by_shard if self.keys.shard(s, self.shards).prefix == flush_args[0]]
+        if not found:
+            return None
+        engines = by_shard[found[0]]
+        keys = self.keys.shard(found[0], self.shards)
+        if flush_args[3] == "1":  # closing: the entries go with the writer
+            return [keys.load, keys.writers], [
+                flush_args[1],
+                "1",
+                *(x for e in engines for x in (str(e), "")),
+            ]
+        # mode 2 (every LOAD_GC_EVERY-th flush): store, and collect two random entries of
+        # writers gone; else store only (garbage collection is a third of the call's cost)
+        self._load_flushes += 1
+        mode = "2" if self._load_flushes % LOAD_GC_EVERY == 0 else "0"
+        return [keys.load, keys.writers], [
+            flush_args[1],
+            mode,
+            *self.load.entries(engines, self._acc.server_ms),
+        ]
+
+    def load_calls(self) -> list[tuple[list[str], list[str]]]:
+        """``load.lua``'s calls of the load entries alone (``load_interval``), one per shard."""
+        if self.load is None:
+            return []
+        by_shard: dict[int, list[int]] = {}
+        for e in self.load.engines():
+            by_shard.setdefault(shard_of(e, self.shards), []).append(e)
+        calls = []
+        for shard, engines in sorted(by_shard.items()):
+            keys = self.keys.shard(shard, self.shards)
+            calls.append(
+                (
+                    [keys.load, keys.writers],
+                    [self.shard_ids[shard], "0", *self.load.entries(engines, self._acc.server_ms)],
+                )
+            )
+        return calls
+
+    def load_done(self, result: Any) -> None:
+        """What ``load.lua`` answered: a failure is counted (``flush_errors_total`` with kind
+        ``load_<kind>``) and logged once per kind; never raised (the flush is not affected)."""
+        if not isinstance(result, Exception):
+            return
+        kind = "load_" + error_kind(result)
+        self.stats.errors[kind] += 1
+        log_fn = log.warning if self.stats.errors[kind] == 1 else log.debug
+        log_fn("storing the load entries at %s failed (%s: %s)", self.config.safe_url, kind, result)
+
     def shards_call(self) -> tuple[list[str], list[str]]:
         """KEYS and ARGV of ``shards.lua``: list this writer's K in shard 0's catalogue, so that
         a reader configured with another K still reads every shard (once per writer)."""
@@ -706,6 +783,7 @@ class StatsWriter(WriterCore):
         owner: str = "",
         client: Client | None = None,
         start: bool = True,
+        load: LoadMap | None = None,
     ) -> None:
         self._flush_lock = threading.Lock()
         self._stop = threading.Event()
@@ -716,7 +794,9 @@ class StatsWriter(WriterCore):
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._mp_hooked = False
-        super().__init__(config, catalog, engines=engines, writer_id=writer_id, role=role, owner=owner)
+        super().__init__(
+            config, catalog, engines=engines, writer_id=writer_id, role=role, owner=owner, load=load
+        )
         self._own_client = client is None
         self._client: Any = None
         self._script: Any = None
@@ -731,6 +811,7 @@ class StatsWriter(WriterCore):
         self._client = client
         self._script = Script(client, load_script("flush"))
         self._shards_script = Script(client, load_script("shards"))
+        self._load_script = Script(client, load_script("load"))
         kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
         if self._own_client and HIREDIS_AVAILABLE and isinstance(kwargs, dict):
             kwargs.setdefault("command_packer", _SlicedPacker())
@@ -748,8 +829,15 @@ class StatsWriter(WriterCore):
 
     def _run(self) -> None:
         interval = self.config.flush_interval
-        while not self._stop.wait(interval):
+        fast = self.config.load_interval if self.load is not None else 0.0
+        due = time.monotonic() + interval
+        # With load_interval, the load entries alone between two flushes (load.lua only).
+        while not self._stop.wait(min(fast, max(0.0, due - time.monotonic())) if fast else interval):
+            if fast and time.monotonic() < due:
+                self.flush_load()
+                continue
             self.flush()
+            due = time.monotonic() + interval
         if self._closing.is_set():
             self._close_ok = self._final_flush(self._close_deadline)
             self._closed_done.set()
@@ -809,25 +897,66 @@ class StatsWriter(WriterCore):
         return self._call(*arg)
 
     def _call(self, keys: list[str], args: list[str]) -> Any:
-        """One flush: the script, and with ``wait_replicas`` its replication acknowledgement."""
-        if not self.config.wait_replicas:
+        """One flush: the script, with its load entries (``load.lua``, pipelined: the same round
+        trip; on a Cluster right after it) and with ``wait_replicas`` its replication
+        acknowledgement."""
+        beside = self.load_call(args)
+        if not self.config.wait_replicas and beside is None:
             return self._script(keys=keys, args=args)
         wanted, timeout = self.config.wait_replicas, self.config.wait_timeout_ms
-        if is_cluster(self._client):  # Cluster: WAIT on the node of our slot
-            reply = self._script(keys=keys, args=args)
+        cluster = is_cluster(self._client)
+        if cluster:  # redis-py pipelines no script on a Cluster: the calls one after the other
+            reply = self._script(keys, args)
+            if beside is not None:
+                try:
+                    loaded = self._load_script(*beside)
+                except Exception as exc:  # counted; never the flush's failure
+                    loaded = exc
+                self.load_done(loaded)
+            if not wanted:
+                return reply
             node = self._client.get_node_from_key(keys[0])
             acked = self._client.execute_command("WAIT", wanted, timeout, target_nodes=node)
-        else:  # script and WAIT pipelined on one connection: still one round trip
-            for attempt in (1, 2):
-                pipe = self._client.pipeline(transaction=False)
-                pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+            return self.script_and_wait(reply, acked)
+        for attempt in (1, 2):  # script (, load.lua) and WAIT pipelined on one connection
+            pipe = self._client.pipeline(transaction=False)
+            pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+            if beside is not None:
+                pipe.evalsha(self._load_script.sha, len(beside[0]), *beside[0], *beside[1])
+            if wanted:
                 pipe.execute_command("WAIT", wanted, timeout)
-                reply, acked = pipe.execute(raise_on_error=False)
-                if isinstance(reply, redis.exceptions.NoScriptError) and attempt == 1:
-                    self._client.script_load(self._script.source)
-                    continue
-                break
-        return self.script_and_wait(reply, acked)
+            results = pipe.execute(raise_on_error=False)
+            if isinstance(results[0], redis.exceptions.NoScriptError) and attempt == 1:
+                self._client.script_load(self._script.source)  # the flush did not run: again
+                continue
+            break
+        reply = results[0]
+        if beside is not None:
+            loaded = results[1]
+            if isinstance(loaded, redis.exceptions.NoScriptError):  # the flush ran; load.lua alone
+                try:
+                    loaded = self._load_script(*beside)
+                except Exception as exc:
+                    loaded = exc
+            self.load_done(loaded)
+        if not wanted:
+            if isinstance(reply, Exception):
+                raise reply
+            return reply
+        return self.script_and_wait(reply, results[-1])
+
+    def flush_load(self) -> None:
+        """Store the load entries alone (``load_interval``), once the writer's first flush was
+        confirmed (it is in the writers zset then); never raises."""
+        with self._flush_lock:
+            if self._client is None or not self.stats.flushes:
+                return
+            for keys, args in self.load_calls():
+                try:
+                    result = self._load_script(keys, args)
+                except Exception as exc:  # counted; the next call or flush tries again
+                    result = exc
+                self.load_done(result)
 
     def close(self, timeout: float | None = None) -> bool:
         """Stop the thread and flush what is left, for at most *timeout* seconds (default

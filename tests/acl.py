@@ -1,10 +1,15 @@
 """The documented least-privilege ACL rules (docs/operations.md), as the tests apply them."""
 
-# Commands the flush script runs, plus what redis-py needs to load a script.
-WRITER = "+evalsha +script|load +time +exists +type +hget +hset +hincrby +hincrbyfloat +zadd"
+# Commands the flush script runs, plus what redis-py needs to load a script; load.lua (the load
+# feed's entries) deletes a closing writer's entries and two random ones of writers gone.
+WRITER = (
+    "+evalsha +script|load +time +exists +type +hget +hset +hincrby +hincrbyfloat +zadd "
+    "+hdel +hrandfield +zscore"
+)
 # A read: MULTI + native reads + EXEC on one server, read.lua with EVALSHA_RO on a Cluster. With
 # %R~ the user can read its namespace and write nothing.
-READER = "+multi +exec +evalsha_ro +script|load +time +zrange +zscore +hget +hgetall"
+# The load feed's read also lists each engine hash's field names (HKEYS, never its values).
+READER = "+multi +exec +evalsha_ro +script|load +time +zrange +zscore +hget +hgetall +hkeys"
 # gc and inspect (an operator, or the exporter with --gc-interval): gc.lua folds a departed
 # writer into a live engine's base fields (TYPE, HINCRBY, HINCRBYFLOAT), and gc of a sharded
 # namespace shares the engines' heartbeats between shards (ZADD).

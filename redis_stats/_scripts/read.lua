@@ -2,7 +2,9 @@
 --
 -- KEYS[1] engines zset, KEYS[2] writers zset, KEYS[3] meta hash, KEYS[4] conflicts hash
 -- ARGV: prefix, known catalogue version ('' for none), then optional engine indexes to read
---       (none: every engine in the engines zset)
+--       (none: every engine in the engines zset), or '%', N, i: the engines e listed with
+--       e % N == i (a slice of the fleet, chosen here, in the same call; a name that is not a
+--       decimal integer of at most 15 digits goes to slice 0, whose reader skips or shows it)
 --
 -- Returns {now ms, engines {engine, score, ...}, writers {id, score, ...}, catalogue version,
 --          meta {field, value, ...} (empty when the caller's version is current),
@@ -29,7 +31,23 @@ local function failed(reply)
 end
 
 local engines
-if #ARGV > 2 then
+if ARGV[3] == '%' then
+  local n, i = tonumber(ARGV[4]), tonumber(ARGV[5])
+  engines = redis.pcall('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+  if not failed(engines) then
+    local kept = {}
+    for j = 1, #engines, 2 do
+      local name = engines[j]
+      -- at most 15 digits: exact in a Lua number (a longer name goes to slice 0, in Python too)
+      local e = #name <= 15 and string.match(name, '^%d+$') and tonumber(name)
+      if (e and e % n == i) or (not e and i == 0) then
+        kept[#kept + 1] = name
+        kept[#kept + 1] = engines[j + 1]
+      end
+    end
+    engines = kept
+  end
+elseif #ARGV > 2 then
   engines = {}
   for j = 3, #ARGV do
     local score = redis.pcall('ZSCORE', KEYS[1], ARGV[j])

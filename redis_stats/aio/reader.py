@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -15,7 +14,8 @@ from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
 from redis_stats.connection import AsyncClient, is_cluster, make_async_client
 from redis_stats.keys import Keys
-from redis_stats.reader import ReaderCore
+from redis_stats.load import LoadView
+from redis_stats.reader import Engines, ReaderCore
 from redis_stats.snapshot import Snapshot
 
 __all__ = ["AsyncStatsReader"]
@@ -34,8 +34,13 @@ class AsyncStatsReader(ReaderCore):
         super().__init__(config, catalog)
         self._client: Any = client if client is not None else make_async_client(self.config)
         self._script = AsyncScript(self._client, load_script("read"), read_only=True)
+        self._load_script = AsyncScript(self._client, load_script("load_read"), read_only=True)
 
-    async def read(self, engines: Iterable[int] | None = None) -> Read:
+    async def load(self, engines: Engines = None) -> LoadView:
+        """The load feed (see StatsReader.load: the same steps, awaited)."""
+        return await arun(self.load_steps(engines, is_cluster(self._client)), self._carry_out)
+
+    async def read(self, engines: Engines = None) -> Read:
         """One consistent read of the namespace (see StatsReader.read: the same steps, awaited)."""
         return await arun(self.read_steps(engines, is_cluster(self._client)), self._carry_out)
 
@@ -47,7 +52,8 @@ class AsyncStatsReader(ReaderCore):
             return await self._script(*arg)
         if what == "meta":
             return await self._meta(arg)
-        return list(await asyncio.gather(*(self._script(*a) for a in arg)))  # "scripts"
+        script = self._load_script if what == "load" else self._script  # "load": load_read.lua
+        return list(await asyncio.gather(*(script(*a) for a in arg)))  # "scripts", "load"
 
     async def _meta(self, keys: Keys | None = None) -> Any:
         try:
@@ -76,7 +82,7 @@ class AsyncStatsReader(ReaderCore):
             raise refused
         return results  # a failed command (WRONGTYPE) is its exception, for the decoder to skip
 
-    async def snapshot(self, engines: Iterable[int] | None = None) -> Snapshot:
+    async def snapshot(self, engines: Engines = None) -> Snapshot:
         """All engines (or only *engines*) at one instant, in one round trip."""
         return self.decode(await self.read(engines))
 

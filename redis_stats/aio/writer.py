@@ -23,6 +23,7 @@ from redis_stats._scripts import AsyncScript, load_script
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
 from redis_stats.connection import AsyncClient, is_cluster, make_async_client
+from redis_stats.load import LoadMap
 from redis_stats.writer import WriterCore
 
 __all__ = ["AsyncStatsWriter"]
@@ -45,10 +46,13 @@ class AsyncStatsWriter(WriterCore):
         role: str = "",
         owner: str = "",
         client: AsyncClient | None = None,
+        load: LoadMap | None = None,
     ) -> None:
         self._flush_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
-        super().__init__(config, catalog, engines=engines, writer_id=writer_id, role=role, owner=owner)
+        super().__init__(
+            config, catalog, engines=engines, writer_id=writer_id, role=role, owner=owner, load=load
+        )
         self._own_client = client is None
         self._client: Any = None
         self._script: Any = None
@@ -58,6 +62,7 @@ class AsyncStatsWriter(WriterCore):
         self._client = client
         self._script = AsyncScript(client, load_script("flush"))
         self._shards_script = AsyncScript(client, load_script("shards"))
+        self._load_script = AsyncScript(client, load_script("load"))
 
     def _forked(self) -> None:
         super()._forked()
@@ -73,9 +78,28 @@ class AsyncStatsWriter(WriterCore):
             self._task = asyncio.get_running_loop().create_task(self._run(), name="redis_stats-flusher")
 
     async def _run(self) -> None:
+        interval = self.config.flush_interval
+        fast = self.config.load_interval if self.load is not None else 0.0
         while True:
-            await asyncio.sleep(self.config.flush_interval)
+            due = time.monotonic() + interval
+            while fast and due - time.monotonic() > fast:  # the load entries alone meanwhile
+                await asyncio.sleep(fast)
+                await self.flush_load()
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
             await self.flush()
+
+    async def flush_load(self) -> None:
+        """Store the load entries alone (``load_interval``), once the first flush was confirmed;
+        never raises."""
+        async with self._flush_lock:
+            if self._client is None or not self.stats.flushes:
+                return
+            for keys, args in self.load_calls():
+                try:
+                    result = await self._load_script(keys, args)
+                except Exception as exc:  # counted; the next call or flush tries again
+                    result = exc
+                self.load_done(result)
 
     async def flush(self, *, closing: bool = False) -> bool:
         """Send what is pending now, in one script call per shard written to (one after the
@@ -92,24 +116,51 @@ class AsyncStatsWriter(WriterCore):
         return await self._call(*arg)
 
     async def _call(self, keys: list[str], args: list[str]) -> Any:
-        if not self.config.wait_replicas:
+        """One flush (see StatsWriter._call: the same pipeline, awaited)."""
+        beside = self.load_call(args)
+        if not self.config.wait_replicas and beside is None:
             return await self._script(keys, args)
         wanted, timeout = self.config.wait_replicas, self.config.wait_timeout_ms
-        if is_cluster(self._client):  # Cluster: WAIT on the node of our slot
+        cluster = is_cluster(self._client)
+        if cluster:  # redis-py pipelines no script on a Cluster: the calls one after the other
             reply = await self._script(keys, args)
+            if beside is not None:
+                try:
+                    loaded = await self._load_script(*beside)
+                except Exception as exc:  # counted; never the flush's failure
+                    loaded = exc
+                self.load_done(loaded)
+            if not wanted:
+                return reply
             node = self._client.get_node_from_key(keys[0])
             acked = await self._client.execute_command("WAIT", wanted, timeout, target_nodes=node)
-        else:  # script and WAIT pipelined on one connection: one round trip
-            for attempt in (1, 2):
-                pipe = self._client.pipeline(transaction=False)
-                pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+            return self.script_and_wait(reply, acked)
+        for attempt in (1, 2):  # script (, load.lua) and WAIT pipelined on one connection
+            pipe = self._client.pipeline(transaction=False)
+            pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+            if beside is not None:
+                pipe.evalsha(self._load_script.sha, len(beside[0]), *beside[0], *beside[1])
+            if wanted:
                 pipe.execute_command("WAIT", wanted, timeout)
-                reply, acked = await pipe.execute(raise_on_error=False)
-                if isinstance(reply, NoScriptError) and attempt == 1:
-                    await self._client.script_load(self._script.source)
-                    continue
-                break
-        return self.script_and_wait(reply, acked)
+            results = await pipe.execute(raise_on_error=False)
+            if isinstance(results[0], NoScriptError) and attempt == 1:
+                await self._client.script_load(self._script.source)  # the flush did not run: again
+                continue
+            break
+        reply = results[0]
+        if beside is not None:
+            loaded = results[1]
+            if isinstance(loaded, NoScriptError):  # the flush ran; load.lua alone
+                try:
+                    loaded = await self._load_script(*beside)
+                except Exception as exc:
+                    loaded = exc
+            self.load_done(loaded)
+        if not wanted:
+            if isinstance(reply, Exception):
+                raise reply
+            return reply
+        return self.script_and_wait(reply, results[-1])
 
     async def close(self, timeout: float | None = None) -> bool:
         """Stop the task and flush what is left, for at most *timeout* seconds (default

@@ -30,7 +30,14 @@ from prometheus_client.utils import floatToGoString
 from redis_stats.catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM
 from redis_stats.errors import error_kind
 from redis_stats.prometheus.exposition import TextRenderer, format_families
-from redis_stats.reader import StatsReader
+from redis_stats.prometheus.slices import (
+    REPLACED,
+    REPLACED_HELP,
+    cap_families,
+    cap_label_values,
+    replaced_text,
+)
+from redis_stats.reader import EngineSlice, StatsReader
 from redis_stats.snapshot import Snapshot
 
 __all__ = ["RedisCollector"]
@@ -41,12 +48,18 @@ log = logging.getLogger("redis_stats.collector")
 class RedisCollector:
     """Collects a fresh snapshot on every scrape; register it in any ``CollectorRegistry``.
 
-    *engines* limits the view to those engine indexes (default: all).
+    *engines* limits the view to those engine indexes (default: all), or to a slice of the
+    fleet (an :class:`~redis_stats.reader.EngineSlice`, read by Redis' own choice). With
+    ``writers=False`` the writers' self-metrics (``redis_stats_writer_*``, fleet-wide) are left
+    out: a sliced scrape other than slice 0 (redis_stats/prometheus/slices.py).
     """
 
-    def __init__(self, reader: StatsReader, *, engines: Iterable[int] | None = None) -> None:
+    def __init__(
+        self, reader: StatsReader, *, engines: Iterable[int] | EngineSlice | None = None, writers: bool = True
+    ) -> None:
         self.reader = reader
-        self.engines = None if engines is None else tuple(engines)
+        self.engines = engines if engines is None or isinstance(engines, EngineSlice) else tuple(engines)
+        self.writers = writers
         self._errors: _Tally[str] = _Tally()
         self._errors_lock = threading.Lock()  # scrapes run on several threads at once
         self._renderer = TextRenderer()
@@ -63,9 +76,13 @@ class RedisCollector:
             snapshot = self.reader.snapshot(self.engines)
         except Exception as exc:  # a scrape must not fail with a traceback
             self.read_failed(exc)
-        if snapshot is not None:
-            yield from families(snapshot)
-        yield from self._self_metrics(snapshot, time.perf_counter() - started)
+        made = list(families(snapshot)) if snapshot is not None else []
+        made += self._self_metrics(snapshot, time.perf_counter() - started)
+        replaced = cap_families(made, self.reader.config.max_label_length)
+        yield from made
+        replaced_family = GaugeMetricFamily(REPLACED, REPLACED_HELP)
+        replaced_family.add_metric([], float(replaced))
+        yield replaced_family
 
     def render_text(self) -> str:
         """The same exposition as :meth:`collect` through ``generate_latest``, several times faster:
@@ -85,7 +102,12 @@ class RedisCollector:
             if gc_was_on:
                 gc.enable()
         families = self._self_metrics(shell, time.perf_counter() - started, engines=False)
-        return text + (engine_lines(shell) if shell is not None else "") + format_families(families)
+        # A label value past max_label_length (stored by a writer configured otherwise, or
+        # garbage) is replaced here, as collect() does, and counted (redis_stats/prometheus/slices.py).
+        cap = self.reader.config.max_label_length
+        body, replaced = cap_label_values(text + (engine_lines(shell) if shell is not None else ""), cap)
+        own, more = cap_label_values(format_families(families), cap)
+        return body + own + replaced_text(replaced + more)
 
     def read_failed(self, exc: BaseException) -> None:
         """Count a failed read (and warn on the first of its kind)."""
@@ -123,7 +145,8 @@ class RedisCollector:
             for e in sorted(snapshot.engines.values(), key=lambda e: e.engine):
                 fam.add_metric([str(e.engine)], value(e))
             yield fam
-        yield from writer_families(snapshot)
+        if self.writers:
+            yield from writer_families(snapshot)
         skipped = GaugeMetricFamily(
             "redis_stats_skipped_fields",
             "Fields of the last read that could not be decoded and were skipped, by reason.",

@@ -5,7 +5,16 @@
                         histograms with p50/p90/p99 since start; rates and quantiles over the
                         last *window* seconds and fleet totals (for routers and autoscalers;
                         JSON Schema: ``redis_stats/schemas/snapshot.schema.json``)
+    GET /load           every engine's load for routers: up, age, requests running and waiting,
+                        KV-cache usage and capacity, recent token rates, and the fleet's sums,
+                        means and max (refreshed by one thread; ETag / If-None-Match -> 304;
+                        JSON Schema: ``redis_stats/schemas/load.schema.json``, docs/load.md)
     GET /healthz        200 when Redis answers, 503 otherwise
+
+``/metrics?slice=i/N`` serves the engines ``e % N == i`` only (read from Redis alone; the
+writers' self-metrics in slice 0), ``name[]=`` keeps only the samples named, and a label value
+longer than ``max_label_length`` is replaced and counted (redis_stats/prometheus/slices.py);
+``/load?slice=i/N`` too. With *slice* the whole exporter serves one slice (``--slice``).
     GET /               a live page (redis_stats/prometheus/web/index.html): each engine's state, throughput
                         and latency with charts of the last minutes, polling /snapshot
 
@@ -55,14 +64,16 @@ from prometheus_client.exposition import (
 from redis_stats.config import mask_url, redact
 from redis_stats.errors import error_kind
 from redis_stats.prometheus.collector import RedisCollector
+from redis_stats.prometheus.loadfeed import LoadFeed
 from redis_stats.prometheus.recent import FleetSummary, SnapshotRing, snapshot_document, summary_problems
+from redis_stats.prometheus.slices import EngineSlice, ScrapeQuery, parse_query, select_samples
 from redis_stats.reader import StatsReader
 
 __all__ = ["Exporter"]
 
 log = logging.getLogger("redis_stats.exporter")
 
-PATHS = ("/", "/metrics", "/snapshot", "/healthz")
+PATHS = ("/", "/metrics", "/snapshot", "/load", "/healthz")
 
 
 @functools.cache
@@ -163,11 +174,12 @@ def redis_address(url: str) -> str:
 class _Both:
     """The Redis view and the exporter's own metrics as one collector (for prometheus_client's writers)."""
 
-    def __init__(self, exporter: Exporter) -> None:
+    def __init__(self, exporter: Exporter, collector: RedisCollector | None = None) -> None:
         self.exporter = exporter
+        self.collector = collector or exporter.collector
 
     def collect(self) -> Iterator[Metric]:
-        yield from self.exporter.collector.collect()
+        yield from self.collector.collect()
         if self.exporter.own_registry is not None:
             yield from self.exporter.own_registry.collect()
 
@@ -475,6 +487,8 @@ class Exporter:
         summary: FleetSummary | None = None,
         self_metrics: bool = False,
         max_connections: int = 64,
+        load_refresh: float = 0.25,
+        slice: EngineSlice | None = None,
     ) -> None:
         if not request_timeout > 0:
             raise ValueError(f"request_timeout={request_timeout!r} must be a positive number of seconds")
@@ -488,12 +502,21 @@ class Exporter:
         problems = summary_problems(summary or {})
         if problems:
             raise ValueError("; ".join(problems))
+        if slice is not None and engines is not None:
+            raise ValueError(f"engines={engines!r} and slice={slice} both limit the view: give one")
         self.reader = reader
-        self.engines = engines
+        self.slice = slice
+        self.engines: Any = slice if slice is not None else engines
         self.request_timeout = request_timeout
         self.window = window
         self.summary = dict(summary or {})
-        self.collector = RedisCollector(reader, engines=engines)
+        self.collector = RedisCollector(
+            reader, engines=self.engines, writers=slice is None or slice.index == 0
+        )
+        self.load_feed = LoadFeed(reader, refresh=load_refresh, engines=engines, only=slice)
+        # ?slice=i/N: one collector (and reader: its own plan and caches) per slice asked for.
+        self._slices: dict[EngineSlice, RedisCollector] = {}
+        self._slices_lock = threading.Lock()
         # Twice the window: a baseline a full window old is still there when the next sample lands.
         self._ring = SnapshotRing(keep=2 * window)
         self._sampler_lock = threading.Lock()
@@ -566,35 +589,76 @@ class Exporter:
     def close(self) -> None:
         """Stop serving (and the retention timer); also fine before :meth:`start`."""
         self._stop.set()
+        self.load_feed.close()
         if self._serving:
             # socketserver's shutdown() waits for serve_forever() to end: called on a server that
             # never served, it would wait for ever.
             self._server.shutdown()
         self._server.server_close()
 
-    def metrics(self, accept: str | None = None) -> tuple[str, bytes]:
-        """(Content-Type, body) of ``/metrics`` for a request's ``Accept`` header.
+    def metrics(self, accept: str | None = None, query: ScrapeQuery | None = None) -> tuple[str, bytes]:
+        """(Content-Type, body) of ``/metrics`` for a request's ``Accept`` header and query
+        (*query*: its ``slice`` and ``name[]``, see :func:`parse_query`).
 
         The format is chosen by prometheus_client's ``choose_encoder``, as its own server does.
         A client that does not ask for OpenMetrics gets the fast renderer's Prometheus text,
         format 0.0.4 (what ``choose_encoder`` answers it; the names a catalogue allows are the
         same in every text version). OpenMetrics 1.0 is that text rewritten by
         :func:`openmetrics_from_text`; another OpenMetrics version is generated by
-        prometheus_client over :meth:`RedisCollector.collect`.
+        prometheus_client over :meth:`RedisCollector.collect`. Label values past
+        ``max_label_length`` are replaced and counted in every format.
         """
         started = time.perf_counter()
+        query = query or ScrapeQuery()
+        collector = self.collector if query.slice is None else self.slice_collector(query.slice)
         encoder, content_type = negotiate(accept or "")
-        if not content_type.startswith("application/openmetrics-text"):
-            body = (self.collector.render_text() + self._own_text()).encode()
-        elif "version=1.0.0;" in content_type:
-            # Prometheus' default: the fast text, turned into OpenMetrics 1.0 (same samples).
-            body = openmetrics_from_text(self.collector.render_text() + self._own_text()).encode()
-        else:
-            body = encoder(_Both(self))  # another version: prometheus_client writes it
+        if not content_type.startswith("application/openmetrics-text") or "version=1.0.0;" in content_type:
+            text = collector.render_text() + self._own_text()
+            if query.names is not None:
+                text = select_samples(text, query.names)
+            if content_type.startswith("application/openmetrics-text"):
+                # Prometheus' default: the fast text, turned into OpenMetrics 1.0 (same samples).
+                text = openmetrics_from_text(text)
+            body = text.encode()
+        else:  # another version: prometheus_client writes it
+            text = encoder(_Both(self, collector)).decode()
+            if query.names is not None:
+                text = select_samples(text, query.names)
+            body = text.encode()
         self.scrapes.observe(time.perf_counter() - started, len(body))
         if not content_type.startswith("application/openmetrics-text"):
             content_type = CONTENT_TYPE_PLAIN_0_0_4
         return content_type, body
+
+    # At most this many slices get a collector of their own (a client inventing slices must not
+    # make the exporter hold a reader for each).
+    MAX_SLICE_COLLECTORS = 64
+
+    def slice_collector(self, part: EngineSlice) -> RedisCollector:
+        """The collector of ``?slice=`` *part*: a reader of its own (its plan and caches hold
+        that slice's engines only) on the exporter's Redis client; ValueError past
+        :attr:`MAX_SLICE_COLLECTORS` slices, or when the exporter serves one slice already."""
+        if self.slice is not None or self.engines is not None:
+            served = f"slice {self.slice}" if self.slice is not None else f"engines {self.engines}"
+            raise ValueError(
+                f"this exporter serves {served} only; ?slice= needs an exporter of the whole fleet "
+                "(no --slice, no --engines)"
+            )
+        found = self._slices.get(part)
+        if found is not None:
+            return found
+        with self._slices_lock:
+            found = self._slices.get(part)
+            if found is None:
+                if len(self._slices) >= self.MAX_SLICE_COLLECTORS:
+                    raise ValueError(
+                        f"slice {part}: already serving {len(self._slices)} distinct slices, the most "
+                        "one exporter keeps; scrape fewer distinct i/N"
+                    )
+                reader = StatsReader(self.reader.config, self.reader.catalog, client=self.reader.client)
+                found = RedisCollector(reader, engines=part, writers=part.index == 0)
+                self._slices[part] = found
+            return found
 
     def _own_text(self) -> str:
         if self.own_registry is None:
@@ -685,6 +749,9 @@ class Exporter:
 
             def _serve(self, *, head: bool) -> None:
                 path = self.path.split("?", 1)[0]
+                if path == "/load":
+                    self._serve_load(head)
+                    return
                 try:
                     status, content_type, body, vary = self._respond(path)
                 except Exception:
@@ -694,22 +761,74 @@ class Exporter:
                     body = json.dumps({"error": "internal error, see the exporter's log"}).encode()
                 self._send(status, content_type, body, head, vary)
 
+            def _query(self) -> ScrapeQuery:
+                return parse_query(self.path.partition("?")[2])
+
             def _respond(self, path: str) -> tuple[int, str, bytes, str]:
                 if path == "/metrics":
-                    content_type, body = exporter.metrics(self.headers.get("Accept"))
+                    try:
+                        query = self._query()
+                        content_type, body = exporter.metrics(self.headers.get("Accept"), query)
+                    except ValueError as exc:  # a bad ?slice= or one too many: say which and why
+                        return (
+                            400,
+                            "application/json",
+                            json.dumps({"error": str(exc)}).encode(),
+                            "Accept-Encoding",
+                        )
                     return 200, content_type, body, "Accept, Accept-Encoding"
                 if path == "/":
                     return 200, "text/html; charset=utf-8", live_page(), "Accept-Encoding"
                 if path == "/snapshot":
-                    query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
-                    buckets = query.get("buckets", ["1"])[-1] != "0"
-                    status, doc = exporter.snapshot_json(query.get("name[]"), buckets)
+                    params = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+                    buckets = params.get("buckets", ["1"])[-1] != "0"
+                    status, doc = exporter.snapshot_json(params.get("name[]"), buckets)
                 elif path == "/healthz":
                     status, doc = exporter.health()
                 else:
                     status, doc = 404, {"error": "not found", "paths": list(PATHS)}
                 body = json.dumps(doc, allow_nan=False).encode()  # strict JSON: Snapshot.to_dict is
                 return status, "application/json", body, "Accept-Encoding"
+
+            def _serve_load(self, head: bool) -> None:
+                """``/load``: the feed's kept body (no Redis read, no encoding here), or ``304``
+                when ``If-None-Match`` names its ETag."""
+                try:
+                    part = self._query().slice
+                    answer = exporter.load_feed.answer(part)
+                except ValueError as exc:
+                    body = json.dumps({"error": str(exc)}).encode()
+                    self._send(400, "application/json", body, head, "Accept-Encoding")
+                    return
+                except Exception:
+                    log.exception("serving /load failed")
+                    body = json.dumps({"error": "internal error, see the exporter's log"}).encode()
+                    self._send(500, "application/json", body, head, "Accept-Encoding")
+                    return
+                extra = [("Cache-Control", "no-cache"), ("X-Load-Refreshed", f"{answer.refreshed:.3f}")]
+                if answer.etag:
+                    extra.append(("ETag", answer.etag))
+                    wanted = self.headers.get("If-None-Match", "")
+                    if answer.etag in (t.strip() for t in wanted.split(",")) or wanted.strip() == "*":
+                        self.send_response(304)
+                        for name, value in extra:
+                            self.send_header(name, value)
+                        self.send_header("Vary", "Accept-Encoding")
+                        self.end_headers()
+                        return
+                zipped = gzip_accepted(self.headers.get("Accept-Encoding", ""))
+                body = answer.gzipped if zipped else answer.body
+                self.send_response(answer.status)
+                self.send_header("Content-Type", "application/json")
+                if zipped:
+                    self.send_header("Content-Encoding", "gzip")
+                for name, value in extra:
+                    self.send_header(name, value)
+                self.send_header("Vary", "Accept-Encoding")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if not head:
+                    self.wfile.write(body)
 
             def _send(self, status: int, content_type: str, body: bytes, head: bool, vary: str) -> None:
                 if gzip_accepted(self.headers.get("Accept-Encoding", "")):

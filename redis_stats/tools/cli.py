@@ -372,6 +372,22 @@ def demo(
     type=click.IntRange(1, 100_000),
     help="HTTP connections served at once (a thread each); more are answered 503 with Retry-After.",
 )
+@click.option(
+    "--slice",
+    "slice_text",
+    default=None,
+    show_default="every engine",
+    metavar="I/N",
+    help="Serve only the engines e with e % N == I (one of N exporters, each its own Prometheus "
+    "target; the writers' self-metrics in slice 0). Or scrape one exporter with ?slice=I/N.",
+)
+@click.option(
+    "--load-refresh",
+    default=0.25,
+    show_default=True,
+    type=click.FloatRange(0.01, 60),
+    help="Seconds between two reads of the load feed (/load), shared by every request.",
+)
 def exporter(
     redis_url: str | None,
     namespace: str | None,
@@ -382,15 +398,25 @@ def exporter(
     request_timeout: float,
     window: float,
     max_connections: int,
+    slice_text: str | None,
+    load_refresh: float,
 ) -> None:
-    """Serve /metrics (every engine), /snapshot (JSON) and /healthz from Redis."""
+    """Serve /metrics (every engine), /snapshot (JSON), /load (routers) and /healthz from Redis."""
     from redis_stats.integrations.vllm import vllm_catalog
     from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
     from redis_stats.prometheus.exporter import Exporter
-    from redis_stats.reader import StatsReader
+    from redis_stats.reader import EngineSlice, StatsReader
 
     config = _config(redis_url, namespace)
     engine_list = _engines(engines)
+    part = None
+    if slice_text is not None:
+        try:
+            part = EngineSlice.parse(slice_text)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--slice") from None
+        if engine_list is not None:
+            raise click.UsageError("--slice and --engines both limit the view: give one")
     # No I/O (a Cluster client too is built at first use): with Redis down the exporter starts
     # and serves redis_stats_up 0, then the data once Redis answers.
     reader = StatsReader(config, vllm_catalog())
@@ -406,6 +432,8 @@ def exporter(
             summary=VLLM_FLEET_SUMMARY,
             self_metrics=True,
             max_connections=max_connections,
+            load_refresh=load_refresh,
+            slice=part,
         )
     except OSError as exc:
         raise click.ClickException(

@@ -25,6 +25,7 @@ from typing import TextIO
 
 from redis_stats.config import ENV_PREFIX, StatsConfig, mask_url
 from redis_stats.integrations.vllm import vllm_catalog
+from redis_stats.integrations.vllm.load import VLLM_LOAD
 from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
 from redis_stats.prometheus.exporter import Exporter
 from redis_stats.reader import StatsReader
@@ -286,7 +287,7 @@ def run_node(
         leader=leader_mode,
     )
     catalog = vllm_catalog()
-    writer = StatsWriter(config, catalog, engines=[node], role=f"node{node}-api{api}")
+    writer = StatsWriter(config, catalog, engines=[node], role=f"node{node}-api{api}", load=VLLM_LOAD)
     recorder = VllmRecorder(writer, "demo-model", [node])
     profile = LoadProfile(arrivals_per_s=2.0 + node, output_tokens=(16, 128 + 64 * node))
     sim = SimulatedApiServer(recorder, node, profile, seed=node * 100 + api)

@@ -215,7 +215,7 @@ def test_the_password_never_shows(acl_server, namespace, caplog):
         exporter = Exporter(reader, port=0).start()
         try:
             bodies = []
-            for path in ("/metrics", "/snapshot", "/healthz"):
+            for path in ("/metrics", "/snapshot", "/healthz", "/load"):
                 try:
                     bodies.append(urllib.request.urlopen(exporter.url + path, timeout=10).read().decode())
                 except urllib.error.HTTPError as err:

@@ -22,7 +22,12 @@ from tests.conftest import ROOT
 
 KUBE = ROOT / "deploy" / "kubernetes"
 KUBERNETES_VERSION = "1.30.0"  # the version docs/kubernetes.md states
-LAYOUTS = {"fleet view (exporter)": KUBE, "per-pod views": KUBE / "per-pod-views", "redis": KUBE / "redis"}
+LAYOUTS = {
+    "fleet view (exporter)": KUBE,
+    "per-pod views": KUBE / "per-pod-views",
+    "sliced fleet view": KUBE / "sliced",
+    "redis": KUBE / "redis",
+}
 MONITOR_LABELS = KUBE / "monitor-labels"
 
 _ENDPOINT = {
@@ -34,6 +39,21 @@ _ENDPOINT = {
         "path": {"type": "string", "pattern": "^/"},
         "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
         "scrapeTimeout": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+        "params": {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "string"}}},
+        "relabelings": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "sourceLabels": {"type": "array", "items": {"type": "string"}},
+                    "targetLabel": {"type": "string"},
+                    "replacement": {"type": "string"},
+                    "action": {"type": "string"},
+                    "regex": {"type": "string"},
+                },
+            },
+        },
     },
 }
 _SELECTOR = {
@@ -203,7 +223,7 @@ def _selects(selector: dict, labels: dict) -> bool:
     return all(labels.get(k) == v for k, v in selector["matchLabels"].items())
 
 
-@pytest.mark.parametrize("layout", ["fleet view (exporter)", "per-pod views"])
+@pytest.mark.parametrize("layout", ["fleet view (exporter)", "per-pod views", "sliced fleet view"])
 def test_each_layout_scrapes_every_engine_exactly_once(layout):
     docs = resources(LAYOUTS[layout])
     monitors = [d for d in docs if d["kind"] in ("ServiceMonitor", "PodMonitor")]
@@ -226,7 +246,22 @@ def test_each_layout_scrapes_every_engine_exactly_once(layout):
                 {"matchLabels": service["spec"]["selector"]}, w["spec"]["template"]["metadata"]["labels"]
             )
         ]
-        target_ports = [port_names[e["port"]] for e in monitor["spec"]["endpoints"]]
+        endpoints = monitor["spec"]["endpoints"]
+        target_ports = [port_names[e["port"]] for e in endpoints]
+        slices = [e.get("params", {}).get("slice") for e in endpoints]
+        if any(slices):
+            # One exporter scraped as N targets: slices 0/N .. N-1/N, each once, each target
+            # told apart by its own slice label (else their per-scrape series would collide).
+            assert all(s and len(s) == 1 for s in slices), slices
+            n = len(endpoints)
+            assert sorted(s[0] for s in slices) == sorted(f"{i}/{n}" for i in range(n)), slices
+            labels = [
+                {r["targetLabel"]: r["replacement"] for r in e.get("relabelings", []) if "replacement" in r}
+                for e in endpoints
+            ]
+            assert [lab.get("slice") for lab in labels] == [s[0] for s in slices]
+        else:
+            assert len(endpoints) == 1, "two endpoints of one exporter store every engine twice"
     else:
         scraped = [
             w

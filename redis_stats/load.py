@@ -1,0 +1,530 @@
+"""The load feed: what a router or an autoscaler needs of every engine, read without the catalogue.
+
+Per engine: ``up``, ``age_seconds``, requests running and waiting, KV-cache usage and capacity,
+recent prompt and generation tokens per second; per fleet: the sum, mean and max of each over
+the live engines (``GET /load``, :meth:`redis_stats.reader.StatsReader.load`; the document's
+JSON Schema is ``redis_stats/schemas/load.schema.json``, its stability promise in docs/load.md).
+
+Where the numbers come from. A writer given a :class:`LoadMap` (which metric feeds which
+field: the integration's, e.g. ``redis_stats.integrations.vllm.load.VLLM_LOAD``; this module
+knows no product's names) stores one small **entry** per engine it records, beside its flush, in
+its shard's load hash (``load.lua``, docs/key-schema.md): the gauges' current values, the
+roll-up mode of each, their newest stamp (in the server's clock, as the flushed gauges'), and
+the recent rates of the counters (over
+:data:`RATE_WINDOW` seconds, computed by the writer, which knows its own increments exactly). A
+reader reads the load hash, the engines and the writers (``load_read.lua``: a few kilobytes per
+engine fewer than the snapshot) and adds each engine's entries up over the writers the reader
+judges live, by the snapshot's own rule (:func:`redis_stats._core.values.roll_up` for gauges; a
+rate is the sum of the live writers' rates).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import operator
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from redis_stats._core.values import roll_up
+from redis_stats.catalog import COUNTER, GAUGE, MetricSpec
+
+__all__ = [
+    "ENTRY_VERSION",
+    "GAUGE_FIELDS",
+    "LOAD_SCHEMA_VERSION",
+    "MODE_CODES",
+    "RATE_FIELDS",
+    "RATE_WINDOW",
+    "EngineLoad",
+    "LoadEntry",
+    "LoadMap",
+    "LoadSource",
+    "LoadTracker",
+    "LoadView",
+    "decode_entries",
+    "decode_entry",
+    "encode_entry",
+    "load_view",
+]
+
+# The version of the load document (``schema_version``; see docs/load.md for what may change
+# within a version and what needs a new one).
+LOAD_SCHEMA_VERSION = 1
+
+# The feed's fields, in the order an entry stores them. Gauges roll up over an engine's live
+# writers by their metric's mode; rates add up.
+GAUGE_FIELDS = ("requests_running", "requests_waiting", "kv_cache_usage", "kv_cache_capacity_tokens")
+RATE_FIELDS = ("prompt_tokens_per_second", "generation_tokens_per_second")
+FIELDS = GAUGE_FIELDS + RATE_FIELDS
+
+# The stored entry's format (its first component); an entry of another version is skipped and
+# counted (``bad_entry``), so a newer writer's entries never turn into wrong numbers here.
+ENTRY_VERSION = "1"
+
+# Seconds over which a writer computes the recent rates it stores.
+RATE_WINDOW = 5.0
+
+
+class LoadSource(NamedTuple):
+    """Which metric feeds one field of the feed.
+
+    A gauge's value is the sum of the engine's series of it (one per engine, usually); with
+    *labels*, the value is the product of those label values of the engine's series (an info
+    gauge such as a cache configuration: ``num_gpu_blocks`` x ``block_size`` tokens). A counter
+    feeds a ``*_per_second`` field: its recent rate.
+    """
+
+    metric: str
+    labels: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LoadMap:
+    """Which metric feeds which field of the load feed (each optional: a field without a source
+    is ``null`` in the feed). Given to a writer (``StatsWriter(load=...)``); an integration
+    defines its own (``redis_stats.integrations.vllm.load.VLLM_LOAD``)."""
+
+    requests_running: LoadSource | None = None
+    requests_waiting: LoadSource | None = None
+    kv_cache_usage: LoadSource | None = None
+    kv_cache_capacity_tokens: LoadSource | None = None
+    prompt_tokens_per_second: LoadSource | None = None
+    generation_tokens_per_second: LoadSource | None = None
+
+    def sources(self) -> dict[str, LoadSource]:
+        """Field -> its source, for the fields that have one."""
+        return {name: s for name in FIELDS if (s := getattr(self, name)) is not None}
+
+
+class LoadEntry(NamedTuple):
+    """One writer's entry for one engine, as stored (see :func:`encode_entry`)."""
+
+    stored_ms: float
+    """Server time (ms) the entry was stored: its age."""
+    stamp_ms: float
+    """The newest stamp of its gauges' values (server clock, ms): ``mostrecent`` picks the newest."""
+    modes: int
+    """Each gauge field's roll-up mode, two bits each (:data:`MODE_CODES`), field 0 lowest."""
+    values: tuple[float | None, ...]
+    """One per :data:`FIELDS` (None: not reported by this writer)."""
+
+    def mode(self, i: int) -> str:
+        """The roll-up mode of gauge field *i*."""
+        return _MODES[(self.modes >> (2 * i)) & 3]
+
+
+# A gauge field's roll-up mode in an entry: its index here.
+_MODES = ("mostrecent", "sum", "max", "min")
+MODE_CODES = {mode: i for i, mode in enumerate(_MODES)}
+
+
+def _text(value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return "null"
+    return repr(float(value))
+
+
+def encode_entry(stamp_ms: float, modes: Iterable[str], values: Iterable[float | None]) -> str:
+    """The entry a writer sends (``load.lua`` puts the server time and a comma in front):
+    ``<version>,<stamp ms>,<modes>,<value>,...`` in :data:`FIELDS` order, ``null`` for a field
+    the writer does not report (or a value that is not finite): with brackets around it, a
+    JSON list, so a reader parses every entry of a read in one call."""
+    code = sum(MODE_CODES.get(m, 0) << (2 * i) for i, m in enumerate(modes))
+    return ",".join([ENTRY_VERSION, f"{stamp_ms:.0f}", str(code), *map(_text, values)])
+
+
+# What a stored entry may hold (digits, signs, exponents, commas, null): anything else (a list,
+# a string, NaN, Infinity) is not read in bulk but entry by entry, and then skipped.
+_PLAIN = str.maketrans("", "", "0123456789.eE+-,nul")
+_WIDTH = 4 + len(FIELDS)
+_NUMBER = functools.partial(operator.is_not, None)  # x is not None, as a C callable
+_VERSION = int(ENTRY_VERSION)
+
+
+def _checked(row: Any) -> LoadEntry | None:
+    """An entry from a parsed row of any JSON, every element checked."""
+    if row.__class__ is not list or len(row) < _WIDTH:
+        return None
+    for x in row:
+        if x is not None and x.__class__ not in (int, float):
+            return None
+    return _plain(row)
+
+
+def _plain(row: list[Any]) -> LoadEntry | None:
+    """An entry from a row known to hold numbers and nulls only (JSON's: an exponent past the
+    float range reads as inf, an integer of hundreds of digits as an int beyond it: refused)."""
+    try:
+        if not all(map(math.isfinite, filter(_NUMBER, row))):  # every number, in C
+            return None
+    except OverflowError:
+        return None
+    if (
+        len(row) < _WIDTH
+        or row[1] != _VERSION
+        or row[3].__class__ is not int
+        or row[0] is None
+        or row[2] is None
+    ):
+        return None  # a later version appends fields, or changes ENTRY_VERSION to reorder them
+    return LoadEntry(row[0], row[2], row[3], tuple(row[4:_WIDTH]))
+
+
+def decode_entry(stored: str) -> LoadEntry | None:
+    """A stored entry (``<server ms>,`` + :func:`encode_entry`), or None when it is not one this
+    version reads (another entry version, garbage)."""
+    if stored.__class__ is not str:
+        return None
+    try:
+        return _checked(json.loads("[" + stored + "]"))
+    except (ValueError, RecursionError):
+        return None
+
+
+def decode_entries(stored: list[Any]) -> list[LoadEntry | None]:
+    """:func:`decode_entry` of each of *stored*, in one JSON parse when they all look plain (the
+    usual case: numbers and nulls only, checked on the text), else one by one."""
+    if all(s.__class__ is str for s in stored):
+        joined = "],[".join(stored)
+        if not "".join(stored).translate(_PLAIN):
+            try:
+                rows = json.loads("[[" + joined + "]]")
+            except ValueError:
+                rows = None
+            if rows is not None and len(rows) == len(stored):
+                return [_plain(r) if r.__class__ is list else None for r in rows]
+    return [decode_entry(s) for s in stored]
+
+
+@dataclass
+class EngineLoad:
+    """One engine's load: None for a field no live writer reports (and for every field of an
+    engine that is not up)."""
+
+    engine: int
+    up: bool
+    age_seconds: float
+    """Seconds since the newest entry of a live writer was stored (server clock); without one,
+    since the engine's last heartbeat."""
+    requests_running: float | None = None
+    requests_waiting: float | None = None
+    kv_cache_usage: float | None = None
+    kv_cache_capacity_tokens: float | None = None
+    prompt_tokens_per_second: float | None = None
+    generation_tokens_per_second: float | None = None
+    writers: int = 0
+    """Live writers whose entries make up this engine's numbers."""
+
+    def set_values(self, values: Sequence[float | None]) -> None:
+        """Set the fields of :data:`FIELDS`, in their order."""
+        (
+            self.requests_running,
+            self.requests_waiting,
+            self.kv_cache_usage,
+            self.kv_cache_capacity_tokens,
+            self.prompt_tokens_per_second,
+            self.generation_tokens_per_second,
+        ) = values
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``/load``'s ``engines.<index>``)."""
+        out: dict[str, Any] = {"up": self.up, "age_seconds": round(self.age_seconds, 3)}
+        for name in FIELDS:
+            v = getattr(self, name)
+            out[name] = None if v is None else _rounded(name, v)
+        return out
+
+
+def _rounded(name: str, v: float) -> float | int:
+    """Fewer digits than a float carries: a body that changes only when a value does (its ETag)
+    and stays small at a thousand engines."""
+    if name == "kv_cache_usage":
+        return round(v, 4)
+    if v == int(v) and abs(v) < 2**53:
+        return int(v)
+    return round(v, 1 if name.endswith("_per_second") else 3)
+
+
+@dataclass
+class LoadView:
+    """Every engine's load at server time :attr:`time`, and the fleet's figures over the live
+    engines (what ``GET /load`` answers)."""
+
+    time: float
+    engines: dict[int, EngineLoad]
+    skipped: dict[str, int] = field(default_factory=dict)
+    """Entries and keys skipped, by reason (``bad_entry``, ``wrong_type``, ``bad_engine``)."""
+
+    def fleet(self) -> dict[str, Any]:
+        """Counts of engines, and per field the ``sum``, ``mean`` and ``max`` over the live
+        engines that report it (``null`` when none does)."""
+        live = [e for e in self.engines.values() if e.up]
+        out: dict[str, Any] = {"engines": len(self.engines), "engines_up": len(live)}
+        for name in FIELDS:
+            values = [v for e in live if (v := getattr(e, name)) is not None]
+            if not values:
+                out[name] = {"sum": None, "mean": None, "max": None, "engines": 0}
+                continue
+            total = math.fsum(values)
+            out[name] = {
+                "sum": _rounded(name, total),
+                "mean": _rounded(name, total / len(values)),
+                "max": _rounded(name, max(values)),
+                "engines": len(values),
+            }
+        return out
+
+    def signature(self) -> str:
+        """What a body of this view says but its times (ages, ``time``): equal for equal
+        values and ups (``/load``'s ETag is a digest of it)."""
+        rows = [
+            (
+                e,
+                v.up,
+                v.requests_running,
+                v.requests_waiting,
+                v.kv_cache_usage,
+                v.kv_cache_capacity_tokens,
+                v.prompt_tokens_per_second,
+                v.generation_tokens_per_second,
+            )
+            for e, v in sorted(self.engines.items())
+        ]
+        return repr((rows, sorted(self.skipped.items())))
+
+    def to_dict(self, *, namespace: str | None = None) -> dict[str, Any]:
+        """The ``/load`` document (``redis_stats/schemas/load.schema.json``)."""
+        doc: dict[str, Any] = {"schema_version": LOAD_SCHEMA_VERSION}
+        if namespace is not None:
+            doc["namespace"] = namespace
+        doc["time"] = round(self.time, 3)
+        doc["fleet"] = self.fleet()
+        doc["engines"] = {str(e): self.engines[e].to_dict() for e in sorted(self.engines)}
+        doc["skipped"] = dict(self.skipped)
+        return doc
+
+
+def load_view(
+    now_ms: float,
+    engines: Mapping[int, tuple[bool, float]],
+    live: Mapping[int, set[str]],
+    load_flat: list[Any],
+    skipped: dict[str, int] | None = None,
+) -> LoadView:
+    """The view of one read: *engines* (engine -> (up, age of its heartbeat in s), as the
+    reader judged them), *live* (engine -> the writers whose values in it count, by the
+    reader's rule), *load_flat* (the load hashes' fields and values, flat; several shards'
+    concatenated). An entry of a writer not live in its engine, or of an engine not up, is not
+    counted; one that cannot be read is skipped and counted as ``bad_entry``."""
+    skipped = dict(skipped or {})
+    bad = 0
+    found: dict[int, list[LoadEntry]] = {}
+    for name, entry in zip(load_flat[0::2], decode_entries(load_flat[1::2])):
+        engine_text, sep, writer = name.partition("|") if name.__class__ is str else ("", "", "")
+        if entry is None or not sep or not (engine_text.isdigit() and engine_text.isascii()):
+            bad += 1
+            continue
+        engine = int(engine_text)
+        if writer in live.get(engine, ()):
+            held = found.get(engine)
+            if held is None:
+                found[engine] = [entry]
+            else:
+                held.append(entry)
+    if bad:
+        skipped["bad_entry"] = skipped.get("bad_entry", 0) + bad
+    out: dict[int, EngineLoad] = {}
+    n_gauges = len(GAUGE_FIELDS)
+    for engine, (up, beat_age) in engines.items():
+        entries = found.get(engine) if up else None
+        if not entries:
+            out[engine] = EngineLoad(engine, up, beat_age)
+            continue
+        newest = max(e.stored_ms for e in entries)
+        age = max(0.0, (now_ms - newest) / 1000.0)
+        load = out[engine] = EngineLoad(engine, up, age, writers=len(entries))
+        if len(entries) == 1:  # one writer: its values are the roll-up of any mode
+            load.set_values(entries[0].values)
+            continue
+        values: list[float | None]
+        if entries[0].modes == 0:
+            # Every gauge field mostrecent (vLLM's): the newest entry's, field by field the
+            # newest that reports it (roll_up's rule: the first of equal stamps in read order).
+            ordered = sorted(entries, key=_stamp, reverse=True)
+            values = list(ordered[0].values[:n_gauges])
+            if None in values:
+                for i, v in enumerate(values):
+                    if v is None:
+                        values[i] = next((x for e in ordered[1:] if (x := e.values[i]) is not None), None)
+        else:
+            values = []
+            for i in range(n_gauges):
+                readings = [(e.stamp_ms, v, "") for e in entries if (v := e.values[i]) is not None]
+                values.append(roll_up(entries[0].mode(i), readings) if readings else None)
+        for j in range(n_gauges, len(FIELDS)):
+            rates = [v for e in entries if (v := e.values[j]) is not None]
+            values.append(math.fsum(rates) if rates else None)
+        load.set_values(values)
+    return LoadView(now_ms / 1000.0, out, skipped)
+
+
+_MAX = 1.7976931348623157e308
+_stamp = operator.attrgetter("stamp_ms")
+
+
+class _Counted:
+    """A counter series that also adds its increments to a :class:`LoadTracker`'s total (what
+    a writer's ``labels()`` returns for a counter that feeds a rate of the load feed)."""
+
+    __slots__ = ("_at", "_child", "_totals", "_tracker")
+
+    def __init__(self, child: Any, totals: list[float], at: int, tracker: LoadTracker) -> None:
+        self._child = child
+        self._totals = totals
+        self._at = at
+        self._tracker = tracker
+
+    def inc(self, amount: int | float = 1) -> None:
+        """The series' ``inc`` (same rules: an invalid amount is dropped and counted there)."""
+        self._child.inc(amount)
+        kind = type(amount)
+        if (kind is int or kind is float) and 0 <= amount <= _MAX:
+            with self._tracker.lock:
+                self._totals[self._at] += amount
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._child, name)
+
+
+class LoadTracker:
+    """A writer's side of the load feed: which of its series feed which field (by the
+    :class:`LoadMap`), and the entry of each engine it records (:meth:`entries`).
+
+    Gauges are read from their series when an entry is made (their last ``set``); counters are
+    counted here as they are incremented (:class:`_Counted`), and their recent rate is the
+    increase over the last :data:`RATE_WINDOW` seconds (monotonic clock) of this process, from
+    the first series bound. Thread-safe: series are bound and counted by the host's threads,
+    entries made by the flusher.
+    """
+
+    def __init__(self, load_map: LoadMap, *, window: float = RATE_WINDOW) -> None:
+        self.window = window
+        self.lock = threading.Lock()  # replaced in a forked child (forked): a thread may hold it
+        self._by_metric: dict[str, list[tuple[int, LoadSource]]] = {}
+        for i, name in enumerate(FIELDS):
+            source = getattr(load_map, name)
+            if source is not None:
+                self._by_metric.setdefault(source.metric, []).append((i, source))
+        self._modes: list[str] = ["mostrecent"] * len(GAUGE_FIELDS)
+        self._state: dict[int, _EngineState] = {}
+
+    def forked(self) -> None:
+        """In a forked child: a new lock (the parent's may be held by a thread not copied)."""
+        self.lock = threading.Lock()
+
+    @property
+    def metrics(self) -> set[str]:
+        """The metrics that feed a field."""
+        return set(self._by_metric)
+
+    def bind(self, spec: MetricSpec, engine: int, values: tuple[str, ...], series: Any) -> Any:
+        """*series* (of *spec*, stored *engine*, label *values*), or what stands in for it when
+        it feeds the load feed (a counter: one that also counts here)."""
+        found = self._by_metric.get(spec.name)
+        if not found:
+            return series
+        with self.lock:
+            for i, source in found:
+                if i >= len(GAUGE_FIELDS):
+                    if spec.kind == COUNTER and hasattr(series, "deltas"):
+                        j = i - len(GAUGE_FIELDS)
+                        state = self._engine(engine)
+                        state.rated[j] = True
+                        return _Counted(series, state.totals, j, self)
+                    continue
+                if spec.kind != GAUGE or not hasattr(series, "state"):
+                    continue  # a dropped series (label too long, cardinality) reads as nothing
+                factor: float | None = None
+                if source.labels:
+                    factor = 1.0
+                    for label in source.labels:
+                        try:
+                            factor *= float(values[spec.labels.index(label)])
+                        except (ValueError, IndexError):
+                            factor = math.nan  # not a number: this series reports nothing
+                self._modes[i] = spec.mode
+                self._engine(engine).gauges[i][id(series)] = (series, factor)
+        return series
+
+    def _engine(self, engine: int) -> _EngineState:
+        """*engine*'s state, made on first use (under the lock)."""
+        found = self._state.get(engine)
+        if found is None:
+            found = self._state[engine] = _EngineState(time.monotonic())
+        return found
+
+    def engines(self) -> list[int]:
+        """The engines (stored indexes) with a series that feeds a field."""
+        with self.lock:
+            return sorted(self._state)
+
+    def entries(
+        self, engines: Iterable[int] | None = None, server_ms: Callable[[int, float], float] | None = None
+    ) -> list[str]:
+        """``engine, entry, ...`` (``load.lua``'s arguments) for *engines* (default: every
+        engine with a series that feeds a field; engines without one are left out). A gauge's
+        stamp is monotonic (its ``set``): *server_ms* (engine, stamp) puts it in the engine's
+        server clock, as the writer stamps the gauges it flushes (``Accumulator.server_ms``);
+        without it, the stamps are this process's monotonic milliseconds."""
+        now = time.monotonic()
+        out: list[str] = []
+        with self.lock:
+            wanted = sorted(self._state) if engines is None else [e for e in engines if e in self._state]
+            for engine in wanted:
+                state = self._state[engine]
+                values: list[float | None] = []
+                stamp = 0.0
+                for bound in state.gauges:
+                    total: float | None = None
+                    for series, factor in bound.values():
+                        at, value = series.state  # one tuple: read whole without the record lock
+                        if not at:
+                            continue  # never set
+                        stamp = max(stamp, at)
+                        if factor is not None:
+                            value = factor if value else 0.0
+                        total = value if total is None else total + value
+                    values.append(total)
+                history = state.history
+                totals = tuple(state.totals)
+                history.append((now, totals))
+                # The oldest sample kept is the newest one at least a window old: the rate is
+                # over the last window (or since the first series was bound, when younger).
+                while len(history) > 2 and history[1][0] <= now - self.window:
+                    history.popleft()
+                then, before = history[0]
+                span = now - then
+                for j, total in enumerate(totals):
+                    values.append((total - before[j]) / span if span > 0 and state.rated[j] else None)
+                ms = server_ms(engine, stamp) if server_ms is not None and stamp else stamp * 1000.0
+                out += [str(engine), encode_entry(ms, self._modes, values)]
+        return out
+
+
+class _EngineState:
+    """What a :class:`LoadTracker` holds of one engine."""
+
+    __slots__ = ("gauges", "history", "rated", "totals")
+
+    def __init__(self, started: float) -> None:
+        # per gauge field: {id(series): (series, factor or None)}
+        self.gauges: list[dict[int, tuple[Any, float | None]]] = [{} for _ in GAUGE_FIELDS]
+        self.totals = [0.0] * len(RATE_FIELDS)  # running totals of the counters of each rate field
+        self.rated = [False] * len(RATE_FIELDS)  # whether a counter feeds it
+        self.history: deque[tuple[float, tuple[float, ...]]] = deque([(started, tuple(self.totals))])

@@ -1,0 +1,185 @@
+"""``GET /load``: the load feed, refreshed by one background thread and shared by every request.
+
+A router polls every few tens of milliseconds; a Redis read per request would multiply the
+fleet's Redis load by the number of routers and their poll rate. So one thread reads
+(:meth:`redis_stats.reader.StatsReader.load`, the load hashes only) every *refresh* seconds, and
+a request is answered from the body that read built, already encoded and gzipped: no Redis, no
+JSON, no compression per request.
+
+The body changes only when a value or an ``up`` changes (not when only the ages do), and carries
+a weak ``ETag`` of those values: a client sending it back in ``If-None-Match`` gets ``304 Not
+Modified`` with no body. ``time`` and ``age_seconds`` in a body are as of the refresh that built
+it; the ``X-Load-Refreshed`` header of every answer (``200`` or ``304``) is the server time of the
+last refresh, which confirmed that the body still holds. Data served is therefore at most
+*refresh* seconds older than Redis' (plus the refresh's own read), and Redis' load entries at
+most a flush interval (or ``load_interval``) older than the writers'.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import hashlib
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from redis_stats.config import redact
+from redis_stats.errors import error_kind
+from redis_stats.load import LoadView
+from redis_stats.reader import EngineSlice, StatsReader
+
+__all__ = ["LoadBody", "LoadFeed"]
+
+log = logging.getLogger("redis_stats.exporter")
+
+GZIP_LEVEL = 6
+
+
+@dataclass(frozen=True)
+class LoadBody:
+    """One encoded answer of ``/load``: its status, JSON body, gzipped body and ETag."""
+
+    status: int
+    body: bytes
+    gzipped: bytes
+    etag: str
+    refreshed: float
+    """Server time (s) of the last refresh that confirmed this body (0 when none did)."""
+
+
+def _encode(status: int, doc: dict[str, Any], etag: str, refreshed: float) -> LoadBody:
+    body = json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
+    return LoadBody(status, body, gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0), etag, refreshed)
+
+
+def _etag(view: LoadView) -> str:
+    """A weak ETag of what a body of *view* says, but its times: the same values, the same tag."""
+    return 'W/"' + hashlib.sha1(view.signature().encode()).hexdigest()[:20] + '"'
+
+
+def _held(part: EngineSlice, engine: int) -> bool:
+    return part.holds(str(engine))
+
+
+class LoadFeed:
+    """The shared, refreshed ``/load`` of one exporter (thread-safe).
+
+    The refresher starts with the first request (an exporter nobody asks for the feed reads
+    nothing more from Redis), which waits for the first read; later requests never wait for
+    Redis. *select* filters the engines of a request's answer (a slice of the fleet); each
+    selection's body is built once per change and kept.
+    """
+
+    def __init__(
+        self,
+        reader: StatsReader,
+        *,
+        refresh: float = 0.25,
+        engines: list[int] | None = None,
+        namespace: str | None = None,
+        only: EngineSlice | None = None,
+    ) -> None:
+        if not refresh > 0:
+            raise ValueError(f"refresh={refresh!r} must be a positive number of seconds (the /load refresh)")
+        self.reader = reader
+        self.refresh = refresh
+        self.engines: Any = only if only is not None else engines
+        self.only = only
+        self.namespace = namespace if namespace is not None else reader.config.namespace
+        self._lock = threading.Lock()  # the state below: held for a few assignments only
+        self._refreshing = threading.Lock()  # one refresh at a time (held while Redis answers)
+        self._last_etag = ""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._view: LoadView | None = None
+        self._error: LoadBody | None = None
+        self._refreshed = 0.0
+        self._generation = 0
+        # selection key -> (generation, its LoadBody); "" is the whole view
+        self._bodies: dict[str, tuple[int, LoadBody]] = {}
+        self.refreshes = 0
+        self.failures = 0
+
+    def close(self) -> None:
+        """Stop the refresher."""
+        self._stop.set()
+
+    def answer(self, part: EngineSlice | None = None) -> LoadBody:
+        """The current body of slice *part* of the view (the whole view when None)."""
+        if part is not None and self.only is not None:
+            raise ValueError(
+                f"this exporter serves slice {self.only} only; ?slice= needs one of the whole fleet"
+            )
+        key = "" if part is None else str(part)
+        select = None if part is None else functools.partial(_held, part)
+        if self._thread is None:
+            self._start()
+        with self._lock:
+            if self._error is not None:
+                return self._error
+            view, generation, refreshed = self._view, self._generation, self._refreshed
+            kept = self._bodies.get(key)
+        if kept is not None and kept[0] == generation:
+            body = kept[1]
+            if body.refreshed != refreshed:  # confirmed by a later refresh: same body, new time
+                body = LoadBody(body.status, body.body, body.gzipped, body.etag, refreshed)
+            return body
+        assert view is not None
+        if select is not None:
+            view = LoadView(view.time, {e: v for e, v in view.engines.items() if select(e)}, view.skipped)
+        etag = _etag(view)
+        if kept is not None and kept[1].etag == etag:
+            body = LoadBody(kept[1].status, kept[1].body, kept[1].gzipped, etag, refreshed)
+        else:
+            body = _encode(200, view.to_dict(namespace=self.namespace), etag, refreshed)
+        with self._lock:
+            if self._generation == generation:
+                self._bodies[key] = (generation, body)
+        return body
+
+    def _start(self) -> None:
+        with self._refreshing:
+            if self._thread is not None:
+                return
+            self._refresh_once()  # the first request waits for the first read, once
+            self._thread = threading.Thread(target=self._loop, name="redis_stats-load", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.refresh):
+            with self._refreshing:
+                self._refresh_once()
+
+    def _refresh_once(self) -> None:
+        """One read (requests are answered meanwhile from the bodies kept), then a new view
+        and a new generation only when a body would change (values or ups: the ETag), or the
+        error body says why there is none."""
+        try:
+            view = self.reader.load(self.engines)
+        except Exception as exc:
+            self.failures += 1
+            log.debug("load refresh failed: %s", exc)
+            doc = {"error": error_kind(exc), "detail": redact(str(exc), self.reader.config.url)}
+            with self._lock:
+                self._error = _encode(503, doc, "", 0.0)
+                self._generation += 1
+                self._last_etag = ""
+            return
+        self.refreshes += 1
+        etag = _etag(view)
+        if self._error is None and etag == self._last_etag:
+            with self._lock:
+                self._refreshed = view.time
+            return  # the same values: the kept bodies stand (their times are the older view's)
+        # The whole view's body now, in this thread (requests are served the old one meanwhile).
+        body = _encode(200, view.to_dict(namespace=self.namespace), etag, view.time)
+        with self._lock:
+            self._refreshed = view.time
+            self._error = None
+            self._view = view
+            self._last_etag = etag
+            self._generation += 1
+            self._bodies[""] = (self._generation, body)
