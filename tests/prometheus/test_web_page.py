@@ -184,9 +184,11 @@ def test_ten_engines_the_down_and_queued_come_first_in_colours_that_do_not_repea
     if first["window"] is None:  # a cold exporter: rates say when they come, never a bare dash
         assert first["blank"] == [], first
     page.wait(
-        "engine 7 down and a queue past the threshold",
-        "const r = document.querySelectorAll('#att-rows tr');"
+        "engine 7 down and both queued engines past the threshold",
+        "const r = Array.from(document.querySelectorAll('#att-rows tr'));"
+        "const warned = r.filter(x => x.cells[2].className === 'warn').map(x => x.cells[0].textContent);"
         "return r.length >= 3 && r[0].cells[0].textContent === '7' && r[1].cells[2].className === 'warn'"
+        " && warned.includes('3') && warned.includes('8')"
         " && window.__renders.filter(x => x.window !== null).length >= 3",
         40,
     )
