@@ -44,7 +44,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 import redis
 from redis.utils import HIREDIS_AVAILABLE
 
-from redis_stats._core.accumulator import Accumulator, FlushProtocol, FlushResult
+from redis_stats._core.accumulator import DUPLICATE, Accumulator, FlushProtocol, FlushResult
 from redis_stats._core.liveness import STALE_FIELD
 from redis_stats._core.steps import Steps, run
 from redis_stats._scripts import Script, load_script
@@ -549,7 +549,7 @@ class WriterCore:
         self.stats.observe_duration(seconds)
         self.stats.last_success = time.time()
         self.stats.flushes += 1
-        self.stats.duplicates += not result.applied
+        self.stats.duplicates += result.status == DUPLICATE
         if result.catalog_conflicts:
             for name in self._acc.catalog_conflict(result.catalog_conflicts, result.refused_series):
                 log.warning(

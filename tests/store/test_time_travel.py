@@ -183,3 +183,14 @@ def test_a_writer_closing_right_after_the_store_went_back_in_time_stores_its_sta
     _restore(raw, namespace, saved)
     assert w.close()  # its last flush finds the store behind: close stores everything, then stops
     assert _read(redis_server.url, namespace, 1).engines[0].counter("tokens") == 10
+
+
+def test_a_store_found_behind_is_not_counted_as_a_duplicate(redis_server, namespace):
+    raw = redis.Redis.from_url(redis_server.url)
+    w = StatsWriter(_cfg(redis_server.url, namespace), sample_catalog(), engines=[0], start=False)
+    w.counter("tokens").labels(engine=0).inc(1)
+    assert w.flush()
+    _restore(raw, namespace, {})  # restarted empty
+    assert w.flush()  # answered "behind": nothing applied, and not a duplicate either
+    assert w.stats.duplicates == 0
+    w.close()
