@@ -88,19 +88,6 @@ def _catalogues(metas: list[Any]) -> Any:
     return meta
 
 
-def _chunk_writer(name: Any) -> str | None:
-    """:func:`fields.chunk_writer`, without its full decode for a field with no escape in it
-    (every writer id but one holding ``|``, ``\\`` or a newline)."""
-    if name.__class__ is not str:
-        return None
-    if "\\" in name:
-        return fields.chunk_writer(name)
-    head, sep, index = name.rpartition("|")
-    if not (sep and head.startswith("@|") and index.isdigit() and index.isascii()) or "|" in head[2:]:
-        return fields.chunk_writer(name)
-    return head[2:]
-
-
 def _wanted(engines: Iterable[int] | EngineSlice | None) -> Any:
     """The engines a read asks for, fixed once: None (all), a slice, or a list of indexes."""
     return engines if engines is None or isinstance(engines, EngineSlice) else list(engines)
@@ -553,7 +540,11 @@ class ReaderCore:
                 names = tuple(held)
                 writers_of = kept.get(names)
                 if writers_of is None:
-                    writers_of = frozenset(w for name in names if (w := _chunk_writer(name)) is not None)
+                    writers_of = frozenset(
+                        w
+                        for name in names
+                        if name.__class__ is str and (w := fields.chunk_writer(name)) is not None
+                    )
                 now_kept[names] = writers_of
                 seen = found.get(engine)
                 if seen is None:

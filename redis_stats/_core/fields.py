@@ -91,6 +91,16 @@ def chunk_field(writer: str, index: int) -> str:
 
 def chunk_writer(field: str) -> str | None:
     """The writer of a chunk's values field ``@|<writer>|<k>``, or None if it is not one."""
+    if "\\" not in field:  # no escape (every writer id but one holding |, \ or a newline): no decode
+        head, sep, index = field.rpartition(SEP)
+        if (
+            sep
+            and head.startswith(CHUNK_PREFIX)
+            and SEP not in head[2:]
+            and index.isdigit()
+            and index.isascii()
+        ):
+            return head[2:]
     try:
         parts = decode(field)
     except ValueError:

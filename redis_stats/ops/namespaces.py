@@ -173,11 +173,7 @@ def _liveness_inputs(
         for (e, _), names in zip(shard_engines, replies[len(shard_writers) :]):
             if isinstance(names, list):
                 found = owners.setdefault(e, set())
-                for name in names:
-                    if name.startswith(fields.CHUNK_PREFIX) and not name.endswith(fields.NAMES_SUFFIX):
-                        writer = fields.chunk_writer(name)
-                        if writer is not None:
-                            found.add(writer)
+                found.update(w for name in names if (w := fields.chunk_writer(name)) is not None)
     return engines, writers, owners, stats
 
 
