@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 
 # The browser tests of the live page run in `make test` too: Debian's chromium is installed first
 # when missing (CI is root; elsewhere a failed install is said, and those tests then skip, unless
-# REDIS_STATS_REQUIRE_BROWSER=1, as .ci/run sets, makes a missing browser a failure).
+# CI_REQUIRE_BROWSER=1, as .ci/run sets, makes a missing browser a failure).
 test: lint browser-deps
 	$(BIN)/python -m pytest -q -m "not e2e"
 

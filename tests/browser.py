@@ -33,7 +33,7 @@ CHROMIUM_ARGS = [
 def missing() -> str | None:
     """Why no browser test can run here, or None.
 
-    With ``REDIS_STATS_REQUIRE_BROWSER=1`` (CI, ``.ci/run``) a missing browser is not a reason
+    With ``CI_REQUIRE_BROWSER=1`` (CI, ``.ci/run``) a missing browser is not a reason
     to skip: it raises, so the live page is never left untested.
     """
     why = None
@@ -41,8 +41,8 @@ def missing() -> str | None:
         why = "no chromium here: make test-browser installs it (apt-get install chromium chromium-driver)"
     elif not shutil.which("chromedriver"):
         why = "no chromedriver here: make test-browser installs it (apt-get install chromium-driver)"
-    if why and os.environ.get("REDIS_STATS_REQUIRE_BROWSER") == "1":
-        raise RuntimeError(f"REDIS_STATS_REQUIRE_BROWSER=1 but {why}")
+    if why and os.environ.get("CI_REQUIRE_BROWSER") == "1":
+        raise RuntimeError(f"CI_REQUIRE_BROWSER=1 but {why}")
     return why
 
 

@@ -16,6 +16,13 @@ from redis_stats.tools.embedded import EmbeddedRedis, NoServerBinary, binary_of_
 ROOT = Path(__file__).resolve().parent.parent
 _counter = itertools.count()
 
+# The suite sees only the settings its tests make: a developer's shell REDIS_STATS_URL would point
+# tests at someone's Redis, and any REDIS_STATS_* name would add a "not a variable" warning to
+# outputs the tests hold line by line. The server binary choice is the one kept (it picks what
+# the tests run against, docs/configuration.md).
+for _name in [n for n in os.environ if n.startswith("REDIS_STATS_") and n != "REDIS_STATS_SERVER_BINARY"]:
+    del os.environ[_name]
+
 
 def sample_catalog() -> Catalog:
     """A small catalogue with every kind and roll-up, used across the suite."""

@@ -46,10 +46,10 @@ def test_the_page_is_served_at_root_and_loads_nothing_from_elsewhere(config, fak
 
 def test_ci_fails_rather_than_skips_when_no_browser_can_run(monkeypatch):
     monkeypatch.setattr(browser.shutil, "which", lambda name: None)
-    monkeypatch.delenv("REDIS_STATS_REQUIRE_BROWSER", raising=False)
+    monkeypatch.delenv("CI_REQUIRE_BROWSER", raising=False)
     assert "make test-browser installs it" in (browser.missing() or "")  # a developer's machine: skip
-    monkeypatch.setenv("REDIS_STATS_REQUIRE_BROWSER", "1")  # .ci/run
-    with pytest.raises(RuntimeError, match="REDIS_STATS_REQUIRE_BROWSER=1 but no chromium"):
+    monkeypatch.setenv("CI_REQUIRE_BROWSER", "1")  # .ci/run
+    with pytest.raises(RuntimeError, match="CI_REQUIRE_BROWSER=1 but no chromium"):
         browser.missing()
 
 
