@@ -16,12 +16,16 @@ from redis_stats.tools.embedded import EmbeddedRedis, NoServerBinary, binary_of_
 ROOT = Path(__file__).resolve().parent.parent
 _counter = itertools.count()
 
-# The suite sees only the settings its tests make: a developer's shell REDIS_STATS_URL would point
-# tests at someone's Redis, and any REDIS_STATS_* name would add a "not a variable" warning to
-# outputs the tests hold line by line. The server binary choice is the one kept (it picks what
-# the tests run against, docs/configuration.md).
-for _name in [n for n in os.environ if n.startswith("REDIS_STATS_") and n != "REDIS_STATS_SERVER_BINARY"]:
-    del os.environ[_name]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The suite sees only the settings its tests make: a developer's shell REDIS_STATS_URL would
+    point tests at someone's Redis, and any REDIS_STATS_* name would add a "not a variable"
+    warning to outputs the tests hold line by line. The server binary choice is kept (it picks
+    what the tests run against, docs/configuration.md). A hook, not module code: child processes
+    import this module for its helpers, with the settings their test gave them."""
+    for name in [n for n in os.environ if n.startswith("REDIS_STATS_") and n != "REDIS_STATS_SERVER_BINARY"]:
+        del os.environ[name]
 
 
 def sample_catalog() -> Catalog:
