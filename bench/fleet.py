@@ -25,8 +25,8 @@ docs/key-schema.md "Shards"): each fleet writer then sends its calls to its engi
 the spread is (busiest - idlest) / mean of the masters' CPU.
 
 **The load feed** (``--load``, docs/load.md): (a) runs three times per size: without it (the
-baseline), with every writer's ``load.lua`` pipelined beside each of its flushes (``load=VLLM_LOAD``:
-the template writers' own ``load_call``), and with that plus the load entries alone every
+baseline), with every writer's load entries in each of its flushes (``load=VLLM_LOAD``: the
+template writers' own flush arguments), and with that plus the load entries alone (``load.lua``) every
 ``--load-interval`` seconds (0.1: what a router polling every 50 ms would ask for; a driver sends
 its writers' calls of one tick in one pipeline, so the driver processes keep up: Redis runs the
 same scripts). During the two load runs an exporter's ``/load`` refresher reads every 0.25 s. The
@@ -77,8 +77,8 @@ FLOOR_ARGS = [x for i in range(45) for x in (f"vllm:series_{i}|meta-llama/Llama-
 
 
 def templates() -> list[tuple[str, list[list[str]], list[list[str]]]]:
-    """(writer id, the ARGV of each of its flushes, the ARGV of load.lua beside each) of 4
-    engines x 2 API servers."""
+    """(writer id, the ARGV of each of its flushes, the ARGV of its load.lua call alone at the
+    same moment) of 4 engines x 2 API servers."""
     cfg = StatsConfig(url="redis://127.0.0.1:1/0", namespace="template")
     out = []
     for engine in range(TEMPLATE_ENGINES):
@@ -101,9 +101,7 @@ def templates() -> list[tuple[str, list[list[str]], list[list[str]]]]:
                     sim.step(step * 0.05)
                     step += 1
                 flushes.append(w.prepare_flush()[1])
-                beside = w.load_call(flushes[-1])
-                assert beside is not None
-                loads.append(beside[1])
+                loads.append(w.load_calls()[0][1])  # [writer, engine, entry]
                 w.flush_succeeded([1, 0, 0, [], 0], 0.0004)
             w._closed = True
             out.append((w.writer_id, flushes, loads))
@@ -111,9 +109,10 @@ def templates() -> list[tuple[str, list[list[str]], list[list[str]]]]:
 
 
 def rewrite(
-    args: list[str], template_id: str, keys: Keys, writer: str, engine: int, seq: int
+    args: list[str], template_id: str, keys: Keys, writer: str, engine: int, seq: int, *, with_load: bool
 ) -> tuple[list[str], list[str]]:
-    """A template flush as fleet writer *writer* of *engine* sends it: its KEYS and ARGV."""
+    """A template flush as fleet writer *writer* of *engine* sends it: its KEYS and ARGV (its
+    load entries in it *with_load*, else none, as a writer without a load map sends it)."""
     prefix = keys.prefix
     # Confirmed: the previous one, applied "just now" (the fleet runs no gc: the time is not read).
     out = [prefix, writer, str(seq), *args[3:7], str(seq - 1), "0"]
@@ -127,6 +126,13 @@ def rewrite(
     nspecs = int(args[i])
     out += args[i : i + 1 + 2 * nspecs]
     i += 1 + 2 * nspecs
+    nload = int(args[i])
+    out += (
+        [str(nload), *[x for j in range(nload) for x in (str(engine), args[i + 2 + 2 * j])]]
+        if with_load
+        else ["0"]
+    )
+    i += 1 + 2 * nload
     old_head = fields.chunk_field(template_id, 0)[:-1]
     new_head = fields.chunk_field(writer, 0)[:-1]
     blocks = 0
@@ -138,7 +144,7 @@ def rewrite(
         i += 2 + 2 * nset
         blocks += 1
     fixed = [keys.seq, keys.engines, keys.writers, keys.meta, keys.claims, keys.conflicts]
-    return [*fixed, keys.writer_stats(writer), *[keys.counters(engine)] * blocks], out
+    return [*fixed, keys.writer_stats(writer), keys.load, *[keys.counters(engine)] * blocks], out
 
 
 def drive(
@@ -153,8 +159,8 @@ def drive(
 ) -> None:
     """Send each (engine, api) writer's flushes, one per second, spread over the second, from
     wall-clock time *start_at*, to its engine's shard. Latencies are kept from the third second
-    (steady state). With *load* (None: off), each flush has its writer's ``load.lua`` pipelined
-    beside it, and with *load* > 0 every writer's load entries go alone that often as well."""
+    (steady state). With *load* (None: off), each flush carries its writer's load entries, and
+    with *load* > 0 every writer's load entries go alone (``load.lua``) that often as well."""
     tpl = templates()
     cfg = StatsConfig(url=url, namespace=namespace, shards=shards)
     writer = StatsWriter(cfg, vllm_catalog(), start=False)
@@ -173,10 +179,12 @@ def drive(
     for n in range(total_calls):
         k, idx = divmod(n, len(writers))
         engine, api = writers[idx]
-        template_id, flushes, loads = tpl[(engine % TEMPLATE_ENGINES) * 2 + api]
+        template_id, flushes, _ = tpl[(engine % TEMPLATE_ENGINES) * 2 + api]
         at = k if k < 2 else 2 + (k - 2) % (TEMPLATE_FLUSHES - 2)
         keys = shard_keys[engine % shards]
-        key_list, args = rewrite(flushes[at], template_id, keys, ids[idx], engine, k + 1)
+        key_list, args = rewrite(
+            flushes[at], template_id, keys, ids[idx], engine, k + 1, with_load=load is not None
+        )
         due = start + k + idx / len(writers)
         while load and next_tick <= due:  # the load entries alone, every writer of this driver
             pause = next_tick - time.monotonic()
@@ -186,7 +194,7 @@ def drive(
             for (e, a), wid in zip(writers, ids):
                 entry = tpl[(e % TEMPLATE_ENGINES) * 2 + a][2][at]
                 lk = shard_keys[e % shards]
-                pipe.evalsha(load_sha, 2, lk.load, lk.writers, wid, "0", str(e), *entry[3:])
+                pipe.evalsha(load_sha, 1, lk.load, wid, str(e), entry[2])
             pipe.execute()
             next_tick += load
         wait = due - time.monotonic()
@@ -195,14 +203,7 @@ def drive(
         else:
             behind = max(behind, -wait)
         t0 = time.perf_counter()
-        if load is None:
-            script(keys=key_list, args=args)
-        else:  # the flush and its load.lua, pipelined: one round trip, as the writer sends them
-            pipe = client.pipeline(transaction=False)
-            pipe.evalsha(script.sha, len(key_list), *key_list, *args)
-            mode = loads[at][1]  # the writer's own: garbage collection with every 8th flush
-            pipe.evalsha(load_sha, 2, keys.load, keys.writers, ids[idx], mode, str(engine), *loads[at][3:])
-            pipe.execute()
+        script(keys=key_list, args=args)
         if k >= 2:
             latencies.append(time.perf_counter() - t0)
     queue.put((latencies, behind))
@@ -288,7 +289,7 @@ def run(
         "scrape_ms": scrape * 1e3,
         "flush_us": float(stats.get("cmdstat_evalsha", {}).get("usec_per_call", "nan")),
         "floor_us": float(stats.get("cmdstat_fcall", {}).get("usec_per_call", "nan")),
-        "load": "off" if load is None else ("beside each flush" if not load else f"and alone every {load} s"),
+        "load": "off" if load is None else ("in each flush" if not load else f"and alone every {load} s"),
         "load_engines": load_engines,
     }
 

@@ -5,7 +5,8 @@ and by script SHA (``SLOWLOG`` with threshold 0: Redis' own time of each call), 
 
 - the floor: one Lua script doing 45 HINCRBYs on one hash (about what a busy engine changes per
   flush);
-- the package's ``flush.lua`` with exactly the arguments the writers build.
+- the package's ``flush.lua`` with exactly the arguments the writers build (the vLLM plugin's
+  writers: their load entries, the ``/load`` feed's fields, travel in the flush).
 
 at three paces, the two candidates interleaved call by call so that the machine's noise and the
 server's state hit them alike:
@@ -45,6 +46,7 @@ import redis  # noqa: E402
 from redis_stats import StatsConfig, StatsWriter  # noqa: E402
 from redis_stats._scripts import load_script  # noqa: E402
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog  # noqa: E402
+from redis_stats.integrations.vllm.load import VLLM_LOAD  # noqa: E402
 from redis_stats.keys import Keys  # noqa: E402
 from redis_stats.tools.embedded import EmbeddedRedis  # noqa: E402
 from redis_stats.tools.simulate import SimulatedApiServer  # noqa: E402
@@ -74,8 +76,8 @@ def busy_profile(batches: int, writers: int = 2, steps_per_flush: int = 20) -> l
     out: list[list[Flush]] = []
     cfg = StatsConfig(url="redis://127.0.0.1:1/0", namespace="profile")
     for w in range(writers):
-        writer = StatsWriter(
-            cfg, vllm_catalog(), engines=[0], start=False, role=f"api{w}", owner="node1:4242"
+        writer = StatsWriter(  # as the vLLM plugin makes it: its load entries travel in the flush
+            cfg, vllm_catalog(), engines=[0], start=False, role=f"api{w}", owner="node1:4242", load=VLLM_LOAD
         )
         sim = SimulatedApiServer(VllmRecorder(writer, "meta-llama/Llama-3-8B", [0]), 0, seed=w + 1)
         now = time.monotonic()

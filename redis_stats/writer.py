@@ -70,11 +70,6 @@ __all__ = [
 
 log = logging.getLogger("redis_stats.writer")
 
-# A writer's load.lua beside every this-many-th flush also collects two random load entries of
-# writers gone (load.lua mode 2): with W writers flushing each second, every dead entry is looked
-# at about every F / (2 W / LOAD_GC_EVERY) seconds for F entries, a few seconds in a fleet.
-LOAD_GC_EVERY = 8
-
 
 def _check_identity(what: str, value: object) -> None:
     """A writer's *role*, *owner* or id goes to Redis as UTF-8 with every flush: refuse at
@@ -314,7 +309,6 @@ class WriterCore:
         self.config = config or StatsConfig.from_env()
         # The load feed's fields (redis_stats/load.py): which series feed them, and their entries.
         self.load = LoadTracker(load) if load is not None else None
-        self._load_flushes = -1  # load.lua calls beside a flush so far (LOAD_GC_EVERY)
         self.catalog = catalog if catalog is not None else Catalog()
         _check_identity("role", role)
         _check_identity("owner", owner)
@@ -488,6 +482,7 @@ class WriterCore:
                 stale_ms=stale_ms,
                 claims=claims,
                 stats=self._changed_stats() if shard == self.home else (),
+                load=self._load_entries(shard, batch.closing),
             )
             calls.append((shard, batch.script_keys(keys, self.shard_ids[shard]), args))
         return calls
@@ -529,6 +524,8 @@ class WriterCore:
         """Redis answered the flush of *shard* (applied now, or already applied): move on."""
         result = FlushResult.from_reply(reply)
         self._protocol.confirmed(result, shard)
+        if result.load_error:  # the batch was applied; its load entries were refused
+            self.load_done(redis.exceptions.ResponseError(result.load_error))
         if result.store_behind:
             # Redis lost (some of) this shard's data: maybe shard 0's too, and with it the list
             # of K: note K again (idempotent, one call). The next batch stores everything.
@@ -612,58 +609,30 @@ class WriterCore:
 
     # -- the load feed (redis_stats/load.py): load.lua beside each flush, and alone --------------
 
-    def load_call(self, flush_args: list[str]) -> tuple[list[str], list[str]] | None:
-        """KEYS and ARGV of ``load.lua`` to pipeline beside the flush whose ARGV is *flush_args*
-        (its shard's prefix, the writer's id there and its closing flag are in it): the load
-        entries of this writer's engines of that shard, or None (no load map, or no engine of
-        it there). A closing flush's deletes the entries."""
+    def _load_entries(self, shard: int, closing: bool) -> list[str]:
+        """The load entries (``engine, entry`` pairs) of this writer's engines in *shard*, for
+        its flush there (``flush.lua`` stores them with the batch) or alone (``load.lua``). A
+        closing flush's name the engines only: the script deletes their entries."""
         if self.load is None:
-            return None
-        by_shard: dict[int, list[int]] = {}
-        for e in self.load.engines():
-            by_shard.setdefault(shard_of(e, self.shards), []).append(e)
-        # the flush's shard, by its prefix (shard tags are cached: no cost after the first)
-        found = [s for s in by_shard if self.keys.shard(s, self.shards).prefix == flush_args[0]]
-        if not found:
-            return None
-        engines = by_shard[found[0]]
-        keys = self.keys.shard(found[0], self.shards)
-        if flush_args[3] == "1":  # closing: the entries go with the writer
-            return [keys.load, keys.writers], [
-                flush_args[1],
-                "1",
-                *(x for e in engines for x in (str(e), "")),
-            ]
-        # mode 2 (every LOAD_GC_EVERY-th flush): store, and collect two random entries of
-        # writers gone; else store only (garbage collection is a third of the call's cost)
-        self._load_flushes += 1
-        mode = "2" if self._load_flushes % LOAD_GC_EVERY == 0 else "0"
-        return [keys.load, keys.writers], [
-            flush_args[1],
-            mode,
-            *self.load.entries(engines, self._acc.server_ms),
-        ]
+            return []
+        engines = [e for e in self.load.engines() if shard_of(e, self.shards) == shard]
+        if closing:
+            return [x for e in engines for x in (str(e), "")]
+        return self.load.entries(engines, self._acc.server_ms)
 
     def load_calls(self) -> list[tuple[list[str], list[str]]]:
         """``load.lua``'s calls of the load entries alone (``load_interval``), one per shard."""
         if self.load is None:
             return []
-        by_shard: dict[int, list[int]] = {}
-        for e in self.load.engines():
-            by_shard.setdefault(shard_of(e, self.shards), []).append(e)
-        calls = []
-        for shard, engines in sorted(by_shard.items()):
-            keys = self.keys.shard(shard, self.shards)
-            calls.append(
-                (
-                    [keys.load, keys.writers],
-                    [self.shard_ids[shard], "0", *self.load.entries(engines, self._acc.server_ms)],
-                )
-            )
-        return calls
+        shards = sorted({shard_of(e, self.shards) for e in self.load.engines()})
+        return [
+            ([self.keys.shard(s, self.shards).load], [self.shard_ids[s], *self._load_entries(s, False)])
+            for s in shards
+        ]
 
     def load_done(self, result: Any) -> None:
-        """What ``load.lua`` answered: a failure is counted (``flush_errors_total`` with kind
+        """What storing the load entries came to (``load.lua``'s reply, or the error a flush
+        reported for them): a failure is counted (``flush_errors_total`` with kind
         ``load_<kind>``) and logged once per kind; never raised (the flush is not affected)."""
         if not isinstance(result, Exception):
             return
@@ -897,53 +866,26 @@ class StatsWriter(WriterCore):
         return self._call(*arg)
 
     def _call(self, keys: list[str], args: list[str]) -> Any:
-        """One flush: the script, with its load entries (``load.lua``, pipelined: the same round
-        trip; on a Cluster right after it) and with ``wait_replicas`` its replication
-        acknowledgement."""
-        beside = self.load_call(args)
-        if not self.config.wait_replicas and beside is None:
-            return self._script(keys=keys, args=args)
+        """One flush: the script, and with ``wait_replicas`` its replication acknowledgement
+        (pipelined: the same round trip; on a Cluster right after it)."""
         wanted, timeout = self.config.wait_replicas, self.config.wait_timeout_ms
-        cluster = is_cluster(self._client)
-        if cluster:  # redis-py pipelines no script on a Cluster: the calls one after the other
+        if not wanted:
+            return self._script(keys=keys, args=args)
+        if is_cluster(self._client):  # redis-py pipelines no script on a Cluster
             reply = self._script(keys, args)
-            if beside is not None:
-                try:
-                    loaded = self._load_script(*beside)
-                except Exception as exc:  # counted; never the flush's failure
-                    loaded = exc
-                self.load_done(loaded)
-            if not wanted:
-                return reply
             node = self._client.get_node_from_key(keys[0])
             acked = self._client.execute_command("WAIT", wanted, timeout, target_nodes=node)
             return self.script_and_wait(reply, acked)
-        for attempt in (1, 2):  # script (, load.lua) and WAIT pipelined on one connection
+        for attempt in (1, 2):
             pipe = self._client.pipeline(transaction=False)
             pipe.evalsha(self._script.sha, len(keys), *keys, *args)
-            if beside is not None:
-                pipe.evalsha(self._load_script.sha, len(beside[0]), *beside[0], *beside[1])
-            if wanted:
-                pipe.execute_command("WAIT", wanted, timeout)
+            pipe.execute_command("WAIT", wanted, timeout)
             results = pipe.execute(raise_on_error=False)
             if isinstance(results[0], redis.exceptions.NoScriptError) and attempt == 1:
                 self._client.script_load(self._script.source)  # the flush did not run: again
                 continue
             break
-        reply = results[0]
-        if beside is not None:
-            loaded = results[1]
-            if isinstance(loaded, redis.exceptions.NoScriptError):  # the flush ran; load.lua alone
-                try:
-                    loaded = self._load_script(*beside)
-                except Exception as exc:
-                    loaded = exc
-            self.load_done(loaded)
-        if not wanted:
-            if isinstance(reply, Exception):
-                raise reply
-            return reply
-        return self.script_and_wait(reply, results[-1])
+        return self.script_and_wait(results[0], results[1])
 
     def flush_load(self) -> None:
         """Store the load entries alone (``load_interval``), once the writer's first flush was

@@ -17,7 +17,6 @@ ROOT = Path(__file__).resolve().parent.parent
 _counter = itertools.count()
 
 
-
 def pytest_configure(config: pytest.Config) -> None:
     """The suite sees only the settings its tests make: a developer's shell REDIS_STATS_URL would
     point tests at someone's Redis, and any REDIS_STATS_* name would add a "not a variable"

@@ -412,7 +412,8 @@ class Batch:
         """The KEYS of ``flush.lua`` for this batch: every key it may touch (a Redis Cluster
         requires them declared), the engine hashes in the order of :meth:`script_args`' blocks."""
         fixed = [keys.seq, keys.engines, keys.writers, keys.meta, keys.claims, keys.conflicts]
-        return [*fixed, keys.writer_stats(writer_id), *[keys.counters(e) for e in self.block_engines()]]
+        fixed += (keys.writer_stats(writer_id), keys.load)
+        return [*fixed, *[keys.counters(e) for e in self.block_engines()]]
 
     def script_args(
         self,
@@ -423,11 +424,13 @@ class Batch:
         stale_ms: int = 0,
         claims: Iterable[int] = (),
         stats: list[str] | tuple[str, ...] = (),
+        load: list[str] | tuple[str, ...] = (),
     ) -> list[str]:
         """The ARGV of ``flush.lua`` for this batch.
 
         *owner* claims the *claims* engines for conflict detection; *stats* are the writer's
-        self-metrics that changed, as ``field, value`` pairs (absolute values: safe to send again).
+        self-metrics that changed, as ``field, value`` pairs, and *load* its load entries, as
+        ``engine, entry`` pairs (both absolute values: safe to send again).
         """
         claimed = [str(e) for e in claims]
         args = [
@@ -448,6 +451,8 @@ class Batch:
         ]
         for spec in self.specs:
             args += (spec.name, spec.to_json())
+        args.append(str(len(load) // 2))
+        args += load
         head = fields.chunk_field(writer_id, 0)[:-1]  # "@|<writer>|": the writer escaped once
         names_suffix = fields.NAMES_SUFFIX
         append = args.append
@@ -484,6 +489,9 @@ class FlushResult:
     """Metrics whose spec in this batch conflicts with the definition stored first in Redis."""
     refused_series: int = 0
     """Series of this batch not written because their metric's spec conflicts."""
+    load_error: str = ""
+    """Why the batch's load entries were not stored ('' when they were, or it had none); the
+    batch itself was applied."""
 
     @property
     def applied(self) -> bool:
@@ -503,10 +511,14 @@ class FlushResult:
 
     @classmethod
     def from_reply(cls, reply: list[Any]) -> FlushResult:
-        """Parse the script's reply ``{status, now, conflicts, {metric, ...}, refused series}``."""
+        """Parse the script's reply ``{status, now, conflicts, {metric, ...}, refused series[,
+        load error]}`` (the last only when the batch was applied)."""
         status, now, conflicts = (int(x) for x in reply[:3])
         names = tuple(x.decode() if isinstance(x, bytes) else str(x) for x in reply[3])
-        return cls(status, now, conflicts, names, int(reply[4]))
+        load_error = reply[5] if len(reply) > 5 else ""
+        if isinstance(load_error, bytes):
+            load_error = load_error.decode(errors="replace")
+        return cls(status, now, conflicts, names, int(reply[4]), str(load_error))
 
 
 _Series = CounterChild | GaugeChild | HistogramChild  # one series of one engine, made by child()

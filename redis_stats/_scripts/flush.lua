@@ -9,7 +9,8 @@
 -- KEYS[5] claims hash     engine -> "<owner>|<ms>": which instance last claimed the engine
 -- KEYS[6] conflicts hash  engine -> "<owner a>|<owner b>|<ms>": two live owners seen
 -- KEYS[7] the writer's stats hash (<prefix>w:<writer>)
--- KEYS[8..] the series hash (<prefix>e:<engine>:c) of each engine block of ARGV, in that order
+-- KEYS[8] load hash       "<engine>|<writer>" -> "<ms>,<entry>": the router feed's fields
+-- KEYS[9..] the series hash (<prefix>e:<engine>:c) of each engine block of ARGV, in that order
 -- Every key the script touches is declared (Redis Cluster requires it): the writer knows them all.
 --
 -- ARGV: prefix (named in error replies only), writer, seq, closing (0/1), schema, owner, stale ms,
@@ -20,6 +21,7 @@
 --       nclaims, {engine} * nclaims,
 --       nstats, {field, value} * nstats           (the writer's self-metrics that changed, absolute)
 --       nspecs, {name, json} * nspecs,
+--       nload, {engine, entry} * nload         (the writer's load entries, absolute: load.py)
 --       then per engine: engine, nset, {field, value} * nset
 --
 -- Schema 2 (docs/key-schema.md): a writer keeps, per engine, its own absolute state in chunks of
@@ -31,7 +33,7 @@
 -- add the writers' totals of a series up; gc folds a departed writer into base fields.
 --
 -- Returns {status, now ms, owner conflicts, {metrics whose spec conflicts with the stored one},
---          series refused for them};
+--          series refused for them, why the load entries were not stored ('' if they were)};
 -- status 1 applied, 0 already applied (a duplicate), 2 not applied because gc removed this writer
 -- (its fields were folded: the writer sends what the store lacks again under a new id), 3 not
 -- applied because the shard lacks what this writer saw confirmed: a sequence entry older than
@@ -151,6 +153,10 @@ local nspecs = count_at(i)
 if nspecs == nil then return refuse('bad specs count') end
 local specs_at = i + 1
 i = specs_at + 2 * nspecs
+local nload = count_at(i)
+if nload == nil then return refuse('bad load count') end
+local load_at = i + 1
+i = load_at + 2 * nload
 local blocks = {}
 while i <= n do
   local b = {engine = ARGV[i], nset = count_at(i + 1)}
@@ -162,8 +168,8 @@ while i <= n do
   blocks[#blocks + 1] = b
 end
 if i ~= n + 1 then return refuse('arguments end mid-block (' .. n .. ' given)') end
-if #KEYS ~= 7 + #blocks then
-  return refuse(#KEYS .. ' keys for ' .. #blocks .. ' engine blocks (7 + one per block expected)')
+if #KEYS ~= 8 + #blocks then
+  return refuse(#KEYS .. ' keys for ' .. #blocks .. ' engine blocks (8 + one per block expected)')
 end
 for j = claims_at, claims_at + nclaims - 1 do
   if not string.match(ARGV[j], '^%d+$') then return refuse('bad claimed engine ' .. ARGV[j]) end
@@ -183,7 +189,7 @@ if nstats > 0 then
 end
 for k, b in ipairs(blocks) do
   if b.nset > 0 then
-    b.key = KEYS[7 + k]
+    b.key = KEYS[8 + k]
     bad = want_type(b.key, 'hash', 'series of engine ' .. b.engine)
     if bad then return refuse(bad) end
   end
@@ -352,4 +358,22 @@ if closing then
 else
   redis.call('ZADD', KEYS[3], now_text, writer)
 end
-return {1, now, #owner_conflicts / 2, conflict_names, refused}
+
+-- The load entries last, each stamped with the server's time (a closing writer's are deleted),
+-- with pcall: the batch is applied by now, and a load hash of the wrong type (or a user without
+-- the right) costs the feed this writer's entries, never the flush. The reply says why.
+local load_error = ''
+if nload > 0 then
+  local entries = {}
+  local stamp = now_text .. ','
+  for j = load_at, load_at + 2 * nload - 1, 2 do
+    entries[#entries + 1] = ARGV[j] .. '|' .. writer
+    if not closing then entries[#entries + 1] = stamp .. ARGV[j + 1] end
+  end
+  -- In parts of 1,000 (whole pairs): unpack() of a very long list overflows Lua's C stack.
+  for j = 1, #entries, 1000 do
+    local r = redis.pcall(closing and 'HDEL' or 'HSET', KEYS[8], unpack(entries, j, math.min(j + 999, #entries)))
+    if type(r) == 'table' and r.err then load_error = r.err; break end
+  end
+end
+return {1, now, #owner_conflicts / 2, conflict_names, refused, load_error}

@@ -1,13 +1,16 @@
 -- redis_stats gc: remove engines and writers silent for longer than the retention.
 --
 -- KEYS[1] engines zset, KEYS[2] writers zset, KEYS[3] seq hash, KEYS[4] meta hash,
--- KEYS[5] claims hash, KEYS[6] conflicts hash
+-- KEYS[5] claims hash, KEYS[6] conflicts hash, KEYS[7] load hash
 -- ARGV: prefix, retention ms, dry run (0/1), drop the catalogue once empty (0/1)
 -- Returns {removed engines, removed writers, tombstones dropped, lines folded, lines not folded,
 --          emptied (1: nothing was left, and the shard's remaining keys were deleted)}.
 --
+-- The load entries ("<engine>|<writer>") of every writer not in the writers zset after this call
+-- are deleted: those of the writers it removes, and any left by a writer removed before.
+--
 -- A shard left with no engine, no writer and no tombstone is deleted whole (seq with its
--- watermark, claims, conflicts, and the catalogue when ARGV[4] says so: shard 0's lists the
+-- watermark, claims, conflicts, load entries, and the catalogue when ARGV[4] says so: shard 0's lists the
 -- namespace's K, so the caller asks for it only once every other shard is empty), so an emptied
 -- namespace is no longer listed. Nothing of a writer's can be double counted after that: with no
 -- engine hash left there are no folded base fields, and a writer that comes back stores its
@@ -44,6 +47,7 @@ local cutoff = now - retention
 local writers = {}
 local closed = {}  -- the removed writers that had closed cleanly (a negative heartbeat)
 local staying = {}  -- escaped ids of the writers this call keeps, as their chunk fields name them
+local kept = {}  -- the same writers' ids as they are
 local all = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
 for j = 1, #all, 2 do
   if math.abs(tonumber(all[j + 1])) < cutoff then
@@ -51,6 +55,7 @@ for j = 1, #all, 2 do
     closed[all[j]] = tonumber(all[j + 1]) < 0
   else
     staying[escape(all[j])] = true
+    kept[all[j]] = true
   end
 end
 local engines = {}
@@ -160,6 +165,14 @@ if #writers > 0 then
   end
 end
 for _, w in ipairs(tombstones) do redis.call('HDEL', KEYS[3], w) end
+if redis.call('TYPE', KEYS[7])['ok'] == 'hash' then
+  local gone = {}
+  for _, f in ipairs(redis.call('HKEYS', KEYS[7])) do
+    local w = string.match(f, '^[^|]*|(.*)$')
+    if not (w and kept[w]) then gone[#gone + 1] = f end
+  end
+  for j = 1, #gone, 500 do redis.call('HDEL', KEYS[7], unpack(gone, j, math.min(j + 499, #gone))) end
+end
 local emptied = 0
 -- (ZRANGE and HGETALL: commands the documented stats-admin ACL already grants)
 if #redis.call('ZRANGE', KEYS[1], 0, 0) == 0 and #redis.call('ZRANGE', KEYS[2], 0, 0) == 0 then
@@ -169,7 +182,7 @@ if #redis.call('ZRANGE', KEYS[1], 0, 0) == 0 and #redis.call('ZRANGE', KEYS[2], 
     if string.sub(left[j], 1, 1) == 'x' and string.sub(left[j], -2) ~= ':k' then emptied = 0; break end
   end
   if emptied == 1 then
-    redis.call('DEL', KEYS[3], KEYS[5], KEYS[6])
+    redis.call('DEL', KEYS[3], KEYS[5], KEYS[6], KEYS[7])
     if ARGV[4] == '1' then redis.call('DEL', KEYS[4]) end
   end
 end

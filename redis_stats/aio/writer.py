@@ -116,51 +116,25 @@ class AsyncStatsWriter(WriterCore):
         return await self._call(*arg)
 
     async def _call(self, keys: list[str], args: list[str]) -> Any:
-        """One flush (see StatsWriter._call: the same pipeline, awaited)."""
-        beside = self.load_call(args)
-        if not self.config.wait_replicas and beside is None:
-            return await self._script(keys, args)
+        """One flush (see StatsWriter._call: the same calls, awaited)."""
         wanted, timeout = self.config.wait_replicas, self.config.wait_timeout_ms
-        cluster = is_cluster(self._client)
-        if cluster:  # redis-py pipelines no script on a Cluster: the calls one after the other
+        if not wanted:
+            return await self._script(keys, args)
+        if is_cluster(self._client):  # redis-py pipelines no script on a Cluster
             reply = await self._script(keys, args)
-            if beside is not None:
-                try:
-                    loaded = await self._load_script(*beside)
-                except Exception as exc:  # counted; never the flush's failure
-                    loaded = exc
-                self.load_done(loaded)
-            if not wanted:
-                return reply
             node = self._client.get_node_from_key(keys[0])
             acked = await self._client.execute_command("WAIT", wanted, timeout, target_nodes=node)
             return self.script_and_wait(reply, acked)
-        for attempt in (1, 2):  # script (, load.lua) and WAIT pipelined on one connection
+        for attempt in (1, 2):
             pipe = self._client.pipeline(transaction=False)
             pipe.evalsha(self._script.sha, len(keys), *keys, *args)
-            if beside is not None:
-                pipe.evalsha(self._load_script.sha, len(beside[0]), *beside[0], *beside[1])
-            if wanted:
-                pipe.execute_command("WAIT", wanted, timeout)
+            pipe.execute_command("WAIT", wanted, timeout)
             results = await pipe.execute(raise_on_error=False)
             if isinstance(results[0], NoScriptError) and attempt == 1:
                 await self._client.script_load(self._script.source)  # the flush did not run: again
                 continue
             break
-        reply = results[0]
-        if beside is not None:
-            loaded = results[1]
-            if isinstance(loaded, NoScriptError):  # the flush ran; load.lua alone
-                try:
-                    loaded = await self._load_script(*beside)
-                except Exception as exc:
-                    loaded = exc
-            self.load_done(loaded)
-        if not wanted:
-            if isinstance(reply, Exception):
-                raise reply
-            return reply
-        return self.script_and_wait(reply, results[-1])
+        return self.script_and_wait(results[0], results[1])
 
     async def close(self, timeout: float | None = None) -> bool:
         """Stop the task and flush what is left, for at most *timeout* seconds (default

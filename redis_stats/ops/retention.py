@@ -94,7 +94,15 @@ def collect_garbage(config: StatsConfig, *, dry_run: bool = False, client: Clien
                     _share_heartbeats(client, shard, beats, live)
                 last = shard is shards[0]
                 engines, writers, tombstones, folded, unfolded, gone = script(
-                    keys=[shard.engines, shard.writers, shard.seq, shard.meta, shard.claims, shard.conflicts],
+                    keys=[
+                        shard.engines,
+                        shard.writers,
+                        shard.seq,
+                        shard.meta,
+                        shard.claims,
+                        shard.conflicts,
+                        shard.load,
+                    ],
                     args=[
                         shard.prefix,
                         int(config.retention * 1000),

@@ -61,7 +61,7 @@ def test_flush_lua_refuses_keys_that_do_not_match_its_engine_blocks(redis_server
     client = redis.Redis.from_url(redis_server.url, decode_responses=True)
     w = _writer(redis_server, namespace, catalog, client)
     keys, args = w.prepare_flush()
-    with pytest.raises(ResponseError, match="nothing written: 8 keys for 2 engine blocks"):
+    with pytest.raises(ResponseError, match="nothing written: 9 keys for 2 engine blocks"):
         Script(client, load_script("flush"))(keys[:-1], args)
     assert not client.exists(Keys(namespace).seq)
     client.close()

@@ -55,7 +55,12 @@ def test_k1_keys_are_the_unsharded_layout(namespace):
     keys, _args = w.prepare_flush()
     prefix = f"rs:{{{ns}}}:v2:"
     fixed = [prefix + x for x in ("seq", "engines", "writers", "meta", "claims", "conflicts")]
-    assert keys == [*fixed, f"{prefix}w:{w.writer_id}", *[f"{prefix}e:{e}:c" for e in range(3)]]
+    assert keys == [
+        *fixed,
+        f"{prefix}w:{w.writer_id}",
+        f"{prefix}load",
+        *[f"{prefix}e:{e}:c" for e in range(3)],
+    ]
     assert _args[0] == prefix
 
 
@@ -308,7 +313,8 @@ def test_gc_removing_the_writer_in_one_shard_only_renames_it_there_and_nothing_d
     one = Keys(namespace).shard(1, K)  # gc of shard 1 alone (as if it had missed heartbeats there)
     fake_client().zadd(one.engines, {"1": 2 * time.time() * 1000})  # the engine stays, the writer goes
     removed = Script(fake_client(), load_script("gc"))(
-        keys=[one.engines, one.writers, one.seq], args=[one.prefix, 1, "0"]
+        keys=[one.engines, one.writers, one.seq, one.meta, one.claims, one.conflicts, one.load],
+        args=[one.prefix, 1, "0", "0"],
     )
     assert removed[1] == [first] and removed[3] >= 1  # folded into shard 1's base fields
     w.counter("tokens").labels(engine=0).inc(1)
