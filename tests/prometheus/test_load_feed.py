@@ -190,6 +190,21 @@ def test_the_load_entries_travel_in_the_flush_one_script_call_per_flush(cfg):
     w.close()
 
 
+def test_a_writer_of_5000_engines_stores_and_deletes_every_entry(cfg):
+    # More entries than one unpack() takes (8,000 values): the script stores (and deletes) them in parts.
+    client = redis.Redis.from_url(cfg.url, decode_responses=True)
+    w = StatsWriter(cfg, catalog(), engines=list(range(5000)), start=False, load=LOAD)
+    for e in range(5000):
+        record(w, e, e, 0, 0.1)
+    assert w.flush() and not w.stats.errors
+    view = StatsReader(cfg).load()
+    assert [view.engines[e].requests_running for e in (0, 777, 4999)] == [0, 777, 4999]
+    assert client.hlen(w.keys.load) == 5000
+    assert w.close()
+    assert client.hlen(w.keys.load) == 0
+    client.close()
+
+
 def test_a_bad_entry_or_a_wrong_typed_load_hash_costs_itself_only(cfg):
     client = redis.Redis.from_url(cfg.url, decode_responses=True)
     w = StatsWriter(cfg, catalog(), engines=[0, 1], start=False, load=LOAD)
