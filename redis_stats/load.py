@@ -213,14 +213,10 @@ class EngineLoad:
     """Seconds since the newest entry of a live writer was stored (server clock); without one,
     since the engine's last heartbeat."""
     requests_running: float | None = None
-    """The engine's scheduler gauges: requests running, and waiting."""
     requests_waiting: float | None = None
     kv_cache_usage: float | None = None
-    """0 to 1."""
     kv_cache_capacity_tokens: float | None = None
-    """Where the engine reports it."""
     prompt_tokens_per_second: float | None = None
-    """Over each writer's last :data:`RATE_WINDOW` seconds, summed over the live writers."""
     generation_tokens_per_second: float | None = None
     writers: int = 0
     """Live writers whose entries make up this engine's numbers."""
