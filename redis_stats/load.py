@@ -374,20 +374,23 @@ def _engine_load(
 
 def _rolled_up_gauges(entries: list[LoadEntry]) -> list[float | None]:
     """The gauge fields of several writers' entries, each rolled up by its mode."""
-    n_gauges = len(GAUGE_FIELDS)
     if entries[0].modes == 0:
-        # Every gauge field mostrecent (vLLM's): the newest entry's, field by field the
-        # newest that reports it (roll_up's rule: the first of equal stamps in read order).
-        ordered = sorted(entries, key=_stamp, reverse=True)
-        values = list(ordered[0].values[:n_gauges])
-        for i, v in enumerate(values):
-            if v is None:
-                values[i] = next((x for e in ordered[1:] if (x := e.values[i]) is not None), None)
-        return values
-    values = []
-    for i in range(n_gauges):
+        return _most_recent_gauges(entries)
+    values: list[float | None] = []
+    for i in range(len(GAUGE_FIELDS)):
         readings = [(e.stamp_ms, v, "") for e in entries if (v := e.values[i]) is not None]
         values.append(roll_up(entries[0].mode(i), readings) if readings else None)
+    return values
+
+
+def _most_recent_gauges(entries: list[LoadEntry]) -> list[float | None]:
+    """Every gauge field mostrecent (vLLM's): the newest entry's, field by field the newest
+    that reports it (roll_up's rule: the first of equal stamps in read order)."""
+    ordered = sorted(entries, key=_stamp, reverse=True)
+    values = list(ordered[0].values[: len(GAUGE_FIELDS)])
+    for i, v in enumerate(values):
+        if v is None:
+            values[i] = next((x for e in ordered[1:] if (x := e.values[i]) is not None), None)
     return values
 
 
