@@ -323,6 +323,24 @@ def load_view(
     concatenated). An entry of a writer not live in its engine, or of an engine not up, is not
     counted; one that cannot be read is skipped and counted as ``bad_entry``."""
     skipped = dict(skipped or {})
+    found, bad = _live_entries(live, load_flat)
+    if bad:
+        skipped["bad_entry"] = skipped.get("bad_entry", 0) + bad
+    out: dict[int, EngineLoad] = {}
+    for engine, (up, beat_age) in engines.items():
+        entries = found.get(engine) if up else None
+        out[engine] = (
+            _engine_load(engine, up, beat_age, entries, now_ms)
+            if entries
+            else EngineLoad(engine, up, beat_age)
+        )
+    return LoadView(now_ms / 1000.0, out, skipped)
+
+
+def _live_entries(
+    live: Mapping[int, set[str]], load_flat: list[Any]
+) -> tuple[dict[int, list[LoadEntry]], int]:
+    """The entries of the live writers by engine, and how many fields could not be read."""
     bad = 0
     found: dict[int, list[LoadEntry]] = {}
     for name, entry in zip(load_flat[0::2], decode_entries(load_flat[1::2])):
@@ -337,41 +355,52 @@ def load_view(
                 found[engine] = [entry]
             else:
                 held.append(entry)
-    if bad:
-        skipped["bad_entry"] = skipped.get("bad_entry", 0) + bad
-    out: dict[int, EngineLoad] = {}
-    n_gauges = len(GAUGE_FIELDS)
-    for engine, (up, beat_age) in engines.items():
-        entries = found.get(engine) if up else None
-        if not entries:
-            out[engine] = EngineLoad(engine, up, beat_age)
-            continue
-        newest = max(e.stored_ms for e in entries)
-        age = max(0.0, (now_ms - newest) / 1000.0)
-        load = out[engine] = EngineLoad(engine, up, age, writers=len(entries))
-        if len(entries) == 1:  # one writer: its values are the roll-up of any mode
-            load.set_values(entries[0].values)
-            continue
-        values: list[float | None]
-        if entries[0].modes == 0:
-            # Every gauge field mostrecent (vLLM's): the newest entry's, field by field the
-            # newest that reports it (roll_up's rule: the first of equal stamps in read order).
-            ordered = sorted(entries, key=_stamp, reverse=True)
-            values = list(ordered[0].values[:n_gauges])
-            if None in values:
-                for i, v in enumerate(values):
-                    if v is None:
-                        values[i] = next((x for e in ordered[1:] if (x := e.values[i]) is not None), None)
-        else:
-            values = []
-            for i in range(n_gauges):
-                readings = [(e.stamp_ms, v, "") for e in entries if (v := e.values[i]) is not None]
-                values.append(roll_up(entries[0].mode(i), readings) if readings else None)
-        for j in range(n_gauges, len(FIELDS)):
-            rates = [v for e in entries if (v := e.values[j]) is not None]
-            values.append(math.fsum(rates) if rates else None)
-        load.set_values(values)
-    return LoadView(now_ms / 1000.0, out, skipped)
+    return found, bad
+
+
+def _engine_load(
+    engine: int, up: bool, beat_age: float, entries: list[LoadEntry], now_ms: float
+) -> EngineLoad:
+    """An engine's load from its live writers' entries (at least one)."""
+    newest = max(e.stored_ms for e in entries)
+    age = max(0.0, (now_ms - newest) / 1000.0)
+    load = EngineLoad(engine, up, age, writers=len(entries))
+    if len(entries) == 1:  # one writer: its values are the roll-up of any mode
+        load.set_values(entries[0].values)
+    else:
+        load.set_values(_rolled_up_gauges(entries) + _summed_rates(entries))
+    return load
+
+
+def _rolled_up_gauges(entries: list[LoadEntry]) -> list[float | None]:
+    """The gauge fields of several writers' entries, each rolled up by its mode."""
+    if entries[0].modes == 0:
+        return _most_recent_gauges(entries)
+    values: list[float | None] = []
+    for i in range(len(GAUGE_FIELDS)):
+        readings = [(e.stamp_ms, v, "") for e in entries if (v := e.values[i]) is not None]
+        values.append(roll_up(entries[0].mode(i), readings) if readings else None)
+    return values
+
+
+def _most_recent_gauges(entries: list[LoadEntry]) -> list[float | None]:
+    """Every gauge field mostrecent (vLLM's): the newest entry's, field by field the newest
+    that reports it (roll_up's rule: the first of equal stamps in read order)."""
+    ordered = sorted(entries, key=_stamp, reverse=True)
+    values = list(ordered[0].values[: len(GAUGE_FIELDS)])
+    for i, v in enumerate(values):
+        if v is None:
+            values[i] = next((x for e in ordered[1:] if (x := e.values[i]) is not None), None)
+    return values
+
+
+def _summed_rates(entries: list[LoadEntry]) -> list[float | None]:
+    """The rate fields of several writers' entries: their sums."""
+    values: list[float | None] = []
+    for j in range(len(GAUGE_FIELDS), len(FIELDS)):
+        rates = [v for e in entries if (v := e.values[j]) is not None]
+        values.append(math.fsum(rates) if rates else None)
+    return values
 
 
 _MAX = 1.7976931348623157e308
@@ -447,19 +476,10 @@ class LoadTracker:
                         state = self._engine(engine)
                         state.rated[j] = True
                         return _Counted(series, state.totals, j, self)
-                    continue
-                if spec.kind != GAUGE or not hasattr(series, "state"):
-                    continue  # a dropped series (label too long, cardinality) reads as nothing
-                factor: float | None = None
-                if source.labels:
-                    factor = 1.0
-                    for label in source.labels:
-                        try:
-                            factor *= float(values[spec.labels.index(label)])
-                        except (ValueError, IndexError):
-                            factor = math.nan  # not a number: this series reports nothing
-                self._modes[i] = spec.mode
-                self._engine(engine).gauges[i][id(series)] = (series, factor)
+                # A dropped series (label too long, cardinality) has no state: it reads as nothing.
+                elif spec.kind == GAUGE and hasattr(series, "state"):
+                    self._modes[i] = spec.mode
+                    self._engine(engine).gauges[i][id(series)] = (series, _factor(source, spec, values))
         return series
 
     def _engine(self, engine: int) -> _EngineState:
@@ -488,33 +508,25 @@ class LoadTracker:
             wanted = sorted(self._state) if engines is None else [e for e in engines if e in self._state]
             for engine in wanted:
                 state = self._state[engine]
-                values: list[float | None] = []
-                stamp = 0.0
-                for bound in state.gauges:
-                    total: float | None = None
-                    for series, factor in bound.values():
-                        at, value = series.state  # one tuple: read whole without the record lock
-                        if not at:
-                            continue  # never set
-                        stamp = max(stamp, at)
-                        if factor is not None:
-                            value = factor if value else 0.0
-                        total = value if total is None else total + value
-                    values.append(total)
-                history = state.history
-                totals = tuple(state.totals)
-                history.append((now, totals))
-                # The oldest sample kept is the newest one at least a window old: the rate is
-                # over the last window (or since the first series was bound, when younger).
-                while len(history) > 2 and history[1][0] <= now - self.window:
-                    history.popleft()
-                then, before = history[0]
-                span = now - then
-                for j, total in enumerate(totals):
-                    values.append((total - before[j]) / span if span > 0 and state.rated[j] else None)
+                values, stamp = state.gauge_values()
+                values += state.rates(now, self.window)
                 ms = server_ms(engine, stamp) if server_ms is not None and stamp else stamp * 1000.0
                 out += [str(engine), encode_entry(ms, self._modes, values)]
         return out
+
+
+def _factor(source: LoadSource, spec: MetricSpec, values: tuple[str, ...]) -> float | None:
+    """The product of the *source*'s label values of a series (NaN when one is not a number:
+    the series reports nothing); None for a source without labels (the series' value counts)."""
+    if not source.labels:
+        return None
+    factor = 1.0
+    for label in source.labels:
+        try:
+            factor *= float(values[spec.labels.index(label)])
+        except (ValueError, IndexError):
+            factor = math.nan  # not a number: this series reports nothing
+    return factor
 
 
 class _EngineState:
@@ -528,3 +540,38 @@ class _EngineState:
         self.totals = [0.0] * len(RATE_FIELDS)  # running totals of the counters of each rate field
         self.rated = [False] * len(RATE_FIELDS)  # whether a counter feeds it
         self.history: deque[tuple[float, tuple[float, ...]]] = deque([(started, tuple(self.totals))])
+
+    def gauge_values(self) -> tuple[list[float | None], float]:
+        """Each gauge field's value (the sum of its series that were set; None when none was),
+        and the newest stamp of their sets (monotonic seconds, 0.0 when none was set)."""
+        values: list[float | None] = []
+        stamp = 0.0
+        for bound in self.gauges:
+            total: float | None = None
+            for series, factor in bound.values():
+                at, value = series.state  # one tuple: read whole without the record lock
+                if not at:
+                    continue  # never set
+                stamp = max(stamp, at)
+                if factor is not None:
+                    value = factor if value else 0.0
+                total = value if total is None else total + value
+            values.append(total)
+        return values, stamp
+
+    def rates(self, now: float, window: float) -> list[float | None]:
+        """Each rate field's increase per second over the last *window* seconds (None for a
+        field no counter feeds); *now* joins the history."""
+        history = self.history
+        totals = tuple(self.totals)
+        history.append((now, totals))
+        # The oldest sample kept is the newest one at least a window old: the rate is
+        # over the last window (or since the first series was bound, when younger).
+        while len(history) > 2 and history[1][0] <= now - window:
+            history.popleft()
+        then, before = history[0]
+        span = now - then
+        return [
+            (total - before[j]) / span if span > 0 and self.rated[j] else None
+            for j, total in enumerate(totals)
+        ]

@@ -429,18 +429,7 @@ class ReaderCore:
         once, as the snapshot read does."""
         for _ in range(2):
             shards = self.shard_keys
-            replies: list[Any] | None = None
-            if not cluster:
-                try:
-                    for _ in range(3):
-                        plans = [self._load_plans.get(k.root, ((), ())) for k in shards]
-                        results = yield ("transaction", self.load_transaction(shards, plans))
-                        replies = self.load_assemble(results, shards, plans)
-                        if replies is not None:
-                            break
-                except (OutOfMemoryError, ExecAbortError) as exc:
-                    if not refused_for_memory(exc):
-                        raise
+            replies = None if cluster else (yield from self._load_transaction_steps(shards))
             if replies is None:
                 calls: list[tuple[list[str], list[str]]] = [
                     ([k.engines, k.writers, k.load, k.meta], [k.prefix]) for k in shards
@@ -451,6 +440,22 @@ class ReaderCore:
                 break
         assert replies is not None
         return self.load_of(replies, engines)
+
+    def _load_transaction_steps(self, shards: list[Keys]) -> Steps[list[Any] | None]:
+        """The load feed read as one transaction per try (three at most, replanned when the
+        fleet changed): its replies, or None when the plans kept changing or the server refused
+        the transaction over ``maxmemory``."""
+        try:
+            for _ in range(3):
+                plans = [self._load_plans.get(k.root, ((), ())) for k in shards]
+                results = yield ("transaction", self.load_transaction(shards, plans))
+                replies = self.load_assemble(results, shards, plans)
+                if replies is not None:
+                    return replies
+        except (OutOfMemoryError, ExecAbortError) as exc:
+            if not refused_for_memory(exc):
+                raise
+        return None
 
     def load_transaction(self, shards: list[Keys], plans: list[Plan]) -> list[tuple[Any, ...]]:
         """The commands of one transaction read of the load feed: each shard's lists and load
@@ -517,7 +522,8 @@ class ReaderCore:
         judge = False
         # engine text -> [newest heartbeat, chunk writers, shards it was read from]
         found: dict[str, list[Any]] = {}
-        kept, now_kept = self._load_owners, {}
+        kept = self._load_owners
+        now_kept: dict[tuple[str, ...], frozenset[str]] = {}
         for at, reply in enumerate(replies):
             engine_flat, writer_flat, flat, stale, owners = reply[1], reply[2], reply[3], reply[5], reply[6]
             for part in (engine_flat, writer_flat, flat):
@@ -527,51 +533,13 @@ class ReaderCore:
                 load_flat += flat
             if writer_flat.__class__ is list:
                 judge = True
-                for wid, ms in zip(writer_flat[0::2], stale):
-                    if ms.__class__ is str:
-                        stats.setdefault(wid, {})["stale_ms"] = ms
-                    else:
-                        stats.setdefault(wid, {})
-            if engine_flat.__class__ is not list:
-                continue
-            for engine, score, held in zip(engine_flat[0::2], engine_flat[1::2], owners):
-                # An engine's chunk fields change only when a writer comes or goes: their
-                # writers are kept by the fields' text, for the next read (this read's only).
-                names = tuple(held)
-                writers_of = kept.get(names)
-                if writers_of is None:
-                    writers_of = frozenset(
-                        w
-                        for name in names
-                        if name.__class__ is str and (w := fields.chunk_writer(name)) is not None
-                    )
-                now_kept[names] = writers_of
-                seen = found.get(engine)
-                if seen is None:
-                    found[engine] = [float(score), writers_of, [at]]
-                    continue
-                seen[0] = max(seen[0], float(score))
-                seen[1] = seen[1] | writers_of
-                seen[2].append(at)
+                _note_stale_ms(stats, writer_flat, stale)
+            if engine_flat.__class__ is list:
+                _note_engines(found, at, engine_flat, owners, kept, now_kept)
         self._load_owners = now_kept  # one store: a read at once keeps its own
         rule = Liveness.of(now_ms, stats, self.config.stale_after * 1000.0, judge_owners=judge)
         live_in = [rule.live_in(reply[2]) for reply in replies]
-        keep = None if engines is None else _holds(engines)
-        states: dict[int, tuple[bool, float]] = {}
-        live: dict[int, set[str]] = {}
-        for engine_text, (score, owners_of, where) in found.items():
-            if keep is not None and not keep(engine_text):
-                continue
-            try:
-                engine = int(engine_text)
-            except ValueError:
-                engine = -1
-            if engine < 0 or str(engine) != engine_text:  # "+3" or " 3" would be a second 3
-                skip("bad_engine")
-                continue
-            here = live_in[where[0]] if len(where) == 1 else set().union(*(live_in[at] for at in where))
-            states[engine] = (rule.engine_up(score, owners_of, here), rule.age(score))
-            live[engine] = here
+        states, live = _engine_states(found, rule, live_in, engines, skip)
         return load_view(now_ms, states, live, load_flat, skipped)
 
     @property
@@ -584,6 +552,79 @@ class ReaderCore:
     def meta_version(self) -> str:
         """The catalogue version the decoder holds."""
         return self._decoder.meta_version
+
+
+def _note_stale_ms(stats: dict[str, dict[str, str]], writer_flat: list[Any], stale: list[Any]) -> None:
+    """Each listed writer in *stats*, with its own ``stale_ms`` where it stored one."""
+    for wid, ms in zip(writer_flat[0::2], stale):
+        if ms.__class__ is str:
+            stats.setdefault(wid, {})["stale_ms"] = ms
+        else:
+            stats.setdefault(wid, {})
+
+
+def _note_engines(
+    found: dict[str, list[Any]],
+    at: int,
+    engine_flat: list[Any],
+    owners: list[Any],
+    kept: dict[tuple[str, ...], frozenset[str]],
+    now_kept: dict[tuple[str, ...], frozenset[str]],
+) -> None:
+    """Add shard *at*'s engines to *found*: their newest heartbeat, their chunk writers (from
+    their field names), the shards they were read from."""
+    for engine, score, held in zip(engine_flat[0::2], engine_flat[1::2], owners):
+        # An engine's chunk fields change only when a writer comes or goes: their
+        # writers are kept by the fields' text, for the next read (this read's only).
+        names = tuple(held)
+        writers_of = kept.get(names)
+        if writers_of is None:
+            writers_of = frozenset(
+                w for name in names if name.__class__ is str and (w := fields.chunk_writer(name)) is not None
+            )
+        now_kept[names] = writers_of
+        seen = found.get(engine)
+        if seen is None:
+            found[engine] = [float(score), writers_of, [at]]
+            continue
+        seen[0] = max(seen[0], float(score))
+        seen[1] = seen[1] | writers_of
+        seen[2].append(at)
+
+
+def _engine_states(
+    found: dict[str, list[Any]],
+    rule: Liveness,
+    live_in: list[set[str]],
+    engines: Engines,
+    skip: Callable[[str], None],
+) -> tuple[dict[int, tuple[bool, float]], dict[int, set[str]]]:
+    """Per engine of *found* (of *engines* only, when given): (up, age) and the writers live in
+    it, by *rule*; an engine whose index is not a canonical integer is skipped (counted)."""
+    keep = None if engines is None else _holds(engines)
+    states: dict[int, tuple[bool, float]] = {}
+    live: dict[int, set[str]] = {}
+    for engine_text, (score, owners_of, where) in found.items():
+        if keep is not None and not keep(engine_text):
+            continue
+        engine = _engine_index(engine_text)
+        if engine is None:
+            skip("bad_engine")
+            continue
+        here = live_in[where[0]] if len(where) == 1 else set().union(*(live_in[at] for at in where))
+        states[engine] = (rule.engine_up(score, owners_of, here), rule.age(score))
+        live[engine] = here
+    return states, live
+
+
+def _engine_index(text: str) -> int | None:
+    """An engine's index from its listed name; None for anything but a canonical integer >= 0
+    ("+3" or " 3" would be a second 3)."""
+    try:
+        engine = int(text)
+    except ValueError:
+        return None
+    return engine if engine >= 0 and str(engine) == text else None
 
 
 class StatsReader(ReaderCore):

@@ -121,6 +121,24 @@ def openmetrics_from_text(text: str) -> str:
     hundred in a multi-megabyte body), so this costs a small fraction of a render, where
     prometheus_client's OpenMetrics writer over ``collect()`` costs several renders.
     """
+    lines = _comment_lines(text)
+    counters = _counter_names(text, lines)
+    out = []
+    done = 0
+    for start, end in lines:
+        line = _openmetrics_comment(text[start:end], counters)
+        if line is None:
+            continue
+        out.append(text[done:start])
+        out.append(line)
+        done = end
+    out.append(text[done:])
+    out.append("# EOF\n" if not text or text.endswith("\n") else "\n# EOF\n")
+    return "".join(out)
+
+
+def _comment_lines(text: str) -> list[tuple[int, int]]:
+    """Where each ``#`` line of *text* starts and ends (its newline not included)."""
     starts = [0] if text.startswith("#") else []
     i = text.find("\n#")
     while i != -1:
@@ -130,29 +148,30 @@ def openmetrics_from_text(text: str) -> str:
     for start in starts:
         end = text.find("\n", start)
         lines.append((start, len(text) if end == -1 else end))
+    return lines
+
+
+def _counter_names(text: str, lines: list[tuple[int, int]]) -> set[str]:
+    """The counters' names without ``_total``, from their ``# TYPE`` lines."""
     counters = set()
     for start, end in lines:
         line = text[start:end]
         if line.startswith("# TYPE ") and line.endswith("_total counter"):
             counters.add(line[7 : -len("_total counter")])
-    out = []
-    done = 0
-    for start, end in lines:
-        line = text[start:end]
-        kind, _, rest = line[2:].partition(" ")
-        name, _, tail = rest.partition(" ")
-        if kind not in ("HELP", "TYPE"):
-            continue
-        if name.endswith("_total") and name[:-6] in counters:
-            name = name[:-6]
-        if kind == "HELP":
-            tail = tail.replace('"', '\\"')
-        out.append(text[done:start])
-        out.append(f"# {kind} {name} {tail}")
-        done = end
-    out.append(text[done:])
-    out.append("# EOF\n" if not text or text.endswith("\n") else "\n# EOF\n")
-    return "".join(out)
+    return counters
+
+
+def _openmetrics_comment(line: str, counters: set[str]) -> str | None:
+    """A ``# HELP`` or ``# TYPE`` line as OpenMetrics writes it; None for any other comment."""
+    kind, _, rest = line[2:].partition(" ")
+    name, _, tail = rest.partition(" ")
+    if kind not in ("HELP", "TYPE"):
+        return None
+    if name.endswith("_total") and name[:-6] in counters:
+        name = name[:-6]
+    if kind == "HELP":
+        tail = tail.replace('"', '\\"')
+    return f"# {kind} {name} {tail}"
 
 
 def redis_address(url: str) -> str:
@@ -169,6 +188,40 @@ def redis_address(url: str) -> str:
         return masked
     authority, slash, path = rest.split("?", 1)[0].split("#", 1)[0].partition("/")
     return f"{scheme}{sep}{authority.rpartition('@')[2]}{slash}{path}".replace("***", "")
+
+
+def _check_options(
+    request_timeout: float,
+    window: float,
+    max_connections: int,
+    summary: FleetSummary | None,
+    engines: list[int] | None,
+    slice: EngineSlice | None,
+) -> None:
+    """ValueError for an :class:`Exporter` option out of its range (the first one found)."""
+    if not request_timeout > 0:
+        raise ValueError(f"request_timeout={request_timeout!r} must be a positive number of seconds")
+    if not window > 0:
+        raise ValueError(f"window={window!r} must be a positive number of seconds (the /snapshot rates)")
+    if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
+        raise ValueError(
+            f"max_connections={max_connections!r} must be a whole number >= 1 "
+            "(connections served at once; more get 503 with Retry-After)"
+        )
+    problems = summary_problems(summary or {})
+    if problems:
+        raise ValueError("; ".join(problems))
+    if slice is not None and engines is not None:
+        raise ValueError(f"engines={engines!r} and slice={slice} both limit the view: give one")
+
+
+def _own_registry(scrapes: ScrapeStats) -> CollectorRegistry:
+    """A registry of the exporter's own process and scrapes (never the host's global one, which
+    a host such as vLLM serves on its own port)."""
+    registry = CollectorRegistry(auto_describe=False)
+    for own in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR, scrapes):
+        registry.register(own)
+    return registry
 
 
 class _Both:
@@ -490,20 +543,7 @@ class Exporter:
         load_refresh: float = 0.25,
         slice: EngineSlice | None = None,
     ) -> None:
-        if not request_timeout > 0:
-            raise ValueError(f"request_timeout={request_timeout!r} must be a positive number of seconds")
-        if not window > 0:
-            raise ValueError(f"window={window!r} must be a positive number of seconds (the /snapshot rates)")
-        if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
-            raise ValueError(
-                f"max_connections={max_connections!r} must be a whole number >= 1 "
-                "(connections served at once; more get 503 with Retry-After)"
-            )
-        problems = summary_problems(summary or {})
-        if problems:
-            raise ValueError("; ".join(problems))
-        if slice is not None and engines is not None:
-            raise ValueError(f"engines={engines!r} and slice={slice} both limit the view: give one")
+        _check_options(request_timeout, window, max_connections, summary, engines, slice)
         self.reader = reader
         self.slice = slice
         self.engines: Any = slice if slice is not None else engines
@@ -524,11 +564,7 @@ class Exporter:
         self.scrapes = ScrapeStats()
         # The exporter's own process and scrapes: a registry of its own (never the host's global
         # one, which a host such as vLLM serves on its own port).
-        self.own_registry: CollectorRegistry | None = None
-        if self_metrics:
-            self.own_registry = CollectorRegistry(auto_describe=False)
-            for own in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR, self.scrapes):
-                self.own_registry.register(own)
+        self.own_registry = _own_registry(self.scrapes) if self_metrics else None
         self._server = _Server((host, port), self._handler(), max_connections)
         self.scrapes.refused = lambda: self._server.refused
         self._thread: threading.Thread | None = None

@@ -17,13 +17,12 @@ most a flush interval (or ``load_interval``) older than the writers'.
 
 from __future__ import annotations
 
-import functools
 import gzip
 import hashlib
 import json
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from redis_stats.config import redact
@@ -60,8 +59,16 @@ def _etag(view: LoadView) -> str:
     return 'W/"' + hashlib.sha1(view.signature().encode()).hexdigest()[:20] + '"'
 
 
-def _held(part: EngineSlice, engine: int) -> bool:
-    return part.holds(str(engine))
+def _selected(view: LoadView, part: EngineSlice | None) -> LoadView:
+    """*view* with the engines of slice *part* only (all of them when None)."""
+    if part is None:
+        return view
+    return LoadView(view.time, {e: v for e, v in view.engines.items() if part.holds(str(e))}, view.skipped)
+
+
+def _confirmed(body: LoadBody, refreshed: float) -> LoadBody:
+    """*body* as confirmed by the refresh at *refreshed*: the same body, its new time."""
+    return body if body.refreshed == refreshed else replace(body, refreshed=refreshed)
 
 
 class LoadFeed:
@@ -114,7 +121,6 @@ class LoadFeed:
                 f"this exporter serves slice {self.only} only; ?slice= needs one of the whole fleet"
             )
         key = "" if part is None else str(part)
-        select = None if part is None else functools.partial(_held, part)
         if self._thread is None:
             self._start()
         with self._lock:
@@ -123,22 +129,21 @@ class LoadFeed:
             view, generation, refreshed = self._view, self._generation, self._refreshed
             kept = self._bodies.get(key)
         if kept is not None and kept[0] == generation:
-            body = kept[1]
-            if body.refreshed != refreshed:  # confirmed by a later refresh: same body, new time
-                body = LoadBody(body.status, body.body, body.gzipped, body.etag, refreshed)
-            return body
+            return _confirmed(kept[1], refreshed)
         assert view is not None
-        if select is not None:
-            view = LoadView(view.time, {e: v for e, v in view.engines.items() if select(e)}, view.skipped)
-        etag = _etag(view)
-        if kept is not None and kept[1].etag == etag:
-            body = LoadBody(kept[1].status, kept[1].body, kept[1].gzipped, etag, refreshed)
-        else:
-            body = _encode(200, view.to_dict(namespace=self.namespace), etag, refreshed)
+        body = self._body_of(_selected(view, part), kept, refreshed)
         with self._lock:
             if self._generation == generation:
                 self._bodies[key] = (generation, body)
         return body
+
+    def _body_of(self, view: LoadView, kept: tuple[int, LoadBody] | None, refreshed: float) -> LoadBody:
+        """The body of *view*: the one *kept* of an older generation when it says the same
+        (its ETag), with the new time; else a new one."""
+        etag = _etag(view)
+        if kept is not None and kept[1].etag == etag:
+            return _confirmed(kept[1], refreshed)
+        return _encode(200, view.to_dict(namespace=self.namespace), etag, refreshed)
 
     def _start(self) -> None:
         with self._refreshing:

@@ -108,21 +108,8 @@ def parse_body(
     """Parse and check one body (see the module docstring); *include* are shell-style patterns
     of family names to keep (empty: every family)."""
     fmt = parser_for(content_type)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BodyError("garbage", f"the body is not UTF-8 (byte {exc.start})") from None
-    if fmt == "text" and text and not text.endswith("\n"):
-        # The 0.0.4 text ends every line with a newline: without one the body was cut, and its
-        # last number may be cut too (a counter that seems to have dropped).
-        raise BodyError("truncated", "the body does not end with a newline (cut short?)")
-    if fmt == "openmetrics" and not text.rstrip("\n").endswith("# EOF"):
-        # Cut short if what came is OpenMetrics up to its last whole line; else not OpenMetrics.
-        try:
-            list(parse_openmetrics(text[: text.rfind("\n") + 1] + "# EOF\n"))
-        except Exception as exc:
-            raise BodyError("garbage", f"the openmetrics body does not parse: {_short(exc)}") from None
-        raise BodyError("truncated", "the OpenMetrics body does not end with '# EOF' (cut short?)")
+    text = _decode(data)
+    _check_whole(text, fmt)
     try:
         parsed = list((parse_openmetrics if fmt == "openmetrics" else parse_text)(text))
     except Exception as exc:  # the parsers raise ValueError, TypeError, IndexError, ...
@@ -136,31 +123,73 @@ def parse_body(
     return body
 
 
+def _decode(data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BodyError("garbage", f"the body is not UTF-8 (byte {exc.start})") from None
+
+
+def _check_whole(text: str, fmt: str) -> None:
+    """Refuse a body that was cut short (its last number may be cut too: a counter that seems
+    to have dropped)."""
+    if fmt == "text" and text and not text.endswith("\n"):
+        # The 0.0.4 text ends every line with a newline: without one the body was cut.
+        raise BodyError("truncated", "the body does not end with a newline (cut short?)")
+    if fmt == "openmetrics" and not text.rstrip("\n").endswith("# EOF"):
+        # Cut short if what came is OpenMetrics up to its last whole line; else not OpenMetrics.
+        try:
+            list(parse_openmetrics(text[: text.rfind("\n") + 1] + "# EOF\n"))
+        except Exception as exc:
+            raise BodyError("garbage", f"the openmetrics body does not parse: {_short(exc)}") from None
+        raise BodyError("truncated", "the OpenMetrics body does not end with '# EOF' (cut short?)")
+
+
 def _add_family(
     body: Body, metric: Any, names: set[str], engine_label: str | None, include: tuple[str, ...]
 ) -> None:
-    typ, name = metric.type, metric.name
-    if typ == "info":
-        name += "_info"
-    if name == "process_start_time_seconds" and typ in ("gauge", "unknown") and len(metric.samples) == 1:
-        body.start_time = float(metric.samples[0].value)
-    if include and not any(fnmatchcase(name, pattern) for pattern in include):
+    name = metric.name + "_info" if metric.type == "info" else metric.name
+    _note_start_time(body, metric, name)
+    if not _included(name, include):
         return
     if name in body.families or name in body.skipped:
         raise BodyError("garbage", f"family {name!r} appears twice in the body")
-    if typ in ("gauge", "unknown") and name.endswith("_created") and name[: -len("_created")] in names:
+    if _is_created_gauge(metric, name, names):
         return  # the creation time the text format prints beside a counter or histogram
-    if name.startswith(RESERVED_PREFIX):
-        body.skipped[name] = f"names starting with {RESERVED_PREFIX!r} are redis_stats' own"
-        return
-    if typ in ("summary", "gaugehistogram") or any(s.native_histogram for s in metric.samples):
-        body.skipped[name] = f"a {typ} has no kind in the store (counters, gauges, histograms)"
-        return
-    kind = {"counter": COUNTER, "histogram": HISTOGRAM}.get(typ, GAUGE)
-    if kind == HISTOGRAM:
+    reason = _skip_reason(metric, name)
+    if reason is not None:
+        body.skipped[name] = reason
+    elif metric.type == "histogram":
         _histogram(body, metric, name, engine_label)
     else:
-        _scalar(body, metric, name, kind, engine_label)
+        _scalar(body, metric, name, COUNTER if metric.type == "counter" else GAUGE, engine_label)
+
+
+def _included(name: str, include: tuple[str, ...]) -> bool:
+    return not include or any(fnmatchcase(name, pattern) for pattern in include)
+
+
+def _note_start_time(body: Body, metric: Any, name: str) -> None:
+    """Keep ``process_start_time_seconds`` when the body has exactly one (a restart's sign)."""
+    if name == "process_start_time_seconds" and _is_gauge(metric) and len(metric.samples) == 1:
+        body.start_time = float(metric.samples[0].value)
+
+
+def _is_gauge(metric: Any) -> bool:
+    return metric.type in ("gauge", "unknown")
+
+
+def _is_created_gauge(metric: Any, name: str, names: set[str]) -> bool:
+    return _is_gauge(metric) and name.endswith("_created") and name[: -len("_created")] in names
+
+
+def _skip_reason(metric: Any, name: str) -> str | None:
+    """Why a family is left out, or None when the store has a kind for it."""
+    if name.startswith(RESERVED_PREFIX):
+        return f"names starting with {RESERVED_PREFIX!r} are redis_stats' own"
+    if metric.type in ("summary", "gaugehistogram") or any(s.native_histogram for s in metric.samples):
+        return f"a {metric.type} has no kind in the store (counters, gauges, histograms)"
+    return None
 
 
 def _check_escaping(parsed: list[Any], names: set[str]) -> None:
@@ -208,6 +237,14 @@ def _spec(
         raise BodyError("garbage", f"family {name!r} cannot be stored: {exc}") from None
 
 
+def _series_key(
+    labels: dict[str, str], engine_label: str | None, family: str, label_names: tuple[str, ...]
+) -> tuple[int, tuple[str, ...]]:
+    """A series' key in :attr:`Family.series`: its engine and its label values in spec order."""
+    engine = _engine_of(labels, engine_label, family)
+    return engine, tuple(labels.get(label, "") for label in label_names)
+
+
 def _scalar(body: Body, metric: Any, name: str, kind: str, engine_label: str | None) -> None:
     # The samples of the family's own value: a counter's _total (OpenMetrics also has _created).
     wanted = {f"{metric.name}_total"} if kind == COUNTER else {name, metric.name}
@@ -219,75 +256,37 @@ def _scalar(body: Body, metric: Any, name: str, kind: str, engine_label: str | N
         return  # declared without a series yet: nothing to store
     fam = Family(spec)
     for sample, labels in zip(samples, label_sets):
-        engine = _engine_of(labels, engine_label, name)
-        key = (engine, tuple(labels.get(label, "") for label in spec.labels))
+        key = _series_key(labels, engine_label, name, spec.labels)
         if key in fam.series:
             raise BodyError("garbage", f"family {name!r}: series {dict(sample.labels)} appears twice")
-        value = float(sample.value)
-        if kind == COUNTER and not 0 <= value < math.inf:
-            raise BodyError(
-                "garbage", f"counter {name!r}{dict(sample.labels)}: {value!r} is not a number >= 0"
-            )
-        fam.series[key] = _number(value)
+        fam.series[key] = _scalar_value(sample, name, kind)
     body.families[name] = fam
 
 
+def _scalar_value(sample: Any, name: str, kind: str) -> int | float:
+    value = float(sample.value)
+    if kind == COUNTER and not 0 <= value < math.inf:
+        raise BodyError("garbage", f"counter {name!r}{dict(sample.labels)}: {value!r} is not a number >= 0")
+    return _number(value)
+
+
+@dataclass
+class _Samples:
+    """One histogram series as its samples give it: ``{le: cumulative count}``, _sum, _count."""
+
+    buckets: dict[float, float] = field(default_factory=dict)
+    total: float | None = None
+    count: float | None = None
+
+
+_LabelItems = tuple[tuple[str, str], ...]
+
+
 def _histogram(body: Body, metric: Any, name: str, engine_label: str | None) -> None:
-    # Per series (its labels but le): {le: cumulative count}, sum, count.
-    groups: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
-    for s in metric.samples:
-        labels = dict(s.labels)
-        le = labels.pop("le", None) if s.name == f"{name}_bucket" else None
-        group = groups.setdefault(tuple(sorted(labels.items())), {"buckets": {}, "sum": None, "count": None})
-        if s.name == f"{name}_bucket":
-            if le is None:
-                raise BodyError("garbage", f"histogram {name!r}: a bucket without 'le'")
-            try:
-                bound = float(le)
-            except ValueError:
-                raise BodyError("garbage", f"histogram {name!r}: le={le[:40]!r} is not a number") from None
-            if bound in group["buckets"]:
-                raise BodyError("garbage", f"histogram {name!r}{dict(s.labels)}: bucket appears twice")
-            group["buckets"][bound] = float(s.value)
-        elif s.name == f"{name}_sum":
-            group["sum"] = float(s.value)
-        elif s.name == f"{name}_count":
-            group["count"] = float(s.value)
+    groups = _group_samples(metric, name)
     drop = ("le", engine_label) if engine_label else ("le",)
     label_names = _label_names([dict(k) for k in groups], drop)
-    layout: tuple[float, ...] | None = None
-    series: dict[tuple[int, tuple[str, ...]], Any] = {}
-    for key, group in groups.items():
-        where = f"histogram {name!r}{dict(key)}"
-        bounds = sorted(group["buckets"])
-        if not bounds or bounds[-1] != math.inf:
-            raise BodyError("garbage", f"{where}: no +Inf bucket")
-        finite = tuple(bounds[:-1])
-        if layout is None:
-            layout = finite
-        elif finite != layout:
-            raise BodyError("garbage", f"{where}: its buckets differ from the family's first series")
-        cumulative = [group["buckets"][b] for b in bounds]
-        counts: list[int] = []
-        previous = 0.0
-        for c in cumulative:
-            if not (c.is_integer() and previous <= c < _EXACT_INT):
-                raise BodyError("garbage", f"{where}: bucket counts {cumulative} are not cumulative integers")
-            counts.append(int(c - previous))
-            previous = c
-        if group["count"] is not None and group["count"] != cumulative[-1]:
-            raise BodyError(
-                "garbage", f"{where}: _count {group['count']!r} is not the +Inf bucket {cumulative[-1]!r}"
-            )
-        total = group["sum"] if group["sum"] is not None else 0.0
-        if math.isnan(total):
-            raise BodyError("garbage", f"{where}: _sum is NaN")
-        labels = dict(key)
-        engine = _engine_of(labels, engine_label, name)
-        skey = (engine, tuple(labels.get(label, "") for label in label_names))
-        if skey in series:
-            raise BodyError("garbage", f"{where}: series appears twice")
-        series[skey] = (total, counts)
+    layout, series = _histogram_series(groups, name, engine_label, label_names)
     if layout is None:
         return  # declared, never observed: nothing to store yet, and no buckets to define it with
     if not layout:
@@ -295,3 +294,81 @@ def _histogram(body: Body, metric: Any, name: str, engine_label: str | None) -> 
         return
     fam = Family(_spec(name, HISTOGRAM, metric.documentation, label_names, layout), series)
     body.families[name] = fam
+
+
+def _group_samples(metric: Any, name: str) -> dict[_LabelItems, _Samples]:
+    """A histogram family's samples by series (its labels but ``le``)."""
+    groups: dict[_LabelItems, _Samples] = {}
+    for s in metric.samples:
+        labels = dict(s.labels)
+        is_bucket = s.name == f"{name}_bucket"
+        le = labels.pop("le", None) if is_bucket else None
+        group = groups.setdefault(tuple(sorted(labels.items())), _Samples())
+        if is_bucket:
+            _add_bucket(group, le, s, name)
+        elif s.name == f"{name}_sum":
+            group.total = float(s.value)
+        elif s.name == f"{name}_count":
+            group.count = float(s.value)
+    return groups
+
+
+def _add_bucket(group: _Samples, le: str | None, sample: Any, name: str) -> None:
+    if le is None:
+        raise BodyError("garbage", f"histogram {name!r}: a bucket without 'le'")
+    try:
+        bound = float(le)
+    except ValueError:
+        raise BodyError("garbage", f"histogram {name!r}: le={le[:40]!r} is not a number") from None
+    if bound in group.buckets:
+        raise BodyError("garbage", f"histogram {name!r}{dict(sample.labels)}: bucket appears twice")
+    group.buckets[bound] = float(sample.value)
+
+
+def _histogram_series(
+    groups: dict[_LabelItems, _Samples], name: str, engine_label: str | None, label_names: tuple[str, ...]
+) -> tuple[tuple[float, ...] | None, dict[tuple[int, tuple[str, ...]], Any]]:
+    """The family's finite bounds (None without a series) and its series' values, every series
+    checked: the same bounds as the first, whole cumulative counts, a _count and _sum that fit."""
+    layout: tuple[float, ...] | None = None
+    series: dict[tuple[int, tuple[str, ...]], Any] = {}
+    for key, group in groups.items():
+        where = f"histogram {name!r}{dict(key)}"
+        finite = _finite_bounds(group, where)
+        if layout is None:
+            layout = finite
+        elif finite != layout:
+            raise BodyError("garbage", f"{where}: its buckets differ from the family's first series")
+        value = _histogram_value(group, where)
+        skey = _series_key(dict(key), engine_label, name, label_names)
+        if skey in series:
+            raise BodyError("garbage", f"{where}: series appears twice")
+        series[skey] = value
+    return layout, series
+
+
+def _finite_bounds(group: _Samples, where: str) -> tuple[float, ...]:
+    bounds = sorted(group.buckets)
+    if not bounds or bounds[-1] != math.inf:
+        raise BodyError("garbage", f"{where}: no +Inf bucket")
+    return tuple(bounds[:-1])
+
+
+def _histogram_value(group: _Samples, where: str) -> tuple[float, list[int]]:
+    """A series' ``(sum, per-bucket counts)`` from its cumulative buckets (sorted by bound)."""
+    cumulative = [group.buckets[b] for b in sorted(group.buckets)]
+    counts: list[int] = []
+    previous = 0.0
+    for c in cumulative:
+        if not (c.is_integer() and previous <= c < _EXACT_INT):
+            raise BodyError("garbage", f"{where}: bucket counts {cumulative} are not cumulative integers")
+        counts.append(int(c - previous))
+        previous = c
+    if group.count is not None and group.count != cumulative[-1]:
+        raise BodyError(
+            "garbage", f"{where}: _count {group.count!r} is not the +Inf bucket {cumulative[-1]!r}"
+        )
+    total = group.total if group.total is not None else 0.0
+    if math.isnan(total):
+        raise BodyError("garbage", f"{where}: _sum is NaN")
+    return total, counts

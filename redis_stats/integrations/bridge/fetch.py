@@ -13,7 +13,7 @@ import http.client
 import ssl
 import time
 from dataclasses import dataclass
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from redis_stats.config import mask_url, redact
 
@@ -66,13 +66,9 @@ class SourceURL:
             raise ValueError(f"source {safe} is not a URL (scheme://host[:port]/path)") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"source {safe} must be an http:// or https:// URL with a host")
-        auth = None
-        if parts.username is not None or parts.password is not None:
-            pair = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}"
-            auth = "Basic " + base64.b64encode(pair.encode()).decode()
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         default = 443 if parts.scheme == "https" else 80
-        return cls(url, parts.scheme, parts.hostname, port or default, target, auth)
+        return cls(url, parts.scheme, parts.hostname, port or default, target, _basic_auth(parts))
 
     @property
     def safe(self) -> str:
@@ -85,6 +81,14 @@ class SourceURL:
     def redact(self, text: str) -> str:
         """*text* without any secret of this URL."""
         return redact(text, self.url)
+
+
+def _basic_auth(parts: SplitResult) -> str | None:
+    """The ``Authorization`` header of a URL's user and password; None when it has neither."""
+    if parts.username is None and parts.password is None:
+        return None
+    pair = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}"
+    return "Basic " + base64.b64encode(pair.encode()).decode()
 
 
 @dataclass(frozen=True)
@@ -100,49 +104,19 @@ def fetch(source: SourceURL, *, accept: str, timeout: float, max_bytes: int) -> 
     within *timeout* seconds in all (connect, headers and body: a server that trickles bytes is
     cut off at the deadline too)."""
     deadline = time.monotonic() + timeout
-    conn: http.client.HTTPConnection
-    if source.scheme == "https":
-        conn = http.client.HTTPSConnection(
-            source.host, source.port, timeout=timeout, context=ssl.create_default_context()
-        )
-    else:
-        conn = http.client.HTTPConnection(source.host, source.port, timeout=timeout)
+    conn = _connection(source, timeout)
     headers = {"Accept": accept, "Accept-Encoding": "identity", "User-Agent": "redis-stats-bridge"}
     if source.authorization:
         headers["Authorization"] = source.authorization
     try:
         conn.request("GET", source.target, headers=headers)
         resp = conn.getresponse()
-        if resp.status != 200:
-            hint = ""
-            if 300 <= resp.status < 400:
-                # Not followed: a redirect could send the Basic auth to another host.
-                where = mask_url(resp.getheader("Location") or "")[:120]
-                hint = f" to {where} (redirects are not followed: give that URL as the source)"
-            raise ScrapeError("http", f"HTTP {resp.status} {resp.reason[:60]}{hint}")
-        length = resp.getheader("Content-Length")
-        if length is not None and length.isdigit() and int(length) > max_bytes:
-            raise ScrapeError(
-                "too_large", f"the body is {int(length):,} bytes, over the cap of {max_bytes:,}"
-            )
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ScrapeError("timeout", f"the body took longer than {timeout:g} s")
-            if conn.sock is not None:
-                conn.sock.settimeout(left)
-            chunk = resp.read1(65536)
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > max_bytes:
-                raise ScrapeError("too_large", f"the body is over the cap of {max_bytes:,} bytes")
-            chunks.append(chunk)
-        if length is not None and length.isdigit() and size != int(length):
-            raise ScrapeError("truncated", f"got {size:,} of {int(length):,} bytes")
-        return Response(resp.getheader("Content-Type"), b"".join(chunks))
+        _check_status(resp)
+        length = _declared_length(resp, max_bytes)
+        data = _read_body(conn, resp, deadline, timeout, max_bytes)
+        if length is not None and len(data) != length:
+            raise ScrapeError("truncated", f"got {len(data):,} of {length:,} bytes")
+        return Response(resp.getheader("Content-Type"), data)
     except ScrapeError:
         raise
     except http.client.IncompleteRead as exc:
@@ -154,6 +128,60 @@ def fetch(source: SourceURL, *, accept: str, timeout: float, max_bytes: int) -> 
         raise ScrapeError("down", source.redact(f"{reason} ({_short(exc)})")) from None
     finally:
         conn.close()
+
+
+def _connection(source: SourceURL, timeout: float) -> http.client.HTTPConnection:
+    if source.scheme == "https":
+        return http.client.HTTPSConnection(
+            source.host, source.port, timeout=timeout, context=ssl.create_default_context()
+        )
+    return http.client.HTTPConnection(source.host, source.port, timeout=timeout)
+
+
+def _check_status(resp: http.client.HTTPResponse) -> None:
+    if resp.status == 200:
+        return
+    hint = ""
+    if 300 <= resp.status < 400:
+        # Not followed: a redirect could send the Basic auth to another host.
+        where = mask_url(resp.getheader("Location") or "")[:120]
+        hint = f" to {where} (redirects are not followed: give that URL as the source)"
+    raise ScrapeError("http", f"HTTP {resp.status} {resp.reason[:60]}{hint}")
+
+
+def _declared_length(resp: http.client.HTTPResponse, max_bytes: int) -> int | None:
+    """The body's Content-Length when it gives a number (refused at once over the cap)."""
+    length = resp.getheader("Content-Length")
+    if length is None or not length.isdigit():
+        return None
+    if int(length) > max_bytes:
+        raise ScrapeError("too_large", f"the body is {int(length):,} bytes, over the cap of {max_bytes:,}")
+    return int(length)
+
+
+def _read_body(
+    conn: http.client.HTTPConnection,
+    resp: http.client.HTTPResponse,
+    deadline: float,
+    timeout: float,
+    max_bytes: int,
+) -> bytes:
+    """The body, read within the deadline (the socket's timeout shrinks with what is left)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ScrapeError("timeout", f"the body took longer than {timeout:g} s")
+        if conn.sock is not None:
+            conn.sock.settimeout(left)
+        chunk = resp.read1(65536)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > max_bytes:
+            raise ScrapeError("too_large", f"the body is over the cap of {max_bytes:,} bytes")
+        chunks.append(chunk)
 
 
 def _short(exc: BaseException) -> str:

@@ -59,6 +59,21 @@ def find_predecessor(client: Any, config: StatsConfig, owner: str, body: Body) -
     engines = sorted(body.engines())
     root = Keys(config.namespace)
     home = root.shard(min((shard_of(e + offset, k) for e in engines), default=0), k)
+    writer_id = _newest_writer(client, home, owner)
+    if writer_id is None:
+        return None
+    found = Predecessor(writer_id)
+    kinds = {name: fam.spec.kind for name, fam in body.families.items()}
+    for engine in engines:
+        keys = root.shard(shard_of(engine + offset, k), k)
+        stored = {_text(f): _text(v) for f, v in client.hgetall(keys.counters(engine + offset)).items()}
+        for names_text, values_text in _chunks_of(stored, writer_id):
+            _read_chunk(found, kinds, engine, names_text.split("\n"), values_text.split("\n"))
+    return found
+
+
+def _newest_writer(client: Any, home: Keys, owner: str) -> str | None:
+    """The bridge writer of *owner* with the newest heartbeat score, or None."""
     best: tuple[float, str] | None = None
     for raw_id, score in client.zrange(home.writers, 0, -1, withscores=True):
         wid = _text(raw_id)
@@ -68,22 +83,20 @@ def find_predecessor(client: Any, config: StatsConfig, owner: str, body: Body) -
             continue
         if best is None or abs(score) > best[0]:
             best = (abs(score), wid)
-    if best is None:
-        return None
-    found = Predecessor(best[1])
-    kinds = {name: fam.spec.kind for name, fam in body.families.items()}
-    prefix = fields.chunk_field(found.writer_id, 0)[: -len("0")]
-    for engine in engines:
-        keys = root.shard(shard_of(engine + offset, k), k)
-        stored = {_text(f): _text(v) for f, v in client.hgetall(keys.counters(engine + offset)).items()}
-        for field, values_text in stored.items():
-            if not field.startswith(prefix) or field.endswith(fields.NAMES_SUFFIX):
-                continue
-            names_text = stored.get(field + fields.NAMES_SUFFIX)
-            if names_text is None:
-                continue
-            _read_chunk(found, kinds, engine, names_text.split("\n"), values_text.split("\n"))
-    return found
+    return None if best is None else best[1]
+
+
+def _chunks_of(stored: dict[str, str], writer_id: str) -> list[tuple[str, str]]:
+    """The (names, values) texts of *writer_id*'s chunks among an engine's counter fields."""
+    prefix = fields.chunk_field(writer_id, 0)[: -len("0")]
+    chunks = []
+    for field, values_text in stored.items():
+        if not field.startswith(prefix) or field.endswith(fields.NAMES_SUFFIX):
+            continue
+        names_text = stored.get(field + fields.NAMES_SUFFIX)
+        if names_text is not None:
+            chunks.append((names_text, values_text))
+    return chunks
 
 
 def _read_chunk(

@@ -127,17 +127,23 @@ class _Incarnation:
         if body.start_time is not None and self.start_time is not None and body.start_time != self.start_time:
             return f"process_start_time_seconds went from {self.start_time!r} to {body.start_time!r}"
         for name, fam in body.families.items():
-            kind = fam.spec.kind
-            if kind == COUNTER:
-                for (engine, values), value in fam.series.items():
-                    old = self.counters.get((name, engine, values))
-                    if old is not None and value < old:
-                        return f"counter {name!r} went from {old!r} to {value!r}"
-            elif kind == HISTOGRAM:
-                for (engine, values), (_sum, counts) in fam.series.items():
-                    found = self.hists.get((name, engine, values))
-                    if found is not None and any(n < o for n, o in zip(counts, found[1])):
-                        return f"histogram {name!r} lost observations"
+            why = self._went_back(name, fam)
+            if why is not None:
+                return why
+        return None
+
+    def _went_back(self, name: str, fam: Family) -> str | None:
+        """Why *fam* is below what this incarnation recorded of it, or None."""
+        if fam.spec.kind == COUNTER:
+            for (engine, values), value in fam.series.items():
+                old = self.counters.get((name, engine, values))
+                if old is not None and value < old:
+                    return f"counter {name!r} went from {old!r} to {value!r}"
+        elif fam.spec.kind == HISTOGRAM:
+            for (engine, values), (_sum, counts) in fam.series.items():
+                found = self.hists.get((name, engine, values))
+                if found is not None and any(n < o for n, o in zip(counts, found[1])):
+                    return f"histogram {name!r} lost observations"
         return None
 
 
@@ -221,33 +227,12 @@ class BridgedSource:
     # -- storing a body -------------------------------------------------------------------------
 
     def _store(self, body: Body) -> bool:
-        inc = self._inc
-        if inc is not None:
-            why = inc.restarted(body)
-            if why is not None:
-                log.warning(
-                    "source %s restarted (%s): closing writer %s, the new run is a new writer",
-                    self.safe_url,
-                    why,
-                    inc.writer.writer_id,
-                )
-                self.close()
-                inc = None
+        inc = self._continuing(body)
         specs = self._specs(body, inc)  # BodyError before anything is recorded
         if inc is None:
-            base = None
-            if not self.stats.incarnations:
-                # This process's first run of the source: continue a previous bridge's totals.
-                try:
-                    base = self._predecessor(body)
-                except Exception as exc:  # Redis down: record nothing rather than count twice
-                    self._failed("redis", f"looking for a previous bridge writer failed ({error_kind(exc)})")
-                    return False
-            inc = self._inc = _Incarnation(self._new_writer(body), body.start_time)
-            self.stats.incarnations += 1
-            if base is not None:
-                inc.counters.update(base.counters)
-                inc.hists.update(base.hists)
+            inc = self._begin(body)
+            if inc is None:
+                return False
         # The last record not confirmed yet: retry it before recording again, so that each
         # record is taken alone (its amounts then land exactly on the source's values).
         if not inc.flush_pending():
@@ -263,6 +248,41 @@ class BridgedSource:
             self.stats.last_stored = time.time()
         return inc.flushed
 
+    def _continuing(self, body: Body) -> _Incarnation | None:
+        """The incarnation *body* continues; None when there is none yet or the source
+        restarted (the writer of its previous run is closed then)."""
+        inc = self._inc
+        if inc is None:
+            return None
+        why = inc.restarted(body)
+        if why is None:
+            return inc
+        log.warning(
+            "source %s restarted (%s): closing writer %s, the new run is a new writer",
+            self.safe_url,
+            why,
+            inc.writer.writer_id,
+        )
+        self.close()
+        return None
+
+    def _begin(self, body: Body) -> _Incarnation | None:
+        """A new incarnation for *body*, continuing a previous bridge's totals on this process's
+        first run of the source; None when looking for them failed (counted)."""
+        base = None
+        if not self.stats.incarnations:
+            try:
+                base = self._predecessor(body)
+            except Exception as exc:  # Redis down: record nothing rather than count twice
+                self._failed("redis", f"looking for a previous bridge writer failed ({error_kind(exc)})")
+                return None
+        inc = self._inc = _Incarnation(self._new_writer(body), body.start_time)
+        self.stats.incarnations += 1
+        if base is not None:
+            inc.counters.update(base.counters)
+            inc.hists.update(base.hists)
+        return inc
+
     def _specs(self, body: Body, inc: _Incarnation | None) -> dict[str, MetricSpec]:
         """The spec each family is stored under; a family whose definition changed within this
         incarnation refuses the body, one whose sample names clash with another is left out."""
@@ -270,27 +290,12 @@ class BridgedSource:
         catalog = inc.writer.catalog if inc else Catalog()
         new = Catalog()  # the families this body adds, for the clash check among them
         for name, fam in list(body.families.items()):
-            spec = fam.spec
             stored = catalog.get(name)
             if stored is not None:
-                if _layout(stored) != _layout(spec):
-                    raise BodyError(
-                        "definition",
-                        f"family {name!r} changed from a {_describe(stored)} to a {_describe(spec)} "
-                        "without a restart of the source: refused (the store keeps one definition "
-                        "per family; it takes the new one when the source restarts)",
-                    )
+                _check_unchanged(name, stored, fam.spec)
                 out[name] = stored
                 continue
-            known = self.known.get(name)
-            if known is not None and (known.kind, known.labels, known.buckets) == (
-                spec.kind,
-                spec.labels,
-                spec.buckets,
-            ):
-                spec = known
-            elif known is not None and known.kind == GAUGE == spec.kind:
-                spec = MetricSpec(spec.name, GAUGE, spec.help, spec.labels, mode=known.mode)
+            spec = self._known_spec(name, fam.spec)
             clash = catalog.clash(spec) or new.clash(spec)
             if clash is not None:
                 del body.families[name]
@@ -298,6 +303,18 @@ class BridgedSource:
                 continue
             out[name] = new.add(spec)
         return out
+
+    def _known_spec(self, name: str, spec: MetricSpec) -> MetricSpec:
+        """*spec*, or the known catalogue's where that one matches it (its help text and gauge
+        roll-up mode then count)."""
+        known = self.known.get(name)
+        if known is None:
+            return spec
+        if _layout(known) == _layout(spec):
+            return known
+        if known.kind == GAUGE == spec.kind:
+            return MetricSpec(spec.name, GAUGE, spec.help, spec.labels, mode=known.mode)
+        return spec
 
     @property
     def owner(self) -> str:
@@ -423,6 +440,17 @@ class BridgedSource:
 def _layout(spec: MetricSpec) -> tuple[object, ...]:
     """What a stored family's series mean: kind, label names, buckets (not help, not mode)."""
     return (spec.kind, spec.labels, spec.buckets)
+
+
+def _check_unchanged(name: str, stored: MetricSpec, spec: MetricSpec) -> None:
+    """Refuse a family whose definition changed without a restart of the source."""
+    if _layout(stored) != _layout(spec):
+        raise BodyError(
+            "definition",
+            f"family {name!r} changed from a {_describe(stored)} to a {_describe(spec)} "
+            "without a restart of the source: refused (the store keeps one definition "
+            "per family; it takes the new one when the source restarts)",
+        )
 
 
 def _describe(spec: MetricSpec) -> str:

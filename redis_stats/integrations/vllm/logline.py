@@ -269,37 +269,46 @@ class VllmLogLines:
 
     def __call__(self, previous: Snapshot, current: Snapshot) -> list[Line]:
         """The lines for the interval between *previous* and *current*: (level, %-format, args)."""
-        lines: list[Line] = []
-
-        def emit(level: int, fmt: str, args: list[Any]) -> None:
-            lines.append((level, fmt, args))
-
         per_engine = self.intervals(previous, current)
+        lines = self._engine_lines(per_engine)
+        lines += _down_lines(current)
+        # Over the live engines, also while others are DOWN (a fleet of one live engine of two
+        # still gets its aggregate line: the line every operator greps for).
+        if per_engine and len(current.engines) > 1:
+            lines.append(self._aggregate_line(per_engine))
+        return lines
+
+    def _engine_lines(self, per_engine: dict[int, EngineInterval]) -> list[Line]:
+        """Each live engine's line, and its speculative-decoding line when it has one."""
+        lines: list[Line] = []
         for engine, iv in per_engine.items():
             idle_for = self._idle_intervals[engine] = (
                 self._idle_intervals.get(engine, 0) + 1 if iv.idle else 0
             )
             # As vLLM: an engine idle for this and the previous interval logs at DEBUG only.
             level = logging.DEBUG if idle_for >= 2 else logging.INFO
-            emit(level, *format_engine_line(f"Engine {engine:03d}: ", iv))
+            lines.append((level, *format_engine_line(f"Engine {engine:03d}: ", iv)))
             spec = format_spec_line(iv)
             if spec:
-                emit(level, *spec)
-        for engine, e in sorted(current.engines.items()):
-            if not e.up:
-                emit(
-                    logging.INFO,
-                    "Engine %03d: DOWN, last heartbeat %.1f s ago (its gauges are hidden)",
-                    [engine, e.age],
-                )
-        # Over the live engines, also while others are DOWN (a fleet of one live engine of two
-        # still gets its aggregate line: the line every operator greps for).
-        if per_engine and len(current.engines) > 1:
-            agg = aggregate(per_engine)
-            level = (
-                logging.DEBUG
-                if all(self._idle_intervals.get(e, 0) >= 2 for e in per_engine)
-                else logging.INFO
-            )
-            emit(level, *format_engine_line(f"{len(per_engine)} Engines Aggregated: ", agg))
+                lines.append((level, *spec))
         return lines
+
+    def _aggregate_line(self, per_engine: dict[int, EngineInterval]) -> Line:
+        """The live engines' aggregate line (DEBUG when every one of them is idle)."""
+        agg = aggregate(per_engine)
+        idle = all(self._idle_intervals.get(e, 0) >= 2 for e in per_engine)
+        level = logging.DEBUG if idle else logging.INFO
+        return (level, *format_engine_line(f"{len(per_engine)} Engines Aggregated: ", agg))
+
+
+def _down_lines(current: Snapshot) -> list[Line]:
+    """A DOWN line per engine that is not up, in engine order."""
+    return [
+        (
+            logging.INFO,
+            "Engine %03d: DOWN, last heartbeat %.1f s ago (its gauges are hidden)",
+            [engine, e.age],
+        )
+        for engine, e in sorted(current.engines.items())
+        if not e.up
+    ]

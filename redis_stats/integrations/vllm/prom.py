@@ -60,6 +60,14 @@ class _GaugeChild:
         self._child.set(time.time())
 
 
+def _full_name(namespace: str, subsystem: str, name: str, unit: str) -> str:
+    """A family's name as prometheus_client makes it of its parts."""
+    full = "_".join(part for part in (namespace, subsystem, name) if part)
+    if unit and not full.endswith("_" + unit):
+        full += "_" + unit
+    return full
+
+
 class _RedisMetric:
     """Base of the generated classes: one metric family defined in the writer's catalogue."""
 
@@ -80,9 +88,7 @@ class _RedisMetric:
         unit: str = "",
         **_ignored: Any,  # registry=, _labelvalues=, ...: prometheus_client options with no meaning here
     ) -> None:
-        full = "_".join(part for part in (namespace, subsystem, name) if part)
-        if unit and not full.endswith("_" + unit):
-            full += "_" + unit
+        full = _full_name(namespace, subsystem, name, unit)
         self._labelnames = tuple(labelnames)
         self._engine_pos = self._labelnames.index(ENGINE_LABEL) if ENGINE_LABEL in self._labelnames else None
         spec = MetricSpec(

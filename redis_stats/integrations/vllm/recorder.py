@@ -90,6 +90,13 @@ class _EngineSeries:
         self.req_gen_tokens = bind("vllm:request_generation_tokens")
         self.req_max_tokens = bind("vllm:request_params_max_tokens")
         self.req_kv_computed = bind("vllm:request_prefill_kv_computed_tokens")
+        self._bind_features(features)
+        self._by_label: dict[tuple[str, str], Any] = {}
+        self._bind_labelled(features)
+
+    def _bind_features(self, features: VllmFeatures) -> None:
+        """The series vLLM has only with a feature on (None, or unset, without it)."""
+        bind = self._bind
         self.spec_decoding = features.spec_decoding
         if features.spec_decoding:
             self.drafts = bind("vllm:spec_decode_num_drafts")
@@ -114,7 +121,8 @@ class _EngineSeries:
             if features.watermark
             else None
         )
-        self._by_label: dict[tuple[str, str], Any] = {}
+
+    def _bind_labelled(self, features: VllmFeatures) -> None:
         # As vLLM: labelled counters exist (at 0) for every known label value from the start.
         for reason in FINISH_REASONS:
             self.labelled("vllm:request_success", "finished_reason", reason)
@@ -194,44 +202,24 @@ class VllmRecorder:
             for stage, gauge in s.kv_fetch:
                 gauge.set(by_stage.get(stage, 0))
         s.kv_usage.set(_g(st, "kv_cache_usage"))
-        prefix = _g(st, "prefix_cache_stats", None)
-        if prefix is not None:
-            hits = _g(prefix, "hits")
-            s.prefix_queries.inc(_g(prefix, "queries"))
-            s.prefix_hits.inc(hits)
-            s.labelled("vllm:prompt_tokens_cached_by_source", "source", "device").inc(hits)
-        external = _g(st, "connector_prefix_cache_stats", None)
-        if external is not None:
-            s.ext_queries.inc(_g(external, "queries"))
-            s.ext_hits.inc(_g(external, "hits"))
-            for tier, n in _g(external, "hits_by_source", {}).items():
-                tier_name = getattr(tier, "value", tier)
-                s.labelled("vllm:prompt_tokens_cached_by_source", "source", str(tier_name)).inc(n)
+        _prefix_caches(s, st)
         if s.residency is not None:
-            events = _g(st, "kv_cache_eviction_events", ())
-            if events:
-                lifetime, idle, reuse = s.residency
-                for event in events:
-                    lifetime.observe(_g(event, "lifetime_seconds"))
-                    idle.observe(_g(event, "idle_seconds"))
-                    for gap in _g(event, "reuse_gaps_seconds", ()):
-                        reuse.observe(gap)
+            _evictions(s.residency, _g(st, "kv_cache_eviction_events", ()))
         spec = _g(st, "spec_decoding_stats", None)
         if spec is not None and s.spec_decoding:
-            s.drafts.inc(_g(spec, "num_drafts"))
-            s.draft_tokens.inc(_g(spec, "num_draft_tokens"))
-            s.accepted_tokens.inc(_g(spec, "num_accepted_tokens"))
-            for pos, n in enumerate(_g(spec, "num_accepted_tokens_per_pos", ())):
-                s.labelled("vllm:spec_decode_num_accepted_tokens_per_pos", "position", str(pos)).inc(n)
+            _spec_decoding(s, spec)
         if self.max_lora is not None:
-            running = ",".join(_g(st, "running_lora_adapters", {}).keys())
-            waiting_lora = ",".join(_g(st, "waiting_lora_adapters", {}).keys())
-            self.writer.metric("vllm:lora_requests_info").labels(
-                s.engine,
-                max_lora=str(self.max_lora),
-                waiting_lora_adapters=waiting_lora,
-                running_lora_adapters=running,
-            ).set(time.time())
+            self._lora(s, st)
+
+    def _lora(self, s: _EngineSeries, st: Any) -> None:
+        running = ",".join(_g(st, "running_lora_adapters", {}).keys())
+        waiting_lora = ",".join(_g(st, "waiting_lora_adapters", {}).keys())
+        self.writer.metric("vllm:lora_requests_info").labels(
+            s.engine,
+            max_lora=str(self.max_lora),
+            waiting_lora_adapters=waiting_lora,
+            running_lora_adapters=running,
+        ).set(time.time())
 
     def _iteration(self, s: _EngineSeries, it: Any) -> None:
         prompt, generation = _g(it, "num_prompt_tokens"), _g(it, "num_generation_tokens")
@@ -245,19 +233,7 @@ class VllmRecorder:
             unmarked.inc(_g(it, "num_not_watermarked_reqs"))
         s.preemptions.inc(_g(it, "num_preempted_reqs"))
         s.prompt_tokens.inc(prompt)
-        computed = prompt
-        sources = _g(it, "prompt_token_stats", None)
-        if sources is None:  # a vLLM without the breakdown: every prompt token was computed
-            s.labelled("vllm:prompt_tokens_by_source", "source", "local_compute").inc(prompt)
-        else:
-            computed = _g(sources, "computed")
-            for source, attr in (
-                ("local_compute", "computed"),
-                ("local_cache_hit", "local_cache_hit"),
-                ("external_kv_transfer", "external_kv_transfer"),
-            ):
-                s.labelled("vllm:prompt_tokens_by_source", "source", source).inc(_g(sources, attr))
-            s.prompt_cached.inc(_g(sources, "cached_tokens"))
+        computed = _prompt_sources(s, _g(it, "prompt_token_stats", None), prompt)
         s.generation_tokens.inc(generation)
         s.iteration_tokens.observe(computed + generation)
         for v in _g(it, "max_num_generation_tokens_iter", ()):
@@ -319,3 +295,55 @@ class VllmRecorder:
         labels = {k: str(info.get(k, "")) for k in spec.labels}
         for e in self.engines:
             self.writer.metric("vllm:cache_config_info").labels(e, **labels).set(1)
+
+
+def _prefix_caches(s: _EngineSeries, st: Any) -> None:
+    """The device's and the KV connector's prefix-cache queries and hits of one step."""
+    prefix = _g(st, "prefix_cache_stats", None)
+    if prefix is not None:
+        hits = _g(prefix, "hits")
+        s.prefix_queries.inc(_g(prefix, "queries"))
+        s.prefix_hits.inc(hits)
+        s.labelled("vllm:prompt_tokens_cached_by_source", "source", "device").inc(hits)
+    external = _g(st, "connector_prefix_cache_stats", None)
+    if external is not None:
+        s.ext_queries.inc(_g(external, "queries"))
+        s.ext_hits.inc(_g(external, "hits"))
+        for tier, n in _g(external, "hits_by_source", {}).items():
+            tier_name = getattr(tier, "value", tier)
+            s.labelled("vllm:prompt_tokens_cached_by_source", "source", str(tier_name)).inc(n)
+
+
+def _evictions(residency: tuple[Any, Any, Any], events: Any) -> None:
+    """The sampled KV-block evictions of one step, into the residency histograms."""
+    lifetime, idle, reuse = residency
+    for event in events or ():
+        lifetime.observe(_g(event, "lifetime_seconds"))
+        idle.observe(_g(event, "idle_seconds"))
+        for gap in _g(event, "reuse_gaps_seconds", ()):
+            reuse.observe(gap)
+
+
+def _spec_decoding(s: _EngineSeries, spec: Any) -> None:
+    s.drafts.inc(_g(spec, "num_drafts"))
+    s.draft_tokens.inc(_g(spec, "num_draft_tokens"))
+    s.accepted_tokens.inc(_g(spec, "num_accepted_tokens"))
+    for pos, n in enumerate(_g(spec, "num_accepted_tokens_per_pos", ())):
+        s.labelled("vllm:spec_decode_num_accepted_tokens_per_pos", "position", str(pos)).inc(n)
+
+
+def _prompt_sources(s: _EngineSeries, sources: Any, prompt: int) -> int:
+    """A step's prompt tokens by source; the tokens computed (all of them for a vLLM without
+    the breakdown)."""
+    if sources is None:  # a vLLM without the breakdown: every prompt token was computed
+        s.labelled("vllm:prompt_tokens_by_source", "source", "local_compute").inc(prompt)
+        return prompt
+    computed: int = _g(sources, "computed")
+    for source, attr in (
+        ("local_compute", "computed"),
+        ("local_cache_hit", "local_cache_hit"),
+        ("external_kv_transfer", "external_kv_transfer"),
+    ):
+        s.labelled("vllm:prompt_tokens_by_source", "source", source).inc(_g(sources, attr))
+    s.prompt_cached.inc(_g(sources, "cached_tokens"))
+    return computed
