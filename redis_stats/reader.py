@@ -118,7 +118,12 @@ class ReaderCore:
     def __init__(self, config: StatsConfig | None = None, catalog: Catalog | None = None) -> None:
         self.config = config or StatsConfig.from_env()
         self.keys = Keys(self.config.namespace)
-        self._decoder = SnapshotDecoder(catalog, stale_after=self.config.stale_after, keys=self.keys)
+        self._decoder = SnapshotDecoder(
+            catalog,
+            stale_after=self.config.stale_after,
+            keys=self.keys,
+            max_label_length=self.config.max_label_length,
+        )
         # Every K a writer listed in shard 0's catalogue (see shards.lua), and our own.
         self.layouts: frozenset[int] = frozenset({self.config.shards} - {1})
         # Per shard read (its root): (catalogue version, the catalogue) last read.

@@ -173,6 +173,9 @@ class Snapshot:
     catalog: Catalog
     skipped: _Tally[str] = field(default_factory=Skipped)
     """Fields and keys skipped, by reason; a :class:`Skipped` also names the first few."""
+    labels_replaced: int = 0
+    """Label values of this read longer than the reader's ``max_label_length``, shown replaced
+    by their first 64 characters and a digest of the whole value (two long values stay apart)."""
 
     def total(self, name: str, *labels: str) -> float:
         """A counter summed over every engine."""

@@ -204,17 +204,26 @@ class SnapshotDecoder:
     dictionaries, dropped when the catalogue changes or when they hold more than twice what a
     read used; nothing to begin or end. Safe to share between threads: every entry is
     immutable, one dictionary store each, and tagged with its catalogue.
-    *keys* names the keys of what is skipped (default: a namespace called ``?``).
+    *keys* names the keys of what is skipped (default: a namespace called ``?``). A label value
+    longer than *max_label_length* characters (0: no cap) is replaced where its names field is
+    parsed (:func:`~redis_stats._core.groups.short_label`), so every view made from a read shows
+    the same shortened value, and counted in the snapshot's ``labels_replaced``.
     """
 
     def __init__(
-        self, catalog: Catalog | None = None, *, stale_after: float = 30.0, keys: Keys | None = None
+        self,
+        catalog: Catalog | None = None,
+        *,
+        stale_after: float = 30.0,
+        keys: Keys | None = None,
+        max_label_length: int = 0,
     ) -> None:
         self.local = catalog if catalog is not None else Catalog()
         self.stale_after_ms = stale_after * 1000.0
         self.meta_version = ""
         self.catalog = self.local
         self.keys = keys if keys is not None else Keys("?")
+        self.cap = max_label_length
         self._layouts: dict[str, Layout] = {}
         self._disjoint: dict[tuple[Layout, ...], bool] = {}
         self._tags: dict[tuple[float, ...], str] = {}
@@ -315,7 +324,8 @@ class SnapshotDecoder:
             return found
         lines = tuple(names.split("\n")) if names else ()
         tags = self._tags
-        layout = Layout(catalog, lines, [parse_field(line, catalog, tags) for line in lines])
+        cap = self.cap
+        layout = Layout(catalog, lines, [parse_field(line, catalog, tags, cap) for line in lines])
         self._layouts[names] = layout  # one store of an immutable object: thread-safe
         return layout
 
@@ -349,9 +359,9 @@ class SnapshotDecoder:
             )
             snap.conflict = conflicts.get(name, ())
             shell.engines[snap.engine] = snap
-            engines.append(
-                EngineGroups(name, snap, self._groups(chunks, base, live, snap.up, catalog, skipped))
-            )
+            groups = self._groups(chunks, base, live, snap.up, catalog, skipped)
+            shell.labels_replaced += sum(g.layout.replaced for g in groups)
+            engines.append(EngineGroups(name, snap, groups))
         self._trim(used, len(engines))
         return Decoded(shell, engines)
 
@@ -491,10 +501,10 @@ class SnapshotDecoder:
             if apart is None:
                 apart = self._disjoint[layouts] = disjoint(layouts)
             if not apart:
-                return by_lines(chunks, base, live, up, catalog, skipped, self._tags)
+                return by_lines(chunks, base, live, up, catalog, skipped, self._tags, self.cap)
         found = in_bulk(chunks, base, live, up) if chunks else None
         if found is None:
-            return by_lines(chunks, base, live, up, catalog, skipped, self._tags)
+            return by_lines(chunks, base, live, up, catalog, skipped, self._tags, self.cap)
         return found
 
     # -- writers, liveness, conflicts ----------------------------------------------------------

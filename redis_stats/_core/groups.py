@@ -18,6 +18,7 @@ order with the same ``+``, so both give the same numbers (``tests/unit/test_grou
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Container, Sequence
 from json import JSONDecoder
 from json.scanner import make_scanner
@@ -39,8 +40,12 @@ from redis_stats._core.values import (
 from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, MetricSpec
 from redis_stats.snapshot import SeriesKey, Skipped
 
-Parsed = tuple[MetricSpec, tuple[str, ...], str]
-"""A series field's parse: (spec, label values, suffix: a histogram's bucket layout)."""
+Parsed = tuple[MetricSpec, tuple[str, ...], str, int]
+"""A series field's parse: (spec, label values, suffix: a histogram's bucket layout, how many of
+its label values were replaced for being too long: :func:`short_label`)."""
+
+KEPT_CHARACTERS = 64
+"""A replaced label value keeps this many characters of the original."""
 
 _Picker = Callable[[Sequence[Any]], tuple[Any, ...]]
 
@@ -50,9 +55,22 @@ def bucket_tag(spec: MetricSpec) -> str:
     return fields.bucket_layout((*spec.buckets, _INF))
 
 
-def parse_field(name: Any, catalog: Catalog, tags: dict[tuple[float, ...], str]) -> Parsed | str:
-    """(spec, label values, suffix) of a series field for *catalog*, or the reason it is skipped
-    (*tags*: the bucket tags made so far, by buckets). Only a histogram's field has a suffix."""
+def short_label(value: str, cap: int) -> str:
+    """*value* if at most *cap* characters long, else its first :data:`KEPT_CHARACTERS`
+    characters and ``...[sha1:<16 hex of the whole value>]`` (two long values stay apart)."""
+    if len(value) <= cap:
+        return value
+    digest = hashlib.sha1(value.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{value[:KEPT_CHARACTERS]}...[sha1:{digest}]"
+
+
+def parse_field(
+    name: Any, catalog: Catalog, tags: dict[tuple[float, ...], str], cap: int = 0
+) -> Parsed | str:
+    """(spec, label values, suffix, replaced) of a series field for *catalog*, or the reason it
+    is skipped (*tags*: the bucket tags made so far, by buckets). Only a histogram's field has a
+    suffix. With *cap*, a label value longer than *cap* characters is replaced
+    (:func:`short_label`): one stored value of megabytes never reaches a view whole."""
     if name.__class__ is not str:
         return "bad_field"
     try:
@@ -71,7 +89,11 @@ def parse_field(name: Any, catalog: Catalog, tags: dict[tuple[float, ...], str])
             tag = tags[spec.buckets] = bucket_tag(spec)
         if parts[-1] != tag:
             return "unknown_bucket"  # written with other bucket bounds than the catalogue's
-    return spec, tuple(parts[1 : 1 + len(spec.labels)]), parts[-1] if extra else ""
+    values = tuple(parts[1 : 1 + len(spec.labels)])
+    replaced = sum(len(v) > cap for v in values) if cap else 0
+    if replaced:
+        values = tuple(short_label(v, cap) for v in values)
+    return spec, values, parts[-1] if extra else "", replaced
 
 
 def _picker(positions: Sequence[int]) -> _Picker:
@@ -141,6 +163,7 @@ class Layout:
         "pick_gauges",
         "pick_histograms",
         "pick_sums",
+        "replaced",
         "spaces",
         "specs",
         "summed",
@@ -151,6 +174,7 @@ class Layout:
         self.fields = names
         # each line's spec, and its series as the snapshot keys it: (metric name, label values)
         self.specs, self.keys = _series_of(parsed)
+        self.replaced = sum(p[3] for p in parsed if not isinstance(p, str))  # label values shortened
         specs = self.specs
         # Clean: every line is a series this catalogue shows, each once. Only such a layout is
         # read in bulk (a skipped line must be counted where the line-by-line path counts it).
@@ -478,6 +502,7 @@ def by_lines(
     catalog: Catalog,
     skipped: Skipped,
     tags: dict[tuple[float, ...], str],
+    cap: int = 0,
 ) -> list[Group]:
     """The engine line by line (what :func:`in_bulk` does not take): what is bad is skipped and
     counted under the key it was read from; what is kept comes as one :class:`Group`, in the
@@ -486,7 +511,7 @@ def by_lines(
     found: dict[SeriesKey, _Series] = {}
     chunk_order: dict[SeriesKey, None] = {}
     for name, raw, writer, key in _entries(chunks, base):
-        parsed = parse_field(name, catalog, tags)
+        parsed = parse_field(name, catalog, tags, cap)
         if isinstance(parsed, str):
             skipped.note(parsed, key, str(name))
             continue

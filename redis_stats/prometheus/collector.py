@@ -34,7 +34,6 @@ from redis_stats.prometheus.slices import (
     REPLACED,
     REPLACED_HELP,
     cap_families,
-    cap_label_values,
     replaced_text,
 )
 from redis_stats.reader import EngineSlice, StatsReader
@@ -76,10 +75,12 @@ class RedisCollector:
             snapshot = self.reader.snapshot(self.engines)
         except Exception as exc:  # a scrape must not fail with a traceback
             self.read_failed(exc)
-        made = list(families(snapshot)) if snapshot is not None else []
-        made += self._self_metrics(snapshot, time.perf_counter() - started)
-        replaced = cap_families(made, self.reader.config.max_label_length)
+        made = list(families(snapshot)) if snapshot is not None else []  # capped by the decoder
+        own = list(self._self_metrics(snapshot, time.perf_counter() - started))
+        replaced = cap_families(own, self.reader.config.max_label_length)
+        replaced += snapshot.labels_replaced if snapshot is not None else 0
         yield from made
+        yield from own
         replaced_family = GaugeMetricFamily(REPLACED, REPLACED_HELP)
         replaced_family.add_metric([], float(replaced))
         yield replaced_family
@@ -101,13 +102,14 @@ class RedisCollector:
         finally:
             if gc_was_on:
                 gc.enable()
-        families = self._self_metrics(shell, time.perf_counter() - started, engines=False)
+        own = list(self._self_metrics(shell, time.perf_counter() - started, engines=False))
         # A label value past max_label_length (stored by a writer configured otherwise, or
-        # garbage) is replaced here, as collect() does, and counted (redis_stats/prometheus/slices.py).
-        cap = self.reader.config.max_label_length
-        body, replaced = cap_label_values(text + (engine_lines(shell) if shell is not None else ""), cap)
-        own, more = cap_label_values(format_families(families), cap)
-        return body + own + replaced_text(replaced + more)
+        # garbage) is replaced and counted, as collect() does: the series' by the decoder, the
+        # self-metrics' here (redis_stats/prometheus/slices.py).
+        replaced = cap_families(own, self.reader.config.max_label_length)
+        replaced += shell.labels_replaced if shell is not None else 0
+        body = text + (engine_lines(shell) if shell is not None else "")
+        return body + format_families(own) + replaced_text(replaced)
 
     def read_failed(self, exc: BaseException) -> None:
         """Count a failed read (and warn on the first of its kind)."""

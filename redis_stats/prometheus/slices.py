@@ -17,20 +17,20 @@ A label value longer than the reader's ``max_label_length`` (the writer's cap to
 characters: a writer never stores a longer one, but a writer configured otherwise, or garbage,
 may have) is replaced by its first 64 characters and a digest of the whole value (two long
 values stay two series), and counted in ``redis_stats_label_values_replaced``: one value of
-megabytes can never make a scrape megabytes long.
+megabytes can never make a scrape megabytes long. The series' values are replaced where a read
+is decoded (``short_label``, once per names field), so every view shows the same; the
+self-metrics' (writer ids, kinds, from the writers' stats hashes) by :func:`cap_families`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import lru_cache
 from urllib.parse import parse_qs
 
 from prometheus_client.core import Metric
 
+from redis_stats._core.groups import KEPT_CHARACTERS, short_label
 from redis_stats._core.slices import MAX_SLICES, EngineSlice
 
 __all__ = [
@@ -39,7 +39,6 @@ __all__ = [
     "EngineSlice",
     "ScrapeQuery",
     "cap_families",
-    "cap_label_values",
     "parse_query",
     "select_samples",
     "short_label",
@@ -56,9 +55,6 @@ PER_SCRAPE = (
     "process_",
     "python_",
 )
-
-# A replaced label value keeps this many characters of the original.
-KEPT_CHARACTERS = 64
 
 
 @dataclass(frozen=True)
@@ -122,43 +118,6 @@ def select_samples(text: str, names: Iterable[str]) -> str:
                 header = []
             out.append(line)
     return "\n".join(out) + "\n" if out else ""
-
-
-@lru_cache(maxsize=8)
-def _long_value(cap: int) -> re.Pattern[str]:
-    # A quoted label value (escapes \" \\ \n inside) of more than *cap* characters.
-    return re.compile(r'="((?:[^"\\\n]|\\.){' + str(cap + 1) + r',})"')
-
-
-def short_label(value: str, cap: int) -> str:
-    """*value* if at most *cap* characters long, else its first :data:`KEPT_CHARACTERS`
-    characters and ``...[sha1:<16 hex of the whole value>]`` (two long values stay apart)."""
-    if len(value) <= cap:
-        return value
-    digest = hashlib.sha1(value.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return f"{value[:KEPT_CHARACTERS]}...[sha1:{digest}]"
-
-
-_UNESCAPE = re.compile(r"\\(.)")
-
-
-def cap_label_values(text: str, cap: int) -> tuple[str, int]:
-    """*text* (exposition text) with every label value longer than *cap* characters replaced
-    by :func:`short_label` (the same value the prometheus_client path gives), and how many
-    were replaced. Text without one is returned as it is (one regular-expression scan)."""
-    pattern = _long_value(cap)
-    if pattern.search(text) is None:
-        return text, 0
-    replaced = 0
-
-    def short(match: re.Match[str]) -> str:
-        nonlocal replaced
-        replaced += 1
-        raw = _UNESCAPE.sub(lambda m: "\n" if m.group(1) == "n" else m.group(1), match.group(1))
-        value = short_label(raw, cap)
-        return '="' + value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"') + '"'
-
-    return pattern.sub(short, text), replaced
 
 
 REPLACED = "redis_stats_label_values_replaced"

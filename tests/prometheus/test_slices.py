@@ -18,7 +18,7 @@ from redis_stats import StatsConfig, StatsReader, StatsWriter
 from redis_stats._core.decoder import ShardReply
 from redis_stats.prometheus.collector import RedisCollector
 from redis_stats.prometheus.exporter import Exporter
-from redis_stats.prometheus.slices import PER_SCRAPE, EngineSlice, cap_label_values, select_samples
+from redis_stats.prometheus.slices import PER_SCRAPE, EngineSlice, select_samples, short_label
 from redis_stats.tools.cli import main
 from tests.conftest import sample_catalog
 
@@ -171,14 +171,27 @@ def test_a_label_value_past_the_cap_is_replaced_and_counted(redis_server, namesp
     assert parsed(theirs) == parsed(text)
 
 
-def test_cap_keeps_escapes_whole_and_leaves_short_values():
-    text = 'm{a="' + "\\\\" * 1100 + '"} 1\nm{a="short"} 2\n'
-    out, n = cap_label_values(text, 1024)
-    assert n == 1
-    value = re.search(r'a="(.*?)\.\.\.\[sha1:', out).group(1)
-    assert value == "\\\\" * 64  # the first 64 characters of the value (backslashes), escaped again
-    assert 'm{a="short"} 2' in out
-    assert cap_label_values('m{a="short"} 2\n', 1024) == ('m{a="short"} 2\n', 0)
+def test_every_view_of_a_read_shows_the_same_replaced_label_value(redis_server, namespace):
+    # Replaced where the read is decoded: the snapshot (/snapshot, top, the live page) shows what
+    # /metrics shows, escapes and all; short values are left as they are.
+    cat = sample_catalog()
+    loose = StatsConfig(url=redis_server.url, namespace=namespace, max_label_length=200_000)
+    writer = StatsWriter(loose, cat, engines=[0], start=False)
+    long_value = '\\"\n' * 700  # 2,100 characters of what the text format escapes
+    writer.counter("requests").labels(engine=0, reason=long_value).inc(1)
+    writer.counter("requests").labels(engine=0, reason="stop").inc(3)
+    assert writer.flush()
+    writer.close()
+    reader = StatsReader(StatsConfig(url=redis_server.url, namespace=namespace), cat)
+    snap = reader.snapshot()
+    assert snap.labels_replaced == 1
+    short = short_label(long_value, 1024)
+    assert short.startswith(long_value[:64]) and short.endswith("]") and len(short) < 100
+    assert snap.engines[0].counter("requests", short) == 1
+    assert snap.engines[0].counter("requests", "stop") == 3
+    text = RedisCollector(reader).render_text()
+    assert 'reason="' + short.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"') + '"' in text
+    assert "redis_stats_label_values_replaced 1.0" in text
 
 
 def test_select_keeps_headers_only_of_kept_families():
