@@ -41,13 +41,19 @@ class LoadProfile:
 
 @dataclass
 class _Request:
+    """One request, from its arrival to its last token (times are ``time.monotonic()`` seconds)."""
+
     prompt: int
     max_tokens: int
     arrived: float
+
+    # Set when it is admitted (prefill starts):
     started: float = 0.0
-    first_token: float = 0.0
+    first_token: float = 0.0  # when its first token is due
+    stop_at: int = 0  # the tokens it ends after: "length" when max_tokens, else "stop"
+
+    # Its decoding so far:
     generated: int = 0
-    stop_at: int = 0
     decode_debt: float = 0.0
     """Fraction of a token decoded but not yet emitted (steps are not a whole number of ITLs)."""
 
@@ -56,10 +62,10 @@ class _Request:
 class _Prefill:
     """What one step admitted: prompt tokens computed and cached, TTFTs, ``max_tokens`` asked."""
 
-    computed: int = 0
-    cached: int = 0
     ttfts: list[float] = field(default_factory=list)
     max_tokens: list[int] = field(default_factory=list)
+    computed: int = 0  # prompt tokens
+    cached: int = 0
 
 
 @dataclass
