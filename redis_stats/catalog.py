@@ -13,6 +13,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from redis_stats.errors import CatalogError  # defined in errors.py; importable from here as it always was
 
@@ -93,6 +94,22 @@ class MetricSpec:
     _index: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        self._check_name()
+        labels = tuple(self.labels)
+        object.__setattr__(self, "labels", labels)
+        self._check_labels(labels)
+        if self.kind == HISTOGRAM:
+            object.__setattr__(self, "buckets", self._histogram_buckets())
+        elif self.buckets:
+            raise CatalogError(f"{self.kind} {self.name!r} cannot have buckets")
+        if self.kind == GAUGE and self.mode not in GAUGE_MODES:
+            raise CatalogError(f"gauge {self.name!r}: mode {self.mode!r} is not one of {GAUGE_MODES}")
+        if not isinstance(self.help, str):
+            raise CatalogError(f"metric {self.name!r}: help must be a string")
+        self._index.update({label: i for i, label in enumerate(labels)})
+
+    def _check_name(self) -> None:
+        """Check the kind and the name; a counter's trailing ``_total`` is dropped."""
         if self.kind not in KINDS:
             raise CatalogError(f"metric {self.name!r}: kind {self.kind!r} is not one of {KINDS}")
         if not isinstance(self.name, str) or not _METRIC_NAME_RE.match(self.name):
@@ -107,40 +124,38 @@ class MetricSpec:
                 "redis_stats' own metrics (redis_stats_up, redis_stats_writer_..., see "
                 "docs/operations.md); choose another prefix"
             )
-        labels = tuple(self.labels)
-        object.__setattr__(self, "labels", labels)
+
+    def _check_labels(self, labels: tuple[str, ...]) -> None:
         seen: set[str] = set()
         for label in labels:
-            if not isinstance(label, str) or not _LABEL_NAME_RE.match(label) or label.startswith("__"):
-                raise CatalogError(f"metric {self.name!r}: label name {label!r} is not valid")
-            if label == ENGINE_LABEL:
-                raise CatalogError(
-                    f"metric {self.name!r}: label {ENGINE_LABEL!r} is added by redis_stats to every "
-                    "series; do not declare it"
-                )
-            if self.kind == HISTOGRAM and label == "le":
-                raise CatalogError(f"histogram {self.name!r}: label 'le' is reserved for buckets")
+            self._check_label(label)
             if label in seen:
                 raise CatalogError(f"metric {self.name!r}: label {label!r} is declared twice")
             seen.add(label)
-        if self.kind == HISTOGRAM:
-            buckets = tuple(b for b in _bucket_bounds(self.name, self.buckets) if not b == math.inf)
-            if not buckets:
-                raise CatalogError(f"histogram {self.name!r} needs at least one finite bucket bound")
-            if any(math.isnan(b) or math.isinf(b) for b in buckets):
-                raise CatalogError(f"histogram {self.name!r}: bucket bounds must be finite numbers")
-            if any(b >= c for b, c in itertools.pairwise(buckets)):
-                raise CatalogError(
-                    f"histogram {self.name!r}: bucket bounds {buckets} must be strictly increasing"
-                )
-            object.__setattr__(self, "buckets", buckets)
-        elif self.buckets:
-            raise CatalogError(f"{self.kind} {self.name!r} cannot have buckets")
-        if self.kind == GAUGE and self.mode not in GAUGE_MODES:
-            raise CatalogError(f"gauge {self.name!r}: mode {self.mode!r} is not one of {GAUGE_MODES}")
-        if not isinstance(self.help, str):
-            raise CatalogError(f"metric {self.name!r}: help must be a string")
-        self._index.update({label: i for i, label in enumerate(labels)})
+
+    def _check_label(self, label: object) -> None:
+        if not isinstance(label, str) or not _LABEL_NAME_RE.match(label) or label.startswith("__"):
+            raise CatalogError(f"metric {self.name!r}: label name {label!r} is not valid")
+        if label == ENGINE_LABEL:
+            raise CatalogError(
+                f"metric {self.name!r}: label {ENGINE_LABEL!r} is added by redis_stats to every "
+                "series; do not declare it"
+            )
+        if self.kind == HISTOGRAM and label == "le":
+            raise CatalogError(f"histogram {self.name!r}: label 'le' is reserved for buckets")
+
+    def _histogram_buckets(self) -> tuple[float, ...]:
+        """The histogram's finite bounds (a given ``+Inf`` dropped), checked: finite, increasing."""
+        buckets = tuple(b for b in _bucket_bounds(self.name, self.buckets) if not b == math.inf)
+        if not buckets:
+            raise CatalogError(f"histogram {self.name!r} needs at least one finite bucket bound")
+        if any(math.isnan(b) or math.isinf(b) for b in buckets):
+            raise CatalogError(f"histogram {self.name!r}: bucket bounds must be finite numbers")
+        if any(b >= c for b, c in itertools.pairwise(buckets)):
+            raise CatalogError(
+                f"histogram {self.name!r}: bucket bounds {buckets} must be strictly increasing"
+            )
+        return buckets
 
     def label_values(self, labels: dict[str, object]) -> tuple[str, ...]:
         """Order *labels* as declared, as strings (``str()`` of each value).
@@ -149,34 +164,43 @@ class MetricSpec:
         string form or cannot be encoded as UTF-8 (a lone surrogate): it could never be sent.
         """
         if len(labels) != len(self.labels) or any(k not in self._index for k in labels):
-            missing = [k for k in self.labels if k not in labels]
-            unknown = [k for k in labels if k not in self._index]
-            raise CatalogError(
-                f"metric {self.name!r} takes labels {list(self.labels)}; missing {missing}, unknown {unknown}"
-            )
+            self._wrong_labels(labels)
         values = []
         for k in self.labels:
             v = labels[k]
             if type(v) is not str:
-                try:
-                    v = str(v)
-                except Exception as exc:
-                    raise CatalogError(
-                        f"metric {self.name!r}: label {k!r}: str() of the value failed "
-                        f"({type(exc).__name__}: {exc}); pass a string"
-                    ) from None
+                v = self._label_text(k, v)
             if not v.isascii():  # the cheap test first: nearly every label value is ASCII
-                try:
-                    v.encode("utf-8")
-                except UnicodeEncodeError as exc:
-                    # Refused here, or every later flush of the writer would fail to encode it.
-                    raise CatalogError(
-                        f"metric {self.name!r}: label {k!r} value {v!r} cannot be encoded as UTF-8 "
-                        f"({exc.reason} at index {exc.start}); pass valid text, e.g. decode the "
-                        "source with errors='replace'"
-                    ) from None
+                self._check_utf8(k, v)
             values.append(v)
         return tuple(values)
+
+    def _wrong_labels(self, labels: dict[str, object]) -> NoReturn:
+        missing = [k for k in self.labels if k not in labels]
+        unknown = [k for k in labels if k not in self._index]
+        raise CatalogError(
+            f"metric {self.name!r} takes labels {list(self.labels)}; missing {missing}, unknown {unknown}"
+        )
+
+    def _label_text(self, label: str, value: object) -> str:
+        try:
+            return str(value)
+        except Exception as exc:
+            raise CatalogError(
+                f"metric {self.name!r}: label {label!r}: str() of the value failed "
+                f"({type(exc).__name__}: {exc}); pass a string"
+            ) from None
+
+    def _check_utf8(self, label: str, value: str) -> None:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            # Refused here, or every later flush of the writer would fail to encode it.
+            raise CatalogError(
+                f"metric {self.name!r}: label {label!r} value {value!r} cannot be encoded as UTF-8 "
+                f"({exc.reason} at index {exc.start}); pass valid text, e.g. decode the "
+                "source with errors='replace'"
+            ) from None
 
     def conflicts_with(self, other: MetricSpec) -> bool:
         """Whether *other* defines this metric differently in a way that changes what its stored

@@ -140,25 +140,27 @@ def _mask(url: object) -> str:
         return f"{parts.prefix}<not shown: '@' after the host part>"
     text = parts.prefix
     if parts.userinfo is not None:
-        user, colon, _password = parts.userinfo.partition(":")
-        # A lone "secret@" is a password for Sentinel/Cluster URLs and a user name for redis-py:
-        # masked either way.
-        text += f"{user}:{_MASK}@" if colon else f"{_MASK}@"
+        text += _mask_userinfo(parts.userinfo)
     text += _mask_hosts(parts.hosts) + parts.path
     if parts.query is not None:
-        pieces = []
-        for piece in parts.query.split("&"):
-            name, eq, _value = piece.partition("=")
-            if not eq:
-                pieces.append(_MASK if piece else piece)
-            elif _is_secret_name(name):
-                pieces.append(f"{name}={_MASK}")
-            else:
-                pieces.append(piece)
-        text += "?" + "&".join(pieces)
+        text += "?" + "&".join(_mask_query_piece(piece) for piece in parts.query.split("&"))
     if parts.fragment is not None:
         text += "#" + _MASK
     return text
+
+
+def _mask_userinfo(userinfo: str) -> str:
+    user, colon, _password = userinfo.partition(":")
+    # A lone "secret@" is a password for Sentinel/Cluster URLs and a user name for redis-py:
+    # masked either way.
+    return f"{user}:{_MASK}@" if colon else f"{_MASK}@"
+
+
+def _mask_query_piece(piece: str) -> str:
+    name, eq, _value = piece.partition("=")
+    if not eq:
+        return _MASK if piece else piece
+    return f"{name}={_MASK}" if _is_secret_name(name) else piece
 
 
 def url_secrets(url: str) -> list[str]:
@@ -167,19 +169,23 @@ def url_secrets(url: str) -> list[str]:
         parts = _cut(url)
     except Exception:
         return []
-    found: list[str] = []
+    found = _query_secrets(parts.query or "")
     if parts.userinfo is not None:
         user, colon, password = parts.userinfo.partition(":")
         found.append(password if colon else user)
-    for piece in (parts.query or "").split("&"):
+    secrets = {spelling for raw in found for spelling in (raw, unquote(raw), unquote_plus(raw))}
+    # Longest first, so that a secret containing another one is replaced whole.
+    return sorted((s for s in secrets if s), key=len, reverse=True)
+
+
+def _query_secrets(query: str) -> list[str]:
+    """The values of the query parameters whose names say they hold a secret, as written."""
+    found = []
+    for piece in query.split("&"):
         name, eq, value = piece.partition("=")
         if eq and _is_secret_name(name):
             found.append(value)
-    secrets = set()
-    for raw in found:
-        secrets |= {raw, unquote(raw), unquote_plus(raw)}
-    # Longest first, so that a secret containing another one is replaced whole.
-    return sorted((s for s in secrets if s), key=len, reverse=True)
+    return found
 
 
 def redact(text: str, url: str) -> str:
@@ -203,11 +209,20 @@ def url_problem(url: object) -> str | None:
     if not isinstance(url, str):
         return f"the Redis URL is a {type(url).__name__}, not a string"
     parts = _cut(url)
-    if not parts.prefix:
+    return _scheme_problem(parts.prefix) or _ambiguity_problem(parts) or _port_problem(parts.hosts)
+
+
+def _scheme_problem(prefix: str) -> str | None:
+    if not prefix:
         return "it has no scheme:// (use e.g. redis://127.0.0.1:6379/0)"
-    scheme = parts.prefix[:-3].lower()
+    scheme = prefix[:-3].lower()
     if scheme not in SCHEMES:
         return f"scheme {scheme!r} is not supported; use one of {', '.join(SCHEMES)}"
+    return None
+
+
+def _ambiguity_problem(parts: _UrlParts) -> str | None:
+    """A raw ``@ # &`` where a password may hold one: where the URL would have to be guessed."""
     if parts.at_after_hosts:
         return (
             "it has an '@' after its host part: a password (or query value) holding '/', '?', "
@@ -215,17 +230,24 @@ def url_problem(url: object) -> str | None:
         )
     if parts.fragment is not None:
         return "it has a '#' (Redis URLs have no fragment): write a '#' in a password as %23"
-    for piece in (parts.query or "").split("&"):
-        if piece and "=" not in piece:
-            return (
-                "a query parameter has no '=' (a raw '&' in a password?): write parameters as "
-                "name=value and a '&' inside a value as %26"
-            )
-    for i, part in enumerate(parts.hosts.split(",") if parts.hosts else (), 1):
+    if any(piece and "=" not in piece for piece in (parts.query or "").split("&")):
+        return (
+            "a query parameter has no '=' (a raw '&' in a password?): write parameters as "
+            "name=value and a '&' inside a value as %26"
+        )
+    return None
+
+
+def _port_problem(hosts: str) -> str | None:
+    for i, part in enumerate(hosts.split(",") if hosts else (), 1):
         _host, colon, port = part.rpartition(":")
-        if colon and port and not part.endswith("]") and not (port.isdigit() and 0 < int(port) < 65536):
+        if colon and port and not part.endswith("]") and not _is_port(port):
             return f"the port of host {i} is not a number from 1 to 65535 (a password without 'user:...@'?)"
     return None
+
+
+def _is_port(text: str) -> bool:
+    return text.isdigit() and 0 < int(text) < 65536
 
 
 @dataclasses.dataclass(frozen=True)
@@ -338,74 +360,12 @@ class StatsConfig:
     )
 
     def __post_init__(self) -> None:
-        problem = url_problem(self.url)
-        if problem is not None:
-            # Never quote the URL itself: only its masked form (the mask never shows a secret).
-            raise ConfigError(
-                f"url {mask_url(self.url)} is not a usable Redis URL: {problem} "
-                f"(set it with url=..., {ENV_PREFIX}URL or --redis-url-file)"
-            )
-        if not isinstance(self.namespace, str) or not _NAMESPACE_RE.match(self.namespace):
-            raise ConfigError(
-                f"namespace={self.namespace!r} is not allowed: use 1-128 characters from "
-                "A-Z a-z 0-9 . _ - / : (no braces, spaces or glob characters, which would break "
-                "the key prefix rs:{NS}: and its ACL pattern)"
-            )
-        for name in ("flush_interval", "stale_after", "retention", "lease_ttl", "log_interval"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
-                raise ConfigError(f"{name}={value!r} must be a positive number of seconds")
-        ct = self.close_timeout
-        if not isinstance(ct, (int, float)) or isinstance(ct, bool) or not 0 <= ct < float("inf"):
-            raise ConfigError(f"close_timeout={ct!r} must be a number of seconds >= 0 (0: do not wait)")
-        li = self.load_interval
-        if not isinstance(li, (int, float)) or isinstance(li, bool) or not 0 <= li < float("inf"):
-            raise ConfigError(
-                f"load_interval={li!r} must be a number of seconds >= 0 (0: with each flush only)"
-            )
-        if li and li >= self.flush_interval:
-            raise ConfigError(
-                f"load_interval={li} is not shorter than flush_interval={self.flush_interval}: every flush "
-                "already stores the load entries; make it shorter (e.g. 0.1) or 0"
-            )
-        if self.stale_after < self.flush_interval:
-            raise ConfigError(
-                f"stale_after={self.stale_after} is shorter than flush_interval="
-                f"{self.flush_interval}: every engine would look stale between two flushes; "
-                "make stale_after several flush intervals long"
-            )
-        safe = RETENTION_FACTOR * max(self.stale_after, self.flush_interval)
-        if self.retention < safe:
-            raise ConfigError(
-                f"retention={self.retention:g} is shorter than {RETENTION_FACTOR} x max(stale_after="
-                f"{self.stale_after:g}, flush_interval={self.flush_interval:g}) = {safe:g} s: gc would "
-                "remove writers and engines that readers still count as live, and their data with "
-                f"them; make retention at least {safe:g} s (or shorten stale_after)"
-            )
-        if not isinstance(self.wait_replicas, int) or self.wait_replicas < 0:
-            raise ConfigError(f"wait_replicas={self.wait_replicas!r} must be an integer >= 0")
-        for name in (
-            "connect_timeout_ms",
-            "socket_timeout_ms",
-            "max_label_length",
-            "max_series_per_metric",
-            "wait_timeout_ms",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"{name}={value!r} must be a positive integer")
-        if self.leader not in LEADER_MODES:
-            raise ConfigError(f"leader={self.leader!r} must be one of {', '.join(LEADER_MODES)}")
-        if not isinstance(self.leader_rank, int) or self.leader_rank < 0:
-            raise ConfigError(f"leader_rank={self.leader_rank!r} must be an integer >= 0")
-        if not isinstance(self.engine_offset, int) or self.engine_offset < 0:
-            raise ConfigError(f"engine_offset={self.engine_offset!r} must be an integer >= 0")
-        k = self.shards
-        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SHARDS:
-            raise ConfigError(
-                f"shards={k!r} must be an integer from 1 to {MAX_SHARDS} (1: the whole namespace in "
-                "one Cluster slot; the number of Cluster masters to spread a deployment over them)"
-            )
+        # The checks run in order and the first problem is raised: each setting's own rule before
+        # any comparison that relies on it being a number (see _CHECKS).
+        for check in _CHECKS:
+            problem = check(self)
+            if problem is not None:
+                raise ConfigError(problem)
 
     def __repr__(self) -> str:
         fields = ", ".join(
@@ -451,6 +411,139 @@ class StatsConfig:
         if unknown:
             raise ConfigError(f"unknown option(s) {sorted(unknown)}; known: {sorted(_options())}")
         return cls(**values)
+
+
+def _url_check(config: StatsConfig) -> str | None:
+    problem = url_problem(config.url)
+    if problem is None:
+        return None
+    # Never quote the URL itself: only its masked form (the mask never shows a secret).
+    return (
+        f"url {mask_url(config.url)} is not a usable Redis URL: {problem} "
+        f"(set it with url=..., {ENV_PREFIX}URL or --redis-url-file)"
+    )
+
+
+def _is_namespace(value: object) -> bool:
+    return isinstance(value, str) and _NAMESPACE_RE.match(value) is not None
+
+
+def _is_positive_seconds(value: object) -> bool:
+    return isinstance(value, (int, float)) and value > 0 and value != float("inf")
+
+
+def _is_seconds_or_zero(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf")
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and value >= 0
+
+
+def _is_positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _is_leader_mode(value: object) -> bool:
+    return value in LEADER_MODES
+
+
+def _is_shard_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_SHARDS
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rule:
+    """A check of settings on their own: each of *names* must satisfy *valid*, or the problem
+    is ``name=value`` followed by *must*."""
+
+    names: tuple[str, ...]
+    valid: Callable[[object], bool]
+    must: str
+
+    def __call__(self, config: StatsConfig) -> str | None:
+        for name in self.names:
+            value = getattr(config, name)
+            if not self.valid(value):
+                return f"{name}={value!r} {self.must}"
+        return None
+
+
+def _load_interval_check(config: StatsConfig) -> str | None:
+    li = config.load_interval
+    if li and li >= config.flush_interval:
+        return (
+            f"load_interval={li} is not shorter than flush_interval={config.flush_interval}: every flush "
+            "already stores the load entries; make it shorter (e.g. 0.1) or 0"
+        )
+    return None
+
+
+def _stale_after_check(config: StatsConfig) -> str | None:
+    if config.stale_after < config.flush_interval:
+        return (
+            f"stale_after={config.stale_after} is shorter than flush_interval="
+            f"{config.flush_interval}: every engine would look stale between two flushes; "
+            "make stale_after several flush intervals long"
+        )
+    return None
+
+
+def _retention_check(config: StatsConfig) -> str | None:
+    safe = RETENTION_FACTOR * max(config.stale_after, config.flush_interval)
+    if config.retention < safe:
+        return (
+            f"retention={config.retention:g} is shorter than {RETENTION_FACTOR} x max(stale_after="
+            f"{config.stale_after:g}, flush_interval={config.flush_interval:g}) = {safe:g} s: gc would "
+            "remove writers and engines that readers still count as live, and their data with "
+            f"them; make retention at least {safe:g} s (or shorten stale_after)"
+        )
+    return None
+
+
+# What StatsConfig checks, in this order (the first problem is raised). The rules of the times
+# come before the comparisons between them, which need numbers.
+_CHECKS: tuple[Callable[[StatsConfig], str | None], ...] = (
+    _url_check,
+    _Rule(
+        ("namespace",),
+        _is_namespace,
+        "is not allowed: use 1-128 characters from A-Z a-z 0-9 . _ - / : (no braces, spaces or glob "
+        "characters, which would break the key prefix rs:{NS}: and its ACL pattern)",
+    ),
+    _Rule(
+        ("flush_interval", "stale_after", "retention", "lease_ttl", "log_interval"),
+        _is_positive_seconds,
+        "must be a positive number of seconds",
+    ),
+    _Rule(("close_timeout",), _is_seconds_or_zero, "must be a number of seconds >= 0 (0: do not wait)"),
+    _Rule(
+        ("load_interval",), _is_seconds_or_zero, "must be a number of seconds >= 0 (0: with each flush only)"
+    ),
+    _load_interval_check,
+    _stale_after_check,
+    _retention_check,
+    _Rule(("wait_replicas",), _is_count, "must be an integer >= 0"),
+    _Rule(
+        (
+            "connect_timeout_ms",
+            "socket_timeout_ms",
+            "max_label_length",
+            "max_series_per_metric",
+            "wait_timeout_ms",
+        ),
+        _is_positive_int,
+        "must be a positive integer",
+    ),
+    _Rule(("leader",), _is_leader_mode, f"must be one of {', '.join(LEADER_MODES)}"),
+    _Rule(("leader_rank", "engine_offset"), _is_count, "must be an integer >= 0"),
+    _Rule(
+        ("shards",),
+        _is_shard_count,
+        f"must be an integer from 1 to {MAX_SHARDS} (1: the whole namespace in one Cluster slot; the "
+        "number of Cluster masters to spread a deployment over them)",
+    ),
+)
 
 
 def options_markdown() -> str:
@@ -519,18 +612,26 @@ def unknown_variables(
     to none of them is not reported (another program's variable sharing the prefix)."""
     env = os.environ if environ is None else environ
     names = {o.env for o in _options().values()} | set(known)
-    # Compared without the prefix they share, which would make every pair look alike.
-    candidates = {
-        n[len(prefix) :]: n for n in (names if suggest is None else suggest) if n.startswith(prefix)
-    }
+    candidates = _unprefixed(names if suggest is None else suggest, prefix)
     found: dict[str, str | None] = {}
     for name in sorted(env):
         if not name.startswith(prefix) or name in names:
             continue
-        close = difflib.get_close_matches(name[len(prefix) :], sorted(candidates), n=1, cutoff=0.6)
-        if close or suggest is None:
-            found[name] = candidates[close[0]] if close else None
+        close = _closest(name[len(prefix) :], candidates)
+        if close is not None or suggest is None:
+            found[name] = close
     return found
+
+
+def _unprefixed(names: Iterable[str], prefix: str) -> dict[str, str]:
+    # Compared without the prefix they share, which would make every pair look alike.
+    return {n[len(prefix) :]: n for n in names if n.startswith(prefix)}
+
+
+def _closest(name: str, candidates: Mapping[str, str]) -> str | None:
+    """The full name of the candidate closest to *name* (both without the prefix), or None."""
+    close = difflib.get_close_matches(name, sorted(candidates), n=1, cutoff=0.6)
+    return candidates[close[0]] if close else None
 
 
 def warn_unknown_variables(

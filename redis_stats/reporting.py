@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from redis_stats.config import StatsConfig
 from redis_stats.leader import Leader
@@ -43,7 +43,10 @@ class _Configured(Protocol):
         ...
 
 
-class ReportCore:
+_ReaderT = TypeVar("_ReaderT", bound=_Configured)
+
+
+class ReportCore(Generic[_ReaderT]):
     """The reporter's decisions without I/O: given each snapshot, what the leader logs.
 
     :class:`StatsReporter` (a thread) and :class:`~redis_stats.aio.AsyncStatsReporter` (a task)
@@ -52,7 +55,7 @@ class ReportCore:
 
     def __init__(
         self,
-        reader: _Configured,
+        reader: _ReaderT,
         leader: Leader,
         *,
         lines: LogLines,
@@ -69,6 +72,10 @@ class ReportCore:
         # Snapshot time of a lease takeover's report (it comes between two regular ticks): the
         # regular tick that follows within half an interval must not report that interval again.
         self._takeover_at: float | None = None
+        self._attach()
+
+    def _attach(self) -> None:
+        """What a reporter that reads by itself sets up once constructed (the core: nothing)."""
 
     def read_failed(self, exc: BaseException) -> list[str]:
         """The read of this tick failed: the leader says so (once per tick), nobody crashes."""
@@ -103,7 +110,7 @@ class ReportCore:
         return out
 
 
-class StatsReporter(ReportCore):
+class StatsReporter(ReportCore[StatsReader]):
     """Reads a snapshot every interval; the leader logs what *lines* makes of the interval
     (``lines=VllmLogLines()``: vLLM's line per engine and an aggregate).
 
@@ -111,22 +118,12 @@ class StatsReporter(ReportCore):
     :meth:`start` a thread that ticks every *interval* seconds.
     """
 
-    def __init__(
-        self,
-        reader: StatsReader,
-        leader: Leader,
-        *,
-        lines: LogLines,
-        interval: float = 10.0,
-        logger: logging.Logger | None = None,
-    ) -> None:
-        super().__init__(reader, leader, lines=lines, interval=interval, logger=logger)
-        self.reader: StatsReader = reader
+    def _attach(self) -> None:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._tick_lock = threading.Lock()
-        if hasattr(leader, "on_acquire"):
-            leader.on_acquire = self._takeover_tick  # a new lease holder prints at once
+        if hasattr(self.leader, "on_acquire"):
+            self.leader.on_acquire = self._takeover_tick  # a new lease holder prints at once
 
     def start(self) -> None:
         """Tick every interval from a daemon thread."""

@@ -17,7 +17,7 @@ from redis_stats.connection import is_cluster, make_client
 from redis_stats.errors import SchemaMismatch
 from redis_stats.keys import Keys, parse_layouts
 from redis_stats.reader import StatsReader
-from redis_stats.snapshot import Skipped
+from redis_stats.snapshot import Skipped, Snapshot
 
 __all__ = ["inspect_namespace"]
 
@@ -83,65 +83,89 @@ def inspect_namespace(config: StatsConfig, catalog: Catalog | None = None) -> It
     """
     client = make_client(config)
     keys = Keys(config.namespace)
+    header = f"namespace {config.namespace!r} at {config.safe_url} (key prefix {keys.prefix})"
     try:
         snap = StatsReader(config, catalog, client=client).snapshot()
     except SchemaMismatch as exc:
-        yield f"namespace {config.namespace!r} at {config.safe_url} (key prefix {keys.prefix})"
+        yield header
         yield f"  {exc}"
         return
-    yield f"namespace {config.namespace!r} at {config.safe_url} (key prefix {keys.prefix})"
+    yield header
     reader = StatsReader(config, catalog, client=client)
     reader.layouts = reader.layouts | snap_layouts(client, keys)
     shards = reader.shard_keys
     if len(shards) > 1:
         yield from _shard_lines(client, keys, sorted(reader.layouts))
+    yield _catalogue_line(client, keys)
+    yield from _lease_lines(client, keys)
+    yield from _engine_lines(client, shards, snap)
+    yield from _writer_lines(snap)
+    yield from _skipped_lines(snap)
+
+
+def _catalogue_line(client: Any, keys: Keys) -> str:
     meta = _or_why(client.hgetall, keys.meta)
-    if isinstance(meta, dict):
-        specs = [f for f in meta if f.startswith("m:")]
-        yield (
-            f"  schema {meta.get('schema', '?')}, catalogue version {meta.get('_v', '?')}, "
-            f"{len(specs)} metrics stored"
-        )
-    else:
-        yield f"  catalogue {keys.meta}: {meta}"
+    if not isinstance(meta, dict):
+        return f"  catalogue {keys.meta}: {meta}"
+    specs = [f for f in meta if f.startswith("m:")]
+    return (
+        f"  schema {meta.get('schema', '?')}, catalogue version {meta.get('_v', '?')}, "
+        f"{len(specs)} metrics stored"
+    )
+
+
+def _lease_lines(client: Any, keys: Keys) -> Iterator[str]:
+    """Who holds the log lease, when one does."""
     leader = _or_why(client.get, keys.leader)
     if leader and leader.startswith("unreadable"):
         yield f"  log lease {keys.leader}: {leader}"
     elif leader:
         holder, _, token = leader.rpartition("|")
         yield f"  log lease: {holder} (fencing token {token}, {client.pttl(keys.leader)} ms left)"
+
+
+def _engine_lines(client: Any, shards: list[Keys], snap: Snapshot) -> Iterator[str]:
     yield f"  engines: {len(snap.engines)}"
     for e in sorted(snap.engines.values(), key=lambda e: e.engine):
         names = _engine_fields(client, shards, e.engine)
         state = "up" if e.up else "DOWN"
         series = len(e.counters) + len(e.gauges) + len(e.histograms)
-        if isinstance(names, list):
-            chunks = [
-                f for f in names if f.startswith(fields.CHUNK_PREFIX) and not f.endswith(fields.NAMES_SUFFIX)
-            ]
-            writers = {fields.chunk_writer(f) for f in chunks}
-            # The nouns of docs/architecture.md: series, writers, chunks; what gc folded in from
-            # departed writers is counted as series too (key-schema's "base fields").
-            folded = sum(not f.startswith(fields.CHUNK_PREFIX) for f in names)
-            layout = f"stored by {_plural(len(writers), 'writer')} in {_plural(len(chunks), 'chunk')}"
-            if folded:
-                layout += f", {_plural(folded, 'series', 'series')} folded in from departed writers by gc"
-        else:
-            layout = f"its hash {names}"
+        layout = _storage(names) if isinstance(names, list) else f"its hash {names}"
         yield (
             f"    engine {e.engine}: {state}, last heartbeat {e.age:.1f} s ago, "
             f"{_plural(series, 'series', 'series')}, {layout}"
         )
+
+
+def _storage(names: list[str]) -> str:
+    """How an engine's hash stores its series: by how many writers, in how many chunks."""
+    chunks = [f for f in names if f.startswith(fields.CHUNK_PREFIX) and not f.endswith(fields.NAMES_SUFFIX)]
+    writers = {fields.chunk_writer(f) for f in chunks}
+    # The nouns of docs/architecture.md: series, writers, chunks; what gc folded in from
+    # departed writers is counted as series too (key-schema's "base fields").
+    folded = sum(not f.startswith(fields.CHUNK_PREFIX) for f in names)
+    layout = f"stored by {_plural(len(writers), 'writer')} in {_plural(len(chunks), 'chunk')}"
+    if folded:
+        layout += f", {_plural(folded, 'series', 'series')} folded in from departed writers by gc"
+    return layout
+
+
+def _writer_lines(snap: Snapshot) -> Iterator[str]:
     live = Counter(w.live for w in snap.writers.values())
     yield f"  writers: {len(snap.writers)} ({live[True]} live)"
     for wid, w in sorted(snap.writers.items(), key=lambda kv: kv[1].age):
         state = "closed" if w.closed else "live" if w.live else "stale"
         yield f"    {wid}: {state}, last heartbeat {w.age:.1f} s ago"
-    if snap.skipped:
-        yield f"  skipped (could not decode): {dict(sorted(snap.skipped.items()))}"
-        where = snap.skipped.where if isinstance(snap.skipped, Skipped) else []
-        for reason, key, field in where:
-            yield f"    {reason}: key {key}" + (f" field {field!r}" if field else " (the whole key)")
-        more = sum(snap.skipped.values()) - len(where)
-        if more > 0:
-            yield f"    ... and {more} more"
+
+
+def _skipped_lines(snap: Snapshot) -> Iterator[str]:
+    """What the reader could not decode: counts, then each bad key and field it names."""
+    if not snap.skipped:
+        return
+    yield f"  skipped (could not decode): {dict(sorted(snap.skipped.items()))}"
+    where = snap.skipped.where if isinstance(snap.skipped, Skipped) else []
+    for reason, key, field in where:
+        yield f"    {reason}: key {key}" + (f" field {field!r}" if field else " (the whole key)")
+    more = sum(snap.skipped.values()) - len(where)
+    if more > 0:
+        yield f"    ... and {more} more"

@@ -161,20 +161,35 @@ def _liveness_inputs(
         for w, score in shard_writers:
             if abs(score) >= abs(writers.get(w, 0.0)):
                 writers[w] = score
-        pipe = client.pipeline(transaction=False)
-        for w, _ in shard_writers:
-            pipe.hget(shard.writer_stats(w), STALE_FIELD)
-        for e, _ in shard_engines:
-            pipe.hkeys(shard.counters(e))
-        replies = pipe.execute(raise_on_error=False)
-        for (w, _), ms in zip(shard_writers, replies):
-            if isinstance(ms, str):
-                stats.setdefault(w, {})[STALE_FIELD] = ms
-        for (e, _), names in zip(shard_engines, replies[len(shard_writers) :]):
-            if isinstance(names, list):
-                found = owners.setdefault(e, set())
-                found.update(w for name in names if (w := fields.chunk_writer(name)) is not None)
+        _read_details(
+            client, shard, [w for w, _ in shard_writers], [e for e, _ in shard_engines], owners, stats
+        )
     return engines, writers, owners, stats
+
+
+def _read_details(
+    client: Any,
+    shard: Keys,
+    writers: list[str],
+    engines: list[str],
+    owners: dict[str, set[str]],
+    stats: dict[str, dict[str, str]],
+) -> None:
+    """Add to *stats* the ``stale_ms`` each of *writers* stored in *shard*, and to *owners* the
+    writers holding chunks in each of *engines* (one pipeline; an unreadable key adds nothing)."""
+    pipe = client.pipeline(transaction=False)
+    for w in writers:
+        pipe.hget(shard.writer_stats(w), STALE_FIELD)
+    for e in engines:
+        pipe.hkeys(shard.counters(e))
+    replies = pipe.execute(raise_on_error=False)
+    for w, ms in zip(writers, replies):
+        if isinstance(ms, str):
+            stats.setdefault(w, {})[STALE_FIELD] = ms
+    for e, names in zip(engines, replies[len(writers) :]):
+        if isinstance(names, list):
+            found = owners.setdefault(e, set())
+            found.update(owner for name in names if (owner := fields.chunk_writer(name)) is not None)
 
 
 def _plural(n: int, word: str) -> str:

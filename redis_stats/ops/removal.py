@@ -123,6 +123,32 @@ def remove_namespace(
     script = Script(client, load_script("drop"))
     shards = _shards(config, client)
     out = RemovalResult(config.namespace, shards=len(shards))
+    plans, stale_ms = _plan(config, client, shards, out)
+    if out.failed:
+        return out
+    # First every shard is checked (a dry run of each): a live writer anywhere refuses it all.
+    counts = []
+    for shard, others in plans:
+        try:
+            counts.append(_run(script, shard, others, stale_ms, dry=True, out=out))
+        except RedisError as exc:
+            out.failed[shard.prefix] = _first_line(exc)
+    if out.failed or out.live_writers or dry_run:
+        out.keys = sum(counts)
+        return out
+    _remove(script, plans, stale_ms, out)
+    return out
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).split("\n")[0][:200]
+
+
+def _plan(
+    config: StatsConfig, client: Client, shards: list[Keys], out: RemovalResult
+) -> tuple[list[tuple[Keys, list[str]]], int]:
+    """Each shard with the keys to drop besides its writers' index, and the ``stale_ms`` a writer
+    must be silent for to count as gone; a shard that cannot be listed goes to ``out.failed``."""
     plans: list[tuple[Keys, list[str]]] = []
     # A writer is live for the stale_after it stored (readers judge it so: _core/liveness.py):
     # the check uses the longest any writer stored, and this config's if longer (a writer that
@@ -134,36 +160,29 @@ def remove_namespace(
             scanned = _scanned_keys(client, shard)
             stale_ms = max(stale_ms, _declared_stale_ms(client, shard))
         except RedisError as exc:
-            out.failed[shard.prefix] = str(exc).split("\n")[0][:200]
+            out.failed[shard.prefix] = _first_line(exc)
             continue
         if scanned is None:
             out.scanned = False
         others = [k for k in dict.fromkeys(named + (scanned or [])) if k != shard.writers]
         plans.append((shard, others))
-    if out.failed:
-        return out
-    # First every shard is checked (a dry run of each): a live writer anywhere refuses it all.
-    counts = []
-    for shard, others in plans:
-        try:
-            counts.append(_run(script, shard, others, stale_ms, dry=True, out=out))
-        except RedisError as exc:
-            out.failed[shard.prefix] = str(exc).split("\n")[0][:200]
-    if out.failed or out.live_writers or dry_run:
-        out.keys = sum(counts)
-        return out
-    for shard, others in reversed(plans):  # shard 0 last: it lists the others
+    return plans, stale_ms
+
+
+def _remove(script: Script, plans: list[tuple[Keys, list[str]]], stale_ms: int, out: RemovalResult) -> None:
+    """Drop each planned shard, shard 0 last (it lists the others); stop at the first failure or
+    live writer, then ``out.partial`` says whether some keys are gone."""
+    for shard, others in reversed(plans):
         try:
             removed = _run(script, shard, others, stale_ms, dry=False, out=out)
         except RedisError as exc:
-            out.failed[shard.prefix] = str(exc).split("\n")[0][:200]
+            out.failed[shard.prefix] = _first_line(exc)
             out.partial = out.keys > 0
-            return out
+            return
         out.keys += removed
         if out.live_writers:  # a writer came back between the check and this shard
             out.partial = out.keys > 0
-            return out
-    return out
+            return
 
 
 def _run(

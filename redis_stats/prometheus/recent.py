@@ -20,7 +20,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from redis_stats.catalog import COUNTER, GAUGE
-from redis_stats.snapshot import HistogramValue, Snapshot
+from redis_stats.snapshot import EngineSnapshot, HistogramValue, Snapshot
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -130,45 +130,85 @@ def recent_document(
     engines: dict[str, Any] = {}
     rate_sums: dict[str, float] = {}
     for e in sorted(now.engines.values(), key=lambda e: e.engine):
-        rates: dict[str, list[dict[str, Any]]] = {}
-        histograms: dict[str, list[dict[str, Any]]] = {}
-        block: dict[str, Any] = {"rates": rates, "histograms": histograms}
-        before = earlier.engines.get(e.engine) if earlier is not None and seconds else None
-        if seconds:
-            for (name, values), v in sorted(e.counters.items()):
-                if wanted is not None and name not in wanted:
-                    continue
-                old = before.counters.get((name, values), 0.0) if before is not None else 0.0
-                rate = _increase(v, old) / seconds
-                rate_sums[name] = rate_sums.get(name, 0.0) + rate
-                if keep is not None and name not in keep:
-                    continue
-                labels = _labels(now, name, values)
-                rates.setdefault(name, []).append({"labels": labels, "per_second": _json(rate)})
-            for (name, values), h in sorted(e.histograms.items()):
-                if keep is not None and name not in keep:
-                    continue
-                old_h = before.histograms.get((name, values)) if before is not None else None
-                recent = _since(h, old_h)
-                item: dict[str, Any] = {
-                    "labels": _labels(now, name, values),
-                    "count": _json(recent.count),
-                    "per_second": _json(recent.count / seconds),
-                    "mean": _json(recent.sum / recent.count) if recent.count > 0 else None,
-                }
-                for key, q in QUANTILES:
-                    item[key] = _json(recent.quantile(q))
-                histograms.setdefault(name, []).append(item)
+        block: dict[str, Any] = {"rates": {}, "histograms": {}}
+        if seconds and earlier is not None:
+            before = earlier.engines.get(e.engine)
+            block["rates"] = _window_rates(now, e, before, seconds, wanted, keep, rate_sums)
+            block["histograms"] = _window_histograms(now, e, before, seconds, keep)
         engines[str(e.engine)] = block
+    return {
+        "window": {"requested_seconds": requested, "seconds": seconds, "engines": engines},
+        "fleet": _fleet_block(now, rate_sums, seconds, summary, wanted, keep),
+    }
+
+
+def _window_rates(
+    now: Snapshot,
+    engine: EngineSnapshot,
+    before: EngineSnapshot | None,
+    seconds: float,
+    wanted: set[str] | None,
+    keep: set[str] | None,
+    rate_sums: dict[str, float],
+) -> dict[str, list[dict[str, Any]]]:
+    """One engine's counter rates over the window, by metric name; adds them to *rate_sums*.
+
+    A *wanted* metric not in *keep* is summed (a fleet summary figure needs it) but not written.
+    """
+    rates: dict[str, list[dict[str, Any]]] = {}
+    for (name, values), v in sorted(engine.counters.items()):
+        if wanted is not None and name not in wanted:
+            continue
+        old = before.counters.get((name, values), 0.0) if before is not None else 0.0
+        rate = _increase(v, old) / seconds
+        rate_sums[name] = rate_sums.get(name, 0.0) + rate
+        if keep is not None and name not in keep:
+            continue
+        labels = _labels(now, name, values)
+        rates.setdefault(name, []).append({"labels": labels, "per_second": _json(rate)})
+    return rates
+
+
+def _window_histograms(
+    now: Snapshot,
+    engine: EngineSnapshot,
+    before: EngineSnapshot | None,
+    seconds: float,
+    keep: set[str] | None,
+) -> dict[str, list[dict[str, Any]]]:
+    """One engine's histograms over the window (count, rate, mean, quantiles), by metric name."""
+    histograms: dict[str, list[dict[str, Any]]] = {}
+    for (name, values), h in sorted(engine.histograms.items()):
+        if keep is not None and name not in keep:
+            continue
+        old_h = before.histograms.get((name, values)) if before is not None else None
+        recent = _since(h, old_h)
+        item: dict[str, Any] = {
+            "labels": _labels(now, name, values),
+            "count": _json(recent.count),
+            "per_second": _json(recent.count / seconds),
+            "mean": _json(recent.sum / recent.count) if recent.count > 0 else None,
+        }
+        for key, q in QUANTILES:
+            item[key] = _json(recent.quantile(q))
+        histograms.setdefault(name, []).append(item)
+    return histograms
+
+
+def _fleet_block(
+    now: Snapshot,
+    rate_sums: dict[str, float],
+    seconds: float | None,
+    summary: FleetSummary | None,
+    wanted: set[str] | None,
+    keep: set[str] | None,
+) -> dict[str, Any]:
+    """The ``fleet`` block: engine counts, summed rates, gauge totals and the summary figures."""
     gauges = _gauge_totals(now)
     fleet: dict[str, Any] = {
         "engines": len(now.engines),
         "engines_up": sum(1 for e in now.engines.values() if e.up),
-        "rates": {
-            spec.name: (_json(rate_sums.get(spec.name, 0.0)) if seconds else None)
-            for spec in now.catalog
-            if spec.kind == COUNTER and (wanted is None or spec.name in wanted)
-        },
+        "rates": _fleet_rates(now, rate_sums, bool(seconds), wanted),
         "gauges": gauges,
     }
     # Always present (empty without an integration's figures): ``jq '.fleet.summary'`` never
@@ -178,12 +218,24 @@ def recent_document(
         for label, (kind, metric) in (summary or {}).items()
     }
     if keep is not None:
-        fleet["rates"] = {k: v for k, v in fleet["rates"].items() if k in keep}
-        fleet["gauges"] = {k: v for k, v in gauges.items() if k in keep}
+        fleet["rates"] = _only(fleet["rates"], keep)
+        fleet["gauges"] = _only(gauges, keep)
+    return fleet
+
+
+def _fleet_rates(
+    now: Snapshot, rate_sums: dict[str, float], have_window: bool, wanted: set[str] | None
+) -> dict[str, float | str | None]:
+    """Every (wanted) counter's rate summed over engines; None for each without a window."""
     return {
-        "window": {"requested_seconds": requested, "seconds": seconds, "engines": engines},
-        "fleet": fleet,
+        spec.name: (_json(rate_sums.get(spec.name, 0.0)) if have_window else None)
+        for spec in now.catalog
+        if spec.kind == COUNTER and (wanted is None or spec.name in wanted)
     }
+
+
+def _only(mapping: dict[str, Any], keep: set[str]) -> dict[str, Any]:
+    return {k: v for k, v in mapping.items() if k in keep}
 
 
 def _since(now: HistogramValue, before: HistogramValue | None) -> HistogramValue:

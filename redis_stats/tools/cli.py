@@ -197,6 +197,11 @@ namespace_option = click.option(
 )
 
 
+def _seconds_option(name: str, low: float, high: float | None = None, **settings: Any) -> Callable[[F], F]:
+    """A duration option: a number of seconds from *low* to *high* (None: no upper limit)."""
+    return click.option(name, type=click.FloatRange(low, high), **settings)
+
+
 class _Main(click.Group):
     """The command group; a reader of its output that goes away ends the command quietly."""
 
@@ -230,37 +235,20 @@ def main() -> None:
     "prefer --redis-url-file).",
 )
 @click.option("--redis-url-file", type=click.Path(dir_okay=False), help=URL_FILE_HELP)
-@click.option("--nodes", default=2, show_default=True, type=click.IntRange(1, 64), help="Simulated nodes.")
+@click.option("--nodes", default=2, type=click.IntRange(1, 64), help="Simulated nodes.")
 @click.option(
     "--first-engine",
     default=0,
-    show_default=True,
     type=click.IntRange(0),
     help="Engine rank of the first node (one node per host: --nodes 1 --first-engine R).",
 )
+@click.option("--api-servers", default=2, type=click.IntRange(1, 16), help="API-server processes per node.")
+@click.option("--host", default="127.0.0.1", help="Address of the Redis view.")
 @click.option(
-    "--api-servers",
-    default=2,
-    show_default=True,
-    type=click.IntRange(1, 16),
-    help="API-server processes per node.",
+    "--port", default=9400, type=click.IntRange(0, 65535), help="Port of the Redis view (0: any free port)."
 )
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address of the Redis view.")
-@click.option(
-    "--port",
-    default=9400,
-    show_default=True,
-    type=click.IntRange(0, 65535),
-    help="Port of the Redis view (0: any free port).",
-)
-@click.option("--namespace", default="demo", show_default=True, help="Namespace the fleet writes to.")
-@click.option(
-    "--log-interval",
-    default=5.0,
-    show_default=True,
-    type=click.FloatRange(0.5, 3600),
-    help="Seconds between periodic log reports.",
-)
+@click.option("--namespace", default="demo", help="Namespace the fleet writes to.")
+@_seconds_option("--log-interval", 0.5, 3600, default=5.0, help="Seconds between periodic log reports.")
 @click.option(
     "--leader",
     type=click.Choice(["rank0", "lease"]),
@@ -268,64 +256,36 @@ def main() -> None:
     help="Who prints the log: API server 0 of node 0 (as vLLM), or the holder of a lease in Redis "
     "(kill it and another process takes over).",
 )
-@click.option(
+@_seconds_option(
     "--restart-after",
+    0,
     default=20.0,
-    type=click.FloatRange(0),
     help="Seconds after a node process dies (kill it to see the DOWN line) before the demo starts "
     "it again; 0: never.",
 )
-@click.option(
-    "--duration", type=click.FloatRange(1), show_default="until Ctrl-C", help="Stop after this many seconds."
-)
-def demo(
-    redis_url: str | None,
-    redis_url_file: str | None,
-    nodes: int,
-    first_engine: int,
-    api_servers: int,
-    host: str,
-    port: int,
-    namespace: str,
-    log_interval: float,
-    leader: str,
-    restart_after: float,
-    duration: float | None,
-) -> None:
+@_seconds_option("--duration", 1, show_default="until Ctrl-C", help="Stop after this many seconds.")
+def demo(redis_url: str | None, redis_url_file: str | None, **options: Any) -> None:
     """Simulate a multi-node vLLM fleet writing to one Redis; print the rank-0 log; serve /metrics."""
     from redis_stats.tools.demo import DemoOptions, run_demo
     from redis_stats.tools.embedded import NoServerBinary
 
-    redis_url = _resolve_url(redis_url, redis_url_file)
-    if redis_url is not None:
+    # The other options are DemoOptions' fields, by the same names.
+    opts = DemoOptions(redis_url=_resolve_url(redis_url, redis_url_file), **options)
+    if opts.redis_url is not None:
         try:  # a bad URL is a usage error, before anything starts
             from redis_stats.connection import check_url
 
-            check_url(StatsConfig(url=redis_url, namespace=namespace))
+            check_url(StatsConfig(url=opts.redis_url, namespace=opts.namespace))
         except ConfigError as exc:
             raise click.UsageError(str(exc)) from None
     try:
-        code = run_demo(
-            DemoOptions(
-                redis_url=redis_url,
-                nodes=nodes,
-                first_engine=first_engine,
-                api_servers=api_servers,
-                host=host,
-                port=port,
-                namespace=namespace,
-                duration=duration,
-                log_interval=log_interval,
-                leader=leader,
-                restart_after=restart_after,
-            )
-        )
+        code = run_demo(opts)
     except NoServerBinary as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
         port_hint = '--port 0 picks a free one (with make: make demo DEMO_ARGS="--port 0")'
         raise click.ClickException(
-            f"cannot serve on {host}:{port}: {exc.strerror or exc}\n  "
+            f"cannot serve on {opts.host}:{opts.port}: {exc.strerror or exc}\n  "
             + (f"is the port taken? {port_hint}" if exc.errno == errno.EADDRINUSE else _HOST_HINT)
         ) from None
     sys.exit(code)
@@ -335,40 +295,27 @@ def demo(
 @url_option
 @namespace_option
 @click.option("--engines", show_default="all", help="Only these engines, e.g. 0,1.")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--host", default="127.0.0.1", help="Address to listen on.")
 @click.option(
-    "--port",
-    default=9400,
-    show_default=True,
-    type=click.IntRange(0, 65535),
-    help="Port to listen on (0: any free port).",
+    "--port", default=9400, type=click.IntRange(0, 65535), help="Port to listen on (0: any free port)."
 )
-@click.option(
-    "--gc-interval",
-    default=300.0,
-    show_default=True,
-    type=click.FloatRange(0),
-    help="Seconds between retention runs (gc); 0 turns it off.",
+@_seconds_option(
+    "--gc-interval", 0, default=300.0, help="Seconds between retention runs (gc); 0 turns it off."
 )
-@click.option(
+@_seconds_option(
     "--request-timeout",
+    0.1,
+    3600,
     default=10.0,
-    show_default=True,
-    type=click.FloatRange(0.1, 3600),
     help="Seconds an HTTP connection may stay silent (or take to send a response) before it is "
     "closed, freeing its thread.",
 )
-@click.option(
-    "--window",
-    default=30.0,
-    show_default=True,
-    type=click.FloatRange(1, 3600),
-    help="Seconds of recent load behind /snapshot's rates and quantiles.",
+@_seconds_option(
+    "--window", 1, 3600, default=30.0, help="Seconds of recent load behind /snapshot's rates and quantiles."
 )
 @click.option(
     "--max-connections",
     default=64,
-    show_default=True,
     type=click.IntRange(1, 100_000),
     help="HTTP connections served at once (a thread each); more are answered 503 with Retry-After.",
 )
@@ -381,25 +328,15 @@ def demo(
     help="Serve only the engines e with e % N == I (one of N exporters, each its own Prometheus "
     "target; the writers' self-metrics in slice 0). Or scrape one exporter with ?slice=I/N.",
 )
-@click.option(
+@_seconds_option(
     "--load-refresh",
+    0.01,
+    60,
     default=0.25,
-    show_default=True,
-    type=click.FloatRange(0.01, 60),
     help="Seconds between two reads of the load feed (/load), shared by every request.",
 )
 def exporter(
-    redis_url: str | None,
-    namespace: str | None,
-    engines: str | None,
-    host: str,
-    port: int,
-    gc_interval: float,
-    request_timeout: float,
-    window: float,
-    max_connections: int,
-    slice_text: str | None,
-    load_refresh: float,
+    redis_url: str | None, namespace: str | None, engines: str | None, slice_text: str | None, **serving: Any
 ) -> None:
     """Serve /metrics (every engine), /snapshot (JSON), /load (routers) and /healthz from Redis."""
     from redis_stats.integrations.vllm import vllm_catalog
@@ -420,24 +357,14 @@ def exporter(
     # No I/O (a Cluster client too is built at first use): with Redis down the exporter starts
     # and serves redis_stats_up 0, then the data once Redis answers.
     reader = StatsReader(config, vllm_catalog())
+    # The other options (host, port, gc_interval, window, ...) are Exporter's, by the same names.
     try:
         server = Exporter(
-            reader,
-            engines=engine_list,
-            host=host,
-            port=port,
-            gc_interval=gc_interval,
-            request_timeout=request_timeout,
-            window=window,
-            summary=VLLM_FLEET_SUMMARY,
-            self_metrics=True,
-            max_connections=max_connections,
-            load_refresh=load_refresh,
-            slice=part,
+            reader, engines=engine_list, summary=VLLM_FLEET_SUMMARY, self_metrics=True, slice=part, **serving
         )
     except OSError as exc:
         raise click.ClickException(
-            f"cannot listen on {host}:{port}: {exc.strerror or exc}\n  "
+            f"cannot listen on {serving['host']}:{serving['port']}: {exc.strerror or exc}\n  "
             + (
                 "is another exporter (or the demo) running? Pick another --port, or --port 0 for any free one"
                 if exc.errno == errno.EADDRINUSE
@@ -454,11 +381,11 @@ def exporter(
 @main.command()
 @url_option
 @namespace_option
-@click.option(
+@_seconds_option(
     "--interval",
+    0.2,
+    3600,
     default=2.0,
-    show_default=True,
-    type=click.FloatRange(0.2, 3600),
     help="Seconds between refreshes (rates and percentiles are over this interval).",
 )
 @click.option(
@@ -482,11 +409,11 @@ def top(redis_url: str | None, namespace: str | None, interval: float, once: boo
 @url_option
 @namespace_option
 @click.option("--json", "as_json", is_flag=True, help="Print /snapshot's JSON document instead.")
-@click.option(
+@_seconds_option(
     "--window",
+    0,
+    3600,
     default=0.0,
-    show_default=True,
-    type=click.FloatRange(0, 3600),
     help="With --json: read twice, this many seconds apart, for rates and recent quantiles.",
 )
 def inspect(redis_url: str | None, namespace: str | None, as_json: bool, window: float) -> None:
@@ -677,27 +604,23 @@ def namespaces(redis_url: str | None) -> None:
 @click.option(
     "--engine-stride",
     default=1,
-    show_default=True,
     type=click.IntRange(1),
     help="With one --engine-offset and several sources: engines per source.",
 )
-@click.option(
+@_seconds_option(
     "--interval",
-    type=click.FloatRange(0.05, 3600),
+    0.05,
+    3600,
     show_default="REDIS_STATS_FLUSH_INTERVAL, 1",
     help="Seconds between two scrapes of a source (each scrape is one flush).",
 )
-@click.option(
-    "--timeout",
-    default=5.0,
-    show_default=True,
-    type=click.FloatRange(0.05, 600),
-    help="Seconds a scrape may take in all (connect, headers, body).",
+@_seconds_option(
+    "--timeout", 0.05, 600, default=5.0, help="Seconds a scrape may take in all (connect, headers, body)."
 )
 @click.option(
     "--max-body-bytes",
+    "max_bytes",
     default=16 * 1024 * 1024,
-    show_default=True,
     type=click.IntRange(1024),
     help="A body larger than this is refused (and counted).",
 )
@@ -706,37 +629,27 @@ def namespaces(redis_url: str | None) -> None:
     "accept",
     type=click.Choice(["any", "text", "openmetrics"]),
     default="any",
-    show_default=True,
     help="What to ask for: OpenMetrics or the 0.0.4 text (any), or only one. The body is parsed "
     "by the Content-Type it comes with.",
 )
 @click.option(
     "--family",
-    "families",
+    "include",
     multiple=True,
     metavar="PATTERN",
     help="Store only families matching this shell pattern, e.g. 'vllm:*' (repeatable; default all).",
 )
-@click.option(
-    "--duration",
-    type=click.FloatRange(0.1),
-    show_default="until SIGTERM/Ctrl-C",
-    help="Stop after this many seconds.",
-)
+@_seconds_option("--duration", 0.1, show_default="until SIGTERM/Ctrl-C", help="Stop after this many seconds.")
 def bridge(
     redis_url: str | None,
     namespace: str | None,
     sources: tuple[str, ...],
     source_files: tuple[str, ...],
-    engine_label: str | None,
     offsets: tuple[int, ...],
     engine_stride: int,
     interval: float | None,
-    timeout: float,
-    max_body_bytes: int,
-    accept: str,
-    families: tuple[str, ...],
     duration: float | None,
+    **scrape: Any,
 ) -> None:
     """Scrape LLM servers' own /metrics (vLLM, SGLang, TensorRT-LLM, llama.cpp) into the store,
     each source one writer (docs/bridge.md)."""
@@ -747,31 +660,16 @@ def bridge(
     from redis_stats.integrations.vllm import vllm_catalog
 
     config = _config(redis_url, namespace)
-    urls = [*sources, *(url for path in source_files for url in _read_sources(path))]
-    if not urls:
-        raise click.UsageError("give at least one --source URL (or --source-file)")
-    if len(offsets) > 1 and len(offsets) != len(urls):
-        raise click.UsageError(
-            f"{len(offsets)} --engine-offset values for {len(urls)} sources: give one per source, "
-            "or one for all (with --engine-stride)"
-        )
-    base = offsets[0] if offsets else config.engine_offset
-    starts = list(offsets) if len(offsets) > 1 else [base + i * engine_stride for i in range(len(urls))]
+    urls = _source_urls(sources, source_files)
+    starts = _engine_starts(offsets, engine_stride, len(urls), default=config.engine_offset)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     known = vllm_catalog()
     try:
         bridged = [
-            BridgedSource(
-                url,
-                config.replace(engine_offset=start),
-                engine_label=engine_label,
-                known=known,
-                include=families,
-                accept=accept,
-                timeout=timeout,
-                max_bytes=max_body_bytes,
-            )
+            # The scrape options (engine_label, include, accept, timeout, max_bytes) are
+            # BridgedSource's, by the same names.
+            BridgedSource(url, config.replace(engine_offset=start), known=known, **scrape)
             for url, start in zip(urls, starts)
         ]
     except (ValueError, ConfigError) as exc:
@@ -788,6 +686,28 @@ def bridge(
     except KeyboardInterrupt:
         pass
     runner.close()
+
+
+def _source_urls(sources: tuple[str, ...], source_files: tuple[str, ...]) -> list[str]:
+    """The --source URLs, then those of each --source-file; a usage error when there are none."""
+    urls = [*sources, *(url for path in source_files for url in _read_sources(path))]
+    if not urls:
+        raise click.UsageError("give at least one --source URL (or --source-file)")
+    return urls
+
+
+def _engine_starts(offsets: tuple[int, ...], stride: int, sources: int, *, default: int) -> list[int]:
+    """Each source's engine offset: one --engine-offset per source, or one (else *default*) for
+    the first source and *stride* more for each next one."""
+    if len(offsets) > 1 and len(offsets) != sources:
+        raise click.UsageError(
+            f"{len(offsets)} --engine-offset values for {sources} sources: give one per source, "
+            "or one for all (with --engine-stride)"
+        )
+    if len(offsets) > 1:
+        return list(offsets)
+    base = offsets[0] if offsets else default
+    return [base + i * stride for i in range(sources)]
 
 
 def _read_sources(path: str) -> list[str]:

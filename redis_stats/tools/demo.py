@@ -60,7 +60,7 @@ def run_demo(
 ) -> int:
     """Run the demo until Ctrl-C (or ``opts.duration``); returns a process exit code."""
     server: EmbeddedRedis | None = None
-    children: list[subprocess.Popen[bytes]] = []
+    fleet: _Fleet | None = None
     exporter: Exporter | None = None
     stop = threading.Event()
     # Ctrl-C and SIGTERM both mean "stop cleanly" (SIGINT is handled explicitly: a shell may have
@@ -74,96 +74,23 @@ def run_demo(
         if url is None:
             server = EmbeddedRedis().start()
             url = server.url
-            print(
+            _say(
+                out,
                 f"started a private {os.path.basename(server.binary)} at {mask_url(url)} "
                 f"(data in {server.dir})",
-                file=out,
-                flush=True,
             )
-        config = StatsConfig(
-            url=url,
-            namespace=opts.namespace,
-            flush_interval=opts.flush_interval,
-            log_interval=opts.log_interval,
-            stale_after=max(10.0, 4 * opts.flush_interval),
-            leader=opts.leader,
-        )
-        slots = [
-            (opts.first_engine + node, api) for node in range(opts.nodes) for api in range(opts.api_servers)
-        ]
-        for engine, api in slots:
-            children.append(_spawn_node(config, engine, api))
-        last_engine = opts.first_engine + opts.nodes - 1
-        print(
-            f"simulating {_plural(opts.nodes, 'node')} x {_plural(opts.api_servers, 'API server')} "
-            f"({_plural(len(children), 'process', 'processes')}, engines {opts.first_engine}..{last_engine})",
-            file=out,
-            flush=True,
-        )
-        # The log lines show only the printer's pid: each node's, to kill it and watch failover.
-        for node in range(opts.first_engine, last_engine + 1):
-            pids = " ".join(str(c.pid) for c, (engine, _) in zip(children, slots) if engine == node)
-            print(f"  node {node}: kill {pids} to stop it", file=out, flush=True)
+        config = _demo_config(opts, url)
+        fleet = _Fleet(opts, config, out)
+        fleet.start()
         exporter = Exporter(
             StatsReader(config, vllm_catalog()), host=opts.host, port=opts.port, summary=VLLM_FLEET_SUMMARY
         ).start()
-        print(
-            f"Redis view of every engine: {exporter.url}/metrics\n"
-            f"  try: curl -s {exporter.url}/metrics"
-            " | grep -E '^vllm:(generation_tokens_total|num_requests_running)'\n"
-            f"       curl -s {exporter.url}/snapshot | python3 -m json.tool | head -40\n"
-            f"  live page: {exporter.url}/\n"
-            f"  in another terminal (the URL by environment, not on the command line{_own(url)}):\n"
-            f"       export REDIS_STATS_URL='{mask_url(url)}' REDIS_STATS_NAMESPACE={opts.namespace}\n"
-            f"       {command_line()} top\n"
-            f"       {command_line()} inspect\n"
-            f"periodic log lines ({_printer(opts)}) every {opts.log_interval:g} s; Ctrl-C stops",
-            file=out,
-            flush=True,
-        )
+        _say(out, _usage(opts, exporter.url, url))
         if ready is not None:
             ready(exporter)
         deadline = None if opts.duration is None else time.monotonic() + opts.duration
-        restart_at: dict[int, float] = {}  # slot -> when its dead process starts again
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
-            now = time.monotonic()
-            for i, child in enumerate(children):
-                (engine, api), code = slots[i], child.poll()
-                if code is not None and i not in restart_at:
-                    # The rest of the fleet goes on: the engine shows DOWN once every API server
-                    # of its node is silent for stale_after, a lease leader is replaced.
-                    then = (
-                        f"restarting it in {opts.restart_after:g} s"
-                        if opts.restart_after > 0
-                        else "not restarting it (--restart-after 0)"
-                    )
-                    siblings = [
-                        c for j, c in enumerate(children) if slots[j][0] == engine and c.poll() is None
-                    ]
-                    effect = (
-                        f"engine {engine} goes on through its other API servers"
-                        if siblings
-                        else f"engine {engine} shows DOWN after {config.stale_after:g} s without a heartbeat"
-                    )
-                    if config.leader == "rank0" and (engine, api) == (0, 0):
-                        effect += (
-                            "; it printed the log, which pauses until it is back (--leader lease fails over)"
-                        )
-                    print(
-                        f"node {engine} API server {api} (pid {child.pid}) exited with code {code}; "
-                        f"the others go on; {effect}; {then}",
-                        file=out,
-                        flush=True,
-                    )
-                    restart_at[i] = now + opts.restart_after if opts.restart_after > 0 else float("inf")
-                elif code is not None and now >= restart_at[i]:
-                    children[i] = _spawn_node(config, engine, api)
-                    del restart_at[i]
-                    print(
-                        f"restarted node {engine} API server {api} (pid {children[i].pid})",
-                        file=out,
-                        flush=True,
-                    )
+            fleet.watch(time.monotonic())
             stop.wait(0.2)
         return 0
     except KeyboardInterrupt:
@@ -171,24 +98,139 @@ def run_demo(
     finally:
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
-        if exporter is not None:
-            exporter.close()
-        for child in children:
+        _shut_down(exporter, fleet, server)
+        _say(out, "demo stopped: every process it started has exited and its temp dir is removed")
+
+
+def _shut_down(exporter: Exporter | None, fleet: _Fleet | None, server: EmbeddedRedis | None) -> None:
+    """Stop what the demo started, in order: the view, the nodes (their last flush), then Redis."""
+    if exporter is not None:
+        exporter.close()
+    if fleet is not None:
+        fleet.stop()
+    if server is not None:
+        server.close()
+
+
+def _say(out: TextIO, text: str) -> None:
+    # Flushed at once: the demo's lines interleave with its node processes' log lines.
+    print(text, file=out, flush=True)
+
+
+def _demo_config(opts: DemoOptions, url: str) -> StatsConfig:
+    return StatsConfig(
+        url=url,
+        namespace=opts.namespace,
+        flush_interval=opts.flush_interval,
+        log_interval=opts.log_interval,
+        stale_after=max(10.0, 4 * opts.flush_interval),
+        leader=opts.leader,
+    )
+
+
+def _usage(opts: DemoOptions, view: str, url: str) -> str:
+    """What to try once the fleet runs: the Redis view's URLs and the commands of a new shell."""
+    return (
+        f"Redis view of every engine: {view}/metrics\n"
+        f"  try: curl -s {view}/metrics"
+        " | grep -E '^vllm:(generation_tokens_total|num_requests_running)'\n"
+        f"       curl -s {view}/snapshot | python3 -m json.tool | head -40\n"
+        f"  live page: {view}/\n"
+        f"  in another terminal (the URL by environment, not on the command line{_own(url)}):\n"
+        f"       export REDIS_STATS_URL='{mask_url(url)}' REDIS_STATS_NAMESPACE={opts.namespace}\n"
+        f"       {command_line()} top\n"
+        f"       {command_line()} inspect\n"
+        f"periodic log lines ({_printer(opts)}) every {opts.log_interval:g} s; Ctrl-C stops"
+    )
+
+
+class _Fleet:
+    """The demo's node processes, one per (engine, API server) slot; a dead one starts again
+    ``opts.restart_after`` seconds later (never with 0)."""
+
+    def __init__(self, opts: DemoOptions, config: StatsConfig, out: TextIO) -> None:
+        self.opts = opts
+        self.config = config
+        self.out = out
+        self.slots = [
+            (opts.first_engine + node, api) for node in range(opts.nodes) for api in range(opts.api_servers)
+        ]
+        self.children: list[subprocess.Popen[bytes]] = []
+        self.restart_at: dict[int, float] = {}  # slot -> when its dead process starts again
+
+    def start(self) -> None:
+        """Start every slot's process (each kept as it starts: :meth:`stop` stops what did)."""
+        opts = self.opts
+        for engine, api in self.slots:
+            self.children.append(_spawn_node(self.config, engine, api))
+        last_engine = opts.first_engine + opts.nodes - 1
+        processes = _plural(len(self.children), "process", "processes")
+        _say(
+            self.out,
+            f"simulating {_plural(opts.nodes, 'node')} x {_plural(opts.api_servers, 'API server')} "
+            f"({processes}, engines {opts.first_engine}..{last_engine})",
+        )
+        # The log lines show only the printer's pid: each node's, to kill it and watch failover.
+        for node in range(opts.first_engine, last_engine + 1):
+            pids = " ".join(str(c.pid) for c, (engine, _) in zip(self.children, self.slots) if engine == node)
+            _say(self.out, f"  node {node}: kill {pids} to stop it")
+
+    def watch(self, now: float) -> None:
+        """Report each process that died since the last call; restart those whose time has come."""
+        for i, child in enumerate(self.children):
+            code = child.poll()
+            if code is None:
+                continue
+            if i not in self.restart_at:
+                self._exited(i, code, now)
+            elif now >= self.restart_at[i]:
+                self._restart(i)
+
+    def _exited(self, i: int, code: int, now: float) -> None:
+        opts = self.opts
+        engine, api = self.slots[i]
+        then = (
+            f"restarting it in {opts.restart_after:g} s"
+            if opts.restart_after > 0
+            else "not restarting it (--restart-after 0)"
+        )
+        _say(
+            self.out,
+            f"node {engine} API server {api} (pid {self.children[i].pid}) exited with code {code}; "
+            f"the others go on; {self._effect(engine, api)}; {then}",
+        )
+        self.restart_at[i] = now + opts.restart_after if opts.restart_after > 0 else float("inf")
+
+    def _effect(self, engine: int, api: int) -> str:
+        # The rest of the fleet goes on: the engine shows DOWN once every API server of its node
+        # is silent for stale_after, a lease leader is replaced.
+        siblings = [c for j, c in enumerate(self.children) if self.slots[j][0] == engine and c.poll() is None]
+        effect = (
+            f"engine {engine} goes on through its other API servers"
+            if siblings
+            else f"engine {engine} shows DOWN after {self.config.stale_after:g} s without a heartbeat"
+        )
+        if self.config.leader == "rank0" and (engine, api) == (0, 0):
+            effect += "; it printed the log, which pauses until it is back (--leader lease fails over)"
+        return effect
+
+    def _restart(self, i: int) -> None:
+        engine, api = self.slots[i]
+        self.children[i] = _spawn_node(self.config, engine, api)
+        del self.restart_at[i]
+        _say(self.out, f"restarted node {engine} API server {api} (pid {self.children[i].pid})")
+
+    def stop(self) -> None:
+        """SIGTERM every live process (each flushes its last updates), then wait; kill a hung one."""
+        for child in self.children:
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
-        for child in children:
+        for child in self.children:
             try:
                 child.wait(10)
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
-        if server is not None:
-            server.close()
-        print(
-            "demo stopped: every process it started has exited and its temp dir is removed",
-            file=out,
-            flush=True,
-        )
 
 
 def _plural(n: int, word: str, plural: str | None = None) -> str:

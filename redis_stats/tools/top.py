@@ -10,16 +10,17 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Mapping
-from contextlib import nullcontext
-from typing import Any, cast
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from redis_stats.integrations.vllm.logline import LogMetrics, aggregate, engine_intervals
+from redis_stats.config import StatsConfig, redact
+from redis_stats.errors import error_kind
+from redis_stats.integrations.vllm.logline import EngineInterval, LogMetrics, aggregate, engine_intervals
 from redis_stats.reader import StatsReader
 from redis_stats.snapshot import EngineSnapshot, HistogramValue, Snapshot
 
@@ -92,48 +93,32 @@ def _cells(previous: Snapshot, current: Snapshot, metrics: LogMetrics | None) ->
         if iv is None:  # stale: no numbers presented as current
             rows.append(("down", [str(engine), "DOWN", f"{snap.age:.1f}", *["-"] * (len(COLUMNS) - 3)]))
             continue
-        ttft = _recent(previous, current, engine, metrics.ttft)
-        itl = _recent(previous, current, engine, metrics.itl)
+        latencies = (
+            _recent(previous, current, engine, metrics.ttft),
+            _recent(previous, current, engine, metrics.itl),
+        )
         rows.append(
-            (
-                "up",
-                [
-                    str(engine),
-                    "up",
-                    f"{snap.age:.1f}",
-                    f"{iv.prompt_throughput:.1f}",
-                    f"{iv.generation_throughput:.1f}",
-                    f"{iv.running:.0f}",
-                    f"{iv.waiting:.0f}",
-                    f"{iv.kv_usage * 100:.1f}",
-                    _ms(ttft.quantile(0.5) if ttft and ttft.count else None),
-                    _ms(ttft.quantile(0.99) if ttft and ttft.count else None),
-                    _ms(itl.quantile(0.5) if itl and itl.count else None),
-                    _ms(itl.quantile(0.99) if itl and itl.count else None),
-                ],
-            )
+            ("up", [str(engine), "up", f"{snap.age:.1f}", *_load_cells(iv), *_latency_cells(*latencies)])
         )
-    agg = aggregate(intervals)
-    rows.append(
-        (
-            "total",
-            [
-                "total",
-                f"{len(intervals)}/{len(current.engines)}",
-                "",
-                f"{agg.prompt_throughput:.1f}",
-                f"{agg.generation_throughput:.1f}",
-                f"{agg.running:.0f}",
-                f"{agg.waiting:.0f}",
-                f"{agg.kv_usage * 100:.1f}",
-                "",
-                "",
-                "",
-                "",
-            ],
-        )
-    )
+    totals = [f"{len(intervals)}/{len(current.engines)}", "", *_load_cells(aggregate(intervals))]
+    rows.append(("total", ["total", *totals, "", "", "", ""]))
     return rows
+
+
+def _load_cells(iv: EngineInterval) -> list[str]:
+    """The throughput, request and KV usage cells of one engine's interval (or their totals)."""
+    return [
+        f"{iv.prompt_throughput:.1f}",
+        f"{iv.generation_throughput:.1f}",
+        f"{iv.running:.0f}",
+        f"{iv.waiting:.0f}",
+        f"{iv.kv_usage * 100:.1f}",
+    ]
+
+
+def _latency_cells(ttft: HistogramValue | None, itl: HistogramValue | None) -> list[str]:
+    """TTFT p50, p99, ITL p50, p99 over the interval; "-" where nothing was observed."""
+    return [_ms(h.quantile(q) if h and h.count else None) for h in (ttft, itl) for q in (0.5, 0.99)]
 
 
 def title_of(current: Snapshot, namespace: str | None = None, url: str | None = None) -> str:
@@ -233,14 +218,15 @@ def render_plain(
     rows = [[COLUMNS[i] for i in keep]] + [[cells[i] for i in keep] for cells in body]
     widths = [max(len(r[j]) for r in rows) for j in range(len(keep))]
     lines = _fit_title(title or title_of(current), width)
-    for row in rows:
-        lines.append(
-            "  ".join(
-                cell.ljust(w) if keep[j] < 2 else cell.rjust(w)
-                for j, (cell, w) in enumerate(zip(row, widths))
-            ).rstrip()
-        )
+    lines += [_plain_line(row, widths, keep) for row in rows]
     return "\n".join(lines)
+
+
+def _plain_line(row: list[str], widths: list[int], keep: list[int]) -> str:
+    # Engine and up (COLUMNS 0 and 1) read as words, left-aligned; the figures right-aligned.
+    return "  ".join(
+        cell.ljust(w) if keep[j] < 2 else cell.rjust(w) for j, (cell, w) in enumerate(zip(row, widths))
+    ).rstrip()
 
 
 def _redis_failures() -> tuple[type[BaseException], ...]:
@@ -261,66 +247,92 @@ def run_top(
     it is plain aligned text with every column, never wrapped or cut.
     """
     console = console or Console()
-    config = reader.config
-    plain = not console.is_terminal
-
-    def show(previous: Snapshot, current: Snapshot) -> Any:
-        title = title_of(current, config.namespace, config.safe_url)
-        if plain:
-            return render_plain(previous, current, title=title, width=plain_width())
-        return render(previous, current, title=title, width=console.width)
-
+    screen = _Screen(console, reader.config)
     previous = reader.snapshot()
     time.sleep(interval)
     current = reader.snapshot()
-    if plain:
-        console.print(show(previous, current), markup=False, highlight=False, soft_wrap=True, crop=False)
+    if once and not screen.plain:
+        console.print(screen.frame(previous, current))
+        return
+    if screen.plain:
+        screen.table(previous, current)
         if once:
             return
-    elif once:
-        console.print(show(previous, current))
-        return
-    failures = _redis_failures()
-    last: Snapshot | None = current
-    # A pipe gets one plain table per interval; a terminal one live table, redrawn in place.
-    live_display = (
-        nullcontext() if plain else Live(show(previous, current), console=console, refresh_per_second=4)
-    )
-    with live_display as shown:
-        live = cast(Live, shown)  # None only when plain, and then never used
+    with screen.live_view(previous, current):
         try:
-            while True:
-                time.sleep(interval)
-                try:
-                    snap = reader.snapshot()
-                except failures as exc:
-                    from redis_stats.config import redact
-                    from redis_stats.errors import error_kind
-
-                    last = None
-                    note = (
-                        f"Redis unavailable at {config.safe_url} ({error_kind(exc)}: "
-                        f"{redact(str(exc), config.url)}); trying again every {interval:g} s"
-                    )
-                    if plain:
-                        console.print(note, markup=False, highlight=False, soft_wrap=True)
-                    else:
-                        live.update(Text(note, style="bold red"))
-                    continue
-                if last is None:  # back after an outage: rates need two reads
-                    last = snap
-                    note = f"Redis is back at {config.safe_url}; figures in {interval:g} s"
-                    if plain:
-                        console.print(note, markup=False, highlight=False, soft_wrap=True)
-                    else:
-                        live.update(Text(note, style="bold yellow"))
-                    continue
-                previous, last = last, snap
-                if plain:
-                    console.print(
-                        show(previous, last), markup=False, highlight=False, soft_wrap=True, crop=False
-                    )
-                else:
-                    live.update(show(previous, last))
+            _follow(reader, screen, current, interval)
         except KeyboardInterrupt:
             pass
+
+
+class _Screen:
+    """Where top draws: a pipe gets one plain table per interval; a terminal one live table,
+    redrawn in place (:meth:`live_view`)."""
+
+    def __init__(self, console: Console, config: StatsConfig) -> None:
+        self.console = console
+        self.config = config
+        self.plain = not console.is_terminal
+        self.live: Live | None = None
+
+    def frame(self, previous: Snapshot, current: Snapshot) -> Table | str:
+        """The table between two snapshots, titled with the namespace and the masked URL."""
+        title = title_of(current, self.config.namespace, self.config.safe_url)
+        if self.plain:
+            return render_plain(previous, current, title=title, width=plain_width())
+        return render(previous, current, title=title, width=self.console.width)
+
+    @contextmanager
+    def live_view(self, previous: Snapshot, current: Snapshot) -> Iterator[None]:
+        """On a terminal, the live table (first showing *previous* to *current*); else nothing."""
+        if self.plain:
+            yield
+            return
+        with Live(self.frame(previous, current), console=self.console, refresh_per_second=4) as live:
+            self.live = live
+            try:
+                yield
+            finally:
+                self.live = None
+
+    def table(self, previous: Snapshot, current: Snapshot) -> None:
+        if self.live is None:
+            frame = self.frame(previous, current)
+            self.console.print(frame, markup=False, highlight=False, soft_wrap=True, crop=False)
+        else:
+            self.live.update(self.frame(previous, current))
+
+    def note(self, text: str, style: str) -> None:
+        """A line in place of the table (Redis lost, Redis back)."""
+        if self.live is None:
+            self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        else:
+            self.live.update(Text(text, style=style))
+
+
+def _follow(reader: StatsReader, screen: _Screen, current: Snapshot, interval: float) -> None:
+    """Read and draw every *interval* seconds, forever; through a Redis outage, say so and retry."""
+    failures = _redis_failures()
+    config = reader.config
+    last: Snapshot | None = current
+    while True:
+        time.sleep(interval)
+        try:
+            snap = reader.snapshot()
+        except failures as exc:
+            last = None
+            screen.note(_unavailable(config, exc, interval), "bold red")
+            continue
+        if last is None:  # back after an outage: rates need two reads
+            last = snap
+            screen.note(f"Redis is back at {config.safe_url}; figures in {interval:g} s", "bold yellow")
+            continue
+        previous, last = last, snap
+        screen.table(previous, last)
+
+
+def _unavailable(config: StatsConfig, exc: BaseException, interval: float) -> str:
+    return (
+        f"Redis unavailable at {config.safe_url} ({error_kind(exc)}: "
+        f"{redact(str(exc), config.url)}); trying again every {interval:g} s"
+    )
