@@ -332,9 +332,6 @@ class WriterCore:
         # twice: shard 0 if it writes shard 0's engines (always when unsharded), else the lowest.
         self.home = min(heartbeat, default=0)
         self._always = tuple(sorted(heartbeat | {self.home}))
-        # The writer's id in each shard: the same, until gc removes it in one shard (a long
-        # pause) and it continues there under a new one (see flush_succeeded).
-        self.shard_ids = [self.writer_id] * k
         # Whether shard 0's catalogue lists this K (readers configured otherwise find the shards).
         self.shards_noted = k == 1
         self._acc = Accumulator(
@@ -343,7 +340,10 @@ class WriterCore:
             max_series_per_metric=self.config.max_series_per_metric,
             engine_offset=offset,
             shards=k,
+            writer_id=self.writer_id,
         )
+        # One flow per shard (its totals, sequence, batch in flight and the writer's id there).
+        self._flows = self._acc.flows
         self._protocol = FlushProtocol(self._acc)
         self._closed = False
         # Self-metrics Redis holds for this writer (as far as we know), and those the flush in
@@ -412,6 +412,12 @@ class WriterCore:
         """Updates dropped on the hot path, by reason (invalid_value, label_too_long, ...)."""
         return dict(self._acc.drops)
 
+    @property
+    def shard_ids(self) -> list[str]:
+        """The writer's id in each shard: the same, until gc removes it in one shard (a long
+        pause) and it continues there under a new one (see :meth:`flush_succeeded`)."""
+        return [flow.writer_id for flow in self._flows]
+
     def pending(self) -> bool:
         """Whether any update has not been confirmed by Redis yet."""
         return self._protocol.has_pending()
@@ -426,7 +432,6 @@ class WriterCore:
         pending and in-flight data stay the parent's: the child must not send them again.
         """
         self.writer_id = new_writer_id(self._role)
-        self.shard_ids = [self.writer_id] * self.shards
         self.stats = WriterStats()
         self._stats_stored, self._stats_sent = {}, []
         self._acc.forget_pending(self.writer_id)
@@ -442,9 +447,8 @@ class WriterCore:
         # Sharded: changes for a shard whose batch is in flight wait in its totals (owed), not
         # in the dirty list; and say which shards did not confirm.
         owed = self._acc.owed_series()
-        unconfirmed = [s for s, f in enumerate(self._protocol.flows) if f.in_flight is not None]
-        behind = sorted(set(unconfirmed) | self._acc.owed)
-        where = ", ".join(f"{s} ({self.keys.shard(s, self.shards).root})" for s in behind) or "none"
+        behind = [f for f in self._flows if f.in_flight is not None or f.owed]
+        where = ", ".join(f"{f.index} ({f.keys(self.keys, self.shards).root})" for f in behind) or "none"
         return (
             f"{series} series in the unconfirmed batches and {pending + owed} more changed since "
             f"(shards not confirmed: {where})"
@@ -469,22 +473,23 @@ class WriterCore:
         stale_ms = int(self.config.stale_after * 1000)
         calls = []
         for shard, batch in batches.items():
+            flow = self._flows[shard]
             # Computed when first used (and cached): with K = 64 the 63 tags cost ~0.3 s of CPU,
             # and a writer of one engine (the vLLM layout) only ever needs one or two.
-            keys = self.keys.shard(shard, k)
+            keys = flow.keys(self.keys, k)
             claims = (
                 [e + offset for e in self.engines if shard_of(e + offset, k) == shard] if self.owner else ()
             )
             args = batch.script_args(
                 keys.prefix,
-                self.shard_ids[shard],
+                flow.writer_id,
                 owner=self.owner,
                 stale_ms=stale_ms,
                 claims=claims,
                 stats=self._changed_stats() if shard == self.home else (),
                 load=self._load_entries(shard, batch.closing),
             )
-            calls.append((shard, batch.script_keys(keys, self.shard_ids[shard]), args))
+            calls.append((shard, batch.script_keys(keys, flow.writer_id), args))
         return calls
 
     def _changed_stats(self) -> list[str]:
@@ -527,61 +532,79 @@ class WriterCore:
         if result.load_error:  # the batch was applied; its load entries were refused
             self.load_done(redis.exceptions.ResponseError(result.load_error))
         if result.store_behind:
-            # Redis lost (some of) this shard's data: maybe shard 0's too, and with it the list
-            # of K: note K again (idempotent, one call). The next batch stores everything.
-            self.shards_noted = self.shards == 1
-            log.warning(
-                "%s holds less of this writer than it confirmed (restarted empty or from an older "
-                "copy, or a replica that had not caught up took over%s): storing its whole state "
-                "again with the next flush",
-                self.config.safe_url,
-                f"; shard {shard}" if self.shards > 1 else "",
-            )
+            self._store_behind(shard)
         if shard == self.home:  # the self-metrics go to the home shard only
-            if result.writer_removed or result.store_behind:
-                self._stats_stored = {}  # a new id, or a store that lost them: all sent again
-            elif result.applied:  # applied now: with it the self-metrics it carried
-                sent = self._stats_sent
-                self._stats_stored.update(zip(sent[0::2], sent[1::2]))
+            self._stats_answered(result)
         self.stats.observe_duration(seconds)
         self.stats.last_success = time.time()
         self.stats.flushes += 1
         self.stats.duplicates += result.status == DUPLICATE
         if result.catalog_conflicts:
-            for name in self._acc.catalog_conflict(result.catalog_conflicts, result.refused_series):
-                log.warning(
-                    "metric %r of this writer is defined differently in namespace %r (the first "
-                    "stored definition wins): this writer's updates of it are dropped and counted "
-                    "(reason catalog_conflict). This writer's spec: %s; stored: see `redis-stats "
-                    "inspect`. Rename the metric, or use another namespace",
-                    name,
-                    self.config.namespace,
-                    self.catalog[name].to_json(),
-                )
+            self._catalog_conflicts(result)
         if result.conflicts:
-            if not self.stats.conflicts:
-                log.warning(
-                    "another live instance also claims engine(s) %s of namespace %r (this one: %r): "
-                    "their scheduler gauges will mix; give each instance its own engine index "
-                    "(REDIS_STATS_ENGINE_OFFSET) or namespace",
-                    [e + self.config.engine_offset for e in self.engines],
-                    self.config.namespace,
-                    self.owner,
-                )
-            self.stats.conflicts += result.conflicts
+            self._engine_conflicts(result.conflicts)
         if result.writer_removed:
-            # Silent for longer than the retention (a paused process?): gc removed this id and
-            # folded what Redis held of it. Carry on as a new incarnation with the rest of the
-            # totals (FlushProtocol.confirmed took the folded part off); the next flush sends it.
-            # Shards are collected apart: the new id is this shard's (the home shard's is the
-            # writer's id, that of its self-metrics).
-            old_id, new_id = self.shard_ids[shard], new_writer_id(self._role)
-            self.shard_ids[shard] = new_id
-            if shard == self.home:  # the series fields do not name the writer (its chunks do)
-                self.writer_id = new_id
-            where = f" in shard {shard}" if self.shards > 1 else ""
-            log.warning("writer %s was removed by gc%s; continuing as %s", old_id, where, new_id)
+            self._renamed(shard)
         return result
+
+    def _store_behind(self, shard: int) -> None:
+        """Redis lost (some of) *shard*'s data: maybe shard 0's too, and with it the list of K:
+        note K again (idempotent, one call). The next batch stores everything."""
+        self.shards_noted = self.shards == 1
+        log.warning(
+            "%s holds less of this writer than it confirmed (restarted empty or from an older "
+            "copy, or a replica that had not caught up took over%s): storing its whole state "
+            "again with the next flush",
+            self.config.safe_url,
+            f"; shard {shard}" if self.shards > 1 else "",
+        )
+
+    def _stats_answered(self, result: FlushResult) -> None:
+        """The home shard answered: what Redis now holds of the self-metrics."""
+        if result.writer_removed or result.store_behind:
+            self._stats_stored = {}  # a new id, or a store that lost them: all sent again
+        elif result.applied:  # applied now: with it the self-metrics it carried
+            sent = self._stats_sent
+            self._stats_stored.update(zip(sent[0::2], sent[1::2]))
+
+    def _catalog_conflicts(self, result: FlushResult) -> None:
+        """Stop sending the metrics Redis defines otherwise, with one warning for each new one."""
+        for name in self._acc.catalog_conflict(result.catalog_conflicts, result.refused_series):
+            log.warning(
+                "metric %r of this writer is defined differently in namespace %r (the first "
+                "stored definition wins): this writer's updates of it are dropped and counted "
+                "(reason catalog_conflict). This writer's spec: %s; stored: see `redis-stats "
+                "inspect`. Rename the metric, or use another namespace",
+                name,
+                self.config.namespace,
+                self.catalog[name].to_json(),
+            )
+
+    def _engine_conflicts(self, conflicts: int) -> None:
+        """Another live owner claims this writer's engines: warn the first time, count each."""
+        if not self.stats.conflicts:
+            log.warning(
+                "another live instance also claims engine(s) %s of namespace %r (this one: %r): "
+                "their scheduler gauges will mix; give each instance its own engine index "
+                "(REDIS_STATS_ENGINE_OFFSET) or namespace",
+                [e + self.config.engine_offset for e in self.engines],
+                self.config.namespace,
+                self.owner,
+            )
+        self.stats.conflicts += conflicts
+
+    def _renamed(self, shard: int) -> None:
+        """gc removed this writer in *shard*: silent for longer than the retention (a paused
+        process?), it was folded there. Carry on as a new incarnation with the rest of the
+        totals (FlushProtocol.confirmed took the folded part off); the next flush sends it.
+        Shards are collected apart: the new id is this shard's (the home shard's is the
+        writer's id, that of its self-metrics)."""
+        flow = self._flows[shard]
+        old_id, flow.writer_id = flow.writer_id, new_writer_id(self._role)
+        if shard == self.home:  # the series fields do not name the writer (its chunks do)
+            self.writer_id = flow.writer_id
+        where = f" in shard {shard}" if self.shards > 1 else ""
+        log.warning("writer %s was removed by gc%s; continuing as %s", old_id, where, flow.writer_id)
 
     def flush_steps(self, *, closing: bool = False) -> Steps[bool]:
         """One flush round as steps (see :mod:`redis_stats._core.steps`), carried out blocking by
@@ -624,10 +647,10 @@ class WriterCore:
         """``load.lua``'s calls of the load entries alone (``load_interval``), one per shard."""
         if self.load is None:
             return []
-        shards = sorted({shard_of(e, self.shards) for e in self.load.engines()})
+        flows = [self._flows[s] for s in sorted({shard_of(e, self.shards) for e in self.load.engines()})]
         return [
-            ([self.keys.shard(s, self.shards).load], [self.shard_ids[s], *self._load_entries(s, False)])
-            for s in shards
+            ([f.keys(self.keys, self.shards).load], [f.writer_id, *self._load_entries(f.index, False)])
+            for f in flows
         ]
 
     def load_done(self, result: Any) -> None:
@@ -918,26 +941,34 @@ class StatsWriter(WriterCore):
         self._close_deadline = deadline
         atexit.unregister(self.close)
         thread = self._thread
-        if thread is not None and thread.is_alive():
-            # The flusher thread makes the last flush, and close waits for it only until the
-            # deadline: an attempt stuck on a hung socket (up to connect + socket timeout) is
-            # left to the daemon thread instead of holding the caller (no new thread is started:
-            # Python 3.12 refuses that at interpreter exit).
-            self._closing.set()
-            self._stop.set()
-            done = self._closed_done.wait(max(0.0, deadline - time.monotonic())) and self._close_ok
-        else:
-            self._stop.set()
-            done = self._final_flush(deadline)
+        done = self._last_flush(thread, deadline)
         if not done:
             self.warn_lost(budget)
         if done or thread is None or not thread.is_alive():
-            try:
-                if self._client is not None:
-                    self._client.close()
-            except Exception:
-                pass
+            self._close_client()
         return done
+
+    def _last_flush(self, thread: threading.Thread | None, deadline: float) -> bool:
+        """Stop the flusher *thread* and have the last flush made, by the thread if it runs;
+        True if everything was confirmed by *deadline*."""
+        if thread is None or not thread.is_alive():
+            self._stop.set()
+            return self._final_flush(deadline)
+        # The flusher thread makes the last flush, and close waits for it only until the
+        # deadline: an attempt stuck on a hung socket (up to connect + socket timeout) is
+        # left to the daemon thread instead of holding the caller (no new thread is started:
+        # Python 3.12 refuses that at interpreter exit).
+        self._closing.set()
+        self._stop.set()
+        return self._closed_done.wait(max(0.0, deadline - time.monotonic())) and self._close_ok
+
+    def _close_client(self) -> None:
+        """Close the connection pool (no thread uses it any more); never raises."""
+        try:
+            if self._client is not None:
+                self._client.close()
+        except Exception:
+            pass
 
     def _final_flush(self, deadline: float) -> bool:
         """Flush (marking the writer closed) until confirmed or *deadline*; True if confirmed."""

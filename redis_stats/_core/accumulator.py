@@ -19,10 +19,11 @@ asyncio writer (:mod:`redis_stats.aio`) share every rule:
   numbers it has seen, so nothing is applied twice. New updates wait in the dirty list for the
   next number, so an outage costs memory per series, never per update.
 - **Shards** (option ``shards`` = K > 1): engine ``e`` belongs to shard ``e % K``, each shard a
-  self-contained namespace with its own sequence numbers. Every shard has its own totals, specs to
-  send and in-flight batch, so a shard whose call fails keeps and retries its own batch while the
-  others carry on. One take feeds them all: its deltas go into each engine's shard's totals (also
-  of a shard whose batch is in flight: totals are absolute, its next batch sends the sum).
+  self-contained namespace with its own sequence numbers. Every shard is one
+  :class:`~redis_stats._core.shardflow.ShardFlow` (its totals, specs to send, sequence, in-flight
+  batch; K = 1 is a list of one), so a shard whose call fails keeps and retries its own batch while
+  the others carry on. One take feeds them all: its deltas go into each engine's shard's totals
+  (also of a shard whose batch is in flight: totals are absolute, its next batch sends the sum).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from typing import Any
 
 from redis_stats._core import chunks, fields
 from redis_stats._core.chunks import Chunk, Series, Totals
+from redis_stats._core.shardflow import ShardFlow
 from redis_stats.catalog import COUNTER, GAUGE, Catalog, MetricSpec
 from redis_stats.keys import SCHEMA_VERSION, Keys, shard_of
 
@@ -84,6 +86,17 @@ def _real(x: object) -> int | float:
         return _NAN
 
 
+def _admitted(acc: Accumulator, x: object, low: float) -> int | float:
+    """The slow path of a record call's check (any *x* but a plain int or float within range):
+    *x* as a plain int or float if it is a real number from *low* to the largest float, else NaN,
+    and the update is dropped and counted as ``invalid_value``."""
+    value = _real(x)
+    if not low <= value <= _MAX:  # NaN fails too
+        acc.drop("invalid_value")
+        return _NAN
+    return value
+
+
 class CounterChild:
     """One counter series of one engine. ``inc`` is the hot path: memory only, never raises."""
 
@@ -104,11 +117,10 @@ class CounterChild:
         inf, a negative or a non-number is dropped and counted as ``invalid_value``; never raises).
         """
         kind = type(amount)
-        if kind is not int and kind is not float:
-            amount = _real(amount)  # Decimal, Fraction, bool, numpy...: a plain int or float, or NaN
-        if not 0 <= amount <= _MAX:  # NaN fails too
-            self._acc.drop("invalid_value")
-            return
+        if (kind is not int and kind is not float) or not 0 <= amount <= _MAX:
+            amount = _admitted(self._acc, amount, 0)  # Decimal, Fraction, bool, numpy... or NaN
+            if amount != amount:
+                return
         acc = self._acc
         with self._lock:
             gen = acc.gen
@@ -117,10 +129,7 @@ class CounterChild:
             except OverflowError:  # an int delta beyond the float range meets a float amount
                 self.deltas[gen & 1] = _INF  # dropped (and counted) when the batch is built
             if self.gen != gen:
-                self.gen = gen
-                acc.dirty.append(self)
-                if acc.wake is not None:
-                    acc.wake()
+                acc.enlist(self, gen)
 
     def _take(self, slot: int) -> None:
         # Without the lock: recorders write the other slot until the next take (see the module doc).
@@ -172,32 +181,23 @@ class GaugeChild:
         with self._lock:
             self.state = (_monotonic(), value)
             if self.gen != acc.gen:
-                self.gen = acc.gen
-                acc.dirty.append(self)
-                if acc.wake is not None:
-                    acc.wake()
+                acc.enlist(self, acc.gen)
 
     def inc(self, amount: float = 1) -> None:
-        """Add *amount* to this writer's value (e.g. requests in flight on this API server).
-
-        *amount* must be a finite real number within the float range; anything else is dropped and
-        counted as ``invalid_value`` (never raised).
-        """
+        """Add *amount* to this writer's value (e.g. requests in flight on this API server): a
+        finite real number within the float range (anything else is dropped and counted as
+        ``invalid_value``; never raised)."""
         kind = type(amount)
-        if kind is not int and kind is not float:
-            amount = _real(amount)
-        if not -_MAX <= amount <= _MAX:  # NaN fails too
-            self._acc.drop("invalid_value")
-            return
+        if (kind is not int and kind is not float) or not -_MAX <= amount <= _MAX:
+            amount = _admitted(self._acc, amount, -_MAX)
+            if amount != amount:
+                return
         acc = self._acc
         with self._lock:
             # float + an amount within the float range: never raises, never NaN
             self.state = (_monotonic(), self.state[1] + amount)
             if self.gen != acc.gen:
-                self.gen = acc.gen
-                acc.dirty.append(self)
-                if acc.wake is not None:
-                    acc.wake()
+                acc.enlist(self, acc.gen)
 
     def dec(self, amount: float = 1) -> None:
         """Subtract *amount* from this writer's value (the rules of :meth:`inc`)."""
@@ -241,11 +241,10 @@ class HistogramChild:
         counted as ``invalid_value`` (never raised).
         """
         kind = type(value)
-        if kind is not int and kind is not float:
-            value = _real(value)
-        if not -_MAX <= value <= _MAX:  # NaN fails too
-            self._acc.drop("invalid_value")
-            return
+        if (kind is not int and kind is not float) or not -_MAX <= value <= _MAX:
+            value = _admitted(self._acc, value, -_MAX)
+            if value != value:
+                return
         i = bisect_left(self.bounds, value)
         acc = self._acc
         with self._lock:
@@ -254,10 +253,7 @@ class HistogramChild:
             pending[i] += 1
             pending[-1] += value
             if self.gen != gen:
-                self.gen = gen
-                acc.dirty.append(self)
-                if acc.wake is not None:
-                    acc.wake()
+                acc.enlist(self, gen)
 
     def add(self, counts: Sequence[int], total: float) -> None:
         """Add *counts* (one non-negative int per bucket, ``+Inf`` last) and *total* to the sum at
@@ -279,10 +275,7 @@ class HistogramChild:
                 pending[i] += n
             pending[-1] += total
             if self.gen != gen:
-                self.gen = gen
-                acc.dirty.append(self)
-                if acc.wake is not None:
-                    acc.wake()
+                acc.enlist(self, gen)
 
     def _take(self, slot: int) -> None:
         # Without the lock: recorders write the other slot until the next take (see the module doc).
@@ -525,7 +518,9 @@ _Series = CounterChild | GaugeChild | HistogramChild  # one series of one engine
 
 
 class Accumulator:
-    """All series of one writer, by metric, engine and label values; the dirty list; drop tallies."""
+    """All series of one writer, by metric, engine and label values; the dirty list; drop tallies;
+    and per shard of the namespace a :class:`~redis_stats._core.shardflow.ShardFlow` (``flows``,
+    one for an unsharded namespace) whose totals the takes add to."""
 
     def __init__(
         self,
@@ -535,6 +530,7 @@ class Accumulator:
         max_series_per_metric: int,
         engine_offset: int = 0,
         shards: int = 1,
+        writer_id: str = "",
     ) -> None:
         self.catalog = catalog
         self.lock = threading.Lock()  # the record lock: the dirty list, the generation, live slots
@@ -552,45 +548,39 @@ class Accumulator:
         self._children: dict[tuple[str, int, tuple[str, ...]], _Series] = {}
         self._series_count: _Tally[tuple[str, int]] = _Tally()
         self._gauges: list[GaugeChild] = []  # taken again when their stamps must be (take_shards)
-        # The absolute totals and chunks, per shard: touched only by takes and their answers
-        # (serialized).
+        # One flow per shard: its totals and chunks are touched only by takes and their answers
+        # (serialized), its unsent specs under the record lock.
         self.shards = shards
-        self.shard_totals = [Totals(self.drop) for _ in range(shards)]
-        # Shards whose totals changed since their last batch was made (their batch was in flight):
-        # with the series changed there meanwhile (owed_series), what a close that gives up loses
-        # besides the batches in flight (lost_summary).
-        self.owed: set[int] = set()
-        # The specs each shard has yet to store (every shard holds the catalogue it is written with).
-        self._unsent: list[dict[str, MetricSpec]] = [{s.name: s for s in catalog} for _ in range(shards)]
+        self.flows = [ShardFlow(s, Totals(self.drop), catalog, writer_id) for s in range(shards)]
         # Metrics whose definition conflicts with the one stored first in Redis: never sent.
         self.conflicted: set[str] = set()
-        # Per shard: its server's clock minus time.monotonic(), in s, from the last answer (None:
-        # no answer yet), which turns a gauge's monotonic stamp into that server's time; and the
-        # shards whose gauges were sent before that, stamped by this host's clock (sent again
-        # once the server's is known).
-        self._clock: list[float | None] = [None] * shards
-        self._unstamped: set[int] = set()
+        # Whether a shard's server answered for the first time since gauges were sent stamped by
+        # this host's clock: the next take sends them again, stamped in the server's time.
         self._restamp = False
+
+    @property
+    def owed(self) -> set[int]:
+        """Shards whose totals changed since their last batch was made (it was in flight): with
+        the series changed there meanwhile (:meth:`owed_series`), what a close that gives up
+        loses besides the batches in flight."""
+        return {f.index for f in self.flows if f.owed}
+
+    def enlist(self, child: _Series, gen: int) -> None:
+        """Put *child*, changed for the first time in generation *gen*, on the dirty list (the
+        caller holds the record lock)."""
+        child.gen = gen
+        self.dirty.append(child)
+        if self.wake is not None:
+            self.wake()
 
     def server_ms(self, engine: int, stamp: float) -> float:
         """The monotonic *stamp* of a value of *engine* in its shard's server time (ms); before
         that server has answered, in this host's time (the value is sent again once it has)."""
-        shard = engine % self.shards
-        offset = self._clock[shard]
-        if offset is None:
-            # Before that server's first answer: this host's clock, the one estimate there is;
-            # the value is sent again, stamped in the server's time, with the next batch.
-            self._unstamped.add(shard)
-            offset = time.time() - _monotonic()
-        return (stamp + offset) * 1000.0
+        return self.flows[shard_of(engine, self.shards)].server_ms(stamp)
 
     def anchor(self, shard: int, server_ms: int) -> None:
-        """*shard*'s server answered at *server_ms* (its clock): anchor its gauge stamps to it
-        (within the round trip; anchored again at every answer, so a pause or a failover to
-        another server's clock is followed at the next flush)."""
-        self._clock[shard] = server_ms / 1000.0 - _monotonic()
-        if shard in self._unstamped:
-            self._unstamped.discard(shard)
+        """*shard*'s server answered at *server_ms* (its clock): anchor its gauge stamps to it."""
+        if self.flows[shard].anchor(server_ms):
             self._restamp = True
 
     def drop(self, reason: str, n: int = 1) -> None:
@@ -607,26 +597,31 @@ class Accumulator:
         new = [n for n in names if n not in self.conflicted]
         with self.lock:
             self.conflicted.update(new)
-            for (name, _engine, _values), child in self._children.items():
-                if name in self.conflicted and type(child) in _CONFLICT_CLASS:
-                    # Callers hold these objects: switch their class, so the hot path stays as is.
-                    child.__class__ = _CONFLICT_CLASS[type(child)]
-            for name in new:
-                for unsent in self._unsent:
-                    unsent.pop(name, None)
+            self._switch_conflicted()
+            for flow in self.flows:
+                for name in new:
+                    flow.unsent.pop(name, None)
         if new:
-            for totals in self.shard_totals:  # by the collector, which owns the totals
-                totals.forget_metrics(set(new))
+            for flow in self.flows:  # by the collector, which owns the totals
+                flow.totals.forget_metrics(set(new))
         if refused_series:
             self.drop("catalog_conflict", refused_series)
         return new
 
+    def _switch_conflicted(self) -> None:
+        """Switch the class of every child of a conflicted metric: callers hold these objects,
+        so the hot path stays as it is (under the record lock)."""
+        for (name, _engine, _values), child in self._children.items():
+            if name in self.conflicted and type(child) in _CONFLICT_CLASS:
+                child.__class__ = _CONFLICT_CLASS[type(child)]
+
     def requeue_specs(self, specs: Iterable[MetricSpec], shard: int = 0) -> None:
         """Send *specs* again with *shard*'s next batch (the answer about them was lost)."""
-        with self.lock:
+        with self.lock:  # a take swaps the dict out under it
+            unsent = self.flows[shard].unsent
             for spec in specs:
                 if spec.name not in self.conflicted:
-                    self._unsent[shard].setdefault(spec.name, spec)
+                    unsent.setdefault(spec.name, spec)
 
     def child(
         self, spec: MetricSpec, engine: int, values: tuple[str, ...], writer_id: str
@@ -645,38 +640,44 @@ class Accumulator:
             found = self._children.get(key)
             if found is not None:
                 return found
-            if spec.name in self.conflicted:
-                return _DroppedChild(self, "catalog_conflict")
-            if any(len(v) > self.max_label_length for v in values):
-                return _DroppedChild(self, "label_too_long")
-            if self._series_count[(spec.name, engine)] >= self.max_series_per_metric:
-                return _DroppedChild(self, "cardinality")
-            components = (spec.name, *values)
-            made: CounterChild | GaugeChild | HistogramChild
-            if spec.kind == COUNTER:
-                made = CounterChild(self, engine, fields.encode(components))
-            elif spec.kind == GAUGE:
-                # The writer is named by the chunk holding the series, not by its field.
-                made = GaugeChild(self, engine, fields.encode(components))
-                self._gauges.append(made)
-            else:
-                made = HistogramChild(self, engine, spec, components)
-            self._children[key] = made
+            refused = self._refusal(spec, engine, values)
+            if refused:
+                return _DroppedChild(self, refused)
+            made = self._children[key] = self._make(spec, engine, values)
             self._series_count[(spec.name, engine)] += 1
             if spec.kind != GAUGE:
                 # Counters and histograms are exposed (at 0) as soon as they are bound.
-                made.gen = self.gen
-                self.dirty.append(made)
-                if self.wake is not None:
-                    self.wake()
+                self.enlist(made, self.gen)
             return made
+
+    def _refusal(self, spec: MetricSpec, engine: int, values: tuple[str, ...]) -> str:
+        """Why a new series of *spec* for *engine* and *values* may not be stored ('' if it may)."""
+        if spec.name in self.conflicted:
+            return "catalog_conflict"
+        if any(len(v) > self.max_label_length for v in values):
+            return "label_too_long"
+        if self._series_count[(spec.name, engine)] >= self.max_series_per_metric:
+            return "cardinality"
+        return ""
+
+    def _make(self, spec: MetricSpec, engine: int, values: tuple[str, ...]) -> _Series:
+        """A new child of *spec*'s kind (under the record lock)."""
+        components = (spec.name, *values)
+        if spec.kind == COUNTER:
+            return CounterChild(self, engine, fields.encode(components))
+        if spec.kind == GAUGE:
+            # The writer is named by the chunk holding the series, not by its field.
+            gauge = GaugeChild(self, engine, fields.encode(components))
+            self._gauges.append(gauge)
+            return gauge
+        return HistogramChild(self, engine, spec, components)
 
     def add_spec(self, spec: MetricSpec) -> MetricSpec:
         """Add *spec* to the catalogue (after start) and queue it for storing in Redis."""
         spec = self.catalog.add(spec)
         with self.lock:
-            for unsent in self._unsent:
-                unsent.setdefault(spec.name, spec)
+            for flow in self.flows:
+                flow.unsent.setdefault(spec.name, spec)
         return spec
 
     def take_batch(self, seq: int, engines: Iterable[int] = (), *, resend_all: bool = False) -> Batch:
@@ -699,65 +700,89 @@ class Accumulator:
         Each shard of *resend* (Redis lost its data, or the writer has a new id there) gets every
         spec and every chunk (names too) again.
         """
-        resend = set(resend)
-        k = self.shards
+        resending = [self.flows[s] for s in set(resend)]
         batches = {shard: Batch(seq=seq) for shard, seq in seqs.items()}
         with self._take_lock:
-            with self.lock:  # O(1): whatever the number of pending series, record calls barely wait
-                for shard in resend:
-                    self._unsent[shard] = {s.name: s for s in self.catalog}
-                specs: dict[int, dict[str, MetricSpec]] = {}
-                for shard in batches:
-                    specs[shard], self._unsent[shard] = self._unsent[shard], {}
-                dirty, self.dirty = self.dirty, []
-                gen = self.gen
-                self.gen = gen + 1
-            for shard, batch in batches.items():
-                batch.specs = [s for s in specs[shard].values() if s.name not in self.conflicted]
+            dirty, gen, specs = self._swap(resending, batches)
             # Without the record lock: the totals belong to the collector (takes are serialized).
-            for shard in resend:
-                self.shard_totals[shard].resend_all()
-            slot = gen & 1
-            for i, child in enumerate(dirty, 1):
-                child._take(slot)
-                if not i % _YIELD_EVERY:
-                    # Let the host's threads have the GIL: otherwise a record call that wants it
-                    # waits out the whole switch interval (5 ms) while this loop runs.
-                    time.sleep(0)
-            restamp, self._restamp = self._restamp, False
-            if resend or restamp:
-                # Every gauge with a value, again (a gauge set since the swap is sent now and
-                # again with the next batch: harmless, the newer value wins); also once its
-                # shard's server time is first known, for the values sent stamped 0. Not those
-                # whose metric conflicts with the stored definition: they are never sent.
-                seen = {id(c) for c in dirty}
-                for g in list(self._gauges):
-                    if g.state[0] and id(g) not in seen and type(g) is GaugeChild:
-                        g._take()
+            for flow in resending:
+                flow.totals.resend_all()
+            self._take_children(dirty, gen & 1)
+            if self._restamp or resending:
+                self._restamp = False
+                self._take_gauges_again(dirty)
             del dirty
-            for engine in engines:
-                engine += self.engine_offset
-                shard = shard_of(engine, k)
-                if shard in batches:
-                    self.shard_totals[shard].touch(engine)
+            self._heartbeat(engines, batches)
             for shard, batch in batches.items():
-                batch.engines, batch.chunks = self.shard_totals[shard].take(with_names=bool(batch.specs))
+                self._fill(batch, specs[shard], self.flows[shard].totals)
             # A shard with a batch in flight keeps its changes (dirty chunks) for its next batch.
-            self.owed = {s for s, totals in enumerate(self.shard_totals) if totals.touched}
+            for flow in self.flows:
+                flow.owed = bool(flow.totals.touched)
         return batches
+
+    def _swap(
+        self, resending: list[ShardFlow], batches: dict[int, Batch]
+    ) -> tuple[list[_Series], int, dict[int, dict[str, MetricSpec]]]:
+        """Under the record lock, O(1) whatever the number of pending series (record calls
+        barely wait): swap the dirty list and the specs to send out, bump the generation.
+        Returns the dirty list, the generation it belongs to, and the specs of each shard."""
+        with self.lock:
+            for flow in resending:
+                flow.unsent = {s.name: s for s in self.catalog}
+            specs: dict[int, dict[str, MetricSpec]] = {}
+            for shard in batches:
+                flow = self.flows[shard]
+                specs[shard], flow.unsent = flow.unsent, {}
+            dirty, self.dirty = self.dirty, []
+            gen = self.gen
+            self.gen = gen + 1
+        return dirty, gen, specs
+
+    @staticmethod
+    def _take_children(dirty: list[_Series], slot: int) -> None:
+        """Add the pending deltas of *dirty* (in generation slot *slot*) into their totals."""
+        for i, child in enumerate(dirty, 1):
+            child._take(slot)
+            if not i % _YIELD_EVERY:
+                # Let the host's threads have the GIL: otherwise a record call that wants it
+                # waits out the whole switch interval (5 ms) while this loop runs.
+                time.sleep(0)
+
+    def _take_gauges_again(self, dirty: list[_Series]) -> None:
+        """Every gauge with a value, again: for a shard that gets everything again, and once a
+        shard's server time is first known, for the values sent stamped by this host's clock (a
+        gauge set since the swap is sent now and again with the next batch: harmless, the newer
+        value wins). Not those whose metric conflicts with the stored definition: never sent."""
+        seen = {id(c) for c in dirty}
+        for g in list(self._gauges):
+            if g.state[0] and id(g) not in seen and type(g) is GaugeChild:
+                g._take()
+
+    def _heartbeat(self, engines: Iterable[int], batches: dict[int, Batch]) -> None:
+        """Make sure the batch of each of *engines*' shards heartbeats it, even without data."""
+        for engine in engines:
+            engine += self.engine_offset
+            shard = shard_of(engine, self.shards)
+            if shard in batches:
+                self.flows[shard].totals.touch(engine)
+
+    def _fill(self, batch: Batch, specs: dict[str, MetricSpec], totals: Totals) -> None:
+        """Put into *batch* the *specs* not known to conflict, and what changed in *totals*."""
+        batch.specs = [s for s in specs.values() if s.name not in self.conflicted]
+        batch.engines, batch.chunks = totals.take(with_names=bool(batch.specs))
 
     def bind(self, child: _Series, kind: str) -> Series:
         """The series in the totals of *child*'s shard that its takes add to (made on first use).
 
         Called by the collector only (the first take of the child): the totals are its own.
         """
-        totals = self.shard_totals[shard_of(child.engine, self.shards)]
+        totals = self.flows[shard_of(child.engine, self.shards)].totals
         child.series = made = totals.series(child.engine, child.field, kind)
         return made
 
     def owed_series(self) -> int:
         """Series changed for shards whose batch was in flight, not in a batch yet."""
-        return sum(sum(self.shard_totals[s].touched.values()) for s in self.owed)
+        return sum(sum(f.totals.touched.values()) for f in self.flows if f.owed)
 
     def pending_series(self) -> int:
         """Series changed since the last batch was taken."""
@@ -765,7 +790,8 @@ class Accumulator:
 
     def forget_pending(self, writer_id: str) -> None:
         """In a forked child: drop every pending change (they are the parent's) and start afresh
-        as writer *writer_id*. Bound children stay valid and count for the child from now on.
+        as writer *writer_id*, in every shard. Bound children stay valid and count for the child
+        from now on.
 
         Called with no other thread running (the at-fork hook), so no lock is needed; the take
         lock may have been held by the parent's flusher at fork time, so it is replaced.
@@ -773,8 +799,6 @@ class Accumulator:
         self._take_lock = threading.Lock()
         self.dirty = []
         self.drops = _Tally()
-        # A new writer stores them again, in every shard.
-        self._unsent = [{s.name: s for s in self.catalog} for _ in range(self.shards)]
         for made in self._children.values():
             made.series = None  # in the totals reset below
             if isinstance(made, CounterChild):
@@ -785,42 +809,26 @@ class Accumulator:
                 # The parent's value is the parent's (a summed gauge would count it twice).
                 made.state = (0.0, 0.0)
             made.gen = -1
-        # The totals are the parent's too: this writer's start at zero, under its own id (the
-        # series fields do not name the writer; its chunks do).
-        for totals in self.shard_totals:
-            totals.reset()
-        self.owed = set()
-
-
-class _ShardFlow:
-    """One shard's part of the protocol: its next sequence number, its unconfirmed batch, and
-    the last batch Redis confirmed applied there (number, server time; 0: none under this id, or
-    the store lost it: the next batch carries everything)."""
-
-    __slots__ = ("confirmed", "confirmed_ms", "in_flight", "next_seq", "resend_all")
-
-    def __init__(self) -> None:
-        self.in_flight: Batch | None = None
-        self.next_seq = 1
-        self.resend_all = False
-        self.confirmed = 0
-        self.confirmed_ms = 0
+        # The totals, sequence and batches are the parent's too: this writer's start at zero,
+        # under its own id, which stores the catalogue again (the series fields do not name the
+        # writer; its chunks do).
+        for flow in self.flows:
+            flow.restart(self.catalog)
+            flow.writer_id = writer_id
 
 
 class FlushProtocol:
     """Sequence numbers and the in-flight batch: what to send next, and what an answer means.
 
-    Per shard of the namespace (one for an unsharded one): each has its own numbers and batch,
-    confirmed by its own answer (see the module docstring). ``in_flight``, ``next_seq``,
-    :meth:`next_batch` and :meth:`confirmed` without a shard are shard 0's.
+    Per shard of the namespace (one for an unsharded one), on the accumulator's flows: each has
+    its own numbers and batch, confirmed by its own answer (see the module docstring).
+    ``in_flight``, ``next_seq``, :meth:`next_batch` and :meth:`confirmed` without a shard are
+    shard 0's.
     """
 
     def __init__(self, acc: Accumulator) -> None:
         self.acc = acc
-        self.flows = [_ShardFlow() for _ in range(acc.shards)]
-        # Shards this writer has sent data to: each gets a call every round from then on (its
-        # heartbeat there keeps the writer's chunks live for readers and gc).
-        self.active: set[int] = set()
+        self.flows = acc.flows
 
     @property
     def in_flight(self) -> Batch | None:
@@ -847,29 +855,41 @@ class FlushProtocol:
         """Shard -> the batch to send it now: its unconfirmed one again, else a new one with its
         next number. The shards of *always* get one every time (heartbeats, self-metrics), the
         others once they have data (and from then on)."""
-        flows = self.flows
-        wanted = set(always) | self.active
-        idle = {s: f.next_seq for s, f in enumerate(flows) if f.in_flight is None}
-        if idle and (wanted & idle.keys() or self.acc.dirty):
-            made = self.acc.take_shards(idle, engines, resend={s for s in idle if flows[s].resend_all})
-            for shard, batch in made.items():
-                if shard not in wanted:
-                    if not batch.engines and not batch.chunks:
-                        # Nothing for this shard: no call, and its specs wait for its first data.
-                        self.acc.requeue_specs(batch.specs, shard)
-                        continue
-                    self.active.add(shard)
-                    wanted.add(shard)
-                flow = flows[shard]
-                flow.in_flight, flow.resend_all = batch, False
-                batch.confirmed, batch.confirmed_ms = flow.confirmed, flow.confirmed_ms
-                flow.next_seq += 1
+        wanted = set(always) | {f.index for f in self.flows if f.active}
+        idle = [f for f in self.flows if f.in_flight is None]
+        if idle and (wanted.intersection(f.index for f in idle) or self.acc.dirty):
+            self._take(idle, engines, wanted)
+        return self._sending(sorted(wanted), closing)
+
+    def _take(self, idle: list[ShardFlow], engines: Iterable[int], wanted: set[int]) -> None:
+        """Take a new batch for each *idle* shard (none in flight) and send those of *wanted*,
+        and those that got their first data (added to *wanted*)."""
+        seqs = {f.index: f.next_seq for f in idle}
+        resend = [f.index for f in idle if f.resend_all]
+        for shard, batch in self.acc.take_shards(seqs, engines, resend=resend).items():
+            if shard in wanted or self._first_data(shard, batch):
+                self.flows[shard].send(batch)
+                wanted.add(shard)
+
+    def _first_data(self, shard: int, batch: Batch) -> bool:
+        """Whether *batch* is the first with data for a shard not written to yet (which then gets
+        a call every round); if not, no call, and its specs wait for its first data."""
+        if not batch.engines and not batch.chunks:
+            self.acc.requeue_specs(batch.specs, shard)
+            return False
+        self.flows[shard].active = True
+        return True
+
+    def _sending(self, shards: list[int], closing: bool) -> dict[int, Batch]:
+        """Shard -> its batch in flight, for each of *shards* that has one; with *closing*, the
+        batches that leave nothing behind say the writer closes."""
         out: dict[int, Batch] = {}
-        for shard in sorted(wanted):
-            sending = flows[shard].in_flight
+        for shard in shards:
+            flow = self.flows[shard]
+            sending = flow.in_flight
             if sending is None:
                 continue
-            if closing and not self.acc.dirty and shard not in self.acc.owed:
+            if closing and not self.acc.dirty and not flow.owed:
                 # Only the heartbeat depends on this flag, never the data: safe on a retried batch.
                 sending.closing = True
             out[shard] = sending
@@ -879,27 +899,9 @@ class FlushProtocol:
         """Redis answered *shard*'s call: its in-flight batch is applied (now or by an earlier
         attempt), or nothing of it was: gc had removed this writer there, or the store is behind
         what it confirmed before (both: the next batch carries everything)."""
-        flow = self.flows[shard]
-        batch, flow.in_flight = flow.in_flight, None
         self.acc.anchor(shard, result.server_time_ms)
-        if result.writer_removed or result.store_behind:
-            if result.writer_removed:
-                # What Redis held of this writer was folded into the base fields: keep only the
-                # rest, for the new id (the batch's chunks are in the totals, sent with the rest).
-                self.acc.shard_totals[shard].rebase()
-            # Nothing of the batch was applied: its changes are in the totals, all sent again.
-            flow.resend_all = True
-            flow.confirmed = flow.confirmed_ms = 0
-            return
-        if batch is None:
-            return
-        Totals.confirm(batch.sent)
-        flow.confirmed = batch.seq
-        if result.applied:
-            flow.confirmed_ms = result.server_time_ms
-        # else: applied by an earlier attempt, at a time not known: the previous batch's stays
-        # (a lower bound of this writer's heartbeat, which is what gc's fold watermark needs).
-        if not result.applied and batch.specs:
+        batch = self.flows[shard].answered(result)
+        if batch is not None and not result.applied and batch.specs:
             # An earlier attempt applied it, but its answer (which would name catalogue conflicts)
             # was lost: send the specs again, so the script can tell us.
             self.acc.requeue_specs(batch.specs, shard)
@@ -912,6 +914,4 @@ class FlushProtocol:
         """Whether anything is waiting to be sent (in flight, dirty, or owed to a shard)."""
         # A shard owed the writer's whole state (gc removed it, or the store went back in time)
         # is pending too: a closing writer must store it before it stops.
-        return any(f.in_flight is not None or f.resend_all for f in self.flows) or bool(
-            self.acc.dirty or self.acc.owed
-        )
+        return any(f.pending() or f.owed for f in self.flows) or bool(self.acc.dirty)
