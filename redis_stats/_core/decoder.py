@@ -194,6 +194,15 @@ def fill(snap: EngineSnapshot, groups: list[Group]) -> None:
                 gauges[keys[i]] = gauge  # type: ignore[index]
 
 
+def _judged_by(
+    at: list[int], shards: list[ShardReply], live_in: list[set[str]], rule: Liveness, blind: Liveness
+) -> tuple[set[str], Liveness]:
+    """For an engine held in the shards *at*: its live writers (those of each such shard), and
+    the rule that judges it (*blind*, by its own heartbeat, when a shard's writers are unknown)."""
+    live = live_in[at[0]] if len(at) == 1 else set().union(*(live_in[i] for i in at))
+    return live, rule if all(shards[i].writers.__class__ is list for i in at) else blind
+
+
 class SnapshotDecoder:
     """Turns reads (:class:`Read`) into :class:`Decoded` forms and snapshots.
 
@@ -349,10 +358,8 @@ class SnapshotDecoder:
         engines: list[EngineGroups] = []
         used: set[str] = set()
         for name, (score, parts) in self._engines(shards, skipped).items():
-            at = [i for i, _ in parts]
-            live = live_in[at[0]] if len(at) == 1 else set().union(*(live_in[i] for i in at))
+            live, judge = _judged_by([i for i, _ in parts], shards, live_in, rule, blind)
             chunks, base, owners = self._contents(name, parts, shards, catalog, skipped, used)
-            judge = rule if all(shards[i].writers.__class__ is list for i in at) else blind
             beat = float(score)
             snap = EngineSnapshot(
                 int(name), beat / 1000.0, rule.age(beat), judge.engine_up(beat, owners, live)

@@ -64,13 +64,8 @@ def short_label(value: str, cap: int) -> str:
     return f"{value[:KEPT_CHARACTERS]}...[sha1:{digest}]"
 
 
-def parse_field(
-    name: Any, catalog: Catalog, tags: dict[tuple[float, ...], str], cap: int = 0
-) -> Parsed | str:
-    """(spec, label values, suffix, replaced) of a series field for *catalog*, or the reason it
-    is skipped (*tags*: the bucket tags made so far, by buckets). Only a histogram's field has a
-    suffix. With *cap*, a label value longer than *cap* characters is replaced
-    (:func:`short_label`): one stored value of megabytes never reaches a view whole."""
+def _series_parts(name: Any, catalog: Catalog) -> tuple[MetricSpec, list[str]] | str:
+    """The spec and decoded parts of a series field, or why it is skipped."""
     if name.__class__ is not str:
         return "bad_field"
     try:
@@ -80,20 +75,37 @@ def parse_field(
     spec = catalog.get(parts[0])
     if spec is None:
         return "unknown_metric"
-    extra = 1 if spec.kind == HISTOGRAM else 0
-    if len(parts) != 1 + len(spec.labels) + extra:
+    if len(parts) != 1 + len(spec.labels) + (spec.kind == HISTOGRAM):
         return "bad_field"
-    if extra:
-        tag = tags.get(spec.buckets)
-        if tag is None:
-            tag = tags[spec.buckets] = bucket_tag(spec)
-        if parts[-1] != tag:
-            return "unknown_bucket"  # written with other bucket bounds than the catalogue's
-    values = tuple(parts[1 : 1 + len(spec.labels)])
+    return spec, parts
+
+
+def _capped(values: tuple[str, ...], cap: int) -> tuple[tuple[str, ...], int]:
+    """*values* with those longer than *cap* characters replaced (0: no cap), and how many."""
     replaced = sum(len(v) > cap for v in values) if cap else 0
     if replaced:
         values = tuple(short_label(v, cap) for v in values)
-    return spec, values, parts[-1] if extra else "", replaced
+    return values, replaced
+
+
+def parse_field(
+    name: Any, catalog: Catalog, tags: dict[tuple[float, ...], str], cap: int = 0
+) -> Parsed | str:
+    """(spec, label values, suffix, replaced) of a series field for *catalog*, or the reason it
+    is skipped (*tags*: the bucket tags made so far, by buckets). Only a histogram's field has a
+    suffix. With *cap*, a label value longer than *cap* characters is replaced
+    (:func:`short_label`): one stored value of megabytes never reaches a view whole."""
+    found = _series_parts(name, catalog)
+    if isinstance(found, str):
+        return found
+    spec, parts = found
+    suffix = ""
+    if spec.kind == HISTOGRAM:
+        suffix = tags.get(spec.buckets) or tags.setdefault(spec.buckets, bucket_tag(spec))
+        if parts[-1] != suffix:
+            return "unknown_bucket"  # written with other bucket bounds than the catalogue's
+    values, replaced = _capped(tuple(parts[1 : 1 + len(spec.labels)]), cap)
+    return spec, values, suffix, replaced
 
 
 def _picker(positions: Sequence[int]) -> _Picker:
