@@ -2,7 +2,9 @@
 --
 -- KEYS[1] engines zset, KEYS[2] writers zset, KEYS[3] seq hash, KEYS[4] meta hash,
 -- KEYS[5] claims hash, KEYS[6] conflicts hash, KEYS[7] load hash
--- ARGV: prefix, retention ms, dry run (0/1), drop the catalogue once empty (0/1)
+-- ARGV: prefix, retention ms, dry run (0/1), drop the catalogue once empty (0/1), retention
+--       factor (a writer that did not close is removed only once silent for longer than this
+--       many times the stale_after it declared, as well: config.RETENTION_FACTOR)
 -- Returns {removed engines, removed writers, tombstones dropped, lines folded, lines not folded,
 --          emptied (1: nothing was left, and the shard's remaining keys were deleted)}.
 --
@@ -40,6 +42,7 @@
 -- the slot of KEYS[1]. lines() and escape() come from common.lua (put in front by the loader).
 
 local prefix, retention, dry = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1'
+local factor = tonumber(ARGV[5] or '0') or 0
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cutoff = now - retention
@@ -48,9 +51,26 @@ local writers = {}
 local closed = {}  -- the removed writers that had closed cleanly (a negative heartbeat)
 local staying = {}  -- escaped ids of the writers this call keeps, as their chunk fields name them
 local kept = {}  -- the same writers' ids as they are
+local function declared_ms(w)
+  -- The stale_after (ms) writer w declared in its stats hash; 0 if none or garbage.
+  local v = redis.pcall('HGET', prefix .. 'w:' .. w, 'stale_ms')
+  local ms = type(v) == 'string' and tonumber(v) or 0  -- (tonumber reads nan and inf too)
+  if ms ~= ms or ms < 0 or ms == math.huge then return 0 end
+  return ms
+end
+
+local function gone(w, score)
+  -- Silent (or closed) for longer than the retention; a writer that did not close also for
+  -- longer than factor x its own stale_after: a gc run with a retention too short for a writer
+  -- (configured apart from it) never removes it while readers may still call it live.
+  local at = math.abs(score)
+  if at >= cutoff then return false end
+  return score < 0 or at < now - factor * declared_ms(w)
+end
+
 local all = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
 for j = 1, #all, 2 do
-  if math.abs(tonumber(all[j + 1])) < cutoff then
+  if gone(all[j], tonumber(all[j + 1])) then
     writers[#writers + 1] = all[j]
     closed[all[j]] = tonumber(all[j + 1]) < 0
   else

@@ -24,7 +24,7 @@ from typing import Any
 from redis.exceptions import RedisError, ResponseError
 
 from redis_stats._scripts import Script, load_script
-from redis_stats.config import StatsConfig
+from redis_stats.config import RETENTION_FACTOR, StatsConfig
 from redis_stats.connection import Client, make_client
 from redis_stats.keys import Keys, parse_layouts
 
@@ -64,75 +64,102 @@ def namespace_shards(config: StatsConfig, client: Client) -> list[Keys]:
 
 def collect_garbage(config: StatsConfig, *, dry_run: bool = False, client: Client | None = None) -> GcResult:
     """Remove what is past ``config.retention`` (or, with *dry_run*, only list it), in every
-    shard of the namespace (one ``gc.lua`` call each, under the one lease of shard 0)."""
+    shard of the namespace (one ``gc.lua`` call each, under the one lease of shard 0).
+
+    A writer that did not close is removed only once it is silent for longer than the retention
+    and than :data:`~redis_stats.config.RETENTION_FACTOR` times the ``stale_after`` it declared
+    (gc.lua): a retention too short for a writer configured apart from this process never
+    removes that writer while readers may still call it live."""
     client = client if client is not None else make_client(config)
     keys = Keys(config.namespace)
     token = secrets.token_hex(8)
     if not dry_run and not client.set(keys.gc_lock, token, nx=True, px=GC_LEASE_MS):
         return GcResult(skipped=True)
-    out = GcResult()
     try:
-        script = Script(client, load_script("gc"))
-        shards = namespace_shards(config, client)
-        live: list[dict[str, float] | None] = [None]
-        if len(shards) > 1:
-            live = _engine_heartbeats(client, shards)
-        stale: dict[str, int] = {}  # engine -> in how many shards gc finds it silent
-        held: dict[str, int] = {}  # ... and in how many shards collected it is listed
-        emptied = 0  # shards left with nothing (their keys deleted)
-        # Shard 0 last: its catalogue lists K, dropped only once every other shard is empty.
-        order = list(zip(shards, live))
-        order = order[1:] + order[:1]
-        for shard, beats in order:
+        return _Collection(config, client, dry_run).run()
+    finally:
+        if not dry_run and client.get(keys.gc_lock) == token:
+            client.delete(keys.gc_lock)
+
+
+class _Collection:
+    """One collection of every shard of a namespace, under the lease: shard 0 last (its
+    catalogue lists K, dropped only once every other shard is empty)."""
+
+    def __init__(self, config: StatsConfig, client: Client, dry_run: bool) -> None:
+        self.config, self.client, self.dry_run = config, client, dry_run
+        self.script = Script(client, load_script("gc"))
+        self.shards = namespace_shards(config, client)
+        self.live: list[dict[str, float] | None] = [None]
+        if len(self.shards) > 1:
+            self.live = _engine_heartbeats(client, self.shards)
+        self.out = GcResult()
+        self.stale: dict[str, int] = {}  # engine -> in how many shards gc finds it silent
+        self.held: dict[str, int] = {}  # ... and in how many shards collected it is listed
+        self.emptied = 0  # shards left with nothing (their keys deleted)
+
+    def run(self) -> GcResult:
+        order = list(zip(self.shards, self.live))
+        for shard, beats in order[1:] + order[:1]:
             try:
-                if not dry_run and len(shards) > 1:
-                    # After K changed, a live engine's old shard hears from it no more: give that
-                    # shard the engine's newest heartbeat of any shard, so gc removes an engine
-                    # only once it is silent everywhere (its old data is part of its live
-                    # counters). If that fails (NOPERM: no ZADD), the shard is not collected:
-                    # gc.lua would delete a live engine's old part there.
-                    _share_heartbeats(client, shard, beats, live)
-                last = shard is shards[0]
-                engines, writers, tombstones, folded, unfolded, gone = script(
-                    keys=[
-                        shard.engines,
-                        shard.writers,
-                        shard.seq,
-                        shard.meta,
-                        shard.claims,
-                        shard.conflicts,
-                        shard.load,
-                    ],
-                    args=[
-                        shard.prefix,
-                        int(config.retention * 1000),
-                        "1" if dry_run else "0",
-                        "1" if not last or emptied == len(shards) - 1 else "0",
-                    ],
-                )
-                emptied += int(gone)
+                found = self._collect(shard, beats)
             except RedisError as exc:
                 # A key of the wrong type (garbage) in one shard, a right the user lacks, or a
                 # shard that cannot be reached (its master down or cut off from this host: a
                 # timeout, a refused connection) costs that shard's collection only: the others
                 # are self-contained and still collected.
-                out.failed[shard.prefix] = str(exc).split("\n")[0][:200]
+                self.out.failed[shard.prefix] = str(exc).split("\n")[0][:200]
                 continue
-            for e in engines:
-                stale[e] = stale.get(e, 0) + 1
-            for e in beats or engines:
-                held[e] = held.get(e, 0) + 1
-            out.writers += (w for w in writers if w not in out.writers)
-            out.tombstones += tombstones
-            out.folded += int(folded)
-            out.unfolded += int(unfolded)
-    finally:
-        if not dry_run and client.get(keys.gc_lock) == token:
-            client.delete(keys.gc_lock)
-    # An engine is removed when it is silent in every shard holding it (a dry run's lists were
-    # made without the shared heartbeats: the same rule, applied here).
-    out.engines = sorted(int(e) for e, n in stale.items() if n >= held.get(e, 0))
-    return out
+            self._tally(found, beats)
+        # An engine is removed when it is silent in every shard holding it (a dry run's lists
+        # were made without the shared heartbeats: the same rule, applied here).
+        self.out.engines = sorted(int(e) for e, n in self.stale.items() if n >= self.held.get(e, 0))
+        return self.out
+
+    def _collect(self, shard: Keys, beats: dict[str, float] | None) -> list[Any]:
+        """``gc.lua``'s answer for *shard*."""
+        many = len(self.shards) > 1
+        if not self.dry_run and many:
+            # After K changed, a live engine's old shard hears from it no more: give that shard
+            # the engine's newest heartbeat of any shard, so gc removes an engine only once it
+            # is silent everywhere (its old data is part of its live counters). If that fails
+            # (NOPERM: no ZADD), the shard is not collected: gc.lua would delete a live
+            # engine's old part there.
+            _share_heartbeats(self.client, shard, beats, self.live)
+        last = shard is self.shards[0]
+        drop_meta = not last or self.emptied == len(self.shards) - 1
+        found: list[Any] = self.script(
+            keys=[
+                shard.engines,
+                shard.writers,
+                shard.seq,
+                shard.meta,
+                shard.claims,
+                shard.conflicts,
+                shard.load,
+            ],
+            args=[
+                shard.prefix,
+                int(self.config.retention * 1000),
+                "1" if self.dry_run else "0",
+                "1" if drop_meta else "0",
+                RETENTION_FACTOR,
+            ],
+        )
+        self.emptied += int(found[5])
+        return found
+
+    def _tally(self, found: list[Any], beats: dict[str, float] | None) -> None:
+        engines, writers, tombstones, folded, unfolded, _ = found
+        for e in engines:
+            self.stale[e] = self.stale.get(e, 0) + 1
+        for e in beats or engines:
+            self.held[e] = self.held.get(e, 0) + 1
+        out = self.out
+        out.writers += (w for w in writers if w not in out.writers)
+        out.tombstones += tombstones
+        out.folded += int(folded)
+        out.unfolded += int(unfolded)
 
 
 def _engine_heartbeats(client: Client, shards: list[Keys]) -> list[dict[str, float] | None]:

@@ -153,3 +153,37 @@ def test_gc_deletes_a_namespace_it_emptied_so_it_is_no_longer_listed(config, cat
     assert again.flush()
     assert StatsReader(cfg, catalog, client=fake_client()).snapshot().engines[0].counter("tokens") == 2
     again.close()
+
+
+def test_gc_with_a_retention_too_short_for_a_writer_keeps_it_while_readers_may_call_it_live(
+    config, catalog, fake_client
+):
+    # The writer declares stale_after 100 s (readers call it live that long); gc runs with its
+    # own config, retention 60 s. Silent 120 s: still within 2 x its stale_after, kept whole.
+    patient = StatsWriter(
+        config.replace(stale_after=100, retention=200),
+        catalog,
+        engines=[0],
+        client=fake_client(),
+        start=False,
+    )
+    patient.counter("tokens").labels(engine=0).inc(7)
+    assert patient.flush()
+    client = fake_client()
+    keys = Keys(config.namespace)
+    gc_config = config.replace(retention=60)
+    age(client, keys, engine=0, writer=patient.writer_id, seconds=120)
+    kept = collect_garbage(gc_config, client=client)
+    assert (kept.engines, kept.writers) == ([], [])
+    assert StatsReader(config, catalog, client=fake_client()).snapshot().engines[0].counter("tokens") == 7
+    # Silent past 2 x 100 s: removed as any writer past the retention (its totals folded).
+    age(client, keys, engine=0, writer=patient.writer_id, seconds=201)
+    assert collect_garbage(gc_config, client=client).writers == [patient.writer_id]
+    # Garbage for a declared stale_after (inf, nan, a word) protects no writer.
+    other = StatsWriter(config, catalog, engines=[1], client=fake_client(), start=False)
+    assert other.flush()
+    for bad in ("inf", "nan", "-5", "soon"):
+        client.hset(keys.writer_stats(other.writer_id), "stale_ms", bad)
+        age(client, keys, writer=other.writer_id, seconds=120)
+        assert collect_garbage(gc_config, client=client, dry_run=True).writers == [other.writer_id], bad
+    patient._closed = other._closed = True

@@ -105,7 +105,11 @@ def test_a_writer_paused_past_twice_the_retention_is_counted_exactly_once(redis_
     """gc folds the paused writer; the other writer keeps the engine live. Resumed after twice
     the retention, the paused one must not apply its totals again (160 expected, 260 read)."""
     gc_cfg = _cfg(redis_server.url, namespace, retention=0.3, stale_after=0.15, flush_interval=0.05)
-    paused = StatsWriter(_cfg(redis_server.url, namespace), sample_catalog(), engines=[0], start=False)
+    # Configured as the fleet's gc is: gc removes a writer only once silent for 2 x its stale_after.
+    fleet = {"retention": 0.3, "stale_after": 0.15}
+    paused = StatsWriter(
+        _cfg(redis_server.url, namespace, **fleet), sample_catalog(), engines=[0], start=False
+    )
     other = StatsWriter(_cfg(redis_server.url, namespace), sample_catalog(), engines=[0], start=False)
     paused.counter("tokens").labels(engine=0).inc(100)
     other.counter("tokens").labels(engine=0).inc(50)

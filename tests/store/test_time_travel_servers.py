@@ -510,7 +510,9 @@ def test_a_writer_paused_with_a_flush_in_flight_past_twice_the_retention_is_coun
     other.counter("tokens").labels(engine=0).inc(50)
     assert other.flush()  # the script is loaded: the cut below is the flush's own reply
     proxy = CuttingProxy(redis_server.port)
-    w = StatsWriter(_cfg(proxy.url, namespace), sample_catalog(), engines=[0], start=False)
+    # Configured as the fleet's gc is: gc removes a writer only once silent for 2 x its stale_after.
+    fleet = {"retention": 0.3, "stale_after": 0.15}
+    w = StatsWriter(_cfg(proxy.url, namespace, **fleet), sample_catalog(), engines=[0], start=False)
     tokens = w.counter("tokens").labels(engine=0)
     seq = redis.Redis.from_url(url, decode_responses=True)
     try:
