@@ -44,8 +44,9 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 import redis
 from redis.utils import HIREDIS_AVAILABLE
 
-from redis_stats._core.accumulator import DUPLICATE, Accumulator, FlushProtocol, FlushResult
+from redis_stats._core.accumulator import Accumulator
 from redis_stats._core.liveness import STALE_FIELD
+from redis_stats._core.protocol import DUPLICATE, FlushProtocol, FlushResult
 from redis_stats._core.steps import Steps, run
 from redis_stats._scripts import Script, load_script
 from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, CatalogError, MetricSpec

@@ -9,8 +9,9 @@ from __future__ import annotations
 import threading
 
 from redis_stats import Catalog
-from redis_stats._core.accumulator import Accumulator, Batch, FlushProtocol
+from redis_stats._core.accumulator import Accumulator
 from redis_stats._core.chunks import Series
+from redis_stats._core.protocol import Batch, FlushProtocol
 
 
 def _catalog() -> Catalog:
