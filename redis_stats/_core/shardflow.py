@@ -4,9 +4,9 @@ A writer of a namespace split into K shards (option ``shards``) keeps K of these
 namespace is K = 1, a list of one. Each holds everything the writer knows of its shard: its
 totals and the specs it has yet to store there (:mod:`redis_stats._core.accumulator` fills them),
 its sequence numbers, the batch in flight and the last one Redis confirmed (the flush protocol,
-:mod:`redis_stats._core.protocol`),
-its server's clock, and the writer's id there. Nothing here is shared between shards, so a
-shard whose call fails keeps and retries its own batch while the others carry on.
+:mod:`redis_stats._core.protocol`), its server's clock, and the writer's id there. Nothing here is
+shared between shards, so a shard whose call fails keeps and retries its own batch while the
+others carry on.
 
 Nothing here locks: :class:`~redis_stats._core.accumulator.Accumulator` says which parts it
 touches under the record lock (``unsent``) and which only from the collector (everything else).
