@@ -7,10 +7,11 @@ What a record call does (the hot path: memory only, never raises), and what a ta
   take puts it on the dirty list (:meth:`~redis_stats._core.accumulator.Accumulator.enlist`). No
   allocation per update. A value that is not a real number in range is dropped and counted
   (``invalid_value``), never raised.
-- Two delta slots per child, one per *generation* (``gen & 1``): recorders write the slot of the
-  current generation; a take bumps the generation (under the lock) and then reads and resets the
-  slot of the generation it swapped out without the lock (``_take``): until the next take, which
-  waits for this one, recorders write the other slot. No update is lost or doubled.
+- Two delta slots per counter and histogram, one per *generation* (``gen & 1``): recorders
+  write the slot of the current generation; a take bumps the generation (under the lock) and then
+  reads and resets the slot of the generation it swapped out without the lock (``_take``): until
+  the next take, which waits for this one, recorders write the other slot. No update is lost or
+  doubled. A gauge keeps one ``(stamp, value)`` tuple, read whole by the take.
 - Stand-ins with the same methods: :class:`DroppedChild` for a series that may not be stored
   (over cardinality, label too long), and per kind a conflict class (:data:`CONFLICT_CLASS`)
   that a live child switches to when its metric's definition conflicts with the stored one.
