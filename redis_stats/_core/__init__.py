@@ -1,4 +1,4 @@
-"""The I/O-free core: field codec, accumulator and flush protocol, snapshot decoding.
+"""The I/O-free core: field codec, series, accumulator and flush protocol, snapshot decoding.
 
 Private: the public names are re-exported by :mod:`redis_stats`.
 """

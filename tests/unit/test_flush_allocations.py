@@ -21,7 +21,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from redis_stats import Catalog
-from redis_stats._core.accumulator import Accumulator, FlushProtocol, FlushResult
+from redis_stats._core.accumulator import Accumulator
+from redis_stats._core.protocol import FlushProtocol, FlushResult
 from tests.conftest import ROOT
 
 APPLIED = FlushResult(status=1, server_time_ms=0)

@@ -5,7 +5,8 @@ import math
 import threading
 
 from redis_stats import Catalog
-from redis_stats._core.accumulator import Accumulator, FlushProtocol, FlushResult
+from redis_stats._core.accumulator import Accumulator
+from redis_stats._core.protocol import FlushProtocol, FlushResult
 
 
 def _catalog() -> Catalog:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import threading
 
 from redis_stats import Catalog
-from redis_stats._core.accumulator import Accumulator, Batch, FlushProtocol
+from redis_stats._core.accumulator import Accumulator
 from redis_stats._core.chunks import Series
+from redis_stats._core.protocol import Batch, FlushProtocol
 
 
 def _catalog() -> Catalog:
@@ -118,11 +119,11 @@ def test_threads_hammering_every_kind_while_batches_are_taken_exact_totals():
 def test_sliced_packer_sends_the_bytes_redis_py_would():
     from redis.connection import HiredisRespSerializer
 
-    from redis_stats.writer import _SlicedPacker
+    from redis_stats.writer.packing import SlicedPacker
 
     big = ("EVALSHA", "f" * 40, 6, *(f"k{i}" for i in range(6)), *(f"v{i}é" for i in range(10_000)), 1.5, 7)
     for args in (big, ("SCRIPT LOAD", "return 1"), (b"SCRIPT LOAD", bytearray(b"x")), ("PING",)):
-        sliced = b"".join(bytes(c) for c in _SlicedPacker().pack(*args))
+        sliced = b"".join(bytes(c) for c in SlicedPacker().pack(*args))
         assert sliced == b"".join(HiredisRespSerializer().pack(*args))
 
 

@@ -1,0 +1,280 @@
+"""The exactly-once flush protocol: what a flush sends (:class:`Batch`), what Redis answers
+(:class:`FlushResult`, statuses :data:`DUPLICATE` :data:`APPLIED` :data:`REMOVED` :data:`BEHIND`)
+and the sequence numbers between the two (:class:`FlushProtocol`).
+
+A batch keeps its sequence number and contents until Redis confirms it (applied, or already
+applied). A lost reply is retried with the same number; the script skips numbers it has seen, so
+nothing is applied twice. New updates wait in the accumulator's dirty list for the next number,
+so an outage costs memory per series, never per update.
+
+Per shard of the namespace (option ``shards`` = K > 1), one
+:class:`~redis_stats._core.shardflow.ShardFlow` holds the shard's sequence, batch in flight and
+last confirmed batch: a shard whose call fails keeps and retries its own batch while the others
+carry on. Nothing here touches the network: the threaded and the asyncio writer share it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from redis_stats._core import fields
+from redis_stats._core.chunks import Chunk
+from redis_stats._core.shardflow import ShardFlow
+from redis_stats.catalog import MetricSpec
+from redis_stats.keys import SCHEMA_VERSION, Keys
+
+if TYPE_CHECKING:  # what the protocol takes batches from (accumulator.py imports this module)
+    from redis_stats._core.accumulator import Accumulator
+
+__all__ = ["APPLIED", "BEHIND", "DUPLICATE", "REMOVED", "Batch", "FlushProtocol", "FlushResult"]
+
+
+@dataclass
+class Batch:
+    """One flush: catalogue specs to store, and per engine the chunks of the writer's absolute
+    state that changed (see :mod:`redis_stats._core.chunks`).
+
+    Built once, then sent as-is until Redis confirms it; ``seq`` never changes. It holds no copy
+    of the series: the texts it sends are on its chunks, which no other take touches until this
+    batch is answered (a shard takes again only then).
+    """
+
+    seq: int = 0
+    specs: list[MetricSpec] = field(default_factory=list)
+    engines: dict[int, int] = field(default_factory=dict)
+    """engine -> how many of its series changed (0: heartbeated only)."""
+    closing: bool = False
+    chunks: dict[int, list[Chunk]] = field(default_factory=dict)
+    """engine -> its chunks that changed, in index order (texts in ``sent_values``/``sent_names``)."""
+    confirmed: int = 0
+    """The writer's last batch Redis confirmed applied in this shard when this one was made (0:
+    this batch carries the writer's whole state there), and the server time it was applied at:
+    how the script tells a store that went back in time (see ``flush.lua``)."""
+    confirmed_ms: int = 0
+
+    @property
+    def sent(self) -> dict[int, list[Chunk]]:
+        """What confirming this batch means (:meth:`redis_stats._core.chunks.Totals.confirm`)."""
+        return self.chunks
+
+    def series(self) -> int:
+        """How many series (counters, gauges, histograms) changed in this batch."""
+        return sum(self.engines.values())
+
+    def block_engines(self) -> list[int]:
+        """The engines of this batch's blocks, in the order of its arguments (and keys)."""
+        return list(dict.fromkeys([*self.engines, *self.chunks]))
+
+    def script_keys(self, keys: Keys, writer_id: str) -> list[str]:
+        """The KEYS of ``flush.lua`` for this batch: every key it may touch (a Redis Cluster
+        requires them declared), the engine hashes in the order of :meth:`script_args`' blocks."""
+        fixed = [keys.seq, keys.engines, keys.writers, keys.meta, keys.claims, keys.conflicts]
+        fixed += (keys.writer_stats(writer_id), keys.load)
+        return [*fixed, *[keys.counters(e) for e in self.block_engines()]]
+
+    def script_args(
+        self,
+        prefix: str,
+        writer_id: str,
+        *,
+        owner: str = "",
+        stale_ms: int = 0,
+        claims: Iterable[int] = (),
+        stats: list[str] | tuple[str, ...] = (),
+        load: list[str] | tuple[str, ...] = (),
+    ) -> list[str]:
+        """The ARGV of ``flush.lua`` for this batch.
+
+        *owner* claims the *claims* engines for conflict detection; *stats* are the writer's
+        self-metrics that changed, as ``field, value`` pairs, and *load* its load entries, as
+        ``engine, entry`` pairs (both absolute values: safe to send again).
+        """
+        claimed = [str(e) for e in claims]
+        args = [
+            prefix,
+            writer_id,
+            str(self.seq),
+            "1" if self.closing else "0",
+            SCHEMA_VERSION,
+            owner,
+            str(stale_ms),
+            str(self.confirmed),
+            str(self.confirmed_ms),
+            str(len(claimed)),
+            *claimed,
+            str(len(stats) // 2),
+            *stats,
+            str(len(self.specs)),
+        ]
+        for spec in self.specs:
+            args += (spec.name, spec.to_json())
+        args.append(str(len(load) // 2))
+        args += load
+        head = fields.chunk_field(writer_id, 0)[:-1]  # "@|<writer>|": the writer escaped once
+        names_suffix = fields.NAMES_SUFFIX
+        append = args.append
+        for engine in self.block_engines():
+            taken = self.chunks.get(engine, ())
+            append(str(engine))
+            append(str(len(taken) + sum(1 for c in taken if c.send_names)))
+            for chunk in taken:
+                name = head + str(chunk.index)
+                if chunk.send_names:
+                    append(name + names_suffix)
+                    append(chunk.sent_names)
+                append(name)
+                append(chunk.sent_values)
+        return args
+
+
+DUPLICATE, APPLIED, REMOVED, BEHIND = 0, 1, 2, 3
+"""The statuses of ``flush.lua``'s reply (see :class:`FlushResult`)."""
+
+
+@dataclass(frozen=True)
+class FlushResult:
+    """What the flush script answered."""
+
+    status: int
+    """APPLIED now; DUPLICATE (an earlier attempt applied it, its reply was lost); REMOVED (gc
+    folded this writer: nothing applied, it continues under a new id); BEHIND (the shard lacks
+    what this writer saw confirmed — Redis restarted empty or went back in time: nothing applied,
+    the writer sends its whole state next)."""
+    server_time_ms: int
+    conflicts: int = 0
+    catalog_conflicts: tuple[str, ...] = ()
+    """Metrics whose spec in this batch conflicts with the definition stored first in Redis."""
+    refused_series: int = 0
+    """Series of this batch not written because their metric's spec conflicts."""
+    load_error: str = ""
+    """Why the batch's load entries were not stored ('' when they were, or it had none); the
+    batch itself was applied."""
+
+    @property
+    def applied(self) -> bool:
+        """Applied now (False: applied by an earlier attempt, or not at all)."""
+        return self.status == APPLIED
+
+    @property
+    def writer_removed(self) -> bool:
+        """gc removed this writer (and folded what Redis held of it): nothing of this batch was
+        applied; the writer continues under a new id with the rest of its totals."""
+        return self.status == REMOVED
+
+    @property
+    def store_behind(self) -> bool:
+        """The shard lacks what this writer saw confirmed: nothing applied; send everything."""
+        return self.status == BEHIND
+
+    @classmethod
+    def from_reply(cls, reply: list[Any]) -> FlushResult:
+        """Parse the script's reply ``{status, now, conflicts, {metric, ...}, refused series[,
+        load error]}`` (the last only when the batch was applied)."""
+        status, now, conflicts = (int(x) for x in reply[:3])
+        names = tuple(x.decode() if isinstance(x, bytes) else str(x) for x in reply[3])
+        load_error = reply[5] if len(reply) > 5 else ""
+        if isinstance(load_error, bytes):
+            load_error = load_error.decode(errors="replace")
+        return cls(status, now, conflicts, names, int(reply[4]), str(load_error))
+
+
+class FlushProtocol:
+    """Sequence numbers and the in-flight batch: what to send next, and what an answer means.
+
+    Per shard of the namespace (one for an unsharded one), on the accumulator's flows: each has
+    its own numbers and batch, confirmed by its own answer (see the module docstring).
+    ``in_flight``, ``next_seq``, :meth:`next_batch` and :meth:`confirmed` without a shard are
+    shard 0's.
+    """
+
+    def __init__(self, acc: Accumulator) -> None:
+        self.acc = acc
+        self.flows = acc.flows
+
+    @property
+    def in_flight(self) -> Batch | None:
+        """Shard 0's unconfirmed batch."""
+        return self.flows[0].in_flight
+
+    @in_flight.setter
+    def in_flight(self, batch: Batch | None) -> None:
+        self.flows[0].in_flight = batch
+
+    @property
+    def next_seq(self) -> int:
+        """Shard 0's next sequence number."""
+        return self.flows[0].next_seq
+
+    def next_batch(self, engines: Iterable[int] = (), *, closing: bool = False) -> Batch:
+        """The batch to send now: the unconfirmed one again, else a new one with the next number
+        (of shard 0: the whole namespace unless it is sharded)."""
+        return self.next_batches(engines, closing=closing, always=(0,))[0]
+
+    def next_batches(
+        self, engines: Iterable[int] = (), *, closing: bool = False, always: Iterable[int] = (0,)
+    ) -> dict[int, Batch]:
+        """Shard -> the batch to send it now: its unconfirmed one again, else a new one with its
+        next number. The shards of *always* get one every time (heartbeats, self-metrics), the
+        others once they have data (and from then on)."""
+        wanted = set(always) | {f.index for f in self.flows if f.active}
+        idle = [f for f in self.flows if f.in_flight is None]
+        if idle and (wanted.intersection(f.index for f in idle) or self.acc.dirty):
+            self._take(idle, engines, wanted)
+        return self._sending(sorted(wanted), closing)
+
+    def _take(self, idle: list[ShardFlow], engines: Iterable[int], wanted: set[int]) -> None:
+        """Take a new batch for each *idle* shard (none in flight) and send those of *wanted*,
+        and those that got their first data (added to *wanted*)."""
+        seqs = {f.index: f.next_seq for f in idle}
+        resend = [f.index for f in idle if f.resend_all]
+        for shard, batch in self.acc.take_shards(seqs, engines, resend=resend).items():
+            if shard in wanted or self._first_data(shard, batch):
+                self.flows[shard].send(batch)
+                wanted.add(shard)
+
+    def _first_data(self, shard: int, batch: Batch) -> bool:
+        """Whether *batch* is the first with data for a shard not written to yet (which then gets
+        a call every round); if not, no call, and its specs wait for its first data."""
+        if not batch.engines and not batch.chunks:
+            self.acc.requeue_specs(batch.specs, shard)
+            return False
+        self.flows[shard].active = True
+        return True
+
+    def _sending(self, shards: list[int], closing: bool) -> dict[int, Batch]:
+        """Shard -> its batch in flight, for each of *shards* that has one; with *closing*, the
+        batches that leave nothing behind say the writer closes."""
+        out: dict[int, Batch] = {}
+        for shard in shards:
+            flow = self.flows[shard]
+            sending = flow.in_flight
+            if sending is None:
+                continue
+            if closing and not self.acc.dirty and not flow.owed:
+                # Only the heartbeat depends on this flag, never the data: safe on a retried batch.
+                sending.closing = True
+            out[shard] = sending
+        return out
+
+    def confirmed(self, result: FlushResult, shard: int = 0) -> None:
+        """Redis answered *shard*'s call: its in-flight batch is applied (now or by an earlier
+        attempt), or nothing of it was: gc had removed this writer there, or the store is behind
+        what it confirmed before (both: the next batch carries everything)."""
+        self.acc.anchor(shard, result.server_time_ms)
+        batch = self.flows[shard].answered(result)
+        if batch is not None and not result.applied and batch.specs:
+            # An earlier attempt applied it, but its answer (which would name catalogue conflicts)
+            # was lost: send the specs again, so the script can tell us.
+            self.acc.requeue_specs(batch.specs, shard)
+
+    def in_flight_series(self) -> int:
+        """Series in the batches sent but not confirmed yet (0 if none)."""
+        return sum(f.in_flight.series() for f in self.flows if f.in_flight is not None)
+
+    def has_pending(self) -> bool:
+        """Whether anything is waiting to be sent (in flight, dirty, or owed to a shard)."""
+        # A shard owed the writer's whole state (gc removed it, or the store went back in time)
+        # is pending too: a closing writer must store it before it stops.
+        return any(f.pending() or f.owed for f in self.flows) or bool(self.acc.dirty)

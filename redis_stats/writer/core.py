@@ -1,0 +1,463 @@
+"""The writer without its I/O: :class:`WriterCore`.
+
+Catalogue, series, sequence numbers and self-metrics; what each flush sends and what each answer
+means (applied, already applied, gc removed the writer, the store is behind, catalogue and
+engine conflicts, a ``WAIT`` reply); when a close tries again or gives up. The blocking writer
+(:mod:`redis_stats.writer.blocking`) carries its steps out with a thread, the asyncio one
+(:mod:`redis_stats.aio.writer`) with a task, so the exactly-once protocol
+(:mod:`redis_stats._core.protocol`) is driven by one piece of code.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import redis
+
+from redis_stats._core.accumulator import Accumulator
+from redis_stats._core.liveness import STALE_FIELD
+from redis_stats._core.protocol import DUPLICATE, FlushProtocol, FlushResult
+from redis_stats._core.steps import Steps
+from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, CatalogError, MetricSpec
+from redis_stats.config import ConfigError, StatsConfig
+from redis_stats.errors import ReplicationLag, error_kind
+from redis_stats.keys import Keys, shard_of
+from redis_stats.load import LoadMap, LoadTracker
+from redis_stats.writer import forking
+from redis_stats.writer.handles import CounterSeries, GaugeSeries, HistogramSeries, MetricHandle
+from redis_stats.writer.identity import check_engines, check_identity, new_writer_id
+from redis_stats.writer.stats import WriterStats
+
+__all__ = ["WriterCore"]
+
+# The package's name: what hosts configure logging by (warnings of the blocking writer too).
+log = logging.getLogger("redis_stats.writer")
+
+
+class WriterCore:
+    """A writer without its I/O: catalogue, series, sequence numbers and self-metrics, what each
+    flush sends and what each answer means.
+
+    :class:`StatsWriter` (a thread) and :class:`redis_stats.aio.AsyncStatsWriter` (a task) wrap
+    it, so the exactly-once protocol exists once.
+    """
+
+    def __init__(
+        self,
+        config: StatsConfig | None = None,
+        catalog: Catalog | None = None,
+        *,
+        engines: tuple[int, ...] | list[int] = (),
+        writer_id: str | None = None,
+        role: str = "",
+        owner: str = "",
+        load: LoadMap | None = None,
+    ) -> None:
+        self.config = config or StatsConfig.from_env()
+        # The load feed's fields (redis_stats/load.py): which series feed them, and their entries.
+        self.load = LoadTracker(load) if load is not None else None
+        self.catalog = catalog if catalog is not None else Catalog()
+        check_identity("role", role)
+        check_identity("owner", owner)
+        if owner and "|" in owner:
+            # Stored as "<owner>|<ms>" in the claims hash and joined with "|" in the conflicts hash.
+            raise ConfigError(
+                f"owner={owner!r} contains '|', which separates owners in Redis; use another character"
+            )
+        if writer_id is not None:
+            check_identity("writer_id", writer_id)
+        self._role = role
+        self.owner = owner
+        self.writer_id = writer_id or new_writer_id(role)
+        self.keys = Keys(self.config.namespace)
+        self.engines = check_engines(engines)
+        self.stats = WriterStats()
+        k = self.shards = self.config.shards
+        offset = self.config.engine_offset
+        heartbeat = {shard_of(e + offset, k) for e in self.engines}
+        # The writer's self-metrics (w:<id>) live in one shard only, so readers never count them
+        # twice: shard 0 if it writes shard 0's engines (always when unsharded), else the lowest.
+        self.home = min(heartbeat, default=0)
+        self._always = tuple(sorted(heartbeat | {self.home}))
+        # Whether shard 0's catalogue lists this K (readers configured otherwise find the shards).
+        self.shards_noted = k == 1
+        self._acc = Accumulator(
+            self.catalog,
+            max_label_length=self.config.max_label_length,
+            max_series_per_metric=self.config.max_series_per_metric,
+            engine_offset=offset,
+            shards=k,
+            writer_id=self.writer_id,
+        )
+        # One flow per shard (its totals, sequence, batch in flight and the writer's id there).
+        self._flows = self._acc.flows
+        self._protocol = FlushProtocol(self._acc)
+        self._closed = False
+        # Self-metrics Redis holds for this writer (as far as we know), and those the flush in
+        # flight sends: only the ones that changed go with a flush (each field costs Redis time).
+        self._stats_stored: dict[str, str] = {}
+        self._stats_sent: list[str] = []
+        forking.track(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(id={self.writer_id!r}, url={self.config.safe_url!r}, "
+            f"namespace={self.config.namespace!r}, engines={list(self.engines)})"
+        )
+
+    # -- defining and binding ---------------------------------------------------------------
+
+    def metric(self, name: str) -> MetricHandle[Any]:
+        """The handle of metric *name* (CatalogError if the catalogue does not define it)."""
+        return MetricHandle(self, self.catalog[name])
+
+    def series(self, spec: MetricSpec, engine: int, values: tuple[str, ...]) -> object:
+        """The series of *spec* for *engine* and label *values*, made on first use (what
+        :meth:`MetricHandle.labels` returns, typed there by the metric's kind)."""
+        child = self._acc.child(spec, engine, values, self.writer_id)
+        if self.load is None:
+            return child
+        return self.load.bind(spec, engine + self.config.engine_offset, values, child)
+
+    def _kind(self, name: str, kind: str) -> MetricHandle[Any]:
+        handle = self.metric(name)
+        if handle.spec.kind != kind:
+            raise CatalogError(f"metric {name!r} is a {handle.spec.kind}, not a {kind}")
+        return handle
+
+    def counter(self, name: str) -> MetricHandle[CounterSeries]:
+        """The handle of counter *name*."""
+        return self._kind(name, COUNTER)
+
+    def gauge(self, name: str) -> MetricHandle[GaugeSeries]:
+        """The handle of gauge *name*."""
+        return self._kind(name, GAUGE)
+
+    def histogram(self, name: str) -> MetricHandle[HistogramSeries]:
+        """The handle of histogram *name*."""
+        return self._kind(name, HISTOGRAM)
+
+    def define(self, spec: MetricSpec) -> MetricHandle[Any]:
+        """Add *spec* to the catalogue after start; it is stored in Redis with the next flush."""
+        return MetricHandle(self, self._acc.add_spec(spec))
+
+    def add_engines(self, engines: tuple[int, ...] | list[int]) -> None:
+        """Heartbeat *engines* too from the next flush on (a bridge learns a source's engines
+        as it scrapes them); refused as at construction when one is not an int >= 0."""
+        self.engines = tuple(sorted({*self.engines, *check_engines(engines)}))
+        offset, k = self.config.engine_offset, self.shards
+        self._always = tuple(sorted({shard_of(e + offset, k) for e in self.engines} | {self.home}))
+
+    def count_drop(self, reason: str, n: int = 1) -> None:
+        """Count *n* updates dropped before they reached this writer, by *reason* (a bridge's
+        refused scrape): stored with the self-metrics, as ``redis_stats_writer_dropped_updates``."""
+        self._acc.drop(reason, n)
+
+    @property
+    def drops(self) -> dict[str, int]:
+        """Updates dropped on the hot path, by reason (invalid_value, label_too_long, ...)."""
+        return dict(self._acc.drops)
+
+    @property
+    def shard_ids(self) -> list[str]:
+        """The writer's id in each shard: the same, until gc removes it in one shard (a long
+        pause) and it continues there under a new one (see :meth:`flush_succeeded`)."""
+        return [flow.writer_id for flow in self._flows]
+
+    def pending(self) -> bool:
+        """Whether any update has not been confirmed by Redis yet."""
+        return self._protocol.has_pending()
+
+    def _before_fork(self) -> None:
+        """In the parent, just before fork(), before the record lock is taken (no I/O)."""
+
+    def _forked(self) -> None:
+        """In a child process after fork(): become a new writer with nothing pending.
+
+        Runs in the at-fork hook (no thread may be started here, no I/O done). The parent's
+        pending and in-flight data stay the parent's: the child must not send them again.
+        """
+        self.writer_id = new_writer_id(self._role)
+        self.stats = WriterStats()
+        self._stats_stored, self._stats_sent = {}, []
+        self._acc.forget_pending(self.writer_id)
+        self._protocol = FlushProtocol(self._acc)
+        if self.load is not None:
+            self.load.forked()
+
+    def lost_summary(self) -> str:
+        """What is not confirmed by Redis yet, in words (for the line logged when it is given up)."""
+        series, pending = self._protocol.in_flight_series(), self._acc.pending_series()
+        if self.shards == 1:
+            return f"{series} series in the unconfirmed batch and {pending} more changed since"
+        # Sharded: changes for a shard whose batch is in flight wait in its totals (owed), not
+        # in the dirty list; and say which shards did not confirm.
+        owed = self._acc.owed_series()
+        behind = [f for f in self._flows if f.in_flight is not None or f.owed]
+        where = ", ".join(f"{f.index} ({f.keys(self.keys, self.shards).root})" for f in behind) or "none"
+        return (
+            f"{series} series in the unconfirmed batches and {pending + owed} more changed since "
+            f"(shards not confirmed: {where})"
+        )
+
+    # -- the flush protocol, without I/O -------------------------------------------------------
+
+    def prepare_flush(self, *, closing: bool = False) -> tuple[list[str], list[str]]:
+        """KEYS and ARGV of the next flush of an unsharded namespace: the unconfirmed batch
+        again, or a new one (with ``shards`` > 1: :meth:`prepare_flushes`)."""
+        calls = self.prepare_flushes(closing=closing)
+        if len(calls) != 1 or calls[0][0] != 0:
+            raise ValueError(f"{len(calls)} shard calls: use prepare_flushes() with shards={self.shards}")
+        return calls[0][1], calls[0][2]
+
+    def prepare_flushes(self, *, closing: bool = False) -> list[tuple[int, list[str], list[str]]]:
+        """``(shard, KEYS, ARGV)`` of each script call of the next flush round: one per shard
+        this writer writes to (one in all when the namespace is not sharded), each the shard's
+        unconfirmed batch again, or a new one."""
+        batches = self._protocol.next_batches(self.engines, closing=closing, always=self._always)
+        offset, k = self.config.engine_offset, self.shards
+        stale_ms = int(self.config.stale_after * 1000)
+        calls = []
+        for shard, batch in batches.items():
+            flow = self._flows[shard]
+            # Computed when first used (and cached): with K = 64 the 63 tags cost ~0.3 s of CPU,
+            # and a writer of one engine (the vLLM layout) only ever needs one or two.
+            keys = flow.keys(self.keys, k)
+            claims = (
+                [e + offset for e in self.engines if shard_of(e + offset, k) == shard] if self.owner else ()
+            )
+            args = batch.script_args(
+                keys.prefix,
+                flow.writer_id,
+                owner=self.owner,
+                stale_ms=stale_ms,
+                claims=claims,
+                stats=self._changed_stats() if shard == self.home else (),
+                load=self._load_entries(shard, batch.closing),
+            )
+            calls.append((shard, batch.script_keys(keys, flow.writer_id), args))
+        return calls
+
+    def _changed_stats(self) -> list[str]:
+        """The self-metrics (field, value pairs) that differ from what Redis holds."""
+        fields = self.stats.as_fields(self.drops, self._acc.pending_series(), self.engines, self.owner)
+        # Readers judge this writer (and its engines) by its own stale_after (_core/liveness.py).
+        fields += (STALE_FIELD, str(int(self.config.stale_after * 1000)))
+        stored = self._stats_stored
+        changed = [x for k, v in zip(fields[0::2], fields[1::2]) if stored.get(k) != v for x in (k, v)]
+        self._stats_sent = changed
+        return changed
+
+    def flush_failed(self, exc: BaseException, shard: int = 0) -> None:
+        """The flush (of *shard*) did not get an answer: count it; the same batch goes next time."""
+        kind = error_kind(exc)
+        self.stats.errors[kind] += 1
+        # Warn on the first failure of each kind; the rest go to DEBUG (and the counters).
+        log_fn = log.warning if self.stats.errors[kind] == 1 else log.debug
+        log_fn("flush to %s failed (%s: %s); will retry with the same batch", self.config.safe_url, kind, exc)
+
+    def shards_failed(self, exc: BaseException) -> None:
+        """Listing this writer's K in shard 0 (``shards.lua``) failed: tried again next round.
+        Not a flush attempt, so not in ``flush_errors_total`` (each round would add one more
+        error until it succeeds): a warning on the first failure of each kind, then DEBUG."""
+        kind = error_kind(exc)
+        self.stats.shards_errors[kind] += 1
+        log_fn = log.warning if self.stats.shards_errors[kind] == 1 else log.debug
+        log_fn(
+            "listing K=%d in shard 0's catalogue at %s failed (%s: %s); will retry at the next flush",
+            self.shards,
+            self.config.safe_url,
+            kind,
+            exc,
+        )
+
+    def flush_succeeded(self, reply: Any, seconds: float, shard: int = 0) -> FlushResult:
+        """Redis answered the flush of *shard* (applied now, or already applied): move on."""
+        result = FlushResult.from_reply(reply)
+        self._protocol.confirmed(result, shard)
+        if result.load_error:  # the batch was applied; its load entries were refused
+            self.load_done(redis.exceptions.ResponseError(result.load_error))
+        if result.store_behind:
+            self._store_behind(shard)
+        if shard == self.home:  # the self-metrics go to the home shard only
+            self._stats_answered(result)
+        self.stats.observe_duration(seconds)
+        self.stats.last_success = time.time()
+        self.stats.flushes += 1
+        self.stats.duplicates += result.status == DUPLICATE
+        if result.catalog_conflicts:
+            self._catalog_conflicts(result)
+        if result.conflicts:
+            self._engine_conflicts(result.conflicts)
+        if result.writer_removed:
+            self._renamed(shard)
+        return result
+
+    def _store_behind(self, shard: int) -> None:
+        """Redis lost (some of) *shard*'s data: maybe shard 0's too, and with it the list of K:
+        note K again (idempotent, one call). The next batch stores everything."""
+        self.shards_noted = self.shards == 1
+        log.warning(
+            "%s holds less of this writer than it confirmed (restarted empty or from an older "
+            "copy, or a replica that had not caught up took over%s): storing its whole state "
+            "again with the next flush",
+            self.config.safe_url,
+            f"; shard {shard}" if self.shards > 1 else "",
+        )
+
+    def _stats_answered(self, result: FlushResult) -> None:
+        """The home shard answered: what Redis now holds of the self-metrics."""
+        if result.writer_removed or result.store_behind:
+            self._stats_stored = {}  # a new id, or a store that lost them: all sent again
+        elif result.applied:  # applied now: with it the self-metrics it carried
+            sent = self._stats_sent
+            self._stats_stored.update(zip(sent[0::2], sent[1::2]))
+
+    def _catalog_conflicts(self, result: FlushResult) -> None:
+        """Stop sending the metrics Redis defines otherwise, with one warning for each new one."""
+        for name in self._acc.catalog_conflict(result.catalog_conflicts, result.refused_series):
+            log.warning(
+                "metric %r of this writer is defined differently in namespace %r (the first "
+                "stored definition wins): this writer's updates of it are dropped and counted "
+                "(reason catalog_conflict). This writer's spec: %s; stored: see `redis-stats "
+                "inspect`. Rename the metric, or use another namespace",
+                name,
+                self.config.namespace,
+                self.catalog[name].to_json(),
+            )
+
+    def _engine_conflicts(self, conflicts: int) -> None:
+        """Another live owner claims this writer's engines: warn the first time, count each."""
+        if not self.stats.conflicts:
+            log.warning(
+                "another live instance also claims engine(s) %s of namespace %r (this one: %r): "
+                "their scheduler gauges will mix; give each instance its own engine index "
+                "(REDIS_STATS_ENGINE_OFFSET) or namespace",
+                [e + self.config.engine_offset for e in self.engines],
+                self.config.namespace,
+                self.owner,
+            )
+        self.stats.conflicts += conflicts
+
+    def _renamed(self, shard: int) -> None:
+        """gc removed this writer in *shard*: silent for longer than the retention (a paused
+        process?), it was folded there. Carry on as a new incarnation with the rest of the
+        totals (FlushProtocol.confirmed took the folded part off); the next flush sends it.
+        Shards are collected apart: the new id is this shard's (the home shard's is the
+        writer's id, that of its self-metrics)."""
+        flow = self._flows[shard]
+        old_id, flow.writer_id = flow.writer_id, new_writer_id(self._role)
+        if shard == self.home:  # the series fields do not name the writer (its chunks do)
+            self.writer_id = flow.writer_id
+        where = f" in shard {shard}" if self.shards > 1 else ""
+        log.warning("writer %s was removed by gc%s; continuing as %s", old_id, where, flow.writer_id)
+
+    def flush_steps(self, *, closing: bool = False) -> Steps[bool]:
+        """One flush round as steps (see :mod:`redis_stats._core.steps`), carried out blocking by
+        :class:`StatsWriter` and awaited by the asyncio twin: ``("shards", (KEYS, ARGV))`` lists
+        this writer's K in shard 0's catalogue (until done once), then ``("flush", (KEYS, ARGV))``
+        per shard written to, one after the other. Ends with True if Redis confirmed every flush;
+        a failure is counted here and that shard's batch goes again next round."""
+        if not self.shards_noted:
+            try:
+                yield ("shards", self.shards_call())
+                self.shards_noted = True
+            except Exception as exc:  # logged; tried again next round
+                self.shards_failed(exc)
+        ok = True
+        for shard, keys, args in self.prepare_flushes(closing=closing):
+            started = time.perf_counter()
+            try:
+                reply = yield ("flush", (keys, args))
+            except Exception as exc:  # never raised into the host
+                self.flush_failed(exc, shard)
+                ok = False
+                continue
+            self.flush_succeeded(reply, time.perf_counter() - started, shard)
+        return ok
+
+    # -- the load feed (redis_stats/load.py): load.lua beside each flush, and alone --------------
+
+    def _load_entries(self, shard: int, closing: bool) -> list[str]:
+        """The load entries (``engine, entry`` pairs) of this writer's engines in *shard*, for
+        its flush there (``flush.lua`` stores them with the batch) or alone (``load.lua``). A
+        closing flush's name the engines only: the script deletes their entries."""
+        if self.load is None:
+            return []
+        engines = [e for e in self.load.engines() if shard_of(e, self.shards) == shard]
+        if closing:
+            return [x for e in engines for x in (str(e), "")]
+        return self.load.entries(engines, self._acc.server_ms)
+
+    def load_calls(self) -> list[tuple[list[str], list[str]]]:
+        """``load.lua``'s calls of the load entries alone (``load_interval``), one per shard."""
+        if self.load is None:
+            return []
+        flows = [self._flows[s] for s in sorted({shard_of(e, self.shards) for e in self.load.engines()})]
+        return [
+            ([f.keys(self.keys, self.shards).load], [f.writer_id, *self._load_entries(f.index, False)])
+            for f in flows
+        ]
+
+    def load_done(self, result: Any) -> None:
+        """What storing the load entries came to (``load.lua``'s reply, or the error a flush
+        reported for them): a failure is counted (``flush_errors_total`` with kind
+        ``load_<kind>``) and logged once per kind; never raised (the flush is not affected)."""
+        if not isinstance(result, Exception):
+            return
+        kind = "load_" + error_kind(result)
+        self.stats.errors[kind] += 1
+        log_fn = log.warning if self.stats.errors[kind] == 1 else log.debug
+        log_fn("storing the load entries at %s failed (%s: %s)", self.config.safe_url, kind, result)
+
+    def shards_call(self) -> tuple[list[str], list[str]]:
+        """KEYS and ARGV of ``shards.lua``: list this writer's K in shard 0's catalogue, so that
+        a reader configured with another K still reads every shard (once per writer)."""
+        return [self.keys.meta], [str(self.shards)]
+
+    def script_and_wait(self, reply: Any, acked: Any) -> Any:
+        """The script's reply, given it and WAIT's (pipelined, or one after the other on a
+        Cluster): a failure of either is raised, too few replicas raise :class:`ReplicationLag`."""
+        for part in (reply, acked):
+            if isinstance(part, Exception):
+                raise part
+        self.replication_check(acked)
+        return reply
+
+    def close_budget(self, timeout: float | None) -> tuple[float, float]:
+        """(budget in seconds, monotonic deadline) of a close with *timeout* (None: the config's)."""
+        budget = self.config.close_timeout if timeout is None else max(0.0, float(timeout))
+        return budget, time.monotonic() + budget
+
+    def final_flush_step(self, ok: bool, deadline: float) -> tuple[bool | None, float]:
+        """After one closing flush: ``(True, 0)`` all confirmed, ``(False, 0)`` the deadline
+        passed, ``(None, pause)`` try again after *pause* s (at once when the flush succeeded but
+        more was recorded meanwhile; 0.1 s at most after a failure, never past the deadline)."""
+        if ok and not self.pending():
+            return True, 0.0
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False, 0.0
+        return None, 0.0 if ok else min(0.1, left)
+
+    def warn_lost(self, budget: float, logger: logging.Logger = log) -> None:
+        """The one warning of a close that gave up: what was lost, and where it should have gone."""
+        logger.warning(
+            "closing writer %s: gave up after %.1f s; not confirmed by %s and lost: %s",
+            self.writer_id,
+            budget,
+            self.config.safe_url,
+            self.lost_summary(),
+        )
+
+    def replication_check(self, acked: Any) -> None:
+        """With ``wait_replicas``: raise :class:`ReplicationLag` if too few replicas acknowledged."""
+        wanted = self.config.wait_replicas
+        if int(acked) < wanted:
+            # Applied on the master, not yet on enough replicas: a failover now could lose it. Keep
+            # the batch; the retry is a duplicate here (skipped) or is applied on the new master.
+            raise ReplicationLag(
+                f"{acked} of {wanted} replicas acknowledged within {self.config.wait_timeout_ms} ms"
+            )

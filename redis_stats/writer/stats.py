@@ -1,0 +1,71 @@
+"""A writer's self-metrics: :class:`WriterStats`, what it has done so far (flushes, errors,
+drops, conflicts, flush durations), stored with its flushes as the ``w:<writer>`` hash that the
+``redis_stats_writer_*`` series are read from."""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections import Counter as _Tally
+from dataclasses import dataclass, field
+
+__all__ = ["FLUSH_DURATION_BUCKETS", "WriterStats"]
+
+
+# Upper bounds (s) of the flush-duration histogram of every writer's self-metrics.
+FLUSH_DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+@dataclass
+class WriterStats:
+    """What a writer has done so far (the source of its self-metrics, stored with every flush)."""
+
+    flushes: int = 0
+    duplicates: int = 0
+    errors: _Tally[str] = field(default_factory=_Tally)
+    # Failed listings of K in shard 0 (shards.lua), by kind: not flush attempts, so kept out of
+    # ``errors`` (flush_errors_total); logged, and stored as ``shards_err:<kind>`` with the
+    # self-metrics (redis_stats_writer_shards_listing_errors_total), so that a listing that keeps
+    # failing (readers that were not given K then miss shards) shows in Prometheus.
+    shards_errors: _Tally[str] = field(default_factory=_Tally)
+    conflicts: int = 0
+    last_success: float = 0.0
+    last_duration: float = 0.0
+    duration_counts: list[int] = field(default_factory=lambda: [0] * (len(FLUSH_DURATION_BUCKETS) + 1))
+    duration_sum: float = 0.0
+
+    def observe_duration(self, seconds: float) -> None:
+        """Count one successful flush's duration."""
+        self.last_duration = seconds
+        self.duration_sum += seconds
+        self.duration_counts[bisect_left(FLUSH_DURATION_BUCKETS, seconds)] += 1
+
+    def as_fields(
+        self, drops: dict[str, int], pending: int, engines: tuple[int, ...], owner: str
+    ) -> list[str]:
+        """Field/value pairs for the writer's stats hash (absolute values)."""
+        out = [
+            "flushes",
+            str(self.flushes),
+            "duplicates",
+            str(self.duplicates),
+            "conflicts",
+            str(self.conflicts),
+            "pending",
+            str(pending),
+            "dur_sum",
+            repr(self.duration_sum),
+            "engines",
+            ",".join(map(str, engines)),
+            "owner",
+            owner,
+        ]
+        for kind, n in self.errors.items():
+            out += (f"err:{kind}", str(n))
+        for kind, n in self.shards_errors.items():
+            out += (f"shards_err:{kind}", str(n))
+        for reason, n in drops.items():
+            out += (f"drop:{reason}", str(n))
+        for bound, n in zip((*FLUSH_DURATION_BUCKETS, math.inf), self.duration_counts):
+            out += (f"dur:{'+Inf' if bound == math.inf else repr(bound)}", str(n))
+        return out
