@@ -42,20 +42,21 @@ from redis_stats.prometheus.loadfeed import LoadFeed  # noqa: E402
 from redis_stats.tools.embedded import EmbeddedRedis  # noqa: E402
 from redis_stats.tools.simulate import SimulatedApiServer  # noqa: E402
 
+CACHE = {"block_size": "16", "num_gpu_blocks": "4096", "gpu_memory_utilization": "0.9"}
+
 
 def fill(url: str, namespace: str, engines: int) -> list[StatsWriter]:
     """2 writers of every engine, 20 engine steps each, one flush each (with the load entries)."""
     cfg = StatsConfig(url=url, namespace=namespace, socket_timeout_ms=30_000, stale_after=3600)
     made = []
-    cache = {"block_size": "16", "num_gpu_blocks": "4096", "gpu_memory_utilization": "0.9"}
     for w in range(2):
-        catalog = vllm_catalog(cache_config_labels=tuple(sorted(cache)))
+        catalog = vllm_catalog(cache_config_labels=tuple(sorted(CACHE)))
         writer = StatsWriter(
             cfg, catalog, engines=list(range(engines)), start=False, role=f"api{w}", load=VLLM_LOAD
         )
         recorders = [VllmRecorder(writer, "model", [e]) for e in range(engines)]
         for recorder in recorders:  # vLLM's cache configuration: the KV capacity
-            recorder.record_cache_config(cache)
+            recorder.record_cache_config(CACHE)
         sims = [SimulatedApiServer(r, e, seed=w * 100_000 + e) for e, r in enumerate(recorders)]
         now = time.monotonic()
         for step in range(20):
@@ -121,7 +122,7 @@ def measure(url: str, engines: int, requests: int) -> dict[str, Any]:
     namespace = f"load{engines}-{int(time.time())}"
     writers = fill(url, namespace, engines)
     cfg = StatsConfig(url=url, namespace=namespace, socket_timeout_ms=30_000, stale_after=3600)
-    reader = StatsReader(cfg, vllm_catalog())
+    reader = StatsReader(cfg, vllm_catalog(cache_config_labels=tuple(sorted(CACHE))))  # as the writers
     client = redis.Redis.from_url(url, decode_responses=True)
     view = reader.load()
     assert len(view.engines) == engines and all(e.up and e.writers == 2 for e in view.engines.values())
