@@ -211,6 +211,16 @@ class LazyCluster:
         return getattr(self.client(), name)
 
 
+def flat_reply(reply: Any) -> Any:
+    """A RESP3 map or list of pairs as the flat list RESP2 gives (our clients speak RESP2; a
+    client of the caller's may speak RESP3)."""
+    if isinstance(reply, dict):
+        return [x for kv in reply.items() for x in kv]
+    if isinstance(reply, list) and reply and isinstance(reply[0], list):
+        return [x for pair in reply for x in pair]
+    return reply
+
+
 def is_cluster(client: Any) -> bool:
     """Whether *client* talks to a Redis Cluster (a ``RedisCluster``, lazy or not, sync or async)."""
     return hasattr(client, "get_node_from_key")

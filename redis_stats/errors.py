@@ -131,3 +131,8 @@ def error_kind(exc: BaseException) -> str:
                 return kind
         return "response"
     return "other"
+
+
+def refused_for_memory(exc: BaseException) -> bool:
+    """True when Redis refused a command for being over ``maxmemory`` (``OOM ...``)."""
+    return isinstance(exc, _rx.OutOfMemoryError) or "maxmemory" in str(exc)

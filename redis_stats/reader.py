@@ -1,4 +1,10 @@
-"""StatsReader: one round trip to Redis returns a consistent :class:`~redis_stats.snapshot.Snapshot`."""
+"""StatsReader: one round trip to Redis returns a consistent :class:`~redis_stats.snapshot.Snapshot`.
+
+:class:`ReaderCore` is the read without its I/O, shared with the asyncio twin
+(:mod:`redis_stats.aio.reader`): the shards a read covers, the transaction read's commands and
+their replies, the read as steps, the catalogues merged over shards. :class:`StatsReader`
+carries the steps out, blocking. The load feed's read is :mod:`redis_stats.load_read`'s.
+"""
 
 from __future__ import annotations
 
@@ -12,17 +18,17 @@ from typing import Any
 
 from redis.exceptions import ExecAbortError, OutOfMemoryError, ResponseError
 
-from redis_stats._core import fields
 from redis_stats._core.decoder import Decoded, Read, ShardReply, SnapshotDecoder, unreadable
-from redis_stats._core.liveness import Liveness
-from redis_stats._core.slices import EngineSlice
+from redis_stats._core.slices import Engines, EngineSlice, is_among
 from redis_stats._core.steps import Steps, run
 from redis_stats._scripts import ReadOnlyScript, load_script
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
-from redis_stats.connection import Client, is_cluster, make_client
+from redis_stats.connection import Client, flat_reply, is_cluster, make_client
+from redis_stats.errors import refused_for_memory
 from redis_stats.keys import MAX_LISTED_SHARDS, Keys, parse_layouts
-from redis_stats.load import LoadView, load_view
+from redis_stats.load import LoadView
+from redis_stats.load_read import LoadRead, LoadSteps
 from redis_stats.snapshot import Snapshot
 
 __all__ = ["EngineSlice", "Engines", "ReaderCore", "StatsReader"]
@@ -33,9 +39,6 @@ Plan = tuple[tuple[str, ...], tuple[str, ...]]  # (engines, writers) a transacti
 # One read without its I/O (ReaderCore.read_steps): yields (what, argument) steps, is sent their
 # results, returns the read.
 ReadSteps = Steps[Read]
-LoadSteps = Steps[LoadView]
-# What a read reads: every engine (None), these engine indexes, or a slice of the fleet.
-Engines = Iterable[int] | EngineSlice | None
 
 
 def _layouts(meta_flat: Any) -> set[int]:
@@ -48,19 +51,11 @@ def _layouts(meta_flat: Any) -> set[int]:
     return set()
 
 
-def _holds(engines: Iterable[int] | EngineSlice) -> Callable[[Any], bool]:
-    """Whether an engine's text (as its zset lists it) is among *engines*: the indexes given,
-    or the engines of a slice."""
-    if isinstance(engines, EngineSlice):
-        return engines.holds
-    return {str(int(e)) for e in engines}.__contains__
-
-
 def _only(engine_flat: Any, engines: Iterable[int] | EngineSlice | None) -> Any:
     """An ``engines`` zset as read (flat, or its error) cut down to *engines* (None: all)."""
     if engines is None or engine_flat.__class__ is not list:
         return engine_flat
-    held = _holds(engines)
+    held = is_among(engines)
     return [x for e, score in zip(engine_flat[0::2], engine_flat[1::2]) if held(e) for x in (e, score)]
 
 
@@ -93,20 +88,6 @@ def _wanted(engines: Iterable[int] | EngineSlice | None) -> Any:
     return engines if engines is None or isinstance(engines, EngineSlice) else list(engines)
 
 
-def refused_for_memory(exc: BaseException) -> bool:
-    """True when Redis refused a command for being over ``maxmemory`` (``OOM ...``)."""
-    return isinstance(exc, OutOfMemoryError) or "maxmemory" in str(exc)
-
-
-def _flat(reply: Any) -> Any:
-    """A RESP3 map or list of pairs as the flat list RESP2 gives."""
-    if isinstance(reply, dict):
-        return [x for kv in reply.items() for x in kv]
-    if isinstance(reply, list) and reply and isinstance(reply[0], list):
-        return [x for pair in reply for x in pair]
-    return reply
-
-
 class ReaderCore:
     """A reader without its I/O: the arguments of ``read.lua`` and the decoding of its reply
     (shared by :class:`StatsReader` and :class:`redis_stats.aio.AsyncStatsReader`).
@@ -129,8 +110,7 @@ class ReaderCore:
         # Per shard read (its root): (catalogue version, the catalogue) last read.
         self._shard_meta: dict[str, tuple[str, Any]] = {}
         self._shard_plans: dict[str, Plan] = {}
-        self._load_plans: dict[str, Plan] = {}  # the load feed's, per shard (load_steps)
-        self._load_owners: dict[tuple[str, ...], frozenset[str]] = {}  # chunk fields -> writers
+        self._load = LoadRead()  # the load feed's plans and chunk writers (load_steps)
         self._lock = threading.Lock()
         # The shard keys of the layouts they were made for: made again only when the layouts
         # change (every read asks for them; K = 64 means 63 Keys each time).
@@ -319,7 +299,7 @@ class ReaderCore:
         to skip and count: it costs that key only. (With *replan*, the new lists are given to it
         instead of kept in :attr:`planned`: the sharded read keeps one plan per shard.)
         """
-        results = [_flat(r) for r in results]  # a client of the caller's may speak RESP3
+        results = [flat_reply(r) for r in results]  # a client of the caller's may speak RESP3
         now, engine_flat, writer_flat, version, conflicts = results[:5]
         engine_flat = _only(engine_flat, engines)
         found = (_names(engine_flat), _names(writer_flat))
@@ -422,130 +402,29 @@ class ReaderCore:
             return (yield from self._shard_steps(engines, cluster, again=False))
         return merged
 
-    # -- the load feed: the load hashes, engines and writers only (redis_stats/load.py) ------
+    # -- the load feed: the load hashes, engines and writers only (redis_stats/load_read.py) -
 
     def load_steps(self, engines: Engines = None, cluster: bool = False) -> LoadSteps:
         """The steps of one read of the load feed, ending with the :class:`LoadView` (of
-        *engines* only, when given). On a single server one transaction of native reads covers
-        every shard, planned from the last read's lists as the snapshot's transaction read is
-        (``("transaction", commands)``); on a Cluster (or over ``maxmemory``, or when the fleet
-        changes faster than it is read) one ``load_read.lua`` per shard (``("load", calls)``).
-        Shards a writer listed in shard 0's catalogue and this reader did not know are read at
-        once, as the snapshot read does."""
-        for _ in range(2):
-            shards = self.shard_keys
-            replies = None if cluster else (yield from self._load_transaction_steps(shards))
-            if replies is None:
-                calls: list[tuple[list[str], list[str]]] = [
-                    ([k.engines, k.writers, k.load, k.meta], [k.prefix]) for k in shards
-                ]
-                replies = yield ("load", calls)
-            listed = replies[0][4] if replies else None
-            if not (listed.__class__ is str and self.note_layouts(["shards", listed])):
-                break
-        assert replies is not None
-        return self.load_of(replies, engines)
-
-    def _load_transaction_steps(self, shards: list[Keys]) -> Steps[list[Any] | None]:
-        """The load feed read as one transaction per try (three at most, replanned when the
-        fleet changed): its replies, or None when the plans kept changing or the server refused
-        the transaction over ``maxmemory``."""
-        try:
-            for _ in range(3):
-                plans = [self._load_plans.get(k.root, ((), ())) for k in shards]
-                results = yield ("transaction", self.load_transaction(shards, plans))
-                replies = self.load_assemble(results, shards, plans)
-                if replies is not None:
-                    return replies
-        except (OutOfMemoryError, ExecAbortError) as exc:
-            if not refused_for_memory(exc):
-                raise
-        return None
+        *engines* only, when given): :meth:`LoadRead.steps <redis_stats.load_read.LoadRead.steps>`
+        over this reader's shards."""
+        return self._load.steps(self, engines, cluster)
 
     def load_transaction(self, shards: list[Keys], plans: list[Plan]) -> list[tuple[Any, ...]]:
-        """The commands of one transaction read of the load feed: each shard's lists and load
-        hash, then per planned writer its ``stale_ms`` and per planned engine its hash's field
-        names (``HKEYS``: never a value)."""
-        cmds: list[tuple[Any, ...]] = [("MULTI",), ("TIME",)]
-        for k in shards:
-            cmds += [
-                ("ZRANGE", k.engines, 0, -1, "WITHSCORES"),
-                ("ZRANGE", k.writers, 0, -1, "WITHSCORES"),
-                ("HGETALL", k.load),
-                ("HGET", k.meta, "shards"),
-            ]
-        for k, (engine_list, writer_list) in zip(shards, plans):
-            cmds += [("HGET", k.writer_stats(w), "stale_ms") for w in writer_list]
-            cmds += [("HKEYS", k.counters(e)) for e in engine_list]
-        cmds.append(("EXEC",))
-        return cmds
+        """The commands of one transaction read of the load feed (see :class:`LoadRead`)."""
+        return self._load.transaction(shards, plans)
 
     def load_assemble(
         self, results: list[Any], shards: list[Keys], plans: list[Plan]
     ) -> list[list[Any]] | None:
-        """The EXEC results of :meth:`load_transaction` as one ``load_read.lua``-shaped reply per
-        shard, or None when a shard's lists differ from its plan (the new plans are kept)."""
-        results = [_flat(r) for r in results]
-        now = results[0]
-        now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
-        at = 1 + 4 * len(shards)
-        out, stale = [], False
-        for i, (k, (engine_list, writer_list)) in enumerate(zip(shards, plans)):
-            engine_flat, writer_flat, flat, listed = results[1 + 4 * i : 5 + 4 * i]
-            found = (
-                tuple(engine_flat[0::2]) if engine_flat.__class__ is list else (),
-                tuple(writer_flat[0::2]) if writer_flat.__class__ is list else (),
-            )
-            stale_ms = results[at : at + len(writer_list)]
-            at += len(writer_list)
-            # every field name: load_of takes the chunk writers out (the other names give none)
-            owners = [n if n.__class__ is list else [] for n in results[at : at + len(engine_list)]]
-            at += len(engine_list)
-            if found != (engine_list, writer_list):
-                self._load_plans[k.root] = found
-                stale = True
-                continue
-            out.append([now_ms, engine_flat, writer_flat, flat, listed, stale_ms, owners])
-        return None if stale else out
+        """The EXEC results of :meth:`load_transaction` as ``load_read.lua``-shaped replies, or
+        None when a shard's lists differ from its plan (see :class:`LoadRead`)."""
+        return self._load.assemble(results, shards, plans)
 
     def load_of(self, replies: list[Any], engines: Engines = None) -> LoadView:
-        """The :class:`LoadView` of ``load_read.lua``'s replies (one per shard, shard 0 first).
-
-        ``up``, and the writers whose entries count in each engine, are decided by the rule
-        every reader applies (:class:`~redis_stats._core.liveness.Liveness`, on what the
-        writers stored: their heartbeats, their own ``stale_ms``, the engine's chunk writers),
-        with the writers live in the engine's own shard(s), as the snapshot decodes them: so
-        ``/load``, ``/snapshot`` and ``redis_stats_engine_up`` never disagree."""
-        skipped: dict[str, int] = {}
-
-        def skip(why: str) -> None:
-            skipped[why] = skipped.get(why, 0) + 1
-
-        now_ms = max(float(r[0]) for r in replies)
-        stats: dict[str, dict[str, str]] = {}
-        load_flat: list[Any] = []
-        judge = False
-        # engine text -> [newest heartbeat, chunk writers, shards it was read from]
-        found: dict[str, list[Any]] = {}
-        kept = self._load_owners
-        now_kept: dict[tuple[str, ...], frozenset[str]] = {}
-        for at, reply in enumerate(replies):
-            engine_flat, writer_flat, flat, stale, owners = reply[1], reply[2], reply[3], reply[5], reply[6]
-            for part in (engine_flat, writer_flat, flat):
-                if part.__class__ is not list:  # a key of the wrong type: the others are shown
-                    skip(unreadable(part) or "unreadable")
-            if flat.__class__ is list:
-                load_flat += flat
-            if writer_flat.__class__ is list:
-                judge = True
-                _note_stale_ms(stats, writer_flat, stale)
-            if engine_flat.__class__ is list:
-                _note_engines(found, at, engine_flat, owners, kept, now_kept)
-        self._load_owners = now_kept  # one store: a read at once keeps its own
-        rule = Liveness.of(now_ms, stats, self.config.stale_after * 1000.0, judge_owners=judge)
-        live_in = [rule.live_in(reply[2]) for reply in replies]
-        states, live = _engine_states(found, rule, live_in, engines, skip)
-        return load_view(now_ms, states, live, load_flat, skipped)
+        """The :class:`LoadView` of ``load_read.lua``'s replies (one per shard, shard 0 first),
+        by the rule every reader applies (see :meth:`LoadRead.view`)."""
+        return self._load.view(replies, engines, self.config.stale_after)
 
     @property
     def catalog(self) -> Catalog:
@@ -557,79 +436,6 @@ class ReaderCore:
     def meta_version(self) -> str:
         """The catalogue version the decoder holds."""
         return self._decoder.meta_version
-
-
-def _note_stale_ms(stats: dict[str, dict[str, str]], writer_flat: list[Any], stale: list[Any]) -> None:
-    """Each listed writer in *stats*, with its own ``stale_ms`` where it stored one."""
-    for wid, ms in zip(writer_flat[0::2], stale):
-        if ms.__class__ is str:
-            stats.setdefault(wid, {})["stale_ms"] = ms
-        else:
-            stats.setdefault(wid, {})
-
-
-def _note_engines(
-    found: dict[str, list[Any]],
-    at: int,
-    engine_flat: list[Any],
-    owners: list[Any],
-    kept: dict[tuple[str, ...], frozenset[str]],
-    now_kept: dict[tuple[str, ...], frozenset[str]],
-) -> None:
-    """Add shard *at*'s engines to *found*: their newest heartbeat, their chunk writers (from
-    their field names), the shards they were read from."""
-    for engine, score, held in zip(engine_flat[0::2], engine_flat[1::2], owners):
-        # An engine's chunk fields change only when a writer comes or goes: their
-        # writers are kept by the fields' text, for the next read (this read's only).
-        names = tuple(held)
-        writers_of = kept.get(names)
-        if writers_of is None:
-            writers_of = frozenset(
-                w for name in names if name.__class__ is str and (w := fields.chunk_writer(name)) is not None
-            )
-        now_kept[names] = writers_of
-        seen = found.get(engine)
-        if seen is None:
-            found[engine] = [float(score), writers_of, [at]]
-            continue
-        seen[0] = max(seen[0], float(score))
-        seen[1] = seen[1] | writers_of
-        seen[2].append(at)
-
-
-def _engine_states(
-    found: dict[str, list[Any]],
-    rule: Liveness,
-    live_in: list[set[str]],
-    engines: Engines,
-    skip: Callable[[str], None],
-) -> tuple[dict[int, tuple[bool, float]], dict[int, set[str]]]:
-    """Per engine of *found* (of *engines* only, when given): (up, age) and the writers live in
-    it, by *rule*; an engine whose index is not a canonical integer is skipped (counted)."""
-    keep = None if engines is None else _holds(engines)
-    states: dict[int, tuple[bool, float]] = {}
-    live: dict[int, set[str]] = {}
-    for engine_text, (score, owners_of, where) in found.items():
-        if keep is not None and not keep(engine_text):
-            continue
-        engine = _engine_index(engine_text)
-        if engine is None:
-            skip("bad_engine")
-            continue
-        here = live_in[where[0]] if len(where) == 1 else set().union(*(live_in[at] for at in where))
-        states[engine] = (rule.engine_up(score, owners_of, here), rule.age(score))
-        live[engine] = here
-    return states, live
-
-
-def _engine_index(text: str) -> int | None:
-    """An engine's index from its listed name; None for anything but a canonical integer >= 0
-    ("+3" or " 3" would be a second 3)."""
-    try:
-        engine = int(text)
-    except ValueError:
-        return None
-    return engine if engine >= 0 and str(engine) == text else None
 
 
 class StatsReader(ReaderCore):

@@ -7,9 +7,11 @@ the N slices hold every engine exactly once, whatever engines come and go.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["MAX_SLICES", "EngineSlice"]
+__all__ = ["MAX_SLICES", "EngineSlice", "Engines", "is_among"]
 
 # More slices than this would be more targets than engines for any fleet this store carries.
 MAX_SLICES = 4096
@@ -62,3 +64,15 @@ class EngineSlice:
     def script_args(self) -> list[str]:
         """``read.lua``'s arguments for it: ``%``, N, i."""
         return ["%", str(self.count), str(self.index)]
+
+
+# What a read reads: every engine (None), these engine indexes, or a slice of the fleet.
+Engines = Iterable[int] | EngineSlice | None
+
+
+def is_among(engines: Iterable[int] | EngineSlice) -> Callable[[Any], bool]:
+    """Whether an engine's text (as its zset lists it) is among *engines*: the indexes given,
+    or the engines of a slice."""
+    if isinstance(engines, EngineSlice):
+        return engines.holds
+    return {str(int(e)) for e in engines}.__contains__
