@@ -44,10 +44,10 @@ def run_cli(args: list[str], python_env: dict[str, str], timeout: float = 60) ->
     )
 
 
-def fill(url: str, namespace: str, engines: list[int]) -> None:
+def fill(url: str, namespace: str, engines: list[int], **settings: float) -> None:
     """One flush of vLLM-shaped stats for *engines* in *namespace*, by a writer that stays live
-    (not closed: an engine whose writers all closed is down at once)."""
-    config = StatsConfig(url=url, namespace=namespace)
+    (not closed: an engine whose writers all closed is down at once), configured by *settings*."""
+    config = StatsConfig(url=url, namespace=namespace, **settings)
     writer = StatsWriter(config, vllm_catalog(), engines=engines, start=False)
     recorder = VllmRecorder(writer, "m", engines)
     for e in engines:
@@ -415,7 +415,8 @@ def test_every_option_has_help_and_shows_its_default():
 
 @pytest.mark.redis_server
 def test_gc_says_1_engine_not_1_engines(own_redis_server, namespace):
-    fill(own_redis_server.url, namespace, [0])
+    # The writer's own stale_after as short as gc's: gc removes it only once silent for twice that.
+    fill(own_redis_server.url, namespace, [0], stale_after=0.005, flush_interval=0.005, retention=0.01)
     time.sleep(0.05)
     url = own_redis_server.url
     fast = {"REDIS_STATS_STALE_AFTER": "0.005", "REDIS_STATS_FLUSH_INTERVAL": "0.005"}
