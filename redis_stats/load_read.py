@@ -28,8 +28,6 @@ from redis_stats.errors import refused_for_memory
 from redis_stats.keys import Keys
 from redis_stats.load import LoadView, load_view
 
-__all__ = ["LoadRead", "LoadSteps"]
-
 Plan = tuple[tuple[str, ...], tuple[str, ...]]  # (engines, writers) a transaction read asks for
 # One read of the feed without its I/O: yields (what, argument) steps, is sent their results,
 # returns the view.
@@ -43,9 +41,13 @@ class Fleet(Protocol):
     config: StatsConfig
 
     @property
-    def shard_keys(self) -> list[Keys]: ...
+    def shard_keys(self) -> list[Keys]:
+        """The keys of every shard the reader reads."""
+        ...
 
-    def note_layouts(self, meta_flat: Any) -> bool: ...
+    def note_layouts(self, meta_flat: Any) -> bool:
+        """Take the K values listed in shard 0's catalogue *meta_flat*; True if one is new."""
+        ...
 
 
 class LoadRead:

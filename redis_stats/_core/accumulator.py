@@ -46,8 +46,6 @@ from redis_stats._core.shardflow import ShardFlow
 from redis_stats.catalog import COUNTER, GAUGE, Catalog, MetricSpec
 from redis_stats.keys import shard_of
 
-__all__ = ["Accumulator"]
-
 # A take of many series gives the GIL away every this many series (about 0.5 ms of work).
 _YIELD_EVERY = 1024
 

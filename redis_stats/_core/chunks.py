@@ -31,8 +31,6 @@ from typing import Any
 
 from redis_stats._core.fields import CHUNK_SIZE, decode
 
-__all__ = ["Chunk", "Series", "Totals"]
-
 _MAX = 1.7976931348623157e308
 COUNTER, HISTOGRAM, GAUGE = "c", "h", "g"
 _INDEX = attrgetter("index")

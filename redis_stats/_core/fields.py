@@ -13,17 +13,6 @@ from __future__ import annotations
 import hashlib
 import re
 
-__all__ = [
-    "CHUNK_PREFIX",
-    "CHUNK_SIZE",
-    "NAMES_SUFFIX",
-    "SEP",
-    "chunk_field",
-    "chunk_writer",
-    "decode",
-    "encode",
-]
-
 SEP = "|"
 _UNESCAPE_RE = re.compile(r"\\(.)")
 _UNESCAPES = {"\\": "\\", "/": "|", "n": "\n"}

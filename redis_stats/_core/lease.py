@@ -27,8 +27,6 @@ from typing import Any
 
 from redis_stats.keys import Keys
 
-__all__ = ["LeaseHolder", "LeaseState"]
-
 # The logger of the lease, named as when this lived in leader.py (filters keep working).
 log = logging.getLogger("redis_stats.leader")
 

@@ -22,8 +22,6 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["STALE_FIELD", "Liveness"]
-
 STALE_FIELD = "stale_ms"
 """The field of a writer's stats hash that holds its ``stale_after`` in milliseconds."""
 

@@ -28,8 +28,6 @@ from redis_stats.keys import SCHEMA_VERSION, Keys
 if TYPE_CHECKING:  # what the protocol takes batches from (accumulator.py imports this module)
     from redis_stats._core.accumulator import Accumulator
 
-__all__ = ["APPLIED", "BEHIND", "DUPLICATE", "REMOVED", "Batch", "FlushProtocol", "FlushResult"]
-
 
 @dataclass
 class Batch:

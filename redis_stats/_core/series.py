@@ -33,14 +33,6 @@ from redis_stats.catalog import MetricSpec
 if TYPE_CHECKING:  # the children's owner (accumulator.py imports this module)
     from redis_stats._core.accumulator import Accumulator
 
-__all__ = [
-    "CONFLICT_CLASS",
-    "Child",
-    "CounterChild",
-    "DroppedChild",
-    "GaugeChild",
-    "HistogramChild",
-]
 
 _INF = math.inf
 _monotonic = time.monotonic

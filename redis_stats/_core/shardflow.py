@@ -25,7 +25,6 @@ from redis_stats.keys import Keys
 if TYPE_CHECKING:  # the batch and the answer are the protocol's (protocol.py imports this)
     from redis_stats._core.protocol import Batch, FlushResult
 
-__all__ = ["ShardFlow"]
 
 _monotonic = time.monotonic
 

@@ -11,8 +11,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MAX_SLICES", "EngineSlice", "Engines", "is_among"]
-
 # More slices than this would be more targets than engines for any fleet this store carries.
 MAX_SLICES = 4096
 

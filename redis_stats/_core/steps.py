@@ -13,8 +13,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Generator, Iterator
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Steps", "arun", "run"]
-
 T = TypeVar("T")
 
 #: A procedure: yields (what, argument), is sent the result, returns its outcome.
