@@ -4,7 +4,9 @@
 -- KEYS[5] claims hash, KEYS[6] conflicts hash, KEYS[7] load hash
 -- ARGV: prefix, retention ms, dry run (0/1), drop the catalogue once empty (0/1), retention
 --       factor (a writer that did not close is removed only once silent for longer than this
---       many times the stale_after it declared, as well: config.RETENTION_FACTOR)
+--       many times the stale_after it declared, as well: config.RETENTION_FACTOR), then
+--       {writer, declared stale ms} * n: what the writers declared in their home shards' stats
+--       hashes (a writer stores its self-metrics in one shard only; gc.py gathers them)
 -- Returns {removed engines, removed writers, tombstones dropped, lines folded, lines not folded,
 --          emptied (1: nothing was left, and the shard's remaining keys were deleted)}.
 --
@@ -51,9 +53,13 @@ local writers = {}
 local closed = {}  -- the removed writers that had closed cleanly (a negative heartbeat)
 local staying = {}  -- escaped ids of the writers this call keeps, as their chunk fields name them
 local kept = {}  -- the same writers' ids as they are
+local given = {}
+for j = 6, #ARGV - 1, 2 do given[ARGV[j]] = ARGV[j + 1] end
+
 local function declared_ms(w)
-  -- The stale_after (ms) writer w declared in its stats hash; 0 if none or garbage.
-  local v = redis.pcall('HGET', prefix .. 'w:' .. w, 'stale_ms')
+  -- The stale_after (ms) writer w declared (given, else in this shard's stats hash of it); 0
+  -- if none or garbage.
+  local v = given[w] or redis.pcall('HGET', prefix .. 'w:' .. w, 'stale_ms')
   local ms = type(v) == 'string' and tonumber(v) or 0  -- (tonumber reads nan and inf too)
   if ms ~= ms or ms < 0 or ms == math.huge then return 0 end
   return ms

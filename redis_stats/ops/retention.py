@@ -23,6 +23,7 @@ from typing import Any
 
 from redis.exceptions import RedisError, ResponseError
 
+from redis_stats._core.liveness import STALE_FIELD
 from redis_stats._scripts import Script, load_script
 from redis_stats.config import RETENTION_FACTOR, StatsConfig
 from redis_stats.connection import Client, make_client
@@ -93,6 +94,7 @@ class _Collection:
         self.live: list[dict[str, float] | None] = [None]
         if len(self.shards) > 1:
             self.live = _engine_heartbeats(client, self.shards)
+        self.declared = _declared_stale(client, self.shards)
         self.out = GcResult()
         self.stale: dict[str, int] = {}  # engine -> in how many shards gc finds it silent
         self.held: dict[str, int] = {}  # ... and in how many shards collected it is listed
@@ -144,6 +146,7 @@ class _Collection:
                 "1" if self.dry_run else "0",
                 "1" if drop_meta else "0",
                 RETENTION_FACTOR,
+                *self.declared,
             ],
         )
         self.emptied += int(found[5])
@@ -160,6 +163,26 @@ class _Collection:
         out.tombstones += tombstones
         out.folded += int(folded)
         out.unfolded += int(unfolded)
+
+
+def _declared_stale(client: Client, shards: list[Keys]) -> list[str]:
+    """``writer, stale ms`` pairs: the ``stale_after`` each writer listed in any shard declared in
+    its stats hash (one shard holds it: the writer's home), for gc.lua to judge the writer by in
+    every shard. A shard that cannot be read adds nothing (gc.lua fails there too, and says so)."""
+    found: dict[str, str] = {}
+    for shard in shards:
+        try:
+            writers: Any = client.zrange(shard.writers, 0, -1)
+            pipe = client.pipeline(transaction=False)
+            for w in writers:
+                pipe.hget(shard.writer_stats(w), STALE_FIELD)
+            values = pipe.execute(raise_on_error=False)
+        except RedisError:
+            continue
+        for w, v in zip(writers, values):
+            if isinstance(v, str) and w not in found:
+                found[w] = v
+    return [x for w, v in found.items() for x in (w, v)]
 
 
 def _engine_heartbeats(client: Client, shards: list[Keys]) -> list[dict[str, float] | None]:

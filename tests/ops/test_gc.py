@@ -187,3 +187,27 @@ def test_gc_with_a_retention_too_short_for_a_writer_keeps_it_while_readers_may_c
         age(client, keys, writer=other.writer_id, seconds=120)
         assert collect_garbage(gc_config, client=client, dry_run=True).writers == [other.writer_id], bad
     patient._closed = other._closed = True
+
+
+def test_in_a_sharded_namespace_gc_judges_a_writer_by_its_stale_after_in_every_shard(
+    config, catalog, fake_client
+):
+    # The writer stores its stale_after with its self-metrics in its home shard only; gc must
+    # keep it in the other shard too (there it would fold it and delete engine 1 whole).
+    sharded = config.replace(shards=2, stale_after=100, retention=200)
+    w = StatsWriter(sharded, catalog, engines=[0, 1], client=fake_client(), start=False)
+    w.counter("tokens").labels(engine=0).inc(5)
+    w.counter("tokens").labels(engine=1).inc(7)
+    assert w.flush()
+    client = fake_client()
+    for s in range(2):
+        shard = Keys(config.namespace).shard(s, 2)
+        for e in client.zrange(shard.engines, 0, -1):
+            age(client, shard, engine=e, seconds=90)
+        for writer in client.zrange(shard.writers, 0, -1):
+            age(client, shard, writer=writer, seconds=90)
+    kept = collect_garbage(config.replace(shards=2, retention=60), client=client)
+    assert (kept.engines, kept.writers) == ([], [])
+    snap = StatsReader(sharded, catalog, client=fake_client()).snapshot()
+    assert [snap.engines[e].counter("tokens") for e in (0, 1)] == [5, 7]
+    w._closed = True
