@@ -378,7 +378,7 @@ class WriterCore:
             self.flush_succeeded(reply, time.perf_counter() - started, shard)
         return ok
 
-    # -- the load feed (redis_stats/load.py): load.lua beside each flush, and alone --------------
+    # -- the load feed (redis_stats/load.py): its entries in each flush, and alone (load.lua) ------
 
     def _load_entries(self, shard: int, closing: bool) -> list[str]:
         """The load entries (``engine, entry`` pairs) of this writer's engines in *shard*, for
