@@ -192,12 +192,12 @@ if #writers > 0 then
 end
 for _, w in ipairs(tombstones) do redis.call('HDEL', KEYS[3], w) end
 if redis.call('TYPE', KEYS[7])['ok'] == 'hash' then
-  local gone = {}
+  local stray = {}  -- entries of writers not kept: removed now, or before
   for _, f in ipairs(redis.call('HKEYS', KEYS[7])) do
     local w = string.match(f, '^[^|]*|(.*)$')
-    if not (w and kept[w]) then gone[#gone + 1] = f end
+    if not (w and kept[w]) then stray[#stray + 1] = f end
   end
-  for j = 1, #gone, 500 do redis.call('HDEL', KEYS[7], unpack(gone, j, math.min(j + 499, #gone))) end
+  for j = 1, #stray, 500 do redis.call('HDEL', KEYS[7], unpack(stray, j, math.min(j + 499, #stray))) end
 end
 local emptied = 0
 -- (ZRANGE and HGETALL: commands the documented stats-admin ACL already grants)
