@@ -10,6 +10,7 @@ metrics build on the CPU build.
 """
 
 import random
+import time
 from types import SimpleNamespace as NS
 
 import pytest
@@ -299,6 +300,9 @@ def compare_with_vllm(reader) -> int:
     return len(theirs)
 
 
+GAUGE_ORDER_S = 0.01  # steps this far apart: more than a loaded machine's flush round trip
+
+
 def test_same_stats_give_the_same_samples_as_vllm(setup, two_api_servers, config, fake_client):
     cfg, theirs, full = setup
     servers = two_api_servers(cfg)
@@ -307,6 +311,10 @@ def test_same_stats_give_the_same_samples_as_vllm(setup, two_api_servers, config
     for i, (engine, sched, it) in enumerate(steps(cfg)):
         theirs.record(sched, it, engine_idx=engine)
         servers[i % 3 % 2][1].record(sched, it, engine_idx=engine)  # two API servers, uneven split
+        # A gauge two writers set is ordered by the server's clock, each writer's anchored within
+        # its last flush's round trip (docs/key-schema.md): steps microseconds apart, as this loop
+        # makes them, would not be ordered; vLLM's engine steps are milliseconds apart.
+        time.sleep(GAUGE_ORDER_S)
         if i % 23 == 22:  # compare mid-run too, so gauges are checked at many different values
             for w, _ in servers:
                 assert w.flush()
