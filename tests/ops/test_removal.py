@@ -164,3 +164,28 @@ def test_a_writer_is_live_for_the_stale_after_it_stored_not_the_removers(redis_s
     hasty = _cfg(namespace, redis_server.url, stale_after=0.1)
     assert remove_namespace(hasty).live_writers == [w.writer_id]
     assert keys_of(root, namespace)
+
+
+def test_the_admin_user_without_scan_removes_a_dead_writers_load_entries_too(
+    redis_server,
+    namespace,
+    admin_config,  # noqa: F811
+):
+    from redis_stats.load import LoadMap, LoadSource
+
+    root = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    w = StatsWriter(
+        _cfg(namespace, redis_server.url, stale_after=0.3),
+        sample_catalog(),
+        engines=[0],
+        start=False,
+        load=LoadMap(requests_running=LoadSource("running")),
+    )
+    w.gauge("running").labels(engine=0).set(3)
+    assert w.flush()
+    w._closed = True  # killed: never closes, its load entry stays
+    assert root.hlen(w.keys.load) == 1
+    time.sleep(0.4)
+    done = remove_namespace(admin_config(stale_after=0.1))
+    assert (done.failed, done.live_writers, done.scanned) == ({}, [], False)
+    assert keys_of(root, namespace) == set()
