@@ -26,8 +26,9 @@ STALE_FIELD = "stale_ms"
 """The field of a writer's stats hash that holds its ``stale_after`` in milliseconds."""
 
 
-def _declared(stats: Mapping[str, str]) -> float | None:
-    text = stats.get(STALE_FIELD)
+def declared_ms(text: str | None) -> float | None:
+    """A writer's ``stale_ms`` field as every reader and gc take it: a positive finite number of
+    milliseconds, else None (the writer declared nothing usable)."""
     if text is None:
         return None
     try:
@@ -35,6 +36,10 @@ def _declared(stats: Mapping[str, str]) -> float | None:
     except ValueError:
         return None
     return ms if math.isfinite(ms) and ms > 0 else None
+
+
+def _declared(stats: Mapping[str, str]) -> float | None:
+    return declared_ms(stats.get(STALE_FIELD))
 
 
 class Liveness:

@@ -6,7 +6,8 @@
 --       factor (a writer that did not close is removed only once silent for longer than this
 --       many times the stale_after it declared, as well: config.RETENTION_FACTOR), then
 --       {writer, declared stale ms} * n: what the writers declared in their home shards' stats
---       hashes (a writer stores its self-metrics in one shard only; gc.py gathers them)
+--       hashes, as readers take it (a writer stores its self-metrics in one shard only;
+--       ops/retention.py gathers them; a writer not given declared none)
 -- Returns {removed engines, removed writers, tombstones dropped, lines folded, lines not folded,
 --          emptied (1: nothing was left, and the shard's remaining keys were deleted)}.
 --
@@ -57,12 +58,8 @@ local given = {}
 for j = 6, #ARGV - 1, 2 do given[ARGV[j]] = ARGV[j + 1] end
 
 local function declared_ms(w)
-  -- The stale_after (ms) writer w declared (given, else in this shard's stats hash of it); 0
-  -- if none or garbage.
-  local v = given[w] or redis.pcall('HGET', prefix .. 'w:' .. w, 'stale_ms')
-  local ms = type(v) == 'string' and tonumber(v) or 0  -- (tonumber reads nan and inf too)
-  if ms ~= ms or ms < 0 or ms == math.huge then return 0 end
-  return ms
+  -- The stale_after (ms) writer w declared, 0 if none (given: a positive finite number).
+  return tonumber(given[w] or '0') or 0
 end
 
 local function gone(w, score)

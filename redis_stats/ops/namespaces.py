@@ -16,7 +16,7 @@ from typing import Any
 import redis
 
 from redis_stats._core import fields
-from redis_stats._core.liveness import STALE_FIELD, Liveness
+from redis_stats._core.liveness import STALE_FIELD, Liveness, declared_ms
 from redis_stats.connection import is_cluster
 from redis_stats.keys import SCHEMA_VERSION, Keys, parse_layouts
 
@@ -140,6 +140,25 @@ def describe_namespaces(
             )
         )
     return infos
+
+
+def declared_stale(client: Any, shard: Keys) -> dict[str, float]:
+    """Writer -> the ``stale_after`` (ms) it declared in its stats hash in *shard* (its home
+    shard: the others hold none), by the readers' rule (:func:`~redis_stats._core.liveness.declared_ms`).
+    A key of the wrong type declares nothing; a failure to reach the shard is raised."""
+    try:
+        writers: Any = client.zrange(shard.writers, 0, -1)
+    except redis.exceptions.ResponseError:  # not a sorted set: no writer is listed in it
+        return {}
+    pipe = client.pipeline(transaction=False)
+    for w in writers:
+        pipe.hget(shard.writer_stats(w), STALE_FIELD)
+    found = {}
+    for w, text in zip(writers, pipe.execute(raise_on_error=False)):
+        ms = declared_ms(text) if isinstance(text, str) else None  # (an error reply: a wrong type)
+        if ms is not None:
+            found[w] = ms
+    return found
 
 
 def _liveness_inputs(

@@ -20,11 +20,11 @@ from typing import Any
 
 from redis.exceptions import RedisError, ResponseError
 
-from redis_stats._core.liveness import STALE_FIELD
 from redis_stats._scripts import Script, load_script
 from redis_stats.config import StatsConfig
 from redis_stats.connection import Client, is_cluster, make_client
 from redis_stats.keys import Keys, parse_layouts
+from redis_stats.ops.namespaces import declared_stale
 
 __all__ = ["RemovalResult", "remove_namespace"]
 
@@ -98,17 +98,6 @@ def _scanned_keys(client: Client, shard: Keys) -> list[str] | None:
         return None
 
 
-def _declared_stale_ms(client: Client, shard: Keys) -> int:
-    """The longest ``stale_ms`` the writers listed in *shard* stored in their stats hashes."""
-    longest = 0
-    for writer in _members(client, shard.writers):
-        try:
-            longest = max(longest, int(float(client.hget(shard.writer_stats(writer), STALE_FIELD) or 0)))
-        except (ResponseError, ValueError, OverflowError):  # garbage there: the other values decide
-            continue
-    return longest
-
-
 def _chunks(keys: list[str]) -> Iterator[list[str]]:
     for i in range(0, len(keys), KEYS_PER_CALL):
         yield keys[i : i + KEYS_PER_CALL]
@@ -158,7 +147,7 @@ def _plan(
         try:
             named = _named_keys(client, shard, root=i == 0)
             scanned = _scanned_keys(client, shard)
-            stale_ms = max(stale_ms, _declared_stale_ms(client, shard))
+            stale_ms = max(stale_ms, int(max(declared_stale(client, shard).values(), default=0)))
         except RedisError as exc:
             out.failed[shard.prefix] = _first_line(exc)
             continue

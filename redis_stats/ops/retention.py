@@ -23,11 +23,11 @@ from typing import Any
 
 from redis.exceptions import RedisError, ResponseError
 
-from redis_stats._core.liveness import STALE_FIELD
 from redis_stats._scripts import Script, load_script
 from redis_stats.config import RETENTION_FACTOR, StatsConfig
 from redis_stats.connection import Client, make_client
 from redis_stats.keys import Keys, parse_layouts
+from redis_stats.ops.namespaces import declared_stale
 
 __all__ = ["GcResult", "collect_garbage"]
 
@@ -166,23 +166,17 @@ class _Collection:
 
 
 def _declared_stale(client: Client, shards: list[Keys]) -> list[str]:
-    """``writer, stale ms`` pairs: the ``stale_after`` each writer listed in any shard declared in
-    its stats hash (one shard holds it: the writer's home), for gc.lua to judge the writer by in
+    """``writer, stale ms`` pairs: the ``stale_after`` each writer declared in its home shard
+    (:func:`~redis_stats.ops.namespaces.declared_stale`), for gc.lua to judge the writer by in
     every shard. A shard that cannot be read adds nothing (gc.lua fails there too, and says so)."""
-    found: dict[str, str] = {}
+    found: dict[str, float] = {}
     for shard in shards:
         try:
-            writers: Any = client.zrange(shard.writers, 0, -1)
-            pipe = client.pipeline(transaction=False)
-            for w in writers:
-                pipe.hget(shard.writer_stats(w), STALE_FIELD)
-            values = pipe.execute(raise_on_error=False)
+            for writer, ms in declared_stale(client, shard).items():
+                found.setdefault(writer, ms)
         except RedisError:
             continue
-        for w, v in zip(writers, values):
-            if isinstance(v, str) and w not in found:
-                found[w] = v
-    return [x for w, v in found.items() for x in (w, v)]
+    return [x for w, ms in found.items() for x in (w, repr(ms))]
 
 
 def _engine_heartbeats(client: Client, shards: list[Keys]) -> list[dict[str, float] | None]:
