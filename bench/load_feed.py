@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import redis  # noqa: E402
+from scrape_full import reply_bytes  # noqa: E402  (bench/: the script's own folder)
 
 from redis_stats import StatsConfig, StatsReader, StatsWriter  # noqa: E402
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog  # noqa: E402
@@ -65,14 +66,6 @@ def fill(url: str, namespace: str, engines: int) -> list[StatsWriter]:
         assert writer.flush()
         made.append(writer)
     return made
-
-
-def reply_bytes(reply: Any) -> int:
-    if isinstance(reply, (list, tuple)):
-        return sum(reply_bytes(x) for x in reply)
-    if isinstance(reply, (str, bytes)):
-        return len(reply)
-    return 0
 
 
 def server_usec(client: redis.Redis) -> float:
