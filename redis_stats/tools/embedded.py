@@ -98,9 +98,9 @@ def free_port() -> int:
     while True:  # no room below the range: any port the kernel gives
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port != 6379:
-            return port
+            given: int = s.getsockname()[1]
+        if given != 6379:
+            return given
 
 
 _FIRST_PORT = 10000  # above the well-known and most registered service ports
