@@ -32,6 +32,7 @@ Usage: python bench/flush_cost.py [--rounds 2] [--interval 1.0] [--single-calls 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -50,7 +51,10 @@ from redis_stats.integrations.vllm.load import VLLM_LOAD  # noqa: E402
 from redis_stats.keys import Keys  # noqa: E402
 from redis_stats.tools.embedded import EmbeddedRedis  # noqa: E402
 from redis_stats.tools.simulate import SimulatedApiServer  # noqa: E402
+from redis_stats.writer.stats import STATS_INTERVAL  # noqa: E402
 
+# Flushes (1 s apart in the profile) per flush that stores the routine self-metrics.
+STATS_EVERY = max(1, round(STATS_INTERVAL / 1.0))
 READ_EVERY = 120  # calls between two reads of the slow log at a fast pace (see measure)
 SLOWLOG_US = 10  # the slow log's threshold (see main)
 
@@ -70,9 +74,13 @@ class Flush:
     args_bytes: int = 0
 
 
-def busy_profile(batches: int, writers: int = 2, steps_per_flush: int = 20) -> list[list[Flush]]:
+def busy_profile(
+    batches: int, writers: int = 2, steps_per_flush: int = 20, stats_every: int = STATS_EVERY
+) -> list[list[Flush]]:
     """*batches* flushes of each of *writers* API servers of one busy engine (the first carries
-    the catalogue), as each writer built them. One list of flushes per writer, in order."""
+    the catalogue), as each writer built them. One list of flushes per writer, in order; one
+    flush in *stats_every* stores the writer's self-metrics (a writer stores the routine ones
+    every ``STATS_INTERVAL`` seconds, these flushes are 1 s apart)."""
     out: list[list[Flush]] = []
     cfg = StatsConfig(url="redis://127.0.0.1:1/0", namespace="profile")
     for w in range(writers):
@@ -87,6 +95,7 @@ def busy_profile(batches: int, writers: int = 2, steps_per_flush: int = 20) -> l
             for _ in range(steps_per_flush):
                 sim.step(now + step * 0.05)
                 step += 1
+            writer.stats_interval = 0.0 if len(flushes) % stats_every == 0 else math.inf
             keys, args = writer.prepare_flush()
             batch = writer._protocol.in_flight
             assert batch is not None
@@ -209,13 +218,18 @@ def main() -> None:
         default=[],
         help="another flush.lua (after common.lua), measured beside the package's (repeatable)",
     )
+    parser.add_argument(
+        "--stats-each",
+        action="store_true",
+        help="also the flush with the self-metrics in every call (as before the stats interval)",
+    )
     parser.add_argument("--quick", action="store_true", help="1 round, 6 paced calls (a smoke run)")
     opts = parser.parse_args()
     if opts.quick:
         opts.rounds, opts.calls, opts.single_calls, opts.fleet_seconds = 1, 100, 6, 1.0
     warm = 10  # flushes per writer before the steady state: the catalogue, every chunk's names
     variants = {path.stem: load_script("common") + path.read_text() for path in opts.variant}
-    per_call = 2 + len(variants)  # candidates taking turns
+    per_call = 2 + len(variants) + opts.stats_each  # candidates taking turns
     fleet_n = int(opts.fleet_rate * opts.fleet_seconds / per_call)
     profile = busy_profile(warm + 30)
     tail = [f for group in profile for f in group[warm:]]
@@ -240,6 +254,9 @@ def main() -> None:
         client.config_set("slowlog-max-len", 10 * max(READ_EVERY, 3 * opts.single_calls))
         shas = {"floor": client.script_load(FLOOR_LUA), "flush": client.script_load(load_script("flush"))}
         calls = {"flush": Calls(profile, warm, "after")}
+        if opts.stats_each:  # the same script under another SHA, with the other profile
+            shas["stats each"] = client.script_load(load_script("flush") + "\n-- stats each\n")
+            calls["stats each"] = Calls(busy_profile(warm + 30, stats_every=1), warm, "each")
         for name, source in variants.items():
             shas[name] = client.script_load(source)
             calls[name] = Calls(profile, warm, name)

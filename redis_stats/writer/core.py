@@ -11,6 +11,7 @@ engine conflicts, a ``WAIT`` reply); when a close tries again or gives up. The b
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -28,7 +29,7 @@ from redis_stats.load import LoadMap, LoadTracker
 from redis_stats.writer import forking
 from redis_stats.writer.handles import CounterSeries, GaugeSeries, HistogramSeries, MetricHandle
 from redis_stats.writer.identity import check_engines, check_identity, new_writer_id
-from redis_stats.writer.stats import WriterStats
+from redis_stats.writer.stats import STATS_INTERVAL, WriterStats, routine_stat
 
 __all__ = ["WriterCore"]
 
@@ -99,6 +100,11 @@ class WriterCore:
         # flight sends: only the ones that changed go with a flush (each field costs Redis time).
         self._stats_stored: dict[str, str] = {}
         self._stats_sent: list[str] = []
+        self._stats_at = -math.inf  # monotonic time of the last flush Redis applied them with
+        self.stats_interval = STATS_INTERVAL
+        """Least seconds between two flushes that carry self-metrics when only the routine ones
+        changed (flush counts and durations, pending series): each flush that carries them
+        writes one more hash in Redis. Any other change goes with the next flush."""
         forking.track(self)
 
     def __repr__(self) -> str:
@@ -181,7 +187,7 @@ class WriterCore:
         """
         self.writer_id = new_writer_id(self._role)
         self.stats = WriterStats()
-        self._stats_stored, self._stats_sent = {}, []
+        self._stats_stored, self._stats_sent, self._stats_at = {}, [], -math.inf
         self._acc.forget_pending(self.writer_id)
         self._protocol = FlushProtocol(self._acc)
         if self.load is not None:
@@ -234,19 +240,24 @@ class WriterCore:
                 owner=self.owner,
                 stale_ms=stale_ms,
                 claims=claims,
-                stats=self._changed_stats() if shard == self.home else (),
+                stats=self._changed_stats(batch.closing) if shard == self.home else (),
                 load=self._load_entries(shard, batch.closing),
             )
             calls.append((shard, batch.script_keys(keys, flow.writer_id), args))
         return calls
 
-    def _changed_stats(self) -> list[str]:
-        """The self-metrics (field, value pairs) that differ from what Redis holds."""
+    def _changed_stats(self, closing: bool) -> list[str]:
+        """The self-metrics (field, value pairs) that differ from what Redis holds: none when
+        only routine ones changed since a flush less than :attr:`stats_interval` ago stored
+        them (a closing flush sends its last values whatever changed)."""
         fields = self.stats.as_fields(self.drops, self._acc.pending_series(), self.engines, self.owner)
         # Readers judge this writer (and its engines) by its own stale_after (_core/liveness.py).
         fields += (STALE_FIELD, str(int(self.config.stale_after * 1000)))
         stored = self._stats_stored
         changed = [x for k, v in zip(fields[0::2], fields[1::2]) if stored.get(k) != v for x in (k, v)]
+        recent = time.monotonic() - self._stats_at < self.stats_interval
+        if recent and not closing and all(map(routine_stat, changed[0::2])):
+            changed = []
         self._stats_sent = changed
         return changed
 
@@ -311,9 +322,10 @@ class WriterCore:
         """The home shard answered: what Redis now holds of the self-metrics."""
         if result.writer_removed or result.store_behind:
             self._stats_stored = {}  # a new id, or a store that lost them: all sent again
-        elif result.applied:  # applied now: with it the self-metrics it carried
+        elif result.applied and self._stats_sent:  # applied now: with it the self-metrics it carried
             sent = self._stats_sent
             self._stats_stored.update(zip(sent[0::2], sent[1::2]))
+            self._stats_at = time.monotonic()
 
     def _catalog_conflicts(self, result: FlushResult) -> None:
         """Stop sending the metrics Redis defines otherwise, with one warning for each new one."""

@@ -97,6 +97,7 @@ def _round_trip(client_of: Any, ns: str, url: str) -> None:
         for i in range(2)
     ]
     for n, w in enumerate(writers, 1):
+        w.stats_interval = 0  # the routine self-metrics with every flush (else every 5 s)
         _record(w, range(6), n)
         assert w.flush() and w.flush()  # the second stores what the first counted
     raw = client_of()
@@ -224,6 +225,7 @@ def test_a_writer_only_in_shard_1_keeps_its_self_metrics_there(fake_client, name
     w = StatsWriter(
         _cfg(namespace, shards=K), sample_catalog(), engines=[1, 4], client=fake_client(), start=False
     )
+    w.stats_interval = 0  # the routine self-metrics with every flush (else every 5 s)
     w.counter("tokens").labels(engine=4).inc(1)
     assert w.flush() and w.flush()
     raw = fake_client()

@@ -114,10 +114,12 @@ def _check_totals(cfg: StatsConfig, tokens: float, late: float) -> None:
 @pytest.mark.parametrize("target", list(TARGETS))
 def test_wrong_type_key_refuses_whole_flush_then_retry_is_exact(cfg, client, writers, target, caplog):
     w = _writer(cfg, writers, owner="inst-a")
+    w.stats_interval = 0  # every flush stores the self-metrics, the failing one too
     _record(w, 100, 1.0)
     assert w.flush()
     key = TARGETS[target](Keys(cfg.namespace), w)
-    # The failing batch carries every part: counters, a histogram, a gauge, a new spec, claims.
+    # The failing batch carries every part: counters, a histogram, a gauge, a new spec, claims,
+    # self-metrics.
     _record(w, 50, 7.0)
     if target == "conflicts hash":
         # The conflicts hash is written (and so checked) when a flush finds another live owner.

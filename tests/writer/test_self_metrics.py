@@ -1,6 +1,7 @@
 """The library's own health, next to the data: writer self-metrics and engine ownership conflicts."""
 
 import logging
+import time
 
 from redis_stats import StatsReader, StatsWriter
 from tests.prometheus.test_collector import samples, scrape
@@ -8,6 +9,7 @@ from tests.prometheus.test_collector import samples, scrape
 
 def test_writer_self_metrics_are_exposed_by_any_reader(config, catalog, fake_client):
     w = StatsWriter(config, catalog, engines=[0], client=fake_client(), start=False)
+    w.stats_interval = 0  # every flush stores them (the cadence: test_routine_self_metrics_...)
     real = w._script
 
     def broken(**kw):
@@ -69,3 +71,35 @@ def test_api_servers_of_one_instance_share_an_owner_and_do_not_conflict(config, 
     assert all(w.stats.conflicts == 0 for w in writers)
     fams, _ = scrape(StatsReader(config, catalog, client=fake_client()))
     assert set(samples(fams["redis_stats_engine_conflict"]).values()) == {0.0}
+
+
+def test_routine_self_metrics_wait_for_the_stats_interval_the_rest_go_at_once(config, catalog, fake_client):
+    """Flush counts and durations change with every flush: they are stored at most every
+    ``stats_interval`` (each flush that stores them writes one more hash in Redis); an error, a
+    drop or the writer's close is stored by the next flush."""
+    w = StatsWriter(config, catalog, engines=[0], client=fake_client(), start=False)
+    w.stats_interval = 60.0
+    reader = StatsReader(config, catalog, client=fake_client())
+
+    def stored() -> dict[str, str]:
+        return reader.snapshot().writers[w.writer_id].stats
+
+    assert w.flush()  # the first flush stores them all (engines, owner, stale_after, ...)
+    assert stored()["flushes"] == "0" and "engines" in stored()
+    for _ in range(3):
+        assert w.flush()
+    assert stored()["flushes"] == "0"  # only routine ones changed: they wait
+    _keys, args = w.prepare_flush()
+    assert args[10] == "0"  # no self-metric in the call at all
+    w.counter("tokens").labels(engine=0).inc(float("nan"))  # a drop: not routine
+    assert w.flush()
+    assert stored()["drop:invalid_value"] == "1" and stored()["flushes"] == "4"  # with the rest
+    w.stats_interval = 0.2
+    assert w.flush()
+    assert stored()["flushes"] == "4"
+    time.sleep(0.25)
+    assert w.flush()
+    assert stored()["flushes"] == "6"  # the interval passed: the routine ones are stored again
+    assert w.flush()
+    assert w.close()
+    assert stored()["flushes"] == "8"  # a closing flush stores its last values whatever changed
