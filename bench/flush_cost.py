@@ -22,11 +22,13 @@ The busy-engine profile is real: two writers (two API servers of one engine, as 
 runs them, with an owner claim) record vLLM-shaped traffic through ``VllmRecorder`` driven by
 ``SimulatedApiServer`` (20 engine steps of 50 ms per flush, i.e. a 1 s flush interval); their
 steady-state flushes are cycled, each sent with the writer's next sequence number (so every call
-is applied, never a duplicate). The candidates measured before choosing the stored format, and
+is applied, never a duplicate). As at 1 s a flush, one flush in 5 stores the writers' routine
+self-metrics (``STATS_INTERVAL``) and one in 8 claims the engine (``stale_after / 4``);
+``--every-flush`` adds the same script with both in every call (as before those intervals). The candidates measured before choosing the stored format, and
 why, are in docs/key-schema.md ("Schema 2").
 
 Usage: python bench/flush_cost.py [--rounds 2] [--interval 1.0] [--single-calls 15] [--variant other.lua]
-                                  [--fleet-rate 2048] [--fleet-seconds 3] [--quick]
+                                  [--fleet-rate 2048] [--fleet-seconds 3] [--every-flush] [--quick]
 """
 
 from __future__ import annotations
@@ -51,10 +53,12 @@ from redis_stats.integrations.vllm.load import VLLM_LOAD  # noqa: E402
 from redis_stats.keys import Keys  # noqa: E402
 from redis_stats.tools.embedded import EmbeddedRedis  # noqa: E402
 from redis_stats.tools.simulate import SimulatedApiServer  # noqa: E402
-from redis_stats.writer.stats import STATS_INTERVAL  # noqa: E402
+from redis_stats.writer.stats import CLAIMS_PER_STALE, STATS_INTERVAL  # noqa: E402
 
-# Flushes (1 s apart in the profile) per flush that stores the routine self-metrics.
+# Flushes (1 s apart in the profile) per flush that stores the routine self-metrics, and per
+# flush that claims the engine (every stale_after / 4, the default stale_after).
 STATS_EVERY = max(1, round(STATS_INTERVAL / 1.0))
+CLAIMS_EVERY = max(1, round(StatsConfig().stale_after / CLAIMS_PER_STALE / 1.0))
 READ_EVERY = 120  # calls between two reads of the slow log at a fast pace (see measure)
 SLOWLOG_US = 10  # the slow log's threshold (see main)
 
@@ -75,12 +79,16 @@ class Flush:
 
 
 def busy_profile(
-    batches: int, writers: int = 2, steps_per_flush: int = 20, stats_every: int = STATS_EVERY
+    batches: int,
+    writers: int = 2,
+    steps_per_flush: int = 20,
+    stats_every: int = STATS_EVERY,
+    claims_every: int = CLAIMS_EVERY,
 ) -> list[list[Flush]]:
     """*batches* flushes of each of *writers* API servers of one busy engine (the first carries
     the catalogue), as each writer built them. One list of flushes per writer, in order; one
-    flush in *stats_every* stores the writer's self-metrics (a writer stores the routine ones
-    every ``STATS_INTERVAL`` seconds, these flushes are 1 s apart)."""
+    flush in *stats_every* stores the writer's self-metrics, one in *claims_every* claims its
+    engine (as a writer does at 1 s a flush: the profile is built faster than real time)."""
     out: list[list[Flush]] = []
     cfg = StatsConfig(url="redis://127.0.0.1:1/0", namespace="profile")
     for w in range(writers):
@@ -96,6 +104,7 @@ def busy_profile(
                 sim.step(now + step * 0.05)
                 step += 1
             writer.stats_interval = 0.0 if len(flushes) % stats_every == 0 else math.inf
+            writer.claim_interval = 0.0 if len(flushes) % claims_every == 0 else math.inf
             keys, args = writer.prepare_flush()
             batch = writer._protocol.in_flight
             assert batch is not None
@@ -219,9 +228,9 @@ def main() -> None:
         help="another flush.lua (after common.lua), measured beside the package's (repeatable)",
     )
     parser.add_argument(
-        "--stats-each",
+        "--every-flush",
         action="store_true",
-        help="also the flush with the self-metrics in every call (as before the stats interval)",
+        help="also the flush with self-metrics and claims in every call (before their intervals)",
     )
     parser.add_argument("--quick", action="store_true", help="1 round, 6 paced calls (a smoke run)")
     opts = parser.parse_args()
@@ -229,7 +238,7 @@ def main() -> None:
         opts.rounds, opts.calls, opts.single_calls, opts.fleet_seconds = 1, 100, 6, 1.0
     warm = 10  # flushes per writer before the steady state: the catalogue, every chunk's names
     variants = {path.stem: load_script("common") + path.read_text() for path in opts.variant}
-    per_call = 2 + len(variants) + opts.stats_each  # candidates taking turns
+    per_call = 2 + len(variants) + opts.every_flush  # candidates taking turns
     fleet_n = int(opts.fleet_rate * opts.fleet_seconds / per_call)
     profile = busy_profile(warm + 30)
     tail = [f for group in profile for f in group[warm:]]
@@ -254,9 +263,10 @@ def main() -> None:
         client.config_set("slowlog-max-len", 10 * max(READ_EVERY, 3 * opts.single_calls))
         shas = {"floor": client.script_load(FLOOR_LUA), "flush": client.script_load(load_script("flush"))}
         calls = {"flush": Calls(profile, warm, "after")}
-        if opts.stats_each:  # the same script under another SHA, with the other profile
-            shas["stats each"] = client.script_load(load_script("flush") + "\n-- stats each\n")
-            calls["stats each"] = Calls(busy_profile(warm + 30, stats_every=1), warm, "each")
+        if opts.every_flush:  # the same script under another SHA, with the other profile
+            shas["every flush"] = client.script_load(load_script("flush") + "\n-- every flush\n")
+            every = busy_profile(warm + 30, stats_every=1, claims_every=1)
+            calls["every flush"] = Calls(every, warm, "each")
         for name, source in variants.items():
             shas[name] = client.script_load(source)
             calls[name] = Calls(profile, warm, name)

@@ -14,6 +14,7 @@ touches under the record lock (``unsent``) and which only from the collector (ev
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -35,6 +36,8 @@ class ShardFlow:
 
     __slots__ = (
         "active",
+        "claimed_at",
+        "claiming",
         "clock",
         "confirmed",
         "confirmed_ms",
@@ -78,6 +81,10 @@ class ShardFlow:
         # id, or the store lost it: the next batch carries everything).
         self.confirmed = 0
         self.confirmed_ms = 0
+        # When Redis last applied this writer's claims of its engines here (monotonic s), and
+        # whether the batch in flight carries them: claims are renewed, not sent every flush.
+        self.claimed_at = -math.inf
+        self.claiming = False
         self.totals.reset()
 
     def keys(self, namespace: Keys, shards: int) -> Keys:
@@ -124,9 +131,12 @@ class ShardFlow:
                 self.totals.rebase()
             self.resend_all = True
             self.confirmed = self.confirmed_ms = 0
+            self.claimed_at = -math.inf  # the claims may be lost too: with the next batch
             return None
         if batch is None:
             return None
+        if self.claiming:
+            self.claimed_at = _monotonic()
         Totals.confirm(batch.sent)
         self.confirmed = batch.seq
         if result.applied:
@@ -134,6 +144,11 @@ class ShardFlow:
         # else: applied by an earlier attempt, at a time not known: the previous batch's stays
         # (a lower bound of this writer's heartbeat, which is what gc's fold watermark needs).
         return batch
+
+    def claims_due(self, interval: float) -> bool:
+        """Whether the next batch here claims the writer's engines: none applied within
+        *interval* seconds."""
+        return _monotonic() - self.claimed_at >= interval
 
     def pending(self) -> bool:
         """Whether this shard has a batch in flight, or is owed the writer's whole state."""

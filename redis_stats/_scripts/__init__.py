@@ -11,8 +11,6 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, ResponseError
 
-__all__ = ["AsyncScript", "ReadOnlyScript", "Script", "load_script"]
-
 
 def _read(name: str) -> str:
     return resources.files(__package__).joinpath(f"{name}.lua").read_text(encoding="utf-8")

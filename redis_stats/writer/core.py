@@ -29,7 +29,7 @@ from redis_stats.load import LoadMap, LoadTracker
 from redis_stats.writer import forking
 from redis_stats.writer.handles import CounterSeries, GaugeSeries, HistogramSeries, MetricHandle
 from redis_stats.writer.identity import check_engines, check_identity, new_writer_id
-from redis_stats.writer.stats import STATS_INTERVAL, WriterStats, routine_stat
+from redis_stats.writer.stats import CLAIMS_PER_STALE, STATS_INTERVAL, WriterStats, routine_stat
 
 __all__ = ["WriterCore"]
 
@@ -101,6 +101,10 @@ class WriterCore:
         self._stats_stored: dict[str, str] = {}
         self._stats_sent: list[str] = []
         self._stats_at = -math.inf  # monotonic time of the last flush Redis applied them with
+        self.claim_interval = self.config.stale_after / CLAIMS_PER_STALE
+        """Least seconds between two flushes that claim the writer's engines (with an owner): a
+        claim lives for the stale_after of whoever checks it, and each costs the flush a read and
+        a write of the claims hash. Another live owner is found within this plus one flush."""
         self.stats_interval = STATS_INTERVAL
         """Least seconds between two flushes that carry self-metrics when only the routine ones
         changed (flush counts and durations, pending series): each flush that carries them
@@ -232,8 +236,11 @@ class WriterCore:
             # and a writer of one engine (the vLLM layout) only ever needs one or two.
             keys = flow.keys(self.keys, k)
             claims = (
-                [e + offset for e in self.engines if shard_of(e + offset, k) == shard] if self.owner else ()
+                [e + offset for e in self.engines if shard_of(e + offset, k) == shard]
+                if self.owner and flow.claims_due(self.claim_interval)
+                else []
             )
+            flow.claiming = bool(claims)
             args = batch.script_args(
                 keys.prefix,
                 flow.writer_id,

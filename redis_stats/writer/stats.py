@@ -9,7 +9,7 @@ from bisect import bisect_left
 from collections import Counter as _Tally
 from dataclasses import dataclass, field
 
-__all__ = ["FLUSH_DURATION_BUCKETS", "STATS_INTERVAL", "WriterStats", "routine_stat"]
+__all__ = ["CLAIMS_PER_STALE", "FLUSH_DURATION_BUCKETS", "STATS_INTERVAL", "WriterStats", "routine_stat"]
 
 
 # Upper bounds (s) of the flush-duration histogram of every writer's self-metrics.
@@ -19,6 +19,12 @@ FLUSH_DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 
 # (issue 28: one hash less written by four flushes in five at a 1 s flush interval, about 0.05x
 # of the 45-HINCRBY floor each; the flush counters Prometheus reads are at most this far behind).
 STATS_INTERVAL = 5.0
+
+# Claims of a writer's engines renewed this many times per its stale_after (issue 28: at the
+# default 30 s, one flush in eight claims at a 1 s interval). Two live owners with stale_after
+# Sa >= Sb: A's renewal finds B's claim (at most Sb/4 plus a flush old, within Sa): the conflict is
+# found within Sa/4 plus a flush interval.
+CLAIMS_PER_STALE = 4
 
 _ROUTINE = frozenset({"flushes", "dur_sum", "pending"})
 

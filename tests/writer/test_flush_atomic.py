@@ -114,7 +114,7 @@ def _check_totals(cfg: StatsConfig, tokens: float, late: float) -> None:
 @pytest.mark.parametrize("target", list(TARGETS))
 def test_wrong_type_key_refuses_whole_flush_then_retry_is_exact(cfg, client, writers, target, caplog):
     w = _writer(cfg, writers, owner="inst-a")
-    w.stats_interval = 0  # every flush stores the self-metrics, the failing one too
+    w.stats_interval = w.claim_interval = 0  # every flush stores self-metrics and claims
     _record(w, 100, 1.0)
     assert w.flush()
     key = TARGETS[target](Keys(cfg.namespace), w)

@@ -46,6 +46,7 @@ def test_two_live_owners_of_one_engine_are_detected_warned_once_and_exposed(
 ):
     a = StatsWriter(config, catalog, engines=[0], owner="node-a:100", client=fake_client(), start=False)
     b = StatsWriter(config, catalog, engines=[0], owner="node-b:200", client=fake_client(), start=False)
+    a.claim_interval = b.claim_interval = 0  # both claim with every flush (the cadence: below)
     with caplog.at_level(logging.WARNING, logger="redis_stats.writer"):
         for _ in range(3):
             assert a.flush() and b.flush()
@@ -103,3 +104,29 @@ def test_routine_self_metrics_wait_for_the_stats_interval_the_rest_go_at_once(co
     assert w.flush()
     assert w.close()
     assert stored()["flushes"] == "8"  # a closing flush stores its last values whatever changed
+
+
+def test_claims_are_renewed_every_quarter_stale_after_and_a_second_owner_is_found_at_once(
+    config, catalog, fake_client
+):
+    """A writer claims its engines with its first flush and then every ``stale_after / 4``, not
+    with every flush (each claim costs the flush a read and a write of the claims hash): a second
+    live owner is found by its own first flush, and the first owner finds it at its next renewal."""
+    a = StatsWriter(config, catalog, engines=[0], owner="node-a:100", client=fake_client(), start=False)
+    assert a.claim_interval == config.stale_after / 4
+    assert a.flush()
+    for _ in range(3):
+        _keys, args = a.prepare_flush()
+        assert args[9] == "0"  # no claim within the interval
+        assert a.flush()
+    b = StatsWriter(config, catalog, engines=[0], owner="node-b:200", client=fake_client(), start=False)
+    assert b.flush() and b.stats.conflicts == 1  # found by the newcomer's first flush
+    assert a.flush() and a.stats.conflicts == 0  # a has not renewed its claim yet
+    a.claim_interval = 0.2
+    time.sleep(0.25)
+    _keys, args = a.prepare_flush()
+    assert args[9:11] == ["1", "0"]  # its renewal claims engine 0 ...
+    assert a.flush() and a.stats.conflicts == 1  # ... and meets b's live claim
+    snap = StatsReader(config, catalog, client=fake_client()).snapshot()
+    assert set(snap.engines[0].conflict) == {"node-a:100", "node-b:200"}
+    a._closed = b._closed = True
