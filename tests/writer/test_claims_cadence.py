@@ -1,0 +1,44 @@
+"""Claims renewed every ``stale_after / 4`` (CLAIMS_PER_STALE): what a writer believes it claimed
+is what Redis holds, and an engine it starts writing is claimed at once."""
+
+import time
+
+import redis
+
+from redis_stats import StatsWriter
+from redis_stats.keys import Keys
+
+
+def _claim(client, config, engine: int) -> str | None:
+    return client.hget(Keys(config.namespace).claims, str(engine))
+
+
+def test_a_retried_flush_answered_already_applied_does_not_count_as_a_claim(config, catalog, fake_client):
+    """A flush whose reply was lost carried no claim (not due); by its retry the renewal is due,
+    so the retry carries one, but Redis answers "already applied" and writes nothing: the writer
+    must not believe it renewed its claim (it would wait another stale_after / 4 while Redis holds
+    an old one, and a second owner's first flush would not see it)."""
+    client = fake_client()
+    a = StatsWriter(config, catalog, engines=[0], owner="node-a:100", client=client, start=False)
+    a.claim_interval = 0.2
+    assert a.flush()  # claims engine 0
+    first = _claim(client, config, 0)
+    real = a._script
+
+    def reply_lost(*args, **kwargs):
+        real(*args, **kwargs)  # applied ...
+        raise redis.TimeoutError("Timeout reading from socket")  # ... its answer lost
+
+    a._script = reply_lost
+    _keys, args = a.prepare_flush()
+    assert args[9] == "0"  # this attempt carries no claim
+    assert not a.flush()
+    a._script = real
+    time.sleep(0.25)  # the renewal is due: the retry carries the claim
+    assert a.flush() and a.stats.duplicates == 1  # already applied: nothing written
+    assert _claim(client, config, 0) == first  # Redis holds the old claim only
+    _keys, args = a.prepare_flush()
+    assert args[9:11] == ["1", "0"]  # so the next flush claims engine 0 again
+    assert a.flush()
+    assert _claim(client, config, 0) != first
+    a._closed = True
