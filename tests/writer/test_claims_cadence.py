@@ -42,3 +42,18 @@ def test_a_retried_flush_answered_already_applied_does_not_count_as_a_claim(conf
     assert a.flush()
     assert _claim(client, config, 0) != first
     a._closed = True
+
+
+def test_an_engine_added_later_is_claimed_with_the_next_flush(config, catalog, fake_client):
+    """A bridge learns a source's engines as it scrapes them (add_engines): an engine it starts
+    writing is claimed with its next flush, so another live owner of it is found then, not a
+    quarter of stale_after later."""
+    b = StatsWriter(config, catalog, engines=[1], owner="node-b:200", client=fake_client(), start=False)
+    a = StatsWriter(config, catalog, engines=[0], owner="node-a:100", client=fake_client(), start=False)
+    assert b.flush() and a.flush()
+    assert a.stats.conflicts == 0
+    a.add_engines([1])
+    _keys, args = a.prepare_flush()
+    assert args[9:12] == ["2", "0", "1"]  # both engines claimed ...
+    assert a.flush() and a.stats.conflicts == 1  # ... and b's live claim of engine 1 is met
+    a._closed = b._closed = True
