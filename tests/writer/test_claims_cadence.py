@@ -5,7 +5,7 @@ import time
 
 import redis
 
-from redis_stats import StatsWriter
+from redis_stats import StatsReader, StatsWriter
 from redis_stats.keys import Keys
 
 
@@ -56,4 +56,38 @@ def test_an_engine_added_later_is_claimed_with_the_next_flush(config, catalog, f
     _keys, args = a.prepare_flush()
     assert args[9:12] == ["2", "0", "1"]  # both engines claimed ...
     assert a.flush() and a.stats.conflicts == 1  # ... and b's live claim of engine 1 is met
+    a._closed = b._closed = True
+
+
+def test_owners_with_different_stale_afters_find_the_conflict_within_the_longer_ones_renewal(
+    config, catalog, fake_client
+):
+    """Owner a declares stale_after 60 s (renews every 15 s), b 4 s. A claim counts as live for
+    the stale_after of whoever checks it: b, started while a's claim is 5 s old, does not find a
+    with its first flush; a's next renewal finds b (b's claim is at most 1 s plus a flush old),
+    and every reader shows the conflict from then on (its window is the longest stale_after the
+    namespace's writers declared, 60 s: a renews it every 15 s, it never flickers off)."""
+    client = fake_client()
+    a = StatsWriter(
+        config.replace(stale_after=60.0), catalog, engines=[0], owner="node-a:100", client=client, start=False
+    )
+    assert a.claim_interval == 15.0
+    assert a.flush()
+    claims = Keys(config.namespace).claims
+    owner, at = client.hget(claims, "0").rsplit("|", 1)
+    client.hset(claims, "0", f"{owner}|{int(at) - 5000}")  # a's claim, 5 s later (not due yet)
+    b = StatsWriter(
+        config.replace(stale_after=4.0), catalog, engines=[0], owner="node-b:200", client=client, start=False
+    )
+    assert b.flush() and b.stats.conflicts == 0  # a's claim is older than b's 4 s
+    assert a.flush() and a.stats.conflicts == 0  # a's renewal is not due
+    reader = StatsReader(config, catalog, client=fake_client())
+    assert reader.snapshot().engines[0].conflict == ()
+    a._flows[0].claimed_at -= 15.0  # 15 s later: a renews its claim and meets b's live one
+    assert a.flush() and a.stats.conflicts == 1
+    assert set(reader.snapshot().engines[0].conflict) == {"node-a:100", "node-b:200"}
+    conflicts = Keys(config.namespace).conflicts
+    pair, at = client.hget(conflicts, "0").rsplit("|", 1)
+    client.hset(conflicts, "0", f"{pair}|{int(at) - 40_000}")  # found 40 s ago: within a's 60 s
+    assert set(reader.snapshot().engines[0].conflict) == {"node-a:100", "node-b:200"}
     a._closed = b._closed = True
