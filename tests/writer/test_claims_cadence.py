@@ -91,3 +91,14 @@ def test_owners_with_different_stale_afters_find_the_conflict_within_the_longer_
     client.hset(conflicts, "0", f"{pair}|{int(at) - 40_000}")  # found 40 s ago: within a's 60 s
     assert set(reader.snapshot().engines[0].conflict) == {"node-a:100", "node-b:200"}
     a._closed = b._closed = True
+
+
+def test_conflicts_total_counts_each_engine_met_by_a_claiming_flush(config, catalog, fake_client):
+    """docs/operations.md, ``redis_stats_writer_conflicts_total``: one per engine a claiming flush
+    finds claimed by another live owner; a flush that does not claim counts none."""
+    a = StatsWriter(config, catalog, engines=[0, 1], owner="node-a:100", client=fake_client(), start=False)
+    b = StatsWriter(config, catalog, engines=[0, 1], owner="node-b:200", client=fake_client(), start=False)
+    assert a.flush() and b.flush()
+    assert b.stats.conflicts == 2  # two engines, one flush
+    assert b.flush() and b.stats.conflicts == 2  # not due: no claim, nothing counted
+    a._closed = b._closed = True
