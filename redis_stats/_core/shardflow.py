@@ -135,7 +135,9 @@ class ShardFlow:
             return None
         if batch is None:
             return None
-        if self.claiming:
+        if self.claiming and result.applied:
+            # Applied now, claims and all. "Already applied" wrote nothing of this attempt: its
+            # claims (maybe not in the attempt Redis applied) go again with the next batch.
             self.claimed_at = _monotonic()
         Totals.confirm(batch.sent)
         self.confirmed = batch.seq

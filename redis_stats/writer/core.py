@@ -156,8 +156,11 @@ class WriterCore:
     def add_engines(self, engines: tuple[int, ...] | list[int]) -> None:
         """Heartbeat *engines* too from the next flush on (a bridge learns a source's engines
         as it scrapes them); refused as at construction when one is not an int >= 0."""
-        self.engines = tuple(sorted({*self.engines, *check_engines(engines)}))
+        added = set(check_engines(engines)) - set(self.engines)
+        self.engines = tuple(sorted({*self.engines, *added}))
         offset, k = self.config.engine_offset, self.shards
+        for shard in {shard_of(e + offset, k) for e in added}:  # claimed with the next flush there
+            self._flows[shard].claimed_at = -math.inf
         self._always = tuple(sorted({shard_of(e + offset, k) for e in self.engines} | {self.home}))
 
     def count_drop(self, reason: str, n: int = 1) -> None:
