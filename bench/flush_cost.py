@@ -24,8 +24,9 @@ runs them, with an owner claim) record vLLM-shaped traffic through ``VllmRecorde
 steady-state flushes are cycled, each sent with the writer's next sequence number (so every call
 is applied, never a duplicate). As at 1 s a flush, one flush in 5 stores the writers' routine
 self-metrics (``STATS_INTERVAL``) and one in 8 claims the engine (``stale_after / 4``);
-``--every-flush`` adds the same script with both in every call (as before those intervals). The candidates measured before choosing the stored format, and
-why, are in docs/key-schema.md ("Schema 2").
+``--every-flush`` adds the same script with both in every call (as before those intervals). The
+candidates measured before choosing the stored format, and why, are in docs/benchmarks.md
+("Schema 2: what a flush costs Redis, and the format chosen").
 
 Usage: python bench/flush_cost.py [--rounds 2] [--interval 1.0] [--single-calls 15] [--variant other.lua]
                                   [--fleet-rate 2048] [--fleet-seconds 3] [--every-flush] [--quick]

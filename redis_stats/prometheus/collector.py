@@ -237,7 +237,9 @@ def writer_families(snapshot: Snapshot) -> Iterator[Metric]:
         labels=[*w, "reason"],
     )
     conflicts = CounterMetricFamily(
-        "redis_stats_writer_conflicts", "Flushes that found another live owner of a claimed engine.", labels=w
+        "redis_stats_writer_conflicts",
+        "Engines a claiming flush found claimed by another live owner.",
+        labels=w,
     )
     pending = GaugeMetricFamily(
         "redis_stats_writer_pending_series", "Series changed but not yet sent, at the last flush.", labels=w

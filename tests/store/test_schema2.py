@@ -1,5 +1,5 @@
 """Schema 2 (issue 15): what a flush costs Redis, what it sends, and what a reader or writer of
-another format does (docs/key-schema.md, "Schema 2")."""
+another format does (docs/benchmarks.md, "Schema 2: what a flush costs Redis, and the format chosen")."""
 
 from __future__ import annotations
 
