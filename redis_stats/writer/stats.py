@@ -16,8 +16,9 @@ __all__ = ["CLAIMS_PER_STALE", "FLUSH_DURATION_BUCKETS", "STATS_INTERVAL", "Writ
 FLUSH_DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 # Seconds between two flushes that store the self-metrics when only the routine ones changed
-# (issue 28: one hash less written by four flushes in five at a 1 s flush interval, about 0.05x
-# of the 45-HINCRBY floor each; the flush counters Prometheus reads are at most this far behind).
+# (issue 28: one hash less written by four flushes in five at a 1 s flush interval; with the claim
+# interval below, 7-9 % less Redis time per flush warm, docs/benchmarks.md). The flush counters
+# Prometheus reads are at most this far behind.
 STATS_INTERVAL = 5.0
 
 # Claims of a writer's engines renewed this many times per its stale_after (issue 28: at the
