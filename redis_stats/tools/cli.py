@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -16,6 +15,7 @@ from click.core import ParameterSource
 
 from redis_stats import __version__
 from redis_stats.config import ConfigError, StatsConfig, redact
+from redis_stats.tools.stopping import stop_on_signals
 
 __all__ = ["main"]
 
@@ -374,19 +374,14 @@ def exporter(
             )
         ) from None
     stop = threading.Event()
-    # Ctrl-C and SIGTERM (Kubernetes stopping the pod) end it the same way. The handlers only set
-    # an event that the main thread polls: a KeyboardInterrupt raised in the serving loop could be
-    # lost (an exporter under a test's load kept serving after SIGINT 1 time in 10).
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-    server.start()
-    click.echo(f"serving {config.namespace!r} from {config.safe_url} on {server.url}/metrics")
-    try:
-        while not stop.wait(0.25):
-            pass
-    finally:
-        server.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with stop_on_signals(stop.set):
+        server.start()
+        click.echo(f"serving {config.namespace!r} from {config.safe_url} on {server.url}/metrics")
+        try:
+            while not stop.wait(0.25):
+                pass
+        finally:
+            server.close()
 
 
 @main.command()
@@ -665,7 +660,6 @@ def bridge(
     """Scrape LLM servers' own /metrics (vLLM, SGLang, TensorRT-LLM, llama.cpp) into the store,
     each source one writer (docs/bridge.md)."""
     import logging
-    import signal
 
     from redis_stats.integrations.bridge import Bridge, BridgedSource
     from redis_stats.integrations.vllm import vllm_catalog
@@ -686,17 +680,14 @@ def bridge(
     except (ValueError, ConfigError) as exc:
         raise click.UsageError(str(exc)) from None
     runner = Bridge(bridged, interval=interval)
-    signal.signal(signal.SIGTERM, lambda *_: runner.stop())
     for source, start in zip(bridged, starts):
         click.echo(
             f"bridging {source.safe_url} -> {config.namespace!r} at {config.safe_url} (engine offset {start})"
         )
-    runner.start()
-    try:
+    with stop_on_signals(runner.stop):  # also while it closes: a second Ctrl-C cannot cut that short
+        runner.start()
         runner.wait(duration)
-    except KeyboardInterrupt:
-        pass
-    runner.close()
+        runner.close()
 
 
 def _source_urls(sources: tuple[str, ...], source_files: tuple[str, ...]) -> list[str]:

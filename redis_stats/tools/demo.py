@@ -30,6 +30,7 @@ from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
 from redis_stats.prometheus.exporter import Exporter
 from redis_stats.reader import StatsReader
 from redis_stats.tools.embedded import EmbeddedRedis
+from redis_stats.tools.stopping import stop_on_signals
 
 __all__ = ["DemoOptions", "command_line", "run_demo", "run_node"]
 
@@ -58,16 +59,19 @@ class DemoOptions:
 def run_demo(
     opts: DemoOptions, out: TextIO = sys.stdout, ready: Callable[[Exporter], None] | None = None
 ) -> int:
-    """Run the demo until Ctrl-C (or ``opts.duration``); returns a process exit code."""
+    """Run the demo until Ctrl-C or SIGTERM (or ``opts.duration``); returns a process exit code."""
+    stop = threading.Event()
+    with stop_on_signals(stop.set):  # also while it shuts down: a second Ctrl-C cannot cut that short
+        return _run(opts, out, ready, stop)
+
+
+def _run(
+    opts: DemoOptions, out: TextIO, ready: Callable[[Exporter], None] | None, stop: threading.Event
+) -> int:
+    """The demo's run: Redis, the node processes and the exporter, until *stop* (or the duration)."""
     server: EmbeddedRedis | None = None
     fleet: _Fleet | None = None
     exporter: Exporter | None = None
-    stop = threading.Event()
-    # Ctrl-C and SIGTERM both mean "stop cleanly" (SIGINT is handled explicitly: a shell may have
-    # started the demo with SIGINT ignored).
-    previous_handlers = {
-        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
-    }
     try:
         _check_port(opts.host, opts.port)  # before Redis and the node processes start
         url = opts.redis_url
@@ -96,8 +100,6 @@ def run_demo(
     except KeyboardInterrupt:
         return 0
     finally:
-        for sig, handler in previous_handlers.items():
-            signal.signal(sig, handler)
         _shut_down(exporter, fleet, server)
         _say(out, "demo stopped: every process it started has exited and its temp dir is removed")
 
@@ -341,10 +343,9 @@ def run_node(
     reporter.tick()
     reporter.start()
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        sim.run(stop)
+        with stop_on_signals(stop.set):
+            sim.run(stop)
     finally:
         reporter.close()
         writer.close()
