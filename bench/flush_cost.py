@@ -56,10 +56,11 @@ from redis_stats.tools.embedded import EmbeddedRedis  # noqa: E402
 from redis_stats.tools.simulate import SimulatedApiServer  # noqa: E402
 from redis_stats.writer.stats import CLAIMS_PER_STALE, STATS_INTERVAL  # noqa: E402
 
-# Flushes (1 s apart in the profile) per flush that stores the routine self-metrics, and per
-# flush that claims the engine (every stale_after / 4, the default stale_after).
-STATS_EVERY = max(1, round(STATS_INTERVAL / 1.0))
-CLAIMS_EVERY = max(1, round(StatsConfig().stale_after / CLAIMS_PER_STALE / 1.0))
+PROFILE_INTERVAL = 1.0  # seconds of engine steps per flush in the profile (20 steps of 50 ms)
+# Flushes per flush that stores the routine self-metrics, and per flush that claims the engine
+# (every stale_after / 4, the default stale_after), at the profile's interval.
+STATS_EVERY = max(1, round(STATS_INTERVAL / PROFILE_INTERVAL))
+CLAIMS_EVERY = max(1, round(StatsConfig().stale_after / CLAIMS_PER_STALE / PROFILE_INTERVAL))
 READ_EVERY = 120  # calls between two reads of the slow log at a fast pace (see measure)
 SLOWLOG_US = 10  # the slow log's threshold (see main)
 

@@ -14,6 +14,7 @@ local nclaims = tonumber(ARGV[i]); i = i + 1 + nclaims
 local nstats = tonumber(ARGV[i]); i = i + 1 + 2 * nstats
 local nspecs = tonumber(ARGV[i]); i = i + 1 + 2 * nspecs
 local nload = tonumber(ARGV[i]); i = i + 1 + 2 * nload
+local load_at = i - 2 * nload
 local k = 0
 redis.call('HSET', KEYS[1], writer, ARGV[3])
 while i <= #ARGV do
@@ -27,7 +28,6 @@ redis.call('ZADD', KEYS[3], now_text, writer)
 if nload > 0 then
   local entries = {}
   local stamp = now_text .. ','
-  local load_at = 10 + 1 + nclaims + 1 + 2 * nstats + 1 + 2 * nspecs + 1
   for j = load_at, load_at + 2 * nload - 1, 2 do
     entries[#entries + 1] = ARGV[j] .. '|' .. writer
     entries[#entries + 1] = stamp .. ARGV[j + 1]
