@@ -27,7 +27,7 @@ __all__ = [
     "MAX_LISTED_SHARDS",
     "SCHEMA_VERSION",
     "Keys",
-    "parse_layouts",
+    "parse_shard_counts",
     "shard_of",
     "shard_slot",
     "shard_tag",
@@ -84,7 +84,7 @@ def shard_tag(namespace: str, shard: int, shards: int) -> str:
 MAX_LISTED_SHARDS = 128
 
 
-def parse_layouts(text: object) -> set[int]:
+def parse_shard_counts(text: object) -> set[int]:
     """The K values of shard 0's catalogue field ``shards`` (``"3"``, ``"2,3"``; see shards.lua):
     every K > 1 the namespace's writers used. Anything else in it is ignored (not an ASCII
     integer from 2 to 64), and so are the oldest K (shards.lua appends: the first listed) beyond
@@ -115,12 +115,12 @@ class Keys:
     tag: str = ""
     """The hash tag of the keys: the namespace (shard 0, or an unsharded namespace) when empty."""
 
-    def all_shards(self, layouts: Iterable[int]) -> list[Keys]:
-        """The keys of every shard of the namespace split with any K in *layouts*: shard 0 (these
-        keys) first, then shards 1..K-1 of each K (a K changed leaves data under the old tags),
-        each shard once."""
+    def all_shards(self, shard_counts: Iterable[int]) -> list[Keys]:
+        """The keys of every shard of the namespace split with any K in *shard_counts*: shard 0
+        (these keys) first, then shards 1..K-1 of each K (a K changed leaves data under the old
+        tags), each shard once."""
         out = [self]
-        for k in sorted(set(layouts) - {1}):
+        for k in sorted(set(shard_counts) - {1}):
             out += [self.shard(s, k) for s in range(1, k)]
         # Two K may give a shard the same tag (shard 1 of K=47 and of K=48 of "ns-0": the salts
         # nearest two targets a few slots apart): those keys are one shard, read (and gc'd) once.

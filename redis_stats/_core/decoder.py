@@ -58,36 +58,38 @@ def unreadable(part: Any) -> str | None:
 
 
 class ShardReply(NamedTuple):
-    """One shard's part of a read (``read.lua``'s reply, or the transaction read's), with the
-    keys it was read from. A part that could not be read is its error."""
+    """One shard's part of a read, as it came off the wire, with the keys it was read from (see
+    :class:`redis_stats.reader.Fetch`). A part that could not be read (a key of the wrong type)
+    is its error, and costs that key only."""
 
     keys: Keys
     now_ms: float
     engines: Any
-    """The ``engines`` zset, flat ``[engine, heartbeat ms, ...]``."""
+    """The ``engines`` zset, flat ``[engine, heartbeat ms, ...]``: the engines read."""
     writers: Any
     """The ``writers`` zset, flat ``[writer, heartbeat ms, ...]`` (negative once closed)."""
+    version: Any
+    """The catalogue version (``""``: no catalogue yet)."""
+    listed: Any
+    """The shard counts listed in the catalogue's ``shards`` field (None: none)."""
     conflicts: Any
+    """The ``conflicts`` hash, flat (the snapshot's read; None in the load feed's)."""
+    load: Any
+    """The ``load`` hash, flat (the load feed's read; None in the snapshot's)."""
     hashes: list[Any]
-    """The hash of each engine of :attr:`engines`, flat ``[field, value, ...]``."""
+    """Per engine of :attr:`engines`: its hash, flat (the snapshot's), or its field names (the
+    load feed's)."""
     stats: list[Any]
-    """The self-metrics hash of each writer of :attr:`writers`."""
-
-    @classmethod
-    def of(cls, keys: Keys, reply: list[Any]) -> ShardReply:
-        """The parts of a ``read.lua``-shaped *reply* of the shard of *keys*."""
-        engines, writers = reply[1], reply[2]
-        listed = len(engines) // 2 if engines.__class__ is list else 0
-        return cls(
-            keys, float(reply[0]), engines, writers, reply[5], reply[6 : 6 + listed], reply[6 + listed :]
-        )
+    """Per writer of :attr:`writers`: its stats hash, flat (the snapshot's), or its
+    ``stale_ms`` (the load feed's; None when it stored none)."""
 
 
 class Read(NamedTuple):
-    """One consistent read of a namespace: a reply per shard (shard 0 first; one shard: a list
-    of one), and the catalogue: its *version* and, when the decoder may not hold it, the stored
-    catalogue *meta* (flat, or the error reading it). *notes*: ``(reason, key)`` of what the
-    reader could not read besides (another shard's catalogue)."""
+    """One consistent read of every series of a namespace: a reply per shard (shard 0 first;
+    one shard: a list of one), and the catalogue: its *version* (the shards' versions) and, when
+    the decoder may not hold it, the stored catalogue *meta* (flat, or the error reading it).
+    *notes*: ``(reason, key)`` of what the reader could not read besides (another shard's
+    catalogue)."""
 
     shards: list[ShardReply]
     version: Any
@@ -194,13 +196,49 @@ def fill(snap: EngineSnapshot, groups: list[Group]) -> None:
                 gauges[keys[i]] = gauge  # type: ignore[index]
 
 
-def _judged_by(
-    at: list[int], shards: list[ShardReply], live_in: list[set[str]], rule: Liveness, blind: Liveness
+def judged_by(
+    at: list[int], shards: list[ShardReply], live: list[set[str]], rule: Liveness, blind: Liveness
 ) -> tuple[set[str], Liveness]:
-    """For an engine held in the shards *at*: its live writers (those of each such shard), and
-    the rule that judges it (*blind*, by its own heartbeat, when a shard's writers are unknown)."""
-    live = live_in[at[0]] if len(at) == 1 else set().union(*(live_in[i] for i in at))
-    return live, rule if all(shards[i].writers.__class__ is list for i in at) else blind
+    """For an engine held in the shards *at*: its live writers (those *live* in each such shard),
+    and the rule that judges it (*blind*, by its own heartbeat, when a shard's writers are
+    unknown)."""
+    here = live[at[0]] if len(at) == 1 else set().union(*(live[i] for i in at))
+    return here, rule if all(shards[i].writers.__class__ is list for i in at) else blind
+
+
+def listed_engines(
+    shards: list[ShardReply], skipped: Skipped
+) -> dict[str, tuple[Any, list[tuple[int, Any]]]]:
+    """Every engine the shards list, by name: its latest heartbeat and its part (hash, or field
+    names) in each shard listing it. A bad engine name (``"+3"`` would be a second 3) is counted
+    under its listing."""
+    found: dict[str, tuple[Any, list[tuple[int, Any]]]] = {}
+    for at, shard in enumerate(shards):
+        flat = shard.engines
+        if flat.__class__ is not list:
+            continue  # counted by live_in
+        for (name, score), part in zip(_pairs(flat), shard.hashes):
+            if _engine_index(name) is None:
+                skipped.note("bad_engine", shard.keys.engines, str(name))
+                continue
+            seen = found.get(name)
+            if seen is None:
+                found[name] = (score, [(at, part)])
+            else:
+                seen[1].append((at, part))
+                found[name] = (max(seen[0], score, key=float), seen[1])
+    return found
+
+
+def live_in(shard: ShardReply, rule: Liveness, skipped: Skipped) -> set[str]:
+    """The writers live by the heartbeats of one shard (whose gauges in its engines count: a
+    writer cut off from one shard alone has its values there frozen); the shard's lists that
+    could not be read are counted here."""
+    for part, key in ((shard.engines, shard.keys.engines), (shard.writers, shard.keys.writers)):
+        why = unreadable(part)
+        if why is not None:
+            skipped.note(why, key)
+    return rule.live_in(shard.writers)
 
 
 class SnapshotDecoder:
@@ -352,13 +390,13 @@ class SnapshotDecoder:
         # A shard whose writers zset cannot be read: no writer is known there, so its engines
         # are judged by their own heartbeats alone (one bad key must not take them down).
         blind = Liveness(now_ms, rule.declared, rule.fallback_ms, judge_owners=False)
-        live_in = [self._live(s, rule, skipped) for s in shards]
+        live_in_shard = [live_in(s, rule, skipped) for s in shards]
         conflicts = self._conflicts(shards, now_ms, rule.fallback_ms, skipped)
         shell = Snapshot(now_ms / 1000.0, {}, writers, catalog, skipped)
         engines: list[EngineGroups] = []
         used: set[str] = set()
-        for name, (score, parts) in self._engines(shards, skipped).items():
-            live, judge = _judged_by([i for i, _ in parts], shards, live_in, rule, blind)
+        for name, (score, parts) in listed_engines(shards, skipped).items():
+            live, judge = judged_by([i for i, _ in parts], shards, live_in_shard, rule, blind)
             chunks, base, owners = self._contents(name, parts, shards, catalog, skipped, used)
             beat = float(score)
             snap = EngineSnapshot(
@@ -401,28 +439,6 @@ class SnapshotDecoder:
     def snapshot(self, read: Read) -> Snapshot:
         """The snapshot of *read*."""
         return self.decode(read).snapshot()
-
-    def _engines(
-        self, shards: list[ShardReply], skipped: Skipped
-    ) -> dict[str, tuple[Any, list[tuple[int, Any]]]]:
-        """Every engine listed, by name: its latest heartbeat and its hash in each shard listing
-        it. A bad engine name (``"+3"`` would be a second 3) is counted under its listing."""
-        found: dict[str, tuple[Any, list[tuple[int, Any]]]] = {}
-        for at, shard in enumerate(shards):
-            flat = shard.engines
-            if flat.__class__ is not list:
-                continue  # counted by _live
-            for (name, score), hashed in zip(_pairs(flat), shard.hashes):
-                if _engine_index(name) is None:  # "+3" or " 3" would be a second 3
-                    skipped.note("bad_engine", shard.keys.engines, str(name))
-                    continue
-                seen = found.get(name)
-                if seen is None:
-                    found[name] = (score, [(at, hashed)])
-                else:
-                    seen[1].append((at, hashed))
-                    found[name] = (max(seen[0], score, key=float), seen[1])
-        return found
 
     def _contents(
         self,
@@ -515,17 +531,6 @@ class SnapshotDecoder:
         return found
 
     # -- writers, liveness, conflicts ----------------------------------------------------------
-
-    @staticmethod
-    def _live(shard: ShardReply, rule: Liveness, skipped: Skipped) -> set[str]:
-        """The writers live by the heartbeats of one shard (whose gauges in its engines count:
-        a writer cut off from one shard alone has its values there frozen); the shard's lists
-        that could not be read are counted here."""
-        for part, key in ((shard.engines, shard.keys.engines), (shard.writers, shard.keys.writers)):
-            why = unreadable(part)
-            if why is not None:
-                skipped.note(why, key)
-        return rule.live_in(shard.writers)
 
     def _writers(
         self, shards: list[ShardReply], skipped: Skipped

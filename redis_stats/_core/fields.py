@@ -54,7 +54,7 @@ def bound_text(bound: float) -> str:
     return str(floatToGoString(bound))
 
 
-def bucket_layout(bounds: tuple[float, ...] | list[float]) -> str:
+def bucket_tag(bounds: tuple[float, ...] | list[float]) -> str:
     """``h:<8 hex>``: names a histogram's bucket bounds. It ends the field of a histogram series,
     so a reader never applies counts to the wrong bounds when a bucket list changes."""
     text = ",".join(bound_text(b) for b in bounds)

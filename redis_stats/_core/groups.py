@@ -50,9 +50,9 @@ KEPT_CHARACTERS = 64
 _Picker = Callable[[Sequence[Any]], tuple[Any, ...]]
 
 
-def bucket_tag(spec: MetricSpec) -> str:
-    """The bucket-layout tag a histogram's fields end with (see :func:`fields.bucket_layout`)."""
-    return fields.bucket_layout((*spec.buckets, _INF))
+def spec_bucket_tag(spec: MetricSpec) -> str:
+    """The bucket tag a histogram's fields end with (see :func:`fields.bucket_tag`)."""
+    return fields.bucket_tag((*spec.buckets, _INF))
 
 
 def short_label(value: str, cap: int) -> str:
@@ -101,7 +101,7 @@ def parse_field(
     spec, parts = found
     suffix = ""
     if spec.kind == HISTOGRAM:
-        suffix = tags.get(spec.buckets) or tags.setdefault(spec.buckets, bucket_tag(spec))
+        suffix = tags.get(spec.buckets) or tags.setdefault(spec.buckets, spec_bucket_tag(spec))
         if parts[-1] != suffix:
             return "unknown_bucket"  # written with other bucket bounds than the catalogue's
     values, replaced = _capped(tuple(parts[1 : 1 + len(spec.labels)]), cap)

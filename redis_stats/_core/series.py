@@ -204,7 +204,7 @@ class HistogramChild:
         self.engine = engine
         self.series: Series | None = None
         self.bounds = (*spec.buckets, _INF)
-        self.field = fields.encode((*components, fields.bucket_layout(self.bounds)))
+        self.field = fields.encode((*components, fields.bucket_tag(self.bounds)))
         # Per generation slot (gen & 1), as for counters: the pending bucket counts, then the sum.
         # A take adds a slot into the totals and zeroes it in place: the lists live as long as
         # the series.

@@ -26,7 +26,7 @@ from redis.exceptions import RedisError, ResponseError
 from redis_stats._scripts import Script, load_script
 from redis_stats.config import RETENTION_FACTOR, StatsConfig
 from redis_stats.connection import Client, make_client
-from redis_stats.keys import Keys, parse_layouts
+from redis_stats.keys import Keys, parse_shard_counts
 from redis_stats.ops.namespaces import declared_stale
 
 __all__ = ["GcResult", "collect_garbage"]
@@ -57,7 +57,7 @@ def namespace_shards(config: StatsConfig, client: Client) -> list[Keys]:
     and of every K its writers listed in shard 0's catalogue (``shards``, see docs/key-schema.md)."""
     keys = Keys(config.namespace)
     try:
-        listed = parse_layouts(client.hget(keys.meta, "shards"))
+        listed = parse_shard_counts(client.hget(keys.meta, "shards"))
     except ResponseError:  # the catalogue is not a hash: gc.lua does not read it; shard 0 only
         listed = set()
     return keys.all_shards(listed | {config.shards})
