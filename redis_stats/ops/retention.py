@@ -33,6 +33,12 @@ __all__ = ["GcResult", "collect_garbage"]
 
 GC_LEASE_MS = 60_000
 
+# gc.lua is given the keys it may remove: those of the engines and writers past the retention
+# when the lists were read, and of any that will be within this many ms (the call decides again,
+# and leaves what it was not given the keys of for the next call: see gc.lua).
+_AHEAD_MS = 5_000
+_CALLS = 3  # calls per shard at most while the lists change under them
+
 
 @dataclass
 class GcResult:
@@ -130,30 +136,51 @@ class _Collection:
             _share_heartbeats(self.client, shard, beats, self.live)
         last = shard is self.shards[0]
         drop_meta = not last or self.emptied == len(self.shards) - 1
-        found: list[Any] = self.script(
-            keys=[
-                shard.engines,
-                shard.writers,
-                shard.seq,
-                shard.meta,
-                shard.claims,
-                shard.conflicts,
-                shard.load,
-            ],
-            args=[
-                shard.prefix,
-                int(self.config.retention * 1000),
-                "1" if self.dry_run else "0",
-                "1" if drop_meta else "0",
-                RETENTION_FACTOR,
-                *self.declared,
-            ],
-        )
+        for _ in range(_CALLS):
+            keys, names = self._plan(shard)
+            found: list[Any] = self.script(
+                keys=keys,
+                args=[
+                    int(self.config.retention * 1000),
+                    "1" if self.dry_run else "0",
+                    "1" if drop_meta else "0",
+                    RETENTION_FACTOR,
+                    *names,
+                    *self.declared,
+                ],
+            )
+            if not int(found[6]):  # nothing deferred: the plan held every key needed
+                break
         self.emptied += int(found[5])
         return found
 
+    def _plan(self, shard: Keys) -> tuple[list[str], list[Any]]:
+        """gc.lua's KEYS and the names they are for, from the lists as they are now: every
+        listed engine's hash, the gauges hash of each engine past the retention (or nearly),
+        the stats hash of each writer past it (or nearly)."""
+        seconds, micros = self.client.time()
+        cutoff = seconds * 1000 + micros // 1000 - int(self.config.retention * 1000) + _AHEAD_MS
+        engines: Any = self.client.zrange(shard.engines, 0, -1, withscores=True)
+        writers: Any = self.client.zrange(shard.writers, 0, -1, withscores=True)
+        listed = [str(e) for e, _ in engines]
+        stale = [str(e) for e, t in engines if t < cutoff]
+        gone = [str(w) for w, t in writers if abs(t) < cutoff]
+        keys = [
+            shard.engines,
+            shard.writers,
+            shard.seq,
+            shard.meta,
+            shard.claims,
+            shard.conflicts,
+            shard.load,
+            *(shard.counters(e) for e in listed),
+            *(shard.gauges(e) for e in stale),
+            *(shard.writer_stats(w) for w in gone),
+        ]
+        return keys, [len(listed), len(stale), len(gone), *listed, *stale, *gone]
+
     def _tally(self, found: list[Any], beats: dict[str, float] | None) -> None:
-        engines, writers, tombstones, folded, unfolded, _ = found
+        engines, writers, tombstones, folded, unfolded, *_ = found
         for e in engines:
             self.stale[e] = self.stale.get(e, 0) + 1
         for e in beats or engines:
