@@ -38,7 +38,12 @@ class Helper:
     """tests/helpers/metrics_source.py in its own process (so it can be killed, stopped, restarted)."""
 
     def __init__(
-        self, port: int | None = None, catalog: str = "sglang", seed: int = 0, engines: int = 1
+        self,
+        port: int | None = None,
+        catalog: str = "sglang",
+        seed: int = 0,
+        engines: int = 1,
+        process: bool = False,
     ) -> None:
         self.port = port or free_port()
         args = [
@@ -50,6 +55,7 @@ class Helper:
             str(seed),
             "--engines",
             str(engines),
+            *(["--process"] if process else []),
         ]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.helpers.metrics_source", *args],
@@ -87,8 +93,8 @@ def inproc():
     """An in-process source (faster than a process where no kill is needed)."""
     servers = []
 
-    def make(catalog: str = "sglang", engines: int = 1, auth: str | None = None):
-        cat = SyntheticCatalogue(catalog, engines, seed=len(servers))
+    def make(catalog: str = "sglang", engines: int = 1, auth: str | None = None, process: bool = False):
+        cat = SyntheticCatalogue(catalog, engines, seed=len(servers), process=process)
         server = serve(cat, auth=auth)
         servers.append(server)
         return cat, f"http://127.0.0.1:{server.server_port}/metrics"
