@@ -643,7 +643,9 @@ def namespaces(redis_url: str | None) -> None:
     "include",
     multiple=True,
     metavar="PATTERN",
-    help="Store only families matching this shell pattern, e.g. 'vllm:*' (repeatable; default all).",
+    help="Store only families matching this shell pattern, e.g. 'vllm:*' (repeatable). Default: "
+    "every family but those of the source's own process (process_*, python_*, go_*, promhttp_*), "
+    "which a pattern that matches them stores.",
 )
 @_seconds_option("--duration", 0.1, show_default="until SIGTERM/Ctrl-C", help="Stop after this many seconds.")
 def bridge(

@@ -22,7 +22,6 @@ from redis_stats.integrations.bridge import Bridge, BridgedSource, exact_amounts
 from redis_stats.integrations.bridge.fetch import ACCEPT
 from redis_stats.tools.embedded import free_port
 from tests.conftest import ROOT
-from tests.helpers.metrics_source import SyntheticCatalogue, serve
 
 from .compare import get, self_metric, source_samples, store_samples, store_text
 
@@ -86,23 +85,6 @@ def helpers():
     yield make
     for h in made:
         h.kill()
-
-
-@pytest.fixture
-def inproc():
-    """An in-process source (faster than a process where no kill is needed)."""
-    servers = []
-
-    def make(catalog: str = "sglang", engines: int = 1, auth: str | None = None, process: bool = False):
-        cat = SyntheticCatalogue(catalog, engines, seed=len(servers), process=process)
-        server = serve(cat, auth=auth)
-        servers.append(server)
-        return cat, f"http://127.0.0.1:{server.server_port}/metrics"
-
-    yield make
-    for s in servers:
-        s.shutdown()
-        s.server_close()
 
 
 def assert_view_equals(cfg, url, accept, *, offset=0, engine_label=None, include="*"):

@@ -159,8 +159,8 @@ class BridgedSource:
     ``engine_offset`` is added to every index. *known* is a catalogue whose specs are kept where
     a family matches one by name, kind, label names and buckets (the help text and gauge
     roll-up mode then come from it). *include* are shell patterns of family names to store
-    (empty: all). *client* is the Redis client every writer of this source uses (default: one
-    built from *config*).
+    (empty: all but :data:`~.body.PROCESS_FAMILIES`, the source's own process). *client* is the
+    Redis client every writer of this source uses (default: one built from *config*).
     """
 
     def __init__(
