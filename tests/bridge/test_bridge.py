@@ -228,6 +228,8 @@ def _want(url: str, offset: int = 1):
         ("huge", "text", "too_large"),
         ("typechange", "text", "definition"),
         ("html", "text", "content_type"),
+        ("json", "text", "json"),
+        ("json_as_text", "openmetrics", "json"),
     ],
 )
 def test_a_bad_body_is_refused_counted_and_logged_once_and_stores_nothing(
@@ -257,6 +259,29 @@ def test_a_bad_body_is_refused_counted_and_logged_once_and_stores_nothing(
     )
     assert dropped == 2.0
     source.close()
+
+
+def test_a_json_body_says_it_is_json_and_where_trtllm_serve_serves_prometheus_text(cfg, helpers, caplog):
+    """trtllm-serve's /metrics is a JSON stats queue that each read consumes: the refusal says
+    which URL answered JSON, and that /prometheus/metrics is the one to bridge."""
+    h = helpers(seed=5)
+    h.call("/mode?m=json")
+    source = BridgedSource(h.url, cfg)
+    with caplog.at_level(logging.WARNING, logger="redis_stats.bridge"):
+        assert not source.scrape()
+    assert source.stats.errors == {"json": 1} and source.writer is None
+    message = source.stats.last_error
+    for part in (
+        h.url,
+        "answered JSON",
+        "application/json",
+        "trtllm-serve",
+        "/prometheus/metrics",
+        "consumed",
+    ):
+        assert part in message, (part, message)
+    assert [r for r in caplog.records if "answered JSON" in r.getMessage()]
+    assert not store_samples(cfg)
 
 
 def test_label_churn_new_series_stored_and_vanished_ones_keep_their_last_value(cfg, inproc):
@@ -465,7 +490,7 @@ def test_any_bytes_parse_or_are_refused_with_a_reason(data, content_type):
     try:
         parse_body(data, content_type, engine_label="engine")
     except ValueError as exc:
-        assert getattr(exc, "reason", None) in {"garbage", "truncated", "engine_label"}, exc
+        assert getattr(exc, "reason", None) in {"garbage", "truncated", "engine_label", "json"}, exc
 
 
 @given(
@@ -478,7 +503,7 @@ def test_metrics_like_text_parses_or_is_refused_with_a_reason(text):
     try:
         parse_body(text.encode(), "text/plain; version=0.0.4", engine_label="engine")
     except ValueError as exc:
-        assert getattr(exc, "reason", None) in {"garbage", "truncated", "engine_label"}, exc
+        assert getattr(exc, "reason", None) in {"garbage", "truncated", "engine_label", "json"}, exc
 
 
 def test_sigterm_closes_the_writers_and_exits_0(cfg, inproc):

@@ -8,11 +8,12 @@ the Accept header), unless a mode says otherwise. ``GET /step?n=K`` records K ro
 (counters, histogram observations with fractional values, gauges). ``GET /mode?m=M`` switches
 what /metrics serves: ``normal``, ``garbage`` (not metrics), ``truncated`` (the body cut
 mid-line), ``huge`` (a valid body padded to 4 MB), ``typechange`` (a gauge family served as a
-counter), ``html`` (an HTML page). ``GET /churn`` replaces a labelled gauge's and counter's
-label values (old series go, new ones come). ``--process`` adds what prometheus_client's default
-registry serves beside (``process_*``, ``python_info``, ``python_gc_*``), as vLLM, SGLang and
-trtllm-serve do. A restart is the test killing this process and
-starting another on the same port; a hang is SIGSTOP.
+counter), ``html`` (an HTML page), ``json`` (what trtllm-serve's /metrics answers: a JSON list
+of iteration stats, ``application/json``), ``json_as_text`` (the same JSON as ``text/plain``).
+``GET /churn`` replaces a labelled gauge's and counter's label values (old series go, new ones
+come). ``--process`` adds what prometheus_client's default registry serves beside
+(``process_*``, ``python_info``, ``python_gc_*``), as vLLM, SGLang and trtllm-serve do. A restart
+is the test killing this process and starting another on the same port; a hang is SIGSTOP.
 """
 
 from __future__ import annotations
@@ -213,6 +214,9 @@ def app(catalogue: SyntheticCatalogue, auth: str | None = None) -> Any:
         body, content_type = catalogue.body(environ.get("HTTP_ACCEPT", ""))
         if mode == "garbage":
             return _reply(start_response, b"<<< this is not a metrics body >>>\n", content_type)
+        if mode in ("json", "json_as_text"):
+            stats = b'[{"iter": 7, "numActiveRequests": 2, "gpuMemUsage": 1024}]'
+            return _reply(start_response, stats, "application/json" if mode == "json" else "text/plain")
         if mode == "html":
             return _reply(start_response, b"<html><body>login</body></html>\n", "text/html")
         if mode == "truncated":

@@ -119,6 +119,7 @@ def parse_body(
 ) -> Body:
     """Parse and check one body (see the module docstring); *include* are shell-style patterns
     of family names to keep (empty: every family but the :data:`PROCESS_FAMILIES`)."""
+    _refuse_json(data, content_type)
     fmt = parser_for(content_type)
     text = _decode(data)
     _check_whole(text, fmt)
@@ -133,6 +134,26 @@ def parse_body(
     for metric in parsed:
         _add_family(body, metric, names, engine_label, include)
     return body
+
+
+def _refuse_json(data: bytes, content_type: str | None) -> None:
+    """Refuse a JSON body (``json``): its Content-Type says so, or a body of no other type starts
+    as JSON does (no Prometheus text or OpenMetrics line starts with ``{`` or ``[``)."""
+    media = (content_type or "").split(";")[0].strip().lower()
+    if media == "application/json" or media.endswith("+json"):
+        given = f"Content-Type {media}"
+    elif media in (TEXT, "") and data.lstrip()[:1] in (b"{", b"["):
+        given = f"Content-Type {media or 'none'}, but it starts as JSON does"
+    else:
+        return
+    raise BodyError(
+        "json",
+        f"answered JSON ({given}), not Prometheus text or OpenMetrics: nothing of it is stored. "
+        "TensorRT-LLM's trtllm-serve answers /metrics so: a queue of iteration stats that each "
+        "read takes away (this scrape consumed them, and every retry consumes more); its "
+        "Prometheus text is at /prometheus/metrics (served when it runs with "
+        "return_perf_metrics: true): give that URL as the source",
+    )
 
 
 def _decode(data: bytes) -> str:

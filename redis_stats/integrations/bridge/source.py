@@ -219,7 +219,9 @@ class BridgedSource:
             )
             return self._store(body)
         except (ScrapeError, BodyError) as exc:
-            self._failed(exc.reason, self.source.redact(str(exc)))
+            # A JSON body's message starts "answered JSON": it names the URL that answered it.
+            message = f"{self.safe_url} {exc}" if exc.reason == "json" else str(exc)
+            self._failed(exc.reason, self.source.redact(message))
             return False
 
     def close(self, timeout: float | None = None) -> bool:
