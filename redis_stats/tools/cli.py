@@ -621,7 +621,11 @@ def namespaces(redis_url: str | None) -> None:
     help="Seconds between two scrapes of a source (each scrape is one flush).",
 )
 @_seconds_option(
-    "--timeout", 0.05, 600, default=5.0, help="Seconds a scrape may take in all (connect, headers, body)."
+    "--timeout",
+    0.05,
+    600,
+    default=5.0,
+    help="Seconds a scrape may take in all (connect, TLS handshake, headers, body: one deadline).",
 )
 @click.option(
     "--max-body-bytes",
