@@ -4,6 +4,7 @@ store's totals are always what every run of the source counted, once."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 
 from redis_stats import StatsConfig
 from redis_stats.connection import make_client
+from redis_stats.integrations.bridge import BridgedSource
 from redis_stats.integrations.bridge.fetch import ACCEPT
 from redis_stats.keys import Keys
 from redis_stats.ops.retention import collect_garbage
@@ -214,3 +216,28 @@ def test_a_source_restarted_past_its_old_totals_is_told_by_its_start_time(cfg, h
     # (its own families only: the process' CPU seconds would tell the restart too)
     _run_bridge(cfg, h.url, "kill9", seen, env, args=("--family", "sglang:*"))
     _assert_once(cfg, earlier, h.url)
+
+
+def test_a_lost_handover_record_is_walked_around(cfg, helpers, caplog):
+    """The records deleted (the key evicted, or by hand) before the fourth bridge: it continues
+    from the chunks of the source's writers, newest first, back to where the source restarted."""
+    h = helpers(seed=17)
+    h.call("/step?n=5")
+    BridgedSource(h.url, cfg).scrape()  # bridges a first run of the source, then dies
+    earlier: dict = {}
+    _earlier_run(h, earlier)
+    h.kill()
+    h = helpers(port=h.port, seed=18)  # its second run: every counter starts again
+    for _ in range(2):  # two bridges of the second run, one after another
+        h.call("/step?n=1")
+        source = BridgedSource(h.url, cfg)
+        assert source.scrape()
+        source.close()
+    make_client(cfg).delete(Keys(cfg.namespace).bridges)
+    h.call("/step?n=1")
+    source = BridgedSource(h.url, cfg)
+    with caplog.at_level(logging.WARNING, logger="redis_stats.bridge"):
+        assert source.scrape()
+    assert any("left no handover record" in r.getMessage() for r in caplog.records)
+    _assert_once(cfg, earlier, h.url)
+    source.close()

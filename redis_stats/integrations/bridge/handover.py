@@ -24,13 +24,15 @@ No base (the new writer starts from zero): no earlier writer of the owner is in 
 (none ever, or gc collected them and their engines: the view forgot them too), or the source
 restarted since the newest one's last scrape (a counter or bucket below the base, or another
 ``process_start_time_seconds`` than the record's). A newest writer without a record (a bridge
-of an earlier version, or the record lost) is continued from its own chunks only.
+of an earlier version, or the record lost) is continued from the chunks of the owner's writers,
+newest first, as far back as the source's values do not go below them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from redis_stats._core import fields
@@ -56,7 +58,8 @@ class Predecessor:
         self.writer_id = writer_id
         self.start_time = start_time
         self.recorded = recorded
-        """Whether the writer left a handover record (else its chunks alone are the base)."""
+        """Whether the writer left a handover record (else the chunks of the writers before it
+        are walked, :func:`find_predecessor`)."""
         self.counters: Counters = {}
         self.hists: Hists = {}
 
@@ -74,6 +77,16 @@ class Predecessor:
                     if len(counts) != len(value[1]) or any(n < o for n, o in zip(value[1], counts)):
                         return f"histogram {name!r} is below what the bridge stored before"
         return None
+
+    def plus(self, older: Predecessor) -> Predecessor:
+        """These totals and *older*'s (a writer before this one) together, under this id."""
+        out = Predecessor(self.writer_id, self.start_time or older.start_time, self.recorded)
+        for part in (self, older):
+            for key, number in part.counters.items():
+                out.add_counter(key, number)
+            for key, (total, counts) in part.hists.items():
+                out.add_histogram(key, total, counts)
+        return out
 
     def add_counter(self, key: Series, number: int | float) -> None:
         """Add one writer's part of a counter."""
@@ -112,14 +125,41 @@ def _digest(owner: str) -> str:
 
 def find_predecessor(client: Any, config: StatsConfig, owner: str, body: Body) -> Predecessor | None:
     """The newest writer of *owner* in the namespace, with the source's totals as the writers up
-    to it hold them, for *body*'s engines; None when there is none. Redis errors are raised."""
+    to it hold them, for *body*'s engines; None when there is none. Redis errors are raised.
+
+    The newest writer's record plus its chunks, when it has a record. Without one (an earlier
+    version's bridge, the record lost), the chunks of the owner's writers, newest first, for as
+    long as *body* does not go below their sum (an older one holds an earlier run of the source)
+    and down to the first that has a record."""
     home = home_keys(config, body.engines())
-    newest = _newest_writer(client, home, owner)
-    if newest is None:
-        return None
-    writer_id, engines_text = newest
-    raw = client.hget(home.bridges, record_field(owner, writer_id))
-    record = _parse_record(raw, owner)
+    kinds = {name: fam.spec.kind for name, fam in body.families.items()}
+    hashes: dict[int, dict[str, str]] = {}  # engine hashes read so far (one read each)
+    found: Predecessor | None = None
+    for writer_id in _owner_writers(client, home, owner):
+        record = _parse_record(client.hget(home.bridges, record_field(owner, writer_id)), owner)
+        part = _holdings(client, config, writer_id, record, body, kinds, hashes)
+        if found is None:
+            found = part
+        else:
+            merged = found.plus(part)
+            if merged.below(body) is not None:
+                break  # this writer (and those before it) bridged an earlier run of the source
+            found = merged
+        if record:
+            break  # its record holds what every writer before it held
+    return found
+
+
+def _holdings(
+    client: Any,
+    config: StatsConfig,
+    writer_id: str,
+    record: dict[str, Any],
+    body: Body,
+    kinds: dict[str, str],
+    hashes: dict[int, dict[str, str]],
+) -> Predecessor:
+    """What *writer_id*'s record (its base) and its chunks hold of the source, per series."""
     found = Predecessor(writer_id, record.get("start_time"), bool(record))
     offset = config.engine_offset
     for name, engine, values, number in record.get("counters", []):
@@ -127,34 +167,31 @@ def find_predecessor(client: Any, config: StatsConfig, owner: str, body: Body) -
     for name, engine, values, total, counts in record.get("hists", []):
         found.add_histogram((name, engine - offset, tuple(values)), total, counts)
     # Its chunks: in every engine it wrote (as its stats say), or the record had, or the body has.
-    engines = {e + offset for e in body.engines()}
+    home = home_keys(config, body.engines())
+    listed = _text(client.hget(home.writer_stats(writer_id), "engines") or "")
+    engines = {e + offset for e in body.engines()} | {int(e) for e in listed.split(",") if e.isdigit()}
     engines |= {e for key in ("counters", "hists") for _n, e, *_ in record.get(key, [])}
-    engines |= {int(e) for e in engines_text.split(",") if e.isdigit()}
-    kinds = {name: fam.spec.kind for name, fam in body.families.items()}
     for engine in sorted(engines):
-        keys = Keys(config.namespace).shard(shard_of(engine, config.shards), config.shards)
-        stored = {_text(f): _text(v) for f, v in client.hgetall(keys.counters(engine)).items()}
-        for names_text, values_text in _chunks_of(stored, writer_id):
+        if engine not in hashes:
+            keys = Keys(config.namespace).shard(shard_of(engine, config.shards), config.shards)
+            hashes[engine] = {_text(f): _text(v) for f, v in client.hgetall(keys.counters(engine)).items()}
+        for names_text, values_text in _chunks_of(hashes[engine], writer_id):
             _read_chunk(found, kinds, engine - offset, names_text.split("\n"), values_text.split("\n"))
     return found
 
 
-def _newest_writer(client: Any, home: Keys, owner: str) -> tuple[str, str] | None:
-    """The writer of *owner* with the newest heartbeat, and its engines (the ``engines`` field
-    of its self-metrics, ``""`` if none); None when there is none. A writer is the owner's when
-    its self-metrics say so or it left a record under the owner's digest."""
+def _owner_writers(client: Any, home: Keys, owner: str) -> Iterator[str]:
+    """The writers of *owner*, newest heartbeat first. A writer is the owner's when it left a
+    record under the owner's digest or its self-metrics say so (read as the walk needs them)."""
     prefix = _digest(owner) + "|"
     recorded = {_text(f)[len(prefix) :] for f in client.hkeys(home.bridges) if _text(f).startswith(prefix)}
-    best: tuple[float, str] | None = None
-    for raw_id, score in client.zrange(home.writers, 0, -1, withscores=True):
+    scored = client.zrange(home.writers, 0, -1, withscores=True)
+    for raw_id, _score in sorted(scored, key=lambda item: -abs(item[1])):
         wid = _text(raw_id)
-        if ":bridge:" not in wid or (best is not None and abs(score) <= best[0]):
+        if ":bridge:" not in wid:
             continue
         if wid in recorded or _text(client.hget(home.writer_stats(wid), "owner") or "") == owner:
-            best = (abs(score), wid)
-    if best is None:
-        return None
-    return best[1], _text(client.hget(home.writer_stats(best[1]), "engines") or "")
+            yield wid
 
 
 def _parse_record(raw: Any, owner: str) -> dict[str, Any]:

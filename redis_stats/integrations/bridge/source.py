@@ -368,7 +368,8 @@ class BridgedSource:
             found.writer_id,
             ""
             if found.recorded
-            else "; it left no handover record (an earlier version?): its own totals are the base",
+            else "; it left no handover record (a bridge of an earlier version, or the record lost): "
+            "the chunks of this source's writers are the base, as far back as its counters allow",
         )
         return found
 
