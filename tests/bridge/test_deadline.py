@@ -18,12 +18,6 @@ from tests.servers import make_certificates
 
 from .compare import store_samples
 
-
-@pytest.fixture
-def cfg(redis_server, namespace) -> StatsConfig:
-    return StatsConfig(url=redis_server.url, namespace=namespace, flush_interval=0.2)
-
-
 TIMEOUT = 1.0
 TRICKLE = 8.0  # seconds a slow source keeps trickling (a scrape held by it lasts that long)
 

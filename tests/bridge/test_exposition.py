@@ -9,11 +9,9 @@ import subprocess
 import urllib.request
 from collections import Counter
 
-import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from redis_stats import StatsConfig
 from redis_stats.integrations.bridge import BridgedSource
 from redis_stats.integrations.vllm import vllm_catalog
 from redis_stats.prometheus.exporter import Exporter
@@ -23,11 +21,6 @@ from .compare import store_samples
 
 PROMTOOL = shutil.which("promtool")
 OPENMETRICS = "application/openmetrics-text;version=1.0.0"
-
-
-@pytest.fixture
-def cfg(redis_server, namespace) -> StatsConfig:
-    return StatsConfig(url=redis_server.url, namespace=namespace, flush_interval=0.2)
 
 
 def _scrape(url: str, accept: str = "") -> str:

@@ -22,27 +22,8 @@ from redis_stats.ops.retention import collect_garbage
 from tests.conftest import ROOT
 
 from .compare import get, source_samples, store_samples, store_text
-from .test_bridge import Helper
 
 TOTALS = ("_total", "_bucket", "_count", "_sum")
-
-
-@pytest.fixture
-def cfg(redis_server, namespace) -> StatsConfig:
-    return StatsConfig(url=redis_server.url, namespace=namespace, flush_interval=0.2)
-
-
-@pytest.fixture
-def helpers():
-    made: list[Helper] = []
-
-    def make(**kw: object) -> Helper:
-        made.append(Helper(**kw))  # type: ignore[arg-type]
-        return made[-1]
-
-    yield make
-    for h in made:
-        h.kill()
 
 
 def _env(cfg: StatsConfig, **extra: str) -> dict[str, str]:
@@ -130,7 +111,7 @@ def _assert_once(cfg: StatsConfig, earlier: dict, url: str) -> None:
         assert got[key] == pytest.approx(value, rel=1e-12, abs=1e-9), key
 
 
-def _earlier_run(h: Helper, earlier: dict) -> None:
+def _earlier_run(h, earlier: dict) -> None:
     """Add what the source's run now ending counted to *earlier* (it stays in the store)."""
     body, ct = get(h.url, ACCEPT["text"])
     for key, value in _totals(source_samples(body, ct)).items():
