@@ -18,8 +18,10 @@ from redis_stats.connection import make_client
 from redis_stats.integrations.bridge import BridgedSource
 from redis_stats.integrations.bridge.fetch import ACCEPT
 from redis_stats.keys import Keys
+from redis_stats.ops.removal import remove_namespace
 from redis_stats.ops.retention import collect_garbage
 from tests.conftest import ROOT
+from tests.ops.test_gc_acl import admin_config  # noqa: F401 (a fixture)
 
 from .compare import get, source_samples, store_samples, store_text
 
@@ -222,3 +224,23 @@ def test_a_lost_handover_record_is_walked_around(cfg, helpers, caplog):
     assert any("left no handover record" in r.getMessage() for r in caplog.records)
     _assert_once(cfg, earlier, h.url)
     source.close()
+
+
+def test_drop_namespace_without_scan_removes_the_handover_records(
+    redis_server,
+    namespace,
+    inproc,
+    admin_config,  # noqa: F811
+):
+    """The documented admin user may not SCAN: drop-namespace removes the keys it knows by name,
+    the bridges' records among them."""
+    _cat, url = inproc("sglang")
+    cfg = StatsConfig(url=redis_server.url, namespace=namespace)
+    source = BridgedSource(url, cfg)
+    assert source.scrape()
+    source.close()
+    client = make_client(cfg)
+    assert client.hkeys(Keys(namespace).bridges)
+    done = remove_namespace(admin_config())  # the writer closed: none is live
+    assert (done.failed, done.live_writers, done.scanned) == ({}, [], False)
+    assert not client.keys(f"rs:{{{namespace}}}:*")
