@@ -244,3 +244,35 @@ def test_drop_namespace_without_scan_removes_the_handover_records(
     done = remove_namespace(admin_config())  # the writer closed: none is live
     assert (done.failed, done.live_writers, done.scanned) == ({}, [], False)
     assert not client.keys(f"rs:{{{namespace}}}:*")
+
+
+def test_the_documented_bridge_user_restarts_exactly(redis_server, namespace, inproc):
+    """docs/bridge.md: the writer's ACL rules plus +zrange +hgetall +hkeys carry a bridge and its
+    handover (a user without them stores nothing, reason redis)."""
+    import redis
+
+    from tests import acl
+
+    root = redis.Redis.from_url(redis_server.url)
+    user = f"b-{namespace}"
+    root.execute_command(
+        "ACL", "SETUSER", user, *acl.rules(namespace, "bp", acl.WRITER + " +zrange +hgetall +hkeys")
+    )
+    try:
+        host = redis_server.url.split("//", 1)[1].split("/", 1)[0]
+        cfg = StatsConfig(url=f"redis://{user}:bp@{host}/0", namespace=namespace)
+        cat, url = inproc("sglang")
+        for _ in range(3):
+            cat.step(1)
+            source = BridgedSource(url, cfg)
+            assert source.scrape(), source.stats
+            source.close()
+        admin = StatsConfig(url=redis_server.url, namespace=namespace)
+        body, ct = get(url, ACCEPT["text"])
+        assert _totals(store_samples(admin)) == pytest.approx(_totals(source_samples(body, ct)), rel=1e-12)
+        bare = f"c-{namespace}"  # the writer's rules alone: the handover cannot read
+        root.execute_command("ACL", "SETUSER", bare, *acl.rules(namespace, "cp", acl.WRITER))
+        source = BridgedSource(url, cfg.replace(url=f"redis://{bare}:cp@{host}/0"))
+        assert not source.scrape() and source.stats.errors == {"redis": 1}
+    finally:
+        root.execute_command("ACL", "DELUSER", user, f"c-{namespace}")
