@@ -9,7 +9,10 @@ second of browser time (``performance.now()`` in the page: parse, render and lay
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import random
 import re
 import statistics
 import time
@@ -24,6 +27,7 @@ from redis_stats import StatsConfig, StatsReader
 from redis_stats.integrations.vllm import vllm_catalog
 from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
 from redis_stats.prometheus.exporter import Exporter
+from redis_stats.tools.top import seconds
 from tests import browser, page_fleet
 
 CARDS = ["c-engines", "c-gen", "c-prompt", "c-running", "c-kv", "c-ttft", "c-itl"]
@@ -51,6 +55,30 @@ def test_ci_fails_rather_than_skips_when_no_browser_can_run(monkeypatch):
     monkeypatch.setenv("CI_REQUIRE_BROWSER", "1")  # .ci/run
     with pytest.raises(RuntimeError, match="CI_REQUIRE_BROWSER=1 but no chromium"):
         browser.missing()
+
+
+@pytest.mark.slow
+def test_top_writes_every_latency_exactly_as_the_page_does(config, fake_client):
+    """One rule for both: the page's own ``sec`` (run here in Chromium) and top's ``seconds`` give
+    the same text for every value, ties, rounding up to 1,000 s and tiny values included."""
+    if why := browser.missing():
+        pytest.skip(why)
+    rng = random.Random(7)
+    values = [0.0, 1e-7, 1.234e-7, 1.5e-6, 1.234e-5, 0.0005, 0.001, 0.0175, 0.02493, 0.045, 0.125]
+    values += [0.7424, 1.125, 2.45, 12.34, 45.55, 79.6, 99.95, 999.4, 999.6, 1000.0, 1000.5, 1234.4]
+    values += [86400.5, 2.5e21, math.inf] + [10 ** rng.uniform(-7, 5) for _ in range(300)]
+    exporter = Exporter(StatsReader(config, vllm_catalog(), client=fake_client()), port=0).start()
+    b = browser.Browser()
+    try:
+        b.get(exporter.url + "/")
+        texts = json.dumps([repr(v).replace("inf", "Infinity") for v in values])
+        page = b.js(f"return {texts}.map(v => sec(Number(v)))")
+    finally:
+        b.close()
+        exporter.close()
+    mismatches = [(v, p, seconds(v)) for v, p in zip(values, page) if p != seconds(v)]
+    assert not mismatches, mismatches[:10]
+    assert page[values.index(79.6)] == "79.6 s"  # top wrote "79600 ms"
 
 
 class Page:
