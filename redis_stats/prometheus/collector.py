@@ -108,8 +108,8 @@ class RedisCollector:
         # self-metrics' here (redis_stats/prometheus/slices.py).
         replaced = cap_families(own, self.reader.config.max_label_length)
         replaced += shell.labels_replaced if shell is not None else 0
-        body = text + (engine_lines(shell) if shell is not None else "")
-        return body + format_families(own) + replaced_text(replaced)
+        engines = engine_lines(shell) if shell is not None else ""
+        return "".join((text, engines, format_families(own), replaced_text(replaced)))
 
     def read_failed(self, exc: BaseException) -> None:
         """Count a failed read (and warn on the first of its kind)."""
