@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from redis_stats._core import fields
-from redis_stats._core.decoder import ShardReply, judged_by, listed_engines, live_in, unreadable
+from redis_stats._core.decoder import ShardReply, judged_by, judges, listed_engines, unreadable
 from redis_stats._core.liveness import STALE_FIELD, Liveness
 from redis_stats._core.values import roll_up
 from redis_stats.catalog import COUNTER, GAUGE, MetricSpec
@@ -347,8 +347,7 @@ def read_view(
                 else:
                     stats.setdefault(wid, {})
     rule = Liveness.of(now_ms, stats, stale_after * 1000.0)
-    blind = Liveness(now_ms, rule.declared, rule.fallback_ms, judge_owners=False)
-    live = [live_in(reply, rule, skipped) for reply in replies]
+    judged = judges(replies, rule, skipped)
     states: dict[int, tuple[bool, float]] = {}
     live_of: dict[int, set[str]] = {}
     now_kept: dict[tuple[str, ...], frozenset[str]] = {}
@@ -363,7 +362,7 @@ def read_view(
                 )
             now_kept[held] = writers
             owners |= writers
-        here, judge = judged_by([at for at, _ in parts], replies, live, rule, blind)
+        here, judge = judged_by(parts, judged)
         states[int(name)] = (judge.engine_up(float(score), owners, here), rule.age(float(score)))
         live_of[int(name)] = here
     return load_view(now_ms, states, live_of, load_flat, skipped), now_kept

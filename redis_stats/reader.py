@@ -101,19 +101,19 @@ LOAD = Fetch("load", "load", "k", "g")
 ``stale_ms``; never an engine's values (an engine hash holds ~28 KB at vLLM's catalogue)."""
 
 
-def _command(how: str, key: str, field: str) -> tuple[Any, ...]:
-    """One read as the native command read.lua runs for it."""
-    if how == "z":
-        return ("ZRANGE", key, 0, -1, "WITHSCORES")
-    if how == "g":
-        return ("HGET", key, field)
-    return ("HGETALL" if how == "h" else "HKEYS", key)
-
-
 def transaction(shard_reads: list[list[tuple[str, str, str]]]) -> list[tuple[Any, ...]]:
-    """One ``MULTI`` … ``EXEC`` of every shard's reads, after ``TIME``."""
+    """One ``MULTI`` … ``EXEC`` of every shard's reads, after ``TIME``: each read as the native
+    command read.lua runs for it."""
     cmds: list[tuple[Any, ...]] = [("MULTI",), ("TIME",)]
-    cmds += [_command(how, key, field) for reads in shard_reads for how, key, field in reads]
+    cmds += [
+        ("ZRANGE", key, 0, -1, "WITHSCORES")
+        if how == "z"
+        else ("HGET", key, field)
+        if how == "g"
+        else ("HGETALL" if how == "h" else "HKEYS", key)
+        for reads in shard_reads
+        for how, key, field in reads
+    ]
     cmds.append(("EXEC",))
     return cmds
 
@@ -134,11 +134,6 @@ def _time_ms(time: Any) -> float:
     return int(time[0]) * 1000 + int(time[1]) // 1000
 
 
-def _names(flat: Any) -> tuple[str, ...]:
-    """The members of a sorted set read flat (none when it could not be read)."""
-    return tuple(flat[0::2]) if flat.__class__ is list else ()
-
-
 def _reply(
     fetch: Fetch, keys: Keys, plan: Plan, now_ms: float, results: list[Any], wanted: Any
 ) -> tuple[ShardReply, Plan]:
@@ -151,7 +146,10 @@ def _reply(
     if wanted is not None and engine_flat.__class__ is list:
         held = is_among(wanted)
         engine_flat = [x for e, s in zip(engine_flat[0::2], engine_flat[1::2]) if held(e) for x in (e, s)]
-    found = (_names(engine_flat), _names(writer_flat))
+    found = (
+        tuple(engine_flat[0::2]) if engine_flat.__class__ is list else (),
+        tuple(writer_flat[0::2]) if writer_flat.__class__ is list else (),
+    )
     n = len(plan[0])
     hashes, stats = results[_FIXED : _FIXED + n], results[_FIXED + n :]
     if found != plan:  # came or went since the plan: what was read of what is still listed

@@ -6,9 +6,11 @@ same data and show the same numbers.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import reduce
 from itertools import pairwise
 from math import inf as _INF
 from math import isnan
+from operator import add
 from typing import Any
 
 from prometheus_client.utils import floatToGoString
@@ -124,7 +126,8 @@ def roll_up(mode: str, readings: Sequence[tuple[float, float, str]]) -> float:
                 best = reading
         return best[1]
     values = [reading[1] for reading in readings]
-    return sum(values) if mode == "sum" else max(values) if mode == "max" else min(values)
+    # (reduce, not sum(): sum() starts from 0, so one reading of -0.0 would come back as 0.0)
+    return reduce(add, values) if mode == "sum" else max(values) if mode == "max" else min(values)
 
 
 # Below it, float() of an int is float() of its text; from 2**1024 on, float() of an int raises.
