@@ -302,6 +302,7 @@ class Accumulator:
     def _fill(self, batch: Batch, specs: dict[str, MetricSpec], totals: Totals) -> None:
         """Put into *batch* the *specs* not known to conflict, and what changed in *totals*."""
         batch.specs = [s for s in specs.values() if s.name not in self.conflicted]
+        batch.held = totals.held()  # before the take: what earlier batches stored
         batch.engines, batch.chunks = totals.take(with_names=bool(batch.specs))
 
     def bind(self, child: Child, kind: str) -> Series:

@@ -182,11 +182,16 @@ class Chunk:
 
 
 class _Engine:
-    __slots__ = ("chunks", "series")
+    __slots__ = ("beat_ms", "chunks", "held", "series")
 
     def __init__(self) -> None:
         self.series: dict[str, Series] = {}
         self.chunks: list[Chunk] = []
+        # How many of its chunks (0 .. held-1) the store holds, both fields, as far as this writer
+        # knows (confirmed): the flush script checks they are still there (a key or field can be
+        # evicted or deleted alone; names are sent only when they change).
+        self.held = 0
+        self.beat_ms = 0  # server time of the last batch that heartbeated it (0: none applied)
 
 
 class Totals:
@@ -254,24 +259,42 @@ class Totals:
             chunks.sort(key=_INDEX)
         return touched, out
 
-    @staticmethod
-    def confirm(taken: dict[int, list[Chunk]]) -> None:
+    def confirm(self, taken: dict[int, list[Chunk]]) -> None:
         """Redis holds the chunks that :meth:`take` returned as *taken* (applied, or applied
         before): what they sent is what the store holds of this writer."""
-        for chunks in taken.values():
+        for engine, chunks in taken.items():
             for chunk in chunks:
                 chunk.names_held = chunk.names_confirmed = chunk.sent_names
                 chunk.values_confirmed = chunk.sent_values
+            state = self._engines.get(engine)
+            if state is not None and chunks:
+                # Chunks are sent in index order from 0, each first with the take that made it:
+                # the store holds every chunk up to the last one confirmed.
+                state.held = max(state.held, chunks[-1].index + 1)
+
+    def held(self) -> dict[int, tuple[int, int]]:
+        """Engine -> (how many of this writer's chunks the store holds there as far as it knows,
+        the server time its last applied batch heartbeated it): what a flush asks the script to
+        check (engines with no chunk held left out)."""
+        return {e: (state.held, state.beat_ms) for e, state in self._engines.items() if state.held}
+
+    def beaten(self, engines: list[int], server_ms: int) -> None:
+        """A batch heartbeating *engines* was applied at *server_ms*."""
+        for engine in engines:
+            state = self._engines.get(engine)
+            if state is not None:
+                state.beat_ms = server_ms
 
     def resend_all(self) -> None:
-        """Send every chunk again, names too (Redis lost them, or the writer has a new id)."""
+        """Send every chunk again, names too (Redis lost them, or the writer has a new id); an
+        emptied one too (its metric conflicted), so that chunks 0 .. n-1 are all stored again."""
         self.dirty = []
         for state in self._engines.values():
+            state.held = 0
             for chunk in state.chunks:
                 chunk.names_held = None
-                chunk.dirty = bool(chunk.series)
-                if chunk.dirty:
-                    self.dirty.append(chunk)
+                chunk.dirty = True
+                self.dirty.append(chunk)
 
     def rebase(self) -> None:
         """gc removed this writer and folded what Redis held of it (the confirmed chunks) into

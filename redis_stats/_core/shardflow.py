@@ -139,10 +139,11 @@ class ShardFlow:
             # Applied now, claims and all. "Already applied" wrote nothing of this attempt: its
             # claims (maybe not in the attempt Redis applied) go again with the next batch.
             self.claimed_at = _monotonic()
-        Totals.confirm(batch.sent)
+        self.totals.confirm(batch.sent)
         self.confirmed = batch.seq
         if result.applied:
             self.confirmed_ms = result.server_time_ms
+            self.totals.beaten(batch.block_engines(), result.server_time_ms)
         # else: applied by an earlier attempt, at a time not known: the previous batch's stays
         # (a lower bound of this writer's heartbeat, which is what gc's fold watermark needs).
         return batch
