@@ -300,3 +300,104 @@ def test_a_writer_user_of_the_older_acl_rules_keeps_flushing_and_still_finds_a_l
     assert snap.engines[0].counter("requests", "stop") == 4
     for w in writers.values():
         assert w.close()
+
+
+# -- evicted by Redis itself: a real server under maxmemory, every policy ---------------------------
+
+POLICIES = [
+    "noeviction",
+    "allkeys-lru",
+    "allkeys-lfu",
+    "allkeys-random",
+    "volatile-lru",
+    "volatile-lfu",
+    "volatile-random",
+    "volatile-ttl",
+]
+EVICTION_ENGINES = 20
+
+
+def _wait_for(cond: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_the_view_is_exact_again_after_redis_evicted_keys_under_maxmemory(namespace, policy):
+    """Four writers (flushers running) of 20 engines; other data fills Redis past ``maxmemory``
+    while they count; then the pressure ends (the other data deleted). Within two flushes of each
+    writer the view is exact: every engine, nothing at 0, no ``bad_chunk``. With ``allkeys-*``
+    Redis evicts our keys too, and the writers say so; ``volatile-*`` evict only keys with a TTL
+    (we set none on data), so they refuse writes as ``noeviction`` does."""
+    from redis_stats.tools.embedded import EmbeddedRedis
+
+    server = EmbeddedRedis(extra_args=["--maxmemory-policy", policy, "--maxmemory-samples", "5"]).start()
+    raw = redis.Redis(port=server.port)
+    cfg = StatsConfig(url=server.url, namespace=namespace, flush_interval=0.1, stale_after=5.0)
+    per = EVICTION_ENGINES // 4
+    writers = [
+        StatsWriter(cfg, sample_catalog(), engines=list(range(i * per, (i + 1) * per)), role=f"w{i}")
+        for i in range(4)
+    ]
+    truth: dict[int, int] = {}
+    rounds = [0]
+
+    def record(n: int) -> None:
+        rounds[0] += 1
+        for i, w in enumerate(writers):
+            for e in range(i * per, (i + 1) * per):
+                w.counter("tokens").labels(engine=e).inc(n)
+                w.counter("requests").labels(engine=e, reason="stop").inc(1)
+                w.gauge("running").labels(engine=e).set(n)
+                truth[e] = truth.get(e, 0) + n
+
+    try:
+        record(10)
+        _wait_for(lambda: not any(w.pending() for w in writers), "the first flushes")
+        used = int(raw.info("memory")["used_memory"])
+        raw.config_set("maxmemory", str(used + 2 * 1024 * 1024))
+        ours_before = len(list(raw.scan_iter(match=f"rs:{{{namespace}}}*")))
+        filler = b"x" * 2048
+        refused = 0
+        for k in range(6000):  # about 12 MB against 2 MB of room: evicts, or refuses
+            if k % 300 == 0:
+                record(1)  # the writers keep counting under pressure
+            try:
+                raw.set(f"other:{k}", filler)
+            except redis.exceptions.OutOfMemoryError:
+                refused += 1
+                time.sleep(0.001)
+        evicted = int(raw.info("stats")["evicted_keys"])
+        ours_during = len(list(raw.scan_iter(match=f"rs:{{{namespace}}}*")))
+        # The pressure ends: the other data goes.
+        for batch in range(0, 6000, 500):
+            raw.delete(*[f"other:{k}" for k in range(batch, batch + 500)])
+        record(5)
+        start = [w.stats.flushes for w in writers]
+        _wait_for(
+            lambda: (
+                all(w.stats.flushes >= s + 2 for w, s in zip(writers, start))
+                and not any(w.pending() for w in writers)
+            ),
+            "two flushes of every writer after the pressure",
+        )
+        snap = StatsReader(cfg, sample_catalog()).snapshot()
+        assert not snap.skipped, dict(snap.skipped)
+        got = {e: snap.engines[e].counter("tokens") if e in snap.engines else None for e in truth}
+        assert got == truth, f"{policy}: evicted {evicted}, ours {ours_before} -> {ours_during}"
+        assert all(snap.engines[e].gauge("running") == 5 for e in truth)
+        assert all(snap.engines[e].counter("requests", "stop") == rounds[0] for e in truth)
+        lost = sum(sum(w.stats.lost.values()) for w in writers)
+        if policy.startswith("allkeys"):
+            assert evicted > 0
+            if ours_during < ours_before:  # Redis took some of ours: the writers noticed
+                assert lost > 0
+        else:  # nothing of ours has a TTL: never evicted; writes refused instead (kind oom)
+            assert evicted == 0 and refused > 0 and lost == 0
+            assert sum(w.stats.errors["oom"] for w in writers) > 0 or policy == "noeviction"
+    finally:
+        for w in writers:
+            w.close(timeout=5)
+        server.close()
