@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -390,6 +391,13 @@ def test_the_view_is_exact_again_after_redis_evicted_keys_under_maxmemory(namesp
         assert all(snap.engines[e].gauge("running") == 5 for e in truth)
         assert all(snap.engines[e].counter("requests", "stop") == rounds[0] for e in truth)
         lost = sum(sum(w.stats.lost.values()) for w in writers)
+        # `redis-stats inspect` says what the server evicted, and which writers found keys gone.
+        from redis_stats.ops.inspection import inspect_namespace
+
+        text = "\n".join(inspect_namespace(cfg))
+        said = re.search(rf"policy {policy}, (\d+) keys evicted since start", text)
+        assert said and int(said.group(1)) >= evicted, text
+        assert ("found its keys gone" in text) == (lost > 0), text
         if policy.startswith("allkeys"):
             assert evicted > 0
             if ours_during < ours_before:  # Redis took some of ours: the writers noticed
