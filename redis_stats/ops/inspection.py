@@ -128,7 +128,8 @@ def _memory_lines(client: Any) -> Iterator[str]:
     if policy is None or "evicted_keys" not in stats:
         return
     limit = int(memory.get("maxmemory", 0) or 0)
-    line = f"  memory: maxmemory {limit or 'none'}, policy {policy}, {stats['evicted_keys']} keys evicted since start"
+    evicted = stats["evicted_keys"]
+    line = f"  memory: maxmemory {limit or 'none'}, policy {policy}, {evicted} keys evicted since start"
     if limit and policy.startswith("allkeys"):
         line += " (allkeys-* evicts this store's keys too: use noeviction or volatile-*)"
     yield line
