@@ -236,7 +236,8 @@ if nstats > 0 or string.find(held, 's', 1, true) then
 end
 local nblocks = #blocks
 for k, c in ipairs(checks) do blocks[nblocks + k] = c end  -- checked like blocks, set nothing
-local head = '@|' .. escape(writer) .. '|'  -- this writer's chunk fields: fields.chunk_field
+-- This writer's chunk fields (fields.chunk_field); nearly every id needs no escaping.
+local head = '@|' .. (string.find(writer, '[\\|\n]') and escape(writer) or writer) .. '|'
 local lost = {}
 local can_hexists = true
 local function field_gone(key, f)
