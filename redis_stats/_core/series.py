@@ -209,6 +209,9 @@ class HistogramChild(Series):
         self._lock = acc.lock
         self.engine = engine
         self.bounds = bounds
+        # Its total ([sum, per-bucket counts]) made here, with the delta slots, by the host's
+        # labels() call: a take then allocates nothing for it, not even the first (issue 32).
+        self.total = [0.0, [0] * len(bounds)]
         # Per generation slot (gen & 1), as for counters: the pending bucket counts, then the sum.
         # A take adds a slot into the totals and zeroes it in place: the lists live as long as
         # the series.
