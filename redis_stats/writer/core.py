@@ -338,7 +338,8 @@ class WriterCore:
         """The script found keys of this writer gone that the store should hold (evicted under
         maxmemory, or deleted): count each kind, warn once for this event. What was lost is
         stored again with the next flush (all of it when the store was found behind)."""
-        self.shards_noted = self.shards == 1 or not result.store_behind
+        if result.store_behind:  # shard 0's list of K may be gone too: noted again
+            self.shards_noted = self.shards == 1
         for kind in result.lost:
             self.stats.lost[kind] += 1
         where = f" (shard {shard})" if self.shards > 1 else ""

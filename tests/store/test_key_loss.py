@@ -409,3 +409,28 @@ def test_the_view_is_exact_again_after_redis_evicted_keys_under_maxmemory(namesp
         for w in writers:
             w.close(timeout=5)
         server.close()
+
+
+def test_a_lost_key_is_counted_in_the_self_metrics_of_every_view(redis_server, namespace):
+    """``redis_stats_writer_keys_lost_total{writer,key}``: in the exporter's text and through
+    prometheus_client (the two render paths of the self-metrics)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from redis_stats import RedisCollector
+
+    cfg = StatsConfig(url=redis_server.url, namespace=namespace)
+    w = StatsWriter(cfg, sample_catalog(), engines=[0], start=False)
+    w.counter("tokens").labels(engine=0).inc(3)
+    assert w.flush()
+    redis.Redis.from_url(redis_server.url).delete(Keys(namespace).counters(0))
+    for _ in range(3):  # found gone, everything stored again, then the self-metrics with it
+        assert w.flush()
+    line = f'redis_stats_writer_keys_lost_total{{writer="{w.writer_id}",key="engine"}} 1'
+    collector = RedisCollector(StatsReader(cfg, sample_catalog()))
+    assert line in collector.render_text()
+    registry = CollectorRegistry()
+    registry.register(collector)
+    text = generate_latest(registry).decode()
+    line = f'redis_stats_writer_keys_lost_total{{key="engine",writer="{w.writer_id}"}} 1.0'  # sorted
+    assert line in text, [x for x in text.splitlines() if "lost" in x]
+    assert w.close()
