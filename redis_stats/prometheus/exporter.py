@@ -65,7 +65,6 @@ from redis_stats._core.background import background_errors, survived
 from redis_stats.config import mask_url, redact
 from redis_stats.errors import error_kind
 from redis_stats.prometheus.collector import RedisCollector
-from redis_stats.prometheus.exposition import format_families
 from redis_stats.prometheus.loadfeed import IDLE as LOAD_IDLE
 from redis_stats.prometheus.loadfeed import LoadFeed
 from redis_stats.prometheus.recent import FleetSummary, SnapshotRing, snapshot_document, summary_problems
@@ -222,7 +221,7 @@ def _own_registry(scrapes: ScrapeStats) -> CollectorRegistry:
     """A registry of the exporter's own process and scrapes (never the host's global one, which
     a host such as vLLM serves on its own port)."""
     registry = CollectorRegistry(auto_describe=False)
-    for own in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR, scrapes):
+    for own in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR, scrapes, _BackgroundErrors()):
         registry.register(own)
     return registry
 
@@ -236,15 +235,24 @@ class _Both:
 
     def collect(self) -> Iterator[Metric]:
         yield from self.collector.collect()
-        if self.collector.writers:  # process-wide: once per exporter, where the writers' series are
-            yield background_family()
         if self.exporter.own_registry is not None:
             yield from self.exporter.own_registry.collect()
 
 
-def background_family() -> Metric:
+class _BackgroundErrors:
     """``redis_stats_background_errors_total{thread,kind}``: the exceptions this process's
-    background threads and tasks survived (:mod:`redis_stats._core.background`)."""
+    background threads and tasks survived (:mod:`redis_stats._core.background`); one of the
+    exporter's own metrics, as its process's are."""
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        yield background_family()
+
+
+def background_family() -> Metric:
+    """The family of :class:`_BackgroundErrors`."""
     fam = CounterMetricFamily(
         "redis_stats_background_errors",
         "Exceptions a background thread or task of this process survived (it went on), by thread "
@@ -682,7 +690,7 @@ class Exporter:
         collector = self.collector if query.slice is None else self.slice_collector(query.slice)
         encoder, content_type = negotiate(accept or "")
         if not content_type.startswith("application/openmetrics-text") or "version=1.0.0;" in content_type:
-            text = collector.render_text() + self._own_text(collector)
+            text = collector.render_text() + self._own_text()
             if query.names is not None:
                 text = select_samples(text, query.names)
             if content_type.startswith("application/openmetrics-text"):
@@ -729,13 +737,10 @@ class Exporter:
                 self._slices[part] = found
             return found
 
-    def _own_text(self, collector: RedisCollector) -> str:
-        # The process-wide background errors once per exporter: where the writers' series are
-        # (unsliced, or slice 0), so sliced targets of one exporter never repeat them.
-        text = format_families([background_family()]) if collector.writers else ""
+    def _own_text(self) -> str:
         if self.own_registry is None:
-            return text
-        return text + generate_latest(self.own_registry).decode()
+            return ""
+        return generate_latest(self.own_registry).decode()
 
     def snapshot_json(
         self, names: list[str] | None = None, buckets: bool = True

@@ -193,7 +193,7 @@ def test_the_exporters_gc_and_window_loops_survive_and_every_error_is_served(cfg
     gc_runs = Failing(retention.collect_garbage, TypeError, times=2)
     monkeypatch.setattr(retention, "collect_garbage", gc_runs)
     reader = StatsReader(cfg, sample_catalog())
-    exporter = Exporter(reader, port=0, gc_interval=0.05, window=0.3).start()
+    exporter = Exporter(reader, port=0, gc_interval=0.05, window=0.3, self_metrics=True).start()
     try:
         assert _until(lambda: gc_runs.calls >= 4), "the gc loop stopped"
         samples = Failing(reader.snapshot, AttributeError, times=2)
@@ -205,5 +205,5 @@ def test_the_exporters_gc_and_window_loops_survive_and_every_error_is_served(cfg
         exporter.close()
     for thread, kind in (("gc", "TypeError"), ("window", "AttributeError")):
         n = background_errors()[(thread, kind)]
-        assert f'redis_stats_background_errors_total{{thread="{thread}",kind="{kind}"}} {float(n)}' in text
+        assert f'redis_stats_background_errors_total{{kind="{kind}",thread="{thread}"}} {float(n)}' in text
     assert "# TYPE redis_stats_background_errors_total counter" in text

@@ -504,7 +504,7 @@ def test_a_refresh_that_raises_answers_503_with_why_and_the_refresher_goes_on(cf
     w = StatsWriter(cfg, catalog(), engines=[0], start=False, load=LOAD)
     record(w, 0, 1, 0, 0.1)
     assert w.flush()
-    exporter = Exporter(StatsReader(cfg), port=0, load_refresh=0.05).start()
+    exporter = Exporter(StatsReader(cfg), port=0, load_refresh=0.05, self_metrics=True).start()
     real = LoadView.to_dict
     try:
         status, _, body = _get(exporter.port, "/load")
@@ -523,7 +523,7 @@ def test_a_refresh_that_raises_answers_503_with_why_and_the_refresher_goes_on(cf
         assert json.loads(body) == {"error": "other", "detail": "math range error"}
         assert background_errors()[("load", "OverflowError")] > before
         text = _get(exporter.port, "/metrics")[2].decode()
-        assert 'redis_stats_background_errors_total{thread="load",kind="OverflowError"}' in text
+        assert 'redis_stats_background_errors_total{kind="OverflowError",thread="load"}' in text
         monkeypatch.setattr(LoadView, "to_dict", real)
         assert _until(lambda: _get(exporter.port, "/load")[0] == 200)
         assert json.loads(_get(exporter.port, "/load")[2])["engines"]["0"]["requests_running"] == 2
