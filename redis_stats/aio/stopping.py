@@ -34,10 +34,10 @@ async def stop_task(task: asyncio.Task[Any] | None, deadline: float) -> bool:
     if task is None:
         return True
     while not task.done():
+        task.cancel()  # at least once, even with no time left
         left = deadline - time.monotonic()
         if left <= 0:
             return False
-        task.cancel()
         await asyncio.wait({task}, timeout=min(left, RECANCEL))
     return True
 

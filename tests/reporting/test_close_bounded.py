@@ -151,3 +151,24 @@ def test_reporter_and_its_lease_keeper_close_within_their_timeout_in_every_round
             slow.append((i, round(took, 2)))
     print(f"\n[reporter + lease close x{ROUNDS}] over {BUDGET + SLACK} s: {slow}")
     assert not slow
+
+
+async def test_a_close_with_no_time_left_still_cancels_the_task(config, fake_server):
+    import fakeredis
+
+    from redis_stats.leader import Rank0Leader
+
+    client = fakeredis.FakeAsyncRedis(server=fake_server, decode_responses=True)
+    reporter = AsyncStatsReporter(
+        AsyncStatsReader(config, sample_catalog(), client=client),
+        Rank0Leader([0]),
+        lines=_no_lines,
+        interval=10,
+    )
+    reporter.start()
+    await asyncio.sleep(0.05)
+    started = time.monotonic()
+    await reporter.close(timeout=0)
+    assert time.monotonic() - started < 0.1
+    await asyncio.sleep(0.05)
+    assert reporter._task is not None and reporter._task.done()  # not left asleep for 10 s
