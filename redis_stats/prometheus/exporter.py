@@ -61,9 +61,11 @@ from prometheus_client.exposition import (
     gzip_accepted,
 )
 
+from redis_stats._core.background import background_errors, survived
 from redis_stats.config import mask_url, redact
 from redis_stats.errors import error_kind
 from redis_stats.prometheus.collector import RedisCollector
+from redis_stats.prometheus.loadfeed import IDLE as LOAD_IDLE
 from redis_stats.prometheus.loadfeed import LoadFeed
 from redis_stats.prometheus.recent import FleetSummary, SnapshotRing, snapshot_document, summary_problems
 from redis_stats.prometheus.slices import EngineSlice, ScrapeQuery, parse_query, select_samples
@@ -219,7 +221,7 @@ def _own_registry(scrapes: ScrapeStats) -> CollectorRegistry:
     """A registry of the exporter's own process and scrapes (never the host's global one, which
     a host such as vLLM serves on its own port)."""
     registry = CollectorRegistry(auto_describe=False)
-    for own in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR, scrapes):
+    for own in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR, scrapes, _BackgroundErrors()):
         registry.register(own)
     return registry
 
@@ -235,6 +237,32 @@ class _Both:
         yield from self.collector.collect()
         if self.exporter.own_registry is not None:
             yield from self.exporter.own_registry.collect()
+
+
+class _BackgroundErrors:
+    """``redis_stats_background_errors_total{thread,kind}``: the exceptions this process's
+    background threads and tasks survived (:mod:`redis_stats._core.background`); one of the
+    exporter's own metrics, as its process's are."""
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        yield background_family()
+
+
+def background_family() -> Metric:
+    """The family of :class:`_BackgroundErrors`."""
+    fam = CounterMetricFamily(
+        "redis_stats_background_errors",
+        "Exceptions a background thread or task of this process survived (it went on), by thread "
+        "(flusher, lease, reporter, load, gc, window) and kind (the exception's class); the first of "
+        "each is logged with its traceback.",
+        labels=["thread", "kind"],
+    )
+    for (thread, kind), n in sorted(background_errors().items()):
+        fam.add_metric([thread, kind], float(n))
+    return fam
 
 
 class _RequestReader(io.RawIOBase):
@@ -439,6 +467,15 @@ MIN_SPAN = 0.1
 SAMPLE_EVERY = 1 / 6
 
 
+def _failed_round(thread: str, exc: Exception) -> None:
+    """One round of the exporter's *thread* (gc, window) failed: Redis' failures are the next
+    round's to retry (DEBUG); anything else is a background error, counted and logged once."""
+    if error_kind(exc) != "other":
+        log.debug("%s round failed: %s", thread, exc)
+    else:
+        survived(thread, exc, log)
+
+
 class ScrapeStats:
     """Duration and size of the exporter's ``/metrics`` answers, as metrics (thread safe).
 
@@ -542,6 +579,7 @@ class Exporter:
         max_connections: int = 64,
         load_refresh: float = 0.25,
         slice: EngineSlice | None = None,
+        load_idle: float = LOAD_IDLE,
     ) -> None:
         _check_options(request_timeout, window, max_connections, summary, engines, slice)
         self.reader = reader
@@ -553,7 +591,7 @@ class Exporter:
         self.collector = RedisCollector(
             reader, engines=self.engines, writers=slice is None or slice.index == 0
         )
-        self.load_feed = LoadFeed(reader, refresh=load_refresh, engines=engines, only=slice)
+        self.load_feed = LoadFeed(reader, refresh=load_refresh, engines=engines, only=slice, idle=load_idle)
         # ?slice=i/N: one collector (and reader: its own plan and caches) per slice asked for.
         self._slices: dict[EngineSlice, RedisCollector] = {}
         self._slices_lock = threading.Lock()
@@ -607,20 +645,23 @@ class Exporter:
             threading.Thread(target=self._gc_loop, name="redis_stats-gc", daemon=True).start()
 
     def _gc_loop(self) -> None:
+        while not self._stop.wait(self.gc_interval):
+            self._collect_once()
+
+    def _collect_once(self) -> None:
+        """One round of retention: a failure costs this round only (the loop never dies)."""
         from redis_stats.ops.retention import collect_garbage
 
-        while not self._stop.wait(self.gc_interval):
-            try:
-                result = collect_garbage(self.reader.config)
-            except Exception as exc:
-                log.debug("gc failed: %s", exc)
-                continue
+        try:
+            result = collect_garbage(self.reader.config)
             for prefix, why in result.failed.items():
                 log.warning("gc could not collect keys %s* of the namespace: %s", prefix, why)
             if result.engines or result.writers:
                 log.info(
                     "gc removed engines %s and %d writers past retention", result.engines, len(result.writers)
                 )
+        except Exception as exc:  # Redis away: the next round tries again; anything else counted
+            _failed_round("gc", exc)
 
     def close(self) -> None:
         """Stop serving (and the retention timer); also fine before :meth:`start`."""
@@ -741,7 +782,7 @@ class Exporter:
             try:
                 self._ring.add(self.reader.snapshot(self.engines))
             except Exception as exc:  # Redis away: the next request reports it
-                log.debug("window sample failed: %s", exc)
+                _failed_round("window", exc)
 
     def health(self) -> tuple[int, dict[str, Any]]:
         """(HTTP status, document) of ``/healthz``."""

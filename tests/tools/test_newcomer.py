@@ -416,13 +416,13 @@ def test_every_option_has_help_and_shows_its_default():
 @pytest.mark.redis_server
 def test_gc_says_1_engine_not_1_engines(own_redis_server, namespace):
     # The writer's own stale_after as short as gc's: gc removes it only once silent for twice that.
-    fill(own_redis_server.url, namespace, [0], stale_after=0.005, flush_interval=0.005, retention=0.01)
-    time.sleep(0.05)
+    fill(own_redis_server.url, namespace, [0], stale_after=0.1, flush_interval=0.1, retention=0.2)
+    time.sleep(0.3)
     url = own_redis_server.url
-    fast = {"REDIS_STATS_STALE_AFTER": "0.005", "REDIS_STATS_FLUSH_INTERVAL": "0.005"}
-    result = invoke(["gc", "--redis-url", url, "--namespace", namespace, "--retention", "0.01"], fast)
+    fast = {"REDIS_STATS_STALE_AFTER": "0.1", "REDIS_STATS_FLUSH_INTERVAL": "0.1"}
+    result = invoke(["gc", "--redis-url", url, "--namespace", namespace, "--retention", "0.2"], fast)
     assert result.exit_code == 0, result.output
-    assert result.output.startswith("removed 1 engine [0] and 1 writer (retention 0.01 s)")
+    assert result.output.startswith("removed 1 engine [0] and 1 writer (retention 0.2 s)")
 
 
 def test_the_options_table_prints_without_a_runtime_warning(python_env):
