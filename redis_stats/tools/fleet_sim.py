@@ -150,7 +150,7 @@ class _Fleet:
         _say(
             self.out,
             f"  {len(hot)} hot engines ({shown}): their queue rises over a {opts.period:g} s cycle, "
-            f"then drains; the others run at 25-60 % of capacity (arrivals x{opts.scale:g})",
+            f"then drains; the others run at 20-50 % of capacity (arrivals x{opts.scale:g})",
         )
         _say(
             self.out,

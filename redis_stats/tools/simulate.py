@@ -107,7 +107,7 @@ class LoadProfile:
 class FleetLoad:
     """The load of a simulated fleet of engines ``0 .. engines - 1``: one engine in every
     *hot_every* is hot (its bursts exceed its capacity, then it drains), the others run steady at
-    25-60 % of theirs with slow waves. Every engine's queue is bounded (``max_waiting``).
+    20-50 % of theirs with slow waves. Every engine's queue is bounded (``max_waiting``).
 
     *scale* multiplies every arrival rate (below 1: fewer tokens to simulate per engine, for a big
     fleet on a small machine); *period* is a hot engine's burst cycle in seconds.
@@ -167,7 +167,7 @@ class FleetLoad:
         golden = (engine * 0.6180339887) % 1.0  # spreads the steady engines' loads and phases
         return replace(
             base,
-            arrivals_per_s=(0.25 + 0.35 * golden) * capacity * self.scale,
+            arrivals_per_s=(0.2 + 0.3 * golden) * capacity * self.scale,
             burst_period=5 * self.period,
             burst_peak=1.3,
             burst_phase=golden,
