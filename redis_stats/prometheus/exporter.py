@@ -65,7 +65,13 @@ from redis_stats.config import mask_url, redact
 from redis_stats.errors import error_kind
 from redis_stats.prometheus.collector import RedisCollector
 from redis_stats.prometheus.loadfeed import LoadFeed
-from redis_stats.prometheus.recent import FleetSummary, SnapshotRing, snapshot_document, summary_problems
+from redis_stats.prometheus.recent import (
+    WINDOW_BUDGET,
+    FleetSummary,
+    SnapshotRing,
+    snapshot_document,
+    summary_problems,
+)
 from redis_stats.prometheus.slices import EngineSlice, ScrapeQuery, parse_query, select_samples
 from redis_stats.reader import StatsReader
 
@@ -197,6 +203,7 @@ def _check_options(
     summary: FleetSummary | None,
     engines: list[int] | None,
     slice: EngineSlice | None,
+    window_budget: int = WINDOW_BUDGET,
 ) -> None:
     """ValueError for an :class:`Exporter` option out of its range (the first one found)."""
     if not request_timeout > 0:
@@ -207,6 +214,11 @@ def _check_options(
         raise ValueError(
             f"max_connections={max_connections!r} must be a whole number >= 1 "
             "(connections served at once; more get 503 with Retry-After)"
+        )
+    if isinstance(window_budget, bool) or not isinstance(window_budget, int) or window_budget < 0:
+        raise ValueError(
+            f"window_budget={window_budget!r} must be a whole number of bytes >= 0 (the memory the "
+            "/snapshot window may keep; 0 keeps none: no rates)"
         )
     problems = summary_problems(summary or {})
     if problems:
@@ -516,7 +528,9 @@ class Exporter:
     ``/snapshot`` adds rates and quantiles over the last *window* seconds and fleet totals. The
     window comes from the snapshots this exporter took (every ``/snapshot`` request, and one every
     ``window / 6`` seconds from the first request on); one shorter than a tenth of *window* is not
-    reported. *summary* names fleet figures for a product (e.g.
+    reported. The snapshots behind the window are kept in at most *window_budget* bytes (estimated:
+    about 5 MB each at 1,024 vLLM engines, docs/operations.md "Sizing"); past it the oldest go, and
+    the window is the span that fits. *summary* names fleet figures for a product (e.g.
     ``redis_stats.integrations.vllm.summary.VLLM_FLEET_SUMMARY``). With *self_metrics* ``/metrics``
     also shows this process (``process_*``, ``python_*``) and its scrapes: on for the standalone
     ``redis-stats exporter``; off by default because a host such as vLLM already serves its own
@@ -542,8 +556,9 @@ class Exporter:
         max_connections: int = 64,
         load_refresh: float = 0.25,
         slice: EngineSlice | None = None,
+        window_budget: int = WINDOW_BUDGET,
     ) -> None:
-        _check_options(request_timeout, window, max_connections, summary, engines, slice)
+        _check_options(request_timeout, window, max_connections, summary, engines, slice, window_budget)
         self.reader = reader
         self.slice = slice
         self.engines: Any = slice if slice is not None else engines
@@ -557,8 +572,11 @@ class Exporter:
         # ?slice=i/N: one collector (and reader: its own plan and caches) per slice asked for.
         self._slices: dict[EngineSlice, RedisCollector] = {}
         self._slices_lock = threading.Lock()
-        # Twice the window: a baseline a full window old is still there when the next sample lands.
-        self._ring = SnapshotRing(keep=2 * window)
+        # One snapshot kept per sampling period at most, for a window and two periods more: a
+        # baseline a full window old is there when the next sample lands. Within window_budget
+        # bytes (the oldest dropped first: the window reported is then the span that fits).
+        spacing = window * SAMPLE_EVERY
+        self._ring = SnapshotRing(keep=window + 2 * spacing, max_bytes=window_budget, spacing=spacing * 0.9)
         self._sampler_lock = threading.Lock()
         self._sampler_started = False
         self.scrapes = ScrapeStats()

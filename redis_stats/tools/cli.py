@@ -384,6 +384,14 @@ def simulate(redis_url: str | None, namespace: str, **options: Any) -> None:
     help="Serve only the engines e with e % N == I (one of N exporters, each its own Prometheus "
     "target; the writers' self-metrics in slice 0). Or scrape one exporter with ?slice=I/N.",
 )
+@click.option(
+    "--window-budget",
+    default=64.0,
+    type=click.FloatRange(0, 1_000_000),
+    metavar="MB",
+    help="Megabytes (MiB) the snapshots behind /snapshot's window may keep (about 5 per snapshot at "
+    "1,024 vLLM engines); past it the oldest go and the window is the span that fits.",
+)
 @_seconds_option(
     "--load-refresh",
     0.01,
@@ -392,7 +400,12 @@ def simulate(redis_url: str | None, namespace: str, **options: Any) -> None:
     help="Seconds between two reads of the load feed (/load), shared by every request.",
 )
 def exporter(
-    redis_url: str | None, namespace: str | None, engines: str | None, slice_text: str | None, **serving: Any
+    redis_url: str | None,
+    namespace: str | None,
+    engines: str | None,
+    slice_text: str | None,
+    window_budget: float,
+    **serving: Any,
 ) -> None:
     """Serve /metrics (every engine), /snapshot (JSON), /load (routers) and /healthz from Redis."""
     from redis_stats.integrations.vllm import vllm_catalog
@@ -416,7 +429,13 @@ def exporter(
     # The other options (host, port, gc_interval, window, ...) are Exporter's, by the same names.
     try:
         server = Exporter(
-            reader, engines=engine_list, summary=VLLM_FLEET_SUMMARY, self_metrics=True, slice=part, **serving
+            reader,
+            engines=engine_list,
+            summary=VLLM_FLEET_SUMMARY,
+            self_metrics=True,
+            slice=part,
+            window_budget=int(window_budget * 2**20),
+            **serving,
         )
     except OSError as exc:
         raise click.ClickException(
