@@ -580,6 +580,12 @@ class Exporter:
         self._sampler_lock = threading.Lock()
         self._sampler_started = False
         self.scrapes = ScrapeStats()
+        # One body (a /metrics text, a /snapshot document, a window sample) is built at a time. Its
+        # read, decode and rendering are Python under the GIL: several at once finish no sooner
+        # in all, but each holds its read, its decoded form and its text at the same time (at a
+        # thousand engines, tens of MB each: four slice scrapes, a whole /metrics and the page's
+        # poll together took the process past its limit). Serving a built body is not held.
+        self._building = threading.Lock()
         # The exporter's own process and scrapes: a registry of its own (never the host's global
         # one, which a host such as vLLM serves on its own port).
         self.own_registry = _own_registry(self.scrapes) if self_metrics else None
@@ -662,10 +668,25 @@ class Exporter:
         prometheus_client over :meth:`RedisCollector.collect`. Label values past
         ``max_label_length`` are replaced and counted in every format.
         """
-        started = time.perf_counter()
         query = query or ScrapeQuery()
         collector = self.collector if query.slice is None else self.slice_collector(query.slice)
         encoder, content_type = negotiate(accept or "")
+        with self._building:
+            started = time.perf_counter()
+            body = self._metrics_body(collector, encoder, content_type, query)
+            self.scrapes.observe(time.perf_counter() - started, len(body))
+        if not content_type.startswith("application/openmetrics-text"):
+            content_type = CONTENT_TYPE_PLAIN_0_0_4
+        return content_type, body
+
+    def _metrics_body(
+        self,
+        collector: RedisCollector,
+        encoder: Callable[[Any], bytes],
+        content_type: str,
+        query: ScrapeQuery,
+    ) -> bytes:
+        """The body of one ``/metrics`` answer (see :meth:`metrics`)."""
         if not content_type.startswith("application/openmetrics-text") or "version=1.0.0;" in content_type:
             text = collector.render_text() + self._own_text()
             if query.names is not None:
@@ -679,10 +700,7 @@ class Exporter:
             if query.names is not None:
                 text = select_samples(text, query.names)
             body = text.encode()
-        self.scrapes.observe(time.perf_counter() - started, len(body))
-        if not content_type.startswith("application/openmetrics-text"):
-            content_type = CONTENT_TYPE_PLAIN_0_0_4
-        return content_type, body
+        return body
 
     # At most this many slices get a collector of their own (a client inventing slices must not
     # make the exporter hold a reader for each).
@@ -726,6 +744,10 @@ class Exporter:
         (only the metrics *names* when given: ``?name[]=...``; without since-start histogram
         buckets when *buckets* is False: ``?buckets=0``)."""
         self._start_sampler()
+        with self._building:
+            return self._snapshot_json(names, buckets)
+
+    def _snapshot_json(self, names: list[str] | None, buckets: bool) -> tuple[int, dict[str, Any]]:
         try:
             snap = self.reader.snapshot(self.engines)  # thread-safe: each read checks its own plan
         except Exception as exc:
@@ -757,14 +779,18 @@ class Exporter:
     def _sample_loop(self) -> None:
         while not self._stop.wait(self.window * SAMPLE_EVERY):
             try:
-                self._ring.add(self.reader.snapshot(self.engines))
+                with self._building:
+                    self._ring.add(self.reader.snapshot(self.engines))
             except Exception as exc:  # Redis away: the next request reports it
                 log.debug("window sample failed: %s", exc)
 
     def health(self) -> tuple[int, dict[str, Any]]:
-        """(HTTP status, document) of ``/healthz``."""
+        """(HTTP status, document) of ``/healthz``: from a read of the load feed (the engines, the
+        writers and their load entries, by the rule every view judges liveness with), not of every
+        series: a probe every few seconds must not decode the whole fleet (tens of MB at a
+        thousand engines, beside the scrapes)."""
         try:
-            snap = self.reader.snapshot(self.engines)
+            snap = self.reader.load(self.engines)
         except Exception as exc:
             return 503, {
                 "status": "redis unavailable",

@@ -412,7 +412,9 @@ def exporter(
     from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
     from redis_stats.prometheus.exporter import Exporter
     from redis_stats.reader import EngineSlice, StatsReader
+    from redis_stats.tools.allocator import bound_arenas
 
+    bound_arenas()  # before any thread: a thread per connection spread freed memory over 16 arenas
     config = _config(redis_url, namespace)
     engine_list = _engines(engines)
     part = None
