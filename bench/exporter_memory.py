@@ -99,14 +99,15 @@ def get(base: str, path: str, accept: str | None = None) -> int:
 class Traffic:
     """The sliced layout's traffic against one exporter, from threads, until stopped."""
 
-    def __init__(self, base: str, scrape_interval: float) -> None:
+    def __init__(self, base: str, scrape_interval: float, local: bool = False) -> None:
         self.base = base
+        self.local = local
         self.scrape_interval = scrape_interval
         self.stop = threading.Event()
         self.errors = 0
         self.threads = [
             threading.Thread(target=self._every, args=(scrape_interval, self._scrape), daemon=True),
-            threading.Thread(target=self._every, args=(2.0, lambda: self._one(PAGE)), daemon=True),
+            threading.Thread(target=self._every, args=(2.0, lambda: local or self._one(PAGE)), daemon=True),
             threading.Thread(target=self._every, args=(0.25, lambda: self._one("/load")), daemon=True),
         ]
 
@@ -130,6 +131,9 @@ class Traffic:
             self.errors += 1
 
     def _scrape(self) -> None:
+        if self.local:  # a node's own view (REDIS_STATS_VIEW=local): one scrape of its engines
+            self._one("/metrics", OPENMETRICS)
+            return
         jobs = [(f"/metrics?slice={i}/4", OPENMETRICS) for i in range(4)]
         jobs += [("/metrics", OPENMETRICS), ("/snapshot", None)]
         with ThreadPoolExecutor(len(jobs)) as pool:
@@ -171,6 +175,13 @@ def main() -> None:
     parser.add_argument("--scrape-interval", type=float, default=15.0)
     parser.add_argument("--flush-interval", type=float, default=5.0, help="the simulated writers'")
     parser.add_argument("--extra-args", default="", help="more exporter options, for the last checkout")
+    parser.add_argument(
+        "--local-view",
+        type=int,
+        default=0,
+        help="also an exporter of engines 0..K-1 only (this checkout), scraped once per interval, "
+        "with /load: what a node's view (REDIS_STATS_VIEW=local) costs",
+    )
     parser.add_argument("paths", nargs="*", type=Path, default=[ROOT])
     args = parser.parse_args()
     paths = [p.resolve() for p in args.paths]
@@ -196,7 +207,14 @@ def main() -> None:
             extra = args.extra_args.split() if i == len(paths) - 1 and len(paths) > 1 else []
             proc, base = start_exporter(server.url, path, extra)
             exporters.append((path, proc, base))
-        traffic = [Traffic(base, args.scrape_interval) for _, _, base in exporters]
+        if args.local_view:
+            own = ",".join(str(e) for e in range(args.local_view))
+            proc, base = start_exporter(server.url, ROOT, ["--engines", own])
+            exporters.append((Path(f"local view of {args.local_view} engines"), proc, base))
+        traffic = [
+            Traffic(base, args.scrape_interval, local=str(path).startswith("local view"))
+            for path, _, base in exporters
+        ]
         started = time.monotonic()
         for t in traffic:
             t.start()
@@ -234,7 +252,7 @@ def main() -> None:
             f"CPU {redis_cpu / elapsed:.1%} of a core (the writers' flushes every {args.flush_interval:g} s "
             f"and {len(exporters)} exporters' reads)"
         )
-        gz = get(exporters[-1][2], "/metrics", OPENMETRICS)
+        gz = get(exporters[0][2], "/metrics", OPENMETRICS)
         print(f"one whole /metrics: {gz / 2**20:.1f} MB gzipped")
     finally:
         for _, proc, _ in exporters:

@@ -47,6 +47,7 @@ import socket
 import threading
 import time
 import urllib.parse
+import zlib
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -91,6 +92,26 @@ def live_page() -> bytes:
 # gzip level 6 (zlib's default) rather than prometheus_client's 9: on a multi-megabyte scrape it is
 # several times faster for a body a few percent larger (bench/http_exporter.py measures both).
 GZIP_LEVEL = 6
+
+
+# Characters of a body encoded (and compressed) at a time.
+ENCODE_CHUNK = 1 << 20
+
+
+def encode_body(text: str, gzipped: bool) -> tuple[bytes, int]:
+    """(*text* as UTF-8, gzipped when *gzipped*; its size before compression). Gzipped a slice
+    at a time, so the whole text never exists as bytes too (tens of MB at a thousand engines)."""
+    if not gzipped:
+        body = text.encode()
+        return body, len(body)
+    z = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)  # wbits 31: the gzip format
+    parts, size = [], 0
+    for start in range(0, len(text), ENCODE_CHUNK):
+        chunk = text[start : start + ENCODE_CHUNK].encode()
+        size += len(chunk)
+        parts.append(z.compress(chunk))
+    parts.append(z.flush())
+    return b"".join(parts), size
 
 
 # A version prometheus_client may echo back into Content-Type: digits only (ASCII), three parts.
@@ -656,9 +677,12 @@ class Exporter:
             self._server.shutdown()
         self._server.server_close()
 
-    def metrics(self, accept: str | None = None, query: ScrapeQuery | None = None) -> tuple[str, bytes]:
+    def metrics(
+        self, accept: str | None = None, query: ScrapeQuery | None = None, *, gzipped: bool = False
+    ) -> tuple[str, bytes]:
         """(Content-Type, body) of ``/metrics`` for a request's ``Accept`` header and query
-        (*query*: its ``slice`` and ``name[]``, see :func:`parse_query`).
+        (*query*: its ``slice`` and ``name[]``, see :func:`parse_query`); the body gzipped when
+        *gzipped* (compressed from the text a slice at a time: no whole copy of it as bytes).
 
         The format is chosen by prometheus_client's ``choose_encoder``, as its own server does.
         A client that does not ask for OpenMetrics gets the fast renderer's Prometheus text,
@@ -673,20 +697,22 @@ class Exporter:
         encoder, content_type = negotiate(accept or "")
         with self._building:
             started = time.perf_counter()
-            body = self._metrics_body(collector, encoder, content_type, query)
-            self.scrapes.observe(time.perf_counter() - started, len(body))
+            text = self._metrics_text(collector, encoder, content_type, query)
+            body, size = encode_body(text, gzipped)
+            del text  # before the next body is built: at a thousand engines tens of MB
+            self.scrapes.observe(time.perf_counter() - started, size)
         if not content_type.startswith("application/openmetrics-text"):
             content_type = CONTENT_TYPE_PLAIN_0_0_4
         return content_type, body
 
-    def _metrics_body(
+    def _metrics_text(
         self,
         collector: RedisCollector,
         encoder: Callable[[Any], bytes],
         content_type: str,
         query: ScrapeQuery,
-    ) -> bytes:
-        """The body of one ``/metrics`` answer (see :meth:`metrics`)."""
+    ) -> str:
+        """The text of one ``/metrics`` answer (see :meth:`metrics`)."""
         if not content_type.startswith("application/openmetrics-text") or "version=1.0.0;" in content_type:
             text = collector.render_text() + self._own_text()
             if query.names is not None:
@@ -694,13 +720,10 @@ class Exporter:
             if content_type.startswith("application/openmetrics-text"):
                 # Prometheus' default: the fast text, turned into OpenMetrics 1.0 (same samples).
                 text = openmetrics_from_text(text)
-            body = text.encode()
-        else:  # another version: prometheus_client writes it
-            text = encoder(_Both(self, collector)).decode()
-            if query.names is not None:
-                text = select_samples(text, query.names)
-            body = text.encode()
-        return body
+            return text
+        # Another version: prometheus_client writes it.
+        text = encoder(_Both(self, collector)).decode()
+        return select_samples(text, query.names) if query.names is not None else text
 
     # At most this many slices get a collector of their own (a client inventing slices must not
     # make the exporter hold a reader for each).
@@ -746,6 +769,19 @@ class Exporter:
         self._start_sampler()
         with self._building:
             return self._snapshot_json(names, buckets)
+
+    def snapshot_body(
+        self, names: list[str] | None = None, buckets: bool = True, *, gzipped: bool = False
+    ) -> tuple[int, bytes]:
+        """(HTTP status, body) of ``/snapshot``: :meth:`snapshot_json`'s document as strict JSON,
+        gzipped when *gzipped*; the document is freed before the next body is built."""
+        self._start_sampler()
+        with self._building:
+            status, doc = self._snapshot_json(names, buckets)
+            text = json.dumps(doc, allow_nan=False)  # strict JSON: Snapshot.to_dict is
+            del doc
+            body, _size = encode_body(text, gzipped)
+        return status, body
 
     def _snapshot_json(self, names: list[str] | None, buckets: bool) -> tuple[int, dict[str, Any]]:
         try:
@@ -832,43 +868,44 @@ class Exporter:
                 if path == "/load":
                     self._serve_load(head)
                     return
+                zipped = gzip_accepted(self.headers.get("Accept-Encoding", ""))
                 try:
-                    status, content_type, body, vary = self._respond(path)
+                    status, content_type, body, vary, compressed = self._respond(path, zipped)
                 except Exception:
                     # Never a closed connection without an answer (and no URL or data in the body).
                     log.exception("serving %s failed", path)
                     status, content_type, vary = 500, "application/json", "Accept-Encoding"
                     body = json.dumps({"error": "internal error, see the exporter's log"}).encode()
-                self._send(status, content_type, body, head, vary)
+                    compressed = False
+                self._send(status, content_type, body, head, vary, compressed)
 
             def _query(self) -> ScrapeQuery:
                 return parse_query(self.path.partition("?")[2])
 
-            def _respond(self, path: str) -> tuple[int, str, bytes, str]:
+            def _respond(self, path: str, zipped: bool) -> tuple[int, str, bytes, str, bool]:
+                """(status, Content-Type, body, Vary, whether the body is gzipped already)."""
                 if path == "/metrics":
                     try:
                         query = self._query()
-                        content_type, body = exporter.metrics(self.headers.get("Accept"), query)
+                        accept = self.headers.get("Accept")
+                        content_type, body = exporter.metrics(accept, query, gzipped=zipped)
                     except ValueError as exc:  # a bad ?slice= or one too many: say which and why
-                        return (
-                            400,
-                            "application/json",
-                            json.dumps({"error": str(exc)}).encode(),
-                            "Accept-Encoding",
-                        )
-                    return 200, content_type, body, "Accept, Accept-Encoding"
+                        error = json.dumps({"error": str(exc)}).encode()
+                        return 400, "application/json", error, "Accept-Encoding", False
+                    return 200, content_type, body, "Accept, Accept-Encoding", zipped
                 if path == "/":
-                    return 200, "text/html; charset=utf-8", live_page(), "Accept-Encoding"
+                    return 200, "text/html; charset=utf-8", live_page(), "Accept-Encoding", False
                 if path == "/snapshot":
                     params = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
                     buckets = params.get("buckets", ["1"])[-1] != "0"
-                    status, doc = exporter.snapshot_json(params.get("name[]"), buckets)
-                elif path == "/healthz":
+                    status, body = exporter.snapshot_body(params.get("name[]"), buckets, gzipped=zipped)
+                    return status, "application/json", body, "Accept-Encoding", zipped
+                if path == "/healthz":
                     status, doc = exporter.health()
                 else:
                     status, doc = 404, {"error": "not found", "paths": list(PATHS)}
-                body = json.dumps(doc, allow_nan=False).encode()  # strict JSON: Snapshot.to_dict is
-                return status, "application/json", body, "Accept-Encoding"
+                body = json.dumps(doc, allow_nan=False).encode()
+                return status, "application/json", body, "Accept-Encoding", False
 
             def _serve_load(self, head: bool) -> None:
                 """``/load``: the feed's kept body (no Redis read, no encoding here), or ``304``
@@ -910,12 +947,21 @@ class Exporter:
                 if not head:
                     self.wfile.write(body)
 
-            def _send(self, status: int, content_type: str, body: bytes, head: bool, vary: str) -> None:
-                if gzip_accepted(self.headers.get("Accept-Encoding", "")):
+            def _send(
+                self,
+                status: int,
+                content_type: str,
+                body: bytes,
+                head: bool,
+                vary: str,
+                compressed: bool = False,
+            ) -> None:
+                encoding: str | None = None
+                if compressed:
+                    encoding = "gzip"
+                elif gzip_accepted(self.headers.get("Accept-Encoding", "")):
                     body = gzip.compress(body, compresslevel=GZIP_LEVEL)
-                    encoding: str | None = "gzip"
-                else:
-                    encoding = None
+                    encoding = "gzip"
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
                 if encoding:
