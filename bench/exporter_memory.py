@@ -84,6 +84,9 @@ def wait_up(url: str, engines: int, timeout: float = 600) -> None:
     raise SystemExit(f"the simulated fleet did not come up within {timeout:.0f} s")
 
 
+ERRORS: dict[str, int] = {}  # kind of failed request -> how many (all exporters)
+
+
 def get(base: str, path: str, accept: str | None = None) -> int:
     """GET *base* + *path* (gzip accepted); the size of the body as sent, -1 on an error."""
     headers = {"Accept-Encoding": "gzip"}
@@ -92,7 +95,9 @@ def get(base: str, path: str, accept: str | None = None) -> int:
     try:
         with urllib.request.urlopen(urllib.request.Request(base + path, headers=headers), timeout=120) as r:
             return len(r.read())
-    except OSError:
+    except OSError as exc:
+        kind = f"{path.split('?')[0]} {getattr(exc, 'code', None) or type(exc).__name__}"
+        ERRORS[kind] = ERRORS.get(kind, 0) + 1
         return -1
 
 
@@ -252,6 +257,8 @@ def main() -> None:
             f"CPU {redis_cpu / elapsed:.1%} of a core (the writers' flushes every {args.flush_interval:g} s "
             f"and {len(exporters)} exporters' reads)"
         )
+        if ERRORS:
+            print("failed requests:", ", ".join(f"{k}: {n}" for k, n in sorted(ERRORS.items())))
         gz = get(exporters[0][2], "/metrics", OPENMETRICS)
         print(f"one whole /metrics: {gz / 2**20:.1f} MB gzipped")
     finally:
