@@ -21,6 +21,7 @@ of the namespace reads.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -372,6 +373,23 @@ class _Part:
         return len(self.writers), unconfirmed
 
 
+class _FirstWarnings(logging.Filter):
+    """The first few writer warnings of a process: a thousand writers each warn once of the same
+    outage (the progress lines and the last line count failed and lost flushes)."""
+
+    SHOWN = 3
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.seen += 1
+        if self.seen == self.SHOWN + 1:
+            record.msg, record.args = "(the other writers' warnings of this process are left out)", ()
+        return self.seen <= self.SHOWN + 1
+
+
 def _flush(writer: Any) -> bool:
     return bool(writer.flush())
 
@@ -399,6 +417,7 @@ def run_part(
     """One process of the simulation, until SIGTERM (or Ctrl-C)."""
     from redis_stats.tools.stopping import stop_on_signals
 
+    logging.getLogger("redis_stats.writer").addFilter(_FirstWarnings())
     stop = threading.Event()
     with stop_on_signals(stop.set):
         part = _Part(config, opts, engines)
