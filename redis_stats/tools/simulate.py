@@ -73,6 +73,9 @@ class LoadProfile:
     """How much slower a token comes with a full batch: ITL x (1 + this x running / max_running)."""
     spec_tokens: int = 0
     """Speculative tokens per draft (0: no speculative-decoding stats)."""
+    kv_bound: bool = False
+    """Whether the KV cache bounds the batch: a request waits until its blocks fit, and the newest
+    is preempted when decoding outgrows the cache (False: the usage reported is clipped at 1)."""
 
     def arrival_factor(self, t: float) -> float:
         """The arrival rate at time *t* (seconds) as a multiple of ``arrivals_per_s``."""
@@ -152,6 +155,7 @@ class FleetLoad:
             step_s=0.05,
             batch_slowdown=0.5,
             spec_tokens=3,
+            kv_bound=True,
         )
         capacity = base.capacity_per_s()
         if self.is_hot(engine):
@@ -333,7 +337,7 @@ class SimulatedEngine:
         while self._waiting and len(self._running) < p.max_running:
             req = self._waiting[0]
             need = req.prompt + req.generated
-            if self._used + need > self.kv_capacity_tokens and self._running:
+            if p.kv_bound and self._used + need > self.kv_capacity_tokens and self._running:
                 break  # no room in the KV cache: it waits (a request alone always runs)
             self._waiting.pop(0)
             batch = batches[req.api]
@@ -396,7 +400,7 @@ class SimulatedEngine:
     def _preempt(self, batches: list[_Batch]) -> None:
         """While the running requests' KV outgrows the cache, the newest one is preempted: back
         to the head of the queue, its blocks freed (recomputed when it is admitted again)."""
-        while self._used > self.kv_capacity_tokens and len(self._running) > 1:
+        while self.profile.kv_bound and self._used > self.kv_capacity_tokens and len(self._running) > 1:
             req = self._running.pop()
             self._used -= req.prompt + req.generated
             req.preemptions += 1
