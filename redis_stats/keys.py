@@ -192,6 +192,12 @@ class Keys:
         feed's fields, ``load.lua``; see redis_stats/load.py)."""
         return self.prefix + "load"
 
+    @property
+    def bridges(self) -> str:
+        """Hash: ``<owner digest>|<writer id>`` -> a bridge writer's handover record (JSON: what
+        the writers before it held of its source; redis_stats/integrations/bridge/handover.py)."""
+        return self.prefix + "bridges"
+
     def writer_stats(self, writer_id: str) -> str:
         """Hash: one writer's self-metrics (flushes, errors, drops, flush durations, ...)."""
         return f"{self.prefix}w:{writer_id}"

@@ -14,12 +14,14 @@
 -- The load entries ("<engine>|<writer>") of every writer not in the writers zset after this call
 -- are deleted: those of the writers it removes, and any left by a writer removed before.
 --
--- A shard left with no engine, no writer and no tombstone is deleted whole (seq with its
--- watermark, claims, conflicts, load entries, and the catalogue when ARGV[4] says so: shard 0's lists the
--- namespace's K, so the caller asks for it only once every other shard is empty), so an emptied
--- namespace is no longer listed. Nothing of a writer's can be double counted after that: with no
--- engine hash left there are no folded base fields, and a writer that comes back stores its
--- totals again, once.
+-- A shard left with no engine and no writer is deleted whole, its tombstones with it (seq with its
+-- watermark, claims, conflicts, load entries, and the catalogue when ARGV[4] says so: shard 0's
+-- lists the namespace's K, so the caller asks for it only once every other shard is empty), so a
+-- namespace nobody writes to any more is no longer listed after one gc. Nothing of a writer's can
+-- be double counted after that: a tombstone only keeps a writer from adding again what gc folded
+-- into an engine's base fields, and with no engine hash left there are none; a writer that comes
+-- back (paused, or retrying a batch whose answer it lost) finds no sequence entry and no
+-- catalogue, and stores its whole state again, once (flush.lua: "behind").
 --
 -- A removed writer's chunks (schema 2, docs/key-schema.md) are folded into the base fields of
 -- each engine: its counter totals added to "<series>", its histograms to "<series>|h:<layout>"
@@ -197,16 +199,11 @@ if redis.call('TYPE', KEYS[7])['ok'] == 'hash' then
   for j = 1, #stray, 500 do redis.call('HDEL', KEYS[7], unpack(stray, j, math.min(j + 499, #stray))) end
 end
 local emptied = 0
--- (ZRANGE and HGETALL: commands the documented stats-admin ACL already grants)
+-- (ZRANGE: a command the documented stats-admin ACL already grants)
 if #redis.call('ZRANGE', KEYS[1], 0, 0) == 0 and #redis.call('ZRANGE', KEYS[2], 0, 0) == 0 then
+  -- Tombstones (kept ":k" or not) protect folded base fields: with no engine, none is left.
   emptied = 1
-  local left = redis.call('HGETALL', KEYS[3])
-  for j = 2, #left, 2 do  -- kept tombstones (":k") protect folded base fields: none is left
-    if string.sub(left[j], 1, 1) == 'x' and string.sub(left[j], -2) ~= ':k' then emptied = 0; break end
-  end
-  if emptied == 1 then
-    redis.call('DEL', KEYS[3], KEYS[5], KEYS[6], KEYS[7])
-    if ARGV[4] == '1' then redis.call('DEL', KEYS[4]) end
-  end
+  redis.call('DEL', KEYS[3], KEYS[5], KEYS[6], KEYS[7])
+  if ARGV[4] == '1' then redis.call('DEL', KEYS[4]) end
 end
 return {engines, writers, tombstones, folded, unfolded, emptied}

@@ -10,6 +10,7 @@ namespace that holds nothing.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -219,6 +220,11 @@ def summary(info: NamespaceInfo) -> str:
     """One line: ``demo: 2 engines (2 up), 4 writers (4 live), last heartbeat 0.3 s ago``."""
     if info.problem is not None:
         return f"{info.namespace}: unreadable ({info.problem})"
+    if info.engines == 0 and info.writers == 0:
+        # Left so by an older version's gc (it kept a namespace while a closed writer's tombstone
+        # remained), or holding a catalogue only: one gc deletes a namespace with neither.
+        command = f"redis-stats gc --namespace {shlex.quote(info.namespace)}"
+        return f"{info.namespace}: empty (no engine, no writer): `{command}` removes it"
     beat = (
         "no heartbeat"
         if info.last_heartbeat_age is None

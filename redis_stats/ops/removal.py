@@ -2,14 +2,14 @@
 while any writer of it is live.
 
 Which keys: each shard's data keys by name (docs/key-schema.md: ``meta``, ``engines``,
-``writers``, ``seq``, ``claims``, ``conflicts``, each listed engine's hashes, each listed
-writer's self-metrics) and shard 0's lease keys (``leader``, ``leader_epoch``, ``gc``); and,
-where the user may ``SCAN``, whatever else matches the shard's prefix ``rs:{TAG}:*`` (schema 1
-keys, an engine hash whose engine left the list). Each shard is removed by ``drop.lua``, which
-checks in the same atomic call that no writer of that shard is live (heartbeat within the
-``stale_after`` it stored, server time) and removes nothing if one is. Every shard is checked
-before any is touched; shard 0 goes last, so an interrupted removal can be run again (shard 0's
-catalogue lists the other shards).
+``writers``, ``seq``, ``claims``, ``conflicts``, ``load``, ``bridges``, each listed engine's
+hashes, each listed writer's self-metrics) and shard 0's lease keys (``leader``,
+``leader_epoch``, ``gc``); and, where the user may ``SCAN``, whatever else matches the shard's
+prefix ``rs:{TAG}:*`` (schema 1 keys, an engine hash whose engine left the list). Each shard
+is removed by ``drop.lua``, which checks in the same atomic call that no writer of that shard is
+live (heartbeat within the ``stale_after`` it stored, server time) and removes nothing if one is.
+Every shard is checked before any is touched; shard 0 goes last, so an interrupted removal can be
+run again (shard 0's catalogue lists the other shards).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def _members(client: Client, key: str) -> list[str]:
 
 def _named_keys(client: Client, shard: Keys, root: bool) -> list[str]:
     """The keys of *shard* known by name (docs/key-schema.md), writers' list excluded."""
-    names = [shard.meta, shard.engines, shard.seq, shard.claims, shard.conflicts, shard.load]
+    names = [shard.meta, shard.engines, shard.seq, shard.claims, shard.conflicts, shard.load, shard.bridges]
     for engine in _members(client, shard.engines):
         names += [shard.counters(engine), shard.gauges(engine)]
     names += [shard.writer_stats(w) for w in _members(client, shard.writers)]

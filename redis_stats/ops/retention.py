@@ -9,7 +9,10 @@ removes in one atomic step:
   folded into the engines' base fields (counter totals and histograms added, gauges dropped, see
   docs/key-schema.md), their heartbeat and self-metrics go; their sequence number becomes a
   tombstone, so a late flush from them is deduplicated or refused (the writer then continues
-  under a new id). Tombstones go after one more retention.
+  under a new id). A closed writer's tombstone goes after one more retention; one that did not
+  close keeps its tombstone while any engine of the shard is left;
+- a shard left with no engine and no writer: every key, tombstones included (nothing is left for
+  a tombstone to guard), so a namespace nobody writes to is no longer listed.
 
 A sharded namespace is collected shard by shard (each shard is self-contained), under the one
 lease in shard 0's root.

@@ -696,7 +696,11 @@ def namespaces(redis_url: str | None) -> None:
     help="Seconds between two scrapes of a source (each scrape is one flush).",
 )
 @_seconds_option(
-    "--timeout", 0.05, 600, default=5.0, help="Seconds a scrape may take in all (connect, headers, body)."
+    "--timeout",
+    0.05,
+    600,
+    default=5.0,
+    help="Seconds a scrape may take in all (connect, TLS handshake, headers, body: one deadline).",
 )
 @click.option(
     "--max-body-bytes",
@@ -718,7 +722,9 @@ def namespaces(redis_url: str | None) -> None:
     "include",
     multiple=True,
     metavar="PATTERN",
-    help="Store only families matching this shell pattern, e.g. 'vllm:*' (repeatable; default all).",
+    help="Store only families matching this shell pattern, e.g. 'vllm:*' (repeatable). Default: "
+    "every family but those of the source's own process (process_*, python_*, go_*, promhttp_*), "
+    "which a pattern that matches them stores.",
 )
 @_seconds_option("--duration", 0.1, show_default="until SIGTERM/Ctrl-C", help="Stop after this many seconds.")
 def bridge(

@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from decimal import ROUND_HALF_UP, Decimal
 
 from rich.console import Console
 from rich.live import Live
@@ -34,6 +35,7 @@ __all__ = [
     "render",
     "render_plain",
     "run_top",
+    "seconds",
     "title_of",
 ]
 
@@ -54,8 +56,9 @@ COLUMNS = (
     "ITL p99",
 )
 # On a narrow terminal these columns go first, in this order: a column is shown whole or not at
-# all. Engine, up, generation throughput, running and KV usage stay (they fit in 40 columns).
-DROP_ORDER = ("age s", "TTFT p50", "ITL p50", "waiting", "prompt tok/s", "ITL p99", "TTFT p99")
+# all. Engine, up, generation throughput, running and KV usage stay (they fit in 40 columns), and
+# waiting goes last: a growing queue is the first sign of saturation, before any p99 moves.
+DROP_ORDER = ("age s", "TTFT p50", "ITL p50", "prompt tok/s", "ITL p99", "TTFT p99", "waiting")
 
 
 def _merged(engine: EngineSnapshot | None, name: str) -> HistogramValue | None:
@@ -72,8 +75,39 @@ def _merged(engine: EngineSnapshot | None, name: str) -> HistogramValue | None:
     return HistogramValue(bounds, cumulative, sum(h.sum for h in found))
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None or math.isnan(value) else f"{value * 1000:.0f} ms"
+def seconds(value: float | None) -> str:
+    """A latency as the live page writes it (``sec`` in prometheus/web/index.html, one rule for
+    both): seconds to three significant digits (``0.045 s``, ``0.742 s``, ``79.6 s``), whole
+    seconds from 1,000 s, ``> last bucket`` past the last finite bucket; ``-`` for none.
+
+    JavaScript's ``String(Number(x.toPrecision(3)))`` exactly: rounded half up on the float's
+    exact value, then the shortest digits that read back as that float, positional from 1e-6 to
+    1e21 (``tests/prometheus/test_web_page.py`` compares both in Chromium)."""
+    if value is None or math.isnan(value):
+        return "-"
+    if math.isinf(value):
+        return "> last bucket"
+    exact = Decimal(value)
+    if value >= 1000:
+        return f"{_js_number(float(exact.quantize(Decimal(1), ROUND_HALF_UP)))} s"
+    if value == 0:
+        return "0 s"
+    step = Decimal(1).scaleb(exact.adjusted() - 2)  # the third significant digit's place
+    return f"{_js_number(float(exact.quantize(step, ROUND_HALF_UP)))} s"
+
+
+def _js_number(x: float) -> str:
+    """JavaScript's ``String(x)`` of a finite float: the digits of ``repr`` (both are the shortest
+    that read back), laid out as JavaScript lays them out."""
+    digits = Decimal(repr(x))
+    if x == 0 or 1e-6 <= abs(x) < 1e21:
+        text = format(digits, "f")
+        return text[:-2] if text.endswith(".0") else text
+    sign, numerals, exponent = digits.normalize().as_tuple()
+    head = "".join(map(str, numerals))
+    power = int(exponent) + len(head) - 1
+    mantissa = head[0] + ("." + head[1:] if len(head) > 1 else "")
+    return f"{'-' if sign else ''}{mantissa}e{'+' if power >= 0 else '-'}{abs(power)}"
 
 
 def _recent(previous: Snapshot, current: Snapshot, engine: int, name: str) -> HistogramValue | None:
@@ -118,7 +152,7 @@ def _load_cells(iv: EngineInterval) -> list[str]:
 
 def _latency_cells(ttft: HistogramValue | None, itl: HistogramValue | None) -> list[str]:
     """TTFT p50, p99, ITL p50, p99 over the interval; "-" where nothing was observed."""
-    return [_ms(h.quantile(q) if h and h.count else None) for h in (ttft, itl) for q in (0.5, 0.99)]
+    return [seconds(h.quantile(q) if h and h.count else None) for h in (ttft, itl) for q in (0.5, 0.99)]
 
 
 def title_of(current: Snapshot, namespace: str | None = None, url: str | None = None) -> str:

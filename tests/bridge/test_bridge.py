@@ -10,93 +10,20 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from redis_stats import StatsConfig
 from redis_stats.connection import make_client
 from redis_stats.integrations.bridge import Bridge, BridgedSource, exact_amounts, parse_body
 from redis_stats.integrations.bridge.fetch import ACCEPT
 from redis_stats.tools.embedded import free_port
 from tests.conftest import ROOT
-from tests.helpers.metrics_source import SyntheticCatalogue, serve
 
 from .compare import get, self_metric, source_samples, store_samples, store_text
 
 FORMATS = {"text": ACCEPT["text"], "openmetrics": ACCEPT["openmetrics"]}
-
-
-@pytest.fixture
-def cfg(redis_server, namespace) -> StatsConfig:
-    return StatsConfig(url=redis_server.url, namespace=namespace, flush_interval=0.2)
-
-
-class Helper:
-    """tests/helpers/metrics_source.py in its own process (so it can be killed, stopped, restarted)."""
-
-    def __init__(
-        self, port: int | None = None, catalog: str = "sglang", seed: int = 0, engines: int = 1
-    ) -> None:
-        self.port = port or free_port()
-        args = [
-            "--port",
-            str(self.port),
-            "--catalog",
-            catalog,
-            "--seed",
-            str(seed),
-            "--engines",
-            str(engines),
-        ]
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.helpers.metrics_source", *args],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-        )
-        assert self.proc.stdout is not None and self.proc.stdout.readline() == b"ready\n"
-        self.url = f"http://127.0.0.1:{self.port}/metrics"
-
-    def call(self, path: str) -> None:
-        urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10).read()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)
-            self.proc.kill()
-        self.proc.wait()
-
-
-@pytest.fixture
-def helpers():
-    made: list[Helper] = []
-
-    def make(**kw: object) -> Helper:
-        made.append(Helper(**kw))  # type: ignore[arg-type]
-        return made[-1]
-
-    yield make
-    for h in made:
-        h.kill()
-
-
-@pytest.fixture
-def inproc():
-    """An in-process source (faster than a process where no kill is needed)."""
-    servers = []
-
-    def make(catalog: str = "sglang", engines: int = 1, auth: str | None = None):
-        cat = SyntheticCatalogue(catalog, engines, seed=len(servers))
-        server = serve(cat, auth=auth)
-        servers.append(server)
-        return cat, f"http://127.0.0.1:{server.server_port}/metrics"
-
-    yield make
-    for s in servers:
-        s.shutdown()
-        s.server_close()
 
 
 def assert_view_equals(cfg, url, accept, *, offset=0, engine_label=None, include="*"):
@@ -240,6 +167,8 @@ def _want(url: str, offset: int = 1):
         ("huge", "text", "too_large"),
         ("typechange", "text", "definition"),
         ("html", "text", "content_type"),
+        ("json", "text", "json"),
+        ("json_as_text", "openmetrics", "json"),
     ],
 )
 def test_a_bad_body_is_refused_counted_and_logged_once_and_stores_nothing(
@@ -269,6 +198,29 @@ def test_a_bad_body_is_refused_counted_and_logged_once_and_stores_nothing(
     )
     assert dropped == 2.0
     source.close()
+
+
+def test_a_json_body_says_it_is_json_and_where_trtllm_serve_serves_prometheus_text(cfg, helpers, caplog):
+    """trtllm-serve's /metrics is a JSON stats queue that each read consumes: the refusal says
+    which URL answered JSON, and that /prometheus/metrics is the one to bridge."""
+    h = helpers(seed=5)
+    h.call("/mode?m=json")
+    source = BridgedSource(h.url, cfg)
+    with caplog.at_level(logging.WARNING, logger="redis_stats.bridge"):
+        assert not source.scrape()
+    assert source.stats.errors == {"json": 1} and source.writer is None
+    message = source.stats.last_error
+    for part in (
+        h.url,
+        "answered JSON",
+        "application/json",
+        "trtllm-serve",
+        "/prometheus/metrics",
+        "consumed",
+    ):
+        assert part in message, (part, message)
+    assert [r for r in caplog.records if "answered JSON" in r.getMessage()]
+    assert not store_samples(cfg)
 
 
 def test_label_churn_new_series_stored_and_vanished_ones_keep_their_last_value(cfg, inproc):
@@ -477,7 +429,7 @@ def test_any_bytes_parse_or_are_refused_with_a_reason(data, content_type):
     try:
         parse_body(data, content_type, engine_label="engine")
     except ValueError as exc:
-        assert getattr(exc, "reason", None) in {"garbage", "truncated", "engine_label"}, exc
+        assert getattr(exc, "reason", None) in {"garbage", "truncated", "engine_label", "json"}, exc
 
 
 @given(
@@ -490,7 +442,7 @@ def test_metrics_like_text_parses_or_is_refused_with_a_reason(text):
     try:
         parse_body(text.encode(), "text/plain; version=0.0.4", engine_label="engine")
     except ValueError as exc:
-        assert getattr(exc, "reason", None) in {"garbage", "truncated", "engine_label"}, exc
+        assert getattr(exc, "reason", None) in {"garbage", "truncated", "engine_label", "json"}, exc
 
 
 def test_sigterm_closes_the_writers_and_exits_0(cfg, inproc):

@@ -26,6 +26,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -36,12 +37,12 @@ from redis_stats.integrations.vllm import vllm_catalog
 from redis_stats.snapshot import HistogramValue
 
 from ..conftest import ROOT
+from . import grafana
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis_server, pytest.mark.slow]
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
-DASHBOARD = ROOT / "compose" / "grafana" / "dashboards" / "redis_stats_fleet.json"
 LOAD_SECONDS = 36  # > the exporter's 30 s /snapshot window, and the 20 s PromQL window after 13 s
 # PromQL rate window: well inside the scrapes (Prometheus starts a few seconds after the load, and
 # rate() extrapolates only half an interval past the first sample of a window that starts earlier).
@@ -117,7 +118,10 @@ class PromQL:
         params = {"query": expr}
         if at is not None:
             params["time"] = f"{at:.3f}"
-        doc = json.loads(get(f"{self.base}/api/v1/query?{urllib.parse.urlencode(params)}"))
+        try:
+            doc = json.loads(get(f"{self.base}/api/v1/query?{urllib.parse.urlencode(params)}"))
+        except urllib.error.HTTPError as exc:  # a PromQL error: 400 or 422, its message in the body
+            raise AssertionError(f"{expr}: {exc.code} {exc.read().decode(errors='replace')}") from None
         assert doc["status"] == "success", (expr, doc)
         return doc["data"]["result"]
 
@@ -308,20 +312,13 @@ def test_real_prometheus_answers_match_the_writers_totals(redis_server, python_e
         for job in JOBS:
             counts = api.by(f'count by (engine) (redis_stats_engine_up{{job="{job}"}})', "engine")
             assert counts == {"0": 1.0, "1": 1.0}, (job, counts)
-        # Every query of the dashboard returns data, for each job (variables substituted).
-        dash = json.loads(DASHBOARD.read_text())
+        # Every query of the dashboard returns data, for each job (variables filled in as Grafana
+        # does; every layout: test_dashboard_layouts.py).
+        dash = grafana.load()
         for job in JOBS:
-            for panel in dash["panels"]:
-                for target in panel["targets"]:
-                    expr = (
-                        target["expr"]
-                        .replace("$job", job)
-                        .replace("$namespace", namespace)  # one namespace picked, as a user would
-                        .replace("$model", ".*")
-                        .replace("$engine", ".*")
-                        .replace("$__rate_interval", f"{WINDOW}s")
-                    )
-                    assert api.query(expr), f"dashboard panel {panel['title']!r} ({job}): no data for {expr}"
+            picked = {"job": job, "namespace": [namespace], "model": grafana.ALL, "engine": grafana.ALL}
+            for q in grafana.queries(dash, picked, step=WINDOW - 1, scrape_interval=1):
+                assert api.query(q.expr), f"dashboard panel {q.panel!r} ({job}): no data for {q.expr}"
         # Its variables resolve as Grafana resolves label_values(selector, label): through the series API.
         variables = {v["name"]: v for v in dash["templating"]["list"] if v["type"] == "query"}
         for job in JOBS:

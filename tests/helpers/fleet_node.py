@@ -7,8 +7,9 @@ Usage: python -m tests.helpers.fleet_node ENGINES API_SERVERS TRUTH_PATH SEED
 
 The node keeps its own truth — every generation and prompt token and every TTFT it recorded, per
 engine — and writes it to TRUTH_PATH every 0.2 s as JSON, with a history of (time, cumulative
-tokens) for rates. SIGUSR1 freezes the load (the writers keep heartbeating and flush what they
-hold; the truth file then says ``frozen``). SIGTERM closes the writers and exits.
+tokens) for rates, and ``totals``: (time, per engine [generation, prompt, finished]). SIGUSR1
+freezes the load (the writers keep heartbeating and flush what they hold; the truth file then
+says ``frozen``). SIGTERM closes the writers and exits.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def main() -> None:
     signal.signal(signal.SIGUSR1, lambda *_: frozen.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     history: list[tuple[float, dict[int, int]]] = []
+    totals: list[tuple[float, dict[int, list[int]]]] = []
 
     def dump() -> None:
         with lock:
@@ -77,6 +79,7 @@ def main() -> None:
                 "view": view.url if view else None,
                 "engines": {str(e): dict(t) for e, t in truth.items()},
                 "history": history[-400:],
+                "totals": totals[-400:],
             }
             text = json.dumps(doc)
         tmp = truth_path + ".tmp"
@@ -93,6 +96,10 @@ def main() -> None:
         if now - last_dump >= 0.2:
             with lock:
                 history.append((now, {e: t["generation_tokens"] for e, t in truth.items()}))
+                counts = {
+                    e: [t["generation_tokens"], t["prompt_tokens"], t["finished"]] for e, t in truth.items()
+                }
+                totals.append((now, counts))
             if frozen.is_set():
                 for writer in writers:  # everything recorded is in Redis before "frozen" is written
                     writer.flush()

@@ -1,16 +1,19 @@
 """A metrics endpoint for the bridge's tests: prometheus_client over HTTP on 127.0.0.1, serving a
 synthetic catalogue that changes only when told to.
 
-    python -m tests.helpers.metrics_source --port P --catalog sglang [--engines 2] [--seed 1]
+    python -m tests.helpers.metrics_source --port P --catalog sglang [--engines 2] [--seed 1] [--process]
 
 ``GET /metrics`` is prometheus_client's own WSGI app (it answers OpenMetrics or the 0.0.4 text by
 the Accept header), unless a mode says otherwise. ``GET /step?n=K`` records K rounds of traffic
 (counters, histogram observations with fractional values, gauges). ``GET /mode?m=M`` switches
 what /metrics serves: ``normal``, ``garbage`` (not metrics), ``truncated`` (the body cut
 mid-line), ``huge`` (a valid body padded to 4 MB), ``typechange`` (a gauge family served as a
-counter), ``html`` (an HTML page). ``GET /churn`` replaces a labelled gauge's and counter's
-label values (old series go, new ones come). A restart is the test killing this process and
-starting another on the same port; a hang is SIGSTOP.
+counter), ``html`` (an HTML page), ``json`` (what trtllm-serve's /metrics answers: a JSON list
+of iteration stats, ``application/json``), ``json_as_text`` (the same JSON as ``text/plain``).
+``GET /churn`` replaces a labelled gauge's and counter's label values (old series go, new ones
+come). ``--process`` adds what prometheus_client's default registry serves beside
+(``process_*``, ``python_info``, ``python_gc_*``), as vLLM, SGLang and trtllm-serve do. A restart
+is the test killing this process and starting another on the same port; a hang is SIGSTOP.
 """
 
 from __future__ import annotations
@@ -25,17 +28,32 @@ from typing import Any
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    make_wsgi_app,
+)
 
 SGLANG_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 class SyntheticCatalogue:
     """A registry of *catalog*'s families (``sglang`` names, or ``vllm``: every family of
-    redis_stats' vLLM catalogue with vLLM's ``engine`` label) for *engines* engines."""
+    redis_stats' vLLM catalogue with vLLM's ``engine`` label) for *engines* engines; with
+    *process*, prometheus_client's process, platform and gc collectors too."""
 
-    def __init__(self, catalog: str = "sglang", engines: int = 1, seed: int = 0) -> None:
+    def __init__(
+        self, catalog: str = "sglang", engines: int = 1, seed: int = 0, process: bool = False
+    ) -> None:
         self.registry = CollectorRegistry()
+        if process:
+            for collector in (ProcessCollector, PlatformCollector, GCCollector):
+                collector(registry=self.registry)
         self.rng = random.Random(seed)
         self.engines = engines
         self.kind = catalog
@@ -196,6 +214,9 @@ def app(catalogue: SyntheticCatalogue, auth: str | None = None) -> Any:
         body, content_type = catalogue.body(environ.get("HTTP_ACCEPT", ""))
         if mode == "garbage":
             return _reply(start_response, b"<<< this is not a metrics body >>>\n", content_type)
+        if mode in ("json", "json_as_text"):
+            stats = b'[{"iter": 7, "numActiveRequests": 2, "gpuMemUsage": 1024}]'
+            return _reply(start_response, stats, "application/json" if mode == "json" else "text/plain")
         if mode == "html":
             return _reply(start_response, b"<html><body>login</body></html>\n", "text/html")
         if mode == "truncated":
@@ -245,8 +266,9 @@ def main() -> None:
     parser.add_argument("--catalog", default="sglang")
     parser.add_argument("--engines", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--process", action="store_true")
     args = parser.parse_args()
-    catalogue = SyntheticCatalogue(args.catalog, args.engines, args.seed)
+    catalogue = SyntheticCatalogue(args.catalog, args.engines, args.seed, args.process)
     server = make_server("127.0.0.1", args.port, app(catalogue), server_class=_Threaded, handler_class=_Quiet)
     print("ready", flush=True)
     sys.stdout.close()

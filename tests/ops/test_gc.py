@@ -1,11 +1,16 @@
 """Retention: engines and writers gone for good are removed; a late write cannot bring gauges back."""
 
+import subprocess
 import time
+
+import pytest
+import redis
 
 from redis_stats import StatsReader, StatsWriter
 from redis_stats.keys import Keys
 from redis_stats.ops.retention import collect_garbage
 from tests.chunked import writer_fields
+from tests.conftest import PYTHON
 
 
 def age(client, keys, engine=None, writer=None, seconds=0.0):
@@ -128,8 +133,9 @@ def test_gc_folds_a_writer_whose_id_has_characters_that_fields_escape(config, ca
 
 
 def test_gc_deletes_a_namespace_it_emptied_so_it_is_no_longer_listed(config, catalog, fake_client):
-    """Every engine and writer gone, and the tombstones that can still matter: nothing of the
-    namespace is left (it was listed for ever: meta and seq stayed)."""
+    """Every engine and writer gone: nothing of the namespace is left after that one collection,
+    its fresh tombstones included (before: a closed writer's tombstone kept it listed, with 0
+    engines and 0 writers, until a gc one more retention later)."""
     from redis_stats.ops.namespaces import find_namespaces
 
     cfg = config.replace(retention=60)
@@ -140,11 +146,8 @@ def test_gc_deletes_a_namespace_it_emptied_so_it_is_no_longer_listed(config, cat
     client = fake_client()
     age(client, keys, engine=0, writer=w.writer_id, seconds=120)
     client.zadd(keys.writers, {w.writer_id: -(time.time() - 120) * 1000})  # closed, long ago
-    collect_garbage(cfg, client=client)  # folds and removes them; the tombstone stays a retention
-    assert client.hget(keys.seq, w.writer_id).startswith("x")
-    assert cfg.namespace in find_namespaces(client)
-    client.hset(keys.seq, w.writer_id, f"x1:{int((time.time() - 300) * 1000)}")  # an old tombstone
-    collect_garbage(cfg, client=client)
+    done = collect_garbage(cfg, client=client)
+    assert (done.engines, done.writers) == ([0], [w.writer_id])
     assert not list(client.scan_iter(f"rs:{{{cfg.namespace}}}*"))
     assert cfg.namespace not in find_namespaces(client)
     # A writer of the namespace starts it afresh.
@@ -153,6 +156,88 @@ def test_gc_deletes_a_namespace_it_emptied_so_it_is_no_longer_listed(config, cat
     assert again.flush()
     assert StatsReader(cfg, catalog, client=fake_client()).snapshot().engines[0].counter("tokens") == 2
     again.close()
+
+
+@pytest.mark.redis_server
+def test_gc_of_a_namespace_nobody_writes_to_leaves_it_unlisted(redis_server, namespace, python_env):
+    """Real processes: one writer closes, one dies without closing (``os._exit``); one
+    ``redis-stats gc`` past the retention, and ``redis-stats namespaces`` lists nothing (before:
+    ``NS: 0 engines (0 up), 0 writers (0 live), no heartbeat``, the closed writer's tombstone)."""
+    env = {
+        **python_env,
+        "REDIS_STATS_URL": redis_server.url,
+        "REDIS_STATS_NAMESPACE": namespace,
+        "REDIS_STATS_STALE_AFTER": "0.5",
+        "REDIS_STATS_FLUSH_INTERVAL": "0.1",
+    }
+    child = (
+        "import os, sys\n"
+        "from redis_stats import StatsConfig, StatsWriter\n"
+        "from redis_stats.integrations.vllm import vllm_catalog\n"
+        "w = StatsWriter(StatsConfig.from_env(), vllm_catalog(), engines=[int(sys.argv[1])], role='api')\n"
+        "w.counter('vllm:generation_tokens').labels(model_name='m', engine=int(sys.argv[1])).inc(5)\n"
+        "assert w.flush()\n"
+        "os._exit(0) if sys.argv[2] == 'dies' else w.close()\n"
+    )
+    for engine, how in ((0, "closes"), (1, "dies")):
+        subprocess.run([PYTHON, "-c", child, str(engine), how], env=env, check=True, timeout=60)
+
+    def cli(*args: str) -> str:
+        out = subprocess.run([PYTHON, "-m", "redis_stats", *args], env=env, capture_output=True, text=True)
+        return out.stdout + out.stderr
+
+    def listed() -> list[str]:  # (the session's Redis holds other tests' namespaces too)
+        return [line for line in cli("namespaces").splitlines() if line.startswith(f"{namespace}:")]
+
+    assert listed()[0].startswith(f"{namespace}: 2 engines ("), listed()
+    time.sleep(2.5)  # past the retention (1 s) and 2 x the writers' stale_after
+    assert "removed 2 engines [0, 1] and 2 writers" in cli("gc", "--retention", "1")
+    assert listed() == []
+    client = redis.Redis.from_url(redis_server.url)
+    assert not list(client.scan_iter(f"rs:{{{namespace}}}*"))
+
+
+@pytest.mark.redis_server
+def test_a_paused_writer_alone_in_a_namespace_gc_deleted_is_counted_once(redis_server, namespace):
+    """The tombstone guarantee when gc deletes the namespace whole: the only writer is paused with
+    a flush in flight (applied, its reply lost), gc removes its engine, the writer and, with the
+    namespace empty, every key, its tombstone too. The writer then retries the same batch: it
+    finds no sequence entry and no catalogue, stores its whole state again, and every count is
+    there once (a tombstone guards folded base fields, and none is left)."""
+    from redis_stats import StatsConfig
+    from redis_stats.ops.namespaces import find_namespaces
+    from tests.conftest import sample_catalog
+    from tests.proxy import CuttingProxy
+
+    url = redis_server.url
+    fleet = {"retention": 0.3, "stale_after": 0.15, "flush_interval": 0.05}
+    warm = StatsWriter(StatsConfig(url=url, namespace=namespace), sample_catalog(), engines=[9], start=False)
+    assert warm.flush() and warm.close()  # the script is loaded: the cut below is the flush's own reply
+    proxy = CuttingProxy(redis_server.port)
+    w = StatsWriter(
+        StatsConfig(url=proxy.url, namespace=namespace, **fleet), sample_catalog(), engines=[0], start=False
+    )
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        w.counter("tokens").labels(engine=0).inc(100)
+        assert w.flush()
+        w.counter("tokens").labels(engine=0).inc(10)
+        assert w._client is not None
+        w._client.ping()
+        proxy.cut_probability = 1.0
+        assert not w.flush()  # applied, its reply lost
+        proxy.cut_probability = 0.0
+        deadline = time.monotonic() + 10
+        while namespace in find_namespaces(client):
+            assert time.monotonic() < deadline, "gc did not empty the namespace"
+            time.sleep(0.1)
+            collect_garbage(StatsConfig(url=url, namespace=namespace, **fleet))
+        assert w.flush() and w.flush()  # the retry, then everything again
+        snap = StatsReader(StatsConfig(url=url, namespace=namespace), sample_catalog()).snapshot()
+        assert snap.engines[0].counter("tokens") == 110
+    finally:
+        w.close(timeout=2)
+        proxy.close()
 
 
 def test_gc_with_a_retention_too_short_for_a_writer_keeps_it_while_readers_may_call_it_live(
@@ -211,3 +296,32 @@ def test_in_a_sharded_namespace_gc_judges_a_writer_by_its_stale_after_in_every_s
     snap = StatsReader(sharded, catalog, client=fake_client()).snapshot()
     assert [snap.engines[e].counter("tokens") for e in (0, 1)] == [5, 7]
     w._closed = True
+
+
+@pytest.mark.redis_server
+def test_namespaces_says_how_to_remove_a_namespace_an_older_gc_left_empty(redis_server, namespace):
+    """A namespace with no engine and no writer (an older gc kept it for a closed writer's
+    tombstone): `namespaces` says it is empty and which command removes it, and that command does."""
+    from redis_stats import StatsConfig
+    from redis_stats.ops.namespaces import describe_namespaces, summary
+    from tests.conftest import sample_catalog
+
+    cfg = StatsConfig(url=redis_server.url, namespace=namespace, retention=60)
+    w = StatsWriter(cfg, sample_catalog(), engines=[0], start=False)
+    w.counter("tokens").labels(engine=0).inc(1)
+    assert w.flush() and w.close()
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    keys = Keys(namespace)
+    # What main's gc left: the catalogue and a closed writer's tombstone, nothing else.
+    client.delete(
+        keys.engines, keys.writers, keys.counters(0), keys.gauges(0), keys.writer_stats(w.writer_id)
+    )
+    client.hset(keys.seq, w.writer_id, f"x1:{int(time.time() * 1000)}")
+    (info,) = describe_namespaces(client, 30.0, [namespace])
+    line = summary(info)
+    assert (
+        line
+        == f"{namespace}: empty (no engine, no writer): `redis-stats gc --namespace {namespace}` removes it"
+    )
+    collect_garbage(cfg)
+    assert not list(client.scan_iter(f"rs:{{{namespace}}}*"))

@@ -9,7 +9,10 @@ second of browser time (``performance.now()`` in the page: parse, render and lay
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import random
 import re
 import statistics
 import time
@@ -20,11 +23,13 @@ from typing import Any
 
 import pytest
 
-from redis_stats import StatsConfig, StatsReader
-from redis_stats.integrations.vllm import vllm_catalog
+from redis_stats import StatsConfig, StatsReader, StatsWriter
+from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
 from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
 from redis_stats.prometheus.exporter import Exporter
+from redis_stats.tools.top import seconds
 from tests import browser, page_fleet
+from tests.vllm_shapes import iteration, scheduler
 
 CARDS = ["c-engines", "c-gen", "c-prompt", "c-running", "c-kv", "c-ttft", "c-itl"]
 FLEET_CHARTS = ["ch-tput", "ch-kv", "ch-wait", "ch-ttft", "ch-itl"]
@@ -51,6 +56,30 @@ def test_ci_fails_rather_than_skips_when_no_browser_can_run(monkeypatch):
     monkeypatch.setenv("CI_REQUIRE_BROWSER", "1")  # .ci/run
     with pytest.raises(RuntimeError, match="CI_REQUIRE_BROWSER=1 but no chromium"):
         browser.missing()
+
+
+@pytest.mark.slow
+def test_top_writes_every_latency_exactly_as_the_page_does(config, fake_client):
+    """One rule for both: the page's own ``sec`` (run here in Chromium) and top's ``seconds`` give
+    the same text for every value, ties, rounding up to 1,000 s and tiny values included."""
+    if why := browser.missing():
+        pytest.skip(why)
+    rng = random.Random(7)
+    values = [0.0, 1e-7, 1.234e-7, 1.5e-6, 1.234e-5, 0.0005, 0.001, 0.0175, 0.02493, 0.045, 0.125]
+    values += [0.7424, 1.125, 2.45, 12.34, 45.55, 79.6, 99.95, 999.4, 999.6, 1000.0, 1000.5, 1234.4]
+    values += [86400.5, 2.5e21, math.inf] + [10 ** rng.uniform(-7, 5) for _ in range(300)]
+    exporter = Exporter(StatsReader(config, vllm_catalog(), client=fake_client()), port=0).start()
+    b = browser.Browser()
+    try:
+        b.get(exporter.url + "/")
+        texts = json.dumps([repr(v).replace("inf", "Infinity") for v in values])
+        page = b.js(f"return {texts}.map(v => sec(Number(v)))")
+    finally:
+        b.close()
+        exporter.close()
+    mismatches = [(v, p, seconds(v)) for v, p in zip(values, page) if p != seconds(v)]
+    assert not mismatches, mismatches[:10]
+    assert page[values.index(79.6)] == "79.6 s"  # top wrote "79600 ms"
 
 
 class Page:
@@ -261,6 +290,76 @@ def test_1024_engines_render_in_under_a_second_paged_with_bounded_lines(fleet_pa
     assert page.warned("rows", 7)["5"] and page.warned("rows", 7)["900"]
     page.js("document.querySelector('#table th[data-key=id]').click(); return 1")
     page.screenshot("live-page-1024.png")
+
+
+@pytest.mark.redis_server
+@pytest.mark.slow
+def test_the_page_keeps_a_trace_of_engines_that_went_down_and_came_back(redis_server, namespace):
+    """Engine 2 is restarted (its writer closes: DOWN at once; a new one takes it ~5 s later),
+    engine 3's writer stops flushing and never comes back: the page lists both, 2 with when it
+    went and came back and for how long, 3 as still down; 0 and 1 never. Before, engine 2's
+    outage left no trace once it was up again."""
+    if why := browser.missing():
+        pytest.skip(why)
+    config = StatsConfig(url=redis_server.url, namespace=namespace, flush_interval=0.25, stale_after=2.0)
+    cat = vllm_catalog()
+
+    def writer(engines: list[int], role: str, *, start: bool = True) -> StatsWriter:
+        w = StatsWriter(config, cat, engines=engines, role=role, start=start)
+        recorder = VllmRecorder(w, page_fleet.MODEL, engines)
+        for e in engines:
+            recorder.record(scheduler(running=2, waiting=1, kv=0.3), iteration(generation=10), engine_idx=e)
+        assert w.flush()
+        return w
+
+    writers = [writer([0, 1], "live"), writer([3], "stops", start=False)]
+    first = writer([2], "before")
+    stopped_3 = time.time()
+    exporter = Exporter(StatsReader(config, cat), port=0, window=10, summary=VLLM_FLEET_SUMMARY).start()
+    page = Page(exporter)
+    try:
+        page.wait("a first poll", "return (window.__renders || []).length >= 1", 20)
+        time.sleep(2)
+        went = time.time()
+        first.close()  # a clean exit: DOWN at once
+        script = (
+            "return Array.from(document.querySelectorAll('#out-rows tr')).filter(r => r.cells.length === 4)"
+            ".map(r => Array.from(r.cells).map(c => c.textContent))"
+        )
+        engine_2 = script.replace("return ", "const rows = ") + "; return rows.some(r => r[0] === '2' && "
+        page.wait("engine 2 down", engine_2 + "r[2] === 'still down')", 20)
+        time.sleep(5)
+        writers.append(writer([2], "after"))  # the engine's restarted server
+        back = time.time()
+        page.wait("engine 2 back", engine_2 + "r[2] !== 'still down')", 20)
+        for _ in range(2):  # still there polls later: a trace, not a state
+            time.sleep(2.1)
+        rows = page.js(script)
+        assert sorted(r[0] for r in rows) == ["2", "3"], rows
+        two, three = (next(r for r in rows if r[0] == e) for e in ("2", "3"))
+        assert rows[0] == three and three[2] == "still down", rows  # still down first
+        assert re.fullmatch(r"\d\d:\d\d:\d\d", two[1]) and re.fullmatch(r"\d\d:\d\d:\d\d", two[2]), two
+        assert abs(_clock_seconds(two[1]) - _clock_seconds(went)) <= 1, (two, went)  # its last heartbeat
+        assert 0 <= _clock_seconds(two[2]) - _clock_seconds(back) <= 3, (two, back)  # the first poll after
+        down_for = int(two[3].removesuffix(" s"))
+        assert back - went - 1 <= down_for <= back - went + 3, (two, back - went)
+        assert abs(_clock_seconds(three[1]) - _clock_seconds(stopped_3)) <= 1, (three, stopped_3)
+        assert page.js("return document.querySelector('#out-rows tr td:nth-child(4).bad') !== null")
+        assert page.text("out-note").startswith("1 still down · 1 back"), page.text("out-note")
+    finally:
+        page.close()
+        exporter.close()
+        for w in writers:
+            w.close()
+
+
+def _clock_seconds(when: float | str) -> int:
+    """Seconds since local midnight of a time, or of the page's ``HH:MM:SS``."""
+    if isinstance(when, str):
+        h, m, s = map(int, when.split(":"))
+        return h * 3600 + m * 60 + s
+    t = time.localtime(when)
+    return t.tm_hour * 3600 + t.tm_min * 60 + t.tm_sec
 
 
 @pytest.mark.slow

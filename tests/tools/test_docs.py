@@ -1,4 +1,5 @@
-"""The docs name every option and environment variable the code reads."""
+"""The docs name every option and environment variable the code reads; the README names every doc
+and keeps what it costs to a small table whose figures docs/benchmarks.md holds."""
 
 import re
 
@@ -61,3 +62,31 @@ def test_no_module_constant_is_dead():
         if words[name] < 2
     )
     assert dead == []
+
+
+def _readme_table() -> list[str]:
+    """The paths the README's documentation table names, in order."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("## Documentation", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\| `([^`]+)` \|", table, re.M)
+
+
+def test_the_readme_documentation_table_names_every_doc_and_only_what_exists():
+    listed = _readme_table()
+    docs = {f"docs/{p.name}" + ("/" if p.is_dir() else "") for p in (ROOT / "docs").iterdir()}
+    docs -= {"docs/img/"}  # the README's and the docs' pictures
+    assert sorted(docs - set(listed)) == [], "docs the README's table does not name"
+    assert [p for p in listed if not (ROOT / p).exists()] == [], "table rows naming nothing"
+
+
+def test_the_readme_says_what_it_costs_in_a_small_table_whose_figures_benchmarks_md_holds():
+    readme = (ROOT / "README.md").read_text()
+    costs = readme.split("## What it costs", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in costs.splitlines() if line.startswith("| ") and not line.startswith("| what")]
+    assert 4 <= len(rows) <= 8, rows  # a handful of rows, not a paragraph of figures
+    prose = [line for line in costs.splitlines() if line and not line.startswith("|")]
+    assert sum(len(line) for line in prose) < 400, prose
+    benchmarks = (ROOT / "docs" / "benchmarks.md").read_text()
+    # Every figure of the table is one docs/benchmarks.md states (the detail lives there).
+    for figure in re.findall("\\d[\\d,.]*(?:\u2013\\d[\\d.]*)? ?(?:µs|ms|%|KB|MiB)", "\n".join(rows)):
+        assert figure in benchmarks, f"README figure {figure!r} is not in docs/benchmarks.md"

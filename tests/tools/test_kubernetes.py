@@ -26,6 +26,7 @@ LAYOUTS = {
     "fleet view (exporter)": KUBE,
     "per-pod views": KUBE / "per-pod-views",
     "sliced fleet view": KUBE / "sliced",
+    "bridge (SGLang)": KUBE / "bridge",
     "redis": KUBE / "redis",
 }
 MONITOR_LABELS = KUBE / "monitor-labels"
@@ -223,7 +224,9 @@ def _selects(selector: dict, labels: dict) -> bool:
     return all(labels.get(k) == v for k, v in selector["matchLabels"].items())
 
 
-@pytest.mark.parametrize("layout", ["fleet view (exporter)", "per-pod views", "sliced fleet view"])
+@pytest.mark.parametrize(
+    "layout", ["fleet view (exporter)", "per-pod views", "sliced fleet view", "bridge (SGLang)"]
+)
 def test_each_layout_scrapes_every_engine_exactly_once(layout):
     docs = resources(LAYOUTS[layout])
     monitors = [d for d in docs if d["kind"] in ("ServiceMonitor", "PodMonitor")]
@@ -342,10 +345,52 @@ def test_every_monitor_carries_the_labels_set_in_one_place():
             assert not wanted.keys() & doc["metadata"].get("labels", {}).keys(), path
 
 
-def test_the_vllm_pods_serve_a_gated_model_from_a_cache_and_survive_a_slow_start():
-    for layout in (LAYOUTS["fleet view (exporter)"], LAYOUTS["per-pod views"]):
-        (sts,) = [d for d in build(layout) if d["kind"] == "StatefulSet"]
-        (c,) = containers(sts)
+def _namespaces(docs: list[dict]) -> tuple[set[str], set[str]]:
+    """The Redis namespaces a layout's containers write (a vLLM pod's plugin, a bridge) and read
+    (an exporter, a pod's own view)."""
+    written, read = set(), set()
+    for doc in docs:
+        for c in containers(doc):
+            env = env_of(c)
+            namespace = env.get("REDIS_STATS_NAMESPACE", {}).get("value")
+            if namespace is None:
+                continue
+            args = c.get("args") or []
+            if args[:1] == ["exporter"]:
+                read.add(namespace)
+            elif args[:1] == ["bridge"]:
+                written.add(namespace)
+            else:  # a vLLM pod with the plugin: it writes, and serves a view when given a port
+                written.add(namespace)
+                if "REDIS_STATS_PORT" in env:
+                    read.add(namespace)
+    return written, read
+
+
+@pytest.mark.parametrize("layout", every_layout(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_namespace_a_layout_writes_is_read_by_its_view(layout):
+    """A layout whose writers and view name different Redis namespaces shows none of its engines
+    (the bridge layout wrote llama-3.1-8b-sglang while the exporter read llama-3.1-8b)."""
+    written, read = _namespaces(build(layout))
+    if not written:
+        return  # the exporter alone (exporter/), Redis alone (redis/)
+    assert read, f"{layout.relative_to(ROOT)} writes {sorted(written)} and has no view reading it"
+    assert written == read, f"{layout.relative_to(ROOT)}: written {sorted(written)}, read {sorted(read)}"
+
+
+def _server_pods() -> list[tuple[str, dict, dict]]:
+    """(layout, StatefulSet, model server container) of every layout's model servers."""
+    out = []
+    for name in ("fleet view (exporter)", "per-pod views", "bridge (SGLang)"):
+        (sts,) = [d for d in build(LAYOUTS[name]) if d["kind"] == "StatefulSet"]
+        (c,) = [c for c in containers(sts) if (c.get("args") or [""])[0] != "bridge"]
+        out.append((name, sts, c))
+    return out
+
+
+def test_the_model_server_pods_serve_a_gated_model_from_a_cache_and_survive_a_slow_start():
+    """vLLM's pods and the bridge layout's SGLang pods alike."""
+    for _name, sts, c in _server_pods():
         env = env_of(c)
         # The Hugging Face token of a gated model: from a Secret, like the Redis URL.
         assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
@@ -363,6 +408,13 @@ def test_the_vllm_pods_serve_a_gated_model_from_a_cache_and_survive_a_slow_start
         assert {"cpu", "memory", "nvidia.com/gpu"} <= resources["requests"].keys()
         assert resources["limits"]["nvidia.com/gpu"] == resources["requests"]["nvidia.com/gpu"]
         assert resources["limits"]["memory"] == resources["requests"]["memory"]
+        # The workers share tensors through /dev/shm: a memory volume there, not the 64 MiB default.
+        volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"].get("volumes", [])}
+        (shm,) = [n for n, path in mounts.items() if path == "/dev/shm"]
+        assert volumes[shm]["emptyDir"]["medium"] == "Memory"
+        # A pinned image: a tag that moves (or none) changes the server under a running fleet.
+        image = c["image"]
+        assert ":" in image.rsplit("/", 1)[-1] and not image.endswith((":latest", ":main")), image
 
 
 DOCKERFILE = KUBE / "Dockerfile.vllm"

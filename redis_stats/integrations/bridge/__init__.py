@@ -14,7 +14,7 @@ covers its engines. See docs/bridge.md.
 
 from __future__ import annotations
 
-from .body import Body, BodyError, Family, parse_body
+from .body import PROCESS_FAMILIES, Body, BodyError, Family, parse_body
 from .fetch import FORMATS, ScrapeError, SourceURL
 from .runner import Bridge
 from .source import DEFAULT_MAX_BYTES, BridgedSource, SourceStats, exact_amounts
@@ -22,6 +22,7 @@ from .source import DEFAULT_MAX_BYTES, BridgedSource, SourceStats, exact_amounts
 __all__ = [
     "DEFAULT_MAX_BYTES",
     "FORMATS",
+    "PROCESS_FAMILIES",
     "Body",
     "BodyError",
     "Bridge",

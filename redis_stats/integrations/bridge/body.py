@@ -11,7 +11,9 @@ Kinds map onto the store's three: counter -> counter, histogram -> histogram; ga
 (untyped), info (as its ``<name>_info`` gauge) and stateset -> gauge. Summaries and gauge or
 native histograms have no kind in the store: they are left out (:attr:`Body.skipped`), as are
 families named ``redis_stats_*`` (redis_stats' own) and the ``<family>_created`` gauges the text
-format prints beside counters and histograms (the store keeps no creation time).
+format prints beside counters and histograms (the store keeps no creation time). Without
+*include* patterns, the :data:`PROCESS_FAMILIES` (what the served process says of itself) are
+left out too; patterns that match them store them.
 """
 
 from __future__ import annotations
@@ -26,10 +28,20 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 
 from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM, RESERVED_PREFIX, CatalogError, MetricSpec
 
-__all__ = ["Body", "BodyError", "Family", "parse_body", "parser_for"]
+__all__ = ["PROCESS_FAMILIES", "Body", "BodyError", "Family", "parse_body", "parser_for"]
 
 OPENMETRICS = "application/openmetrics-text"
 TEXT = "text/plain"
+
+# The families that describe the process serving /metrics rather than what it serves: what the
+# client libraries LLM servers use add to every registry by default. prometheus_client (vLLM,
+# SGLang, trtllm-serve, in a single process): process_* (CPU seconds, memory, fds, start time),
+# python_info, python_gc_*. client_golang: process_* (and process_network_*), go_* (runtime,
+# go_info, go_gc_duration_seconds), promhttp_metric_handler_* (the scrapes it served). Stored by
+# default they would name one engine's server after the bridge's sources, and clash with the
+# exporter's own process_* and python_* (its /metrics then not a valid exposition: promtool's
+# "second HELP line", OpenMetrics' "Clashing name"). Left out unless --family asks for them.
+PROCESS_FAMILIES = ("process_*", "python_*", "go_*", "promhttp_*")
 
 # A float that is an integer and exactly representable as one: stored as an int (exact sums).
 _EXACT_INT = 2.0**53
@@ -106,7 +118,8 @@ def parse_body(
     include: tuple[str, ...] = (),
 ) -> Body:
     """Parse and check one body (see the module docstring); *include* are shell-style patterns
-    of family names to keep (empty: every family)."""
+    of family names to keep (empty: every family but the :data:`PROCESS_FAMILIES`)."""
+    _refuse_json(data, content_type)
     fmt = parser_for(content_type)
     text = _decode(data)
     _check_whole(text, fmt)
@@ -121,6 +134,26 @@ def parse_body(
     for metric in parsed:
         _add_family(body, metric, names, engine_label, include)
     return body
+
+
+def _refuse_json(data: bytes, content_type: str | None) -> None:
+    """Refuse a JSON body (``json``): its Content-Type says so, or a body of no other type starts
+    as JSON does (no Prometheus text or OpenMetrics line starts with ``{`` or ``[``)."""
+    media = (content_type or "").split(";")[0].strip().lower()
+    if media == "application/json" or media.endswith("+json"):
+        given = f"Content-Type {media}"
+    elif media in (TEXT, "") and data.lstrip()[:1] in (b"{", b"["):
+        given = f"Content-Type {media or 'none'}, but it starts as JSON does"
+    else:
+        return
+    raise BodyError(
+        "json",
+        f"answered JSON ({given}), not Prometheus text or OpenMetrics: nothing of it is stored. "
+        "TensorRT-LLM's trtllm-serve answers /metrics so: a queue of iteration stats that each "
+        "read takes away (this scrape consumed them, and every retry consumes more); its "
+        "Prometheus text is at /prometheus/metrics (served when it runs with "
+        "return_perf_metrics: true): give that URL as the source",
+    )
 
 
 def _decode(data: bytes) -> str:
@@ -150,23 +183,19 @@ def _add_family(
 ) -> None:
     name = metric.name + "_info" if metric.type == "info" else metric.name
     _note_start_time(body, metric, name)
-    if not _included(name, include):
+    if include and not any(fnmatchcase(name, pattern) for pattern in include):
         return
     if name in body.families or name in body.skipped:
         raise BodyError("garbage", f"family {name!r} appears twice in the body")
     if _is_created_gauge(metric, name, names):
         return  # the creation time the text format prints beside a counter or histogram
-    reason = _skip_reason(metric, name)
+    reason = _skip_reason(metric, name, include)
     if reason is not None:
         body.skipped[name] = reason
     elif metric.type == "histogram":
         _histogram(body, metric, name, engine_label)
     else:
         _scalar(body, metric, name, COUNTER if metric.type == "counter" else GAUGE, engine_label)
-
-
-def _included(name: str, include: tuple[str, ...]) -> bool:
-    return not include or any(fnmatchcase(name, pattern) for pattern in include)
 
 
 def _note_start_time(body: Body, metric: Any, name: str) -> None:
@@ -183,10 +212,12 @@ def _is_created_gauge(metric: Any, name: str, names: set[str]) -> bool:
     return _is_gauge(metric) and name.endswith("_created") and name[: -len("_created")] in names
 
 
-def _skip_reason(metric: Any, name: str) -> str | None:
+def _skip_reason(metric: Any, name: str, include: tuple[str, ...]) -> str | None:
     """Why a family is left out, or None when the store has a kind for it."""
     if name.startswith(RESERVED_PREFIX):
         return f"names starting with {RESERVED_PREFIX!r} are redis_stats' own"
+    if not include and any(fnmatchcase(name, pattern) for pattern in PROCESS_FAMILIES):
+        return "it describes the source's own process, not what it serves (--family stores it)"
     if metric.type in ("summary", "gaugehistogram") or any(s.native_histogram for s in metric.samples):
         return f"a {metric.type} has no kind in the store (counters, gauges, histograms)"
     return None

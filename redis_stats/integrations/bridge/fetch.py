@@ -9,10 +9,14 @@ ever printed, and every message that comes from elsewhere (an exception's text) 
 from __future__ import annotations
 
 import base64
+import functools
 import http.client
+import io
+import socket
 import ssl
 import time
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import SplitResult, unquote, urlsplit
 
 from redis_stats.config import mask_url, redact
@@ -101,19 +105,28 @@ class Response:
 
 def fetch(source: SourceURL, *, accept: str, timeout: float, max_bytes: int) -> Response:
     """GET *source*: :class:`ScrapeError` unless a whole 200 body of at most *max_bytes* came
-    within *timeout* seconds in all (connect, headers and body: a server that trickles bytes is
-    cut off at the deadline too)."""
+    within *timeout* seconds in all: connect, TLS handshake, status line and headers, body. One
+    deadline bounds the exchange; a socket timeout alone bounds each receive only, and a server
+    that trickles its headers (or body) a byte at a time would hold the scrape for ever."""
     deadline = time.monotonic() + timeout
-    conn = _connection(source, timeout)
     headers = {"Accept": accept, "Accept-Encoding": "identity", "User-Agent": "redis-stats-bridge"}
     if source.authorization:
         headers["Authorization"] = source.authorization
+    phase = "connecting"
+    conn = _connection(source, deadline)
     try:
+        conn.sock = socket.create_connection((source.host, source.port), timeout=_left(deadline))
+        if source.scheme == "https":
+            phase = "TLS handshake"
+            conn.sock = _tls(conn.sock, source.host, deadline)
+        phase = "sending the request"
         conn.request("GET", source.target, headers=headers)
+        phase = "waiting for the status line and headers"
         resp = conn.getresponse()
         _check_status(resp)
         length = _declared_length(resp, max_bytes)
-        data = _read_body(conn, resp, deadline, timeout, max_bytes)
+        phase = "reading the body"
+        data = _read_body(resp, max_bytes)
         if length is not None and len(data) != length:
             raise ScrapeError("truncated", f"got {len(data):,} of {length:,} bytes")
         return Response(resp.getheader("Content-Type"), data)
@@ -122,7 +135,7 @@ def fetch(source: SourceURL, *, accept: str, timeout: float, max_bytes: int) -> 
     except http.client.IncompleteRead as exc:
         raise ScrapeError("truncated", f"the connection closed after {len(exc.partial):,} bytes") from None
     except TimeoutError:
-        raise ScrapeError("timeout", f"no answer within {timeout:g} s") from None
+        raise ScrapeError("timeout", f"no whole answer within {timeout:g} s ({phase})") from None
     except (OSError, http.client.HTTPException) as exc:
         reason = getattr(exc, "strerror", None) or type(exc).__name__
         raise ScrapeError("down", source.redact(f"{reason} ({_short(exc)})")) from None
@@ -130,12 +143,64 @@ def fetch(source: SourceURL, *, accept: str, timeout: float, max_bytes: int) -> 
         conn.close()
 
 
-def _connection(source: SourceURL, timeout: float) -> http.client.HTTPConnection:
-    if source.scheme == "https":
-        return http.client.HTTPSConnection(
-            source.host, source.port, timeout=timeout, context=ssl.create_default_context()
-        )
-    return http.client.HTTPConnection(source.host, source.port, timeout=timeout)
+def _left(deadline: float) -> float:
+    """Seconds until *deadline*; TimeoutError once it has passed."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the deadline passed")
+    return left
+
+
+def _tls(sock: socket.socket, host: str, deadline: float) -> ssl.SSLSocket:
+    """*sock* with its TLS handshake done within the deadline: CPython bounds a handshake as a
+    whole by the socket's timeout at its start (one deadline inside ``_ssl``), unlike a plain
+    socket's receives, which each wait that long again. (On failure the TLS socket, which took
+    over *sock*'s descriptor, is closed.)"""
+    sock.settimeout(_left(deadline))
+    return ssl.create_default_context().wrap_socket(sock, server_hostname=host)
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket's input where each receive waits at most until one deadline (the exporter reads
+    its requests the same way: ``prometheus/exporter.py`` ``_RequestReader``). *raw*, the
+    socket's ``SocketIO``, is held (and closed with this) only to keep the socket open."""
+
+    def __init__(self, raw: Any, sock: socket.socket, deadline: float) -> None:
+        super().__init__()
+        self._raw = raw
+        self._sock = sock
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        self._sock.settimeout(_left(self._deadline))
+        return self._sock.recv_into(buffer)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+class _Response(http.client.HTTPResponse):
+    """A response whose every read (status line, headers, body) ends by *deadline*."""
+
+    def __init__(self, sock: socket.socket, *args: Any, deadline: float, **kwargs: Any) -> None:
+        super().__init__(sock, *args, **kwargs)
+        # The socket's own file, whose receives each wait the whole timeout again, gives up its
+        # SocketIO (open: it keeps the socket open while the response reads, as http.client
+        # closes the connection's reference early) to a reader bounded by the deadline.
+        self.fp = io.BufferedReader(_DeadlineReader(self.fp.detach(), sock, deadline))
+
+
+def _connection(source: SourceURL, deadline: float) -> http.client.HTTPConnection:
+    """The HTTP side of the exchange (:func:`fetch` opens its socket within the deadline); the
+    class gives the Host header its default port."""
+    cls = http.client.HTTPSConnection if source.scheme == "https" else http.client.HTTPConnection
+    conn = cls(source.host, source.port)
+    conn.response_class = functools.partial(_Response, deadline=deadline)  # type: ignore[assignment]
+    return conn
 
 
 def _check_status(resp: http.client.HTTPResponse) -> None:
@@ -159,22 +224,11 @@ def _declared_length(resp: http.client.HTTPResponse, max_bytes: int) -> int | No
     return int(length)
 
 
-def _read_body(
-    conn: http.client.HTTPConnection,
-    resp: http.client.HTTPResponse,
-    deadline: float,
-    timeout: float,
-    max_bytes: int,
-) -> bytes:
-    """The body, read within the deadline (the socket's timeout shrinks with what is left)."""
+def _read_body(resp: http.client.HTTPResponse, max_bytes: int) -> bytes:
+    """The body (each read ends by the exchange's deadline: :class:`_Response`)."""
     chunks: list[bytes] = []
     size = 0
     while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise ScrapeError("timeout", f"the body took longer than {timeout:g} s")
-        if conn.sock is not None:
-            conn.sock.settimeout(left)
         chunk = resp.read1(65536)
         if not chunk:
             return b"".join(chunks)

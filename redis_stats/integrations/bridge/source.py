@@ -18,9 +18,10 @@ from zero, so the fleet's counters never go backwards. A family whose kind, labe
 buckets change within one incarnation cannot be stored beside its old definition: the body is
 refused.
 
-**A restarted bridge** (the source kept running) continues the newest earlier writer of the
-same source (:mod:`.handover`): that writer's totals stay in the store and the new one records
-only what came since, so nothing counts twice.
+**A restarted bridge** (the source kept running) continues what the earlier writers of the same
+source hold (:mod:`.handover`): their totals stay in the store and the new writer records only
+what came since, so nothing counts twice, however many bridges came before. Each writer leaves
+its handover record before its first flush.
 
 **Failures cost this source only.** A scrape that fails (down, timeout, an HTTP error, a body
 over the cap, cut short, garbage, a changed definition) stores nothing and sends no heartbeat:
@@ -43,11 +44,11 @@ from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, MetricSpec
 from redis_stats.config import StatsConfig
 from redis_stats.connection import Client, make_client
 from redis_stats.errors import error_kind
-from redis_stats.writer import StatsWriter
+from redis_stats.writer import StatsWriter, new_writer_id
 
 from .body import Body, BodyError, Family, parse_body
 from .fetch import ACCEPT, ScrapeError, SourceURL, fetch
-from .handover import Predecessor, find_predecessor
+from .handover import Predecessor, find_predecessor, forget_earlier, write_record
 
 __all__ = ["DEFAULT_MAX_BYTES", "BridgedSource", "SourceStats", "exact_amounts"]
 
@@ -94,9 +95,11 @@ class SourceStats:
 class _Incarnation:
     """One run of the source, as one writer: what it recorded of every series."""
 
-    def __init__(self, writer: StatsWriter, start_time: float | None) -> None:
+    def __init__(self, writer: StatsWriter, start_time: float | None, engines: set[int]) -> None:
         self.writer = writer
         self.start_time = start_time
+        self.engines = engines  # those it started with: they place its home shard (its record)
+        self.handed_over = False  # the earlier writers' records deleted (after its first flush)
         self.counters: dict[tuple[str, int, tuple[str, ...]], int | float] = {}
         # series -> [sum as recorded, per-bucket counts as recorded]
         self.hists: dict[tuple[str, int, tuple[str, ...]], tuple[float, list[int]]] = {}
@@ -156,8 +159,8 @@ class BridgedSource:
     ``engine_offset`` is added to every index. *known* is a catalogue whose specs are kept where
     a family matches one by name, kind, label names and buckets (the help text and gauge
     roll-up mode then come from it). *include* are shell patterns of family names to store
-    (empty: all). *client* is the Redis client every writer of this source uses (default: one
-    built from *config*).
+    (empty: all but :data:`~.body.PROCESS_FAMILIES`, the source's own process). *client* is the
+    Redis client every writer of this source uses (default: one built from *config*).
     """
 
     def __init__(
@@ -216,7 +219,9 @@ class BridgedSource:
             )
             return self._store(body)
         except (ScrapeError, BodyError) as exc:
-            self._failed(exc.reason, self.source.redact(str(exc)))
+            # A JSON body's message starts "answered JSON": it names the URL that answered it.
+            message = f"{self.safe_url} {exc}" if exc.reason == "json" else str(exc)
+            self._failed(exc.reason, self.source.redact(message))
             return False
 
     def close(self, timeout: float | None = None) -> bool:
@@ -246,6 +251,8 @@ class BridgedSource:
             self._recovered()
             self.stats.stored += 1
             self.stats.last_stored = time.time()
+            if not inc.handed_over:
+                self._forget_earlier(inc)
         return inc.flushed
 
     def _continuing(self, body: Body) -> _Incarnation | None:
@@ -267,21 +274,40 @@ class BridgedSource:
         return None
 
     def _begin(self, body: Body) -> _Incarnation | None:
-        """A new incarnation for *body*, continuing a previous bridge's totals on this process's
-        first run of the source; None when looking for them failed (counted)."""
-        base = None
-        if not self.stats.incarnations:
-            try:
-                base = self._predecessor(body)
-            except Exception as exc:  # Redis down: record nothing rather than count twice
-                self._failed("redis", f"looking for a previous bridge writer failed ({error_kind(exc)})")
-                return None
-        inc = self._inc = _Incarnation(self._new_writer(body), body.start_time)
+        """A new incarnation for *body*, continuing what earlier bridges stored of the source on
+        this process's first run of it; None when Redis could not be read or written (counted:
+        nothing is recorded rather than count twice)."""
+        writer_id = new_writer_id("bridge")
+        try:
+            base = self._predecessor(body) if not self.stats.incarnations else None
+            start_time = body.start_time if body.start_time is not None or base is None else base.start_time
+            write_record(self._redis(), self.config, writer_id, self.owner, start_time, base, body.engines())
+        except Exception as exc:  # Redis down: record nothing rather than count twice
+            self._failed("redis", f"the handover of earlier bridge writers failed ({error_kind(exc)})")
+            return None
+        inc = self._inc = _Incarnation(self._new_writer(body, writer_id), start_time, body.engines())
         self.stats.incarnations += 1
         if base is not None:
             inc.counters.update(base.counters)
             inc.hists.update(base.hists)
         return inc
+
+    def _redis(self) -> Any:
+        """The client of the handover (reads and records, outside the writer's flushes)."""
+        if self._lookup is None:
+            self._lookup = self._client if self._client is not None else make_client(self.config)
+        return self._lookup
+
+    def _forget_earlier(self, inc: _Incarnation) -> None:
+        """Delete the handover records of this source's earlier writers (this one is the newest
+        now); tried again after the next stored scrape when Redis refuses."""
+        try:
+            forget_earlier(self._redis(), self.config, inc.writer.writer_id, self.owner, inc.engines)
+            inc.handed_over = True
+        except Exception as exc:
+            log.debug(
+                "source %s: deleting earlier handover records failed (%s)", self.safe_url, error_kind(exc)
+            )
 
     def _specs(self, body: Body, inc: _Incarnation | None) -> dict[str, MetricSpec]:
         """The spec each family is stored under; a family whose definition changed within this
@@ -322,9 +348,7 @@ class BridgedSource:
         return ("bridge " + self.safe_url).replace("|", "/")
 
     def _predecessor(self, body: Body) -> Predecessor | None:
-        if self._lookup is None:
-            self._lookup = self._client if self._client is not None else make_client(self.config)
-        found = find_predecessor(self._lookup, self.config, self.owner, body)
+        found = find_predecessor(self._redis(), self.config, self.owner, body)
         if found is None:
             return None
         why = found.below(body)
@@ -337,20 +361,25 @@ class BridgedSource:
             )
             return None
         log.warning(
-            "source %s was bridged by writer %s before: its totals stay in the store and this "
-            "bridge adds only what came since (were that bridge still running, its increments "
-            "would count twice: run one bridge per source)",
+            "source %s was bridged by writer %s before: what the earlier bridges stored stays in "
+            "the store and this bridge adds only what came since (were that bridge still running, "
+            "its increments would count twice: run one bridge per source)%s",
             self.safe_url,
             found.writer_id,
+            ""
+            if found.recorded
+            else "; it left no handover record (a bridge of an earlier version, or the record lost): "
+            "the chunks of this source's writers are the base, as far back as its counters allow",
         )
         return found
 
-    def _new_writer(self, body: Body) -> StatsWriter:
+    def _new_writer(self, body: Body, writer_id: str) -> StatsWriter:
         owner = self.owner
         writer = StatsWriter(
             self.config,
             Catalog(),
             engines=sorted(body.engines()),
+            writer_id=writer_id,
             role="bridge",
             owner=owner,
             client=self._client,
