@@ -21,7 +21,7 @@ from tests.conftest import PYTHON, ROOT
 from tests.vllm_shapes import finished, iteration, scheduler
 
 
-@pytest.mark.parametrize("command", [[], ["demo"], ["exporter"], ["top"], ["inspect"], ["gc"]])
+@pytest.mark.parametrize("command", [[], ["demo"], ["simulate"], ["exporter"], ["top"], ["inspect"], ["gc"]])
 def test_every_command_has_help(command):
     result = CliRunner().invoke(main, [*command, "--help"])
     assert result.exit_code == 0, result.output
