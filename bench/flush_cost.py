@@ -29,6 +29,7 @@ candidates measured before choosing the stored format, and why, are in docs/benc
 ("Schema 2: what a flush costs Redis, and the format chosen").
 
 Usage: python bench/flush_cost.py [--rounds 2] [--interval 1.0] [--single-calls 15] [--variant other.lua]
+                                  [--before bench/baseline/flush_before_held.lua]
                                   [--fleet-rate 2048] [--fleet-seconds 3] [--every-flush] [--quick]
 """
 
@@ -146,6 +147,36 @@ class Calls:
         return keys, [*args[:2], str(seq), *args[3:7], str(seq - 1), "0", *args[9:]]
 
 
+def before_held(keys: list[str], args: list[str]) -> tuple[list[str], list[str]]:
+    """A call of today's ``flush.lua`` in the arguments of the one before issue 32 (no ``held``
+    argument, no checked engines, no ``held`` per block), for ``--before``."""
+    out = args[:9]
+    i = 10
+    n = int(args[i])
+    out += args[i : i + 1 + n]
+    i += 1 + n
+    for _ in range(3):  # stats, specs, load: pairs
+        n = int(args[i])
+        out += args[i : i + 1 + 2 * n]
+        i += 1 + 2 * n
+    checked = int(args[i])
+    i += 1 + 3 * checked
+    while i < len(args):  # engine, held, nset, pairs -> engine, nset, pairs
+        n = int(args[i + 2])
+        out += [args[i], args[i + 2], *args[i + 3 : i + 3 + 2 * n]]
+        i += 3 + 2 * n
+    return keys[: len(keys) - checked], out
+
+
+class BeforeCalls(Calls):
+    """The profile's calls for the flush.lua before issue 32 (``--before``)."""
+
+    def __init__(self, profile: list[list[Flush]], warm: int, ns: str) -> None:
+        super().__init__(profile, warm, ns)
+        self.first = [before_held(k, a) for k, a in self.first]
+        self.steady = [[before_held(k, a) for k, a in group] for group in self.steady]
+
+
 def floor_call(profile: list[list[Flush]]) -> tuple[list[str], list[str]]:
     """45 HINCRBYs on one hash, field names as long as the profile's."""
     names = [line for f in profile[0][:3] for line in f.args if line.startswith("vllm:")]
@@ -234,13 +265,19 @@ def main() -> None:
         action="store_true",
         help="also the flush with self-metrics and claims in every call (before their intervals)",
     )
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="the flush.lua of before issue 32 (bench/baseline/flush_before_held.lua), measured beside "
+        "the package's with the same calls in its argument format",
+    )
     parser.add_argument("--quick", action="store_true", help="1 round, 6 paced calls (a smoke run)")
     opts = parser.parse_args()
     if opts.quick:
         opts.rounds, opts.calls, opts.single_calls, opts.fleet_seconds = 1, 100, 6, 1.0
     warm = 10  # flushes per writer before the steady state: the catalogue, every chunk's names
     variants = {path.stem: load_script("common") + path.read_text() for path in opts.variant}
-    per_call = 2 + len(variants) + opts.every_flush  # candidates taking turns
+    per_call = 2 + len(variants) + opts.every_flush + bool(opts.before)  # candidates taking turns
     fleet_n = int(opts.fleet_rate * opts.fleet_seconds / per_call)
     profile = busy_profile(warm + 30)
     tail = [f for group in profile for f in group[warm:]]
@@ -272,6 +309,9 @@ def main() -> None:
         for name, source in variants.items():
             shas[name] = client.script_load(source)
             calls[name] = Calls(profile, warm, name)
+        if opts.before:
+            shas["before"] = client.script_load(load_script("common") + opts.before.read_text())
+            calls["before"] = BeforeCalls(profile, warm, "before")
         floor = floor_call(profile)
         for name, cand in calls.items():  # the catalogue stored, every chunk's names: the steady state
             for keys, args in cand.first:

@@ -21,8 +21,11 @@ from urllib.parse import unquote, unquote_plus
 from redis_stats.errors import ConfigError  # defined in errors.py; importable from here as it always was
 
 __all__ = [
+    "DEFAULT_STALE_AFTER",
     "ENV_PREFIX",
     "MAX_SHARDS",
+    "MAX_STALE_AFTER",
+    "MIN_STALE_AFTER",
     "RETENTION_FACTOR",
     "SCHEMES",
     "SECRET_QUERY_WORDS",
@@ -262,6 +265,21 @@ def _opt(default: Any, help: str) -> Any:
     return dataclasses.field(default=default, metadata={"help": help})
 
 
+MIN_STALE_AFTER = 0.1
+"""The shortest ``stale_after`` (s) a config accepts, and the smallest stored ``stale_ms`` readers
+and gc use (``_core/liveness.py``). A writer's ``stale_after`` must be at least its flush interval,
+which readers do not know; no flush cadence keeps a heartbeat younger than this through a busy
+host's stalls (a thread's wake-up, a round trip, a collection), so a smaller value only flaps."""
+
+MAX_STALE_AFTER = 3600.0
+"""The longest ``stale_after`` (s) a config accepts, and the largest stored ``stale_ms`` readers and
+gc use: a dead engine is shown up for at most this long, whatever a writer stored."""
+
+DEFAULT_STALE_AFTER = 30.0
+"""``stale_after``'s default, and what readers and gc judge a writer by when the ``stale_ms`` it
+stored is missing or unusable (not a number, or outside MIN..MAX): one value, never another
+writer's."""
+
 RETENTION_FACTOR = 2
 """``retention`` must be at least this many times ``max(stale_after, flush_interval)``: gc must
 never remove a writer or an engine that a reader still counts as live."""
@@ -290,9 +308,10 @@ class StatsConfig:
         "Seconds between two flushes of a writer (each flush is one script call per shard written).",
     )
     stale_after: float = _opt(
-        30.0,
+        DEFAULT_STALE_AFTER,
         "A writer's: seconds without its heartbeat after which it and its engines are DOWN (gauges "
-        "hidden). Stored in Redis: every reader judges each writer by its own value.",
+        "hidden). Stored in Redis: every reader judges each writer by its own value. 0.1 to 3600; "
+        "a writer whose stored value is unusable is judged by 30.",
     )
     retention: float = _opt(
         86400.0,
@@ -480,6 +499,15 @@ def _load_interval_check(config: StatsConfig) -> str | None:
 
 
 def _stale_after_check(config: StatsConfig) -> str | None:
+    sa = config.stale_after
+    if not MIN_STALE_AFTER <= sa <= MAX_STALE_AFTER:
+        bound, which = (MIN_STALE_AFTER, "least") if sa < MIN_STALE_AFTER else (MAX_STALE_AFTER, "most")
+        return (
+            f"stale_after={sa:g} is outside {MIN_STALE_AFTER:g}..{MAX_STALE_AFTER:g} s: {bound:g} s is the "
+            f"{which} that readers and gc take from a writer (a stored value beyond it is not used, and "
+            f"the writer is judged by the default {DEFAULT_STALE_AFTER:g} s instead); make stale_after "
+            f"{'at least' if which == 'least' else 'at most'} {bound:g} s"
+        )
     if config.stale_after < config.flush_interval:
         return (
             f"stale_after={config.stale_after} is shorter than flush_interval="

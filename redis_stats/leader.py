@@ -14,7 +14,8 @@ import contextlib
 import threading
 from typing import TYPE_CHECKING, Protocol
 
-from redis_stats._core.lease import LeaseHolder, LeaseState
+from redis_stats._core.background import survive
+from redis_stats._core.lease import LeaseHolder, LeaseState, log
 from redis_stats._scripts import Script, load_script
 from redis_stats.keys import Keys
 
@@ -32,8 +33,8 @@ class Leader(Protocol):
         """True while this process may print."""
         ...
 
-    def close(self) -> None:
-        """Give up leadership (if any)."""
+    def close(self, timeout: float | None = None) -> None:
+        """Give up leadership (if any), waiting at most *timeout* seconds for Redis."""
         ...
 
 
@@ -47,7 +48,7 @@ class Rank0Leader:
         """Whether this process manages the chosen rank."""
         return self.leader
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Nothing to release."""
 
 
@@ -55,16 +56,26 @@ class LeaseLeader(LeaseHolder):
     """Leadership through a Redis lease with a fencing token, renewed by a background thread.
 
     *ttl* seconds: how long the lease lives without renewal (failover time is at most ``ttl`` plus
-    one renewal period). Renewal runs every ``ttl / 3``.
+    one renewal period). Renewal runs every ``ttl / 3``. :meth:`close` waits at most
+    *close_timeout* seconds (``make_leader`` gives the config's ``close_timeout``).
     """
 
     def __init__(
-        self, client: Client, keys: Keys, holder: str, *, ttl: float = 10.0, start: bool = True
+        self,
+        client: Client,
+        keys: Keys,
+        holder: str,
+        *,
+        ttl: float = 10.0,
+        start: bool = True,
+        close_timeout: float = 1.0,
     ) -> None:
         self.state = LeaseState(keys, holder, ttl)
         self.client = client
+        self.close_timeout = close_timeout
         self._script = Script(client, load_script("lease"))
         self._stop = threading.Event()
+        self._released = threading.Event()  # set by the thread once it has released the lease
         self._thread: threading.Thread | None = None
         if start:
             self._thread = threading.Thread(target=self._run, name="redis_stats-lease", daemon=True)
@@ -72,9 +83,17 @@ class LeaseLeader(LeaseHolder):
 
     def _run(self) -> None:
         while True:
-            self.renew()
+            with survive("lease", log):  # renew() never raises for Redis; anything else is counted
+                self.renew()
             if self._stop.wait(self.state.period):
-                return
+                break
+        # close() stopped the loop: the release is made here, so that close waits for it only
+        # until its deadline (a renewal or release stuck on a frozen Redis stays with this thread).
+        try:
+            with survive("lease", log):
+                self._release()
+        finally:
+            self._released.set()
 
     def renew(self) -> bool:
         """Take or renew the lease once; True if this process holds it now."""
@@ -85,15 +104,24 @@ class LeaseLeader(LeaseHolder):
             reply = exc
         return self.state.renewed(reply, sent)
 
-    def close(self) -> None:
-        """Stop renewing and release the lease if this process still holds it."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(2)
+    def _release(self) -> None:
         release = self.state.release()
         if release is not None:
             with contextlib.suppress(Exception):  # the lease expires by itself anyway
                 self._script(keys=release[0], args=release[1])
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop renewing and release the lease if this process still holds it, waiting at most
+        *timeout* seconds (default :attr:`close_timeout`) whatever Redis does: a release Redis
+        has not answered by then is left to the daemon thread (and the lease expires after its
+        ttl anyway). (Without the thread, ``start=False``, the release is one attempt made here.)"""
+        budget = self.close_timeout if timeout is None else max(0.0, timeout)
+        self._stop.set()
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            self._release()
+            return
+        self._released.wait(budget)
 
 
 class NoLeader:
@@ -103,7 +131,7 @@ class NoLeader:
         """Always False."""
         return False
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Nothing to release."""
 
 
@@ -122,7 +150,9 @@ def make_leader(
     manages ``leader_rank`` prints: with several API servers each manages every local engine.
     """
     if config.leader == "lease":
-        return LeaseLeader(client, Keys(config.namespace), holder, ttl=config.lease_ttl)
+        return LeaseLeader(
+            client, Keys(config.namespace), holder, ttl=config.lease_ttl, close_timeout=config.close_timeout
+        )
     if config.leader == "none":
         return NoLeader()
     return Rank0Leader(engines if process_rank == 0 else (), config.leader_rank)

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Generic, Protocol, TypeVar
 
+from redis_stats._core.background import survive
 from redis_stats.config import StatsConfig
 from redis_stats.leader import Leader
 from redis_stats.reader import StatsReader
@@ -77,6 +79,11 @@ class ReportCore(Generic[_ReaderT]):
     def _attach(self) -> None:
         """What a reporter that reads by itself sets up once constructed (the core: nothing)."""
 
+    def close_deadline(self, timeout: float | None) -> float:
+        """The monotonic deadline of a close given *timeout* (None: the reader's ``close_timeout``)."""
+        budget = self.reader.config.close_timeout if timeout is None else max(0.0, timeout)
+        return time.monotonic() + budget
+
     def read_failed(self, exc: BaseException) -> list[str]:
         """The read of this tick failed: the leader says so (once per tick), nobody crashes."""
         if self.leader.is_leader():
@@ -133,14 +140,17 @@ class StatsReporter(ReportCore[StatsReader]):
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            self.tick()
+            self.tick()  # never raises (see _tick)
 
-    def close(self) -> None:
-        """Stop ticking and give up leadership."""
+    def close(self, timeout: float | None = None) -> None:
+        """Stop ticking and give up leadership, within *timeout* seconds (default the reader's
+        ``close_timeout``) whatever Redis does: a tick still waiting on Redis is left to the
+        daemon thread."""
+        deadline = self.close_deadline(timeout)
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(2)
-        self.leader.close()
+            self._thread.join(max(0.0, deadline - time.monotonic()))
+        self.leader.close(max(0.0, deadline - time.monotonic()))
 
     def tick(self) -> list[str]:
         """Read, compute the interval since the last tick, and log if leader.
@@ -158,4 +168,6 @@ class StatsReporter(ReportCore[StatsReader]):
                 snap = self.reader.snapshot()
             except Exception as exc:
                 return self.read_failed(exc)
-            return self.consume(snap, takeover=takeover)
+            with survive("reporter", self.logger):  # the lines of a value nobody foresaw
+                return self.consume(snap, takeover=takeover)
+            return []

@@ -1,8 +1,8 @@
 """The documented least-privilege ACL rules (docs/operations.md), as the tests apply them."""
 
-# Commands the flush script runs (HDEL: a closing writer's load entries), plus what redis-py
-# needs to load a script.
-WRITER = "+evalsha +script|load +time +exists +type +hget +hset +hincrby +hincrbyfloat +zadd +hdel"
+# Commands the flush script runs (HDEL: a closing writer's load entries; HEXISTS: its chunk
+# fields still there), plus what redis-py needs to load a script.
+WRITER = "+evalsha +script|load +time +exists +type +hget +hset +hincrby +hincrbyfloat +zadd +hdel +hexists"
 # A read: MULTI + native reads + EXEC on one server, read.lua with EVALSHA_RO on a Cluster. With
 # %R~ the user can read its namespace and write nothing.
 # The load feed's read also lists each engine hash's field names (HKEYS, never its values).

@@ -7,11 +7,15 @@ the client never heard so.
 from __future__ import annotations
 
 import random
+import re
 import socket
 import threading
 import time
 
 from redis_stats.tools.embedded import free_port
+
+# The head of a flush.lua reply (RESP2): an array of 5 to 7, the status, the server time in ms.
+_FLUSH_REPLY = re.compile(rb"(\*[5-7]\r\n:[0-3]\r\n:)(\d{13})\r\n")
 
 
 class CuttingProxy:
@@ -29,6 +33,10 @@ class CuttingProxy:
         self.cut_probability = 0.0
         self.reset_probability = 0.0
         self.delay = 0.0
+        # Added to the server time (ms) in flush.lua's replies: the writers behind this proxy see
+        # a server whose clock is this far ahead (emulates a server clock; TIME inside the script,
+        # which heartbeats use, stays the server's own).
+        self.shift_ms = 0
         # Cleared: nothing is forwarded either way (a stalled link: the bytes wait in the proxy).
         self.flowing = threading.Event()
         self.flowing.set()
@@ -83,6 +91,8 @@ class CuttingProxy:
                     time.sleep(self.delay)
                 if self._should_cut(is_reply):
                     break
+                if is_reply and self.shift_ms:
+                    data = _FLUSH_REPLY.sub(lambda m: self._shifted(m), data)
                 dst.sendall(data)
         except OSError:
             pass
@@ -93,6 +103,9 @@ class CuttingProxy:
                 except OSError:
                     pass
                 s.close()
+
+    def _shifted(self, m: re.Match[bytes]) -> bytes:
+        return m.group(1) + str(int(m.group(2)) + self.shift_ms).encode() + b"\r\n"
 
     def stall(self) -> None:
         """Hold every byte from now on (connections stay open) until :meth:`resume`."""

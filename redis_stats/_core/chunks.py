@@ -34,8 +34,8 @@ from redis_stats._core.fields import CHUNK_SIZE, decode
 _MAX = 1.7976931348623157e308
 COUNTER, HISTOGRAM, GAUGE = "c", "h", "g"
 _INDEX = attrgetter("index")
-# A take gives the GIL away every this many chunks (about 1,000 series, as the record loop does).
-_YIELD_EVERY = 16
+# A take gives the GIL away every this many chunks (256 series, as the record loop does).
+_YIELD_EVERY = 4
 
 
 def _number(text: str) -> int | float:
@@ -48,19 +48,32 @@ def _number(text: str) -> int | float:
 
 class Series:
     """One series of one engine as this writer holds it: its field, its total (a counter's number,
-    a histogram's ``[sum, per-bucket counts]``; a gauge has only its text) and its value text."""
+    a histogram's ``[sum, per-bucket counts]``; a gauge has only its text), its value text and its
+    chunk (None until a take gives it its place, :meth:`Totals.adopt`).
+
+    The children that record series (:mod:`redis_stats._core.series`) are Series themselves, so
+    a take makes no object per series (issue 32: a first flush of 100,000 new series made 100,000
+    objects the cyclic collector tracks, enough to start a full collection of the host's heap,
+    130 ms with the GIL held, in the second that flush ran).
+    """
 
     __slots__ = ("chunk", "field", "kind", "taken", "text", "total")
 
-    def __init__(self, field: str, kind: str, chunk: Chunk) -> None:
+    chunk: Chunk  # None until adopted (see unbind)
+
+    def __init__(self, field: str, kind: str) -> None:
         self.field = field
         self.kind = kind
-        self.chunk = chunk
+        self.unbind()
+
+    def unbind(self) -> None:
+        """No place in any totals: not yet, or again (a forked child's totals start at zero)."""
+        self.chunk = None  # type: ignore[assignment]
         self.total: Any = None
         self.text = ""
         self.taken = -1  # the take of its totals that last counted it as changed
 
-    def add(self, delta: int | float) -> None:
+    def add_total(self, delta: int | float) -> None:
         """Add a counter's *delta* (a sum beyond the float range is dropped and counted)."""
         total = delta if self.total is None else self.total + delta
         if not -_MAX <= total <= _MAX:  # an int beyond the float range, or an infinite sum
@@ -72,7 +85,7 @@ class Series:
         self.text = str(total) if total.__class__ is int else repr(total)
         self.chunk.changed(self)
 
-    def observe(self, pending: list[float]) -> None:
+    def add_pending(self, pending: list[float]) -> None:
         """Add a histogram's pending bucket counts and sum (``[c0 .. cN, sum]``), then zero them:
         the list is the recorder's slot, reused (a take allocates no list per histogram)."""
         total = self.total
@@ -182,11 +195,16 @@ class Chunk:
 
 
 class _Engine:
-    __slots__ = ("chunks", "series")
+    __slots__ = ("beat_ms", "chunks", "held", "series")
 
     def __init__(self) -> None:
         self.series: dict[str, Series] = {}
         self.chunks: list[Chunk] = []
+        # How many of its chunks (0 .. held-1) the store holds, both fields, as far as this writer
+        # knows (confirmed): the flush script checks they are still there (a key or field can be
+        # evicted or deleted alone; names are sent only when they change).
+        self.held = 0
+        self.beat_ms = 0  # server time of the last batch that heartbeated it (0: none applied)
 
 
 class Totals:
@@ -204,21 +222,18 @@ class Totals:
         self.touched: dict[int, int] = {}  # engine -> series changed since the last take
         self.takes = 0  # takes so far (a series changed since the last one has .taken == takes)
 
-    def series(self, engine: int, field: str, kind: str) -> Series:
-        """The series of *engine* with *field*, made (in the engine's last chunk) on first use."""
+    def adopt(self, series: Series, engine: int) -> None:
+        """Give *series* of *engine* its place: the engine's last chunk (a new one when full).
+        Nothing is made per series (it is the child that records it)."""
         state = self._engines.get(engine)
         if state is None:
             state = self._engines[engine] = _Engine()
-        found = state.series.get(field)
-        if found is not None:
-            return found
         if not state.chunks or len(state.chunks[-1].series) >= CHUNK_SIZE:
             state.chunks.append(Chunk(self, engine, len(state.chunks)))
-        chunk = state.chunks[-1]
-        made = state.series[field] = Series(field, kind, chunk)
-        chunk.series.append(made)
+        chunk = series.chunk = state.chunks[-1]
+        state.series[series.field] = series
+        chunk.series.append(series)
         chunk._mark()
-        return made
 
     def touch(self, engine: int) -> None:
         """Make sure *engine* is heartbeated by the next take's batch even without data."""
@@ -254,24 +269,42 @@ class Totals:
             chunks.sort(key=_INDEX)
         return touched, out
 
-    @staticmethod
-    def confirm(taken: dict[int, list[Chunk]]) -> None:
+    def confirm(self, taken: dict[int, list[Chunk]]) -> None:
         """Redis holds the chunks that :meth:`take` returned as *taken* (applied, or applied
         before): what they sent is what the store holds of this writer."""
-        for chunks in taken.values():
+        for engine, chunks in taken.items():
             for chunk in chunks:
                 chunk.names_held = chunk.names_confirmed = chunk.sent_names
                 chunk.values_confirmed = chunk.sent_values
+            state = self._engines.get(engine)
+            if state is not None and chunks:
+                # Chunks are sent in index order from 0, each first with the take that made it:
+                # the store holds every chunk up to the last one confirmed.
+                state.held = max(state.held, chunks[-1].index + 1)
+
+    def held(self) -> dict[int, tuple[int, int]]:
+        """Engine -> (how many of this writer's chunks the store holds there as far as it knows,
+        the server time its last applied batch heartbeated it): what a flush asks the script to
+        check (engines with no chunk held left out)."""
+        return {e: (state.held, state.beat_ms) for e, state in self._engines.items() if state.held}
+
+    def beaten(self, engines: list[int], server_ms: int) -> None:
+        """A batch heartbeating *engines* was applied at *server_ms*."""
+        for engine in engines:
+            state = self._engines.get(engine)
+            if state is not None:
+                state.beat_ms = server_ms
 
     def resend_all(self) -> None:
-        """Send every chunk again, names too (Redis lost them, or the writer has a new id)."""
+        """Send every chunk again, names too (Redis lost them, or the writer has a new id); an
+        emptied one too (its metric conflicted), so that chunks 0 .. n-1 are all stored again."""
         self.dirty = []
         for state in self._engines.values():
+            state.held = 0
             for chunk in state.chunks:
                 chunk.names_held = None
-                chunk.dirty = bool(chunk.series)
-                if chunk.dirty:
-                    self.dirty.append(chunk)
+                chunk.dirty = True
+                self.dirty.append(chunk)
 
     def rebase(self) -> None:
         """gc removed this writer and folded what Redis held of it (the confirmed chunks) into

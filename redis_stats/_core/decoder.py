@@ -127,7 +127,7 @@ def _number_field(name: Any) -> str | None:
     if name in _WRITER_TEXT_FIELDS or not isinstance(name, str):
         return None
     prefix = name[: name.find(":") + 1]
-    if name in _WRITER_NUMBER_FIELDS or prefix in ("err:", "shards_err:", "drop:", "dur:"):
+    if name in _WRITER_NUMBER_FIELDS or prefix in ("err:", "shards_err:", "drop:", "lost:", "dur:"):
         return prefix
     return None
 

@@ -51,6 +51,10 @@ class Batch:
     this batch carries the writer's whole state there), and the server time it was applied at:
     how the script tells a store that went back in time (see ``flush.lua``)."""
     confirmed_ms: int = 0
+    held: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """engine -> (how many of the writer's chunks the store holds there as far as it knows, when
+    its last applied batch heartbeated it), when the batch was made: the script checks they are
+    all still there (``flush.lua``)."""
 
     @property
     def sent(self) -> dict[int, list[Chunk]]:
@@ -65,12 +69,20 @@ class Batch:
         """The engines of this batch's blocks, in the order of its arguments (and keys)."""
         return list(dict.fromkeys([*self.engines, *self.chunks]))
 
+    def checked_engines(self) -> list[int]:
+        """The engines where the store holds the writer's chunks and this batch has no block:
+        checked by the script (still there?), not heartbeated."""
+        blocks = set(self.engines) | set(self.chunks)
+        return [e for e in self.held if e not in blocks]
+
     def script_keys(self, keys: Keys, writer_id: str) -> list[str]:
         """The KEYS of ``flush.lua`` for this batch: every key it may touch (a Redis Cluster
-        requires them declared), the engine hashes in the order of :meth:`script_args`' blocks."""
+        requires them declared), the engine hashes in the order of :meth:`script_args`' blocks,
+        then those of the engines it only checks."""
         fixed = [keys.seq, keys.engines, keys.writers, keys.meta, keys.claims, keys.conflicts]
         fixed += (keys.writer_stats(writer_id), keys.load)
-        return [*fixed, *[keys.counters(e) for e in self.block_engines()]]
+        engines = [*self.block_engines(), *self.checked_engines()]
+        return [*fixed, *[keys.counters(e) for e in engines]]
 
     def script_args(
         self,
@@ -82,12 +94,15 @@ class Batch:
         claims: Iterable[int] = (),
         stats: list[str] | tuple[str, ...] = (),
         load: list[str] | tuple[str, ...] = (),
+        held: str = "",
     ) -> list[str]:
         """The ARGV of ``flush.lua`` for this batch.
 
         *owner* claims the *claims* engines for conflict detection; *stats* are the writer's
         self-metrics that changed, as ``field, value`` pairs, and *load* its load entries, as
-        ``engine, entry`` pairs (both absolute values: safe to send again).
+        ``engine, entry`` pairs (both absolute values: safe to send again). *held* names what
+        else the store holds of this writer (``s`` its stats hash, ``c`` its claims), which the
+        script checks is still there.
         """
         claimed = [str(e) for e in claims]
         args = [
@@ -100,6 +115,7 @@ class Batch:
             str(stale_ms),
             str(self.confirmed),
             str(self.confirmed_ms),
+            held,
             str(len(claimed)),
             *claimed,
             str(len(stats) // 2),
@@ -110,12 +126,18 @@ class Batch:
             args += (spec.name, spec.to_json())
         args.append(str(len(load) // 2))
         args += load
+        held_in = self.held
+        checked = self.checked_engines()
+        args.append(str(len(checked)))
+        for engine in checked:
+            args += (str(engine), *map(str, held_in[engine]))
         head = fields.chunk_field(writer_id, 0)[:-1]  # "@|<writer>|": the writer escaped once
         names_suffix = fields.NAMES_SUFFIX
         append = args.append
         for engine in self.block_engines():
             taken = self.chunks.get(engine, ())
             append(str(engine))
+            append(str(held_in[engine][0]) if engine in held_in else "0")
             append(str(len(taken) + sum(1 for c in taken if c.send_names)))
             for chunk in taken:
                 name = head + str(chunk.index)
@@ -149,6 +171,10 @@ class FlushResult:
     load_error: str = ""
     """Why the batch's load entries were not stored ('' when they were, or it had none); the
     batch itself was applied."""
+    lost: tuple[str, ...] = ()
+    """Kinds of this writer's keys the script found gone that the store should hold (``seq``,
+    ``catalogue``, ``engine``, ``chunk``, ``names``: the store is behind, nothing applied; ``stats``,
+    ``writers``, ``engines``, ``claims``: rewritten by this flush or the next): evicted, deleted."""
 
     @property
     def applied(self) -> bool:
@@ -169,13 +195,16 @@ class FlushResult:
     @classmethod
     def from_reply(cls, reply: list[Any]) -> FlushResult:
         """Parse the script's reply ``{status, now, conflicts, {metric, ...}, refused series[,
-        load error]}`` (the last only when the batch was applied)."""
+        load error, {lost kind, ...}]}`` (the last two when applied, or found behind)."""
         status, now, conflicts = (int(x) for x in reply[:3])
         names = tuple(x.decode() if isinstance(x, bytes) else str(x) for x in reply[3])
         load_error = reply[5] if len(reply) > 5 else ""
         if isinstance(load_error, bytes):
             load_error = load_error.decode(errors="replace")
-        return cls(status, now, conflicts, names, int(reply[4]), str(load_error))
+        lost = (
+            tuple(x.decode() if isinstance(x, bytes) else str(x) for x in reply[6]) if len(reply) > 6 else ()
+        )
+        return cls(status, now, conflicts, names, int(reply[4]), str(load_error), lost)
 
 
 class FlushProtocol:

@@ -74,17 +74,18 @@ def _admitted(acc: Accumulator, x: object, low: float) -> int | float:
     return value
 
 
-class CounterChild:
-    """One counter series of one engine. ``inc`` is the hot path: memory only, never raises."""
+class CounterChild(Series):
+    """One counter series of one engine. ``inc`` is the hot path: memory only, never raises.
 
-    __slots__ = ("_acc", "_lock", "deltas", "engine", "field", "gen", "series", "stored")
+    It is its own :class:`Series` in its shard's totals (its place given by its first take)."""
+
+    __slots__ = ("_acc", "_lock", "deltas", "engine", "gen", "stored")
 
     def __init__(self, acc: Accumulator, engine: int, field_name: str) -> None:
+        super().__init__(field_name, chunks.COUNTER)
         self._acc = acc
         self._lock = acc.lock
         self.engine = engine
-        self.field = field_name
-        self.series: Series | None = None  # its total in its shard's totals, bound by the first take
         self.deltas: list[int | float] = [0, 0]  # pending delta per generation slot (gen & 1)
         self.gen = -1  # the generation whose dirty list holds this child (-1: none yet)
         self.stored = False  # a bound series shows as 0 from the start, as in prometheus_client
@@ -119,20 +120,21 @@ class CounterChild:
             return
         if delta or not self.stored:
             self.stored = True
-            (self.series or self._acc.bind(self, chunks.COUNTER)).add(delta)
+            if self.chunk is None:
+                self._acc.bind(self)
+            self.add_total(delta)
 
 
-class GaugeChild:
+class GaugeChild(Series):
     """One gauge series of one engine, as this writer sees it; the reader rolls writers up."""
 
-    __slots__ = ("_acc", "_lock", "engine", "field", "gen", "series", "state")
+    __slots__ = ("_acc", "_lock", "engine", "gen", "state")
 
     def __init__(self, acc: Accumulator, engine: int, field_name: str) -> None:
+        super().__init__(field_name, chunks.GAUGE)
         self._acc = acc
         self._lock = acc.lock
         self.engine = engine
-        self.field = field_name
-        self.series: Series | None = None
         # (monotonic stamp, value) in one tuple: the collector reads both without the lock, and
         # a tuple is read whole (two attributes could mix two set() calls). The stamp becomes
         # server time when the value is sent (Accumulator.server_ms): no host's wall clock is
@@ -186,25 +188,30 @@ class GaugeChild:
     def _take(self, slot: int = 0) -> None:
         stamp, value = self.state  # one read: a racing set() is re-sent by the next batch anyway
         ms = self._acc.server_ms(self.engine, stamp)
-        (self.series or self._acc.bind(self, chunks.GAUGE)).set_text(f"{ms:.3f}|{float(value)!r}")
+        if self.chunk is None:
+            self._acc.bind(self)
+        self.set_text(f"{ms:.3f}|{float(value)!r}")
 
 
-class HistogramChild:
+class HistogramChild(Series):
     """One histogram series of one engine: non-cumulative bucket counts and a sum.
 
     In Redis the whole series is one field, ``<series>|h:<layout>`` -> ``"<sum> <c0> ... <cN>"``,
     so a flush updates it in one step and a read gets it in one value (see docs/key-schema.md).
     """
 
-    __slots__ = ("_acc", "_lock", "bounds", "engine", "field", "gen", "pending", "series")
+    __slots__ = ("_acc", "_lock", "bounds", "engine", "gen", "pending")
 
     def __init__(self, acc: Accumulator, engine: int, spec: MetricSpec, components: tuple[str, ...]) -> None:
+        bounds = (*spec.buckets, _INF)
+        super().__init__(fields.encode((*components, fields.bucket_tag(bounds))), chunks.HISTOGRAM)
         self._acc = acc
         self._lock = acc.lock
         self.engine = engine
-        self.series: Series | None = None
-        self.bounds = (*spec.buckets, _INF)
-        self.field = fields.encode((*components, fields.bucket_tag(self.bounds)))
+        self.bounds = bounds
+        # Its total ([sum, per-bucket counts]) made here, with the delta slots, by the host's
+        # labels() call: a take then allocates nothing for it, not even the first (issue 32).
+        self.total = [0.0, [0] * len(bounds)]
         # Per generation slot (gen & 1), as for counters: the pending bucket counts, then the sum.
         # A take adds a slot into the totals and zeroes it in place: the lists live as long as
         # the series.
@@ -256,7 +263,9 @@ class HistogramChild:
 
     def _take(self, slot: int) -> None:
         # Without the lock: recorders write the other slot until the next take (see the module docstring).
-        (self.series or self._acc.bind(self, chunks.HISTOGRAM)).observe(self.pending[slot])
+        if self.chunk is None:
+            self._acc.bind(self)
+        self.add_pending(self.pending[slot])
 
     def _empty(self) -> list[float]:
         return [0] * len(self.bounds) + [0.0]

@@ -28,6 +28,12 @@ if TYPE_CHECKING:  # the batch and the answer are the protocol's (protocol.py im
 
 
 _monotonic = time.monotonic
+# How far a server's clock may move between two answers before the gauges stored so far are sent
+# again stamped in its new time (s). Two anchors differ by up to the two round trips' sum anyway
+# (the answer's time is taken somewhere within its round trip); a failover to a server whose clock
+# differs by more than this, or a clock stepped, re-stamps every gauge (a resend of the writer's
+# gauges, nothing else: harmless when it fires on a slow round trip).
+CLOCK_JUMP = 0.5
 
 
 class ShardFlow:
@@ -105,9 +111,14 @@ class ShardFlow:
     def anchor(self, server_ms: int) -> bool:
         """This server answered at *server_ms* (its clock): anchor stamps to it (within the round
         trip; again at every answer, so a pause or a failover is followed at the next flush).
-        True if values were sent stamped by this host's clock before: they must go again."""
-        self.clock = server_ms / 1000.0 - _monotonic()
-        restamp, self.unstamped = self.unstamped, False
+        True if the values stored so far carry stamps of another clock, and must go again stamped
+        in this one: sent before the first answer (this host's clock), or the server's clock moved
+        by more than :data:`CLOCK_JUMP` (a failover to a server whose clock differs, or a clock
+        set): stamps stored in one server's time are never compared with another's."""
+        clock = server_ms / 1000.0 - _monotonic()
+        jumped = self.clock is not None and abs(clock - self.clock) > CLOCK_JUMP
+        self.clock = clock
+        restamp, self.unstamped = self.unstamped or jumped, False
         return restamp
 
     # -- the protocol --------------------------------------------------------------------------
@@ -139,10 +150,11 @@ class ShardFlow:
             # Applied now, claims and all. "Already applied" wrote nothing of this attempt: its
             # claims (maybe not in the attempt Redis applied) go again with the next batch.
             self.claimed_at = _monotonic()
-        Totals.confirm(batch.sent)
+        self.totals.confirm(batch.sent)
         self.confirmed = batch.seq
         if result.applied:
             self.confirmed_ms = result.server_time_ms
+            self.totals.beaten(batch.block_engines(), result.server_time_ms)
         # else: applied by an earlier attempt, at a time not known: the previous batch's stays
         # (a lower bound of this writer's heartbeat, which is what gc's fold watermark needs).
         return batch

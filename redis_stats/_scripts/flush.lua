@@ -10,7 +10,8 @@
 -- KEYS[6] conflicts hash  engine -> "<owner a>|<owner b>|<ms>": two live owners seen
 -- KEYS[7] the writer's stats hash (<prefix>w:<writer>)
 -- KEYS[8] load hash       "<engine>|<writer>" -> "<ms>,<entry>": the router feed's fields
--- KEYS[9..] the series hash (<prefix>e:<engine>:c) of each engine block of ARGV, in that order
+-- KEYS[9..] the series hash (<prefix>e:<engine>:c) of each engine block of ARGV, in that order,
+--         then that of each engine checked only (the "ncheck" section of ARGV), in that order
 -- Every key the script touches is declared (Redis Cluster requires it): the writer knows them all.
 --
 -- ARGV: prefix (named in error replies only), writer, seq, closing (0/1), schema, owner, stale ms,
@@ -18,11 +19,22 @@
 --       batch carries the writer's whole state here — catalogue, every chunk with its names —
 --       as its first batch, or after the store lost it),
 --       confirmed ms (the server time at which that batch was applied),
+--       held (what else the store holds of this writer as far as it knows, one letter each:
+--             's' its stats hash KEYS[7], 'c' its claims of the engines it claims now),
 --       nclaims, {engine} * nclaims,
 --       nstats, {field, value} * nstats           (the writer's self-metrics that changed, absolute)
 --       nspecs, {name, json} * nspecs,
 --       nload, {engine, entry} * nload         (the writer's load entries, absolute: load.py)
---       then per engine: engine, nset, {field, value} * nset
+--       ncheck, {engine, held, beat ms} * ncheck (engines where the writer holds chunks but
+--                                               sends nothing this time: checked, not heartbeated;
+--                                               beat ms: its last heartbeat of the engine, put
+--                                               back in the engines zset if the engine is gone
+--                                               from it, 0: none known)
+--       then per engine block: engine, held, nset, {field, value} * nset
+--             (held: how many chunks, 0 .. held-1, the store holds of this writer in that engine
+--             as far as it knows; each block's engine is heartbeated)
+-- Every count is a decimal integer. A call has 10 header arguments, 5 counts, 1 per claimed
+-- engine, 2 per stat, spec and load entry, 3 per checked engine, and per block 3 + 2 per field set.
 --
 -- Schema 2 (docs/key-schema.md): a writer keeps, per engine, its own absolute state in chunks of
 -- the engine's hash: "@|<writer>|<k>" -> the values of up to 64 series, one per line (counter
@@ -33,13 +45,19 @@
 -- add the writers' totals of a series up; gc folds a departed writer into base fields.
 --
 -- Returns {status, now ms, owner conflicts, {metrics whose spec conflicts with the stored one},
---          series refused for them, why the load entries were not stored ('' if they were)};
+--          series refused for them, why the load entries were not stored ('' if they were),
+--          {kinds of this writer's keys found gone}};
 -- status 1 applied, 0 already applied (a duplicate), 2 not applied because gc removed this writer
 -- (its fields were folded: the writer sends what the store lacks again under a new id), 3 not
 -- applied because the shard lacks what this writer saw confirmed: a sequence entry older than
 -- the confirmed one, or none at all, or no catalogue (Redis restarted empty or went back in time:
 -- restarted from an older RDB/AOF, a lagging replica promoted, a backup restored). The writer
 -- then sends its whole state (confirmed 0), applied as it is: exact again with that one flush.
+-- Status 3 too when a key or field of this writer that the store should hold is gone alone
+-- (evicted under maxmemory, or deleted): its seq entry, the catalogue, an engine hash holding its
+-- chunks, one chunk's values or names field. The reply's last element names what was found gone
+-- ('seq', 'catalogue', 'engine', 'chunk', 'names'; and, found while applying, 'stats', 'writers',
+-- 'engines', 'claims': those are rewritten by this flush or the next), so the writer can say so.
 --
 -- lines() comes from common.lua, which the loader puts in front of this file.
 --
@@ -110,6 +128,7 @@ if stored_schema and stored_schema ~= ARGV[5] then
     ARGV[5] .. '; run every writer and reader of a namespace at one schema version, or use a new namespace')
 end
 local removed = false
+local had_entry = raw ~= false
 if not raw and confirmed > 0 then
   -- A writer Redis confirmed batches to that the sequence hash does not know: either gc folded it
   -- (silent for longer than the retention) and dropped its tombstone since, or Redis lost this
@@ -132,15 +151,27 @@ if removed then
   -- under a new id and sends what the store lacks (its totals minus what was last confirmed).
   return {2, now, 0, {}, 0}
 end
-if last < confirmed or (confirmed > 0 and not stored_schema) then
-  -- The store is behind what this writer saw confirmed (Redis went back in time, or lost it all):
-  -- its chunks here may be older than its names, or missing. Apply nothing (a batch carries only
-  -- the chunks that changed); the writer sends its whole state with the next one.
-  return {3, now, 0, {}, 0}
+local function behind(lost)
+  -- The store lacks what this writer saw confirmed: apply nothing (a batch carries only the chunks
+  -- that changed, and their names may be gone); the writer sends its whole state with the next.
+  return {3, now, 0, {}, 0, '', lost}
+end
+if confirmed > 0 and (not stored_schema or not had_entry) then
+  -- A key of ours is gone while the rest may be there (evicted, deleted), or Redis lost it all.
+  local lost = {}
+  if not had_entry then lost[#lost + 1] = 'seq' end
+  if not stored_schema then lost[#lost + 1] = 'catalogue' end
+  return behind(lost)
+end
+if last < confirmed then
+  -- Redis went back in time (an older RDB/AOF, a lagging replica promoted): nothing is missing
+  -- that this writer could name, its entry is older than what it saw confirmed.
+  return behind({})
 end
 
 -- Walk the arguments once (by counts, not by field) and check each block's keys.
-local i = 10
+local held = ARGV[10] or ''
+local i = 11
 local nclaims = count_at(i)
 if nclaims == nil then return refuse('bad claims count') end
 local claims_at = i + 1
@@ -157,19 +188,31 @@ local nload = count_at(i)
 if nload == nil then return refuse('bad load count') end
 local load_at = i + 1
 i = load_at + 2 * nload
+local ncheck = count_at(i)
+if ncheck == nil then return refuse('bad check count') end
+local checks = {}
+for j = i + 1, i + 3 * ncheck, 3 do
+  local c = {engine = ARGV[j], held = count_at(j + 1), beat = count_at(j + 2), nset = 0, at = 1}
+  if not c.held or not c.beat or not c.engine or not string.match(c.engine, '^%d+$') then
+    return refuse('bad checked engine at argument ' .. j)
+  end
+  checks[#checks + 1] = c
+end
+i = i + 1 + 3 * ncheck
 local blocks = {}
 while i <= n do
-  local b = {engine = ARGV[i], nset = count_at(i + 1)}
-  if not b.nset or not string.match(b.engine, '^%d+$') then
+  local b = {engine = ARGV[i], held = count_at(i + 1), nset = count_at(i + 2)}
+  if not b.held or not b.nset or not string.match(b.engine, '^%d+$') then
     return refuse('bad engine block at argument ' .. i)
   end
-  b.at = i + 2
+  b.at = i + 3
   i = b.at + 2 * b.nset
   blocks[#blocks + 1] = b
 end
 if i ~= n + 1 then return refuse('arguments end mid-block (' .. n .. ' given)') end
-if #KEYS ~= 8 + #blocks then
-  return refuse(#KEYS .. ' keys for ' .. #blocks .. ' engine blocks (8 + one per block expected)')
+if #KEYS ~= 8 + #blocks + #checks then
+  return refuse(#KEYS .. ' keys for ' .. #blocks .. ' engine blocks and ' .. #checks ..
+    ' checked engines (8 + one per block and checked engine expected)')
 end
 for j = claims_at, claims_at + nclaims - 1 do
   if not string.match(ARGV[j], '^%d+$') then return refuse('bad claimed engine ' .. ARGV[j]) end
@@ -178,33 +221,75 @@ end
 -- One TYPE per key this batch writes (none per field); the keys read above need none.
 local bad = want_type(KEYS[3], 'zset', 'writers')
 if bad then return refuse(bad) end
-if #blocks > 0 then
+if #blocks > 0 or #checks > 0 then
   bad = want_type(KEYS[2], 'zset', 'engines')
   if bad then return refuse(bad) end
 end
 local stats_key = KEYS[7]
+local stats_lost = false
 if nstats > 0 then
-  bad = want_type(stats_key, 'hash', 'writer stats')
-  if bad then return refuse(bad) end
+  local kind = redis.call('TYPE', stats_key)['ok']
+  if kind ~= 'none' and kind ~= 'hash' then return refuse(wrong_type(stats_key, kind, 'hash', 'writer stats')) end
+  -- Gone while the writer stored it: not behind (self-metrics are absolute, each flush sends the
+  -- changed ones): applied, and the writer sends all of them with its next flush. Checked only by
+  -- a flush that stores self-metrics (at least every STATS_INTERVAL, 5 s): a TYPE in every flush
+  -- cost the busy flush ~5 us more.
+  stats_lost = kind == 'none' and string.find(held, 's', 1, true) ~= nil
+end
+local nblocks = #blocks
+for k, c in ipairs(checks) do blocks[nblocks + k] = c end  -- checked like blocks, set nothing
+-- This writer's chunk fields (fields.chunk_field); nearly every id needs no escaping.
+local head = '@|' .. (string.find(writer, '[\\|\n]') and escape(writer) or writer) .. '|'
+local lost = {}
+local can_hexists = true
+local function field_gone(key, f)
+  -- HEXISTS copies no value. A writer user of the ACL rules before issue 32 lacks +hexists: then
+  -- only a whole engine hash found gone is noticed (TYPE), not one field deleted alone.
+  if not can_hexists then return false end
+  local r = redis.pcall('HEXISTS', key, f)
+  if type(r) == 'number' then return r == 0 end
+  can_hexists = false
+  return false
 end
 for k, b in ipairs(blocks) do
-  if b.nset > 0 then
+  if b.nset > 0 or b.held > 0 then
     b.key = KEYS[8 + k]
-    bad = want_type(b.key, 'hash', 'series of engine ' .. b.engine)
-    if bad then return refuse(bad) end
+    local kind = redis.call('TYPE', b.key)['ok']
+    if kind ~= 'none' and kind ~= 'hash' then
+      return refuse(wrong_type(b.key, kind, 'hash', 'series of engine ' .. b.engine))
+    end
+    if b.held > 0 and kind == 'none' then
+      lost[#lost + 1] = 'engine'
+    elseif b.held > 0 and #lost == 0 then
+      -- Every chunk field the store should hold and this batch does not set, checked one by one
+      -- (HEXISTS copies no value): a field deleted alone would leave values without their names
+      -- (bad_chunk, for good: names are sent only when they change) or a series missing.
+      local setting = {}
+      for j = b.at, b.at + 2 * b.nset - 1, 2 do setting[ARGV[j]] = true end
+      for x = 0, b.held - 1 do
+        local f = head .. x
+        if not setting[f] and field_gone(b.key, f) then lost[#lost + 1] = 'chunk'; break end
+        if not setting[f .. '|n'] and field_gone(b.key, f .. '|n') then lost[#lost + 1] = 'names'; break end
+      end
+    end
   end
 end
+if #lost > 0 then return behind(lost) end
+for k = #blocks, nblocks + 1, -1 do blocks[k] = nil end  -- the blocks proper: heartbeated and set
 
 -- Claims: read now (a wrong type is refused before any write); a conflict is written below.
 local claiming = nclaims > 0 and ARGV[6] ~= ''
 local owner = ARGV[6]
 local owner_conflicts = {}
+local claimed_before = string.find(held, 'c', 1, true) ~= nil
+local claims_lost = false
 if claiming then
   for j = claims_at, claims_at + nclaims - 1 do
     local cur = redis.pcall('HGET', KEYS[5], ARGV[j])
     if type(cur) == 'table' and cur.err then
       return refuse(wrong_type(KEYS[5], redis.call('TYPE', KEYS[5])['ok'], 'hash', 'engine claims'))
     end
+    if not cur and claimed_before then claims_lost = true end
     if cur then
       -- "<owner>|<ms>": the time follows the last '|' (older writers allowed '|' in owners).
       local other, at = string.match(cur, '^(.*)|(%d+)$')
@@ -348,16 +433,29 @@ local function hset_pairs(key, from, count)
   end
 end
 
+-- What this flush finds gone and rewrites (ZADD answers how many members it added: an engine
+-- holding this writer's chunks, or this writer itself once confirmed, must have been there).
+local rewritten = {}
+if stats_lost then rewritten[#rewritten + 1] = 'stats' end
+if claims_lost then rewritten[#rewritten + 1] = 'claims' end
+local engines_lost = false
 for _, b in ipairs(blocks) do
   if b.nset > 0 then hset_pairs(b.key, b.at, b.nset) end
-  redis.call('ZADD', KEYS[2], now_text, b.engine)
+  if redis.call('ZADD', KEYS[2], now_text, b.engine) == 1 and b.held > 0 then engines_lost = true end
 end
+for _, c in ipairs(checks) do
+  -- Not heartbeated (idle), but listed: put back at its last heartbeat if the list lost it.
+  if c.beat > 0 and redis.call('ZADD', KEYS[2], 'NX', c.beat, c.engine) == 1 then engines_lost = true end
+end
+if engines_lost then rewritten[#rewritten + 1] = 'engines' end
 
+local added
 if closing then
-  redis.call('ZADD', KEYS[3], '-' .. now_text, writer)
+  added = redis.call('ZADD', KEYS[3], '-' .. now_text, writer)
 else
-  redis.call('ZADD', KEYS[3], now_text, writer)
+  added = redis.call('ZADD', KEYS[3], now_text, writer)
 end
+if added == 1 and confirmed > 0 then rewritten[#rewritten + 1] = 'writers' end
 
 -- The load entries last, each stamped with the server's time (a closing writer's are deleted),
 -- with pcall: the batch is applied by now, and a load hash of the wrong type (or a user without
@@ -376,4 +474,4 @@ if nload > 0 then
     if type(r) == 'table' and r.err then load_error = r.err; break end
   end
 end
-return {1, now, #owner_conflicts / 2, conflict_names, refused, load_error}
+return {1, now, #owner_conflicts / 2, conflict_names, refused, load_error, rewritten}

@@ -6,12 +6,12 @@
 -- engine's schema 1 gauges hash (e:<engine>:g), each writer's stats hash (w:<writer>)
 -- ARGV: retention ms, dry run (0/1), drop the catalogue once empty (0/1), retention factor (a
 --       writer that did not close is removed only once silent for longer than this many times
---       the stale_after it declared, as well: config.RETENTION_FACTOR), then how many engines
---       (ne), stale engines (ns) and writers (nw) the keys name, then their names (ne engines,
---       ns stale engines, nw writers), then {writer, declared stale ms} * n: what the writers
---       declared in their home shards' stats hashes, as readers take it (a writer stores its
---       self-metrics in one shard only; ops/retention.py gathers them; a writer not given
---       declared none)
+--       its stale_after, as well: config.RETENTION_FACTOR), then how many engines (ne), stale
+--       engines (ns) and writers (nw) the keys name, then their names (ne engines, ns stale
+--       engines, nw writers), then {writer, stale ms} * n: the stale_after every reader judges
+--       each listed writer by (what it declared in its home shard's stats hash, or the one
+--       default when that is unusable: _core/liveness.py judged_ms; ops/retention.py gathers
+--       them over the shards, since a writer stores its self-metrics in one shard only)
 -- Returns {removed engines, removed writers, tombstones dropped, lines folded, lines not folded,
 --          emptied (1: nothing was left, and the shard's remaining keys were deleted),
 --          deferred (engines or writers due that this call was not given the keys of)}.
@@ -72,7 +72,8 @@ local given = {}
 for j = 8 + ne + ns + nw, #ARGV - 1, 2 do given[ARGV[j]] = ARGV[j + 1] end
 
 local function declared_ms(w)
-  -- The stale_after (ms) writer w declared, 0 if none (given: a positive finite number).
+  -- The stale_after (ms) readers judge writer w by. Every writer listed when ops/retention.py
+  -- read the lists is given; one that is not was added since, by a flush: it is not silent.
   return tonumber(given[w] or '0') or 0
 end
 

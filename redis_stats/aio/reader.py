@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -10,6 +11,7 @@ from redis.exceptions import ResponseError
 from redis_stats._core.decoder import Read
 from redis_stats._core.steps import arun
 from redis_stats._scripts import AsyncScript, load_script
+from redis_stats.aio.stopping import CLOSE_GRACE, within
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
 from redis_stats.connection import AsyncClient, is_cluster, make_async_client
@@ -78,8 +80,10 @@ class AsyncStatsReader(ReaderCore):
         """All engines (or only *engines*) at one instant, in one round trip."""
         return self.decode(await self.read(engines))
 
-    async def close(self) -> None:
-        """Close the connection pool."""
-        await self._client.aclose()
+    async def close(self, timeout: float | None = None) -> None:
+        """Close the connection pool, within *timeout* seconds (default ``config.close_timeout``)
+        whatever Redis does (a close still waiting on a socket then ends by itself)."""
+        budget = self.config.close_timeout if timeout is None else max(0.0, timeout)
+        await within(self._client.aclose(), time.monotonic() + max(budget, CLOSE_GRACE), None)
 
     aclose = close  # every async class closes with ``await x.aclose()``, as redis.asyncio does

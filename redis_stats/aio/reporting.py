@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import time
 
+from redis_stats._core.background import survive
 from redis_stats.aio.reader import AsyncStatsReader
+from redis_stats.aio.stopping import stop_task, within
 from redis_stats.leader import Leader
 from redis_stats.reporting import LogLines, ReportCore
 
@@ -33,6 +35,7 @@ class AsyncStatsReporter:
         self._core = ReportCore(reader, leader, lines=lines, interval=interval, logger=logger)
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
         if hasattr(leader, "on_acquire"):
             # A new lease holder prints at once: schedule a tick on the loop.
             leader.on_acquire = lambda: asyncio.get_running_loop().create_task(self._tick(takeover=True))
@@ -47,28 +50,32 @@ class AsyncStatsReporter:
                 snap = await self.reader.snapshot()
             except Exception as exc:
                 return self._core.read_failed(exc)
-            return self._core.consume(snap, takeover=takeover)
+            with survive("reporter", self._core.logger):  # the lines of a value nobody foresaw
+                return self._core.consume(snap, takeover=takeover)
+            return []
 
     def start(self) -> None:
         """Tick every interval on the running loop."""
-        if self._task is None:
+        if self._task is None and not self._closing:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="redis_stats-reporter")
 
     async def _run(self) -> None:
-        while True:
+        while not self._closing:  # set by close() before it cancels (see aio/stopping.py)
             await asyncio.sleep(self.interval)
-            await self.tick()
+            if not self._closing:
+                await self.tick()  # never raises (see _tick)
 
-    async def close(self) -> None:
-        """Stop ticking and give up leadership."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+    async def close(self, timeout: float | None = None) -> None:
+        """Stop ticking and give up leadership, within *timeout* seconds (default the reader's
+        ``close_timeout``) whatever Redis does."""
+        deadline = self._core.close_deadline(timeout)
+        self._closing = True
+        await stop_task(self._task, deadline)
+        left = max(0.0, deadline - time.monotonic())
         aclose = getattr(self.leader, "aclose", None)
         if aclose is not None:
-            await aclose()
+            await within(aclose(left), deadline, None)
         else:
-            self.leader.close()
+            self.leader.close(left)
 
     aclose = close  # every async class closes with ``await x.aclose()``, as redis.asyncio does

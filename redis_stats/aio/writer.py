@@ -11,15 +11,16 @@ or its records there are never flushed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from typing import Any
 
 from redis.exceptions import NoScriptError
 
+from redis_stats._core.background import survive
 from redis_stats._core.steps import arun
 from redis_stats._scripts import AsyncScript, load_script
+from redis_stats.aio.stopping import CLOSE_GRACE, stop_task, within
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
 from redis_stats.connection import AsyncClient, is_cluster, make_async_client
@@ -80,13 +81,19 @@ class AsyncStatsWriter(WriterCore):
     async def _run(self) -> None:
         interval = self.config.flush_interval
         fast = self.config.load_interval if self.load is not None else 0.0
-        while True:
+        # close() sets _closed before it cancels: the loop ends after the step it is in even
+        # when the cancellation never reaches it (redis-py may report one as a timeout).
+        while not self._closed:
             due = time.monotonic() + interval
-            while fast and due - time.monotonic() > fast:  # the load entries alone meanwhile
+            while fast and not self._closed and due - time.monotonic() > fast:  # the load alone
                 await asyncio.sleep(fast)
-                await self.flush_load()
+                with survive("flusher", log):
+                    await self.flush_load()
             await asyncio.sleep(max(0.0, due - time.monotonic()))
-            await self.flush()
+            if self._closed:
+                return
+            with survive("flusher", log):  # never raises for Redis; anything else is counted
+                await self.flush()
 
     async def flush_load(self) -> None:
         """Store the load entries alone (``load_interval``), once the first flush was confirmed;
@@ -140,25 +147,24 @@ class AsyncStatsWriter(WriterCore):
         """Stop the task and flush what is left, for at most *timeout* seconds (default
         ``config.close_timeout``); True when everything recorded was confirmed. Marks the writer
         closed in Redis. At the deadline an attempt still waiting on Redis is cancelled, one
-        warning says what was lost, and close returns."""
+        warning says what was lost, and close returns (its client's close gets
+        :data:`~redis_stats.aio.stopping.CLOSE_GRACE` more at most), whatever Redis does."""
         if self._closed:
             return not self.pending()
         budget, deadline = self.close_budget(timeout)
-        self._closed = True
-        if self._task is not None:
-            self._task.cancel()  # also interrupts a flush waiting on a hung socket
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        try:
-            done = await asyncio.wait_for(self._final_flush(deadline), max(0.0, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
-            done = False
+        self._closed = True  # first: the flusher's loop checks it (see _run)
+        done = await within(self._last_flush(deadline), deadline, False)
         if not done:
             self.warn_lost(budget, log)
         if self._client is not None:
-            with contextlib.suppress(Exception):
-                await self._client.aclose()
+            await within(self._client.aclose(), max(deadline, time.monotonic() + CLOSE_GRACE), None)
         return done
+
+    async def _last_flush(self, deadline: float) -> bool:
+        """Stop the flusher task (cancelled, again and again, until it ends: a flush waiting on
+        a hung socket is interrupted), then the last flush, marking the writer closed."""
+        await stop_task(self._task, deadline)
+        return await self._final_flush(deadline)
 
     async def _final_flush(self, deadline: float) -> bool:
         if self._client is None and not self.pending():

@@ -97,6 +97,7 @@ def inspect_namespace(config: StatsConfig, catalog: Catalog | None = None) -> It
     if len(shards) > 1:
         yield from _shard_lines(client, keys, sorted(reader.shard_counts))
     yield _catalogue_line(client, keys)
+    yield from _memory_lines(client)
     yield from _lease_lines(client, keys)
     yield from _engine_lines(client, shards, snap)
     yield from _writer_lines(snap)
@@ -112,6 +113,26 @@ def _catalogue_line(client: Any, keys: Keys) -> str:
         f"  schema {meta.get('schema', '?')}, catalogue version {meta.get('_v', '?')}, "
         f"{len(specs)} metrics stored"
     )
+
+
+def _memory_lines(client: Any) -> Iterator[str]:
+    """The server's maxmemory policy and the keys it evicted so far (``INFO``): the store needs
+    ``noeviction`` or a ``volatile-*`` policy (docs/operations.md, "Redis full"). Said only where
+    the user may run ``INFO`` on one server (a Cluster answers per node: not summed here)."""
+    try:
+        memory, stats = client.info("memory"), client.info("stats")
+    except Exception as exc:  # no +info for this user, or a Cluster's per-node answer
+        yield f"  memory: INFO not available ({type(exc).__name__})"
+        return
+    policy = memory.get("maxmemory_policy")
+    if policy is None or "evicted_keys" not in stats:
+        return
+    limit = int(memory.get("maxmemory", 0) or 0)
+    evicted = stats["evicted_keys"]
+    line = f"  memory: maxmemory {limit or 'none'}, policy {policy}, {evicted} keys evicted since start"
+    if limit and policy.startswith("allkeys"):
+        line += " (allkeys-* evicts this store's keys too: use noeviction or volatile-*)"
+    yield line
 
 
 def _lease_lines(client: Any, keys: Keys) -> Iterator[str]:
@@ -155,7 +176,11 @@ def _writer_lines(snap: Snapshot) -> Iterator[str]:
     yield f"  writers: {len(snap.writers)} ({live[True]} live)"
     for wid, w in sorted(snap.writers.items(), key=lambda kv: kv[1].age):
         state = "closed" if w.closed else "live" if w.live else "stale"
-        yield f"    {wid}: {state}, last heartbeat {w.age:.1f} s ago"
+        # Keys this writer found gone (evicted, deleted) and stored again: lost:<kind> -> count.
+        lost = ", ".join(f"{k[5:]} {v}" for k, v in sorted(w.stats.items()) if k.startswith("lost:"))
+        yield f"    {wid}: {state}, last heartbeat {w.age:.1f} s ago" + (
+            f", found its keys gone: {lost}" if lost else ""
+        )
 
 
 def _skipped_lines(snap: Snapshot) -> Iterator[str]:

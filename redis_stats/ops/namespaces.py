@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from redis_stats._core import fields
-from redis_stats._core.liveness import STALE_FIELD, Liveness, declared_ms
+from redis_stats._core.liveness import STALE_FIELD, Liveness, declared_ms, judged_ms
 from redis_stats.connection import is_cluster
 from redis_stats.keys import SCHEMA_VERSION, Keys, parse_shard_counts
 
@@ -143,10 +143,11 @@ def describe_namespaces(
     return infos
 
 
-def declared_stale(client: Any, shard: Keys) -> dict[str, float]:
-    """Writer -> the ``stale_after`` (ms) it declared in its stats hash in *shard* (its home
-    shard: the others hold none), by the readers' rule (:func:`~redis_stats._core.liveness.declared_ms`).
-    A key of the wrong type declares nothing; a failure to reach the shard is raised."""
+def declared_stale(client: Any, shard: Keys) -> dict[str, float | None]:
+    """Every writer *shard* lists -> the ``stale_after`` (ms) it declared in its stats hash there
+    (:func:`~redis_stats._core.liveness.declared_ms`), None when nothing usable is there (garbage,
+    or not its home shard: the others hold none). A key of the wrong type declares nothing; a
+    failure to reach the shard is raised."""
     try:
         writers: Any = client.zrange(shard.writers, 0, -1)
     except redis.exceptions.ResponseError:  # not a sorted set: no writer is listed in it
@@ -154,12 +155,27 @@ def declared_stale(client: Any, shard: Keys) -> dict[str, float]:
     pipe = client.pipeline(transaction=False)
     for w in writers:
         pipe.hget(shard.writer_stats(w), STALE_FIELD)
-    found = {}
-    for w, text in zip(writers, pipe.execute(raise_on_error=False)):
-        ms = declared_ms(text) if isinstance(text, str) else None  # (an error reply: a wrong type)
-        if ms is not None:
-            found[w] = ms
-    return found
+    replies = pipe.execute(raise_on_error=False)
+    # (an error reply: a wrong type)
+    return {w: declared_ms(text) if isinstance(text, str) else None for w, text in zip(writers, replies)}
+
+
+def judged_stale(client: Any, shards: list[Keys]) -> dict[str, float]:
+    """Every writer any of *shards* lists -> the ``stale_after`` (ms) every reader judges it by
+    (:func:`~redis_stats._core.liveness.judged_ms` of what it declared in its home shard): gc and
+    ``drop-namespace`` judge each writer by the readers' rule, so they never take a writer a
+    reader calls live for gone. A shard that cannot be reached adds nothing (its collection
+    fails too, and says so)."""
+    declared: dict[str, float | None] = {}
+    for shard in shards:
+        try:
+            found = declared_stale(client, shard)
+        except redis.exceptions.RedisError:
+            continue
+        for w, ms in found.items():
+            if declared.get(w) is None:
+                declared[w] = ms
+    return {w: judged_ms(ms) for w, ms in declared.items()}
 
 
 def _liveness_inputs(

@@ -24,7 +24,7 @@ from redis_stats._scripts import Script, load_script
 from redis_stats.config import StatsConfig
 from redis_stats.connection import Client, is_cluster, make_client
 from redis_stats.keys import Keys, parse_shard_counts
-from redis_stats.ops.namespaces import declared_stale
+from redis_stats.ops.namespaces import judged_stale
 
 __all__ = ["RemovalResult", "remove_namespace"]
 
@@ -139,15 +139,15 @@ def _plan(
     """Each shard with the keys to drop besides its writers' index, and the ``stale_ms`` a writer
     must be silent for to count as gone; a shard that cannot be listed goes to ``out.failed``."""
     plans: list[tuple[Keys, list[str]]] = []
-    # A writer is live for the stale_after it stored (readers judge it so: _core/liveness.py):
-    # the check uses the longest any writer stored, and this config's if longer (a writer that
-    # stored none), so no writer a reader calls live is taken for gone.
-    stale_ms = int(config.stale_after * 1000)
+    # A writer is live for the stale_after readers judge it by (what it stored, or the one
+    # default: _core/liveness.py): the check uses the longest of those, and this config's if
+    # longer, so no writer a reader calls live is taken for gone.
+    judged = judged_stale(client, shards)
+    stale_ms = max(int(config.stale_after * 1000), int(max(judged.values(), default=0)))
     for i, shard in enumerate(shards):
         try:
             named = _named_keys(client, shard, root=i == 0)
             scanned = _scanned_keys(client, shard)
-            stale_ms = max(stale_ms, int(max(declared_stale(client, shard).values(), default=0)))
         except RedisError as exc:
             out.failed[shard.prefix] = _first_line(exc)
             continue

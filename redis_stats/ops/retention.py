@@ -30,7 +30,7 @@ from redis_stats._scripts import Script, load_script
 from redis_stats.config import RETENTION_FACTOR, StatsConfig
 from redis_stats.connection import Client, make_client
 from redis_stats.keys import Keys, parse_shard_counts
-from redis_stats.ops.namespaces import declared_stale
+from redis_stats.ops.namespaces import judged_stale
 
 __all__ = ["GcResult", "collect_garbage"]
 
@@ -77,9 +77,10 @@ def collect_garbage(config: StatsConfig, *, dry_run: bool = False, client: Clien
     shard of the namespace (one ``gc.lua`` call each, under the one lease of shard 0).
 
     A writer that did not close is removed only once it is silent for longer than the retention
-    and than :data:`~redis_stats.config.RETENTION_FACTOR` times the ``stale_after`` it declared
-    (gc.lua): a retention too short for a writer configured apart from this process never
-    removes that writer while readers may still call it live."""
+    and than :data:`~redis_stats.config.RETENTION_FACTOR` times the ``stale_after`` readers judge
+    it by (what it declared, or the one default when that is unusable: gc.lua is given it, see
+    ``_core/liveness.py``): a retention too short for a writer configured apart from this process
+    never removes that writer while readers may still call it live."""
     client = client if client is not None else make_client(config)
     keys = Keys(config.namespace)
     token = secrets.token_hex(8)
@@ -103,7 +104,7 @@ class _Collection:
         self.live: list[dict[str, float] | None] = [None]
         if len(self.shards) > 1:
             self.live = _engine_heartbeats(client, self.shards)
-        self.declared = _declared_stale(client, self.shards)
+        self.declared = _judged_stale(client, self.shards)
         self.out = GcResult()
         self.stale: dict[str, int] = {}  # engine -> in how many shards gc finds it silent
         self.held: dict[str, int] = {}  # ... and in how many shards collected it is listed
@@ -195,18 +196,11 @@ class _Collection:
         out.unfolded += int(unfolded)
 
 
-def _declared_stale(client: Client, shards: list[Keys]) -> list[str]:
-    """``writer, stale ms`` pairs: the ``stale_after`` each writer declared in its home shard
-    (:func:`~redis_stats.ops.namespaces.declared_stale`), for gc.lua to judge the writer by in
-    every shard. A shard that cannot be read adds nothing (gc.lua fails there too, and says so)."""
-    found: dict[str, float] = {}
-    for shard in shards:
-        try:
-            for writer, ms in declared_stale(client, shard).items():
-                found.setdefault(writer, ms)
-        except RedisError:
-            continue
-    return [x for w, ms in found.items() for x in (w, repr(ms))]
+def _judged_stale(client: Client, shards: list[Keys]) -> list[str]:
+    """``writer, stale ms`` pairs: the ``stale_after`` every reader judges each listed writer by
+    (:func:`~redis_stats.ops.namespaces.judged_stale`: what it declared in its home shard, or
+    the one default), for gc.lua to judge the writer by in every shard."""
+    return [x for w, ms in judged_stale(client, shards).items() for x in (w, repr(ms))]
 
 
 def _engine_heartbeats(client: Client, shards: list[Keys]) -> list[dict[str, float] | None]:

@@ -236,6 +236,11 @@ def writer_families(snapshot: Snapshot) -> Iterator[Metric]:
         "Updates dropped on the hot path, by reason.",
         labels=[*w, "reason"],
     )
+    lost = CounterMetricFamily(
+        "redis_stats_writer_keys_lost",
+        "Keys of the writer a flush found gone (evicted under maxmemory, or deleted), by kind.",
+        labels=[*w, "key"],
+    )
     conflicts = CounterMetricFamily(
         "redis_stats_writer_conflicts",
         "Engines a claiming flush found claimed by another live owner.",
@@ -270,12 +275,12 @@ def writer_families(snapshot: Snapshot) -> Iterator[Metric]:
         buckets = _duration_buckets(st)
         if buckets:
             duration.add_metric([wid], buckets, _num(st, "dur_sum"))
-        by_kind = {"err:": errors, "shards_err:": listing_errors, "drop:": drops}
+        by_kind = {"err:": errors, "shards_err:": listing_errors, "drop:": drops, "lost:": lost}
         for key in st:
             prefix = key[: key.find(":") + 1]
             if prefix in by_kind:
                 by_kind[prefix].add_metric([wid, key[len(prefix) :]], _num(st, key))
-    yield from (up, flushes, errors, listing_errors, drops, conflicts, pending, age, duration)
+    yield from (up, flushes, errors, listing_errors, drops, lost, conflicts, pending, age, duration)
 
 
 def _writer_states(snapshot: Snapshot) -> Metric:

@@ -47,6 +47,7 @@ import socket
 import threading
 import time
 import urllib.parse
+import zlib
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -61,11 +62,19 @@ from prometheus_client.exposition import (
     gzip_accepted,
 )
 
+from redis_stats._core.background import background_errors, survived
 from redis_stats.config import mask_url, redact
 from redis_stats.errors import error_kind
 from redis_stats.prometheus.collector import RedisCollector
+from redis_stats.prometheus.loadfeed import IDLE as LOAD_IDLE
 from redis_stats.prometheus.loadfeed import LoadFeed
-from redis_stats.prometheus.recent import FleetSummary, SnapshotRing, snapshot_document, summary_problems
+from redis_stats.prometheus.recent import (
+    WINDOW_BUDGET,
+    FleetSummary,
+    SnapshotRing,
+    snapshot_document,
+    summary_problems,
+)
 from redis_stats.prometheus.slices import EngineSlice, ScrapeQuery, parse_query, select_samples
 from redis_stats.reader import StatsReader
 
@@ -85,6 +94,26 @@ def live_page() -> bytes:
 # gzip level 6 (zlib's default) rather than prometheus_client's 9: on a multi-megabyte scrape it is
 # several times faster for a body a few percent larger (bench/http_exporter.py measures both).
 GZIP_LEVEL = 6
+
+
+# Characters of a body encoded (and compressed) at a time.
+ENCODE_CHUNK = 1 << 20
+
+
+def encode_body(text: str, gzipped: bool) -> tuple[bytes, int]:
+    """(*text* as UTF-8, gzipped when *gzipped*; its size before compression). Gzipped a slice
+    at a time, so the whole text never exists as bytes too (tens of MB at a thousand engines)."""
+    if not gzipped:
+        body = text.encode()
+        return body, len(body)
+    z = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)  # wbits 31: the gzip format
+    parts, size = [], 0
+    for start in range(0, len(text), ENCODE_CHUNK):
+        chunk = text[start : start + ENCODE_CHUNK].encode()
+        size += len(chunk)
+        parts.append(z.compress(chunk))
+    parts.append(z.flush())
+    return b"".join(parts), size
 
 
 # A version prometheus_client may echo back into Content-Type: digits only (ASCII), three parts.
@@ -197,6 +226,7 @@ def _check_options(
     summary: FleetSummary | None,
     engines: list[int] | None,
     slice: EngineSlice | None,
+    window_budget: int = WINDOW_BUDGET,
 ) -> None:
     """ValueError for an :class:`Exporter` option out of its range (the first one found)."""
     if not request_timeout > 0:
@@ -207,6 +237,11 @@ def _check_options(
         raise ValueError(
             f"max_connections={max_connections!r} must be a whole number >= 1 "
             "(connections served at once; more get 503 with Retry-After)"
+        )
+    if isinstance(window_budget, bool) or not isinstance(window_budget, int) or window_budget < 0:
+        raise ValueError(
+            f"window_budget={window_budget!r} must be a whole number of bytes >= 0 (the memory the "
+            "/snapshot window may keep; 0 keeps none: no rates)"
         )
     problems = summary_problems(summary or {})
     if problems:
@@ -219,7 +254,7 @@ def _own_registry(scrapes: ScrapeStats) -> CollectorRegistry:
     """A registry of the exporter's own process and scrapes (never the host's global one, which
     a host such as vLLM serves on its own port)."""
     registry = CollectorRegistry(auto_describe=False)
-    for own in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR, scrapes):
+    for own in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR, scrapes, _BackgroundErrors()):
         registry.register(own)
     return registry
 
@@ -235,6 +270,32 @@ class _Both:
         yield from self.collector.collect()
         if self.exporter.own_registry is not None:
             yield from self.exporter.own_registry.collect()
+
+
+class _BackgroundErrors:
+    """``redis_stats_background_errors_total{thread,kind}``: the exceptions this process's
+    background threads and tasks survived (:mod:`redis_stats._core.background`); one of the
+    exporter's own metrics, as its process's are."""
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        yield background_family()
+
+
+def background_family() -> Metric:
+    """The family of :class:`_BackgroundErrors`."""
+    fam = CounterMetricFamily(
+        "redis_stats_background_errors",
+        "Exceptions a background thread or task of this process survived (it went on), by thread "
+        "(flusher, lease, reporter, load, gc, window) and kind (the exception's class); the first of "
+        "each is logged with its traceback.",
+        labels=["thread", "kind"],
+    )
+    for (thread, kind), n in sorted(background_errors().items()):
+        fam.add_metric([thread, kind], float(n))
+    return fam
 
 
 class _RequestReader(io.RawIOBase):
@@ -439,6 +500,15 @@ MIN_SPAN = 0.1
 SAMPLE_EVERY = 1 / 6
 
 
+def _failed_round(thread: str, exc: Exception) -> None:
+    """One round of the exporter's *thread* (gc, window) failed: Redis' failures are the next
+    round's to retry (DEBUG); anything else is a background error, counted and logged once."""
+    if error_kind(exc) != "other":
+        log.debug("%s round failed: %s", thread, exc)
+    else:
+        survived(thread, exc, log)
+
+
 class ScrapeStats:
     """Duration and size of the exporter's ``/metrics`` answers, as metrics (thread safe).
 
@@ -516,7 +586,9 @@ class Exporter:
     ``/snapshot`` adds rates and quantiles over the last *window* seconds and fleet totals. The
     window comes from the snapshots this exporter took (every ``/snapshot`` request, and one every
     ``window / 6`` seconds from the first request on); one shorter than a tenth of *window* is not
-    reported. *summary* names fleet figures for a product (e.g.
+    reported. The snapshots behind the window are kept in at most *window_budget* bytes (estimated:
+    about 5 MB each at 1,024 vLLM engines, docs/operations.md "Sizing"); past it the oldest go, and
+    the window is the span that fits. *summary* names fleet figures for a product (e.g.
     ``redis_stats.integrations.vllm.summary.VLLM_FLEET_SUMMARY``). With *self_metrics* ``/metrics``
     also shows this process (``process_*``, ``python_*``) and its scrapes: on for the standalone
     ``redis-stats exporter``; off by default because a host such as vLLM already serves its own
@@ -542,8 +614,10 @@ class Exporter:
         max_connections: int = 64,
         load_refresh: float = 0.25,
         slice: EngineSlice | None = None,
+        load_idle: float = LOAD_IDLE,
+        window_budget: int = WINDOW_BUDGET,
     ) -> None:
-        _check_options(request_timeout, window, max_connections, summary, engines, slice)
+        _check_options(request_timeout, window, max_connections, summary, engines, slice, window_budget)
         self.reader = reader
         self.slice = slice
         self.engines: Any = slice if slice is not None else engines
@@ -553,15 +627,24 @@ class Exporter:
         self.collector = RedisCollector(
             reader, engines=self.engines, writers=slice is None or slice.index == 0
         )
-        self.load_feed = LoadFeed(reader, refresh=load_refresh, engines=engines, only=slice)
+        self.load_feed = LoadFeed(reader, refresh=load_refresh, engines=engines, only=slice, idle=load_idle)
         # ?slice=i/N: one collector (and reader: its own plan and caches) per slice asked for.
         self._slices: dict[EngineSlice, RedisCollector] = {}
         self._slices_lock = threading.Lock()
-        # Twice the window: a baseline a full window old is still there when the next sample lands.
-        self._ring = SnapshotRing(keep=2 * window)
+        # One snapshot kept per sampling period at most, for a window and two periods more: a
+        # baseline a full window old is there when the next sample lands. Within window_budget
+        # bytes (the oldest dropped first: the window reported is then the span that fits).
+        spacing = window * SAMPLE_EVERY
+        self._ring = SnapshotRing(keep=window + 2 * spacing, max_bytes=window_budget, spacing=spacing * 0.9)
         self._sampler_lock = threading.Lock()
         self._sampler_started = False
         self.scrapes = ScrapeStats()
+        # One body (a /metrics text, a /snapshot document, a window sample) is built at a time. Its
+        # read, decode and rendering are Python under the GIL: several at once finish no sooner
+        # in all, but each holds its read, its decoded form and its text at the same time (at a
+        # thousand engines, tens of MB each: four slice scrapes, a whole /metrics and the page's
+        # poll together took the process past its limit). Serving a built body is not held.
+        self._building = threading.Lock()
         # The exporter's own process and scrapes: a registry of its own (never the host's global
         # one, which a host such as vLLM serves on its own port).
         self.own_registry = _own_registry(self.scrapes) if self_metrics else None
@@ -607,20 +690,23 @@ class Exporter:
             threading.Thread(target=self._gc_loop, name="redis_stats-gc", daemon=True).start()
 
     def _gc_loop(self) -> None:
+        while not self._stop.wait(self.gc_interval):
+            self._collect_once()
+
+    def _collect_once(self) -> None:
+        """One round of retention: a failure costs this round only (the loop never dies)."""
         from redis_stats.ops.retention import collect_garbage
 
-        while not self._stop.wait(self.gc_interval):
-            try:
-                result = collect_garbage(self.reader.config)
-            except Exception as exc:
-                log.debug("gc failed: %s", exc)
-                continue
+        try:
+            result = collect_garbage(self.reader.config)
             for prefix, why in result.failed.items():
                 log.warning("gc could not collect keys %s* of the namespace: %s", prefix, why)
             if result.engines or result.writers:
                 log.info(
                     "gc removed engines %s and %d writers past retention", result.engines, len(result.writers)
                 )
+        except Exception as exc:  # Redis away: the next round tries again; anything else counted
+            _failed_round("gc", exc)
 
     def close(self) -> None:
         """Stop serving (and the retention timer); also fine before :meth:`start`."""
@@ -632,9 +718,12 @@ class Exporter:
             self._server.shutdown()
         self._server.server_close()
 
-    def metrics(self, accept: str | None = None, query: ScrapeQuery | None = None) -> tuple[str, bytes]:
+    def metrics(
+        self, accept: str | None = None, query: ScrapeQuery | None = None, *, gzipped: bool = False
+    ) -> tuple[str, bytes]:
         """(Content-Type, body) of ``/metrics`` for a request's ``Accept`` header and query
-        (*query*: its ``slice`` and ``name[]``, see :func:`parse_query`).
+        (*query*: its ``slice`` and ``name[]``, see :func:`parse_query`); the body gzipped when
+        *gzipped* (compressed from the text a slice at a time: no whole copy of it as bytes).
 
         The format is chosen by prometheus_client's ``choose_encoder``, as its own server does.
         A client that does not ask for OpenMetrics gets the fast renderer's Prometheus text,
@@ -644,10 +733,27 @@ class Exporter:
         prometheus_client over :meth:`RedisCollector.collect`. Label values past
         ``max_label_length`` are replaced and counted in every format.
         """
-        started = time.perf_counter()
         query = query or ScrapeQuery()
         collector = self.collector if query.slice is None else self.slice_collector(query.slice)
         encoder, content_type = negotiate(accept or "")
+        with self._building:
+            started = time.perf_counter()
+            text = self._metrics_text(collector, encoder, content_type, query)
+            body, size = encode_body(text, gzipped)
+            del text  # before the next body is built: at a thousand engines tens of MB
+            self.scrapes.observe(time.perf_counter() - started, size)
+        if not content_type.startswith("application/openmetrics-text"):
+            content_type = CONTENT_TYPE_PLAIN_0_0_4
+        return content_type, body
+
+    def _metrics_text(
+        self,
+        collector: RedisCollector,
+        encoder: Callable[[Any], bytes],
+        content_type: str,
+        query: ScrapeQuery,
+    ) -> str:
+        """The text of one ``/metrics`` answer (see :meth:`metrics`)."""
         if not content_type.startswith("application/openmetrics-text") or "version=1.0.0;" in content_type:
             text = collector.render_text() + self._own_text()
             if query.names is not None:
@@ -655,16 +761,10 @@ class Exporter:
             if content_type.startswith("application/openmetrics-text"):
                 # Prometheus' default: the fast text, turned into OpenMetrics 1.0 (same samples).
                 text = openmetrics_from_text(text)
-            body = text.encode()
-        else:  # another version: prometheus_client writes it
-            text = encoder(_Both(self, collector)).decode()
-            if query.names is not None:
-                text = select_samples(text, query.names)
-            body = text.encode()
-        self.scrapes.observe(time.perf_counter() - started, len(body))
-        if not content_type.startswith("application/openmetrics-text"):
-            content_type = CONTENT_TYPE_PLAIN_0_0_4
-        return content_type, body
+            return text
+        # Another version: prometheus_client writes it.
+        text = encoder(_Both(self, collector)).decode()
+        return select_samples(text, query.names) if query.names is not None else text
 
     # At most this many slices get a collector of their own (a client inventing slices must not
     # make the exporter hold a reader for each).
@@ -708,6 +808,23 @@ class Exporter:
         (only the metrics *names* when given: ``?name[]=...``; without since-start histogram
         buckets when *buckets* is False: ``?buckets=0``)."""
         self._start_sampler()
+        with self._building:
+            return self._snapshot_json(names, buckets)
+
+    def snapshot_body(
+        self, names: list[str] | None = None, buckets: bool = True, *, gzipped: bool = False
+    ) -> tuple[int, bytes]:
+        """(HTTP status, body) of ``/snapshot``: :meth:`snapshot_json`'s document as strict JSON,
+        gzipped when *gzipped*; the document is freed before the next body is built."""
+        self._start_sampler()
+        with self._building:
+            status, doc = self._snapshot_json(names, buckets)
+            text = json.dumps(doc, allow_nan=False)  # strict JSON: Snapshot.to_dict is
+            del doc
+            body, _size = encode_body(text, gzipped)
+        return status, body
+
+    def _snapshot_json(self, names: list[str] | None, buckets: bool) -> tuple[int, dict[str, Any]]:
         try:
             snap = self.reader.snapshot(self.engines)  # thread-safe: each read checks its own plan
         except Exception as exc:
@@ -739,14 +856,18 @@ class Exporter:
     def _sample_loop(self) -> None:
         while not self._stop.wait(self.window * SAMPLE_EVERY):
             try:
-                self._ring.add(self.reader.snapshot(self.engines))
+                with self._building:
+                    self._ring.add(self.reader.snapshot(self.engines))
             except Exception as exc:  # Redis away: the next request reports it
-                log.debug("window sample failed: %s", exc)
+                _failed_round("window", exc)
 
     def health(self) -> tuple[int, dict[str, Any]]:
-        """(HTTP status, document) of ``/healthz``."""
+        """(HTTP status, document) of ``/healthz``: from a read of the load feed (the engines, the
+        writers and their load entries, by the rule every view judges liveness with), not of every
+        series: a probe every few seconds must not decode the whole fleet (tens of MB at a
+        thousand engines, beside the scrapes)."""
         try:
-            snap = self.reader.snapshot(self.engines)
+            snap = self.reader.load(self.engines)
         except Exception as exc:
             return 503, {
                 "status": "redis unavailable",
@@ -788,43 +909,44 @@ class Exporter:
                 if path == "/load":
                     self._serve_load(head)
                     return
+                zipped = gzip_accepted(self.headers.get("Accept-Encoding", ""))
                 try:
-                    status, content_type, body, vary = self._respond(path)
+                    status, content_type, body, vary, compressed = self._respond(path, zipped)
                 except Exception:
                     # Never a closed connection without an answer (and no URL or data in the body).
                     log.exception("serving %s failed", path)
                     status, content_type, vary = 500, "application/json", "Accept-Encoding"
                     body = json.dumps({"error": "internal error, see the exporter's log"}).encode()
-                self._send(status, content_type, body, head, vary)
+                    compressed = False
+                self._send(status, content_type, body, head, vary, compressed)
 
             def _query(self) -> ScrapeQuery:
                 return parse_query(self.path.partition("?")[2])
 
-            def _respond(self, path: str) -> tuple[int, str, bytes, str]:
+            def _respond(self, path: str, zipped: bool) -> tuple[int, str, bytes, str, bool]:
+                """(status, Content-Type, body, Vary, whether the body is gzipped already)."""
                 if path == "/metrics":
                     try:
                         query = self._query()
-                        content_type, body = exporter.metrics(self.headers.get("Accept"), query)
+                        accept = self.headers.get("Accept")
+                        content_type, body = exporter.metrics(accept, query, gzipped=zipped)
                     except ValueError as exc:  # a bad ?slice= or one too many: say which and why
-                        return (
-                            400,
-                            "application/json",
-                            json.dumps({"error": str(exc)}).encode(),
-                            "Accept-Encoding",
-                        )
-                    return 200, content_type, body, "Accept, Accept-Encoding"
+                        error = json.dumps({"error": str(exc)}).encode()
+                        return 400, "application/json", error, "Accept-Encoding", False
+                    return 200, content_type, body, "Accept, Accept-Encoding", zipped
                 if path == "/":
-                    return 200, "text/html; charset=utf-8", live_page(), "Accept-Encoding"
+                    return 200, "text/html; charset=utf-8", live_page(), "Accept-Encoding", False
                 if path == "/snapshot":
                     params = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
                     buckets = params.get("buckets", ["1"])[-1] != "0"
-                    status, doc = exporter.snapshot_json(params.get("name[]"), buckets)
-                elif path == "/healthz":
+                    status, body = exporter.snapshot_body(params.get("name[]"), buckets, gzipped=zipped)
+                    return status, "application/json", body, "Accept-Encoding", zipped
+                if path == "/healthz":
                     status, doc = exporter.health()
                 else:
                     status, doc = 404, {"error": "not found", "paths": list(PATHS)}
-                body = json.dumps(doc, allow_nan=False).encode()  # strict JSON: Snapshot.to_dict is
-                return status, "application/json", body, "Accept-Encoding"
+                body = json.dumps(doc, allow_nan=False).encode()
+                return status, "application/json", body, "Accept-Encoding", False
 
             def _serve_load(self, head: bool) -> None:
                 """``/load``: the feed's kept body (no Redis read, no encoding here), or ``304``
@@ -866,12 +988,21 @@ class Exporter:
                 if not head:
                     self.wfile.write(body)
 
-            def _send(self, status: int, content_type: str, body: bytes, head: bool, vary: str) -> None:
-                if gzip_accepted(self.headers.get("Accept-Encoding", "")):
+            def _send(
+                self,
+                status: int,
+                content_type: str,
+                body: bytes,
+                head: bool,
+                vary: str,
+                compressed: bool = False,
+            ) -> None:
+                encoding: str | None = None
+                if compressed:
+                    encoding = "gzip"
+                elif gzip_accepted(self.headers.get("Accept-Encoding", "")):
                     body = gzip.compress(body, compresslevel=GZIP_LEVEL)
-                    encoding: str | None = "gzip"
-                else:
-                    encoding = None
+                    encoding = "gzip"
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
                 if encoding:

@@ -13,6 +13,11 @@ it; the ``X-Load-Refreshed`` header of every answer (``200`` or ``304``) is the 
 last refresh, which confirmed that the body still holds. Data served is therefore at most
 *refresh* seconds older than Redis' (plus the refresh's own read), and Redis' load entries at
 most a flush interval (or ``load_interval``) older than the writers'.
+
+The refresher runs only while someone asks: after :data:`IDLE` seconds without a request it
+stops, and the next request starts it again, waiting for one fresh read. A view that cannot be
+refreshed says so (``503`` with the reason, or with its age once its last successful refresh is
+older than :attr:`LoadFeed.max_age`), never serves a frozen ``200``.
 """
 
 from __future__ import annotations
@@ -21,10 +26,13 @@ import gzip
 import hashlib
 import json
 import logging
+import math
 import threading
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from redis_stats._core.background import survive, survived
 from redis_stats.config import redact
 from redis_stats.errors import error_kind
 from redis_stats.load import LoadView
@@ -71,13 +79,31 @@ def _confirmed(body: LoadBody, refreshed: float) -> LoadBody:
     return body if body.refreshed == refreshed else replace(body, refreshed=refreshed)
 
 
+IDLE = 60.0
+"""Seconds without a request after which the refresher stops (the next request starts it again
+and waits for one fresh read, as the first one does): a view nobody asks for reads nothing."""
+
+STALE_REFRESHES = 10
+"""A body is served while its last successful refresh is at most this many refresh intervals
+old, and at least :data:`MIN_MAX_AGE` s; older, ``/load`` answers ``503`` (``"error": "stale"``)."""
+
+MIN_MAX_AGE = 2.0
+
+
 class LoadFeed:
     """The shared, refreshed ``/load`` of one exporter (thread-safe).
 
     The refresher starts with the first request (an exporter nobody asks for the feed reads
     nothing more from Redis), which waits for the first read; later requests never wait for
-    Redis. *select* filters the engines of a request's answer (a slice of the fleet); each
+    Redis. After *idle* seconds without a request it stops, and the next request starts it again
+    the same way. *select* filters the engines of a request's answer (a slice of the fleet); each
     selection's body is built once per change and kept.
+
+    A body is never the past served as the present: a refresh that fails (Redis, or anything
+    else: counted in ``redis_stats_background_errors_total{thread="load"}``) makes every answer
+    a ``503`` saying why until one succeeds, and a body whose last successful refresh is older
+    than *max_age* seconds (default: :data:`STALE_REFRESHES` refreshes, at least
+    :data:`MIN_MAX_AGE` s) is answered ``503`` with its age (a refresh stuck on Redis).
     """
 
     def __init__(
@@ -88,11 +114,17 @@ class LoadFeed:
         engines: list[int] | None = None,
         namespace: str | None = None,
         only: EngineSlice | None = None,
+        idle: float = IDLE,
+        max_age: float | None = None,
     ) -> None:
         if not refresh > 0:
             raise ValueError(f"refresh={refresh!r} must be a positive number of seconds (the /load refresh)")
+        if not idle > 0:
+            raise ValueError(f"idle={idle!r} must be a positive number of seconds (the /load refresher's)")
         self.reader = reader
         self.refresh = refresh
+        self.idle = idle
+        self.max_age = max_age if max_age is not None else max(MIN_MAX_AGE, STALE_REFRESHES * refresh)
         self.engines: Any = only if only is not None else engines
         self.only = only
         self.namespace = namespace if namespace is not None else reader.config.namespace
@@ -104,6 +136,8 @@ class LoadFeed:
         self._view: LoadView | None = None
         self._error: LoadBody | None = None
         self._refreshed = 0.0
+        self._good = -math.inf  # monotonic time of the last successful refresh
+        self._asked = 0.0  # monotonic time of the last request
         self._generation = 0
         # selection key -> (generation, its LoadBody); "" is the whole view
         self._bodies: dict[str, tuple[int, LoadBody]] = {}
@@ -114,6 +148,11 @@ class LoadFeed:
         """Stop the refresher."""
         self._stop.set()
 
+    @property
+    def running(self) -> bool:
+        """Whether the refresher thread runs (it stops after :attr:`idle` s without a request)."""
+        return self._thread is not None
+
     def answer(self, part: EngineSlice | None = None) -> LoadBody:
         """The current body of slice *part* of the view (the whole view when None)."""
         if part is not None and self.only is not None:
@@ -121,11 +160,15 @@ class LoadFeed:
                 f"this exporter serves slice {self.only} only; ?slice= needs one of the whole fleet"
             )
         key = "" if part is None else str(part)
-        if self._thread is None:
+        self._asked = time.monotonic()
+        if self._thread is None and not self._stop.is_set():
             self._start()
         with self._lock:
             if self._error is not None:
                 return self._error
+            age = time.monotonic() - self._good
+            if age > self.max_age:
+                return self._stale(age)
             view, generation, refreshed = self._view, self._generation, self._refreshed
             kept = self._bodies.get(key)
         if kept is not None and kept[0] == generation:
@@ -136,6 +179,19 @@ class LoadFeed:
             if self._generation == generation:
                 self._bodies[key] = (generation, body)
         return body
+
+    def _stale(self, age: float) -> LoadBody:
+        """The ``503`` of a view whose last successful refresh is *age* s old (no ETag: never a
+        ``304`` that would keep a router on the kept body)."""
+        doc = {
+            "error": "stale",
+            "detail": (
+                f"the load was last refreshed {age:.1f} s ago, more than the {self.max_age:g} s a "
+                "body is served for: the refresher is waiting on Redis"
+            ),
+            "age_seconds": round(age, 3),
+        }
+        return _encode(503, doc, "", self._refreshed)
 
     def _body_of(self, view: LoadView, kept: tuple[int, LoadBody] | None, refreshed: float) -> LoadBody:
         """The body of *view*: the one *kept* of an older generation when it says the same
@@ -149,14 +205,18 @@ class LoadFeed:
         with self._refreshing:
             if self._thread is not None:
                 return
-            self._refresh_once()  # the first request waits for the first read, once
+            self._refresh_once()  # the first request (and the first after idling) waits for a read
             self._thread = threading.Thread(target=self._loop, name="redis_stats-load", daemon=True)
             self._thread.start()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.refresh):
             with self._refreshing:
-                self._refresh_once()
+                if time.monotonic() - self._asked > self.idle:
+                    self._thread = None  # nobody asks: stop reading (the next request restarts)
+                    return
+                with survive("load", log):  # _refresh_once handles its own; this never dies
+                    self._refresh_once()
 
     def _refresh_once(self) -> None:
         """One read (requests are answered meanwhile from the bodies kept), then a new view
@@ -164,27 +224,37 @@ class LoadFeed:
         error body says why there is none."""
         try:
             view = self.reader.load(self.engines)
+            etag = _etag(view)
+            same = self._error is None and etag == self._last_etag
+            # The whole view's body now, in this thread (requests are served the old one meanwhile).
+            body = None if same else _encode(200, view.to_dict(namespace=self.namespace), etag, view.time)
         except Exception as exc:
-            self.failures += 1
-            log.debug("load refresh failed: %s", exc)
-            doc = {"error": error_kind(exc), "detail": redact(str(exc), self.reader.config.url)}
-            with self._lock:
-                self._error = _encode(503, doc, "", 0.0)
-                self._generation += 1
-                self._last_etag = ""
+            self._failed(exc)
             return
         self.refreshes += 1
-        etag = _etag(view)
-        if self._error is None and etag == self._last_etag:
-            with self._lock:
-                self._refreshed = view.time
-            return  # the same values: the kept bodies stand (their times are the older view's)
-        # The whole view's body now, in this thread (requests are served the old one meanwhile).
-        body = _encode(200, view.to_dict(namespace=self.namespace), etag, view.time)
         with self._lock:
             self._refreshed = view.time
+            self._good = time.monotonic()
+            if body is None:
+                return  # the same values: the kept bodies stand (their times are the older view's)
             self._error = None
             self._view = view
             self._last_etag = etag
             self._generation += 1
             self._bodies[""] = (self._generation, body)
+
+    def _failed(self, exc: Exception) -> None:
+        """A refresh failed: every answer is a ``503`` saying why until one succeeds. Redis'
+        failures are logged at DEBUG (the ``503`` says them); anything else is a background
+        error (counted, logged once with its traceback)."""
+        self.failures += 1
+        kind = error_kind(exc)
+        if kind != "other":
+            log.debug("load refresh failed: %s", exc)
+        else:
+            survived("load", exc, log)
+        doc = {"error": kind, "detail": redact(str(exc), self.reader.config.url)}
+        with self._lock:
+            self._error = _encode(503, doc, "", 0.0)
+            self._generation += 1
+            self._last_etag = ""

@@ -13,8 +13,10 @@ knows no product's metric names.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
+from array import array
 from collections import deque
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -25,12 +27,16 @@ from redis_stats.snapshot import EngineSnapshot, HistogramValue, Snapshot
 __all__ = [
     "SCHEMA_VERSION",
     "SUMMARY_KINDS",
+    "WINDOW_BUDGET",
     "FleetSummary",
     "SnapshotRing",
     "recent_document",
     "snapshot_document",
     "summary_problems",
+    "window_copy",
 ]
+
+log = logging.getLogger("redis_stats.exporter")
 
 #: A named fleet figure -> (kind, metric name). Kinds: ``rate`` (a counter's per-second increase
 #: over the window, summed over engines and labels), ``sum`` / ``mean`` / ``max`` (a gauge over live
@@ -56,32 +62,113 @@ def summary_problems(summary: FleetSummary) -> list[str]:
     ]
 
 
-class SnapshotRing:
-    """The snapshots of the last *keep* seconds (at most *maxlen*), oldest first; thread safe.
+# What a kept snapshot costs in memory (CPython 3.11, 64-bit), by part: per engine (its objects and
+# dicts), per counter (a dict slot and its float; the series' key is shared with the reader's
+# plan), per histogram (its HistogramValue, dict slot and array) and per bucket (8 bytes in the
+# array). Measured with tracemalloc (tests/prometheus/test_snapshot_window.py keeps them honest).
+ENGINE_BYTES = 600
+COUNTER_BYTES = 60
+HISTOGRAM_BYTES = 200
+BUCKET_BYTES = 8
 
-    Only whole, immutable :class:`Snapshot` objects go in: a reader of the ring gets references it
-    may use without the lock (nothing mutates a snapshot after it is decoded).
+#: The default budget of the window's kept snapshots, in bytes (``--window-budget``).
+WINDOW_BUDGET = 64 * 2**20
+
+
+def window_copy(snap: Snapshot) -> tuple[Snapshot, int]:
+    """What the window keeps of *snap*, and an estimate of the bytes it holds.
+
+    Only the counters and histograms (the window's rates and quantiles subtract them; the
+    gauges are always the newest snapshot's), and each histogram's cumulative counts in an array
+    of doubles: 8 bytes a bucket instead of 32 for a tuple of floats, which is most of a decoded
+    snapshot at a thousand engines. The counters' dict is *snap*'s own (nothing mutates a decoded
+    snapshot). The estimate counts the parts (:data:`ENGINE_BYTES`, ...): no walk of the objects.
+    """
+    engines: dict[int, EngineSnapshot] = {}
+    size = 0
+    for e in snap.engines.values():
+        histograms = {
+            key: HistogramValue(h.bounds, _doubles(h.cumulative), h.sum) for key, h in e.histograms.items()
+        }
+        engines[e.engine] = EngineSnapshot(
+            e.engine, e.heartbeat, e.age, e.up, counters=e.counters, histograms=histograms
+        )
+        buckets = sum(len(h.cumulative) for h in histograms.values())
+        size += ENGINE_BYTES + COUNTER_BYTES * len(e.counters) + HISTOGRAM_BYTES * len(histograms)
+        size += BUCKET_BYTES * buckets
+    return Snapshot(time=snap.time, engines=engines, writers={}, catalog=snap.catalog), size
+
+
+def _doubles(values: tuple[float, ...]) -> tuple[float, ...]:
+    # An array reads like the tuple it replaces (by index, len, iteration: all HistogramValue does
+    # with its counts), at a quarter of the memory; typed as the tuple for HistogramValue's sake.
+    return array("d", values)  # type: ignore[return-value]
+
+
+class SnapshotRing:
+    """The snapshots of the last *keep* seconds, oldest first, in at most *max_bytes*; thread safe.
+
+    What it keeps of each is :func:`window_copy`'s (the counters and histograms, compactly), at
+    most one every *spacing* seconds: a window needs one snapshot about a window old, not every
+    request's (the live page polls every 2 s). Past *max_bytes* (estimated) the oldest go first,
+    and the window reported is the span that fits (``window.seconds`` says it). A snapshot larger
+    than the whole budget is not kept: no window at all, said once in the log.
     """
 
-    def __init__(self, keep: float, maxlen: int = 256) -> None:
+    def __init__(self, keep: float, *, max_bytes: int = WINDOW_BUDGET, spacing: float = 0.0) -> None:
         if not keep > 0:
             raise ValueError(f"keep={keep!r} must be a positive number of seconds")
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+            raise ValueError(f"max_bytes={max_bytes!r} must be a whole number of bytes >= 0")
         self.keep = keep
-        self._ring: deque[Snapshot] = deque(maxlen=maxlen)
+        self.max_bytes = max_bytes
+        self.spacing = spacing
+        self._ring: deque[tuple[Snapshot, int]] = deque()
+        self._bytes = 0
         self._lock = threading.Lock()
+        self._warned = False
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._ring)
 
-    def add(self, snap: Snapshot) -> None:
-        """Keep *snap*; drop what is older than *keep* seconds before it (server clock)."""
+    @property
+    def bytes(self) -> int:
+        """The estimated bytes of what is kept."""
         with self._lock:
-            if self._ring and snap.time < self._ring[-1].time:
-                return  # an older read finishing late (another thread): the ring stays in order
-            self._ring.append(snap)
-            while self._ring and self._ring[0].time < snap.time - self.keep:
-                self._ring.popleft()
+            return self._bytes
+
+    def add(self, snap: Snapshot) -> None:
+        """Keep (what the window needs of) *snap*; drop what is older than *keep* seconds before
+        it (server clock) and, oldest first, what does not fit in *max_bytes*."""
+        with self._lock:
+            newest = self._ring[-1][0].time if self._ring else -math.inf
+            if snap.time < newest or snap.time - newest < self.spacing:
+                return  # an older read finishing late (another thread), or one too soon
+        copy, size = window_copy(snap)  # outside the lock: a few ms at a thousand engines
+        with self._lock:
+            if self._ring and copy.time < self._ring[-1][0].time:
+                return  # the ring stays in order
+            if size > self.max_bytes:
+                self._too_big(size)
+                return
+            self._ring.append((copy, size))
+            self._bytes += size
+            while self._ring and (
+                self._ring[0][0].time < copy.time - self.keep or self._bytes > self.max_bytes
+            ):
+                self._bytes -= self._ring.popleft()[1]
+
+    def _too_big(self, size: int) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "/snapshot's window keeps no snapshot: one of this fleet takes about %.0f MB, more than "
+                "the window's budget of %.0f MB, so no rates or windowed quantiles are reported; raise "
+                "--window-budget (docs/operations.md, Sizing)",
+                size / 2**20,
+                self.max_bytes / 2**20,
+            )
 
     def baseline(self, now: Snapshot, window: float, min_span: float = 0.0) -> Snapshot | None:
         """The oldest kept snapshot at most *window* and at least *min_span* seconds before *now*.
@@ -90,7 +177,7 @@ class SnapshotRing:
         as the current load: such a window is noise, not a measurement.
         """
         with self._lock:
-            for snap in self._ring:
+            for snap, _size in self._ring:
                 if now.time - window <= snap.time <= now.time - min_span and snap.time < now.time:
                     return snap
         return None

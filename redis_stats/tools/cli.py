@@ -1,4 +1,4 @@
-"""The ``redis-stats`` command: demo, exporter, top, inspect, gc, namespaces, bridge."""
+"""The ``redis-stats`` command: demo, simulate, exporter, top, inspect, gc, namespaces, bridge."""
 
 from __future__ import annotations
 
@@ -295,6 +295,60 @@ def demo(redis_url: str | None, redis_url_file: str | None, **options: Any) -> N
 
 @main.command()
 @url_option
+@click.option(
+    "--namespace",
+    envvar="REDIS_STATS_NAMESPACE",
+    default="simulate",
+    help="Namespace written to (not a real deployment's!) [env: REDIS_STATS_NAMESPACE].",
+)
+@click.option("--engines", default=64, type=click.IntRange(1, 100_000), help="Simulated engines.")
+@click.option(
+    "--api-servers", default=2, type=click.IntRange(1, 64), help="API servers (writers) per engine."
+)
+@click.option(
+    "--processes",
+    default=0,
+    type=click.IntRange(0, 256),
+    show_default="one per CPU core",
+    help="Processes the engines are split into (each flushes its writers in turn).",
+)
+@_seconds_option(
+    "--period", 2, 86400, default=60.0, help="Seconds of a hot engine's cycle: its queue rises, then drains."
+)
+@click.option(
+    "--scale",
+    default=1.0,
+    type=click.FloatRange(0.001, 100, min_open=False),
+    help="Multiplies every engine's arrival rate (below 1: fewer tokens to simulate per engine).",
+)
+@click.option(
+    "--hot-every",
+    default=0,
+    type=click.IntRange(0),
+    show_default="from the fleet's size",
+    help="One engine in this many is hot (1: every engine).",
+)
+@_seconds_option("--report-interval", 1, 3600, default=10.0, help="Seconds between two progress lines.")
+@click.option("--model", default="meta-llama/Llama-3.1-8B-Instruct", help="The model_name label.")
+@click.option("--seed", default=0, type=int, help="Seed of the simulated requests.")
+@_seconds_option("--duration", 1, show_default="until Ctrl-C", help="Stop after this many seconds.")
+def simulate(redis_url: str | None, namespace: str, **options: Any) -> None:
+    """Write a simulated vLLM fleet (N engines x M API servers, the full vLLM catalogue, a few
+    hot engines) into a Redis, to try the exporter, the live page, Prometheus or a router at size."""
+    from redis_stats.tools.fleet_sim import SimulateOptions, run_simulation
+
+    config = _config(redis_url, namespace)
+    with _redis_errors(config):  # unreachable, a wrong password, a replica: said before anything starts
+        from redis_stats.connection import make_client
+
+        client = make_client(config)
+        client.ping()
+        client.close()
+    sys.exit(run_simulation(config, SimulateOptions(**options)))
+
+
+@main.command()
+@url_option
 @namespace_option
 @click.option("--engines", show_default="all", help="Only these engines, e.g. 0,1.")
 @click.option("--host", default="127.0.0.1", help="Address to listen on.")
@@ -330,6 +384,14 @@ def demo(redis_url: str | None, redis_url_file: str | None, **options: Any) -> N
     help="Serve only the engines e with e % N == I (one of N exporters, each its own Prometheus "
     "target; the writers' self-metrics in slice 0). Or scrape one exporter with ?slice=I/N.",
 )
+@click.option(
+    "--window-budget",
+    default=64.0,
+    type=click.FloatRange(0, 1_000_000),
+    metavar="MB",
+    help="Megabytes (MiB) the snapshots behind /snapshot's window may keep (about 5 per snapshot at "
+    "1,024 vLLM engines); past it the oldest go and the window is the span that fits.",
+)
 @_seconds_option(
     "--load-refresh",
     0.01,
@@ -338,14 +400,21 @@ def demo(redis_url: str | None, redis_url_file: str | None, **options: Any) -> N
     help="Seconds between two reads of the load feed (/load), shared by every request.",
 )
 def exporter(
-    redis_url: str | None, namespace: str | None, engines: str | None, slice_text: str | None, **serving: Any
+    redis_url: str | None,
+    namespace: str | None,
+    engines: str | None,
+    slice_text: str | None,
+    window_budget: float,
+    **serving: Any,
 ) -> None:
     """Serve /metrics (every engine), /snapshot (JSON), /load (routers) and /healthz from Redis."""
     from redis_stats.integrations.vllm import vllm_catalog
     from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
     from redis_stats.prometheus.exporter import Exporter
     from redis_stats.reader import EngineSlice, StatsReader
+    from redis_stats.tools.allocator import bound_arenas
 
+    bound_arenas()  # before any thread: a thread per connection spread freed memory over 16 arenas
     config = _config(redis_url, namespace)
     engine_list = _engines(engines)
     part = None
@@ -362,7 +431,13 @@ def exporter(
     # The other options (host, port, gc_interval, window, ...) are Exporter's, by the same names.
     try:
         server = Exporter(
-            reader, engines=engine_list, summary=VLLM_FLEET_SUMMARY, self_metrics=True, slice=part, **serving
+            reader,
+            engines=engine_list,
+            summary=VLLM_FLEET_SUMMARY,
+            self_metrics=True,
+            slice=part,
+            window_budget=int(window_budget * 2**20),
+            **serving,
         )
     except OSError as exc:
         raise click.ClickException(

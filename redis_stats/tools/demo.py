@@ -11,6 +11,7 @@ started and removes its temp dir.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import signal
@@ -24,15 +25,16 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from redis_stats.config import ENV_PREFIX, StatsConfig, mask_url
-from redis_stats.integrations.vllm import vllm_catalog
 from redis_stats.integrations.vllm.load import VLLM_LOAD
 from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
 from redis_stats.prometheus.exporter import Exporter
 from redis_stats.reader import StatsReader
 from redis_stats.tools.embedded import EmbeddedRedis
+from redis_stats.tools.fleet_sim import simulated_catalog
+from redis_stats.tools.simulate import FleetLoad, LoadProfile
 from redis_stats.tools.stopping import stop_on_signals
 
-__all__ = ["DemoOptions", "command_line", "run_demo", "run_node"]
+__all__ = ["DemoOptions", "command_line", "node_profile", "run_demo", "run_node"]
 
 URL_ENV = ENV_PREFIX + "URL"  # how the demo hands the Redis URL to its node processes
 
@@ -86,9 +88,8 @@ def _run(
         config = _demo_config(opts, url)
         fleet = _Fleet(opts, config, out)
         fleet.start()
-        exporter = Exporter(
-            StatsReader(config, vllm_catalog()), host=opts.host, port=opts.port, summary=VLLM_FLEET_SUMMARY
-        ).start()
+        reader = StatsReader(config, simulated_catalog())
+        exporter = Exporter(reader, host=opts.host, port=opts.port, summary=VLLM_FLEET_SUMMARY).start()
         _say(out, _usage(opts, exporter.url, url))
         if ready is not None:
             ready(exporter)
@@ -159,12 +160,13 @@ class _Fleet:
         ]
         self.children: list[subprocess.Popen[bytes]] = []
         self.restart_at: dict[int, float] = {}  # slot -> when its dead process starts again
+        self.killed_at: dict[int, float] = {}  # slot -> when its process last died without closing
 
     def start(self) -> None:
         """Start every slot's process (each kept as it starts: :meth:`stop` stops what did)."""
         opts = self.opts
         for engine, api in self.slots:
-            self.children.append(_spawn_node(self.config, engine, api))
+            self.children.append(_spawn_node(self.config, opts, engine, api))
         last_engine = opts.first_engine + opts.nodes - 1
         processes = _plural(len(self.children), "process", "processes")
         _say(
@@ -191,6 +193,8 @@ class _Fleet:
     def _exited(self, i: int, code: int, now: float) -> None:
         opts = self.opts
         engine, api = self.slots[i]
+        if code < 0:  # killed by a signal (Popen's code is minus its number): no last flush
+            self.killed_at[i] = now
         then = (
             f"restarting it in {opts.restart_after:g} s"
             if opts.restart_after > 0
@@ -199,26 +203,35 @@ class _Fleet:
         _say(
             self.out,
             f"node {engine} API server {api} (pid {self.children[i].pid}) exited with code {code}; "
-            f"the others go on; {self._effect(engine, api)}; {then}",
+            f"the others go on; {self._effect(engine, api, now)}; {then}",
         )
         self.restart_at[i] = now + opts.restart_after if opts.restart_after > 0 else float("inf")
 
-    def _effect(self, engine: int, api: int) -> str:
-        # The rest of the fleet goes on: the engine shows DOWN once every API server of its node
-        # is silent for stale_after, a lease leader is replaced.
-        siblings = [c for j, c in enumerate(self.children) if self.slots[j][0] == engine and c.poll() is None]
-        effect = (
-            f"engine {engine} goes on through its other API servers"
-            if siblings
-            else f"engine {engine} shows DOWN after {self.config.stale_after:g} s without a heartbeat"
-        )
+    def _effect(self, engine: int, api: int, now: float) -> str:
+        # The rest of the fleet goes on. A process that exited (SIGTERM: `kill <pid>`, or an
+        # error) closed its writer on the way out, which marks it closed in Redis: once no API
+        # server of its node is left, its engine is DOWN at once. One killed by a signal it
+        # cannot handle (kill -9) made no last flush: its engine stays up until that heartbeat
+        # is stale_after old. A lease leader is replaced.
+        slots = [j for j, (e, _) in enumerate(self.slots) if e == engine]
+        if any(self.children[j].poll() is None for j in slots):
+            effect = f"engine {engine} goes on through its other API servers"
+        else:
+            killed = max((self.killed_at.get(j, -math.inf) for j in slots), default=-math.inf)
+            left = killed + self.config.stale_after - now
+            effect = (
+                f"engine {engine} shows DOWN in {left:.0f} s, when the heartbeat of an API server "
+                "killed without its last flush (kill -9) is stale_after old"
+                if left > 0
+                else f"its writer closed, so engine {engine} shows DOWN now"
+            )
         if self.config.leader == "rank0" and (engine, api) == (0, 0):
             effect += "; it printed the log, which pauses until it is back (--leader lease fails over)"
         return effect
 
     def _restart(self, i: int) -> None:
         engine, api = self.slots[i]
-        self.children[i] = _spawn_node(self.config, engine, api)
+        self.children[i] = _spawn_node(self.config, self.opts, engine, api)
         del self.restart_at[i]
         _say(self.out, f"restarted node {engine} API server {api} (pid {self.children[i].pid})")
 
@@ -273,7 +286,7 @@ def _check_port(host: str, port: int) -> None:
         sock.bind((host, port))
 
 
-def _spawn_node(config: StatsConfig, node: int, api: int) -> subprocess.Popen[bytes]:
+def _spawn_node(config: StatsConfig, opts: DemoOptions, node: int, api: int) -> subprocess.Popen[bytes]:
     # The URL goes by environment, never argv: a command line is readable by every user of the
     # machine (ps, /proc/<pid>/cmdline), a process' environment only by its owner.
     env = {**os.environ, URL_ENV: config.url}
@@ -288,10 +301,20 @@ def _spawn_node(config: StatsConfig, node: int, api: int) -> subprocess.Popen[by
         str(config.log_interval),
         str(config.stale_after),
         config.leader,
+        str(opts.api_servers),
+        str(opts.first_engine + opts.nodes),
     ]
     # Own process group: a Ctrl-C in the terminal reaches the demo, which then stops its children
     # in order (flushing their last updates) instead of all of them dying at once.
     return subprocess.Popen(args, start_new_session=True, env=env)
+
+
+def node_profile(node: int, api_servers: int, fleet_size: int) -> LoadProfile:
+    """The load one of the *api_servers* API-server processes of *node* simulates: its share of
+    the engine's load in a fleet of *fleet_size* engines (:class:`FleetLoad`, as
+    ``redis-stats simulate``: one or two hot engines whose queue rises and drains, the others
+    steady below capacity)."""
+    return FleetLoad(max(fleet_size, node + 1)).profile(node).share(1 / api_servers)
 
 
 def run_node(
@@ -303,6 +326,8 @@ def run_node(
     log_interval: float,
     stale_after: float,
     leader_mode: str = "rank0",
+    api_servers: int = 1,
+    fleet_size: int = 1,
 ) -> None:
     """One simulated API server of node *node* (engine rank *node*), until SIGTERM."""
     from redis_stats.connection import make_client
@@ -310,7 +335,7 @@ def run_node(
     from redis_stats.integrations.vllm.logline import VllmLogLines
     from redis_stats.leader import make_leader
     from redis_stats.reporting import StatsReporter
-    from redis_stats.tools.simulate import LoadProfile, SimulatedApiServer
+    from redis_stats.tools.simulate import SimulatedApiServer
     from redis_stats.writer import StatsWriter
 
     handler = logging.StreamHandler(sys.stdout)
@@ -330,11 +355,19 @@ def run_node(
         stale_after=stale_after,
         leader=leader_mode,
     )
-    catalog = vllm_catalog()
+    catalog = simulated_catalog()
     writer = StatsWriter(config, catalog, engines=[node], role=f"node{node}-api{api}", load=VLLM_LOAD)
-    recorder = VllmRecorder(writer, "demo-model", [node])
-    profile = LoadProfile(arrivals_per_s=2.0 + node, output_tokens=(16, 128 + 64 * node))
-    sim = SimulatedApiServer(recorder, node, profile, seed=node * 100 + api)
+    load = FleetLoad(max(fleet_size, node + 1))
+    recorder = VllmRecorder(writer, "demo-model", [node], features=load.features())
+    recorder.record_cache_config(load.cache_config())  # the engine's whole KV cache, for /load
+    share = 1 / api_servers
+    sim = SimulatedApiServer(
+        recorder,
+        node,
+        node_profile(node, api_servers, fleet_size),
+        seed=node * 100 + api,
+        kv_capacity_tokens=max(1, int(load.kv_capacity_tokens * share)),
+    )
     leader = make_leader(config, make_client(config), [node], process_rank=api, holder=writer.writer_id)
     reporter = StatsReporter(
         StatsReader(config, catalog), leader, lines=VllmLogLines(), interval=log_interval, logger=logger
@@ -361,4 +394,6 @@ if __name__ == "__main__":
         float(sys.argv[5]),
         float(sys.argv[6]),
         sys.argv[7] if len(sys.argv) > 7 else "rank0",
+        int(sys.argv[8]) if len(sys.argv) > 8 else 1,
+        int(sys.argv[9]) if len(sys.argv) > 9 else 1,
     )

@@ -19,13 +19,14 @@ from typing import Any
 import redis
 from redis.utils import HIREDIS_AVAILABLE
 
+from redis_stats._core.background import survive
 from redis_stats._core.steps import run
 from redis_stats._scripts import Script, load_script
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
 from redis_stats.connection import Client, is_cluster, make_client
 from redis_stats.load import LoadMap
-from redis_stats.writer.core import WriterCore
+from redis_stats.writer.core import WriterCore, log
 from redis_stats.writer.packing import SlicedPacker
 
 __all__ = ["StatsWriter"]
@@ -111,14 +112,23 @@ class StatsWriter(WriterCore):
         due = time.monotonic() + interval
         # With load_interval, the load entries alone between two flushes (load.lua only).
         while not self._stop.wait(min(fast, max(0.0, due - time.monotonic())) if fast else interval):
-            if fast and time.monotonic() < due:
-                self.flush_load()
-                continue
-            self.flush()
-            due = time.monotonic() + interval
+            load_only = fast and time.monotonic() < due
+            # A flush never raises for Redis; anything else (a bug, a value nobody foresaw) is
+            # counted and logged, and the thread goes on: a dead flusher would keep every later
+            # record from Redis until close.
+            with survive("flusher", log):
+                if load_only:
+                    self.flush_load()
+                else:
+                    self.flush()
+            if not load_only:
+                due = time.monotonic() + interval
         if self._closing.is_set():
-            self._close_ok = self._final_flush(self._close_deadline)
-            self._closed_done.set()
+            try:
+                with survive("flusher", log):
+                    self._close_ok = self._final_flush(self._close_deadline)
+            finally:
+                self._closed_done.set()  # close() waits for this (until its deadline only)
 
     def _before_fork(self) -> None:
         mp_util = sys.modules.get("multiprocessing.util")

@@ -244,6 +244,9 @@ class WriterCore:
                 else []
             )
             flow.claiming = bool(claims)
+            # What the store should hold of this writer besides its chunks: checked by the script.
+            held = "s" if shard == self.home and self._stats_stored else ""
+            held += "c" if claims and flow.claimed_at > -math.inf else ""
             args = batch.script_args(
                 keys.prefix,
                 flow.writer_id,
@@ -252,6 +255,7 @@ class WriterCore:
                 claims=claims,
                 stats=self._changed_stats(batch.closing) if shard == self.home else (),
                 load=self._load_entries(shard, batch.closing),
+                held=held,
             )
             calls.append((shard, batch.script_keys(keys, flow.writer_id), args))
         return calls
@@ -300,7 +304,9 @@ class WriterCore:
         self._protocol.confirmed(result, shard)
         if result.load_error:  # the batch was applied; its load entries were refused
             self.load_done(redis.exceptions.ResponseError(result.load_error))
-        if result.store_behind:
+        if result.lost:
+            self._keys_lost(result, shard)
+        elif result.store_behind:
             self._store_behind(shard)
         if shard == self.home:  # the self-metrics go to the home shard only
             self._stats_answered(result)
@@ -328,8 +334,32 @@ class WriterCore:
             f"; shard {shard}" if self.shards > 1 else "",
         )
 
+    def _keys_lost(self, result: FlushResult, shard: int) -> None:
+        """The script found keys of this writer gone that the store should hold (evicted under
+        maxmemory, or deleted): count each kind, warn once for this event. What was lost is
+        stored again with the next flush (all of it when the store was found behind)."""
+        if result.store_behind:  # shard 0's list of K may be gone too: noted again
+            self.shards_noted = self.shards == 1
+        for kind in result.lost:
+            self.stats.lost[kind] += 1
+        where = f" (shard {shard})" if self.shards > 1 else ""
+        log.warning(
+            "keys of writer %s are gone from %s%s: %s (evicted under maxmemory, deleted, or Redis "
+            "went back to a copy without them; see docs/operations.md, maxmemory-policy): %s",
+            self._flows[shard].writer_id,
+            self.config.safe_url,
+            where,
+            ", ".join(result.lost),
+            "storing its whole state again with the next flush"
+            if result.store_behind
+            else "stored again by this flush or the next",
+        )
+
     def _stats_answered(self, result: FlushResult) -> None:
         """The home shard answered: what Redis now holds of the self-metrics."""
+        if "stats" in result.lost:
+            self._stats_stored = {}  # gone: all sent again with the next flush
+            return
         if result.writer_removed or result.store_behind:
             self._stats_stored = {}  # a new id, or a store that lost them: all sent again
         elif result.applied and self._stats_sent:  # applied now: with it the self-metrics it carried

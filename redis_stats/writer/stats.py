@@ -50,6 +50,10 @@ class WriterStats:
     # failing (readers that were not given K then miss shards) shows in Prometheus.
     shards_errors: _Tally[str] = field(default_factory=_Tally)
     conflicts: int = 0
+    # Keys (or fields) of this writer that a flush found gone although the store should hold them,
+    # by kind (seq, catalogue, engine, chunk, names, stats, writers, engines, claims): evicted
+    # under maxmemory, or deleted. Stored as ``lost:<kind>`` (redis_stats_writer_keys_lost_total).
+    lost: _Tally[str] = field(default_factory=_Tally)
     last_success: float = 0.0
     last_duration: float = 0.0
     duration_counts: list[int] = field(default_factory=lambda: [0] * (len(FLUSH_DURATION_BUCKETS) + 1))
@@ -87,6 +91,8 @@ class WriterStats:
             out += (f"shards_err:{kind}", str(n))
         for reason, n in drops.items():
             out += (f"drop:{reason}", str(n))
+        for kind, n in self.lost.items():
+            out += (f"lost:{kind}", str(n))
         for bound, n in zip((*FLUSH_DURATION_BUCKETS, math.inf), self.duration_counts):
             out += (f"dur:{'+Inf' if bound == math.inf else repr(bound)}", str(n))
         return out

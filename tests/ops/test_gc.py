@@ -1,16 +1,24 @@
 """Retention: engines and writers gone for good are removed; a late write cannot bring gauges back."""
 
+import itertools
+import math
 import subprocess
 import time
 
+import fakeredis
 import pytest
 import redis
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
-from redis_stats import StatsReader, StatsWriter
+from redis_stats import StatsConfig, StatsReader, StatsWriter
 from redis_stats.keys import Keys
+from redis_stats.ops.namespaces import describe_namespaces
 from redis_stats.ops.retention import collect_garbage
 from tests.chunked import writer_fields
-from tests.conftest import PYTHON
+from tests.conftest import PYTHON, sample_catalog
+
+_examples = itertools.count()
 
 
 def age(client, keys, engine=None, writer=None, seconds=0.0):
@@ -325,3 +333,65 @@ def test_namespaces_says_how_to_remove_a_namespace_an_older_gc_left_empty(redis_
     )
     collect_garbage(cfg)
     assert not list(client.scan_iter(f"rs:{{{namespace}}}*"))
+
+
+# -- gc and every reader judge each writer by one rule, whatever it stored (issue 32) -----------
+
+# What a writer's stale_ms may hold in Redis: its own value, garbage, huge, tiny, or nothing.
+_STORED = st.one_of(
+    st.none(),
+    st.sampled_from(
+        ["30000", "100", "99", "3600000", "3600001", "1e12", "inf", "-inf", "nan", "", "soon", "0"]
+    ),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.integers(-(10**15), 10**15).map(str),
+    st.text(max_size=6),
+)
+_AGES = st.sampled_from([1, 20, 45, 100, 170, 500, 3000, 9000])  # seconds since the heartbeat
+_RETENTION = 60
+
+
+def _judged_s(text: str | None) -> float:
+    """docs/configuration.md: a stored value within 100..3,600,000 ms, else the default 30 s."""
+    try:
+        ms = float(text) if text is not None else math.nan
+    except ValueError:
+        ms = math.nan
+    return ms / 1000 if 100 <= ms <= 3_600_000 else 30.0
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(_STORED, _AGES), min_size=1, max_size=4))
+def test_gc_and_every_reader_judge_each_writer_alike_whatever_it_stored(writers):
+    # One writer's 1e12 was borrowed by every writer whose value was garbage or missing (readers
+    # called them live for ever), while gc judged those by 0 and removed them.
+    server = fakeredis.FakeServer()
+
+    def client() -> fakeredis.FakeRedis:
+        return fakeredis.FakeRedis(server=server, decode_responses=True)
+
+    cfg = StatsConfig(url="redis://127.0.0.1:1/0", namespace=f"gc-{next(_examples)}", flush_interval=0.05)
+    keys, raw = Keys(cfg.namespace), client()
+    ids = []
+    for engine, (text, seconds) in enumerate(writers):
+        assume(all(abs(seconds - b) > 1 for b in (_judged_s(text), 2 * _judged_s(text), _RETENTION)))
+        w = StatsWriter(cfg, sample_catalog(), engines=[engine], client=client(), start=False)
+        w.gauge("running").labels(engine=engine).set(1)
+        assert w.flush()
+        w._closed = True
+        if text is None:
+            raw.hdel(keys.writer_stats(w.writer_id), "stale_ms")
+        else:
+            raw.hset(keys.writer_stats(w.writer_id), "stale_ms", text)
+        age(raw, keys, engine=engine, writer=w.writer_id, seconds=seconds)
+        ids.append(w.writer_id)
+    reader = StatsReader(cfg.replace(stale_after=5.0), sample_catalog(), client=client())
+    snap, load = reader.snapshot(), reader.load()
+    gone = set(collect_garbage(cfg.replace(retention=_RETENTION), dry_run=True, client=client()).writers)
+    [info] = describe_namespaces(client(), 5.0, [cfg.namespace])
+    for engine, ((text, seconds), wid) in enumerate(zip(writers, ids)):
+        live = seconds < _judged_s(text)
+        removed = seconds > _RETENTION and seconds > 2 * _judged_s(text)
+        seen = (snap.writers[wid].live, snap.engines[engine].up, load.engines[engine].up, wid in gone)
+        assert seen == (live, live, live, removed), (text, seconds, seen)
+    assert info.writers_live == sum(s < _judged_s(t) for t, s in writers)

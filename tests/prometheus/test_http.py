@@ -308,3 +308,21 @@ def test_no_accept_header_raises_or_is_echoed_unchecked(version, escaping):
     _, content_type = negotiate(f"application/openmetrics-text; version={version}{escaping}")
     # What goes back in Content-Type is prometheus_client's own text or three ASCII numbers.
     assert re.fullmatch(r"[a-z/.=; 0-9_-]+", content_type), content_type
+
+
+def test_a_body_gzipped_a_slice_at_a_time_is_the_whole_text_exactly():
+    """/metrics and /snapshot bodies are compressed from the text in slices (no whole copy as
+    bytes); a slice boundary inside non-ASCII text must not change a byte."""
+    import gzip as gzip_module
+
+    from redis_stats.prometheus import exporter as exporter_module
+
+    text = ('vllm:x{model_name="é✓"} 1\n' * 5) + "ü" * 3 + "z" * 7
+    old = exporter_module.ENCODE_CHUNK
+    exporter_module.ENCODE_CHUNK = 4  # many slices, boundaries between multi-byte characters
+    try:
+        body, size = exporter_module.encode_body(text, True)
+    finally:
+        exporter_module.ENCODE_CHUNK = old
+    assert gzip_module.decompress(body) == text.encode() and size == len(text.encode())
+    assert exporter_module.encode_body(text, False) == (text.encode(), len(text.encode()))

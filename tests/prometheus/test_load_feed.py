@@ -488,3 +488,132 @@ def test_on_a_cluster_with_three_shards_one_round_trip_per_shard(namespace):
             w.close()
     finally:
         cluster.close()
+
+
+# -- a view that cannot be refreshed says so; a refresher nobody asks for stops (issues 32, 35) ----
+
+
+def _until(check, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_refresh_that_raises_answers_503_with_why_and_the_refresher_goes_on(cfg, monkeypatch):
+    # Two finite values once overflowed the fleet sum in the refresh, outside its try: the thread
+    # died and /load served its last body as 200 for ever. Any exception of a refresh now answers
+    # 503 saying why, is counted, and the next good refresh brings the 200 back.
+    from redis_stats._core.background import background_errors
+    from redis_stats.load import LoadView
+
+    w = StatsWriter(cfg, catalog(), engines=[0], start=False, load=LOAD)
+    record(w, 0, 1, 0, 0.1)
+    assert w.flush()
+    exporter = Exporter(StatsReader(cfg), port=0, load_refresh=0.05, self_metrics=True).start()
+    real = LoadView.to_dict
+    try:
+        status, _, body = _get(exporter.port, "/load")
+        assert status == 200
+        before = background_errors().get(("load", "OverflowError"), 0)
+
+        def overflowing(self, **kwargs):
+            raise OverflowError("math range error")
+
+        monkeypatch.setattr(LoadView, "to_dict", overflowing)
+        record(w, 0, 2, 0, 0.1)  # a new value: the refresh builds a new body, and fails
+        assert w.flush()
+        assert _until(lambda: _get(exporter.port, "/load")[0] == 503)
+        status, headers, body = _get(exporter.port, "/load")
+        assert status == 503 and "ETag" not in headers
+        assert json.loads(body) == {"error": "other", "detail": "math range error"}
+        assert background_errors()[("load", "OverflowError")] > before
+        text = _get(exporter.port, "/metrics")[2].decode()
+        assert 'redis_stats_background_errors_total{kind="OverflowError",thread="load"}' in text
+        monkeypatch.setattr(LoadView, "to_dict", real)
+        assert _until(lambda: _get(exporter.port, "/load")[0] == 200)
+        assert json.loads(_get(exporter.port, "/load")[2])["engines"]["0"]["requests_running"] == 2
+    finally:
+        monkeypatch.setattr(LoadView, "to_dict", real)
+        exporter.close()
+        w.close()
+
+
+def test_a_refresh_stuck_on_redis_answers_503_with_its_age_then_recovers(cfg):
+    w = StatsWriter(cfg, catalog(), engines=[0], start=False, load=LOAD)
+    record(w, 0, 1, 0, 0.1)
+    assert w.flush()
+    reader = StatsReader(cfg)
+    exporter = Exporter(reader, port=0, load_refresh=0.05).start()
+    feed = exporter.load_feed
+    feed.max_age = 0.5  # (the default: 10 refreshes, at least 2 s)
+    real, release = reader.load, threading.Event()
+    try:
+        assert _get(exporter.port, "/load")[0] == 200
+
+        def stuck(*args, **kwargs):
+            release.wait(10)
+            return real(*args, **kwargs)
+
+        reader.load = stuck  # type: ignore[method-assign]
+        time.sleep(0.3)
+        assert _get(exporter.port, "/load")[0] == 200  # younger than max_age: served
+        assert _until(lambda: _get(exporter.port, "/load")[0] == 503, timeout=3)
+        status, headers, body = _get(exporter.port, "/load", If_None_Match="*")
+        doc = json.loads(body)
+        assert status == 503 and doc["error"] == "stale" and doc["age_seconds"] > 0.5, doc
+        assert "ETag" not in headers  # never a 304 that keeps a router on the old body
+        reader.load = real  # type: ignore[method-assign]
+        release.set()
+        assert _until(lambda: _get(exporter.port, "/load")[0] == 200)
+    finally:
+        release.set()
+        exporter.close()
+        w.close()
+
+
+def _calls(client: redis.Redis) -> int:
+    """Commands the server ran (but INFO, which counts these)."""
+    stats = client.info("commandstats")
+    return sum(v["calls"] for k, v in stats.items() if k != "cmdstat_info")
+
+
+def test_a_refresher_nobody_asks_stops_and_the_next_request_waits_for_a_fresh_read(
+    own_redis_server, namespace
+):
+    # A view's refresher used to read the whole fleet's load every 0.25 s for as long as the
+    # process lived, once anything had asked it once (every vLLM pod's view is one).
+    cfg = StatsConfig(url=own_redis_server.url, namespace=namespace, flush_interval=0.1, stale_after=5.0)
+    w = StatsWriter(cfg, catalog(), engines=[0], start=False, load=LOAD)
+    record(w, 0, 1, 0, 0.1)
+    assert w.flush()
+    client = redis.Redis.from_url(cfg.url, decode_responses=True)
+    exporter = Exporter(StatsReader(cfg), port=0, load_refresh=0.05).start()
+    feed = exporter.load_feed
+    feed.idle = 0.5  # (the default: 60 s)
+    try:
+        first = json.loads(_get(exporter.port, "/load")[2])
+        start = _calls(client)
+        time.sleep(0.3)
+        assert _calls(client) - start >= 3  # asked: it refreshes every 0.05 s
+        time.sleep(0.5 + 0.2)  # nobody asks for longer than idle
+        idle = _calls(client)
+        time.sleep(0.5)
+        assert _calls(client) == idle  # no read at all
+        assert not feed.running
+        record(w, 0, 4, 0, 0.1)
+        assert w.flush()
+        status, _, body = _get(exporter.port, "/load")
+        again = json.loads(body)
+        # the first request after idling waited for one fresh read
+        assert status == 200 and again["engines"]["0"]["requests_running"] == 4
+        assert again["time"] > first["time"] + 0.5
+        assert feed.running
+        time.sleep(0.3)
+        assert _calls(client) - idle >= 4  # and the refresher runs again
+    finally:
+        exporter.close()
+        client.close()
+        w.close()

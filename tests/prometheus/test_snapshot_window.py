@@ -4,6 +4,7 @@ process and scrape metrics."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import threading
@@ -24,7 +25,7 @@ from redis_stats import HistogramValue, StatsConfig, StatsReader, StatsWriter
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
 from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
 from redis_stats.prometheus.exporter import Exporter
-from redis_stats.prometheus.recent import SnapshotRing
+from redis_stats.prometheus.recent import SnapshotRing, recent_document
 from redis_stats.tools.cli import main
 from tests.conftest import ROOT, sample_catalog
 
@@ -293,8 +294,8 @@ def test_concurrent_snapshot_requests_all_valid_and_ring_stays_ordered_and_bound
         rate = doc["fleet"]["rates"]["tokens"]
         assert rate is None or rate >= 0  # never a negative rate from snapshots taken out of order
     ring = server._ring
-    times = [s.time for s in ring._ring]
-    assert times == sorted(times) and len(ring) <= 256
+    times = [s.time for s, _size in ring._ring]
+    assert times == sorted(times) and ring.bytes <= ring.max_bytes
     assert times[-1] - times[0] <= ring.keep
 
 
@@ -308,13 +309,96 @@ def test_ring_keeps_only_the_window_and_ignores_a_late_older_read():
     ring = SnapshotRing(keep=10)
     for t in (100, 103, 106, 104, 112, 115):
         ring.add(snap(t))
-    assert [s.time for s in ring._ring] == [106, 112, 115]
+    assert [s.time for s, _size in ring._ring] == [106, 112, 115]
     assert ring.baseline(snap(116), window=10).time == 106
     assert ring.baseline(snap(116), window=10, min_span=5).time == 106
     assert ring.baseline(snap(116), window=3).time == 115
     assert ring.baseline(snap(116), window=3, min_span=2) is None
     with pytest.raises(ValueError, match="keep"):
         SnapshotRing(keep=0)
+
+
+def _busy_snapshot(config: StatsConfig, engines: int):
+    """A real decoded snapshot of *engines* vLLM engines with busy histograms (2 API servers)."""
+    from redis_stats.tools.simulate import SimulatedApiServer
+
+    cat = vllm_catalog()
+    for api in range(2):
+        writer = StatsWriter(config, cat, engines=list(range(engines)), start=False, role=f"api{api}")
+        sims = [
+            SimulatedApiServer(VllmRecorder(writer, "m", [e]), e, seed=api * 100 + e) for e in range(engines)
+        ]
+        t = sims[0]._last
+        for step in range(40):
+            for sim in sims:
+                sim.step(t + step * 0.25)
+        assert writer.flush()
+        writer._closed = True
+    return StatsReader(config, cat).snapshot()
+
+
+def test_the_window_keeps_what_fits_its_byte_budget_oldest_dropped_first(redis_server, namespace):
+    """The /snapshot window is bounded by bytes, not by count (it kept up to 256 whole decoded
+    snapshots: about 19 MB each at 1,024 engines). What it keeps is a compact copy whose size is
+    estimated from its parts; the estimate is checked against tracemalloc here."""
+    import gc
+    import tracemalloc
+    from dataclasses import replace
+
+    from redis_stats.prometheus.recent import window_copy
+
+    snap = _busy_snapshot(StatsConfig(url=redis_server.url, namespace=namespace), 16)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        copy, estimate = window_copy(snap)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert 0.6 * held <= estimate <= 1.6 * held, (estimate, held)
+    assert set(copy.engines) == set(snap.engines)
+    e0, c0 = snap.engines[0], copy.engines[0]
+    assert c0.counters == e0.counters and not c0.gauges
+    for key, h in e0.histograms.items():
+        assert list(c0.histograms[key].cumulative) == list(h.cumulative) and c0.histograms[key].sum == h.sum
+    # Three copies fit; the fourth pushes the oldest out (the window is the span that fits).
+    ring = SnapshotRing(keep=1000, max_bytes=3 * estimate + estimate // 2)
+    for t in range(5):
+        ring.add(replace(snap, time=snap.time + t))
+    assert [s.time - snap.time for s, _ in ring._ring] == [2, 3, 4]
+    assert ring.bytes <= ring.max_bytes
+    latest = replace(snap, time=snap.time + 10)
+    assert ring.baseline(latest, window=100).time == snap.time + 2
+    # Rates over the window that fits: the document says how long it is.
+    doc = recent_document(latest, ring.baseline(latest, window=100), requested=100)
+    assert doc["window"]["seconds"] == pytest.approx(8)
+    # One snapshot over the whole budget: nothing kept, no window, said once in the log.
+    small = SnapshotRing(keep=1000, max_bytes=estimate // 2)
+    small.add(snap)
+    assert len(small) == 0 and small.baseline(latest, window=100) is None
+
+
+def test_the_window_keeps_one_snapshot_per_sampling_period_not_every_request(fleet):
+    """The live page polls every 2 s: each poll's snapshot was kept, for two windows."""
+    writer, server = fleet  # a 2 s window: the sampler every 1/3 s
+    writer.counter("tokens").labels(engine=0).inc(5)
+    assert writer.flush()
+    for _ in range(30):  # 3 s of requests every 0.1 s
+        snapshot(server)
+        time.sleep(0.1)
+    times = [s.time for s, _size in server._ring._ring]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert gaps and min(gaps) >= 0.9 * server.window / 6, gaps
+    assert len(times) <= server._ring.keep / (0.9 * server.window / 6) + 1
+
+
+def test_a_bad_window_budget_is_refused_naming_it(redis_server, namespace):
+    reader = StatsReader(StatsConfig(url=redis_server.url, namespace=namespace), sample_catalog())
+    with pytest.raises(ValueError, match="window_budget=-1 must be a whole number of bytes"):
+        Exporter(reader, port=0, window_budget=-1)
+    result = CliRunner().invoke(main, ["exporter", "--window-budget", "-5"])
+    assert result.exit_code == 2 and "--window-budget" in result.output
 
 
 def test_inspect_json_prints_the_documented_snapshot(redis_server, namespace):

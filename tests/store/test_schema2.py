@@ -72,12 +72,12 @@ def test_a_flush_sends_only_the_self_metrics_and_chunks_that_changed(config, cat
     assert w.flush()
     _keys, args = w.prepare_flush()  # nothing recorded since: only what changed by flushing
     assert args[7:9] == ["2", args[8]] and int(args[8]) > 0  # the batch confirmed last, and when
-    assert args[9] == "0"  # no owner, no claims
-    nstats = int(args[10])
-    sent = dict(zip(args[11 : 11 + 2 * nstats : 2], args[12 : 12 + 2 * nstats : 2]))
+    assert args[9:11] == ["s", "0"]  # the stats hash held; no owner, no claims
+    nstats = int(args[11])
+    sent = dict(zip(args[12 : 12 + 2 * nstats : 2], args[13 : 13 + 2 * nstats : 2]))
     assert set(sent) <= {"flushes", "dur_sum", "pending"} | {k for k in sent if k.startswith("dur:")}
     assert sent["flushes"] == "2"
-    assert args[-2:] == ["0", "0"]  # engine 0: heartbeat, no chunk (nothing changed)
+    assert args[-3:] == ["0", "1", "0"]  # engine 0: heartbeat, 1 chunk held, none sent
     assert w.flush()
     snap = StatsReader(config, catalog, client=fake_client()).snapshot()
     assert snap.writers[w.writer_id].stats["flushes"] == "2"  # the earlier fields are still there

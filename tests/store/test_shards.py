@@ -257,10 +257,10 @@ def test_gc_namespaces_and_inspect_cover_every_shard(fake_client, namespace, mon
     lines = "\n".join(inspection.inspect_namespace(_cfg(namespace), sample_catalog()))
     assert "shards: 3" in lines and "engines: 6" in lines
     assert "slot" in lines and lines.count("stored by 1 writer in 1 chunk") == 6
-    time.sleep(0.01)
+    time.sleep(0.25)
     # A gc configured with K=1 finds the shards in shard 0's catalogue, and collects each one.
     result = collect_garbage(
-        _cfg(namespace, retention=0.001, stale_after=0.0005, flush_interval=0.0005), client=fake_client()
+        _cfg(namespace, retention=0.2, stale_after=0.1, flush_interval=0.1), client=fake_client()
     )
     assert result.engines == list(range(6)) and result.writers == [w.writer_id]
     snap = StatsReader(_cfg(namespace), sample_catalog(), client=fake_client()).snapshot()

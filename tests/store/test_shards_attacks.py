@@ -109,9 +109,9 @@ def test_gc_goes_on_past_a_shard_holding_garbage(fake_client, namespace):
     one = Keys(namespace).shard(1, K)
     raw.delete(one.writers)
     raw.set(one.writers, "garbage")
-    time.sleep(0.01)
+    time.sleep(0.25)
     result = collect_garbage(
-        _cfg(namespace, retention=0.001, stale_after=0.0005, flush_interval=0.0005), client=fake_client()
+        _cfg(namespace, retention=0.2, stale_after=0.1, flush_interval=0.1), client=fake_client()
     )
     assert result.engines == [0, 2] and result.writers == [w.writer_id]
     assert list(result.failed) == [one.prefix] and "WRONGTYPE" in result.failed[one.prefix]
@@ -377,11 +377,11 @@ def test_a_rolling_k_change_with_threads_and_gc_keeps_every_total_exact(redis_se
     for t in threads:
         t.join()
     assert writers[1].close()
-    time.sleep(0.05)
+    time.sleep(0.25)
     keep = StatsWriter(cfg(3), cat, engines=list(range(6)), start=False)  # the engines stay live
     for w in (writers[0], writers[2], keep):
         assert w.flush()
-    result = collect_garbage(cfg(1, retention=0.04, stale_after=0.02, flush_interval=0.02))
+    result = collect_garbage(cfg(1, retention=0.2, stale_after=0.1, flush_interval=0.1))
     assert result.engines == [] and writers[1].writer_id in result.writers and result.folded
     for w in (writers[0], writers[2], keep):
         assert w.close()
@@ -505,14 +505,14 @@ def test_gc_goes_on_past_an_unreachable_shard(redis_server, namespace):
     shards = [Keys(namespace).shard(s, K) for s in range(K)]
     client = _ShardDown.from_url(redis_server.url, decode_responses=True)
     client.root = shards[1].root
-    time.sleep(0.01)
+    time.sleep(0.25)
     gc_cfg = StatsConfig(
         url=redis_server.url,
         namespace=namespace,
         shards=K,
-        retention=0.001,
-        stale_after=0.0005,
-        flush_interval=0.0005,
+        retention=0.2,
+        stale_after=0.1,
+        flush_interval=0.1,
     )
     result = collect_garbage(gc_cfg, client=client)
     assert list(result.failed) == [shards[1].prefix] and "Timeout" in result.failed[shards[1].prefix]

@@ -21,7 +21,7 @@ from tests.conftest import PYTHON, ROOT
 from tests.vllm_shapes import finished, iteration, scheduler
 
 
-@pytest.mark.parametrize("command", [[], ["demo"], ["exporter"], ["top"], ["inspect"], ["gc"]])
+@pytest.mark.parametrize("command", [[], ["demo"], ["simulate"], ["exporter"], ["top"], ["inspect"], ["gc"]])
 def test_every_command_has_help(command):
     result = CliRunner().invoke(main, [*command, "--help"])
     assert result.exit_code == 0, result.output
@@ -242,10 +242,10 @@ def test_gc_that_cannot_collect_the_namespace_exits_1(redis_server, namespace):
     r = redis.Redis.from_url(redis_server.url)
     r.delete(Keys(namespace).seq)
     r.set(Keys(namespace).seq, "not a hash")
-    time.sleep(0.05)
+    time.sleep(0.25)
     env = {"REDIS_STATS_URL": redis_server.url, "REDIS_STATS_NAMESPACE": namespace}
-    env |= {"REDIS_STATS_STALE_AFTER": "0.005", "REDIS_STATS_FLUSH_INTERVAL": "0.005"}
-    result = CliRunner().invoke(main, ["gc", "--retention", "0.01"], env=env)
+    env |= {"REDIS_STATS_STALE_AFTER": "0.1", "REDIS_STATS_FLUSH_INTERVAL": "0.1"}
+    result = CliRunner().invoke(main, ["gc", "--retention", "0.2"], env=env)
     assert result.exit_code == 1, result.output
     assert f"not collected: keys {Keys(namespace).prefix}*" in result.output
     assert "WRONGTYPE" in result.output

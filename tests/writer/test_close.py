@@ -7,16 +7,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
 
 from redis_stats import StatsConfig, StatsWriter
 from redis_stats.aio import AsyncStatsWriter
+from redis_stats.connection import make_async_client
 from redis_stats.tools.embedded import free_port
 from tests.conftest import PYTHON, ROOT, sample_catalog
+from tests.hiccups import cancel_as_timeout, frozen, stop_for_good
 
 pytestmark = pytest.mark.redis_server
 
@@ -124,3 +128,108 @@ async def test_async_close_with_redis_stopped_is_bounded_and_says_what_was_lost(
     assert elapsed < 0.5 + SLACK
     (line,) = _lost_lines(caplog)
     assert own_redis_server.url in line and "1 series in the unconfirmed batch" in line, line
+
+
+# -- close is bounded, always: many rounds of hiccups under load (issue 32) ----------------------
+
+ROUNDS = 40
+BUDGET = 0.3  # close_timeout of the rounds below
+
+
+def _round_config(server, namespace: str) -> StatsConfig:
+    # A short socket timeout: within a round's freeze, flushes both wait on Redis and time out.
+    return StatsConfig(
+        url=server.url, namespace=namespace, flush_interval=0.05, close_timeout=BUDGET, socket_timeout_ms=300
+    )
+
+
+async def _async_round(server, namespace: str, rng: random.Random, *, cancel_lost: bool) -> float | None:
+    """Four tasks record, Redis freezes for a random while, then close() (half the rounds right
+    after SIGCONT, as in the issue; the others while still frozen). With *cancel_lost* the client's
+    connections turn a cancellation into a timeout. The duration of close, None if it did not
+    return within BUDGET + SLACK."""
+    cfg = _round_config(server, namespace)
+    client = make_async_client(cfg)
+    if cancel_lost:
+        cancel_as_timeout(client)
+    writer = AsyncStatsWriter(cfg, sample_catalog(), engines=[0, 1, 2, 3], client=client)
+    writer.start()
+    done = asyncio.Event()
+
+    async def record(engine: int) -> None:
+        tokens, running = (
+            writer.counter("tokens").labels(engine=engine),
+            writer.gauge("running").labels(engine=engine),
+        )
+        n = 0
+        while not done.is_set():
+            n += 1
+            tokens.inc()
+            running.set(n % 7)
+            await asyncio.sleep(0.001)
+
+    recorders = [asyncio.create_task(record(e)) for e in range(4)]
+    await asyncio.sleep(0.1)  # flushing
+    closing: asyncio.Task[bool] | None = None
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        await asyncio.sleep(rng.uniform(0.05, 0.5))  # a flush waits on Redis, or has timed out
+        if rng.random() < 0.5:
+            os.kill(server.pid, signal.SIGCONT)
+        started = time.monotonic()
+        closing = asyncio.create_task(writer.close())
+        await asyncio.wait({closing}, timeout=BUDGET + SLACK)
+        return time.monotonic() - started if closing.done() else None
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+        done.set()
+        await asyncio.gather(*recorders)
+        await stop_for_good(closing, writer._task)
+
+
+async def test_async_close_returns_within_its_timeout_in_every_round_of_hiccups_under_load(
+    own_redis_server, namespace
+):
+    # The old close cancelled the flusher once and awaited it without a bound: when the
+    # cancellation came out of redis-py as a timeout, the flusher went back to sleep and close
+    # never returned (2 of 40 rounds in the issue; every such round here, cancel_lost=True).
+    rng = random.Random(32)
+    took = [
+        await _async_round(own_redis_server, f"{namespace}-{i}", rng, cancel_lost=i % 2 == 1)
+        for i in range(ROUNDS)
+    ]
+    late = [(i, t) for i, t in enumerate(took) if t is None]
+    finished = [t for t in took if t is not None]
+    print(f"\n[async close x{ROUNDS}] slowest {max(finished, default=0):.2f} s; did not return: {late}")
+    assert not late
+
+
+def _record(writer: StatsWriter, engine: int, done: threading.Event) -> None:
+    tokens = writer.counter("tokens").labels(engine=engine)
+    while not done.is_set():
+        tokens.inc()
+        time.sleep(0.001)
+
+
+def test_close_returns_within_its_timeout_in_every_round_of_hiccups_under_load(own_redis_server, namespace):
+    rng = random.Random(32)
+    slow = []
+    for i in range(ROUNDS):
+        cfg = _round_config(own_redis_server, f"{namespace}-{i}")
+        writer = StatsWriter(cfg, sample_catalog(), engines=[0, 1, 2, 3])
+        done = threading.Event()
+        threads = [threading.Thread(target=_record, args=(writer, e, done), daemon=True) for e in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(0.1)
+        with frozen(own_redis_server):
+            time.sleep(rng.uniform(0.05, 0.5))  # a flush waits on Redis, or has timed out
+            started = time.monotonic()
+            writer.close()
+            took = time.monotonic() - started
+        done.set()
+        for t in threads:
+            t.join()
+        if took > BUDGET + SLACK:
+            slow.append((i, took))
+    assert not slow

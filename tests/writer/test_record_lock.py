@@ -44,7 +44,7 @@ def test_a_record_call_completes_while_the_flusher_builds_a_batch(monkeypatch):
         c.inc()
     finished: list[bool] = []
     racer = threading.Thread(target=lambda: (children[0].inc(10), children[5].inc(1)))
-    original = Series.add
+    original = Series.add_total
 
     def add(self, delta):
         if not finished:  # while the batch is being built, another thread records
@@ -53,14 +53,14 @@ def test_a_record_call_completes_while_the_flusher_builds_a_batch(monkeypatch):
             finished.append(not racer.is_alive())
         original(self, delta)
 
-    monkeypatch.setattr(Series, "add", add)
+    monkeypatch.setattr(Series, "add_total", add)
     first = acc.take_batch(1)
     racer.join()
     assert finished == [True], "a record call waited for the whole batch to be built"
     stored = _sent(first)  # what Redis holds once it is applied (each series' absolute total)
     assert stored[children[0].field] == "1" and stored[children[5].field] == "1"
     second = acc.take_batch(2)
-    monkeypatch.setattr(Series, "add", original)
+    monkeypatch.setattr(Series, "add_total", original)
     # The racing updates are in exactly one of the two batches, never both, never neither: the
     # second one sends the totals they made.
     stored.update(_sent(second))

@@ -91,7 +91,7 @@ def test_routine_self_metrics_wait_for_the_stats_interval_the_rest_go_at_once(co
         assert w.flush()
     assert stored()["flushes"] == "0"  # only routine ones changed: they wait
     _keys, args = w.prepare_flush()
-    assert args[10] == "0"  # no self-metric in the call at all
+    assert args[11] == "0"  # no self-metric in the call at all
     w.counter("tokens").labels(engine=0).inc(float("nan"))  # a drop: not routine
     assert w.flush()
     assert stored()["drop:invalid_value"] == "1" and stored()["flushes"] == "4"  # with the rest
@@ -117,7 +117,7 @@ def test_claims_are_renewed_every_quarter_stale_after_and_a_second_owner_is_foun
     assert a.flush()
     for _ in range(3):
         _keys, args = a.prepare_flush()
-        assert args[9] == "0"  # no claim within the interval
+        assert args[10] == "0"  # no claim within the interval
         assert a.flush()
     b = StatsWriter(config, catalog, engines=[0], owner="node-b:200", client=fake_client(), start=False)
     assert b.flush() and b.stats.conflicts == 1  # found by the newcomer's first flush
@@ -125,7 +125,7 @@ def test_claims_are_renewed_every_quarter_stale_after_and_a_second_owner_is_foun
     a.claim_interval = 0.2
     time.sleep(0.25)
     _keys, args = a.prepare_flush()
-    assert args[9:11] == ["1", "0"]  # its renewal claims engine 0 ...
+    assert args[10:12] == ["1", "0"]  # its renewal claims engine 0 ...
     assert a.flush() and a.stats.conflicts == 1  # ... and meets b's live claim
     snap = StatsReader(config, catalog, client=fake_client()).snapshot()
     assert set(snap.engines[0].conflict) == {"node-a:100", "node-b:200"}

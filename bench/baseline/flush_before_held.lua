@@ -1,0 +1,379 @@
+-- redis_stats flush (schema 2): apply one writer's batch atomically and exactly once.
+--
+-- KEYS[1] seq hash        writer id -> last applied sequence number ("x<seq>:<ms>": removed by gc);
+--                         "!folded" -> gc's fold watermark (ms: every writer silent since before it
+--                         was folded, see gc.lua)
+-- KEYS[2] engines zset    engine -> last heartbeat (ms, server time)
+-- KEYS[3] writers zset    writer id -> last heartbeat (ms; negative: closed at -score)
+-- KEYS[4] meta hash       schema, _v (catalogue version), m:<metric> -> spec JSON
+-- KEYS[5] claims hash     engine -> "<owner>|<ms>": which instance last claimed the engine
+-- KEYS[6] conflicts hash  engine -> "<owner a>|<owner b>|<ms>": two live owners seen
+-- KEYS[7] the writer's stats hash (<prefix>w:<writer>)
+-- KEYS[8] load hash       "<engine>|<writer>" -> "<ms>,<entry>": the router feed's fields
+-- KEYS[9..] the series hash (<prefix>e:<engine>:c) of each engine block of ARGV, in that order
+-- Every key the script touches is declared (Redis Cluster requires it): the writer knows them all.
+--
+-- ARGV: prefix (named in error replies only), writer, seq, closing (0/1), schema, owner, stale ms,
+--       confirmed seq (of this writer's last batch here that Redis confirmed applied; 0: this
+--       batch carries the writer's whole state here — catalogue, every chunk with its names —
+--       as its first batch, or after the store lost it),
+--       confirmed ms (the server time at which that batch was applied),
+--       nclaims, {engine} * nclaims,
+--       nstats, {field, value} * nstats           (the writer's self-metrics that changed, absolute)
+--       nspecs, {name, json} * nspecs,
+--       nload, {engine, entry} * nload         (the writer's load entries, absolute: load.py)
+--       then per engine: engine, nset, {field, value} * nset
+--
+-- Schema 2 (docs/key-schema.md): a writer keeps, per engine, its own absolute state in chunks of
+-- the engine's hash: "@|<writer>|<k>" -> the values of up to 64 series, one per line (counter
+-- totals, histograms "<sum> <c0> ... <cN>" with cumulative counts, gauges "<ms>|<value>", ms the
+-- writer's estimate of this server's clock when the value was set), and
+-- "@|<writer>|<k>|n" -> their series fields, one per line (sent only when they change). A flush
+-- replaces the chunks that changed. The script never reads or parses one: it sets fields. Readers
+-- add the writers' totals of a series up; gc folds a departed writer into base fields.
+--
+-- Returns {status, now ms, owner conflicts, {metrics whose spec conflicts with the stored one},
+--          series refused for them, why the load entries were not stored ('' if they were)};
+-- status 1 applied, 0 already applied (a duplicate), 2 not applied because gc removed this writer
+-- (its fields were folded: the writer sends what the store lacks again under a new id), 3 not
+-- applied because the shard lacks what this writer saw confirmed: a sequence entry older than
+-- the confirmed one, or none at all, or no catalogue (Redis restarted empty or went back in time:
+-- restarted from an older RDB/AOF, a lagging replica promoted, a backup restored). The writer
+-- then sends its whole state (confirmed 0), applied as it is: exact again with that one flush.
+--
+-- lines() comes from common.lua, which the loader puts in front of this file.
+--
+-- All or nothing: Redis does not roll a script back, so the script first reads and checks every
+-- key it will write and every argument (phase 1, no writes), and refuses the whole batch with an
+-- error reply naming the problem. Phase 2 only sets fields and scores of keys of the right type:
+-- nothing in it can raise. A retry therefore never meets a half-applied batch, and a retry of an
+-- applied batch sets the same values again (absolute values: idempotent by construction; the
+-- sequence number still answers "already applied" without writing).
+
+local prefix, writer = ARGV[1], ARGV[2]
+local closing = ARGV[4] == '1'
+local n = #ARGV
+
+local function refuse(what)
+  return redis.error_reply('ERR redis_stats flush refused, nothing written: ' .. what)
+end
+
+local function count_at(j)
+  local v = ARGV[j]
+  if v == nil or not string.match(v, '^%d+$') then return nil end
+  return tonumber(v)
+end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_text = tostring(now)  -- converted once (a number argument is formatted at every call)
+
+-- ---- phase 1: read and check; no writes ------------------------------------------------------
+
+local function wrong_type(key, kind, expected, what)
+  return 'key ' .. key .. ' (' .. what .. ') is a ' .. kind .. ', not a ' .. expected ..
+    '; it was not written by redis_stats: delete or rename it'
+end
+
+local function want_type(key, expected, what)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind == 'none' or kind == expected then return nil end
+  return wrong_type(key, kind, expected, what)
+end
+
+local seq_text = ARGV[3]
+if seq_text == nil or not string.match(seq_text, '^%d+$') or #seq_text > 15 then
+  return refuse('bad sequence number argument')
+end
+local seq = tonumber(seq_text)
+local stale = tonumber(ARGV[7])
+if stale == nil then return refuse('bad stale_after argument') end
+local confirmed = count_at(8)
+local confirmed_ms = count_at(9)
+if confirmed == nil or confirmed_ms == nil or (confirmed > 0 and confirmed >= seq) then
+  return refuse('bad confirmed sequence number or time argument')
+end
+
+-- A read refuses a key of another type before anything is written: no TYPE call needed for it.
+local raw = redis.pcall('HGET', KEYS[1], writer)
+if type(raw) == 'table' and raw.err then
+  return refuse(wrong_type(KEYS[1], redis.call('TYPE', KEYS[1])['ok'], 'hash', 'sequence numbers'))
+end
+-- The stored format: a namespace written in another schema is refused whole (mixing formats would
+-- make the other version's readers and writers miscount).
+local stored_schema = redis.pcall('HGET', KEYS[4], 'schema')
+if type(stored_schema) == 'table' and stored_schema.err then
+  return refuse(wrong_type(KEYS[4], redis.call('TYPE', KEYS[4])['ok'], 'hash', 'catalogue'))
+end
+if stored_schema and stored_schema ~= ARGV[5] then
+  return refuse('namespace ' .. prefix .. ' holds schema ' .. stored_schema .. ' data and this writer writes schema ' ..
+    ARGV[5] .. '; run every writer and reader of a namespace at one schema version, or use a new namespace')
+end
+local removed = false
+if not raw and confirmed > 0 then
+  -- A writer Redis confirmed batches to that the sequence hash does not know: either gc folded it
+  -- (silent for longer than the retention) and dropped its tombstone since, or Redis lost this
+  -- shard's data (restarted empty, or from a copy older than this writer's first flush). gc's
+  -- watermark tells them apart without a tombstone that expires: gc folds every writer silent
+  -- since before the watermark, so one whose batch was applied before it was folded.
+  local mark = redis.call('HGET', KEYS[1], '!folded')
+  removed = mark ~= false and confirmed_ms < (tonumber(mark) or 0)
+end
+raw = raw or '0'
+-- "x<seq>:<ms>": gc removed this writer and folded its fields into the base series.
+removed = removed or string.sub(raw, 1, 1) == 'x'
+local last = tonumber(removed and string.match(raw, '^x(%d+)') or raw) or 0
+if seq <= last then
+  -- Already applied: the reply of an earlier attempt was lost. Apply nothing twice.
+  return {0, now, 0, {}, 0}
+end
+if removed then
+  -- Its absolute values would count the folded part twice: apply nothing; the writer continues
+  -- under a new id and sends what the store lacks (its totals minus what was last confirmed).
+  return {2, now, 0, {}, 0}
+end
+if last < confirmed or (confirmed > 0 and not stored_schema) then
+  -- The store is behind what this writer saw confirmed (Redis went back in time, or lost it all):
+  -- its chunks here may be older than its names, or missing. Apply nothing (a batch carries only
+  -- the chunks that changed); the writer sends its whole state with the next one.
+  return {3, now, 0, {}, 0}
+end
+
+-- Walk the arguments once (by counts, not by field) and check each block's keys.
+local i = 10
+local nclaims = count_at(i)
+if nclaims == nil then return refuse('bad claims count') end
+local claims_at = i + 1
+i = claims_at + nclaims
+local nstats = count_at(i)
+if nstats == nil then return refuse('bad stats count') end
+local stats_at = i + 1
+i = stats_at + 2 * nstats
+local nspecs = count_at(i)
+if nspecs == nil then return refuse('bad specs count') end
+local specs_at = i + 1
+i = specs_at + 2 * nspecs
+local nload = count_at(i)
+if nload == nil then return refuse('bad load count') end
+local load_at = i + 1
+i = load_at + 2 * nload
+local blocks = {}
+while i <= n do
+  local b = {engine = ARGV[i], nset = count_at(i + 1)}
+  if not b.nset or not string.match(b.engine, '^%d+$') then
+    return refuse('bad engine block at argument ' .. i)
+  end
+  b.at = i + 2
+  i = b.at + 2 * b.nset
+  blocks[#blocks + 1] = b
+end
+if i ~= n + 1 then return refuse('arguments end mid-block (' .. n .. ' given)') end
+if #KEYS ~= 8 + #blocks then
+  return refuse(#KEYS .. ' keys for ' .. #blocks .. ' engine blocks (8 + one per block expected)')
+end
+for j = claims_at, claims_at + nclaims - 1 do
+  if not string.match(ARGV[j], '^%d+$') then return refuse('bad claimed engine ' .. ARGV[j]) end
+end
+
+-- One TYPE per key this batch writes (none per field); the keys read above need none.
+local bad = want_type(KEYS[3], 'zset', 'writers')
+if bad then return refuse(bad) end
+if #blocks > 0 then
+  bad = want_type(KEYS[2], 'zset', 'engines')
+  if bad then return refuse(bad) end
+end
+local stats_key = KEYS[7]
+if nstats > 0 then
+  bad = want_type(stats_key, 'hash', 'writer stats')
+  if bad then return refuse(bad) end
+end
+for k, b in ipairs(blocks) do
+  if b.nset > 0 then
+    b.key = KEYS[8 + k]
+    bad = want_type(b.key, 'hash', 'series of engine ' .. b.engine)
+    if bad then return refuse(bad) end
+  end
+end
+
+-- Claims: read now (a wrong type is refused before any write); a conflict is written below.
+local claiming = nclaims > 0 and ARGV[6] ~= ''
+local owner = ARGV[6]
+local owner_conflicts = {}
+if claiming then
+  for j = claims_at, claims_at + nclaims - 1 do
+    local cur = redis.pcall('HGET', KEYS[5], ARGV[j])
+    if type(cur) == 'table' and cur.err then
+      return refuse(wrong_type(KEYS[5], redis.call('TYPE', KEYS[5])['ok'], 'hash', 'engine claims'))
+    end
+    if cur then
+      -- "<owner>|<ms>": the time follows the last '|' (older writers allowed '|' in owners).
+      local other, at = string.match(cur, '^(.*)|(%d+)$')
+      at = tonumber(at)
+      if other and at and other ~= owner and now - at < stale then
+        -- Another live instance claims this engine: two sources of "the" scheduler gauges.
+        owner_conflicts[#owner_conflicts + 1] = ARGV[j]
+        owner_conflicts[#owner_conflicts + 1] = other .. '|' .. owner .. '|' .. now_text
+      end
+    end
+  end
+  if #owner_conflicts > 0 then
+    bad = want_type(KEYS[6], 'hash', 'engine conflicts')
+    if bad then return refuse(bad) end
+  end
+end
+
+-- The catalogue: decide now what to store, what conflicts, and whether _v moves.
+local function shape(doc)
+  -- kind, labels, buckets, mode of a stored or sent spec; nil if it is not a spec document.
+  local ok, s = pcall(cjson.decode, doc)
+  if not ok or type(s) ~= 'table' or type(s.kind) ~= 'string' then return nil end
+  local parts = {s.kind, tostring(s.mode)}
+  for _, key in ipairs({'labels', 'buckets'}) do
+    local list = s[key]
+    if list ~= nil and type(list) ~= 'table' then return nil end
+    local items = {}
+    for k, v in ipairs(list or {}) do items[k] = type(v) == 'number' and string.format('%.17g', v) or tostring(v) end
+    parts[#parts + 1] = table.concat(items, '\1')
+  end
+  return table.concat(parts, '\2')
+end
+
+local to_store = {}
+local conflicting, conflict_names = {}, {}
+for j = specs_at, specs_at + 2 * nspecs - 1, 2 do
+  local name, doc = ARGV[j], ARGV[j + 1]
+  local cur = redis.call('HGET', KEYS[4], 'm:' .. name)
+  if cur ~= doc then
+    local cur_shape = cur and shape(cur)
+    if not cur_shape then
+      to_store[#to_store + 1] = 'm:' .. name
+      to_store[#to_store + 1] = doc
+    elseif cur_shape ~= shape(doc) then
+      conflicting[name] = true
+      conflict_names[#conflict_names + 1] = name
+    end
+  end
+end
+if #to_store > 0 then
+  local v = redis.call('HGET', KEYS[4], '_v')
+  if v and (not string.match(v, '^%-?%d+$') or #v > 15) then
+    return refuse('field _v of key ' .. KEYS[4] .. ' (catalogue version) holds ' .. string.format('%q', v) ..
+      ', not a version number; HDEL it (readers then re-read the catalogue)')
+  end
+end
+
+-- ---- phase 2: write; nothing below can raise ---------------------------------------------------
+-- The first write: under maxmemory an OOM aborts the script here, before anything is applied
+-- (Redis refuses only a script's first write for memory, never a later one).
+redis.call('HSET', KEYS[1], writer, seq_text)
+
+if claiming then
+  local claim = owner .. '|' .. now_text
+  for j = claims_at, claims_at + nclaims - 1 do redis.call('HSET', KEYS[5], ARGV[j], claim) end
+  if #owner_conflicts > 0 then redis.call('HSET', KEYS[6], unpack(owner_conflicts)) end
+end
+
+if nstats > 0 then
+  -- Only the self-metrics that changed since the writer's last confirmed flush are sent.
+  redis.call('HSET', stats_key, unpack(ARGV, stats_at, stats_at + 2 * nstats - 1))
+end
+
+if nspecs > 0 then
+  redis.call('HSET', KEYS[4], 'schema', ARGV[5])
+end
+if #to_store > 0 then
+  redis.call('HSET', KEYS[4], unpack(to_store))
+  redis.call('HINCRBY', KEYS[4], '_v', 1)
+end
+
+-- With a conflicting spec in this batch, the lines of its series are taken out of the chunks: only
+-- then is a chunk read (its names come with the batch, or are the stored ones). The common path
+-- passes the arguments to one HSET as they are.
+local any_conflict = #conflict_names > 0
+local refused = 0
+
+local function without_conflicts(key, from, count)
+  -- {field, value} pairs of ARGV[from..] with the conflicting metrics' lines taken out.
+  local given = {}
+  for k = from, from + 2 * count - 1, 2 do given[ARGV[k]] = ARGV[k + 1] end
+  local out = {}
+  for k = from, from + 2 * count - 1, 2 do
+    local f = ARGV[k]
+    if string.sub(f, -2) ~= '|n' then
+      -- A batch with specs carries the names of every chunk it sends (the writer's rule); the
+      -- stored names are the fallback.
+      local names_text = given[f .. '|n'] or redis.call('HGET', key, f .. '|n')
+      local values = lines(ARGV[k + 1])
+      if not names_text or #lines(names_text) ~= #values then
+        refused = refused + #values  -- cannot tell which line is whose: none of it is written
+      else
+        local names = lines(names_text)
+        local kept_names, kept_values = {}, {}
+        for x = 1, #names do
+          if conflicting[string.match(names[x], '^[^|]*')] then
+            refused = refused + 1
+          else
+            kept_names[#kept_names + 1] = names[x]
+            kept_values[#kept_values + 1] = values[x]
+          end
+        end
+        out[#out + 1] = f .. '|n'
+        out[#out + 1] = table.concat(kept_names, '\n')
+        out[#out + 1] = f
+        out[#out + 1] = table.concat(kept_values, '\n')
+      end
+    end
+  end
+  return out
+end
+
+local function hset_pairs(key, from, count)
+  -- HSET {field, value} * count from ARGV[from]; in chunks: unpack() of a very long list overflows
+  -- Lua's C stack.
+  local args
+  if any_conflict then
+    args = without_conflicts(key, from, count)
+    from, count = 1, #args / 2
+  end
+  local stop = from + 2 * count
+  local j = from
+  while j < stop do
+    local chunk_end = math.min(j + 1000, stop)
+    if args then
+      redis.call('HSET', key, unpack(args, j, chunk_end - 1))
+    else
+      redis.call('HSET', key, unpack(ARGV, j, chunk_end - 1))
+    end
+    j = chunk_end
+  end
+end
+
+for _, b in ipairs(blocks) do
+  if b.nset > 0 then hset_pairs(b.key, b.at, b.nset) end
+  redis.call('ZADD', KEYS[2], now_text, b.engine)
+end
+
+if closing then
+  redis.call('ZADD', KEYS[3], '-' .. now_text, writer)
+else
+  redis.call('ZADD', KEYS[3], now_text, writer)
+end
+
+-- The load entries last, each stamped with the server's time (a closing writer's are deleted),
+-- with pcall: the batch is applied by now, and a load hash of the wrong type (or a user without
+-- the right) costs the feed this writer's entries, never the flush. The reply says why.
+local load_error = ''
+if nload > 0 then
+  local entries = {}
+  local stamp = now_text .. ','
+  for j = load_at, load_at + 2 * nload - 1, 2 do
+    entries[#entries + 1] = ARGV[j] .. '|' .. writer
+    if not closing then entries[#entries + 1] = stamp .. ARGV[j + 1] end
+  end
+  -- In parts of 1,000 (whole pairs): unpack() of a very long list overflows Lua's C stack.
+  for j = 1, #entries, 1000 do
+    local r = redis.pcall(closing and 'HDEL' or 'HSET', KEYS[8], unpack(entries, j, math.min(j + 999, #entries)))
+    if type(r) == 'table' and r.err then load_error = r.err; break end
+  end
+end
+return {1, now, #owner_conflicts / 2, conflict_names, refused, load_error}
