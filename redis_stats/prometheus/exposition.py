@@ -6,9 +6,12 @@ label on every scrape: about 10 us per sample, so 80 ms for 64 engines of the vL
 Between two scrapes nothing but the numbers changes, so this formatter keeps, per engine and
 names field (a :class:`~redis_stats._core.groups.Layout`), the text around the numbers: each
 line's prefix (``vllm:prompt_tokens_total{engine="3",model_name="m"} ``) and each histogram's
-template. A scrape is then a string join per counter and gauge and a template fill per
-histogram. It reads only the decoded form (the writers already added up, what was skipped
-already counted), so it prints what the snapshot holds.
+text with a slot per number. A scrape is then a string join per counter and gauge and a slot
+fill per histogram. No text of a label is ever part of a format string (a ``%`` in a label value
+once took the whole view dark, issue 32): lines are joined, and the one ``%`` format (a
+histogram whose counts are ints) is made of ``%s`` alone, the label texts its arguments. It
+reads only the decoded form (the writers already added up, what was skipped already counted),
+so it prints what the snapshot holds.
 
 What it keeps depends only on the catalogue (one :class:`_Plan` per catalogue, swapped whole when
 it changes) and on the names fields the engines hold: what a render did not use is dropped when
@@ -57,12 +60,17 @@ def _labels(engine: str, spec: MetricSpec, values: tuple[str, ...]) -> str:
     return ",".join(pairs)
 
 
-def _histogram_template(engine: str, spec: MetricSpec, values: tuple[str, ...]) -> str:
-    """One histogram series' lines, to fill with its cumulative counts, its count and its sum."""
+def _histogram_blank(engine: str, spec: MetricSpec, values: tuple[str, ...]) -> tuple[str | None, ...]:
+    """One histogram series' text with a ``None`` where each number goes (its cumulative
+    counts, its count, its sum): what a scrape copies, fills and joins. Never a format string:
+    a label value is data, and a ``%`` or ``{`` in it must print as it is (issue 32)."""
     labels = _labels(engine, spec, values)
-    lines = [f'{spec.name}_bucket{{{labels},le="{floatToGoString(b)}"}} %s\n' for b in (*spec.buckets, _INF)]
-    lines += [f"{spec.name}_count{{{labels}}} %s\n", f"{spec.name}_sum{{{labels}}} %s\n"]
-    return "".join(lines)
+    prefixes = [f'{spec.name}_bucket{{{labels},le="{floatToGoString(b)}"}} ' for b in (*spec.buckets, _INF)]
+    prefixes += [f"{spec.name}_count{{{labels}}} ", f"{spec.name}_sum{{{labels}}} "]
+    blank: list[str | None] = [prefixes[0]]
+    for prefix in prefixes[1:]:
+        blank += (None, "\n" + prefix)
+    return (*blank, None, "\n")
 
 
 def _number_text(value: Any) -> str:
@@ -95,7 +103,8 @@ class _Plan:
 
     def of(self, engine: str, layout: Layout) -> Any:
         """How to render a group of *layout* in *engine*: (family, line prefix) per counter,
-        (family, template, where its counts start and stop) per histogram, (family, prefix)
+        (family, its text with a slot per number, a format of as many ``%s`` (no text of its own),
+        where its counts start and stop) per histogram, (family, prefix)
         per gauge."""
         found = self.layouts.get((engine, layout))
         if found is not None:
@@ -107,8 +116,9 @@ class _Plan:
         found = (
             tuple((index[s.name], f"{s.name}_total{{{_labels(engine, s, v)}}} ") for s, v in counters),
             tuple(
-                (index[s.name], _histogram_template(engine, s, v), w.start, w.stop)
+                (index[s.name], blank, "%s" * len(blank), w.start, w.stop)
                 for (s, v), w in zip(histograms, layout.count_slices)
+                for blank in (_histogram_blank(engine, s, v),)
             ),
             tuple((index[s.name], f"{s.name}{{{_labels(engine, s, v)}}} ") for s, v in gauges),
         )
@@ -155,9 +165,18 @@ def _group(layout_plan: Any, group: Group, lines: list[list[str]]) -> None:
         lines[family].append(f"{prefix}{text}\n")
     if histogram_plans:
         counts, sums = _histogram_texts(group)
-        for (family, template, start, stop), total in zip(histogram_plans, sums):
-            found = counts[start:stop]
-            lines[family].append(template % (*found, found[-1], total))
+        joined = group.texts is not None or not group.count_ints  # texts only: joined as they are
+        for (family, blank, fill, start, stop), total in zip(histogram_plans, sums):
+            # The numbers go into the blank's slots (odd places): its buckets, then the count
+            # (the +Inf bucket's) and the sum.
+            filled = [*blank]
+            filled[1:-4:2] = counts[start:stop]
+            filled[-4] = counts[stop - 1]
+            filled[-2] = total
+            if joined:
+                lines[family].append("".join(filled))
+            else:
+                lines[family].append(fill % tuple(filled))  # "%s" only: the ints printed in C
     if gauge_plans:
         shown = [(plan, v) for plan, v in zip(gauge_plans, group.gauges) if v is not None]
         for ((family, prefix), _), text in zip(shown, go_floats([v for _, v in shown])):
@@ -172,9 +191,9 @@ def _counter_texts(group: Group) -> Sequence[Any]:
     return group.counters if group.counter_ints else [*map(_number_text, group.counters)]
 
 
-def _histogram_texts(group: Group) -> tuple[Sequence[Any], Sequence[Any]]:
-    """What to print of a group's histograms: the tokens (``counts[count_slices[j]]``) and the
-    sums, as :func:`_counter_texts` prints counters."""
+def _histogram_texts(group: Group) -> tuple[Sequence[Any], Sequence[str]]:
+    """What to print of a group's histograms: the tokens (``counts[count_slices[j]]``: texts, or
+    ints while exact) and the sums (texts), as :func:`_counter_texts` prints counters."""
     if group.texts is not None:
         tokens = group.texts[1].split(" ")
         return tokens, group.layout.pick_sums(tokens)
