@@ -169,6 +169,15 @@ def _histogram_names(text: str, lines: list[tuple[int, int]]) -> set[str]:
 _COUNTER_LIKE = ("_sum", "_count", "_bucket")
 
 
+def _unfit(value: str) -> bool:
+    """A sample value below 0 or NaN (``-0.0`` is neither)."""
+    try:
+        number = float(value)
+    except ValueError:
+        return False
+    return number != number or number < 0
+
+
 def _count_before(text: str, start: int, base: str, labels: str) -> list[tuple[int, int]]:
     """The ``_count`` line of histogram *base* with *labels* just before *start*, if it is there."""
     before = text.rfind("\n", 0, max(start - 1, 0)) + 1
@@ -190,7 +199,7 @@ def _unfit_samples(text: str, counters: set[str], histograms: set[str]) -> list[
             start = text.rfind("\n", 0, i) + 1
             # The value is a sample line's last field (a label value holds no newline, and a
             # space in one comes before the value's): anything else is not a value.
-            if " " not in text[i + 1 : end] and not text.startswith("#", start):
+            if " " not in text[i + 1 : end] and not text.startswith("#", start) and _unfit(text[i + 1 : end]):
                 brace = text.find("{", start, i)
                 name = text[start : i if brace == -1 else brace]
                 base, _, suffix = name.rpartition("_")
