@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 from redis_stats._core import fields
 from redis_stats._core.decoder import ShardReply, judged_by, judges, listed_engines, unreadable
 from redis_stats._core.liveness import STALE_FIELD, Liveness
-from redis_stats._core.values import roll_up
+from redis_stats._core.values import float_mean, float_sum, roll_up
 from redis_stats.catalog import COUNTER, GAUGE, MetricSpec
 from redis_stats.snapshot import Skipped
 
@@ -247,9 +247,15 @@ class EngineLoad:
         return out
 
 
-def _rounded(name: str, v: float) -> float | int:
+def _rounded(name: str, v: float) -> float | int | None:
     """Fewer digits than a float carries: a body that changes only when a value does (its ETag)
-    and stays small at a thousand engines."""
+    and stays small at a thousand engines. An infinity (a sum past the float range) is written as
+    the largest float of its sign: the document is strict JSON, and its schema promises a number
+    (``null`` means "not reported"); docs/load.md."""
+    if math.isinf(v):
+        return math.copysign(_MAX, v)
+    if v != v:  # (never: entries hold finite values, and their sums are none) strict JSON all the same
+        return None
     if name == "kv_cache_usage":
         return round(v, 4)
     if v == int(v) and abs(v) < 2**53:
@@ -277,10 +283,10 @@ class LoadView:
             if not values:
                 out[name] = {"sum": None, "mean": None, "max": None, "engines": 0}
                 continue
-            total = math.fsum(values)
+            total = float_sum(values)  # +-inf past the float range, never an exception
             out[name] = {
                 "sum": _rounded(name, total),
-                "mean": _rounded(name, total / len(values)),
+                "mean": _rounded(name, float_mean(values, total)),
                 "max": _rounded(name, max(values)),
                 "engines": len(values),
             }
@@ -457,7 +463,7 @@ def _summed_rates(entries: list[LoadEntry]) -> list[float | None]:
     values: list[float | None] = []
     for j in range(len(GAUGE_FIELDS), len(FIELDS)):
         rates = [v for e in entries if (v := e.values[j]) is not None]
-        values.append(math.fsum(rates) if rates else None)
+        values.append(float_sum(rates) if rates else None)
     return values
 
 

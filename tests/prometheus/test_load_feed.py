@@ -617,3 +617,29 @@ def test_a_refresher_nobody_asks_stops_and_the_next_request_waits_for_a_fresh_re
         exporter.close()
         client.close()
         w.close()
+
+
+def test_sums_past_the_float_range_are_written_as_the_largest_float(cfg):
+    """Issue 32: two engines at 1.7e308 (a value set() takes) overflowed math.fsum in the fleet
+    sum, and StatsReader.load().to_dict() raised OverflowError (the /load refresher died of it).
+    A sum past the float range is +inf, written as the largest float of its sign (the schema
+    promises a number); the mean and the max of finite values stay exact; the rest is untouched."""
+    big = 1.7e308
+    a = StatsWriter(cfg, catalog(), engines=[0, 1, 2], start=False, role="a", load=LOAD)
+    record(a, 0, big, -big, 0.25)
+    record(a, 1, big, -big, 0.5)
+    record(a, 2, 3, 1, 0.75)
+    assert a.flush()
+    view = StatsReader(cfg).load()
+    doc = view.to_dict(namespace=cfg.namespace)
+    jsonschema.validate(doc, SCHEMA)
+    json.loads(json.dumps(doc, allow_nan=False))  # strict JSON, as /load sends it
+    fleet = doc["fleet"]
+    running, waiting = fleet["requests_running"], fleet["requests_waiting"]
+    assert (running["sum"], running["max"], running["engines"]) == (sys.float_info.max, big, 3)
+    assert running["mean"] == pytest.approx(big / 3 * 2, rel=1e-12)
+    assert (waiting["sum"], waiting["max"]) == (-sys.float_info.max, 1)
+    assert waiting["mean"] == pytest.approx(-big / 3 * 2, rel=1e-12)
+    assert fleet["kv_cache_usage"] == {"sum": 1.5, "mean": 0.5, "max": 0.75, "engines": 3}
+    assert doc["engines"]["0"]["requests_running"] == big and doc["engines"]["2"]["requests_running"] == 3
+    a.close()
