@@ -361,6 +361,18 @@ class ReaderCore:
         view, self._owners = read_view(replies, self.config.stale_after, self._owners)
         return view
 
+    _packing: tuple[list[tuple[Any, ...]], Any] = ([], None)
+
+    def _packed(self, conn: Any, cmds: list[tuple[Any, ...]]) -> Any:
+        """The transaction's commands as the connection sends them, packed again only when they
+        changed: they are the plan's, which changes only when an engine or writer comes or goes
+        (packing ~70 commands a read cost a 64-engine scrape ~8 %)."""
+        kept, packed = self._packing
+        if cmds != kept:
+            packed = conn.pack_commands(cmds)
+            self._packing = (cmds, packed)  # one store: a concurrent read sees a whole pair
+        return packed
+
     def decoded(self, read: Read) -> Decoded:
         """The decoded form of a read (:meth:`StatsReader.read`): what the snapshot and the
         ``/metrics`` text are made from."""
@@ -444,7 +456,7 @@ class StatsReader(ReaderCore):
         pool = self._client.connection_pool
         conn = pool.get_connection()
         try:
-            conn.send_packed_command(conn.pack_commands(cmds))
+            conn.send_packed_command(self._packed(conn, cmds))
             refused: ResponseError | None = None
             for _ in range(len(cmds)):  # +OK, +QUEUED (or why not: -OOM), then EXEC's results
                 try:

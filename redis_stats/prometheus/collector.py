@@ -17,6 +17,7 @@ import threading
 import time
 from collections import Counter as _Tally
 from collections.abc import Iterable, Iterator
+from itertools import chain, repeat
 from typing import Any
 
 from prometheus_client.core import (
@@ -27,6 +28,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
+from redis_stats._core.values import go_floats
 from redis_stats.catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM
 from redis_stats.errors import error_kind
 from redis_stats.prometheus.exposition import TextRenderer, format_families
@@ -176,13 +178,17 @@ ENGINE_SELF_METRICS = (
 )
 
 
+_NEWLINES = repeat("\n")
+
+
 def engine_lines(snapshot: Snapshot) -> str:
     """:data:`ENGINE_SELF_METRICS` as text, without building a sample object per engine."""
-    engines = sorted(snapshot.engines.values(), key=lambda e: e.engine)
+    engines = [snapshot.engines[e] for e in sorted(snapshot.engines)]
     out = []
     for name, help_text, value in ENGINE_SELF_METRICS:
-        out.append(f"# HELP {name} {help_text}\n# TYPE {name} gauge\n")
-        out += [f'{name}{{engine="{e.engine}"}} {floatToGoString(value(e))}\n' for e in engines]
+        out.append("# HELP " + name + " " + help_text + "\n# TYPE " + name + " gauge\n")
+        prefixes = (name + '{engine="' + str(e.engine) + '"} ' for e in engines)
+        out += chain.from_iterable(zip(prefixes, go_floats([*map(value, engines)]), _NEWLINES))
     return "".join(out)
 
 
