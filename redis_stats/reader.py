@@ -344,15 +344,14 @@ class ReaderCore:
                 meta = yield ("meta", reply.keys)
                 self._shard_meta[reply.keys.root] = (version, meta)
                 metas.append(meta)
-        notes = tuple(
-            (unreadable(meta) or "unreadable", reply.keys.meta)
-            for reply, meta in zip(replies[1:], metas[1:])
-            if isinstance(meta, Exception)
-        )
-        versions = [r.version if r.version.__class__ is str else "?" for r in replies]
+        notes, versions = [], []
+        for reply, meta in zip(replies, metas):
+            versions.append(reply.version if reply.version.__class__ is str else "?")
+            if isinstance(meta, Exception) and reply is not replies[0]:  # shard 0's: the decoder's
+                notes.append((unreadable(meta) or "unreadable", reply.keys.meta))
         version = "|".join(versions) if any(versions) else ""
         meta = [] if version == self._decoder.meta_version else _catalogues(metas)
-        return Read(replies, version, meta, notes)
+        return Read(replies, version, meta, tuple(notes))
 
     def load_steps(self, engines: Engines, cluster: bool) -> Steps[LoadView]:
         """The steps of one read of the load feed (:data:`LOAD`), ending with its

@@ -183,12 +183,14 @@ _NEWLINES = repeat("\n")
 
 def engine_lines(snapshot: Snapshot) -> str:
     """:data:`ENGINE_SELF_METRICS` as text, without building a sample object per engine."""
-    engines = [snapshot.engines[e] for e in sorted(snapshot.engines)]
+    indexes = sorted(snapshot.engines)
+    engines = [*map(snapshot.engines.__getitem__, indexes)]
+    labels = [f'{{engine="{e}"}} ' for e in indexes]
     out = []
     for name, help_text, value in ENGINE_SELF_METRICS:
         out.append("# HELP " + name + " " + help_text + "\n# TYPE " + name + " gauge\n")
-        prefixes = (name + '{engine="' + str(e.engine) + '"} ' for e in engines)
-        out += chain.from_iterable(zip(prefixes, go_floats([*map(value, engines)]), _NEWLINES))
+        texts = go_floats([*map(value, engines)])
+        out += chain.from_iterable(zip(map(name.__add__, labels), texts, _NEWLINES))
     return "".join(out)
 
 
@@ -297,7 +299,9 @@ def _writer_states(snapshot: Snapshot) -> Metric:
         "not closed) or closed; until gc removes them.",
         labels=["state"],
     )
-    tally = _Tally("closed" if i.closed else "live" if i.live else "stale" for i in snapshot.writers.values())
+    tally: _Tally[str] = _Tally()
+    for i in snapshot.writers.values():
+        tally["closed" if i.closed else "live" if i.live else "stale"] += 1
     for state in WRITER_STATES:
         states.add_metric([state], float(tally[state]))
     return states
@@ -305,10 +309,15 @@ def _writer_states(snapshot: Snapshot) -> Metric:
 
 def _duration_buckets(stats: dict[str, str]) -> list[tuple[str, float]]:
     """A writer's flush durations (``dur:<bound>`` fields, per bucket) as cumulative buckets."""
+    bounds = []
+    for key in stats:
+        if key.startswith("dur:"):
+            bounds.append((float(key[4:]), key))  # (the decoder took only numbers as bounds)
+    bounds.sort()
     buckets, running = [], 0.0
-    for key in sorted((k for k in stats if k.startswith("dur:")), key=lambda k: float(k[4:])):
+    for bound, key in bounds:
         running += _num(stats, key)
-        buckets.append((floatToGoString(float(key[4:])), running))
+        buckets.append((floatToGoString(bound), running))
     return buckets
 
 

@@ -234,11 +234,21 @@ def format_families(families: Any) -> str:
     out: list[str] = []
     for fam in families:
         name = fam.name + "_total" if fam.type == "counter" else fam.name
-        out.append(f"# HELP {name} {_escape_help(fam.documentation)}\n# TYPE {name} {fam.type}\n")
+        out.append(
+            "# HELP "
+            + name
+            + " "
+            + _escape_help(fam.documentation)
+            + "\n# TYPE "
+            + name
+            + " "
+            + fam.type
+            + "\n"
+        )
         for sample in fam.samples:
-            if sample.labels:
-                labels = ",".join(f'{k}="{escape_label_value(str(v))}"' for k, v in sample.labels.items())
-                out.append(f"{sample.name}{{{labels}}} {floatToGoString(sample.value)}\n")
-            else:
-                out.append(f"{sample.name} {floatToGoString(sample.value)}\n")
+            pairs = []
+            for k, v in sample.labels.items():
+                pairs.append(k + '="' + escape_label_value(str(v)) + '"')
+            labels = "{" + ",".join(pairs) + "}" if pairs else ""
+            out.append(sample.name + labels + " " + floatToGoString(sample.value) + "\n")
     return "".join(out)
