@@ -7,6 +7,10 @@ the fast text path) and the decoded snapshot (``StatsReader.snapshot``, what ``/
 the prometheus_client path use). Best of several runs: noise on a shared machine only adds.
 ``reply KB`` is the size of what one read returns (the strings of the reply).
 
+``generate_latest`` is prometheus_client's formatting of the same samples (the families of one
+``collect()``, held in a registry): what it would cost prometheus_client to serve them; ``busy/pc``
+is the busy scrape (read, decode and text) against it.
+
 Given package paths (checkouts: the directory holding ``redis_stats/``), it times each of them
 in a worker process of its own (``PYTHONPATH=<path>``) against one redis-server, alternating the
 versions round by round, and prints each version's best and the ratio of each to the first
@@ -71,19 +75,73 @@ def _imports() -> Any:
     return names
 
 
-def fill(rs: Any, url: str, namespace: str, engines: int, writers: int) -> list[tuple[Any, list[Any]]]:
+# The synthetic set bench/peers.py compares libraries with: 40 series per engine.
+SYNTHETIC = {"counters": 20, "gauges": 16, "histograms": 4}
+SYNTHETIC_BUCKETS = [0.001 * 2**i for i in range(19)]  # 19 bounds and +Inf: 20 buckets
+
+
+class SyntheticServer:
+    """One engine's 40 synthetic series in one writer, each changed by every :meth:`step` (the
+    stand-in for :class:`SimulatedApiServer` with ``--catalogue synthetic``)."""
+
+    def __init__(self, writer: Any, engine: int) -> None:
+        self.counters = [writer.counter(f"counter_{i}").labels(engine=engine) for i in range(20)]
+        self.gauges = [writer.gauge(f"gauge_{i}").labels(engine=engine) for i in range(16)]
+        self.histograms = [writer.histogram(f"hist_{i}").labels(engine=engine) for i in range(4)]
+        self.engine = engine
+        self.steps = 0
+
+    def step(self, now: float) -> None:
+        self.steps += 1
+        for i, c in enumerate(self.counters):
+            c.inc(1 + (self.engine + i) % 7)
+        for i, g in enumerate(self.gauges):
+            g.set(self.steps * 0.5 + i)
+        for i, h in enumerate(self.histograms):
+            h.observe(SYNTHETIC_BUCKETS[(self.steps + i) % len(SYNTHETIC_BUCKETS)] * 0.9)
+
+
+def synthetic_catalog(rs: Any) -> Any:
+    """The synthetic set's catalogue."""
+    from redis_stats import Catalog
+
+    cat = Catalog()
+    for i in range(20):
+        cat.counter(f"counter_{i}", "c")
+    for i in range(16):
+        cat.gauge(f"gauge_{i}", "g")
+    for i in range(4):
+        cat.histogram(f"hist_{i}", "h", buckets=SYNTHETIC_BUCKETS)
+    return cat
+
+
+CATALOGUE = "vllm"  # or "synthetic" (--catalogue)
+
+
+def catalog_of(rs: Any) -> Any:
+    """The catalogue the bench fills (--catalogue)."""
+    return synthetic_catalog(rs) if CATALOGUE == "synthetic" else rs.vllm_catalog()
+
+
+def fill(
+    rs: Any, url: str, namespace: str, engines: int, writers: int, shards: int = 1
+) -> list[tuple[Any, list[Any]]]:
     """*writers* simulated API servers per engine, 20 steps each, one flush per writer; the
-    writers and their simulated servers, to go on (:func:`churn`)."""
+    writers and their simulated servers, to go on (:func:`churn`). With the synthetic
+    catalogue (``--catalogue synthetic``), 40 series per engine, each changed by every step."""
     # A flush of 1,024 engines can take schema 1's script over a second on a busy machine.
-    cfg = rs.StatsConfig(url=url, namespace=namespace, socket_timeout_ms=30_000)
-    cat = rs.vllm_catalog()
+    cfg = rs.StatsConfig(url=url, namespace=namespace, socket_timeout_ms=30_000, shards=shards)
+    cat = catalog_of(rs)
     made = []
     for w in range(writers):
         writer = rs.StatsWriter(cfg, cat, engines=list(range(engines)), start=False, role=f"api{w}")
-        sims = [
-            rs.SimulatedApiServer(rs.VllmRecorder(writer, "model", [e]), e, seed=w * 100_000 + e)
-            for e in range(engines)
-        ]
+        if CATALOGUE == "synthetic":
+            sims: list[Any] = [SyntheticServer(writer, e) for e in range(engines)]
+        else:
+            sims = [
+                rs.SimulatedApiServer(rs.VllmRecorder(writer, "model", [e]), e, seed=w * 100_000 + e)
+                for e in range(engines)
+            ]
         now = time.monotonic()
         for step in range(20):
             for sim in sims:
@@ -149,7 +207,7 @@ class Bench:
         rs = self.rs
         ns = f"scrape-{engines}-{writers}-{tag}"
         made = fill(rs, self.url, ns, engines, writers)
-        reader = rs.StatsReader(rs.StatsConfig(url=self.url, namespace=ns), rs.vllm_catalog())
+        reader = rs.StatsReader(rs.StatsConfig(url=self.url, namespace=ns), catalog_of(rs))
         collector = rs.RedisCollector(reader)
         text = collector.render_text()  # warm: field caches, engine list
         reader.snapshot()
@@ -161,7 +219,21 @@ class Bench:
         every chunk changed before each read (a busy one: writers flush every second, scrapes
         come every 15 s or more)."""
         reader, collector, samples, size, made = self.views[engines, writers]
+        from prometheus_client import CollectorRegistry, generate_latest
+
+        class Static:
+            """prometheus_client holding the same samples (the families of one collect)."""
+
+            def __init__(self, families: list[Any]) -> None:
+                self.families = families
+
+            def collect(self) -> Any:
+                return self.families
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(Static(list(collector.collect())))
         return {
+            "prometheus_client": best_ms(lambda: generate_latest(registry), runs),
             "scrape": best_ms(collector.render_text, runs),
             "snapshot": best_ms(reader.snapshot, runs),
             "scrape_busy": best_churned_ms(collector.render_text, runs, made),
@@ -171,9 +243,10 @@ class Bench:
         }
 
 
-def worker(url: str, tag: str) -> None:
+def worker(url: str, tag: str, catalogue: str) -> None:
     """Serve the parent: one JSON request per line on stdin, one JSON answer per line."""
-    global clock
+    global clock, CATALOGUE
+    CATALOGUE = catalogue
     rs = _imports()
     bench = Bench(rs, url)
     print(json.dumps({"package": str(rs.package), "schema": rs.SCHEMA_VERSION}), flush=True)
@@ -193,7 +266,7 @@ class Worker:
     def __init__(self, path: str, url: str, tag: str) -> None:
         env = dict(os.environ, PYTHONPATH=str(Path(path).resolve()))
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--worker", url, tag],
+            [sys.executable, __file__, "--worker", url, tag, CATALOGUE],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -232,7 +305,7 @@ def compare(paths: list[str], sizes: list[tuple[int, int]], rounds: int, rs: Any
             print(head + f"{'--- unchanged store ---':>38}{'--- every chunk changed ---':>38}")
             head = f"{'engines':>8}{'writers':>8}  {'version':<5}{'samples':>8}{'reply KB':>10}"
             cols = f"{'scrape ms':>11}{'x v0':>7}{'snapshot ms':>13}{'x v0':>7}"
-            print(head + cols + cols)
+            print(head + cols + cols + f"{'busy/pc':>8}")
             for engines, writers in sizes:
                 for w in workers:
                     w.ask(op="prepare", engines=engines, writers=writers)
@@ -253,6 +326,7 @@ def compare(paths: list[str], sizes: list[tuple[int, int]], rounds: int, rs: Any
                         f"{b['snapshot']:>13.1f}{b['snapshot'] / base['snapshot']:>7.2f}"
                         f"{b['scrape_busy']:>11.1f}{b['scrape_busy'] / base['scrape_busy']:>7.2f}"
                         f"{b['snapshot_busy']:>13.1f}{b['snapshot_busy'] / base['snapshot_busy']:>7.2f}"
+                        f"{b['scrape_busy'] / b['prometheus_client']:>8.2f}"
                     )
         finally:
             for w in workers:
@@ -261,7 +335,7 @@ def compare(paths: list[str], sizes: list[tuple[int, int]], rounds: int, rs: Any
 
 def main() -> None:
     if sys.argv[1:2] == ["--worker"]:
-        worker(sys.argv[2], sys.argv[3])
+        worker(sys.argv[2], sys.argv[3], sys.argv[4])
         return
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -270,10 +344,17 @@ def main() -> None:
     parser.add_argument("--writers", default="1,2", help="API-server writers per engine")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (with paths)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall", help="wall clock or CPU time")
+    parser.add_argument(
+        "--catalogue",
+        choices=["vllm", "synthetic"],
+        default="vllm",
+        help="vLLM's catalogue, or the 40-series synthetic set of bench/peers.py",
+    )
     parser.add_argument("paths", nargs="*", help="checkouts to compare (the first is the baseline)")
     opts = parser.parse_args()
-    global clock
+    global clock, CATALOGUE
     clock = CLOCKS[opts.clock]
+    CATALOGUE = opts.catalogue
     sizes = [(int(e), int(w)) for e in opts.engines.split(",") for w in opts.writers.split(",")]
     rs = _imports()
     if opts.paths:
@@ -282,7 +363,7 @@ def main() -> None:
     print(f"redis_stats from {rs.package} (schema {rs.SCHEMA_VERSION})")
     print(
         f"{'engines':>8}{'writers':>8}{'samples':>10}{'reply KB':>10}{'scrape ms':>11}{'snapshot ms':>13}"
-        f"{'busy scrape':>13}{'busy snapshot':>15}"
+        f"{'busy scrape':>13}{'busy snapshot':>15}{'generate_latest':>17}{'busy/pc':>9}"
     )
     with rs.EmbeddedRedis() as server:
         bench = Bench(rs, server.url)
@@ -292,6 +373,7 @@ def main() -> None:
             print(
                 f"{engines:>8}{writers:>8}{b['samples']:>10.0f}{b['kb']:>10.0f}"
                 f"{b['scrape']:>11.1f}{b['snapshot']:>13.1f}{b['scrape_busy']:>13.1f}{b['snapshot_busy']:>15.1f}"
+                f"{b['prometheus_client']:>17.1f}{b['scrape_busy'] / b['prometheus_client']:>9.2f}"
             )
 
 

@@ -18,7 +18,7 @@ spaced around the slot ring from shard 0's: on a Cluster made with equal contigu
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
@@ -27,7 +27,7 @@ __all__ = [
     "MAX_LISTED_SHARDS",
     "SCHEMA_VERSION",
     "Keys",
-    "parse_layouts",
+    "parse_shard_counts",
     "shard_of",
     "shard_slot",
     "shard_tag",
@@ -84,7 +84,7 @@ def shard_tag(namespace: str, shard: int, shards: int) -> str:
 MAX_LISTED_SHARDS = 128
 
 
-def parse_layouts(text: object) -> set[int]:
+def parse_shard_counts(text: object) -> set[int]:
     """The K values of shard 0's catalogue field ``shards`` (``"3"``, ``"2,3"``; see shards.lua):
     every K > 1 the namespace's writers used. Anything else in it is ignored (not an ASCII
     integer from 2 to 64), and so are the oldest K (shards.lua appends: the first listed) beyond
@@ -109,18 +109,59 @@ def shard_slot(namespace: str, shard: int, shards: int) -> int:
 
 @dataclass(frozen=True)
 class Keys:
-    """Names of every key of one namespace (of one of its shards, with *tag*)."""
+    """Names of every key of one namespace (of one of its shards, with *tag*). The names of the
+    fixed keys are made once, as attributes: every read and flush asks for them."""
 
     namespace: str
     tag: str = ""
     """The hash tag of the keys: the namespace (shard 0, or an unsharded namespace) when empty."""
 
-    def all_shards(self, layouts: Iterable[int]) -> list[Keys]:
-        """The keys of every shard of the namespace split with any K in *layouts*: shard 0 (these
-        keys) first, then shards 1..K-1 of each K (a K changed leaves data under the old tags),
-        each shard once."""
+    root: str = field(init=False, repr=False, compare=False)
+    """``rs:{NS}:``, the start of every key of the namespace, of any schema version (and the ACL
+    key pattern ``rs:{NS}:*``); ``rs:{NS#<s>.<salt>}:`` for shard ``s >= 1``."""
+    prefix: str = field(init=False, repr=False, compare=False)
+    """``rs:{NS}:v<schema>:``, the start of every key holding data of this schema version."""
+    meta: str = field(init=False, repr=False, compare=False)
+    """Hash: ``schema`` version, ``_v`` catalogue version, ``m:<metric>`` -> spec JSON."""
+    engines: str = field(init=False, repr=False, compare=False)
+    """Sorted set: engine index -> last heartbeat (server time, ms)."""
+    writers: str = field(init=False, repr=False, compare=False)
+    """Sorted set: writer id -> last heartbeat (server time, ms; negative once closed)."""
+    seq: str = field(init=False, repr=False, compare=False)
+    """Hash: writer id -> last applied flush sequence number."""
+    claims: str = field(init=False, repr=False, compare=False)
+    """Hash: engine -> ``<owner>|<ms>``, the instance that last claimed the engine."""
+    conflicts: str = field(init=False, repr=False, compare=False)
+    """Hash: engine -> ``<owner a>|<owner b>|<ms>``, when two live instances claimed it."""
+    load: str = field(init=False, repr=False, compare=False)
+    """Hash: ``<engine>|<writer>`` -> that writer's load entry for the engine (the router
+    feed's fields; see redis_stats/load.py)."""
+    leader: str = field(init=False, repr=False, compare=False)
+    """String with a TTL: the holder of the log lease and its fencing token (shard 0's)."""
+    leader_epoch: str = field(init=False, repr=False, compare=False)
+    """Integer: the last fencing token handed out with the log lease."""
+    gc_lock: str = field(init=False, repr=False, compare=False)
+    """String with a TTL: the process currently collecting garbage."""
+    bridges: str = field(init=False, repr=False, compare=False)
+    """Hash: ``<owner digest>|<writer id>`` -> a bridge writer's handover record (JSON: what
+    the writers before it held of its source; redis_stats/integrations/bridge/handover.py)."""
+
+    def __post_init__(self) -> None:
+        root = f"rs:{{{self.tag or self.namespace}}}:"
+        prefix = f"{root}v{SCHEMA_VERSION}:"
+        names = {"root": root, "prefix": prefix, "leader": root + "leader"}
+        names |= {"leader_epoch": root + "leader_epoch", "gc_lock": root + "gc"}
+        kept = ("meta", "engines", "writers", "seq", "claims", "conflicts", "load", "bridges")
+        names |= {k: prefix + k for k in kept}
+        for name, value in names.items():
+            object.__setattr__(self, name, value)  # frozen: set once, here
+
+    def all_shards(self, shard_counts: Iterable[int]) -> list[Keys]:
+        """The keys of every shard of the namespace split with any K in *shard_counts*: shard 0
+        (these keys) first, then shards 1..K-1 of each K (a K changed leaves data under the old
+        tags), each shard once."""
         out = [self]
-        for k in sorted(set(layouts) - {1}):
+        for k in sorted(set(shard_counts) - {1}):
             out += [self.shard(s, k) for s in range(1, k)]
         # Two K may give a shard the same tag (shard 1 of K=47 and of K=48 of "ns-0": the salts
         # nearest two targets a few slots apart): those keys are one shard, read (and gc'd) once.
@@ -129,74 +170,6 @@ class Keys:
     def shard(self, shard: int, shards: int) -> Keys:
         """The keys of *shard* of this namespace split into *shards* (shard 0: these keys)."""
         return self if shard == 0 else Keys(self.namespace, shard_tag(self.namespace, shard, shards))
-
-    @property
-    def root(self) -> str:
-        """``rs:{NS}:``, the start of every key of the namespace, of any schema version (and the
-        ACL key pattern ``rs:{NS}:*``); ``rs:{NS#<s>.<salt>}:`` for shard ``s >= 1``."""
-        return f"rs:{{{self.tag or self.namespace}}}:"
-
-    @property
-    def prefix(self) -> str:
-        """``rs:{NS}:v<schema>:``, the start of every key holding data of this schema version."""
-        return f"{self.root}v{SCHEMA_VERSION}:"
-
-    @property
-    def meta(self) -> str:
-        """Hash: ``schema`` version, ``_v`` catalogue version, ``m:<metric>`` -> spec JSON."""
-        return self.prefix + "meta"
-
-    @property
-    def engines(self) -> str:
-        """Sorted set: engine index -> last heartbeat (server time, ms)."""
-        return self.prefix + "engines"
-
-    @property
-    def writers(self) -> str:
-        """Sorted set: writer id -> last heartbeat (server time, ms; negative once closed)."""
-        return self.prefix + "writers"
-
-    @property
-    def seq(self) -> str:
-        """Hash: writer id -> last applied flush sequence number."""
-        return self.prefix + "seq"
-
-    @property
-    def leader(self) -> str:
-        """String with a TTL: the holder of the log lease and its fencing token (shard 0's)."""
-        return self.root + "leader"
-
-    @property
-    def leader_epoch(self) -> str:
-        """Integer: the last fencing token handed out with the log lease."""
-        return self.root + "leader_epoch"
-
-    @property
-    def gc_lock(self) -> str:
-        """String with a TTL: the process currently collecting garbage."""
-        return self.root + "gc"
-
-    @property
-    def claims(self) -> str:
-        """Hash: engine -> ``<owner>|<ms>``, the instance that last claimed the engine."""
-        return self.prefix + "claims"
-
-    @property
-    def conflicts(self) -> str:
-        """Hash: engine -> ``<owner a>|<owner b>|<ms>``, when two live instances claimed it."""
-        return self.prefix + "conflicts"
-
-    @property
-    def load(self) -> str:
-        """Hash: ``<engine>|<writer>`` -> that writer's load entry for the engine (the router
-        feed's fields, ``load.lua``; see redis_stats/load.py)."""
-        return self.prefix + "load"
-
-    @property
-    def bridges(self) -> str:
-        """Hash: ``<owner digest>|<writer id>`` -> a bridge writer's handover record (JSON: what
-        the writers before it held of its source; redis_stats/integrations/bridge/handover.py)."""
-        return self.prefix + "bridges"
 
     def writer_stats(self, writer_id: str) -> str:
         """Hash: one writer's self-metrics (flushes, errors, drops, flush durations, ...)."""

@@ -12,8 +12,9 @@ its shard's load hash (``load.lua``, docs/key-schema.md): the gauges' current va
 roll-up mode of each, their newest stamp (in the server's clock, as the flushed gauges'), and
 the recent rates of the counters (over
 :data:`RATE_WINDOW` seconds, computed by the writer, which knows its own increments exactly). A
-reader reads the load hash, the engines and the writers (``load_read.lua``: a few kilobytes per
-engine fewer than the snapshot) and adds each engine's entries up over the writers the reader
+reader reads the load hash, the engines' field names, the writers and their
+``stale_ms`` (:data:`redis_stats.reader.LOAD`: a few kilobytes per engine fewer than the
+snapshot) and adds each engine's entries up over the writers the reader
 judges live, by the snapshot's own rule (:func:`redis_stats._core.values.roll_up` for gauges; a
 rate is the sum of the live writers' rates).
 """
@@ -31,8 +32,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from redis_stats._core.values import roll_up
+from redis_stats._core import fields
+from redis_stats._core.decoder import ShardReply, judged_by, judges, listed_engines, unreadable
+from redis_stats._core.liveness import STALE_FIELD, Liveness
+from redis_stats._core.values import float_mean, float_sum, roll_up
 from redis_stats.catalog import COUNTER, GAUGE, MetricSpec
+from redis_stats.snapshot import Skipped
 
 __all__ = [
     "ENTRY_VERSION",
@@ -51,6 +56,7 @@ __all__ = [
     "decode_entry",
     "encode_entry",
     "load_view",
+    "read_view",
 ]
 
 # The version of the load document (``schema_version``; see docs/load.md for what may change
@@ -241,9 +247,15 @@ class EngineLoad:
         return out
 
 
-def _rounded(name: str, v: float) -> float | int:
+def _rounded(name: str, v: float) -> float | int | None:
     """Fewer digits than a float carries: a body that changes only when a value does (its ETag)
-    and stays small at a thousand engines."""
+    and stays small at a thousand engines. An infinity (a sum past the float range) is written as
+    the largest float of its sign: the document is strict JSON, and its schema promises a number
+    (``null`` means "not reported"); docs/load.md."""
+    if math.isinf(v):
+        return math.copysign(_MAX, v)
+    if v != v:  # (never: entries hold finite values, and their sums are none) strict JSON all the same
+        return None
     if name == "kv_cache_usage":
         return round(v, 4)
     if v == int(v) and abs(v) < 2**53:
@@ -271,10 +283,10 @@ class LoadView:
             if not values:
                 out[name] = {"sum": None, "mean": None, "max": None, "engines": 0}
                 continue
-            total = math.fsum(values)
+            total = float_sum(values)  # +-inf past the float range, never an exception
             out[name] = {
                 "sum": _rounded(name, total),
-                "mean": _rounded(name, total / len(values)),
+                "mean": _rounded(name, float_mean(values, total)),
                 "max": _rounded(name, max(values)),
                 "engines": len(values),
             }
@@ -310,12 +322,64 @@ class LoadView:
         return doc
 
 
+def read_view(
+    replies: list[ShardReply],
+    stale_after: float,
+    kept: dict[tuple[str, ...], frozenset[str]],
+) -> tuple[LoadView, dict[tuple[str, ...], frozenset[str]]]:
+    """The :class:`LoadView` of one read of the load feed (a reply per shard, shard 0 first), and
+    the engines' chunk writers by their hash's field names, for the next read (*kept*: the last
+    read's; they change only when a writer comes or goes).
+
+    ``up``, and the writers whose entries count in each engine, are decided by the rule every
+    reader applies (:class:`~redis_stats._core.liveness.Liveness`, on what the writers stored:
+    their heartbeats, their own ``stale_ms``, the engine's chunk writers; *stale_after*: the
+    configured seconds), with the writers live in the engine's own shard(s), as the snapshot
+    decodes them (the same functions of :mod:`redis_stats._core.decoder`)."""
+    skipped = Skipped()
+    now_ms = max(r.now_ms for r in replies)
+    stats: dict[str, dict[str, str]] = {}
+    load_flat: list[Any] = []
+    for reply in replies:
+        why = unreadable(reply.load)
+        if why is not None:  # a key of the wrong type: the others are shown
+            skipped.note(why, reply.keys.load)
+        else:
+            load_flat += reply.load
+        if reply.writers.__class__ is list:
+            for wid, ms in zip(reply.writers[0::2], reply.stats):
+                if ms.__class__ is str:  # stored in the writer's home shard only
+                    stats[wid] = {STALE_FIELD: ms}
+                else:
+                    stats.setdefault(wid, {})
+    rule = Liveness.of(now_ms, stats, stale_after * 1000.0)
+    judged = judges(replies, rule, skipped)
+    states: dict[int, tuple[bool, float]] = {}
+    live_of: dict[int, set[str]] = {}
+    now_kept: dict[tuple[str, ...], frozenset[str]] = {}
+    for name, (score, parts) in listed_engines(replies, skipped).items():
+        owners: frozenset[str] = frozenset()
+        for _, names in parts:
+            held = tuple(names) if names.__class__ is list else ()
+            writers = kept.get(held)
+            if writers is None:
+                writers = frozenset(
+                    w for n in held if n.__class__ is str and (w := fields.chunk_writer(n)) is not None
+                )
+            now_kept[held] = writers
+            owners |= writers
+        here, judge = judged_by(parts, judged)
+        states[int(name)] = (judge.engine_up(float(score), owners, here), rule.age(float(score)))
+        live_of[int(name)] = here
+    return load_view(now_ms, states, live_of, load_flat, skipped), now_kept
+
+
 def load_view(
     now_ms: float,
     engines: Mapping[int, tuple[bool, float]],
     live: Mapping[int, set[str]],
     load_flat: list[Any],
-    skipped: dict[str, int] | None = None,
+    skipped: Mapping[str, int] | None = None,
 ) -> LoadView:
     """The view of one read: *engines* (engine -> (up, age of its heartbeat in s), as the
     reader judged them), *live* (engine -> the writers whose values in it count, by the
@@ -399,7 +463,7 @@ def _summed_rates(entries: list[LoadEntry]) -> list[float | None]:
     values: list[float | None] = []
     for j in range(len(GAUGE_FIELDS), len(FIELDS)):
         rates = [v for e in entries if (v := e.values[j]) is not None]
-        values.append(math.fsum(rates) if rates else None)
+        values.append(float_sum(rates) if rates else None)
     return values
 
 

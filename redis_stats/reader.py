@@ -1,24 +1,42 @@
-"""StatsReader: one round trip to Redis returns a consistent :class:`~redis_stats.snapshot.Snapshot`.
+"""StatsReader: one consistent read of a namespace, every shard, in one round trip.
 
-:class:`ReaderCore` is the read without its I/O, shared with the asyncio twin
-(:mod:`redis_stats.aio.reader`): the shards a read covers, the transaction read's commands and
-their replies, the read as steps, the catalogues merged over shards. :class:`StatsReader`
-carries the steps out, blocking. The load feed's read is :mod:`redis_stats.load_read`'s.
+A read fetches, of each shard, its engines and writers lists, its catalogue version, the shard
+counts its writers listed, one hash of its own feed, and one read of each engine's hash and of
+each writer's stats hash. What that is differs by feed (:class:`Fetch`): the snapshot
+(:data:`SNAPSHOT`, every series: ``/metrics``, ``/snapshot``) reads the engines' hashes whole;
+the load feed (:data:`LOAD`, ``/load``) reads their field names only, each writer's
+``stale_ms`` and the load hash. Both are read by one loop, :meth:`ReaderCore.read_steps`:
+
+- **the plan**: which engines and writers to read is known only from the lists, so each read is
+  planned from the lists the last one returned (per feed and shard), reads the lists again with
+  the hashes, and compares: when an engine or writer came or went, it plans again and reads
+  again (at most :data:`TRIES` times; then it shows what it read of what is still listed);
+- **the carrier**: on one server, one ``MULTI`` / native reads / ``EXEC`` for every shard
+  (parsed in C by hiredis); on a Cluster, or when the server refuses ``MULTI`` for ``maxmemory``,
+  ``read.lua`` once per shard (``EVALSHA_RO``, in parallel on a Cluster), given every key it
+  reads, and split into calls of at most :data:`MAX_SCRIPT_KEYS` keys;
+- **the shards**: K = 1 is a list of one; shard counts a writer listed in shard 0's catalogue
+  are read at once, in the same read.
+
+Each shard's results become a :class:`~redis_stats._core.decoder.ShardReply` straight off the
+wire; the snapshot's are decoded by :class:`~redis_stats._core.decoder.SnapshotDecoder`, the
+load feed's into a :class:`~redis_stats.load.LoadView` (:func:`redis_stats.load.read_view`).
+:class:`ReaderCore` is all of it without I/O, shared with the asyncio twin
+(:mod:`redis_stats.aio.reader`); :class:`StatsReader` carries the steps out, blocking.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from redis.exceptions import ExecAbortError, OutOfMemoryError, ResponseError
 
 from redis_stats._core.decoder import Decoded, Read, ShardReply, SnapshotDecoder, unreadable
+from redis_stats._core.liveness import STALE_FIELD
 from redis_stats._core.slices import Engines, EngineSlice, is_among
 from redis_stats._core.steps import Steps, run
 from redis_stats._scripts import ReadOnlyScript, load_script
@@ -26,42 +44,130 @@ from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
 from redis_stats.connection import Client, flat_reply, is_cluster, make_client
 from redis_stats.errors import refused_for_memory
-from redis_stats.keys import MAX_LISTED_SHARDS, Keys, parse_layouts
-from redis_stats.load import LoadView
-from redis_stats.load_read import LoadRead, LoadSteps
+from redis_stats.keys import MAX_LISTED_SHARDS, Keys, parse_shard_counts
+from redis_stats.load import LoadView, read_view
 from redis_stats.snapshot import Snapshot
 
-__all__ = ["EngineSlice", "Engines", "ReaderCore", "StatsReader"]
+__all__ = ["LOAD", "SNAPSHOT", "EngineSlice", "Engines", "Fetch", "ReaderCore", "StatsReader"]
 
-log = logging.getLogger("redis_stats.reader")
+Plan = tuple[tuple[str, ...], tuple[str, ...]]
+"""The engines and writers of one shard a read asks for: those its last read found."""
 
-Plan = tuple[tuple[str, ...], tuple[str, ...]]  # (engines, writers) a transaction read asks for
-# One read without its I/O (ReaderCore.read_steps): yields (what, argument) steps, is sent their
-# results, returns the read.
-ReadSteps = Steps[Read]
+TRIES = 3
+"""Reads of one plan at most before a read shows what it has (the fleet changes faster than it
+is read: engines and writers listed since are left out of that read, those gone are dropped)."""
 
+MAX_SCRIPT_KEYS = 3_900
+"""Keys one ``read.lua`` call reads at most: a call is ``EVALSHA_RO sha numkeys keys... how
+fields...``, and some managed stores (ElastiCache Serverless) refuse a command of more than
+3,999 arguments. A shard with more is read in several calls, each atomic in itself."""
 
-def _layouts(meta_flat: Any) -> set[int]:
-    """The K values listed in a catalogue's ``shards`` field (see :func:`parse_layouts`)."""
-    if meta_flat.__class__ is not list:
-        return set()
-    for name, value in zip(meta_flat[0::2], meta_flat[1::2]):
-        if name == "shards":
-            return parse_layouts(value)
-    return set()
+_FIXED = 5  # the reads every shard starts with (Fetch.reads): engines, writers, _v, shards, own
 
 
-def _only(engine_flat: Any, engines: Iterable[int] | EngineSlice | None) -> Any:
-    """An ``engines`` zset as read (flat, or its error) cut down to *engines* (None: all)."""
-    if engines is None or engine_flat.__class__ is not list:
-        return engine_flat
-    held = is_among(engines)
-    return [x for e, score in zip(engine_flat[0::2], engine_flat[1::2]) if held(e) for x in (e, score)]
+@dataclass(frozen=True)
+class Fetch:
+    """What a read fetches of each shard besides its lists: the feed's *own* hash (a
+    :class:`~redis_stats.keys.Keys` property), how each engine's hash is read (*engine*:
+    ``"h"`` its fields and values, ``"k"`` its field names) and each writer's stats hash
+    (*writer*: ``"h"`` whole, ``"g"`` its ``stale_ms`` only)."""
+
+    name: str
+    own: str
+    engine: str
+    writer: str
+
+    def reads(self, keys: Keys, plan: Plan) -> list[tuple[str, str, str]]:
+        """The reads of one shard for *plan*, as ``(how, key, field)``: ``"z"`` a sorted set,
+        ``"h"`` a hash, ``"k"`` its field names, ``"g"`` one *field* (read.lua's letters)."""
+        out = [
+            ("z", keys.engines, ""),
+            ("z", keys.writers, ""),
+            ("g", keys.meta, "_v"),
+            ("g", keys.meta, "shards"),
+            ("h", getattr(keys, self.own), ""),
+        ]
+        out += [(self.engine, keys.counters(e), "") for e in plan[0]]
+        field = STALE_FIELD if self.writer == "g" else ""
+        out += [(self.writer, keys.writer_stats(w), field) for w in plan[1]]
+        return out
 
 
-def _names(flat: Any) -> tuple[Any, ...]:
-    """The members of a zset read flat (none when it could not be read)."""
-    return tuple(flat[0::2]) if flat.__class__ is list else ()
+SNAPSHOT = Fetch("snapshot", "conflicts", "h", "h")
+"""Every series: the engines' hashes, the writers' stats, the conflicts."""
+
+LOAD = Fetch("load", "load", "k", "g")
+"""The load feed: the load hash, the engines' field names (their chunk writers), the writers'
+``stale_ms``; never an engine's values (an engine hash holds ~28 KB at vLLM's catalogue)."""
+
+
+def transaction(shard_reads: list[list[tuple[str, str, str]]]) -> list[tuple[Any, ...]]:
+    """One ``MULTI`` … ``EXEC`` of every shard's reads, after ``TIME``: each read as the native
+    command read.lua runs for it."""
+    cmds: list[tuple[Any, ...]] = [("MULTI",), ("TIME",)]
+    cmds += [
+        ("ZRANGE", key, 0, -1, "WITHSCORES")
+        if how == "z"
+        else ("HGET", key, field)
+        if how == "g"
+        else ("HGETALL" if how == "h" else "HKEYS", key)
+        for reads in shard_reads
+        for how, key, field in reads
+    ]
+    cmds.append(("EXEC",))
+    return cmds
+
+
+def script_calls(reads: list[tuple[str, str, str]]) -> list[tuple[list[str], list[str]]]:
+    """One shard's reads as ``read.lua`` calls (KEYS, ARGV), at most :data:`MAX_SCRIPT_KEYS`
+    keys each."""
+    calls = []
+    for start in range(0, len(reads), MAX_SCRIPT_KEYS):
+        part = reads[start : start + MAX_SCRIPT_KEYS]
+        fields = list(dict.fromkeys(field for how, _, field in part if how == "g"))
+        how = "".join(str(1 + fields.index(field)) if h == "g" else h for h, _, field in part)
+        calls.append(([key for _, key, _ in part], [how, *fields]))
+    return calls
+
+
+def _time_ms(time: Any) -> float:
+    return int(time[0]) * 1000 + int(time[1]) // 1000
+
+
+def _reply(
+    fetch: Fetch, keys: Keys, plan: Plan, now_ms: float, results: list[Any], wanted: Any
+) -> tuple[ShardReply, Plan]:
+    """One shard's results (in the order of :meth:`Fetch.reads` for *plan*) as its reply, and
+    what it found: the plan of the next read. Of what the lists hold and *plan* did not (or the
+    reverse), the reply shows what was both listed and read."""
+    results = [flat_reply(r) for r in results]  # a client of the caller's may speak RESP3
+    engine_flat, writer_flat, version, listed, own = results[:_FIXED]
+    version = "" if version is None else version  # no catalogue yet
+    if wanted is not None and engine_flat.__class__ is list:
+        held = is_among(wanted)
+        engine_flat = [x for e, s in zip(engine_flat[0::2], engine_flat[1::2]) if held(e) for x in (e, s)]
+    found = (
+        tuple(engine_flat[0::2]) if engine_flat.__class__ is list else (),
+        tuple(writer_flat[0::2]) if writer_flat.__class__ is list else (),
+    )
+    n = len(plan[0])
+    hashes, stats = results[_FIXED : _FIXED + n], results[_FIXED + n :]
+    if found != plan:  # came or went since the plan: what was read of what is still listed
+        engine_flat, hashes = _read_of(engine_flat, dict(zip(plan[0], hashes)))
+        writer_flat, stats = _read_of(writer_flat, dict(zip(plan[1], stats)))
+    conflicts, load = (own, None) if fetch.own == "conflicts" else (None, own)
+    reply = ShardReply(
+        keys, now_ms, engine_flat, writer_flat, version, listed, conflicts, load, hashes, stats
+    )
+    return reply, found
+
+
+def _read_of(flat: Any, read: dict[str, Any]) -> tuple[Any, list[Any]]:
+    """A list read flat cut down to the members *read* holds, and their parts in its order."""
+    if flat.__class__ is not list:
+        return flat, []
+    kept = [x for m, s in zip(flat[0::2], flat[1::2]) if m in read for x in (m, s)]
+    return kept, [read[m] for m in kept[0::2]]
 
 
 def _catalogues(metas: list[Any]) -> Any:
@@ -83,17 +189,14 @@ def _catalogues(metas: list[Any]) -> Any:
     return meta
 
 
-def _wanted(engines: Iterable[int] | EngineSlice | None) -> Any:
-    """The engines a read asks for, fixed once: None (all), a slice, or a list of indexes."""
-    return engines if engines is None or isinstance(engines, EngineSlice) else list(engines)
-
-
 class ReaderCore:
-    """A reader without its I/O: the arguments of ``read.lua`` and the decoding of its reply
-    (shared by :class:`StatsReader` and :class:`redis_stats.aio.AsyncStatsReader`).
+    """A reader without its I/O: the plans, the read as steps, the catalogue of every shard, the
+    decoding (shared by :class:`StatsReader` and :class:`redis_stats.aio.AsyncStatsReader`).
 
     *catalog* is the code's own catalogue; metrics it does not define are rendered from the
-    catalogue stored in Redis.
+    catalogue stored in Redis. Safe to share between threads (an exporter reads on each request's
+    thread): what a read keeps is replaced whole, one store each; each read checks its reply
+    against the plan it was built from.
     """
 
     def __init__(self, config: StatsConfig | None = None, catalog: Catalog | None = None) -> None:
@@ -106,325 +209,15 @@ class ReaderCore:
             max_label_length=self.config.max_label_length,
         )
         # Every K a writer listed in shard 0's catalogue (see shards.lua), and our own.
-        self.layouts: frozenset[int] = frozenset({self.config.shards} - {1})
-        # Per shard read (its root): (catalogue version, the catalogue) last read.
-        self._shard_meta: dict[str, tuple[str, Any]] = {}
-        self._shard_plans: dict[str, Plan] = {}
-        self._load = LoadRead()  # the load feed's plans and chunk writers (load_steps)
-        self._lock = threading.Lock()
-        # The shard keys of the layouts they were made for: made again only when the layouts
-        # change (every read asks for them; K = 64 means 63 Keys each time).
+        self.shard_counts: frozenset[int] = frozenset({self.config.shards} - {1})
         self._shards: tuple[frozenset[int] | None, list[Keys]] = (None, [])
-
-    @property
-    def shard_keys(self) -> list[Keys]:
-        """The keys of every shard this reader reads: shard 0 (the namespace's own keys), then
-        shards 1..K-1 of every K in :attr:`layouts`."""
-        layouts = self.layouts
-        made_for, shards = self._shards
-        if made_for is not layouts:  # layouts is replaced, never changed, when a K is noted
-            shards = self.keys.all_shards(layouts)
-            self._shards = (layouts, shards)  # one store: concurrent reads see a whole pair
-        return shards
-
-    def note_layouts(self, meta_flat: Any) -> bool:
-        """Take the K values listed in shard 0's catalogue *meta_flat*; True if one is new."""
-        listed = _layouts(meta_flat)
-        found = listed - self.layouts
-        if found:
-            with self._lock:
-                layouts = self.layouts | found
-                own = {self.config.shards} - {1}
-                if sum(k - 1 for k in layouts - own) > MAX_LISTED_SHARDS:
-                    # K noted from earlier reads and no longer listed (a rewritten, garbled
-                    # field) must not add up past the bound parse_layouts keeps: the list now.
-                    layouts = frozenset(listed | own)
-                self.layouts = frozenset(layouts)
-        return bool(found)
-
-    def shard_args(self, keys: Keys, engines: Engines = None) -> tuple[list[str], list[str]]:
-        """KEYS and ARGV of ``read.lua`` for one shard (*keys*), knowing its catalogue version."""
-        version = self._shard_meta.get(keys.root, ("", None))[0]
-        args = [keys.prefix, version]
-        if isinstance(engines, EngineSlice):  # a slice: read.lua picks its engines
-            args += engines.script_args
-        elif engines is not None:
-            args += [str(int(e)) for e in engines]
-        return [keys.engines, keys.writers, keys.meta, keys.conflicts], args
-
-    def merge(self, shard_replies: list[list[Any]], shards: list[Keys]) -> Read:
-        """One read out of the shards' replies (read.lua-shaped, shard 0 first). Their
-        catalogues are kept here, one per shard, and put together for the decoder whenever one
-        of them changed: shard 0's, then the specs of the others for metrics shard 0 lacks (the
-        first stored definition wins). Another shard's catalogue that cannot be read is noted
-        under its own key (shard 0's is the decoder's to count)."""
-        metas = [
-            self._shard_catalogue(keys, reply[3], reply[4]) for keys, reply in zip(shards, shard_replies)
-        ]
-        notes = [
-            (unreadable(meta) or "unreadable", keys.meta)
-            for keys, meta in zip(shards[1:], metas[1:])
-            if isinstance(meta, Exception)
-        ]
-        versions = [r[3] if r[3].__class__ is str else "?" for r in shard_replies]
-        version = "" if not any(versions) else "|".join(versions)
-        meta = [] if version == self._decoder.meta_version else _catalogues(metas)
-        replies = [ShardReply.of(keys, reply) for keys, reply in zip(shards, shard_replies)]
-        return Read(replies, version, meta, tuple(notes))
-
-    def _shard_catalogue(self, keys: Keys, version: Any, meta: Any) -> Any:
-        """One shard's catalogue (flat, or the error reading it), kept here by its version."""
-        if version.__class__ is not str:  # the catalogue is unreadable
-            return version
-        if meta is None or (meta == [] and version != ""):
-            # Not read (the transaction read fetches a catalogue only when its version changed;
-            # read.lua returns none at the version we sent): we hold it. Never store "not read"
-            # as the catalogue: a later change in another shard would merge without its specs.
-            return self._shard_meta.get(keys.root, ("", []))[1]
-        self._shard_meta[keys.root] = (version, meta)  # new (or none, or unreadable)
-        return meta
+        self._plans: dict[tuple[str, str], Plan] = {}  # (feed, shard root) -> its last lists
+        self._shard_meta: dict[str, tuple[str, Any]] = {}  # shard root -> (version, catalogue)
+        self._owners: dict[tuple[str, ...], frozenset[str]] = {}  # the load feed's (read_view)
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self.config.safe_url!r}, namespace={self.config.namespace!r})"
-
-    def read_args(self, engines: Engines = None) -> tuple[list[str], list[str]]:
-        """KEYS and ARGV of ``read.lua``: every engine, or only *engines*."""
-        keys = [self.keys.engines, self.keys.writers, self.keys.meta, self.keys.conflicts]
-        args = [self.keys.prefix, self._decoder.meta_version]
-        if isinstance(engines, EngineSlice):  # a slice: read.lua picks its engines
-            args += engines.script_args
-        elif engines is not None:
-            args += [str(int(e)) for e in engines]
-        return keys, args
-
-    def decoded(self, read: Read | list[Any]) -> Decoded:
-        """The decoded form of a read (:meth:`StatsReader.read`; or one reply of ``read.lua``
-        for this namespace): what the snapshot and the ``/metrics`` text are made from."""
-        if not isinstance(read, Read):
-            read = Read([ShardReply.of(self.keys, read)], read[3], read[4])
-        return self._decoder.decode(read)
-
-    def decode(self, read: Read | list[Any]) -> Snapshot:
-        """The snapshot of a read (see :meth:`decoded`)."""
-        return self.decoded(read).snapshot()
-
-    # -- the transaction read (standalone and Sentinel servers) ------------------------------
-    #
-    # read.lua turns every hash into a Lua table and back, which costs the server about 4x
-    # the time of native HGETALLs. So where the client talks to one server, the same consistent
-    # snapshot is read with MULTI / native reads / EXEC, packed into one write and parsed in C
-    # (hiredis). The engine and writer lists of the previous read say which hashes to ask for;
-    # when they changed, the read is repeated with the new lists (a second round trip, rare).
-    # Each read carries the plan it was built from: concurrent reads (an exporter serves each
-    # request on its own thread) must check their reply against their own plan, not the last one.
-
-    _planned: Plan = ((), ())
-
-    @property
-    def planned(self) -> Plan:
-        """The (engines, writers) of the last read: what the next transaction asks for."""
-        return self._planned
-
-    def transaction(self, planned: Plan | None = None) -> list[tuple[Any, ...]]:
-        """The commands of one transaction read, for *planned* (default: :attr:`planned`)."""
-        engines, writers = self._planned if planned is None else planned
-        k = self.keys
-        cmds: list[tuple[Any, ...]] = [
-            ("MULTI",),
-            ("TIME",),
-            ("ZRANGE", k.engines, 0, -1, "WITHSCORES"),
-            ("ZRANGE", k.writers, 0, -1, "WITHSCORES"),
-            ("HGET", k.meta, "_v"),
-            ("HGETALL", k.conflicts),
-        ]
-        for e in engines:
-            cmds.append(("HGETALL", k.counters(e)))
-        cmds += [("HGETALL", k.writer_stats(w)) for w in writers]
-        cmds.append(("EXEC",))
-        return cmds
-
-    def sharded_transaction(self, shards: list[Keys], plans: list[Plan]) -> list[tuple[Any, ...]]:
-        """The commands of one transaction read of every shard (all on one server): the four
-        reads of each shard's lists, then each one's planned hashes."""
-        cmds: list[tuple[Any, ...]] = [("MULTI",), ("TIME",)]
-        for k in shards:
-            cmds += [
-                ("ZRANGE", k.engines, 0, -1, "WITHSCORES"),
-                ("ZRANGE", k.writers, 0, -1, "WITHSCORES"),
-                ("HGET", k.meta, "_v"),
-                ("HGETALL", k.conflicts),
-            ]
-        for k, (engines, writers) in zip(shards, plans):
-            cmds += [("HGETALL", k.counters(e)) for e in engines]
-            cmds += [("HGETALL", k.writer_stats(w)) for w in writers]
-        cmds.append(("EXEC",))
-        return cmds
-
-    def _replan(self, keys: Keys, found: Plan) -> None:
-        self._shard_plans[keys.root] = found
-
-    def sharded_assemble(
-        self, results: list[Any], shards: list[Keys], plans: list[Plan], engines: Engines = None
-    ) -> list[list[Any]] | None:
-        """The EXEC results of :meth:`sharded_transaction` as one read.lua-shaped reply per shard,
-        or None when a shard's lists differ from its plan (the new plans are kept: read again)."""
-        wanted = _wanted(engines)
-        at = 1 + 4 * len(shards)
-        out, stale = [], False
-        for i, (k, plan) in enumerate(zip(shards, plans)):
-            size = len(plan[0]) + len(plan[1])
-            part = [results[0], *results[1 + 4 * i : 5 + 4 * i], *results[at : at + size]]
-            at += size
-            reply = self.assemble(part, wanted, plan, replan=functools.partial(self._replan, k))
-            if reply is None:
-                stale = True
-            else:
-                out.append(reply)
-        return None if stale else out
-
-    def assemble(
-        self,
-        results: list[Any],
-        engines: Engines = None,
-        planned: Plan | None = None,
-        *,
-        replan: Callable[[Plan], None] | None = None,
-    ) -> list[Any] | None:
-        """The EXEC results as a read.lua-shaped reply, or None when the engine or writer lists
-        differ from *planned*, the lists the transaction was built for (then read again with
-        :meth:`transaction`: :attr:`planned` now holds the new ones).
-
-        With *engines*, only those engines' hashes are asked for and returned. A command that
-        failed (a key of the wrong type) stays in the reply as its exception, for the decoder
-        to skip and count: it costs that key only. (With *replan*, the new lists are given to it
-        instead of kept in :attr:`planned`: the sharded read keeps one plan per shard.)
-        """
-        results = [flat_reply(r) for r in results]  # a client of the caller's may speak RESP3
-        now, engine_flat, writer_flat, version, conflicts = results[:5]
-        engine_flat = _only(engine_flat, engines)
-        found = (_names(engine_flat), _names(writer_flat))
-        if found != (self._planned if planned is None else planned):
-            if replan is not None:
-                replan(found)
-            else:
-                self._planned = found
-            return None
-        now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
-        return [now_ms, engine_flat, writer_flat, version or "", None, conflicts, *results[5:]]
-
-    # -- the read, as steps: the decisions of one read without its I/O ------------------------
-    #
-    # StatsReader and AsyncStatsReader run the same generator and differ only in how they carry
-    # out each step it yields (blocking, or awaited): which commands to send, when to read again,
-    # when to fall back to read.lua, when to read the shards a catalogue names live here, once.
-    # A step is (what, argument); the generator is sent its result, or thrown its exception.
-    #   ("transaction", commands)  -> the EXEC results (raises what Redis refused, e.g. -OOM)
-    #   ("script", (KEYS, ARGV))   -> read.lua's reply (on the slot's node on a Cluster)
-    #   ("scripts", [(KEYS, ARGV)]) -> their replies, in order (in parallel on a Cluster)
-    #   ("meta", Keys)             -> that catalogue, flat (or the error reading it, not raised)
-
-    def read_steps(self, engines: Engines, cluster: bool) -> ReadSteps:
-        """The steps of one consistent read of the namespace (every shard), ending with the
-        read.lua-shaped reply; *cluster*: the client talks to a Redis Cluster. *engines* may be
-        an :class:`EngineSlice` (the engines ``e % N == i``, picked by the read itself)."""
-        wanted = _wanted(engines)
-        for _ in range(2):
-            if len(self.shard_keys) > 1:
-                return (yield from self._shard_steps(wanted, cluster))
-            reply = yield from self._one_shard_steps(wanted, cluster)
-            meta = reply[4]
-            if not (meta and self.note_layouts(meta)):
-                return Read([ShardReply.of(self.keys, reply)], reply[3], reply[4])
-            # Shard 0's catalogue names shards (written with another K than ours): read them all.
-        return (yield from self._shard_steps(wanted, cluster))
-
-    def _one_shard_steps(self, engines: list[int] | EngineSlice | None, cluster: bool) -> Steps[list[Any]]:
-        if cluster:  # Cluster: the script, on the slot's node
-            on_slot: list[Any] = yield ("script", self.read_args(engines))
-            return on_slot
-        try:
-            for _ in range(3):
-                planned = self._planned
-                reply = self.assemble((yield ("transaction", self.transaction(planned))), engines, planned)
-                if reply is not None:
-                    if reply[3].__class__ is str and reply[3] != self.meta_version:
-                        reply[4] = yield ("meta", self.keys)  # the catalogue changed: fetch it (rare)
-                    return reply
-        except (OutOfMemoryError, ExecAbortError) as exc:
-            if not refused_for_memory(exc):
-                raise
-            # Over maxmemory (noeviction) Redis 7.0 refuses to queue any command in MULTI, but
-            # runs a script that only reads: the same consistent snapshot, some server time more.
-        scripted: list[Any] = yield ("script", self.read_args(engines))
-        return scripted  # or the fleet changes faster than we read
-
-    def _sharded_transaction_steps(
-        self, shards: list[Keys], engines: list[int] | EngineSlice | None
-    ) -> Steps[list[list[Any]] | None]:
-        """Every shard's reply by one transaction (on a single server), or None: the fleet
-        changes faster than we read, or the server is over maxmemory (read by scripts then)."""
-        try:
-            for _ in range(3):
-                plans = [self._shard_plans.get(k.root, ((), ())) for k in shards]
-                results = yield ("transaction", self.sharded_transaction(shards, plans))
-                replies = self.sharded_assemble(results, shards, plans, engines)
-                if replies is not None:
-                    return replies
-        except (OutOfMemoryError, ExecAbortError) as exc:
-            if not refused_for_memory(exc):
-                raise
-        return None  # over maxmemory: each shard's script, as for one shard
-
-    def _changed_catalogues(self, shards: list[Keys], replies: list[list[Any]]) -> Steps[None]:
-        """Fetch the catalogue of each shard whose version changed (rare) into its reply."""
-        for k, reply in zip(shards, replies):
-            cached = self._shard_meta.get(k.root, ("", None))[0]
-            if reply[3].__class__ is str and reply[3] != cached:
-                reply[4] = yield ("meta", k)
-
-    def _shard_steps(
-        self, engines: list[int] | EngineSlice | None, cluster: bool, again: bool = True
-    ) -> ReadSteps:
-        """Every shard, merged: one transaction on a single server; one read.lua per shard on a
-        Cluster, in parallel. A shard that cannot be read fails the whole read (raised).
-
-        When shard 0's catalogue names shards this read did not cover (a K other than ours: the
-        first read of a reader, or a K just added), they are read at once, all together again:
-        a reply without them would show a live engine's counters lower than the next read."""
-        shards = self.shard_keys
-        replies = None if cluster else (yield from self._sharded_transaction_steps(shards, engines))
-        if replies is None:  # a Cluster, or the fleet changes faster than we read, or OOM
-            replies = yield ("scripts", [self.shard_args(k, engines) for k in shards])
-        else:
-            yield from self._changed_catalogues(shards, replies)
-        merged = self.merge(replies, shards)
-        if merged.meta.__class__ is list and merged.meta and self.note_layouts(merged.meta) and again:
-            return (yield from self._shard_steps(engines, cluster, again=False))
-        return merged
-
-    # -- the load feed: the load hashes, engines and writers only (redis_stats/load_read.py) -
-
-    def load_steps(self, engines: Engines = None, cluster: bool = False) -> LoadSteps:
-        """The steps of one read of the load feed, ending with the :class:`LoadView` (of
-        *engines* only, when given): :meth:`LoadRead.steps <redis_stats.load_read.LoadRead.steps>`
-        over this reader's shards."""
-        return self._load.steps(self, engines, cluster)
-
-    def load_transaction(self, shards: list[Keys], plans: list[Plan]) -> list[tuple[Any, ...]]:
-        """The commands of one transaction read of the load feed (see :class:`LoadRead`)."""
-        return self._load.transaction(shards, plans)
-
-    def load_assemble(
-        self, results: list[Any], shards: list[Keys], plans: list[Plan]
-    ) -> list[list[Any]] | None:
-        """The EXEC results of :meth:`load_transaction` as ``load_read.lua``-shaped replies, or
-        None when a shard's lists differ from its plan (see :class:`LoadRead`)."""
-        return self._load.assemble(results, shards, plans)
-
-    def load_of(self, replies: list[Any], engines: Engines = None) -> LoadView:
-        """The :class:`LoadView` of ``load_read.lua``'s replies (one per shard, shard 0 first),
-        by the rule every reader applies (see :meth:`LoadRead.view`)."""
-        return self._load.view(replies, engines, self.config.stale_after)
 
     @property
     def catalog(self) -> Catalog:
@@ -436,6 +229,157 @@ class ReaderCore:
     def meta_version(self) -> str:
         """The catalogue version the decoder holds."""
         return self._decoder.meta_version
+
+    @property
+    def shard_keys(self) -> list[Keys]:
+        """The keys of every shard this reader reads: shard 0 (the namespace's own keys), then
+        shards 1..K-1 of every K in :attr:`shard_counts`."""
+        counts = self.shard_counts
+        made_for, shards = self._shards
+        if made_for is not counts:  # replaced, never changed, when a K is noted
+            shards = self.keys.all_shards(counts)
+            self._shards = (counts, shards)  # one store: concurrent reads see a whole pair
+        return shards
+
+    def note_shard_counts(self, listed: Any) -> bool:
+        """Take the K values listed in shard 0's ``shards`` field; True if one is new."""
+        found = parse_shard_counts(listed) - self.shard_counts
+        if found:
+            with self._lock:
+                counts = self.shard_counts | found
+                own = {self.config.shards} - {1}
+                if sum(k - 1 for k in counts - own) > MAX_LISTED_SHARDS:
+                    # K noted from earlier reads and no longer listed (a rewritten, garbled
+                    # field) must not add up past the bound parse_shard_counts keeps: the list now.
+                    counts = frozenset(parse_shard_counts(listed) | own)
+                self.shard_counts = frozenset(counts)
+        return bool(found)
+
+    # -- the read, as steps --------------------------------------------------------------------
+    #
+    # StatsReader and AsyncStatsReader run the same generator and differ only in how they carry
+    # out each step it yields (blocking, or awaited). A step is (what, argument); the generator
+    # is sent its result, or thrown its exception.
+    #   ("transaction", commands)   -> the EXEC results (raises what Redis refused, e.g. -OOM)
+    #   ("scripts", [(KEYS, ARGV)]) -> read.lua's replies, in order (in parallel on a Cluster)
+    #   ("meta", Keys)              -> that catalogue, flat (or the error reading it, not raised)
+
+    def read_steps(self, fetch: Fetch, engines: Engines, cluster: bool) -> Steps[list[ShardReply]]:
+        """The steps of one consistent read of *fetch* of every shard (*engines* only, when
+        given: indexes, or an :class:`EngineSlice`, picked from what the store lists), ending
+        with a reply per shard, shard 0 first; *cluster*: the client talks to a Redis Cluster.
+        A shard that cannot be read fails the whole read (raised)."""
+        wanted = engines if engines is None or isinstance(engines, EngineSlice) else list(engines)
+        scripted, shards, tries, learnt = cluster, self.shard_keys, 0, False
+        while True:
+            plans = [self._plans.get((fetch.name, k.root), ((), ())) for k in shards]
+            reads = [fetch.reads(k, plan) for k, plan in zip(shards, plans)]
+            results = None
+            if not scripted:
+                try:
+                    results = yield from self._transaction_results(reads)
+                except (OutOfMemoryError, ExecAbortError) as exc:
+                    if not refused_for_memory(exc):
+                        raise
+                    # Over maxmemory (noeviction) Redis 7.0 refuses to queue any command in
+                    # MULTI, but runs a script that only reads: the same reads, some server time more.
+                    scripted = True
+            if results is None:
+                results = yield from self._script_results(reads)
+            replies, stale = [], False
+            for k, plan, (now_ms, parts) in zip(shards, plans, results):
+                reply, found = _reply(fetch, k, plan, now_ms, parts, wanted)
+                replies.append(reply)
+                if found != plan:
+                    self._plans[fetch.name, k.root] = found
+                    stale = True
+            if not learnt and self.note_shard_counts(replies[0].listed):
+                # Shard 0 names shards of another K than this reader's: read them all, now (a
+                # reply without them would show a live engine's counters lower than the next).
+                shards, tries, learnt = self.shard_keys, 0, True
+                continue
+            tries += 1
+            if not stale or tries == TRIES:
+                return replies
+
+    def _transaction_results(
+        self, reads: list[list[tuple[str, str, str]]]
+    ) -> Steps[list[tuple[float, list[Any]]]]:
+        """Every shard's reads in one transaction: per shard (server time, its results)."""
+        results = yield ("transaction", transaction(reads))
+        now_ms, at, out = _time_ms(results[0]), 1, []
+        for shard_reads in reads:
+            out.append((now_ms, results[at : at + len(shard_reads)]))
+            at += len(shard_reads)
+        return out
+
+    def _script_results(
+        self, reads: list[list[tuple[str, str, str]]]
+    ) -> Steps[list[tuple[float, list[Any]]]]:
+        """Every shard's reads by ``read.lua`` calls: per shard (its first call's server time,
+        its results)."""
+        calls = [script_calls(shard_reads) for shard_reads in reads]
+        replies = yield ("scripts", [call for shard_calls in calls for call in shard_calls])
+        out, at = [], 0
+        for shard_calls in calls:
+            parts = replies[at : at + len(shard_calls)]
+            at += len(shard_calls)
+            out.append((_time_ms(parts[0][0]), [r for part in parts for r in part[1:]]))
+        return out
+
+    def snapshot_steps(self, engines: Engines, cluster: bool) -> Steps[Read]:
+        """The steps of one read of every series (:data:`SNAPSHOT`), ending with the
+        :class:`~redis_stats._core.decoder.Read` to decode; a shard whose catalogue version
+        changed has its catalogue read too (rare: a new metric, a new K)."""
+        replies = yield from self.read_steps(SNAPSHOT, engines, cluster)
+        metas = []
+        for reply in replies:
+            version = reply.version
+            kept = self._shard_meta.get(reply.keys.root)
+            if version.__class__ is not str:  # the catalogue hash is unreadable
+                metas.append(version)
+            elif kept is not None and kept[0] == version:
+                metas.append(kept[1])
+            else:
+                meta = yield ("meta", reply.keys)
+                self._shard_meta[reply.keys.root] = (version, meta)
+                metas.append(meta)
+        notes, versions = [], []
+        for reply, meta in zip(replies, metas):
+            versions.append(reply.version if reply.version.__class__ is str else "?")
+            if isinstance(meta, Exception) and reply is not replies[0]:  # shard 0's: the decoder's
+                notes.append((unreadable(meta) or "unreadable", reply.keys.meta))
+        version = "|".join(versions) if any(versions) else ""
+        meta = [] if version == self._decoder.meta_version else _catalogues(metas)
+        return Read(replies, version, meta, tuple(notes))
+
+    def load_steps(self, engines: Engines, cluster: bool) -> Steps[LoadView]:
+        """The steps of one read of the load feed (:data:`LOAD`), ending with its
+        :class:`LoadView` (of *engines* only, when given)."""
+        replies = yield from self.read_steps(LOAD, engines, cluster)
+        view, self._owners = read_view(replies, self.config.stale_after, self._owners)
+        return view
+
+    _packing: tuple[list[tuple[Any, ...]], Any] = ([], None)
+
+    def _packed(self, conn: Any, cmds: list[tuple[Any, ...]]) -> Any:
+        """The transaction's commands as the connection sends them, packed again only when they
+        changed: they are the plan's, which changes only when an engine or writer comes or goes
+        (packing ~70 commands a read cost a 64-engine scrape ~8 %)."""
+        kept, packed = self._packing
+        if cmds != kept:
+            packed = conn.pack_commands(cmds)
+            self._packing = (cmds, packed)  # one store: a concurrent read sees a whole pair
+        return packed
+
+    def decoded(self, read: Read) -> Decoded:
+        """The decoded form of a read (:meth:`StatsReader.read`): what the snapshot and the
+        ``/metrics`` text are made from."""
+        return self._decoder.decode(read)
+
+    def decode(self, read: Read) -> Snapshot:
+        """The snapshot of a read (see :meth:`decoded`)."""
+        return self.decoded(read).snapshot()
 
 
 class StatsReader(ReaderCore):
@@ -454,38 +398,41 @@ class StatsReader(ReaderCore):
         super().__init__(config, catalog)
         self._client: Any = client if client is not None else make_client(self.config)
         self._script = ReadOnlyScript(self._client, load_script("read"))
-        self._load_script = ReadOnlyScript(self._client, load_script("load_read"))
 
     @property
     def client(self) -> Client:
         """The Redis client this reader reads with (another reader may share it)."""
         return self._client  # type: ignore[no-any-return]
 
-    def load(self, engines: Engines = None) -> LoadView:
-        """The load feed (:mod:`redis_stats.load`): every engine's (or *engines*') load and the
-        fleet's, from the load entries writers store beside their flushes, in one round trip
-        per shard (never the engines' series)."""
-        return run(self.load_steps(engines, is_cluster(self._client)), self._carry_out)
-
     def read(self, engines: Engines = None) -> Read:
         """One consistent read of the namespace: a reply per shard, each consistent in itself
         (decode it with :meth:`decode` or :meth:`decoded`)."""
-        return run(self.read_steps(engines, is_cluster(self._client)), self._carry_out)
+        return run(self.snapshot_steps(engines, is_cluster(self._client)), self._carry_out)
+
+    def snapshot(self, engines: Engines = None) -> Snapshot:
+        """All engines (or only *engines*) at one instant, in one round trip."""
+        return self.decode(self.read(engines))
+
+    def load(self, engines: Engines = None) -> LoadView:
+        """The load feed (:mod:`redis_stats.load`): every engine's (or *engines*') load and the
+        fleet's, from the load entries writers store beside their flushes, in one round trip
+        (never the engines' series)."""
+        return run(self.load_steps(engines, is_cluster(self._client)), self._carry_out)
 
     def _carry_out(self, what: str, arg: Any) -> Any:
         """One step of :meth:`ReaderCore.read_steps`, blocking."""
         if what == "transaction":
             return self._transaction(arg)
-        if what == "script":
-            return self._script(*arg)
         if what == "meta":
-            return self._meta(arg)
-        script = self._load_script if what == "load" else self._script  # "load": load_read.lua
+            try:
+                return [x for kv in self._client.hgetall(arg.meta).items() for x in kv]
+            except ResponseError as exc:  # retyped since the read: the decoder skips it
+                return exc
         if is_cluster(self._client) and len(arg) > 1:  # one per shard, on their nodes, in parallel
             pool = self._read_pool()
-            calls = [pool.submit(script, *a) for a in arg]
+            calls = [pool.submit(self._script, *a) for a in arg]
             return [c.result() for c in calls]
-        return [script(*a) for a in arg]
+        return [self._script(*a) for a in arg]
 
     _pool: ThreadPoolExecutor | None = None
     _pool_pid = 0
@@ -504,17 +451,11 @@ class StatsReader(ReaderCore):
                 self._pool_pid = pid
             return self._pool
 
-    def _meta(self, keys: Keys | None = None) -> Any:
-        try:
-            return [x for kv in self._client.hgetall((keys or self.keys).meta).items() for x in kv]
-        except ResponseError as exc:  # retyped since the transaction: the decoder skips it
-            return exc
-
     def _transaction(self, cmds: list[tuple[Any, ...]]) -> list[Any]:
         pool = self._client.connection_pool
         conn = pool.get_connection()
         try:
-            conn.send_packed_command(conn.pack_commands(cmds))
+            conn.send_packed_command(self._packed(conn, cmds))
             refused: ResponseError | None = None
             for _ in range(len(cmds)):  # +OK, +QUEUED (or why not: -OOM), then EXEC's results
                 try:
@@ -529,10 +470,6 @@ class StatsReader(ReaderCore):
         if refused is not None:
             raise refused
         return results  # a failed command (WRONGTYPE) is its exception, for the decoder to skip
-
-    def snapshot(self, engines: Engines = None) -> Snapshot:
-        """All engines (or only *engines*) at one instant, in one round trip."""
-        return self.decode(self.read(engines))
 
     def close(self) -> None:
         """Close the connection pool."""

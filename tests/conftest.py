@@ -9,6 +9,7 @@ from pathlib import Path
 
 import fakeredis
 import pytest
+import redis
 
 from redis_stats import Catalog, StatsConfig
 from redis_stats.tools.embedded import EmbeddedRedis, NoServerBinary, binary_of_kind
@@ -25,6 +26,19 @@ def pytest_configure(config: pytest.Config) -> None:
     import this module for its helpers, with the settings their test gave them."""
     for name in [n for n in os.environ if n.startswith("REDIS_STATS_") and n != "REDIS_STATS_SERVER_BINARY"]:
         del os.environ[name]
+
+
+class ScriptedRedis(redis.Redis):
+    """A client of one server that readers take for a Cluster's: every read is ``read.lua``
+    (the read a Cluster gets, and a server over ``maxmemory``), not the transaction."""
+
+    def get_node_from_key(self, key: str, replica: bool = False) -> None:
+        return None
+
+
+def scripted_client(url: str) -> ScriptedRedis:
+    """A :class:`ScriptedRedis` on *url* (replies decoded, as the package's own clients)."""
+    return ScriptedRedis.from_url(url, decode_responses=True)
 
 
 def sample_catalog() -> Catalog:

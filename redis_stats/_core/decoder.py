@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 from redis_stats._core import fields
@@ -42,8 +43,10 @@ _WRITER_NUMBER_FIELDS = frozenset(
 
 
 def _pairs(flat: Sequence[Any]) -> Iterable[tuple[Any, Any]]:
-    it = iter(flat)
-    return zip(it, it)
+    return zip(flat[0::2], flat[1::2])
+
+
+_LAYOUT = attrgetter("layout")
 
 
 def unreadable(part: Any) -> str | None:
@@ -58,36 +61,38 @@ def unreadable(part: Any) -> str | None:
 
 
 class ShardReply(NamedTuple):
-    """One shard's part of a read (``read.lua``'s reply, or the transaction read's), with the
-    keys it was read from. A part that could not be read is its error."""
+    """One shard's part of a read, as it came off the wire, with the keys it was read from (see
+    :class:`redis_stats.reader.Fetch`). A part that could not be read (a key of the wrong type)
+    is its error, and costs that key only."""
 
     keys: Keys
     now_ms: float
     engines: Any
-    """The ``engines`` zset, flat ``[engine, heartbeat ms, ...]``."""
+    """The ``engines`` zset, flat ``[engine, heartbeat ms, ...]``: the engines read."""
     writers: Any
     """The ``writers`` zset, flat ``[writer, heartbeat ms, ...]`` (negative once closed)."""
+    version: Any
+    """The catalogue version (``""``: no catalogue yet)."""
+    listed: Any
+    """The shard counts listed in the catalogue's ``shards`` field (None: none)."""
     conflicts: Any
+    """The ``conflicts`` hash, flat (the snapshot's read; None in the load feed's)."""
+    load: Any
+    """The ``load`` hash, flat (the load feed's read; None in the snapshot's)."""
     hashes: list[Any]
-    """The hash of each engine of :attr:`engines`, flat ``[field, value, ...]``."""
+    """Per engine of :attr:`engines`: its hash, flat (the snapshot's), or its field names (the
+    load feed's)."""
     stats: list[Any]
-    """The self-metrics hash of each writer of :attr:`writers`."""
-
-    @classmethod
-    def of(cls, keys: Keys, reply: list[Any]) -> ShardReply:
-        """The parts of a ``read.lua``-shaped *reply* of the shard of *keys*."""
-        engines, writers = reply[1], reply[2]
-        listed = len(engines) // 2 if engines.__class__ is list else 0
-        return cls(
-            keys, float(reply[0]), engines, writers, reply[5], reply[6 : 6 + listed], reply[6 + listed :]
-        )
+    """Per writer of :attr:`writers`: its stats hash, flat (the snapshot's), or its
+    ``stale_ms`` (the load feed's; None when it stored none)."""
 
 
 class Read(NamedTuple):
-    """One consistent read of a namespace: a reply per shard (shard 0 first; one shard: a list
-    of one), and the catalogue: its *version* and, when the decoder may not hold it, the stored
-    catalogue *meta* (flat, or the error reading it). *notes*: ``(reason, key)`` of what the
-    reader could not read besides (another shard's catalogue)."""
+    """One consistent read of every series of a namespace: a reply per shard (shard 0 first;
+    one shard: a list of one), and the catalogue: its *version* (the shards' versions) and, when
+    the decoder may not hold it, the stored catalogue *meta* (flat, or the error reading it).
+    *notes*: ``(reason, key)`` of what the reader could not read besides (another shard's
+    catalogue)."""
 
     shards: list[ShardReply]
     version: Any
@@ -114,16 +119,6 @@ class Decoded(NamedTuple):
         for engine in self.engines:
             fill(engine.snapshot, engine.groups)
         return self.shell
-
-
-def _engine_index(name: Any) -> int | None:
-    """An engine's index from its name in an ``engines`` zset, None if it is not its own
-    spelling of an int."""
-    try:
-        engine = int(name)
-    except (ValueError, TypeError):
-        return None
-    return engine if str(engine) == name else None
 
 
 def _number_field(name: Any) -> str | None:
@@ -194,13 +189,62 @@ def fill(snap: EngineSnapshot, groups: list[Group]) -> None:
                 gauges[keys[i]] = gauge  # type: ignore[index]
 
 
-def _judged_by(
-    at: list[int], shards: list[ShardReply], live_in: list[set[str]], rule: Liveness, blind: Liveness
+def judges(shards: list[ShardReply], rule: Liveness, skipped: Skipped) -> list[tuple[set[str], Liveness]]:
+    """Per shard: the writers live by its heartbeats (whose gauges in its engines count: a
+    writer cut off from one shard alone has its values there frozen), and the rule its engines
+    are judged by: *rule*, or, when the shard's writers zset cannot be read (no writer is known
+    there), each engine by its own heartbeat alone (one bad key must not take them down). The
+    shard's lists that could not be read are counted here."""
+    blind = Liveness(rule.now_ms, rule.declared, rule.fallback_ms, judge_owners=False)
+    out = []
+    for shard in shards:
+        for part, key in ((shard.engines, shard.keys.engines), (shard.writers, shard.keys.writers)):
+            why = unreadable(part)
+            if why is not None:
+                skipped.note(why, key)
+        out.append((rule.live_in(shard.writers), rule if shard.writers.__class__ is list else blind))
+    return out
+
+
+def judged_by(
+    parts: list[tuple[int, Any]], judged: list[tuple[set[str], Liveness]]
 ) -> tuple[set[str], Liveness]:
-    """For an engine held in the shards *at*: its live writers (those of each such shard), and
-    the rule that judges it (*blind*, by its own heartbeat, when a shard's writers are unknown)."""
-    live = live_in[at[0]] if len(at) == 1 else set().union(*(live_in[i] for i in at))
-    return live, rule if all(shards[i].writers.__class__ is list for i in at) else blind
+    """For an engine with *parts* in some shards (``(shard, part)``): its live writers (those
+    live in each such shard) and the rule that judges it (see :func:`judges`)."""
+    if len(parts) == 1:
+        return judged[parts[0][0]]
+    here: set[str] = set()
+    rule = judged[parts[0][0]][1]
+    for at, _ in parts:
+        live, by = judged[at]
+        here |= live
+        if not by.judge_owners:
+            rule = by
+    return here, rule
+
+
+def listed_engines(
+    shards: list[ShardReply], skipped: Skipped
+) -> dict[str, tuple[Any, list[tuple[int, Any]]]]:
+    """Every engine the shards list, by name: its latest heartbeat and its part (hash, or field
+    names) in each shard listing it. A bad engine name (``"+3"`` would be a second 3) is counted
+    under its listing."""
+    found: dict[str, tuple[Any, list[tuple[int, Any]]]] = {}
+    for at, shard in enumerate(shards):
+        flat = shard.engines
+        if flat.__class__ is not list:
+            continue  # counted by live_in
+        for name, score, part in zip(flat[0::2], flat[1::2], shard.hashes):
+            if not (name.__class__ is str and name.isdigit() and name.isascii() and str(int(name)) == name):
+                skipped.note("bad_engine", shard.keys.engines, str(name))  # "+3", " 3", "03": a second 3
+                continue
+            seen = found.get(name)
+            if seen is None:
+                found[name] = (score, [(at, part)])
+            else:
+                seen[1].append((at, part))
+                found[name] = (max(seen[0], score, key=float), seen[1])
+    return found
 
 
 class SnapshotDecoder:
@@ -349,25 +393,24 @@ class SnapshotDecoder:
         shards = read.shards
         now_ms = max((s.now_ms for s in shards), default=0.0)
         rule, writers = self._liveness(shards, now_ms, skipped)
-        # A shard whose writers zset cannot be read: no writer is known there, so its engines
-        # are judged by their own heartbeats alone (one bad key must not take them down).
-        blind = Liveness(now_ms, rule.declared, rule.fallback_ms, judge_owners=False)
-        live_in = [self._live(s, rule, skipped) for s in shards]
+        judged = judges(shards, rule, skipped)
         conflicts = self._conflicts(shards, now_ms, rule.fallback_ms, skipped)
         shell = Snapshot(now_ms / 1000.0, {}, writers, catalog, skipped)
         engines: list[EngineGroups] = []
         used: set[str] = set()
-        for name, (score, parts) in self._engines(shards, skipped).items():
-            live, judge = _judged_by([i for i, _ in parts], shards, live_in, rule, blind)
+        listed = listed_engines(shards, skipped)
+        for name in sorted(listed, key=int):  # in engine order: one text for one store
+            score, parts = listed[name]
+            live, judge = judged_by(parts, judged)
             chunks, base, owners = self._contents(name, parts, shards, catalog, skipped, used)
             beat = float(score)
-            snap = EngineSnapshot(
-                int(name), beat / 1000.0, rule.age(beat), judge.engine_up(beat, owners, live)
-            )
+            up = judge.engine_up(beat, owners, live)
+            snap = EngineSnapshot(int(name), beat / 1000.0, rule.age(beat), up)
             snap.conflict = conflicts.get(name, ())
             shell.engines[snap.engine] = snap
             groups = self._groups(chunks, base, live, snap.up, catalog, skipped)
-            shell.labels_replaced += sum(g.layout.replaced for g in groups)
+            for group in groups:
+                shell.labels_replaced += group.layout.replaced
             engines.append(EngineGroups(name, snap, groups))
         self._trim(used, len(engines))
         return Decoded(shell, engines)
@@ -402,28 +445,6 @@ class SnapshotDecoder:
         """The snapshot of *read*."""
         return self.decode(read).snapshot()
 
-    def _engines(
-        self, shards: list[ShardReply], skipped: Skipped
-    ) -> dict[str, tuple[Any, list[tuple[int, Any]]]]:
-        """Every engine listed, by name: its latest heartbeat and its hash in each shard listing
-        it. A bad engine name (``"+3"`` would be a second 3) is counted under its listing."""
-        found: dict[str, tuple[Any, list[tuple[int, Any]]]] = {}
-        for at, shard in enumerate(shards):
-            flat = shard.engines
-            if flat.__class__ is not list:
-                continue  # counted by _live
-            for (name, score), hashed in zip(_pairs(flat), shard.hashes):
-                if _engine_index(name) is None:  # "+3" or " 3" would be a second 3
-                    skipped.note("bad_engine", shard.keys.engines, str(name))
-                    continue
-                seen = found.get(name)
-                if seen is None:
-                    found[name] = (score, [(at, hashed)])
-                else:
-                    seen[1].append((at, hashed))
-                    found[name] = (max(seen[0], score, key=float), seen[1])
-        return found
-
     def _contents(
         self,
         engine: str,
@@ -437,10 +458,12 @@ class SnapshotDecoder:
         its base fields, each with the key it was read from, and the writers holding chunks in
         it (well-formed or not: they say who owns the engine). A chunk whose names field is
         missing or does not match its values line for line, or whose field is malformed, is
-        skipped and counted (``bad_chunk``): it costs that chunk only."""
+        skipped and counted (``bad_chunk``): it costs that chunk only; *used* gets the names
+        fields read."""
         chunks: list[ChunkRead] = []
         base: list[Base] = []
         owners: set[str] = set()
+        suffix, cut = fields.NAMES_SUFFIX, -len(fields.NAMES_SUFFIX)
         for at, flat in parts:
             key = shards[at].keys.counters(engine)
             why = unreadable(flat)
@@ -448,49 +471,31 @@ class SnapshotDecoder:
                 skipped.note(why, key)
                 continue
             held: dict[str, Any] = {}
-            for name, raw in _pairs(flat):
+            for name, raw in zip(flat[0::2], flat[1::2]):
                 if name.__class__ is str and name.startswith(fields.CHUNK_PREFIX):
                     held[name] = raw
                 else:
                     base.append(Base(name, raw, key))
             for name, values in held.items():
-                chunk = self._chunk(key, name, values, held, catalog, skipped, owners, used)
-                if chunk is not None:
-                    chunks.append(chunk)
+                if name.endswith(suffix):  # a names field: read with its values
+                    if name[:cut] not in held:
+                        skipped.note("bad_chunk", key, name)  # names without values
+                    continue
+                writer = fields.chunk_writer(name)
+                names = held.get(name + suffix)
+                if writer is not None:
+                    owners.add(writer)
+                if writer is None or names.__class__ is not str or values.__class__ is not str:
+                    skipped.note("bad_chunk", key, name)
+                    continue
+                used.add(names)
+                layout = self.layout(names, catalog)
+                lines = values.split("\n") if values else []
+                if len(layout.fields) != len(lines):
+                    skipped.note("bad_chunk", key, name)
+                    continue
+                chunks.append(ChunkRead(writer, key, layout, lines))
         return chunks, base, owners
-
-    def _chunk(
-        self,
-        key: str,
-        name: str,
-        values: Any,
-        held: dict[str, Any],
-        catalog: Catalog,
-        skipped: Skipped,
-        owners: set[str],
-        used: set[str],
-    ) -> ChunkRead | None:
-        """The chunk whose values field is *name* (of *held*, the chunk fields of a hash read
-        from *key*), or None: a names field (read with its values), or a chunk skipped."""
-        suffix = fields.NAMES_SUFFIX
-        if name.endswith(suffix):
-            if name[: -len(suffix)] not in held:
-                skipped.note("bad_chunk", key, name)  # names without values
-            return None
-        writer = fields.chunk_writer(name)
-        if writer is not None:
-            owners.add(writer)
-        names = held.get(name + suffix)
-        if writer is None or names.__class__ is not str or values.__class__ is not str:
-            skipped.note("bad_chunk", key, name)
-            return None
-        used.add(names)
-        layout = self.layout(names, catalog)
-        lines = values.split("\n") if values else []
-        if len(layout.fields) != len(lines):
-            skipped.note("bad_chunk", key, name)
-            return None
-        return ChunkRead(writer, key, layout, lines)
 
     def _groups(
         self,
@@ -502,7 +507,7 @@ class SnapshotDecoder:
         skipped: Skipped,
     ) -> list[Group]:
         """The engine's series added up: in bulk when its data is clean, else line by line."""
-        layouts = tuple(dict.fromkeys(c.layout for c in chunks))
+        layouts = tuple(dict.fromkeys(map(_LAYOUT, chunks)))
         if len(layouts) > 1:  # several names fields (a writer's second chunk, or other series)
             apart = self._disjoint.get(layouts)
             if apart is None:
@@ -515,17 +520,6 @@ class SnapshotDecoder:
         return found
 
     # -- writers, liveness, conflicts ----------------------------------------------------------
-
-    @staticmethod
-    def _live(shard: ShardReply, rule: Liveness, skipped: Skipped) -> set[str]:
-        """The writers live by the heartbeats of one shard (whose gauges in its engines count:
-        a writer cut off from one shard alone has its values there frozen); the shard's lists
-        that could not be read are counted here."""
-        for part, key in ((shard.engines, shard.keys.engines), (shard.writers, shard.keys.writers)):
-            why = unreadable(part)
-            if why is not None:
-                skipped.note(why, key)
-        return rule.live_in(shard.writers)
 
     def _writers(
         self, shards: list[ShardReply], skipped: Skipped

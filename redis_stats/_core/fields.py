@@ -54,7 +54,7 @@ def bound_text(bound: float) -> str:
     return str(floatToGoString(bound))
 
 
-def bucket_layout(bounds: tuple[float, ...] | list[float]) -> str:
+def bucket_tag(bounds: tuple[float, ...] | list[float]) -> str:
     """``h:<8 hex>``: names a histogram's bucket bounds. It ends the field of a histogram series,
     so a reader never applies counts to the wrong bounds when a bucket list changes."""
     text = ",".join(bound_text(b) for b in bounds)
@@ -78,29 +78,19 @@ def chunk_field(writer: str, index: int) -> str:
     return encode(("@", writer, str(index)))
 
 
-def _is_index(text: str) -> bool:
-    """Whether *text* is a chunk index (ASCII digits only: ``isdigit`` alone takes "²")."""
-    return text.isdigit() and text.isascii()
-
-
-def _plain_chunk_writer(field: str) -> str | None:
-    """The writer of a chunk's values field with no escape in it, or None if it is not one."""
-    head, sep, index = field.rpartition(SEP)
-    if sep and head.startswith(CHUNK_PREFIX) and SEP not in head[2:] and _is_index(index):
-        return head[2:]
-    return None
-
-
 def chunk_writer(field: str) -> str | None:
     """The writer of a chunk's values field ``@|<writer>|<k>``, or None if it is not one."""
-    if "\\" not in field:  # no escape (every writer id but one holding |, \ or a newline): no decode
-        found = _plain_chunk_writer(field)
-        if found is not None:
-            return found
+    if "\\" not in field:  # no escape (every writer id but one holding |, \\ or a newline): no decode
+        head, sep, index = field.rpartition(SEP)
+        writer = head[2:]
+        plain = sep and head.startswith(CHUNK_PREFIX) and SEP not in writer
+        if plain and index.isdigit() and index.isascii():
+            return writer
     try:
         parts = decode(field)
     except ValueError:
         return None
-    if len(parts) != 3 or parts[0] != "@" or not _is_index(parts[2]):
+    # the index: ASCII digits only (isdigit alone takes "²")
+    if len(parts) != 3 or parts[0] != "@" or not (parts[2].isdigit() and parts[2].isascii()):
         return None
     return parts[1]

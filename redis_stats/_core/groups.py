@@ -50,9 +50,9 @@ KEPT_CHARACTERS = 64
 _Picker = Callable[[Sequence[Any]], tuple[Any, ...]]
 
 
-def bucket_tag(spec: MetricSpec) -> str:
-    """The bucket-layout tag a histogram's fields end with (see :func:`fields.bucket_layout`)."""
-    return fields.bucket_layout((*spec.buckets, _INF))
+def spec_bucket_tag(spec: MetricSpec) -> str:
+    """The bucket tag a histogram's fields end with (see :func:`fields.bucket_tag`)."""
+    return fields.bucket_tag((*spec.buckets, _INF))
 
 
 def short_label(value: str, cap: int) -> str:
@@ -101,7 +101,7 @@ def parse_field(
     spec, parts = found
     suffix = ""
     if spec.kind == HISTOGRAM:
-        suffix = tags.get(spec.buckets) or tags.setdefault(spec.buckets, bucket_tag(spec))
+        suffix = tags.get(spec.buckets) or tags.setdefault(spec.buckets, spec_bucket_tag(spec))
         if parts[-1] != suffix:
             return "unknown_bucket"  # written with other bucket bounds than the catalogue's
     values, replaced = _capped(tuple(parts[1 : 1 + len(spec.labels)]), cap)
@@ -250,6 +250,7 @@ class _NotClean(Exception):
 
 
 _spaces = methodcaller("count", " ")
+_VALUE = itemgetter(1)  # of a gauge reading (stamp, value, text)
 _bars = methodcaller("count", "|")
 _HISTOGRAM_CHARS = b"0123456789.+eE "
 # Below it, float() of an int the scanner made is float() of its text, the line-by-line read's.
@@ -273,29 +274,21 @@ class Parse(NamedTuple):
     """The counter lines' sample texts, and the histogram lines joined by spaces."""
 
 
-def _ints(texts: Sequence[str]) -> list[int] | None:
-    """Counter texts that are all plain integers below 10**308, as ints (one JSON scan), or
-    None."""
-    joined = "".join(texts)
-    if not (joined.isdigit() and joined.isascii() and all(texts) and max(map(len, texts)) <= MAX_DIGITS):
-        return None
-    try:
-        ints: list[int] = _scan_json("[" + ",".join(texts) + "]", 0)[0]
-    except (ValueError, StopIteration):  # "007": int() of each reads it
-        ints = [*map(int, texts)]
-    return ints if max(ints) < _FLOAT_BOUND else None
-
-
 def _counters(layout: Layout, values: list[str]) -> tuple[Sequence[Any], bool, Sequence[str]]:
     """A chunk's counter lines as numbers (by :func:`counter_number`'s rule), whether all are
-    ints, and their sample texts: one JSON scan when they are plain integers, as writers store
-    them."""
+    ints, and their sample texts: one JSON scan when they are plain integers below 10**308, as
+    writers store them."""
     texts = layout.pick_counters(values)
     if not texts:
         return (), True, ()
-    ints = _ints(texts)
-    if ints is not None:
-        return ints, True, texts
+    joined = "".join(texts)
+    if joined.isdigit() and joined.isascii() and all(texts) and max(map(len, texts)) <= MAX_DIGITS:
+        try:
+            ints: list[int] = _scan_json("[" + ",".join(texts) + "]", 0)[0]
+        except (ValueError, StopIteration):  # "007": int() of each reads it
+            ints = [*map(int, texts)]
+        if max(ints) < _FLOAT_BOUND:
+            return ints, True, texts
     checked = [number_text(raw) for raw in texts]
     if None in checked:
         raise _NotClean
@@ -367,18 +360,19 @@ def _combine(layout: Layout, parses: list[Parse], live: list[Parse]) -> Group:
     :func:`by_lines` does series by series), gauges rolled up over the *live* ones."""
     first = parses[0]
     counters, sums, counts = first.counters, first.sums, first.counts
+    ints = first.counter_ints
     for p in parses[1:]:
         counters = [*map(add, counters, p.counters)]
         sums = [*map(add, sums, p.sums)]
         counts = [*map(add, counts, p.counts)]  # (the sums' places too: not read)
+        ints = ints and p.counter_ints
     gauges: list[float | None] = [None] * len(layout.gauges)
-    if live and layout.gauges:
-        readings = zip(*[p.gauges for p in live])
-        gauges = [roll_up(mode, found) for mode, found in zip(layout.modes, readings)]
-    ints = all(p.counter_ints for p in parses)
-    return Group(
-        layout, counters, ints, sums, counts, True, gauges, first.texts if len(parses) == 1 else None
-    )
+    if len(live) == 1:
+        gauges = [*map(_VALUE, live[0].gauges)]  # one reading each: roll_up gives it back
+    elif live and layout.gauges:
+        gauges = [*map(roll_up, layout.modes, zip(*[p.gauges for p in live]))]
+    texts = first.texts if len(parses) == 1 else None
+    return Group(layout, counters, ints, sums, counts, True, gauges, texts)
 
 
 def in_bulk(chunks: list[ChunkRead], base: list[Base], live: Container[str], up: bool) -> list[Group] | None:
@@ -405,7 +399,10 @@ def in_bulk(chunks: list[ChunkRead], base: list[Base], live: Container[str], up:
             return None
     except _NotClean:
         return None
-    return [_combine(layout, parses, live_parses) for layout, (parses, live_parses) in by_layout.items()]
+    groups = []
+    for layout, (parses, live_parses) in by_layout.items():
+        groups.append(_combine(layout, parses, live_parses))
+    return groups
 
 
 def disjoint(layouts: Sequence[Layout]) -> bool:

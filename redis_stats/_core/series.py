@@ -204,7 +204,7 @@ class HistogramChild(Series):
 
     def __init__(self, acc: Accumulator, engine: int, spec: MetricSpec, components: tuple[str, ...]) -> None:
         bounds = (*spec.buckets, _INF)
-        super().__init__(fields.encode((*components, fields.bucket_layout(bounds))), chunks.HISTOGRAM)
+        super().__init__(fields.encode((*components, fields.bucket_tag(bounds))), chunks.HISTOGRAM)
         self._acc = acc
         self._lock = acc.lock
         self.engine = engine

@@ -10,45 +10,13 @@ fall back, count a failure), exists once.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator, Iterator
-from typing import Any, Generic, TypeVar
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 #: A procedure: yields (what, argument), is sent the result, returns its outcome.
 Steps = Generator[tuple[str, Any], Any, T]
-
-
-class _Driver(Generic[T]):
-    """Walks *steps*: iterating gives each step, :meth:`send` or :meth:`throw` says what carrying
-    it out came to, and ``outcome`` is the procedure's once the iteration ends (the part of
-    :func:`run` and :func:`arun` that is not the call of a step)."""
-
-    def __init__(self, steps: Steps[T]) -> None:
-        self._steps = steps
-        self._result: Any = None
-        self._error: Exception | None = None
-        self.outcome: T
-
-    def __iter__(self) -> Iterator[tuple[str, Any]]:
-        steps = self._steps
-        while True:
-            error, self._error = self._error, None
-            try:
-                step = steps.throw(error) if error is not None else steps.send(self._result)
-            except StopIteration as done:
-                self.outcome = done.value
-                return
-            self._result = None
-            yield step
-
-    def send(self, result: Any) -> None:
-        """The step just given was carried out: *result* is sent into the procedure."""
-        self._result = result
-
-    def throw(self, exc: Exception) -> None:
-        """Carrying out the step just given raised *exc*: it is thrown into the procedure."""
-        self._error = exc
 
 
 def run(steps: Steps[T], carry_out: Callable[[str, Any], Any]) -> T:
@@ -57,21 +25,29 @@ def run(steps: Steps[T], carry_out: Callable[[str, Any], Any]) -> T:
     An ``Exception`` raised by a step is thrown into the procedure, which handles it or lets it
     propagate; ``BaseException`` (KeyboardInterrupt, SystemExit) is not: it ends the procedure.
     """
-    driver = _Driver(steps)
-    for what, arg in driver:
+    result: Any = None
+    error: Exception | None = None
+    while True:
         try:
-            driver.send(carry_out(what, arg))
+            what, arg = steps.throw(error) if error is not None else steps.send(result)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        try:
+            result, error = carry_out(what, arg), None
         except Exception as exc:
-            driver.throw(exc)
-    return driver.outcome
+            result, error = None, exc
 
 
 async def arun(steps: Steps[T], carry_out: Callable[[str, Any], Awaitable[Any]]) -> T:
-    """:func:`run`, with each step awaited."""
-    driver = _Driver(steps)
-    for what, arg in driver:
+    """:func:`run`, with each step awaited (the same loop: only the ``await`` differs)."""
+    result: Any = None
+    error: Exception | None = None
+    while True:
         try:
-            driver.send(await carry_out(what, arg))
+            what, arg = steps.throw(error) if error is not None else steps.send(result)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        try:
+            result, error = await carry_out(what, arg), None
         except Exception as exc:
-            driver.throw(exc)
-    return driver.outcome
+            result, error = None, exc

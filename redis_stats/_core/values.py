@@ -6,9 +6,11 @@ same data and show the same numbers.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import reduce
 from itertools import pairwise
+from math import fsum, isnan, nan
 from math import inf as _INF
-from math import isnan
+from operator import add
 from typing import Any
 
 from prometheus_client.utils import floatToGoString
@@ -124,7 +126,32 @@ def roll_up(mode: str, readings: Sequence[tuple[float, float, str]]) -> float:
                 best = reading
         return best[1]
     values = [reading[1] for reading in readings]
-    return sum(values) if mode == "sum" else max(values) if mode == "max" else min(values)
+    # (reduce, not sum(): sum() starts from 0, so one reading of -0.0 would come back as 0.0)
+    return reduce(add, values) if mode == "sum" else max(values) if mode == "max" else min(values)
+
+
+def float_sum(values: Sequence[float]) -> float:
+    """The sum of *values*, correctly rounded (``math.fsum``), and never an exception: +-inf when
+    it lies beyond the float range (``fsum`` raises OverflowError on the way there, even when
+    the sum itself would end in range: two engines at 1.7e308 and a third at -1.7e308), NaN when
+    *values* hold both infinities."""
+    try:
+        return fsum(values)
+    except OverflowError:
+        # Scaled by a power of two (exact), no partial sum can leave the range; scaled back,
+        # the sum is +-inf only when it truly lies beyond it.
+        scale = 2.0 ** (len(values).bit_length() + 1)
+        return fsum([v / scale for v in values]) * scale
+    except ValueError:  # inf + -inf
+        return nan
+
+
+def float_mean(values: Sequence[float], total: float) -> float:
+    """The mean of *values* (not empty) whose :func:`float_sum` is *total*: finite whenever
+    every value is, also when their sum is not."""
+    if total - total == 0:  # finite
+        return total / len(values)
+    return float_sum([v / len(values) for v in values])
 
 
 # Below it, float() of an int is float() of its text; from 2**1024 on, float() of an int raises.

@@ -16,3 +16,6 @@ local function escape(component)
   return (string.gsub(component, '[\\|\n]', {['\\'] = '\\\\', ['|'] = '\\/', ['\n'] = '\\n'}))
 end
 
+
+-- unpack is a global in Lua 5.1 (Redis, Valkey) and table.unpack from 5.2 on: the same name in both.
+local unpack = table.unpack or unpack

@@ -1,22 +1,33 @@
 -- redis_stats gc: remove engines and writers silent for longer than the retention.
 --
 -- KEYS[1] engines zset, KEYS[2] writers zset, KEYS[3] seq hash, KEYS[4] meta hash,
--- KEYS[5] claims hash, KEYS[6] conflicts hash, KEYS[7] load hash
--- ARGV: prefix, retention ms, dry run (0/1), drop the catalogue once empty (0/1), retention
---       factor (a writer that did not close is removed only once silent for longer than this
---       many times its stale_after, as well: config.RETENTION_FACTOR), then
---       {writer, stale ms} * n: the stale_after every reader judges each listed writer by (what
---       it declared in its home shard's stats hash, or the one default when that is unusable:
---       _core/liveness.py judged_ms; ops/retention.py gathers them over the shards, since a
---       writer stores its self-metrics in one shard only)
+-- KEYS[5] claims hash, KEYS[6] conflicts hash, KEYS[7] load hash, then the keys of the engines
+-- and writers ARGV names, in that order: each engine's hash (e:<engine>:c), each stale
+-- engine's schema 1 gauges hash (e:<engine>:g), each writer's stats hash (w:<writer>)
+-- ARGV: retention ms, dry run (0/1), drop the catalogue once empty (0/1), retention factor (a
+--       writer that did not close is removed only once silent for longer than this many times
+--       its stale_after, as well: config.RETENTION_FACTOR), then how many engines (ne), stale
+--       engines (ns) and writers (nw) the keys name, then their names (ne engines, ns stale
+--       engines, nw writers), then {writer, stale ms} * n: the stale_after every reader judges
+--       each listed writer by (what it declared in its home shard's stats hash, or the one
+--       default when that is unusable: _core/liveness.py judged_ms; ops/retention.py gathers
+--       them over the shards, since a writer stores its self-metrics in one shard only)
 -- Returns {removed engines, removed writers, tombstones dropped, lines folded, lines not folded,
---          emptied (1: nothing was left, and the shard's remaining keys were deleted)}.
+--          emptied (1: nothing was left, and the shard's remaining keys were deleted),
+--          deferred (engines or writers due that this call was not given the keys of)}.
+--
+-- Every key is declared. ops/retention.py reads the lists first and names the keys of every
+-- listed engine, the engines past the retention and the writers that may be; this call decides
+-- again, from the lists as they are now, in one atomic step. What it would need a key it was not
+-- given for (an engine or writer past the retention since the caller read the lists; a writer
+-- to remove while an engine it may hold chunks in is new) is left for the next call: "deferred",
+-- and ops/retention.py calls again with the lists read anew. Nothing is removed half.
 --
 -- The load entries ("<engine>|<writer>") of every writer not in the writers zset after this call
 -- are deleted: those of the writers it removes, and any left by a writer removed before.
 --
 -- A shard left with no engine and no writer is deleted whole, its tombstones with it (seq with its
--- watermark, claims, conflicts, load entries, and the catalogue when ARGV[4] says so: shard 0's
+-- watermark, claims, conflicts, load entries, and the catalogue when ARGV[3] says so: shard 0's
 -- lists the namespace's K, so the caller asks for it only once every other shard is empty), so a
 -- namespace nobody writes to any more is no longer listed after one gc. Nothing of a writer's can
 -- be double counted after that: a tombstone only keeps a writer from adding again what gc folded
@@ -39,16 +50,16 @@
 -- An engine silent for longer than the retention is removed only if no writer that stays (one
 -- not removed by this call) holds chunks in it: a live writer's data, declared engine or not,
 -- is never deleted under it (its next flush would send values without their names).
---
--- Key names: the script builds those of the engines and writers it removes or folds
--- (<prefix>e:<engine>:c and :g, <prefix>w:<writer>) instead of receiving them as KEYS, because
--- which ones are stale is decided here, from the zsets, in the same atomic call that removes them.
--- Declaring them would need a read first and a second call that checks again (a writer may flush
--- in between); every name carries the namespace's hash tag {NS}, so on a Cluster they are all on
--- the slot of KEYS[1]. lines() and escape() come from common.lua (put in front by the loader).
+-- lines(), escape() and unpack come from common.lua (put in front by the loader).
 
-local prefix, retention, dry = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1'
-local factor = tonumber(ARGV[5] or '0') or 0
+local retention, dry = tonumber(ARGV[1]), ARGV[2] == '1'
+local factor = tonumber(ARGV[4]) or 0
+local ne, ns, nw = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local hash_of, gauges_of, stats_of = {}, {}, {}  -- engine or writer -> its declared key
+for i = 1, ne do hash_of[ARGV[7 + i]] = KEYS[7 + i] end
+for i = 1, ns do gauges_of[ARGV[7 + ne + i]] = KEYS[7 + ne + i] end
+for i = 1, nw do stats_of[ARGV[7 + ne + ns + i]] = KEYS[7 + ne + ns + i] end
+local deferred = 0
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cutoff = now - retention
@@ -58,7 +69,7 @@ local closed = {}  -- the removed writers that had closed cleanly (a negative he
 local staying = {}  -- escaped ids of the writers this call keeps, as their chunk fields name them
 local kept = {}  -- the same writers' ids as they are
 local given = {}
-for j = 6, #ARGV - 1, 2 do given[ARGV[j]] = ARGV[j + 1] end
+for j = 8 + ne + ns + nw, #ARGV - 1, 2 do given[ARGV[j]] = ARGV[j + 1] end
 
 local function declared_ms(w)
   -- The stale_after (ms) readers judge writer w by. Every writer listed when ops/retention.py
@@ -76,20 +87,29 @@ local function gone(w, score)
 end
 
 local all = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+local listed = redis.call('ZRANGE', KEYS[1], 0, -1)
+local hashes_given = true  -- every listed engine's hash declared: writers may be folded
+for _, e in ipairs(listed) do
+  if not hash_of[e] then hashes_given = false end
+end
 for j = 1, #all, 2 do
-  if gone(all[j], tonumber(all[j + 1])) then
-    writers[#writers + 1] = all[j]
-    closed[all[j]] = tonumber(all[j + 1]) < 0
+  local w = all[j]
+  if gone(w, tonumber(all[j + 1])) and stats_of[w] and hashes_given then
+    writers[#writers + 1] = w
+    closed[w] = tonumber(all[j + 1]) < 0
   else
-    staying[escape(all[j])] = true
-    kept[all[j]] = true
+    if gone(w, tonumber(all[j + 1])) then deferred = deferred + 1 end
+    staying[escape(w)] = true
+    kept[w] = true
   end
 end
 local engines = {}
 for _, e in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. cutoff)) do
-  local key = prefix .. 'e:' .. e .. ':c'
+  local key = hash_of[e]
   local owned = false
-  if redis.call('TYPE', key)['ok'] == 'hash' then
+  if not (key and gauges_of[e]) then
+    owned, deferred = true, deferred + 1
+  elseif redis.call('TYPE', key)['ok'] == 'hash' then
     for _, f in ipairs(redis.call('HKEYS', key)) do
       local w = string.match(f, '^@|([^|]*)|%d+$')
       if w and staying[w] then owned = true; break end
@@ -106,13 +126,13 @@ for j = 1, #seqs, 2 do
     if at < cutoff then tombstones[#tombstones + 1] = seqs[j] end
   end
 end
-if dry then return {engines, writers, tombstones, 0, 0, 0} end
+if dry then return {engines, writers, tombstones, 0, 0, 0, deferred} end
 
 local mark = tonumber(redis.call('HGET', KEYS[3], '!folded') or '0') or 0
 if cutoff > mark then redis.call('HSET', KEYS[3], '!folded', string.format('%d', cutoff)) end
 
 for _, e in ipairs(engines) do
-  redis.call('DEL', prefix .. 'e:' .. e .. ':c', prefix .. 'e:' .. e .. ':g')
+  redis.call('DEL', hash_of[e], gauges_of[e])
   redis.call('ZREM', KEYS[1], e)
 end
 
@@ -158,7 +178,7 @@ if #writers > 0 then
     -- The writer's chunk fields start "@|<writer id>|" (the id escaped as in fields.py).
     local head = '@|' .. escape(w) .. '|'
     for _, e in ipairs(live) do
-      local key = prefix .. 'e:' .. e .. ':c'
+      local key = hash_of[e]  -- every listed engine's (hashes_given)
       if redis.call('TYPE', key)['ok'] == 'hash' then
         local mine = {}
         for _, f in ipairs(redis.call('HKEYS', key)) do
@@ -188,7 +208,7 @@ if #writers > 0 then
       redis.call('HSET', KEYS[3], w, 'x' .. last .. ':' .. now .. (closed[w] and '' or ':k'))
     end
     redis.call('ZREM', KEYS[2], w)
-    redis.call('DEL', prefix .. 'w:' .. w)
+    redis.call('DEL', stats_of[w])
   end
 end
 for _, w in ipairs(tombstones) do redis.call('HDEL', KEYS[3], w) end
@@ -206,6 +226,6 @@ if #redis.call('ZRANGE', KEYS[1], 0, 0) == 0 and #redis.call('ZRANGE', KEYS[2], 
   -- Tombstones (kept ":k" or not) protect folded base fields: with no engine, none is left.
   emptied = 1
   redis.call('DEL', KEYS[3], KEYS[5], KEYS[6], KEYS[7])
-  if ARGV[4] == '1' then redis.call('DEL', KEYS[4]) end
+  if ARGV[3] == '1' then redis.call('DEL', KEYS[4]) end
 end
-return {engines, writers, tombstones, folded, unfolded, emptied}
+return {engines, writers, tombstones, folded, unfolded, emptied, deferred}

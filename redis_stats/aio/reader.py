@@ -15,7 +15,6 @@ from redis_stats.aio.stopping import CLOSE_GRACE, within
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
 from redis_stats.connection import AsyncClient, is_cluster, make_async_client
-from redis_stats.keys import Keys
 from redis_stats.load import LoadView
 from redis_stats.reader import Engines, ReaderCore
 from redis_stats.snapshot import Snapshot
@@ -36,7 +35,6 @@ class AsyncStatsReader(ReaderCore):
         super().__init__(config, catalog)
         self._client: Any = client if client is not None else make_async_client(self.config)
         self._script = AsyncScript(self._client, load_script("read"), read_only=True)
-        self._load_script = AsyncScript(self._client, load_script("load_read"), read_only=True)
 
     async def load(self, engines: Engines = None) -> LoadView:
         """The load feed (see StatsReader.load: the same steps, awaited)."""
@@ -44,31 +42,25 @@ class AsyncStatsReader(ReaderCore):
 
     async def read(self, engines: Engines = None) -> Read:
         """One consistent read of the namespace (see StatsReader.read: the same steps, awaited)."""
-        return await arun(self.read_steps(engines, is_cluster(self._client)), self._carry_out)
+        return await arun(self.snapshot_steps(engines, is_cluster(self._client)), self._carry_out)
 
     async def _carry_out(self, what: str, arg: Any) -> Any:
         """One step of :meth:`ReaderCore.read_steps`, awaited."""
         if what == "transaction":
             return await self._transaction(arg)
-        if what == "script":
-            return await self._script(*arg)
         if what == "meta":
-            return await self._meta(arg)
-        script = self._load_script if what == "load" else self._script  # "load": load_read.lua
-        return list(await asyncio.gather(*(script(*a) for a in arg)))  # "scripts", "load"
-
-    async def _meta(self, keys: Keys | None = None) -> Any:
-        try:
-            meta = await self._client.hgetall((keys or self.keys).meta)
-        except ResponseError as exc:  # retyped since the transaction: the decoder skips it
-            return exc
-        return [x for kv in meta.items() for x in kv]
+            try:
+                meta = await self._client.hgetall(arg.meta)
+            except ResponseError as exc:  # retyped since the read: the decoder skips it
+                return exc
+            return [x for kv in meta.items() for x in kv]
+        return list(await asyncio.gather(*(self._script(*a) for a in arg)))  # "scripts"
 
     async def _transaction(self, cmds: list[tuple[Any, ...]]) -> list[Any]:
         pool = self._client.connection_pool
         conn = await pool.get_connection()
         try:
-            await conn.send_packed_command(conn.pack_commands(cmds))
+            await conn.send_packed_command(self._packed(conn, cmds))
             refused: ResponseError | None = None
             for _ in range(len(cmds)):  # +OK, +QUEUED (or why not: -OOM), then EXEC's results
                 try:

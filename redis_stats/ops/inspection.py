@@ -15,7 +15,7 @@ from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
 from redis_stats.connection import is_cluster, make_client
 from redis_stats.errors import SchemaMismatch
-from redis_stats.keys import Keys, parse_layouts
+from redis_stats.keys import Keys, parse_shard_counts
 from redis_stats.reader import StatsReader
 from redis_stats.snapshot import Skipped, Snapshot
 
@@ -34,10 +34,10 @@ def _or_why(call: Callable[..., Any], *args: Any) -> Any:
         return f"unreadable ({str(exc).split(' ', 1)[0]})"
 
 
-def snap_layouts(client: Any, keys: Keys) -> set[int]:
+def stored_shard_counts(client: Any, keys: Keys) -> set[int]:
     """The K values shard 0's catalogue lists (none when it cannot be read)."""
     found = _or_why(client.hget, keys.meta, "shards")
-    return parse_layouts(found)
+    return parse_shard_counts(found)
 
 
 def _engine_fields(client: Any, shards: list[Keys], engine: int) -> Any:
@@ -53,16 +53,16 @@ def _engine_fields(client: Any, shards: list[Keys], engine: int) -> Any:
     return names
 
 
-def _shard_lines(client: Any, keys: Keys, layouts: list[int]) -> Iterator[str]:
+def _shard_lines(client: Any, keys: Keys, shard_counts: list[int]) -> Iterator[str]:
     """One line per shard, named by its place in each split (``s of K``; shard 0 is every K's):
     its hash tag, its slot, and (on a Cluster) the master holding it, or "no node" when none
     serves that slot (a Cluster missing slots). Two splits whose shard has the same tag (see
     :meth:`Keys.all_shards`) are one shard: one line, with both names."""
     labels: dict[Keys, list[str]] = {keys: ["0 (every K)"]}
-    for k in sorted(set(layouts) - {1}):
+    for k in sorted(set(shard_counts) - {1}):
         for s in range(1, k):
             labels.setdefault(keys.shard(s, k), []).append(f"{s} of K={k}")
-    yield f"  shards: {len(labels)} (K = {', '.join(map(str, layouts))}; engine e in shard e % K)"
+    yield f"  shards: {len(labels)} (K = {', '.join(map(str, shard_counts))}; engine e in shard e % K)"
     for shard, names in labels.items():
         slot = key_slot(shard.seq.encode())
         where = ""
@@ -92,10 +92,10 @@ def inspect_namespace(config: StatsConfig, catalog: Catalog | None = None) -> It
         return
     yield header
     reader = StatsReader(config, catalog, client=client)
-    reader.layouts = reader.layouts | snap_layouts(client, keys)
+    reader.shard_counts = reader.shard_counts | stored_shard_counts(client, keys)
     shards = reader.shard_keys
     if len(shards) > 1:
-        yield from _shard_lines(client, keys, sorted(reader.layouts))
+        yield from _shard_lines(client, keys, sorted(reader.shard_counts))
     yield _catalogue_line(client, keys)
     yield from _memory_lines(client)
     yield from _lease_lines(client, keys)

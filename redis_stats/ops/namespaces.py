@@ -19,7 +19,7 @@ import redis
 from redis_stats._core import fields
 from redis_stats._core.liveness import STALE_FIELD, Liveness, declared_ms, judged_ms
 from redis_stats.connection import is_cluster
-from redis_stats.keys import SCHEMA_VERSION, Keys, parse_layouts
+from redis_stats.keys import SCHEMA_VERSION, Keys, parse_shard_counts
 
 __all__ = ["NamespaceInfo", "describe_namespaces", "find_namespaces", "namespace_holds_data"]
 
@@ -189,7 +189,7 @@ def _liveness_inputs(
     writers: dict[str, float] = {}
     owners: dict[str, set[str]] = {}
     stats: dict[str, dict[str, str]] = {}
-    for shard in keys.all_shards(parse_layouts(client.hget(keys.meta, "shards"))):
+    for shard in keys.all_shards(parse_shard_counts(client.hget(keys.meta, "shards"))):
         shard_engines = client.zrange(shard.engines, 0, -1, withscores=True)
         shard_writers = client.zrange(shard.writers, 0, -1, withscores=True)
         for e, score in shard_engines:

@@ -23,7 +23,7 @@ from redis.exceptions import RedisError, ResponseError
 from redis_stats._scripts import Script, load_script
 from redis_stats.config import StatsConfig
 from redis_stats.connection import Client, is_cluster, make_client
-from redis_stats.keys import Keys, parse_layouts
+from redis_stats.keys import Keys, parse_shard_counts
 from redis_stats.ops.namespaces import judged_stale
 
 __all__ = ["RemovalResult", "remove_namespace"]
@@ -57,7 +57,7 @@ def _shards(config: StatsConfig, client: Client) -> list[Keys]:
     """Every shard of the namespace (the configured K and every K shard 0's catalogue lists)."""
     keys = Keys(config.namespace)
     try:
-        listed = parse_layouts(client.hget(keys.meta, "shards"))
+        listed = parse_shard_counts(client.hget(keys.meta, "shards"))
     except ResponseError:  # not a hash: shard 0 only (its keys are removed all the same)
         listed = set()
     return keys.all_shards(listed | {config.shards})

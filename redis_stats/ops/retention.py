@@ -29,12 +29,18 @@ from redis.exceptions import RedisError, ResponseError
 from redis_stats._scripts import Script, load_script
 from redis_stats.config import RETENTION_FACTOR, StatsConfig
 from redis_stats.connection import Client, make_client
-from redis_stats.keys import Keys, parse_layouts
+from redis_stats.keys import Keys, parse_shard_counts
 from redis_stats.ops.namespaces import judged_stale
 
 __all__ = ["GcResult", "collect_garbage"]
 
 GC_LEASE_MS = 60_000
+
+# gc.lua is given the keys it may remove: those of the engines and writers past the retention
+# when the lists were read, and of any that will be within this many ms (the call decides again,
+# and leaves what it was not given the keys of for the next call: see gc.lua).
+_AHEAD_MS = 5_000
+_CALLS = 3  # calls per shard at most while the lists change under them
 
 
 @dataclass
@@ -60,7 +66,7 @@ def namespace_shards(config: StatsConfig, client: Client) -> list[Keys]:
     and of every K its writers listed in shard 0's catalogue (``shards``, see docs/key-schema.md)."""
     keys = Keys(config.namespace)
     try:
-        listed = parse_layouts(client.hget(keys.meta, "shards"))
+        listed = parse_shard_counts(client.hget(keys.meta, "shards"))
     except ResponseError:  # the catalogue is not a hash: gc.lua does not read it; shard 0 only
         listed = set()
     return keys.all_shards(listed | {config.shards})
@@ -134,30 +140,51 @@ class _Collection:
             _share_heartbeats(self.client, shard, beats, self.live)
         last = shard is self.shards[0]
         drop_meta = not last or self.emptied == len(self.shards) - 1
-        found: list[Any] = self.script(
-            keys=[
-                shard.engines,
-                shard.writers,
-                shard.seq,
-                shard.meta,
-                shard.claims,
-                shard.conflicts,
-                shard.load,
-            ],
-            args=[
-                shard.prefix,
-                int(self.config.retention * 1000),
-                "1" if self.dry_run else "0",
-                "1" if drop_meta else "0",
-                RETENTION_FACTOR,
-                *self.declared,
-            ],
-        )
+        for _ in range(_CALLS):
+            keys, names = self._plan(shard)
+            found: list[Any] = self.script(
+                keys=keys,
+                args=[
+                    int(self.config.retention * 1000),
+                    "1" if self.dry_run else "0",
+                    "1" if drop_meta else "0",
+                    RETENTION_FACTOR,
+                    *names,
+                    *self.declared,
+                ],
+            )
+            if not int(found[6]):  # nothing deferred: the plan held every key needed
+                break
         self.emptied += int(found[5])
         return found
 
+    def _plan(self, shard: Keys) -> tuple[list[str], list[Any]]:
+        """gc.lua's KEYS and the names they are for, from the lists as they are now: every
+        listed engine's hash, the gauges hash of each engine past the retention (or nearly),
+        the stats hash of each writer past it (or nearly)."""
+        seconds, micros = self.client.time()
+        cutoff = seconds * 1000 + micros // 1000 - int(self.config.retention * 1000) + _AHEAD_MS
+        engines: Any = self.client.zrange(shard.engines, 0, -1, withscores=True)
+        writers: Any = self.client.zrange(shard.writers, 0, -1, withscores=True)
+        listed = [str(e) for e, _ in engines]
+        stale = [str(e) for e, t in engines if t < cutoff]
+        gone = [str(w) for w, t in writers if abs(t) < cutoff]
+        keys = [
+            shard.engines,
+            shard.writers,
+            shard.seq,
+            shard.meta,
+            shard.claims,
+            shard.conflicts,
+            shard.load,
+            *(shard.counters(e) for e in listed),
+            *(shard.gauges(e) for e in stale),
+            *(shard.writer_stats(w) for w in gone),
+        ]
+        return keys, [len(listed), len(stale), len(gone), *listed, *stale, *gone]
+
     def _tally(self, found: list[Any], beats: dict[str, float] | None) -> None:
-        engines, writers, tombstones, folded, unfolded, _ = found
+        engines, writers, tombstones, folded, unfolded, *_ = found
         for e in engines:
             self.stale[e] = self.stale.get(e, 0) + 1
         for e in beats or engines:

@@ -141,6 +141,13 @@ def negotiate(accept: str) -> tuple[Callable[[Any], bytes], str]:
     return encoder, content_type
 
 
+OMITTED = "redis_stats_openmetrics_samples_omitted"
+OMITTED_HELP = (
+    "Samples of this scrape left out of OpenMetrics, which cannot carry them: a counter's or a "
+    "histogram's value below 0 or NaN (a histogram's sum after negative observations)."
+)
+
+
 def openmetrics_from_text(text: str) -> str:
     """OpenMetrics 1.0 from Prometheus text 0.0.4, as prometheus_client writes both.
 
@@ -149,21 +156,91 @@ def openmetrics_from_text(text: str) -> str:
     body ends with ``# EOF``. Only the ``#`` lines are touched (found with ``str.find``: a few
     hundred in a multi-megabyte body), so this costs a small fraction of a render, where
     prometheus_client's OpenMetrics writer over ``collect()`` costs several renders.
+
+    One more difference: OpenMetrics holds a counter's and a histogram's samples to be counters,
+    never below 0 nor NaN, and a parser refuses the whole body for one of them (a histogram's
+    ``_sum`` after negative observations, or with +Inf and -Inf summed over writers). Such a
+    sample is left out (the text format carries it) and counted in
+    ``redis_stats_openmetrics_samples_omitted``, written when it is not 0.
     """
     lines = _comment_lines(text)
     counters = _counter_names(text, lines)
+    edits = [(start, end, _openmetrics_comment(text[start:end], counters)) for start, end in lines]
+    unfit = _unfit_samples(text, counters, _histogram_names(text, lines))
+    edits += [(start, end, "") for start, end in unfit]
     out = []
     done = 0
-    for start, end in lines:
-        line = _openmetrics_comment(text[start:end], counters)
+    for start, end, line in sorted(edits, key=lambda edit: edit[0]):
         if line is None:
             continue
         out.append(text[done:start])
         out.append(line)
         done = end
     out.append(text[done:])
-    out.append("# EOF\n" if not text or text.endswith("\n") else "\n# EOF\n")
+    if text and not text.endswith("\n"):
+        out.append("\n")
+    if unfit:
+        out.append(f"# HELP {OMITTED} {OMITTED_HELP}\n# TYPE {OMITTED} gauge\n{OMITTED} {len(unfit)}.0\n")
+    out.append("# EOF\n")
     return "".join(out)
+
+
+def _histogram_names(text: str, lines: list[tuple[int, int]]) -> set[str]:
+    """The histograms' names, from their ``# TYPE`` lines."""
+    names = set()
+    for start, end in lines:
+        line = text[start:end]
+        if line.startswith("# TYPE ") and line.endswith(" histogram"):
+            names.add(line[7 : -len(" histogram")])
+    return names
+
+
+_COUNTER_LIKE = ("_sum", "_count", "_bucket")
+
+
+def _unfit(value: str) -> bool:
+    """A sample value below 0 or NaN (``-0.0`` is neither)."""
+    try:
+        number = float(value)
+    except ValueError:
+        return False
+    return number != number or number < 0
+
+
+def _count_before(text: str, start: int, base: str, labels: str) -> list[tuple[int, int]]:
+    """The ``_count`` line of histogram *base* with *labels* just before *start*, if it is there."""
+    before = text.rfind("\n", 0, max(start - 1, 0)) + 1
+    prefix = f"{base}_count{labels} "
+    return [(before, start)] if start and text.startswith(prefix, before) else []
+
+
+def _unfit_samples(text: str, counters: set[str], histograms: set[str]) -> list[tuple[int, int]]:
+    """Where the sample lines OpenMetrics cannot carry are (start, end with the newline): a
+    counter's ``_total``, a histogram's ``_sum``, ``_count`` or ``_bucket`` whose value is below 0
+    or NaN. Found with ``str.find`` on the value's first characters: rare (a gauge below 0 is the
+    usual find, looked at and kept)."""
+    found = []
+    for marker in (" -", " NaN"):
+        i = text.find(marker)
+        while i != -1:
+            end = text.find("\n", i)
+            end = len(text) if end == -1 else end
+            start = text.rfind("\n", 0, i) + 1
+            # The value is a sample line's last field (a label value holds no newline, and a
+            # space in one comes before the value's): anything else is not a value.
+            if " " not in text[i + 1 : end] and not text.startswith("#", start) and _unfit(text[i + 1 : end]):
+                brace = text.find("{", start, i)
+                name = text[start : i if brace == -1 else brace]
+                base, _, suffix = name.rpartition("_")
+                if (suffix == "total" and base in counters) or (
+                    "_" + suffix in _COUNTER_LIKE and base in histograms
+                ):
+                    found.append((start, min(end + 1, len(text))))
+                    if suffix == "sum":  # a _count needs its _sum: the line before, as written
+                        labels = text[start + len(name) : i]
+                        found += _count_before(text, start, base, labels)
+            i = text.find(marker, end)
+    return found
 
 
 def _comment_lines(text: str) -> list[tuple[int, int]]:

@@ -3,23 +3,27 @@ Prometheus text, for the exporter's ``/metrics``.
 
 prometheus_client's ``generate_latest`` builds a Python object per sample and formats every
 label on every scrape: about 10 us per sample, so 80 ms for 64 engines of the vLLM catalogue.
-Between two scrapes nothing but the numbers changes, so this formatter keeps, per engine and
-names field (a :class:`~redis_stats._core.groups.Layout`), the text around the numbers: each
-line's prefix (``vllm:prompt_tokens_total{engine="3",model_name="m"} ``) and each histogram's
-template. A scrape is then a string join per counter and gauge and a template fill per
-histogram. It reads only the decoded form (the writers already added up, what was skipped
-already counted), so it prints what the snapshot holds.
+Between two scrapes nothing but the numbers changes, so this formatter keeps the text around the
+numbers and, per scrape, only joins: each group of the read gives its numbers' sample texts
+(:func:`sample_texts`: a list, in its layout's order), the read's lists are put end to end, and
+each family is one ``str.join`` of its lines' prefixes and the numbers an ``itemgetter`` picks
+out of that list, in C. No number or label value is ever put through a format string: a label
+value is text the prefixes hold as they are (with the text format's escapes), whatever it holds.
 
 What it keeps depends only on the catalogue (one :class:`_Plan` per catalogue, swapped whole when
-it changes) and on the names fields the engines hold: what a render did not use is dropped when
-it ends (an engine gc removed, a names field no writer holds any more). Concurrent scrapes share
-it and keep every per-scrape line in locals.
+it changes), on the names fields the engines hold and on which gauges have a value: per (engine,
+names field, gauges shown) the prefixes of its lines (:class:`_Piece`), and per read's sequence of
+those, the families' prefixes and positions (the last two reads' kept). What a read did not use is
+dropped when it ends (an engine gc removed, a names field no writer holds any more). Concurrent
+scrapes share it: every entry is immutable, one dict store each, and every per-scrape list is a
+local.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import Any
 
 from prometheus_client.utils import floatToGoString
@@ -29,9 +33,10 @@ from redis_stats._core.groups import Group, Layout
 from redis_stats._core.values import go_floats
 from redis_stats.catalog import COUNTER, ENGINE_LABEL, Catalog, MetricSpec
 
-__all__ = ["TextRenderer", "escape_label_value", "format_families"]
+__all__ = ["TextRenderer", "escape_label_value", "format_families", "sample_texts"]
 
 _INF = math.inf
+_READ_PLANS = 2  # reads' plans kept: the last read's, and one more (two slices, a change)
 
 
 def escape_label_value(value: str) -> str:
@@ -46,28 +51,47 @@ def _escape_help(text: str) -> str:
 
 
 def _header(spec: MetricSpec) -> str:
-    # As prometheus_client's text format: a counter's HELP/TYPE name ends in _total.
+    """A family's HELP and TYPE lines, without the last newline (each sample line starts with
+    one, and the family ends with one). As prometheus_client: a counter's name ends in _total."""
     name = spec.name + "_total" if spec.kind == COUNTER else spec.name
-    return f"# HELP {name} {_escape_help(spec.help)}\n# TYPE {name} {spec.kind}\n"
+    return "# HELP " + name + " " + _escape_help(spec.help) + "\n# TYPE " + name + " " + spec.kind
 
 
 def _labels(engine: str, spec: MetricSpec, values: tuple[str, ...]) -> str:
-    pairs = [f'{ENGINE_LABEL}="{escape_label_value(engine)}"']
-    pairs += [f'{n}="{escape_label_value(v)}"' for n, v in zip(spec.labels, values)]
+    pairs = [ENGINE_LABEL + '="' + escape_label_value(engine) + '"']
+    pairs += [n + '="' + escape_label_value(v) + '"' for n, v in zip(spec.labels, values)]
     return ",".join(pairs)
-
-
-def _histogram_template(engine: str, spec: MetricSpec, values: tuple[str, ...]) -> str:
-    """One histogram series' lines, to fill with its cumulative counts, its count and its sum."""
-    labels = _labels(engine, spec, values)
-    lines = [f'{spec.name}_bucket{{{labels},le="{floatToGoString(b)}"}} %s\n' for b in (*spec.buckets, _INF)]
-    lines += [f"{spec.name}_count{{{labels}}} %s\n", f"{spec.name}_sum{{{labels}}} %s\n"]
-    return "".join(lines)
 
 
 def _number_text(value: Any) -> str:
     """A counter's or a count's sample text: an int as it is (exact), a float as Go writes it."""
     return str(value) if value.__class__ is int else str(floatToGoString(value))
+
+
+def sample_texts(group: Group, out: list[str]) -> tuple[int, ...] | None:
+    """Put on *out* what a group prints, in its layout's order: its counters' texts, its
+    histogram tokens' (each series' sum, then its cumulative counts), its histogram sums', then
+    its gauges' that have a value; and say which gauges those are (None: all). A group one
+    writer holds prints its stored texts; else an int as it is (exact), a float as Go writes it."""
+    layout = group.layout
+    if group.texts is not None:
+        out += group.texts[0]
+        if layout.histograms:
+            tokens = group.texts[1].split(" ")
+            out += tokens
+            out += layout.pick_sums(tokens)
+    else:
+        out += map(str, group.counters) if group.counter_ints else map(_number_text, group.counters)
+        if layout.histograms:
+            out += map(str, group.counts) if group.count_ints else map(_number_text, group.counts)
+            out += go_floats([*group.sums])
+    gauges = group.gauges
+    if None in gauges:
+        shown = tuple(i for i, v in enumerate(gauges) if v is not None)
+        out += go_floats([gauges[i] for i in shown])  # type: ignore[misc]
+        return shown
+    out += go_floats([*gauges])  # type: ignore[list-item]
+    return None
 
 
 def _line(layout: Layout, i: int) -> tuple[MetricSpec, tuple[str, ...]]:
@@ -78,41 +102,104 @@ def _line(layout: Layout, i: int) -> tuple[MetricSpec, tuple[str, ...]]:
     return spec, key[1]
 
 
-class _Plan:
-    """What the renderer knows for one catalogue: each family's header, and per (engine,
-    layout) the text around each of its numbers. Holds no per-scrape state: its entries are
-    immutable, one dict store each (safe under the GIL), and a new catalogue replaces the whole
-    plan while older scrapes finish with the one they hold."""
+class _Piece:
+    """The lines of one group (of one engine, one layout, these gauges shown): per family, the
+    prefix of each of its lines (``"\\n<name>{<labels>} "``) and where its number is in the
+    group's :func:`sample_texts`."""
 
-    __slots__ = ("catalog", "headers", "index", "layouts")
+    __slots__ = ("families", "size")
+
+    def __init__(
+        self, index: dict[str, int], engine: str, layout: Layout, shown: tuple[int, ...] | None
+    ) -> None:
+        lines: dict[int, tuple[list[str], list[int]]] = {}
+
+        def add(spec: MetricSpec, prefix: str, at: int) -> None:
+            prefixes, places = lines.setdefault(index[spec.name], ([], []))
+            prefixes.append(prefix)
+            places.append(at)
+
+        n_counters, n_tokens = len(layout.counters), sum(layout.spaces) + len(layout.histograms)
+        for at, i in enumerate(layout.counters):
+            spec, values = _line(layout, i)
+            add(spec, "\n" + spec.name + "_total{" + _labels(engine, spec, values) + "} ", at)
+        for k, (i, where) in enumerate(zip(layout.histograms, layout.count_slices)):
+            spec, values = _line(layout, i)
+            labels = _labels(engine, spec, values)
+            head = "\n" + spec.name
+            for bound, at in zip((*spec.buckets, _INF), range(where.start, where.stop)):
+                le = ',le="' + floatToGoString(bound) + '"} '
+                add(spec, head + "_bucket{" + labels + le, n_counters + at)
+            add(spec, head + "_count{" + labels + "} ", n_counters + where.stop - 1)
+            add(spec, head + "_sum{" + labels + "} ", n_counters + n_tokens + k)
+        first = n_counters + n_tokens + len(layout.histograms)
+        gauges = layout.gauges if shown is None else [layout.gauges[j] for j in shown]
+        for at, i in enumerate(gauges, first):
+            spec, values = _line(layout, i)
+            add(spec, "\n" + spec.name + "{" + _labels(engine, spec, values) + "} ", at)
+        self.families = tuple((f, tuple(p), tuple(a)) for f, (p, a) in lines.items())
+        self.size = first + len(gauges)
+
+
+def _picker(places: Sequence[int]) -> Any:
+    """A function picking *places* out of a list, as a tuple (itemgetter, in C)."""
+    if len(places) > 1:
+        return itemgetter(*places)
+    if places:
+        only = places[0]
+        return lambda seq: (seq[only],)
+    return lambda seq: ()
+
+
+class _Plan:
+    """What the renderer knows for one catalogue: each family's header, the pieces of the
+    groups it rendered, and per read (its sequence of pieces) the read's text with a hole for
+    each number, and the picker of the numbers out of the read's sample texts. Holds no
+    per-scrape state (see the module docstring)."""
+
+    __slots__ = ("catalog", "headers", "index", "pieces", "reads")
 
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
         specs = list(catalog)
         self.headers = tuple(_header(spec) for spec in specs)
         self.index = {spec.name: i for i, spec in enumerate(specs)}
-        self.layouts: dict[tuple[str, Layout], Any] = {}
+        self.pieces: dict[tuple[str, Layout, tuple[int, ...] | None], _Piece] = {}
+        self.reads: dict[tuple[Any, ...], tuple[list[Any], Any]] = {}
 
-    def of(self, engine: str, layout: Layout) -> Any:
-        """How to render a group of *layout* in *engine*: (family, line prefix) per counter,
-        (family, template, where its counts start and stop) per histogram, (family, prefix)
-        per gauge."""
-        found = self.layouts.get((engine, layout))
+    def of(self, read: tuple[Any, ...]) -> tuple[list[Any], Any]:
+        """For a read of these groups: the text of every family of the catalogue as a list,
+        ``[text, hole, text, hole, ..., text]`` (every line's prefix, each family's header
+        and newline in the texts), and the picker of the holes' numbers, in order, out of the
+        read's sample texts put end to end."""
+        found = self.reads.get(read)
         if found is not None:
             return found
-        index = self.index
-        counters = [_line(layout, i) for i in layout.counters]
-        histograms = [_line(layout, i) for i in layout.histograms]
-        gauges = [_line(layout, i) for i in layout.gauges]
-        found = (
-            tuple((index[s.name], f"{s.name}_total{{{_labels(engine, s, v)}}} ") for s, v in counters),
-            tuple(
-                (index[s.name], _histogram_template(engine, s, v), w.start, w.stop)
-                for (s, v), w in zip(histograms, layout.count_slices)
-            ),
-            tuple((index[s.name], f"{s.name}{{{_labels(engine, s, v)}}} ") for s, v in gauges),
-        )
-        self.layouts[engine, layout] = found
+        pieces, kept = self.pieces, {}
+        prefixes: list[list[str]] = [[] for _ in self.headers]
+        places: list[list[int]] = [[] for _ in self.headers]
+        offset = 0
+        for key in read:
+            piece = pieces.get(key) or _Piece(self.index, *key)
+            kept[key] = piece
+            for f, p, a in piece.families:
+                prefixes[f] += p
+                places[f] += [offset + x for x in a]
+            offset += piece.size
+        self.pieces = kept  # those of this read: an engine gc removed, a names field gone, go
+        text: list[Any] = []
+        pending = ""  # what comes before the next number: a newline, headers, a line's prefix
+        for header, family_prefixes in zip(self.headers, prefixes):
+            pending += header
+            for prefix in family_prefixes:
+                text += (pending + prefix, None)  # "" + prefix is prefix itself: no copy
+                pending = ""
+            pending += "\n"
+        text.append(pending)
+        found = (text, _picker([x for family in places for x in family]))
+        reads = self.reads if len(self.reads) < _READ_PLANS else {}
+        reads[read] = found
+        self.reads = reads
         return found
 
 
@@ -123,63 +210,23 @@ class TextRenderer:
     def __init__(self) -> None:
         self._plan: _Plan | None = None
 
-    def _plan_for(self, catalog: Catalog) -> _Plan:
-        plan = self._plan
-        if plan is None or plan.catalog is not catalog:
-            plan = self._plan = _Plan(catalog)  # one atomic swap; others keep the plan they hold
-        return plan
-
     def render(self, decoded: Decoded) -> str:
-        """The text of every family of the catalogue, with the series of *decoded*."""
-        plan = self._plan_for(decoded.shell.catalog)
-        lines: list[list[str]] = [[] for _ in plan.headers]
-        used: list[tuple[str, Layout]] = []
-        for engine in decoded.engines:
-            for group in engine.groups:
-                _group(plan.of(engine.engine, group.layout), group, lines)
-                used.append((engine.engine, group.layout))
-        kept = plan.layouts
-        if len(kept) > len(used):  # engines gc removed, names fields no writer holds any more
-            plan.layouts = {k: kept[k] for k in used if k in kept}
-        out: list[str] = []
-        for header, family_lines in zip(plan.headers, lines):
-            out.append(header)
-            out += family_lines
+        """The text of every family of the catalogue, with the series of *decoded*: the read's
+        text with its holes filled (a copy of the kept list, the numbers put in by one slice
+        assignment, one join: every step one call of C over the whole read)."""
+        plan = self._plan
+        if plan is None or plan.catalog is not decoded.shell.catalog:
+            plan = self._plan = _Plan(decoded.shell.catalog)  # one swap; others keep theirs
+        texts: list[str] = []
+        read = [
+            (engine.engine, group.layout, sample_texts(group, texts))
+            for engine in decoded.engines
+            for group in engine.groups
+        ]
+        text, pick = plan.of(tuple(read))
+        out = text.copy()
+        out[1::2] = pick(texts)
         return "".join(out)
-
-
-def _group(layout_plan: Any, group: Group, lines: list[list[str]]) -> None:
-    """One group's lines, each appended to its family's."""
-    counter_plans, histogram_plans, gauge_plans = layout_plan
-    for (family, prefix), text in zip(counter_plans, _counter_texts(group)):
-        lines[family].append(f"{prefix}{text}\n")
-    if histogram_plans:
-        counts, sums = _histogram_texts(group)
-        for (family, template, start, stop), total in zip(histogram_plans, sums):
-            found = counts[start:stop]
-            lines[family].append(template % (*found, found[-1], total))
-    if gauge_plans:
-        shown = [(plan, v) for plan, v in zip(gauge_plans, group.gauges) if v is not None]
-        for ((family, prefix), _), text in zip(shown, go_floats([v for _, v in shown])):
-            lines[family].append(f"{prefix}{text}\n")
-
-
-def _counter_texts(group: Group) -> Sequence[Any]:
-    """What to print of a group's counters: the stored texts of one writer's, ints as they are
-    (``%s`` and f-strings print them), floats as Go writes them."""
-    if group.texts is not None:
-        return group.texts[0]
-    return group.counters if group.counter_ints else [*map(_number_text, group.counters)]
-
-
-def _histogram_texts(group: Group) -> tuple[Sequence[Any], Sequence[Any]]:
-    """What to print of a group's histograms: the tokens (``counts[count_slices[j]]``) and the
-    sums, as :func:`_counter_texts` prints counters."""
-    if group.texts is not None:
-        tokens = group.texts[1].split(" ")
-        return tokens, group.layout.pick_sums(tokens)
-    counts = group.counts if group.count_ints else [*map(_number_text, group.counts)]
-    return counts, go_floats([*group.sums])
 
 
 def format_families(families: Any) -> str:
@@ -187,11 +234,21 @@ def format_families(families: Any) -> str:
     out: list[str] = []
     for fam in families:
         name = fam.name + "_total" if fam.type == "counter" else fam.name
-        out.append(f"# HELP {name} {_escape_help(fam.documentation)}\n# TYPE {name} {fam.type}\n")
+        out.append(
+            "# HELP "
+            + name
+            + " "
+            + _escape_help(fam.documentation)
+            + "\n# TYPE "
+            + name
+            + " "
+            + fam.type
+            + "\n"
+        )
         for sample in fam.samples:
-            if sample.labels:
-                labels = ",".join(f'{k}="{escape_label_value(str(v))}"' for k, v in sample.labels.items())
-                out.append(f"{sample.name}{{{labels}}} {floatToGoString(sample.value)}\n")
-            else:
-                out.append(f"{sample.name} {floatToGoString(sample.value)}\n")
+            pairs = []
+            for k, v in sample.labels.items():
+                pairs.append(k + '="' + escape_label_value(str(v)) + '"')
+            labels = "{" + ",".join(pairs) + "}" if pairs else ""
+            out.append(sample.name + labels + " " + floatToGoString(sample.value) + "\n")
     return "".join(out)

@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from redis_stats._core.values import float_mean, float_sum
 from redis_stats.catalog import COUNTER, GAUGE
 from redis_stats.snapshot import EngineSnapshot, HistogramValue, Snapshot
 
@@ -353,10 +354,11 @@ def _gauge_totals(snap: Snapshot) -> dict[str, dict[str, Any]]:
         if spec.kind != GAUGE:
             continue
         values = per_engine.get(spec.name, [])
+        total = float_sum(values)  # +inf past the float range, NaN (null) for inf and -inf
         out[spec.name] = {
             "engines": len(values),
-            "sum": _json(sum(values)) if values else None,
-            "mean": _json(sum(values) / len(values)) if values else None,
+            "sum": _json(total) if values else None,
+            "mean": _json(float_mean(values, total)) if values else None,  # finite for finite values
             "max": _json(max(values)) if values else None,
         }
     return out

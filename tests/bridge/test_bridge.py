@@ -495,3 +495,20 @@ def test_cli_source_file_keeps_the_password_out_of_the_command_line_and_output(c
     assert done.returncode == 0, done.stderr
     assert secret not in done.stdout + done.stderr and "u:***@" in done.stdout
     assert [k for k in store_samples(cfg) if k[0] == "sglang:prompt_tokens_total"]  # stored
+
+
+def test_a_series_the_store_cannot_take_costs_that_series_not_the_body():
+    """A source counter at +Inf, or a histogram that observed a NaN or an infinity (both taken by
+    prometheus_client), refused the whole body: nothing stored, every engine of the source read
+    down (found by tests/store/test_every_view.py). Each such series is left out and said."""
+    histograms = "".join(
+        f'h_bucket{{a="{a}",le="1.0"}} {low}\nh_bucket{{a="{a}",le="+Inf"}} 1.0\n'
+        f'h_count{{a="{a}"}} 1.0\nh_sum{{a="{a}"}} {total}\n'
+        for a, low, total in (("nan", 0.0, "NaN"), ("inf", 0.0, "+Inf"), ("ok", 1.0, "0.5"))
+    )
+    counters = '# TYPE c_total counter\nc_total{a="bad"} +Inf\nc_total{a="ok"} 5.0\n'
+    text = counters + "# TYPE h histogram\n" + histograms
+    body = parse_body(text.encode(), "text/plain; version=0.0.4")
+    assert body.families["c"].series == {(0, ("ok",)): 5}
+    assert list(body.families["h"].series) == [(0, ("ok",))]
+    assert set(body.skipped) == {"c{'a': 'bad'}", "h{'a': 'nan'}", "h{'a': 'inf'}"}

@@ -4,6 +4,7 @@ import gc
 import time
 import tracemalloc
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
@@ -137,3 +138,35 @@ def test_render_plans_are_kept_for_the_engines_and_names_fields_of_the_last_read
         tracemalloc.stop()
     # What the renderer holds is what a renderer of the same store holds after one read.
     assert ours < 2 * (both - ours), (ours, both - ours)
+
+
+@pytest.mark.parametrize("writers", [1, 2])  # one writer's stored texts; two writers' ints added up
+@pytest.mark.parametrize("value", ["100%", "%s", "%d", "%%", "%(x)s", "{0}", "%"])
+def test_a_percent_in_a_histogram_label_value_leaves_every_series_shown(
+    fake_client, namespace, value, writers
+):
+    """Issue 32: the histogram's text was a %-template with the label values in it, so one such
+    value failed every read of the namespace: redis_stats_up 0, every series gone."""
+    cat = Catalog()
+    cat.histogram("h", "h", labels=["a"], buckets=[1.0])
+    cat.counter("c", "c")
+    cfg = StatsConfig(namespace=namespace)
+    for _ in range(writers):
+        wr = StatsWriter(cfg, cat, engines=[0, 1], client=fake_client(), start=False)
+        wr.histogram("h").labels(engine=0, a=value).observe(0.5)
+        wr.histogram("h").labels(engine=1, a="plain").observe(2.0)
+        wr.counter("c").labels(engine=1).inc(7)
+        assert wr.flush()
+    text = RedisCollector(StatsReader(cfg, cat, client=fake_client())).render_text()
+    got = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+    assert got[("redis_stats_up", ())] == 1.0
+    assert got[("h_bucket", (("a", value), ("engine", "0"), ("le", "1.0")))] == writers
+    assert got[("h_count", (("a", value), ("engine", "0")))] == writers
+    assert got[("h_sum", (("a", value), ("engine", "0")))] == 0.5 * writers
+    assert got[("h_bucket", (("a", "plain"), ("engine", "1"), ("le", "1.0")))] == 0
+    assert got[("h_count", (("a", "plain"), ("engine", "1")))] == writers
+    assert got[("c_total", (("engine", "1"),))] == 7 * writers

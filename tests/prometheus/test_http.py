@@ -326,3 +326,27 @@ def test_a_body_gzipped_a_slice_at_a_time_is_the_whole_text_exactly():
         exporter_module.ENCODE_CHUNK = old
     assert gzip_module.decompress(body) == text.encode() and size == len(text.encode())
     assert exporter_module.encode_body(text, False) == (text.encode(), len(text.encode()))
+
+
+def test_openmetrics_leaves_out_a_negative_histogram_sum_and_counts_it(config, catalog, fake_client):
+    """OpenMetrics holds a histogram's _sum and _count to be counters (never below 0, never NaN),
+    and prometheus_client's parser refused the whole body for one negative observation: every
+    series of every engine unreadable. Now that sum (and its _count) are left out and counted."""
+    writer = StatsWriter(config, catalog, engines=[0, 1], client=fake_client(), start=False)
+    writer.histogram("latency_seconds").labels(engine=0).observe(-2.0)
+    writer.histogram("latency_seconds").labels(engine=1).observe(0.3)
+    writer.gauge("running").labels(engine=0).set(-5)  # a gauge below 0 is a gauge: kept
+    assert writer.flush()
+    exporter = Exporter(StatsReader(config, catalog, client=fake_client()), port=0)
+    _, body = exporter.metrics("application/openmetrics-text; version=1.0.0")
+    got = {
+        (s.name, s.labels.get("engine")): s.value for f in parse_openmetrics(body.decode()) for s in f.samples
+    }
+    assert ("latency_seconds_sum", "0") not in got and ("latency_seconds_count", "0") not in got
+    assert got[("latency_seconds_bucket", "0")] == 1  # its buckets stay (the +Inf one is its count)
+    assert got[("latency_seconds_sum", "1")] == 0.3 and got[("latency_seconds_count", "1")] == 1
+    assert got[("running", "0")] == -5
+    assert got[("redis_stats_openmetrics_samples_omitted", None)] == 2
+    _, text = exporter.metrics("text/plain")
+    assert 'latency_seconds_sum{engine="0"} -2.0' in text.decode()  # the text format carries it
+    writer._closed = True

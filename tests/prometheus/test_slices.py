@@ -15,12 +15,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from redis_stats import StatsConfig, StatsReader, StatsWriter
-from redis_stats._core.decoder import ShardReply
 from redis_stats.prometheus.collector import RedisCollector
 from redis_stats.prometheus.exporter import Exporter
 from redis_stats.prometheus.slices import PER_SCRAPE, EngineSlice, select_samples, short_label
 from redis_stats.tools.cli import main
-from tests.conftest import sample_catalog
+from tests.conftest import sample_catalog, scripted_client
 
 pytestmark = pytest.mark.redis_server
 
@@ -108,8 +107,8 @@ def test_a_slice_reads_only_its_engines_from_redis(fleet):
     # the reply holds those engines' hashes and the writers' stats, nothing of the others
     assert (len(part.hashes), len(part.stats)) == (len(listed), n_writers)
     assert (len(whole.hashes), len(whole.stats)) == (ENGINES, n_writers)
-    # read.lua (a Cluster, or a server over maxmemory) picks the same engines itself
-    scripted = ShardReply.of(reader.keys, reader._script(*reader.read_args(EngineSlice(1, 4))))
+    # read.lua (a Cluster, or a server over maxmemory) reads the same engines
+    (scripted,) = StatsReader(config, cat, client=scripted_client(config.url)).read(EngineSlice(1, 4)).shards
     assert scripted.engines[0::2] == listed
     assert (len(scripted.hashes), len(scripted.stats)) == (len(part.hashes), len(part.stats))
     assert sorted(reader.snapshot(EngineSlice(1, 4)).engines) == [1, 5, 9]

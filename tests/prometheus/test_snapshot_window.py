@@ -511,3 +511,20 @@ def test_any_values_give_a_strict_json_document_valid_against_the_schema(before,
     )
     text = json.dumps(doc, allow_nan=False)  # strict JSON: never NaN or Infinity literals
     validate(json.loads(text))
+
+
+def test_fleet_gauge_figures_past_the_float_range(fleet):
+    """Issue 32: the fleet mean of two gauges at 1.7e308 was their sum (+Inf) over two; the
+    mean of finite values is finite. A sum past the float range is "+Inf" (the schema's form);
+    the other gauges' figures are untouched."""
+    writer, server = fleet
+    big = 1.7e308
+    for e in (0, 1):
+        writer.gauge("inflight").labels(engine=e).set(big)
+        writer.gauge("running").labels(engine=e).set(e + 1)
+    assert writer.flush()
+    doc = snapshot(server)
+    validate(doc)
+    gauges = doc["fleet"]["gauges"]
+    assert gauges["inflight"] == {"engines": 2, "sum": "+Inf", "mean": big, "max": big}
+    assert gauges["running"] == {"engines": 2, "sum": 3, "mean": 1.5, "max": 2}

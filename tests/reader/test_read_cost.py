@@ -321,7 +321,7 @@ def _both_ways(config: Any, catalog: Any, fake_client: Any, values: Any, stale: 
     """One engine's chunks (*values*: one writer's lines each; writer *stale* stale) and *base*
     fields, read in bulk and line by line: both must show the same. Whether each merge of the
     bulk read took the engine in bulk (True) or left it to the line-by-line read."""
-    from redis_stats._core.groups import bucket_tag
+    from redis_stats._core.groups import spec_bucket_tag as bucket_tag
 
     histogram = "latency_seconds|" + bucket_tag(catalog.get("latency_seconds"))
     names = "\n".join([*_COUNTERS, *_GAUGES, histogram])

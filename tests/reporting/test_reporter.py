@@ -161,3 +161,22 @@ def test_lease_release_hands_over_at_once(fake_client, namespace):
     assert a.renew()
     a.close()
     assert b.renew()
+
+
+def test_a_count_that_is_not_finite_is_written_inf_and_every_line_still_logs(fleet, caplog):
+    """Issue 32: vLLM's line has %d parts; a gauge set to inf (set() takes it) raised
+    OverflowError in the reporter's tick, and logging dropped the line with a traceback."""
+    writers, recorders, reader = fleet
+    reporter = StatsReporter(reader, Rank0Leader([0]), lines=VllmLogLines(), interval=1)
+    recorders[0].record(scheduler(running=float("inf"), waiting=float("-inf"), kv=0.5), iteration(prompt=10))
+    recorders[1].record(scheduler(running=2, waiting=1, kv=0.25), iteration(generation=10), engine_idx=1)
+    flush(writers)
+    reporter.tick()
+    time.sleep(0.05)
+    flush(writers)
+    with caplog.at_level(logging.INFO, logger="redis_stats.reporter"):
+        lines = reporter.tick()
+    assert "Running: inf reqs, Waiting: -inf reqs, GPU KV cache usage: 50.0%" in lines[0]
+    assert "Running: 2 reqs, Waiting: 1 reqs, GPU KV cache usage: 25.0%" in lines[1]  # untouched
+    assert "2 Engines Aggregated: " in lines[2] and "Running: inf reqs, Waiting: -inf reqs" in lines[2]
+    assert [r.getMessage() for r in caplog.records] == lines

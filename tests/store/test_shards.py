@@ -302,7 +302,7 @@ def test_gc_removing_the_writer_in_one_shard_only_renames_it_there_and_nothing_d
 ):
     import time
 
-    from redis_stats._scripts import Script
+    from redis_stats.ops.retention import collect_garbage
 
     w = StatsWriter(
         _cfg(namespace, shards=K), sample_catalog(), engines=[0, 1], client=fake_client(), start=False
@@ -311,14 +311,11 @@ def test_gc_removing_the_writer_in_one_shard_only_renames_it_there_and_nothing_d
     w.counter("tokens").labels(engine=1).inc(7)
     assert w.flush()
     first = w.writer_id
-    time.sleep(0.01)
-    one = Keys(namespace).shard(1, K)  # gc of shard 1 alone (as if it had missed heartbeats there)
-    fake_client().zadd(one.engines, {"1": 2 * time.time() * 1000})  # the engine stays, the writer goes
-    removed = Script(fake_client(), load_script("gc"))(
-        keys=[one.engines, one.writers, one.seq, one.meta, one.claims, one.conflicts, one.load],
-        args=[one.prefix, 1, "0", "0"],
-    )
-    assert removed[1] == [first] and removed[3] >= 1  # folded into shard 1's base fields
+    one = Keys(namespace).shard(1, K)  # as if it had missed heartbeats in shard 1 alone, for a day
+    old = (time.time() - 2 * 86_400) * 1000
+    fake_client().zadd(one.writers, {first: old})  # the writer goes there; the engine stays
+    removed = collect_garbage(_cfg(namespace, shards=K), client=fake_client())
+    assert removed.writers == [first] and removed.folded >= 1  # folded into shard 1's base fields
     w.counter("tokens").labels(engine=0).inc(1)
     w.counter("tokens").labels(engine=1).inc(1)
     assert w.flush()  # shard 1 answers "removed": nothing applied there

@@ -13,7 +13,7 @@ import redis
 from redis_stats import Catalog, StatsReader, StatsWriter
 from redis_stats._scripts import load_script
 from redis_stats.catalog import MetricSpec
-from redis_stats.keys import MAX_LISTED_SHARDS, Keys, parse_layouts, shard_tag
+from redis_stats.keys import MAX_LISTED_SHARDS, Keys, parse_shard_counts, shard_tag
 from tests.conftest import sample_catalog
 from tests.store.test_shards import K, _cfg, _engine_4_after_k_changed, _Flaky
 
@@ -48,15 +48,15 @@ def test_a_metric_new_in_shard_1_after_several_transaction_reads_is_known(fake_c
 
 
 def test_garbage_in_the_shards_field_is_ignored_and_bounded():
-    assert parse_layouts("3,abc") == {3}
-    assert parse_layouts("999") == parse_layouts("1,1,1") == parse_layouts("") == set()
-    assert parse_layouts("3,\u00b2") == {3}  # "²".isdigit() is True, int("²") raises
-    assert parse_layouts("3,\u0663") == {3}  # Arabic-Indic 3: not what shards.lua writes
-    assert parse_layouts("2,3,3,2") == {2, 3}
-    every = parse_layouts(",".join(map(str, range(2, 65))))  # 2,016 shards listed
+    assert parse_shard_counts("3,abc") == {3}
+    assert parse_shard_counts("999") == parse_shard_counts("1,1,1") == parse_shard_counts("") == set()
+    assert parse_shard_counts("3,\u00b2") == {3}  # "²".isdigit() is True, int("²") raises
+    assert parse_shard_counts("3,\u0663") == {3}  # Arabic-Indic 3: not what shards.lua writes
+    assert parse_shard_counts("2,3,3,2") == {2, 3}
+    every = parse_shard_counts(",".join(map(str, range(2, 65))))  # 2,016 shards listed
     assert sum(k - 1 for k in every) <= MAX_LISTED_SHARDS
     assert {64, 63} <= every  # the newest listed (shards.lua appends) are kept
-    assert parse_layouts("3," + "64," * 5000 + "5") == {3, 5, 64}
+    assert parse_shard_counts("3," + "64," * 5000 + "5") == {3, 5, 64}
 
 
 def test_a_reader_survives_a_garbled_shards_field(fake_client, namespace):

@@ -290,15 +290,13 @@ def _scalar(body: Body, metric: Any, name: str, kind: str, engine_label: str | N
         key = _series_key(labels, engine_label, name, spec.labels)
         if key in fam.series:
             raise BodyError("garbage", f"family {name!r}: series {dict(sample.labels)} appears twice")
-        fam.series[key] = _scalar_value(sample, name, kind)
+        value = float(sample.value)
+        if kind == COUNTER and not 0 <= value < math.inf:
+            # One series the store cannot take costs that series, never the body (issue 32).
+            body.skipped[f"{name}{dict(sample.labels)}"] = f"a counter at {value!r}, not a finite number >= 0"
+            continue
+        fam.series[key] = _number(value)
     body.families[name] = fam
-
-
-def _scalar_value(sample: Any, name: str, kind: str) -> int | float:
-    value = float(sample.value)
-    if kind == COUNTER and not 0 <= value < math.inf:
-        raise BodyError("garbage", f"counter {name!r}{dict(sample.labels)}: {value!r} is not a number >= 0")
-    return _number(value)
 
 
 @dataclass
@@ -315,6 +313,7 @@ _LabelItems = tuple[tuple[str, str], ...]
 
 def _histogram(body: Body, metric: Any, name: str, engine_label: str | None) -> None:
     groups = _group_samples(metric, name)
+    _leave_out_unfit_sums(body, name, groups)
     drop = ("le", engine_label) if engine_label else ("le",)
     label_names = _label_names([dict(k) for k in groups], drop)
     layout, series = _histogram_series(groups, name, engine_label, label_names)
@@ -376,6 +375,16 @@ def _histogram_series(
             raise BodyError("garbage", f"{where}: series appears twice")
         series[skey] = value
     return layout, series
+
+
+def _leave_out_unfit_sums(body: Body, name: str, groups: dict[_LabelItems, _Samples]) -> None:
+    """Leave out the series whose _sum is not finite (a NaN or an infinity observed: the store's
+    histograms add finite sums): one series the store cannot take costs that series, never the
+    body, nor is it shown at 0 (issue 32)."""
+    for key, group in list(groups.items()):
+        if group.total is not None and not math.isfinite(group.total):
+            body.skipped[f"{name}{dict(key)}"] = f"a histogram whose _sum is {group.total!r}"
+            del groups[key]
 
 
 def _finite_bounds(group: _Samples, where: str) -> tuple[float, ...]:

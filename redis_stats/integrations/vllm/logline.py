@@ -122,17 +122,25 @@ def _rate(hits: float, queries: float) -> float:
     return hits / queries * 100 if queries > 0 else 0.0
 
 
+def _whole(part: str, value: float) -> str:
+    """A ``%d`` part of vLLM's line, or the same part with ``%s`` when *value* is not finite (a
+    gauge set to inf, counters summed past the float range): ``%d`` of it raises, and logging
+    would drop the whole line. Only the parts, constants, are formats; values are arguments."""
+    return part if value - value == 0 else part.replace("%d", "%s")
+
+
 def format_engine_line(prefix: str, iv: EngineInterval) -> tuple[str, list[Any]]:
-    """vLLM's line as a %-format and its arguments (optional parts as vLLM adds them)."""
+    """vLLM's line as a %-format and its arguments (optional parts as vLLM adds them). A count
+    that is not finite is written ``inf`` or ``nan``, the rest of the line as always."""
     parts = [
         "Avg prompt throughput: %.1f tokens/s",
         "Avg generation throughput: %.1f tokens/s",
-        "Running: %d reqs",
-        "Waiting: %d reqs",
+        _whole("Running: %d reqs", iv.running),
+        _whole("Waiting: %d reqs", iv.waiting),
     ]
     args: list[Any] = [iv.prompt_throughput, iv.generation_throughput, iv.running, iv.waiting]
     if iv.preemptions > 0:
-        parts.append("Preemptions: %d")
+        parts.append(_whole("Preemptions: %d", iv.preemptions))
         args.append(iv.preemptions)
     parts += ["GPU KV cache usage: %.1f%%", "Prefix cache hit rate: %.1f%%"]
     args += [iv.kv_usage * 100, _rate(iv.prefix_hits, iv.prefix_queries)]
@@ -153,8 +161,10 @@ def format_spec_line(iv: EngineInterval) -> tuple[str, list[Any]] | None:
     per_pos = ", ".join(f"{a / iv.drafts:.3f}" for a in iv.accepted_per_pos)
     return (
         "SpecDecoding metrics: Mean acceptance length: %.2f, Accepted throughput: %.2f tokens/s, "
-        "Drafted throughput: %.2f tokens/s, Accepted: %d tokens, Drafted: %d tokens, "
-        "Per-position acceptance rate: %s, Avg Draft acceptance rate: %.1f%%",
+        "Drafted throughput: %.2f tokens/s, "
+        + _whole("Accepted: %d tokens, ", iv.accepted_tokens)
+        + _whole("Drafted: %d tokens, ", iv.draft_tokens)
+        + "Per-position acceptance rate: %s, Avg Draft acceptance rate: %.1f%%",
         [
             1 + iv.accepted_tokens / iv.drafts,
             iv.accepted_tokens / seconds,

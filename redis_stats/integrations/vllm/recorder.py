@@ -46,6 +46,17 @@ class VllmFeatures:
     kv_cache_metrics: bool = False  # --kv-cache-metrics: the vllm:kv_block_* residency histograms
 
 
+def _label(value: Any) -> str:
+    """A label value taken from a step's data (a finish or rejection reason) as text the store
+    takes: a lone surrogate, which UTF-8 cannot carry, becomes ``?`` (as ``errors="replace"``
+    decodes). ``labels()`` refuses such a value with CatalogError, and :meth:`VllmRecorder.record`
+    runs in vLLM's stat loop, which must never see an exception of ours."""
+    text = str(value)
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
 def _g(obj: Any, name: str, default: Any = 0) -> Any:
     value = getattr(obj, name, default)
     return default if value is None else value
@@ -248,7 +259,7 @@ class VllmRecorder:
             self._finished(s, fin)
 
     def _finished(self, s: _EngineSeries, fin: Any) -> None:
-        reason = str(_g(fin, "finish_reason", "stop")).lower()
+        reason = _label(_g(fin, "finish_reason", "stop")).lower()
         s.labelled("vllm:request_success", "finished_reason", reason).inc()
         s.e2e.observe(_g(fin, "e2e_latency"))
         s.queue_time.observe(_g(fin, "queued_time"))
@@ -282,7 +293,7 @@ class VllmRecorder:
         vLLM's counter has no engine label (the front end rejects before choosing an engine); here
         it is recorded under the first engine this process manages.
         """
-        self._admission(str(reason)).inc()
+        self._admission(_label(reason)).inc()
 
     def _admission(self, reason: str) -> Any:
         return self._engine(self.first_engine).labelled("vllm:admission_rejections", "reason", reason)

@@ -247,3 +247,15 @@ def test_custom_histogram_buckets_replace_a_family_as_in_vllm():
     )
     with pytest.raises(ValueError, match="request_latencies"):
         vllm_catalog(1000, bucket_overrides={"request_latencies": [1]})
+
+
+def test_a_reason_that_is_not_text_is_recorded_never_raised(api_servers, config, fake_client):
+    """A finish or rejection reason holding a lone surrogate raised CatalogError out of record()
+    (vLLM's stat loop); it is recorded with the surrogate as "?" (found by
+    tests/store/test_every_view.py)."""
+    writers, recorders, cat = api_servers
+    recorders[0].record(scheduler(), iteration(done=[finished(reason="odd\ud800")]), engine_idx=0)
+    recorders[0].record_admission_rejection("full\udfff")
+    fams = flush_and_scrape(writers, config, cat, fake_client)
+    assert by_engine(fams, "vllm:request_success", finished_reason="odd?") == {"0": 1.0}
+    assert by_engine(fams, "vllm:admission_rejections", reason="full?") == {"0": 1.0}
