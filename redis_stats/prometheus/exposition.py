@@ -12,8 +12,9 @@ value is text the prefixes hold as they are (with the text format's escapes), wh
 
 What it keeps depends only on the catalogue (one :class:`_Plan` per catalogue, swapped whole when
 it changes), on the names fields the engines hold and on which gauges have a value: per (engine,
-names field, gauges shown) the prefixes of its lines (:class:`_Piece`), and per read's sequence of
-those, the families' prefixes and positions (the last two reads' kept). What a read did not use is
+names field, gauges shown) each line's head and tail (:class:`_Piece`: a histogram's buckets
+share one head, and take their tails from one string per bound), and for the last read's
+sequence of those, the read's text with its holes and their places. What a read did not use is
 dropped when it ends (an engine gc removed, a names field no writer holds any more). Concurrent
 scrapes share it: every entry is immutable, one dict store each, and every per-scrape list is a
 local.
@@ -21,6 +22,7 @@ local.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from itertools import chain
@@ -37,7 +39,7 @@ from redis_stats.catalog import COUNTER, ENGINE_LABEL, Catalog, MetricSpec
 __all__ = ["TextRenderer", "escape_label_value", "format_families", "sample_texts"]
 
 _INF = math.inf
-_READ_PLANS = 2  # reads' plans kept: the last read's, and one more (two slices, a change)
+_READ_PLANS = 1  # reads' plans kept: the last read's (each one is as large as the read's text)
 
 
 def escape_label_value(value: str) -> str:
@@ -103,10 +105,20 @@ def _line(layout: Layout, i: int) -> tuple[MetricSpec, tuple[str, ...]]:
     return spec, key[1]
 
 
+_CLOSE = "} "  # the tail of every line but a bucket's: the label set closed, then the number
+
+
+@functools.lru_cache(maxsize=4096)
+def _le_tail(bound: float) -> str:
+    """A bucket line's tail, the same object for every series of that bound (a histogram's
+    twenty-odd lines share their head and take their tails from here: no string per line)."""
+    return ',le="' + str(floatToGoString(bound)) + '"} '
+
+
 class _Piece:
-    """The lines of one group (of one engine, one layout, these gauges shown): per family, the
-    prefix of each of its lines (``"\\n<name>{<labels>} "``) and where its number is in the
-    group's :func:`sample_texts`."""
+    """The lines of one group (of one engine, one layout, these gauges shown): per family, each
+    of its lines' head (``"\\n<name>{<labels>"``) and tail (``"} "``, a bucket's
+    ``',le="<bound>"} '``), flat, and where its number is in the group's :func:`sample_texts`."""
 
     __slots__ = ("families", "size")
 
@@ -115,29 +127,28 @@ class _Piece:
     ) -> None:
         lines: dict[int, tuple[list[str], list[int]]] = {}
 
-        def add(spec: MetricSpec, prefix: str, at: int) -> None:
-            prefixes, places = lines.setdefault(index[spec.name], ([], []))
-            prefixes.append(prefix)
+        def add(spec: MetricSpec, head: str, tail: str, at: int) -> None:
+            parts, places = lines.setdefault(index[spec.name], ([], []))
+            parts += (head, tail)
             places.append(at)
 
         n_counters, n_tokens = len(layout.counters), sum(layout.spaces) + len(layout.histograms)
         for at, i in enumerate(layout.counters):
             spec, values = _line(layout, i)
-            add(spec, "\n" + spec.name + "_total{" + _labels(engine, spec, values) + "} ", at)
+            add(spec, "\n" + spec.name + "_total{" + _labels(engine, spec, values), _CLOSE, at)
         for k, (i, where) in enumerate(zip(layout.histograms, layout.count_slices)):
             spec, values = _line(layout, i)
             labels = _labels(engine, spec, values)
-            head = "\n" + spec.name
+            head = "\n" + spec.name + "_bucket{" + labels  # one string for all the series' buckets
             for bound, at in zip((*spec.buckets, _INF), range(where.start, where.stop)):
-                le = ',le="' + floatToGoString(bound) + '"} '
-                add(spec, head + "_bucket{" + labels + le, n_counters + at)
-            add(spec, head + "_count{" + labels + "} ", n_counters + where.stop - 1)
-            add(spec, head + "_sum{" + labels + "} ", n_counters + n_tokens + k)
+                add(spec, head, _le_tail(bound), n_counters + at)
+            add(spec, "\n" + spec.name + "_count{" + labels, _CLOSE, n_counters + where.stop - 1)
+            add(spec, "\n" + spec.name + "_sum{" + labels, _CLOSE, n_counters + n_tokens + k)
         first = n_counters + n_tokens + len(layout.histograms)
         gauges = layout.gauges if shown is None else [layout.gauges[j] for j in shown]
         for at, i in enumerate(gauges, first):
             spec, values = _line(layout, i)
-            add(spec, "\n" + spec.name + "{" + _labels(engine, spec, values) + "} ", at)
+            add(spec, "\n" + spec.name + "{" + _labels(engine, spec, values), _CLOSE, at)
         self.families = tuple((f, tuple(p), tuple(a)) for f, (p, a) in lines.items())
         self.size = first + len(gauges)
 
@@ -170,31 +181,32 @@ class _Plan:
 
     def of(self, read: tuple[Any, ...]) -> tuple[list[Any], Any]:
         """For a read of these groups: the text of every family of the catalogue as a list,
-        ``[text, hole, text, hole, ..., text]`` (every line's prefix, each family's header
-        and newline in the texts), and the picker of the holes' numbers, in order, out of the
-        read's sample texts put end to end."""
+        ``[head, tail, hole, head, tail, hole, ..., text]`` (each family's header and newline
+        with its first head), and the picker of the holes' numbers, in order, out of the read's
+        sample texts put end to end."""
         found = self.reads.get(read)
         if found is not None:
             return found
         pieces, kept = self.pieces, {}
-        prefixes: list[list[str]] = [[] for _ in self.headers]
+        parts: list[list[str]] = [[] for _ in self.headers]
         places: list[list[int]] = [[] for _ in self.headers]
         offset = 0
         for key in read:
             piece = pieces.get(key) or _Piece(self.index, *key)
             kept[key] = piece
             for f, p, a in piece.families:
-                prefixes[f] += p
+                parts[f] += p
                 places[f] += map(offset.__add__, a)  # (in C: a read that changed builds this again)
             offset += piece.size
         self.pieces = kept  # those of this read: an engine gc removed, a names field gone, go
         text: list[Any] = []
-        pending = ""  # what comes before the next number: a newline, headers, a line's prefix
-        for header, family_prefixes in zip(self.headers, prefixes):
+        pending = ""  # what comes before the next line's head: a newline, headers
+        for header, family_parts in zip(self.headers, parts):
             pending += header
-            if family_prefixes:
-                block: list[Any] = [None] * (2 * len(family_prefixes))  # [prefix, hole, ...]
-                block[0::2] = family_prefixes
+            if family_parts:
+                block: list[Any] = [None] * (len(family_parts) * 3 // 2)  # [head, tail, hole, ...]
+                block[0::3] = family_parts[0::2]
+                block[1::3] = family_parts[1::2]
                 block[0] = pending + block[0]
                 text += block
                 pending = ""
@@ -229,7 +241,7 @@ class TextRenderer:
         ]
         text, pick = plan.of(tuple(read))
         out = text.copy()
-        out[1::2] = pick(texts)
+        out[2::3] = pick(texts)
         return "".join(out)
 
 
