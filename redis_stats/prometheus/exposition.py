@@ -5,10 +5,11 @@ prometheus_client's ``generate_latest`` builds a Python object per sample and fo
 label on every scrape: about 10 us per sample, so 80 ms for 64 engines of the vLLM catalogue.
 Between two scrapes nothing but the numbers changes, so this formatter keeps the text around the
 numbers and, per scrape, only joins: each group of the read gives its numbers' sample texts
-(:func:`sample_texts`: a list, in its layout's order), the read's lists are put end to end, and
-each family is one ``str.join`` of its lines' prefixes and the numbers an ``itemgetter`` picks
-out of that list, in C. No number or label value is ever put through a format string: a label
-value is text the prefixes hold as they are (with the text format's escapes), whatever it holds.
+(:func:`sample_texts`: a list, in its layout's order), the read's lists are put end to end, an
+``itemgetter`` picks them in the order of the text, one slice assignment puts them in the holes
+of a copy of the kept text, and one ``str.join`` makes the body: each step one call of C over
+the whole read. No number or label value is ever put through a format string: a label
+value is text the kept heads hold as they are (with the text format's escapes), whatever it holds.
 
 What it keeps depends only on the catalogue (one :class:`_Plan` per catalogue, swapped whole when
 it changes), on the names fields the engines hold and on which gauges have a value: per (engine,
