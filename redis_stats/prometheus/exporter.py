@@ -753,7 +753,6 @@ class Exporter:
         self._view_options: dict[str, Any] = {
             "request_timeout": request_timeout,
             "window": window,
-            "summary": summary,
             "load_refresh": load_refresh,
             "load_idle": load_idle,
             "window_budget": window_budget,
@@ -888,7 +887,9 @@ class Exporter:
         reader = StatsReader(
             self.reader.config.replace(namespace=namespace), self.reader.catalog, client=self.reader.client
         )
-        view = Exporter(reader, listen=False, namespace_label=True, **self._view_options)
+        view = Exporter(
+            reader, listen=False, namespace_label=True, summary=self.summary, **self._view_options
+        )
         view._building = self._building  # one body at a time in the whole process (its memory)
         return view
 

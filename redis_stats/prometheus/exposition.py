@@ -303,8 +303,9 @@ def merge_texts(texts: Sequence[str]) -> tuple[str, list[str]]:
     would otherwise be a second TYPE line, which Prometheus refuses for the whole scrape).
 
     Also the names of the families left out of a text because it declares them with another type
-    than the first text that has them (the two would be one family of two types): a namespace's
-    bridged server naming a family as another's. Text before a text's first ``# HELP`` (none in
+    than the first text that has them (the two would be one family of two types; a counter
+    ``x_total`` and a gauge ``x`` too, one name in OpenMetrics): a namespace's bridged server
+    naming a family as another's. Text before a text's first ``# HELP`` (none in
     what the renderer writes) is kept, first."""
     families: dict[str, tuple[str, str, list[str]]] = {}
     loose: list[str] = []
@@ -315,11 +316,14 @@ def merge_texts(texts: Sequence[str]) -> tuple[str, list[str]]:
         if head:
             loose.append(head)
         for name, kind, header, samples in blocks:
-            found = families.get(name)
+            # A family by its OpenMetrics name (a counter's without _total): a counter tokens_total
+            # and a gauge tokens would be one family of two types there.
+            key = name[:-6] if kind == "counter" and name.endswith("_total") else name
+            found = families.get(key)
             if found is None:
-                families[name] = (kind, header, [samples])
+                families[key] = (kind, header, [samples])
             elif found[0] != kind:
-                clashes.append(name)
+                clashes.append(key)
             else:
                 found[2].append(samples)
     return "".join(loose) + "".join(h + "".join(s) for _, h, s in families.values()), clashes

@@ -299,7 +299,7 @@ class AllNamespaces:
         clashes = []
         for collector in self.collectors:
             for family in collector.collect():
-                found = merged.get(family.name)
+                found = merged.get(family.name)  # (prometheus_client's name: a counter's without _total)
                 if found is None:
                     merged[family.name] = family
                 elif found.type != family.type:
