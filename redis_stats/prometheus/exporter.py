@@ -1156,7 +1156,9 @@ class Exporter:
                 try:
                     # The Exporter of the request's ?namespace= (this one when none is given):
                     # every path below is answered by it as a one-namespace exporter answers.
-                    target = exporter.route(query)
+                    # (The page and the list are the exporter's: a page opened on a namespace
+                    # not served loads, and says so.)
+                    target = exporter if path in ("/", "/namespaces") else exporter.route(query)
                     if path in ("/load", "/snapshot") and target.namespaces is not None:
                         raise ValueError(
                             f"{path} is one namespace's: this exporter serves several, give "
