@@ -28,6 +28,7 @@ LAYOUTS = {
     "sliced fleet view": KUBE / "sliced",
     "bridge (SGLang)": KUBE / "bridge",
     "redis": KUBE / "redis",
+    "every namespace, one exporter": KUBE / "all-namespaces",
 }
 MONITOR_LABELS = KUBE / "monitor-labels"
 
@@ -225,7 +226,14 @@ def _selects(selector: dict, labels: dict) -> bool:
 
 
 @pytest.mark.parametrize(
-    "layout", ["fleet view (exporter)", "per-pod views", "sliced fleet view", "bridge (SGLang)"]
+    "layout",
+    [
+        "fleet view (exporter)",
+        "per-pod views",
+        "sliced fleet view",
+        "bridge (SGLang)",
+        "every namespace, one exporter",
+    ],
 )
 def test_each_layout_scrapes_every_engine_exactly_once(layout):
     docs = resources(LAYOUTS[layout])
@@ -345,17 +353,24 @@ def test_every_monitor_carries_the_labels_set_in_one_place():
             assert not wanted.keys() & doc["metadata"].get("labels", {}).keys(), path
 
 
+EVERY_NAMESPACE = "*"
+
+
 def _namespaces(docs: list[dict]) -> tuple[set[str], set[str]]:
     """The Redis namespaces a layout's containers write (a vLLM pod's plugin, a bridge) and read
-    (an exporter, a pod's own view)."""
+    (an exporter, a pod's own view; :data:`EVERY_NAMESPACE` for an exporter --all-namespaces)."""
     written, read = set(), set()
     for doc in docs:
         for c in containers(doc):
             env = env_of(c)
+            args = c.get("args") or []
+            if args[:1] == ["exporter"] and "--all-namespaces" in args:
+                assert "REDIS_STATS_NAMESPACE" not in env and "--namespace" not in args, c["name"]
+                read.add(EVERY_NAMESPACE)
+                continue
             namespace = env.get("REDIS_STATS_NAMESPACE", {}).get("value")
             if namespace is None:
                 continue
-            args = c.get("args") or []
             if args[:1] == ["exporter"]:
                 read.add(namespace)
             elif args[:1] == ["bridge"]:
@@ -375,6 +390,8 @@ def test_every_namespace_a_layout_writes_is_read_by_its_view(layout):
     if not written:
         return  # the exporter alone (exporter/), Redis alone (redis/)
     assert read, f"{layout.relative_to(ROOT)} writes {sorted(written)} and has no view reading it"
+    if EVERY_NAMESPACE in read:
+        return  # one exporter reads every namespace written
     assert written == read, f"{layout.relative_to(ROOT)}: written {sorted(written)}, read {sorted(read)}"
 
 
