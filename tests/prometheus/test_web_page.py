@@ -402,7 +402,8 @@ def test_an_exporter_of_several_namespaces_gets_a_picker_and_each_namespace_its_
         page = Page(exporter)
         options = page.wait(
             "the picker",
-            "const p = document.getElementById('ns-pick'); return !p.hidden && [...p.options].map(o => o.value)",
+            "const p = document.getElementById('ns-pick');"
+            " return !p.hidden && [...p.options].map(o => o.value)",
             20,
         )
         assert options == sorted([small, large])
@@ -416,7 +417,8 @@ def test_an_exporter_of_several_namespaces_gets_a_picker_and_each_namespace_its_
         assert page.js("return new URLSearchParams(location.search).get('namespace')") == first
         other = large if first == small else small
         page.js(
-            f"const p = document.getElementById('ns-pick'); p.value = {other!r}; p.dispatchEvent(new Event('change'))"
+            f"const p = document.getElementById('ns-pick'); p.value = {other!r};"
+            " p.dispatchEvent(new Event('change'))"
         )
         page.wait(
             "the other namespace",
