@@ -343,6 +343,17 @@ def _check_options(
         raise ValueError(f"engines={engines!r} and slice={slice} both limit the view: give one")
 
 
+def _check_several(several: bool, both: bool, engines: list[int] | None, slice: EngineSlice | None) -> None:
+    """ValueError for the options an exporter of several namespaces cannot take."""
+    if several and (engines is not None or slice is not None):
+        raise ValueError(
+            "engines= and slice= serve part of one namespace: not with several (scrape "
+            "?namespace=NS&slice=i/N instead)"
+        )
+    if both:
+        raise ValueError("give namespaces=[...] or all_namespaces=True, not both")
+
+
 def _own_registry(scrapes: ScrapeStats) -> CollectorRegistry:
     """A registry of the exporter's own process and scrapes (never the host's global one, which
     a host such as vLLM serves on its own port)."""
@@ -728,13 +739,7 @@ class Exporter:
     ) -> None:
         _check_options(request_timeout, window, max_connections, summary, engines, slice, window_budget)
         several = all_namespaces or namespaces is not None
-        if several and (engines is not None or slice is not None):
-            raise ValueError(
-                "engines= and slice= serve part of one namespace: not with several (scrape "
-                "?namespace=NS&slice=i/N instead)"
-            )
-        if all_namespaces and namespaces is not None:
-            raise ValueError("give namespaces=[...] or all_namespaces=True, not both")
+        _check_several(several, all_namespaces and namespaces is not None, engines, slice)
         self.reader = reader
         self.slice = slice
         self.engines: Any = slice if slice is not None else engines
@@ -891,6 +896,7 @@ class Exporter:
             reader, listen=False, namespace_label=True, summary=self.summary, **self._view_options
         )
         view._building = self._building  # one body at a time in the whole process (its memory)
+        view.scrapes = self.scrapes  # ?namespace= scrapes count in the exporter's scrape figures
         return view
 
     def route(self, query: str) -> Exporter:

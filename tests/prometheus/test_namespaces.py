@@ -428,3 +428,47 @@ def test_all_namespaces_with_a_reader_user_without_scan_says_why_and_the_given_o
         admin.close()
         for w in writers:
             w.close()
+
+
+def test_the_command_serves_several_namespaces_and_refuses_what_cannot_go_together(own_redis):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    writers = [write(own_redis.url, "a", 1, 1), write(own_redis.url, "b", 1, 2)]
+    env = {**os.environ, "REDIS_STATS_URL": own_redis.url, "REDIS_STATS_NAMESPACE": "a b"}
+    command = [sys.executable, "-m", "redis_stats", "exporter", "--port", "0", "--gc-interval", "0"]
+    try:
+        for extra, served in ((["--all-namespaces"], "every namespace"), ([], "namespaces a, b")):
+            # REDIS_STATS_NAMESPACE="a b": two namespaces; ignored by --all-namespaces.
+            proc = subprocess.Popen([*command, *extra], env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+            try:
+                assert proc.stdout is not None
+                line = proc.stdout.readline()
+                assert f"serving {served} from" in line, line
+                base = re.search(r"on (http://[\d.]+:\d+)/metrics", line).group(1)  # type: ignore[union-attr]
+                assert json.loads(get(base, "/namespaces")[1])["namespaces"] == ["a", "b"]
+                assert _namespaces_of(get(base, "/metrics")[1]) == {"a", "b"}
+            finally:
+                proc.terminate()
+                assert proc.wait(10) == 0
+        for extra, says in (
+            (["--all-namespaces", "--namespace", "a"], "--all-namespaces and --namespace"),
+            (
+                ["--namespace", "a", "--namespace", "b", "--slice", "0/2"],
+                "--slice serves part of one namespace",
+            ),
+            (
+                ["--namespace", "a", "--namespace", "b", "--max-namespaces", "1"],
+                "more than --max-namespaces 1",
+            ),
+        ):
+            done = subprocess.run(
+                [*command, *extra], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+            )
+            assert done.returncode == 2 and says in done.stderr, done.stderr
+    finally:
+        for w in writers:
+            w.close()
