@@ -5,6 +5,8 @@
 LIB: redis_stats | prometheus_client | prometheus_client_mp | pytheus | prometheus_redis_client
 TASK: record (cost of one engine step, Redis commands and round trips per step),
       scrape (populate ENGINES engines of the synthetic 40-series set, then time the exposition),
+      scrape_busy (the same, every series changed before each timed scrape, as a busy fleet's:
+      issue 33; PEER_BUCKETS=20 for histograms of 20 buckets),
       down (one update with Redis refusing connections, and with Redis hung).
 Prints one JSON object.
 """
@@ -21,6 +23,8 @@ import time
 from urllib.parse import urlsplit
 
 BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0]
+if os.environ.get("PEER_BUCKETS") == "20":  # 19 bounds and +Inf (issue 33's busy comparison)
+    BUCKETS = [0.001 * 2**i for i in range(19)]
 N_COUNTERS, N_GAUGES, N_HISTS = 20, 16, 4
 LIB, TASK, URL = sys.argv[1], sys.argv[2], sys.argv[3]
 ENGINES = int(sys.argv[4]) if len(sys.argv) > 4 else 1
@@ -277,6 +281,39 @@ def task_scrape() -> dict:
     }
 
 
+def task_scrape_busy() -> dict:
+    """The scrape of a busy fleet: every series of every engine changed (and, for redis_stats,
+    flushed) before each timed scrape, outside the timing, as another process's writes would be."""
+    lib = make(LIB, URL)
+    bound = [lib.bind(e) for e in range(ENGINES)]
+
+    def churn(k: int) -> None:
+        for counters, gauges, hists in bound:
+            for i, c in enumerate(counters):
+                c(1 + (i + k) % 5)
+            for i, g in enumerate(gauges):
+                g(k + i * 0.5)
+            for i, h in enumerate(hists):
+                h(BUCKETS[(k + i) % len(BUCKETS)] * 0.9)
+        lib.flush()
+
+    churn(0)
+    text = lib.scrape()
+    times = []
+    for k in range(1, int(os.environ.get("PEER_RUNS", "9")) + 1):
+        churn(k)
+        t0 = time.perf_counter()
+        text = lib.scrape()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return {
+        "engines": ENGINES,
+        "scrape_ms": times[0] * 1e3,
+        "median_ms": times[len(times) // 2] * 1e3,
+        "bytes": len(text),
+    }
+
+
 def populate_multiprocess(lib: PromClient) -> None:
     """Four API-server processes each write every engine (prometheus_client's mmap files)."""
     import multiprocessing
@@ -355,7 +392,8 @@ def task_down() -> dict:
 if __name__ == "__main__":
     if LIB == "prometheus_client_mp":
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="bench-mp-")
-    task = {"record": task_record, "scrape": task_scrape, "down": task_down}[TASK]
+    tasks = {"record": task_record, "scrape": task_scrape, "scrape_busy": task_scrape_busy, "down": task_down}
+    task = tasks[TASK]
     print(json.dumps(task()))
     sys.stdout.flush()
     os._exit(0)  # libraries may leave non-daemon threads (refreshers) behind

@@ -7,6 +7,10 @@ the fast text path) and the decoded snapshot (``StatsReader.snapshot``, what ``/
 the prometheus_client path use). Best of several runs: noise on a shared machine only adds.
 ``reply KB`` is the size of what one read returns (the strings of the reply).
 
+``generate_latest`` is prometheus_client's formatting of the same samples (the families of one
+``collect()``, held in a registry): what it would cost prometheus_client to serve them; ``busy/pc``
+is the busy scrape (read, decode and text) against it.
+
 Given package paths (checkouts: the directory holding ``redis_stats/``), it times each of them
 in a worker process of its own (``PYTHONPATH=<path>``) against one redis-server, alternating the
 versions round by round, and prints each version's best and the ratio of each to the first
@@ -215,7 +219,21 @@ class Bench:
         every chunk changed before each read (a busy one: writers flush every second, scrapes
         come every 15 s or more)."""
         reader, collector, samples, size, made = self.views[engines, writers]
+        from prometheus_client import CollectorRegistry, generate_latest
+
+        class Static:
+            """prometheus_client holding the same samples (the families of one collect)."""
+
+            def __init__(self, families: list[Any]) -> None:
+                self.families = families
+
+            def collect(self) -> Any:
+                return self.families
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(Static(list(collector.collect())))
         return {
+            "prometheus_client": best_ms(lambda: generate_latest(registry), runs),
             "scrape": best_ms(collector.render_text, runs),
             "snapshot": best_ms(reader.snapshot, runs),
             "scrape_busy": best_churned_ms(collector.render_text, runs, made),
@@ -287,7 +305,7 @@ def compare(paths: list[str], sizes: list[tuple[int, int]], rounds: int, rs: Any
             print(head + f"{'--- unchanged store ---':>38}{'--- every chunk changed ---':>38}")
             head = f"{'engines':>8}{'writers':>8}  {'version':<5}{'samples':>8}{'reply KB':>10}"
             cols = f"{'scrape ms':>11}{'x v0':>7}{'snapshot ms':>13}{'x v0':>7}"
-            print(head + cols + cols)
+            print(head + cols + cols + f"{'busy/pc':>8}")
             for engines, writers in sizes:
                 for w in workers:
                     w.ask(op="prepare", engines=engines, writers=writers)
@@ -308,6 +326,7 @@ def compare(paths: list[str], sizes: list[tuple[int, int]], rounds: int, rs: Any
                         f"{b['snapshot']:>13.1f}{b['snapshot'] / base['snapshot']:>7.2f}"
                         f"{b['scrape_busy']:>11.1f}{b['scrape_busy'] / base['scrape_busy']:>7.2f}"
                         f"{b['snapshot_busy']:>13.1f}{b['snapshot_busy'] / base['snapshot_busy']:>7.2f}"
+                        f"{b['scrape_busy'] / b['prometheus_client']:>8.2f}"
                     )
         finally:
             for w in workers:
@@ -344,7 +363,7 @@ def main() -> None:
     print(f"redis_stats from {rs.package} (schema {rs.SCHEMA_VERSION})")
     print(
         f"{'engines':>8}{'writers':>8}{'samples':>10}{'reply KB':>10}{'scrape ms':>11}{'snapshot ms':>13}"
-        f"{'busy scrape':>13}{'busy snapshot':>15}"
+        f"{'busy scrape':>13}{'busy snapshot':>15}{'generate_latest':>17}{'busy/pc':>9}"
     )
     with rs.EmbeddedRedis() as server:
         bench = Bench(rs, server.url)
@@ -354,6 +373,7 @@ def main() -> None:
             print(
                 f"{engines:>8}{writers:>8}{b['samples']:>10.0f}{b['kb']:>10.0f}"
                 f"{b['scrape']:>11.1f}{b['snapshot']:>13.1f}{b['scrape_busy']:>13.1f}{b['snapshot_busy']:>15.1f}"
+                f"{b['prometheus_client']:>17.1f}{b['scrape_busy'] / b['prometheus_client']:>9.2f}"
             )
 
 

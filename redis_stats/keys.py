@@ -180,6 +180,12 @@ class Keys:
         and the base fields gc folded departed writers into."""
         return f"{self.prefix}e:{engine}:c"
 
+    def base(self, engine: int | str) -> str:
+        """Hash: the totals of one engine's departed writers, by series field (``<series>`` ->
+        the total, folded in by gc; no writer writes it), apart from the writers' chunks so
+        that a read of an engine's chunk fields alone (the load feed) never reads them."""
+        return f"{self.prefix}e:{engine}:b"
+
     def gauges(self, engine: int | str) -> str:
         """Hash: gauges of one engine in schema 1 (schema 2 keeps them in the writers' chunks;
         gc still removes this key with its engine)."""

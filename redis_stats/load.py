@@ -359,7 +359,8 @@ def read_view(
     now_kept: dict[tuple[str, ...], frozenset[str]] = {}
     for name, (score, parts) in listed_engines(replies, skipped).items():
         owners: frozenset[str] = frozenset()
-        for _, names in parts:
+        for at, j in parts:
+            names = replies[at].hashes[j]
             held = tuple(names) if names.__class__ is list else ()
             writers = kept.get(held)
             if writers is None:

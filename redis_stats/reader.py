@@ -65,43 +65,55 @@ fields...``, and some managed stores (ElastiCache Serverless) refuse a command o
 _FIXED = 5  # the reads every shard starts with (Fetch.reads): engines, writers, _v, shards, own
 
 
+KeyRead = tuple[str, str, str]
+"""One read of a key: ``(how, key, field)``, how as read.lua's letters: ``"z"`` a sorted set,
+``"h"`` a hash, ``"k"`` its field names, ``"g"`` one *field*."""
+
+
 @dataclass(frozen=True)
 class Fetch:
     """What a read fetches of each shard besides its lists: the feed's *own* hash (a
     :class:`~redis_stats.keys.Keys` property), how each engine's hash is read (*engine*:
-    ``"h"`` its fields and values, ``"k"`` its field names) and each writer's stats hash
-    (*writer*: ``"h"`` whole, ``"g"`` its ``stale_ms`` only)."""
+    ``"h"`` its fields and values, ``"k"`` its field names), whether each engine's *base* hash
+    is read too (departed writers' totals), and how each writer's stats hash is read (*writer*:
+    ``"h"`` whole, ``"g"`` its ``stale_ms`` only)."""
 
     name: str
     own: str
     engine: str
+    base: bool
     writer: str
 
-    def reads(self, keys: Keys, plan: Plan) -> list[tuple[str, str, str]]:
-        """The reads of one shard for *plan*, as ``(how, key, field)``: ``"z"`` a sorted set,
-        ``"h"`` a hash, ``"k"`` its field names, ``"g"`` one *field* (read.lua's letters)."""
+    def reads(self, keys: Keys, plan: Plan) -> list[list[KeyRead]]:
+        """The reads of one shard for *plan*, in groups that one call must hold together: the
+        lists, then each engine's (its hash, and its base hash), then each writer's."""
         out = [
-            ("z", keys.engines, ""),
-            ("z", keys.writers, ""),
-            ("g", keys.meta, "_v"),
-            ("g", keys.meta, "shards"),
-            ("h", getattr(keys, self.own), ""),
+            [
+                ("z", keys.engines, ""),
+                ("z", keys.writers, ""),
+                ("g", keys.meta, "_v"),
+                ("g", keys.meta, "shards"),
+                ("h", getattr(keys, self.own), ""),
+            ]
         ]
-        out += [(self.engine, keys.counters(e), "") for e in plan[0]]
+        if self.base:  # an engine's two hashes in one call: gc moves values from one to the other
+            out += [[(self.engine, keys.counters(e), ""), ("h", keys.base(e), "")] for e in plan[0]]
+        else:
+            out += [[(self.engine, keys.counters(e), "")] for e in plan[0]]
         field = STALE_FIELD if self.writer == "g" else ""
-        out += [(self.writer, keys.writer_stats(w), field) for w in plan[1]]
+        out += [[(self.writer, keys.writer_stats(w), field)] for w in plan[1]]
         return out
 
 
-SNAPSHOT = Fetch("snapshot", "conflicts", "h", "h")
-"""Every series: the engines' hashes, the writers' stats, the conflicts."""
+SNAPSHOT = Fetch("snapshot", "conflicts", "h", True, "h")
+"""Every series: the engines' hashes and base hashes, the writers' stats, the conflicts."""
 
-LOAD = Fetch("load", "load", "k", "g")
+LOAD = Fetch("load", "load", "k", False, "g")
 """The load feed: the load hash, the engines' field names (their chunk writers), the writers'
 ``stale_ms``; never an engine's values (an engine hash holds ~28 KB at vLLM's catalogue)."""
 
 
-def transaction(shard_reads: list[list[tuple[str, str, str]]]) -> list[tuple[Any, ...]]:
+def transaction(shard_reads: list[list[list[KeyRead]]]) -> list[tuple[Any, ...]]:
     """One ``MULTI`` … ``EXEC`` of every shard's reads, after ``TIME``: each read as the native
     command read.lua runs for it."""
     cmds: list[tuple[Any, ...]] = [("MULTI",), ("TIME",)]
@@ -111,19 +123,24 @@ def transaction(shard_reads: list[list[tuple[str, str, str]]]) -> list[tuple[Any
         else ("HGET", key, field)
         if how == "g"
         else ("HGETALL" if how == "h" else "HKEYS", key)
-        for reads in shard_reads
-        for how, key, field in reads
+        for groups in shard_reads
+        for group in groups
+        for how, key, field in group
     ]
     cmds.append(("EXEC",))
     return cmds
 
 
-def script_calls(reads: list[tuple[str, str, str]]) -> list[tuple[list[str], list[str]]]:
-    """One shard's reads as ``read.lua`` calls (KEYS, ARGV), at most :data:`MAX_SCRIPT_KEYS`
-    keys each."""
+def script_calls(groups: list[list[KeyRead]]) -> list[tuple[list[str], list[str]]]:
+    """One shard's reads as ``read.lua`` calls (KEYS, ARGV) of at most :data:`MAX_SCRIPT_KEYS`
+    keys each, a group never split over two calls."""
+    parts: list[list[KeyRead]] = [[]]
+    for group in groups:
+        if parts[-1] and len(parts[-1]) + len(group) > MAX_SCRIPT_KEYS:
+            parts.append([])
+        parts[-1] += group
     calls = []
-    for start in range(0, len(reads), MAX_SCRIPT_KEYS):
-        part = reads[start : start + MAX_SCRIPT_KEYS]
+    for part in parts:
         fields = list(dict.fromkeys(field for how, _, field in part if how == "g"))
         how = "".join(str(1 + fields.index(field)) if h == "g" else h for h, _, field in part)
         calls.append(([key for _, key, _ in part], [how, *fields]))
@@ -150,14 +167,17 @@ def _reply(
         tuple(engine_flat[0::2]) if engine_flat.__class__ is list else (),
         tuple(writer_flat[0::2]) if writer_flat.__class__ is list else (),
     )
-    n = len(plan[0])
-    hashes, stats = results[_FIXED : _FIXED + n], results[_FIXED + n :]
+    each = 2 if fetch.base else 1  # reads per engine
+    end = _FIXED + each * len(plan[0])
+    hashes, bases, stats = results[_FIXED:end:each], results[_FIXED + 1 : end : each], results[end:]
     if found != plan:  # came or went since the plan: what was read of what is still listed
-        engine_flat, hashes = _read_of(engine_flat, dict(zip(plan[0], hashes)))
+        read = dict(zip(plan[0], zip(hashes, bases) if fetch.base else hashes))
+        engine_flat, parts = _read_of(engine_flat, read)
+        hashes, bases = ([p[0] for p in parts], [p[1] for p in parts]) if fetch.base else (parts, [])
         writer_flat, stats = _read_of(writer_flat, dict(zip(plan[1], stats)))
     conflicts, load = (own, None) if fetch.own == "conflicts" else (None, own)
     reply = ShardReply(
-        keys, now_ms, engine_flat, writer_flat, version, listed, conflicts, load, hashes, stats
+        keys, now_ms, engine_flat, writer_flat, version, listed, conflicts, load, hashes, bases, stats
     )
     return reply, found
 
@@ -302,20 +322,17 @@ class ReaderCore:
             if not stale or tries == TRIES:
                 return replies
 
-    def _transaction_results(
-        self, reads: list[list[tuple[str, str, str]]]
-    ) -> Steps[list[tuple[float, list[Any]]]]:
+    def _transaction_results(self, reads: list[list[list[KeyRead]]]) -> Steps[list[tuple[float, list[Any]]]]:
         """Every shard's reads in one transaction: per shard (server time, its results)."""
         results = yield ("transaction", transaction(reads))
         now_ms, at, out = _time_ms(results[0]), 1, []
-        for shard_reads in reads:
-            out.append((now_ms, results[at : at + len(shard_reads)]))
-            at += len(shard_reads)
+        for groups in reads:
+            size = sum(map(len, groups))
+            out.append((now_ms, results[at : at + size]))
+            at += size
         return out
 
-    def _script_results(
-        self, reads: list[list[tuple[str, str, str]]]
-    ) -> Steps[list[tuple[float, list[Any]]]]:
+    def _script_results(self, reads: list[list[list[KeyRead]]]) -> Steps[list[tuple[float, list[Any]]]]:
         """Every shard's reads by ``read.lua`` calls: per shard (its first call's server time,
         its results)."""
         calls = [script_calls(shard_reads) for shard_reads in reads]
@@ -344,15 +361,14 @@ class ReaderCore:
                 meta = yield ("meta", reply.keys)
                 self._shard_meta[reply.keys.root] = (version, meta)
                 metas.append(meta)
-        notes = tuple(
-            (unreadable(meta) or "unreadable", reply.keys.meta)
-            for reply, meta in zip(replies[1:], metas[1:])
-            if isinstance(meta, Exception)
-        )
-        versions = [r.version if r.version.__class__ is str else "?" for r in replies]
+        notes, versions = [], []
+        for reply, meta in zip(replies, metas):
+            versions.append(reply.version if reply.version.__class__ is str else "?")
+            if isinstance(meta, Exception) and reply is not replies[0]:  # shard 0's: the decoder's
+                notes.append((unreadable(meta) or "unreadable", reply.keys.meta))
         version = "|".join(versions) if any(versions) else ""
         meta = [] if version == self._decoder.meta_version else _catalogues(metas)
-        return Read(replies, version, meta, notes)
+        return Read(replies, version, meta, tuple(notes))
 
     def load_steps(self, engines: Engines, cluster: bool) -> Steps[LoadView]:
         """The steps of one read of the load feed (:data:`LOAD`), ending with its
@@ -360,6 +376,18 @@ class ReaderCore:
         replies = yield from self.read_steps(LOAD, engines, cluster)
         view, self._owners = read_view(replies, self.config.stale_after, self._owners)
         return view
+
+    _packing: tuple[list[tuple[Any, ...]], Any] = ([], None)
+
+    def _packed(self, conn: Any, cmds: list[tuple[Any, ...]]) -> Any:
+        """The transaction's commands as the connection sends them, packed again only when they
+        changed: they are the plan's, which changes only when an engine or writer comes or goes
+        (packing ~70 commands a read cost a 64-engine scrape ~8 %)."""
+        kept, packed = self._packing
+        if cmds != kept:
+            packed = conn.pack_commands(cmds)
+            self._packing = (cmds, packed)  # one store: a concurrent read sees a whole pair
+        return packed
 
     def decoded(self, read: Read) -> Decoded:
         """The decoded form of a read (:meth:`StatsReader.read`): what the snapshot and the
@@ -444,7 +472,7 @@ class StatsReader(ReaderCore):
         pool = self._client.connection_pool
         conn = pool.get_connection()
         try:
-            conn.send_packed_command(conn.pack_commands(cmds))
+            conn.send_packed_command(self._packed(conn, cmds))
             refused: ResponseError | None = None
             for _ in range(len(cmds)):  # +OK, +QUEUED (or why not: -OOM), then EXEC's results
                 try:

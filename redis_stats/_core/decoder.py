@@ -82,6 +82,9 @@ class ShardReply(NamedTuple):
     hashes: list[Any]
     """Per engine of :attr:`engines`: its hash, flat (the snapshot's), or its field names (the
     load feed's)."""
+    bases: list[Any]
+    """Per engine of :attr:`engines`: its base hash, flat (departed writers' totals, folded in
+    by gc: the snapshot's read; empty in the load feed's)."""
     stats: list[Any]
     """Per writer of :attr:`writers`: its stats hash, flat (the snapshot's), or its
     ``stale_ms`` (the load feed's; None when it stored none)."""
@@ -207,7 +210,7 @@ def judges(shards: list[ShardReply], rule: Liveness, skipped: Skipped) -> list[t
 
 
 def judged_by(
-    parts: list[tuple[int, Any]], judged: list[tuple[set[str], Liveness]]
+    parts: list[tuple[int, int]], judged: list[tuple[set[str], Liveness]]
 ) -> tuple[set[str], Liveness]:
     """For an engine with *parts* in some shards (``(shard, part)``): its live writers (those
     live in each such shard) and the rule that judges it (see :func:`judges`)."""
@@ -225,16 +228,17 @@ def judged_by(
 
 def listed_engines(
     shards: list[ShardReply], skipped: Skipped
-) -> dict[str, tuple[Any, list[tuple[int, Any]]]]:
-    """Every engine the shards list, by name: its latest heartbeat and its part (hash, or field
-    names) in each shard listing it. A bad engine name (``"+3"`` would be a second 3) is counted
+) -> dict[str, tuple[Any, list[tuple[int, int]]]]:
+    """Every engine the shards list, by name: its latest heartbeat and where it was read in each
+    shard listing it (the shard's index, and the engine's in that shard's :attr:`~ShardReply.hashes`
+    and :attr:`~ShardReply.bases`). A bad engine name (``"+3"`` would be a second 3) is counted
     under its listing."""
-    found: dict[str, tuple[Any, list[tuple[int, Any]]]] = {}
+    found: dict[str, tuple[Any, list[tuple[int, int]]]] = {}
     for at, shard in enumerate(shards):
         flat = shard.engines
         if flat.__class__ is not list:
-            continue  # counted by live_in
-        for name, score, part in zip(flat[0::2], flat[1::2], shard.hashes):
+            continue  # counted by judges
+        for part, (name, score) in enumerate(zip(flat[0::2], flat[1::2])):
             if not (name.__class__ is str and name.isdigit() and name.isascii() and str(int(name)) == name):
                 skipped.note("bad_engine", shard.keys.engines, str(name))  # "+3", " 3", "03": a second 3
                 continue
@@ -448,14 +452,15 @@ class SnapshotDecoder:
     def _contents(
         self,
         engine: str,
-        parts: list[tuple[int, Any]],
+        parts: list[tuple[int, int]],
         shards: list[ShardReply],
         catalog: Catalog,
         skipped: Skipped,
         used: set[str],
     ) -> tuple[list[ChunkRead], list[Base], set[str]]:
-        """An engine's hash (one part per shard holding it): its writers' well-formed chunks and
-        its base fields, each with the key it was read from, and the writers holding chunks in
+        """An engine's hash and base hash (one part per shard holding it): its writers'
+        well-formed chunks and its base fields (those of the base hash, and any an older gc left
+        in the hash itself), each with the key it was read from, and the writers holding chunks in
         it (well-formed or not: they say who owns the engine). A chunk whose names field is
         missing or does not match its values line for line, or whose field is malformed, is
         skipped and counted (``bad_chunk``): it costs that chunk only; *used* gets the names
@@ -464,8 +469,16 @@ class SnapshotDecoder:
         base: list[Base] = []
         owners: set[str] = set()
         suffix, cut = fields.NAMES_SUFFIX, -len(fields.NAMES_SUFFIX)
-        for at, flat in parts:
-            key = shards[at].keys.counters(engine)
+        for at, j in parts:
+            shard = shards[at]
+            if shard.bases:  # departed writers' totals, in the engine's base hash
+                base_key, flat = shard.keys.base(engine), shard.bases[j]
+                why = unreadable(flat)
+                if why is not None:
+                    skipped.note(why, base_key)
+                elif flat:
+                    base += [Base(name, raw, base_key) for name, raw in zip(flat[0::2], flat[1::2])]
+            key, flat = shard.keys.counters(engine), shard.hashes[j]
             why = unreadable(flat)
             if why is not None:
                 skipped.note(why, key)

@@ -61,10 +61,6 @@ def judged_ms(declared: float | None) -> float:
     return DEFAULT_MS if declared is None else declared
 
 
-def _declared(stats: Mapping[str, str]) -> float | None:
-    return declared_ms(stats.get(STALE_FIELD))
-
-
 class Liveness:
     """The rule of the module docstring for one read: its server time (ms), the usable
     ``stale_ms`` each writer declared, and the fallback for engines none of whose writers is
@@ -95,7 +91,11 @@ class Liveness:
         """The rule for a read at *now_ms* whose writers stored *stats* (writer -> its stats
         hash); *default_ms* (the reader's own setting) applies only to engines none of whose
         writers is known, when no writer declared a usable ``stale_ms``."""
-        declared = {wid: ms for wid, st in stats.items() if (ms := _declared(st)) is not None}
+        declared: dict[str, float] = {}
+        for wid, st in stats.items():
+            ms = declared_ms(st.get(STALE_FIELD))
+            if ms is not None:
+                declared[wid] = ms
         return cls(now_ms, declared, max(declared.values(), default=default_ms), judge_owners=judge_owners)
 
     def stale_ms(self, writer: str) -> float:
@@ -124,5 +124,5 @@ class Liveness:
         owners = set(owners)
         if not owners or not self.judge_owners:
             return self.age(score) * 1000.0 <= self.fallback_ms
-        limit = max(self.stale_ms(w) for w in owners)
+        limit = max(map(self.stale_ms, owners))
         return self.age(score) * 1000.0 <= limit and not owners.isdisjoint(live)

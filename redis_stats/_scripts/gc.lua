@@ -2,8 +2,9 @@
 --
 -- KEYS[1] engines zset, KEYS[2] writers zset, KEYS[3] seq hash, KEYS[4] meta hash,
 -- KEYS[5] claims hash, KEYS[6] conflicts hash, KEYS[7] load hash, then the keys of the engines
--- and writers ARGV names, in that order: each engine's hash (e:<engine>:c), each stale
--- engine's schema 1 gauges hash (e:<engine>:g), each writer's stats hash (w:<writer>)
+-- and writers ARGV names, in that order: each engine's hash (e:<engine>:c), each engine's base
+-- hash (e:<engine>:b), each stale engine's schema 1 gauges hash (e:<engine>:g), each writer's
+-- stats hash (w:<writer>)
 -- ARGV: retention ms, dry run (0/1), drop the catalogue once empty (0/1), retention factor (a
 --       writer that did not close is removed only once silent for longer than this many times
 --       its stale_after, as well: config.RETENTION_FACTOR), then how many engines (ne), stale
@@ -55,10 +56,13 @@
 local retention, dry = tonumber(ARGV[1]), ARGV[2] == '1'
 local factor = tonumber(ARGV[4]) or 0
 local ne, ns, nw = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local hash_of, gauges_of, stats_of = {}, {}, {}  -- engine or writer -> its declared key
-for i = 1, ne do hash_of[ARGV[7 + i]] = KEYS[7 + i] end
-for i = 1, ns do gauges_of[ARGV[7 + ne + i]] = KEYS[7 + ne + i] end
-for i = 1, nw do stats_of[ARGV[7 + ne + ns + i]] = KEYS[7 + ne + ns + i] end
+local hash_of, base_of, gauges_of, stats_of = {}, {}, {}, {}  -- engine or writer -> its key
+for i = 1, ne do
+  hash_of[ARGV[7 + i]] = KEYS[7 + i]
+  base_of[ARGV[7 + i]] = KEYS[7 + ne + i]
+end
+for i = 1, ns do gauges_of[ARGV[7 + ne + i]] = KEYS[7 + 2 * ne + i] end
+for i = 1, nw do stats_of[ARGV[7 + ne + ns + i]] = KEYS[7 + 2 * ne + ns + i] end
 local deferred = 0
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -132,7 +136,7 @@ local mark = tonumber(redis.call('HGET', KEYS[3], '!folded') or '0') or 0
 if cutoff > mark then redis.call('HSET', KEYS[3], '!folded', string.format('%d', cutoff)) end
 
 for _, e in ipairs(engines) do
-  redis.call('DEL', hash_of[e], gauges_of[e])
+  redis.call('DEL', hash_of[e], base_of[e], gauges_of[e])
   redis.call('ZREM', KEYS[1], e)
 end
 
@@ -178,18 +182,29 @@ if #writers > 0 then
     -- The writer's chunk fields start "@|<writer id>|" (the id escaped as in fields.py).
     local head = '@|' .. escape(w) .. '|'
     for _, e in ipairs(live) do
-      local key = hash_of[e]  -- every listed engine's (hashes_given)
-      if redis.call('TYPE', key)['ok'] == 'hash' then
+      local key, base = hash_of[e], base_of[e]  -- every listed engine's (hashes_given)
+      local base_type = redis.call('TYPE', base)['ok']
+      if redis.call('TYPE', key)['ok'] == 'hash' and (base_type == 'hash' or base_type == 'none') then
         local mine = {}
         for _, f in ipairs(redis.call('HKEYS', key)) do
-          if string.sub(f, 1, #head) == head then mine[#mine + 1] = f end
+          if string.sub(f, 1, #head) == head then
+            mine[#mine + 1] = f
+          elseif string.sub(f, 1, 2) ~= '@|' then
+            -- A base field an older gc folded into the engine's hash itself: moved to the base
+            -- hash (added: the sum is the same), so the hash holds the writers' chunks only;
+            -- one that does not add up (garbage) stays where it is, and is not counted here.
+            local done, missed = folded, unfolded
+            fold(base, f, redis.call('HGET', key, f))
+            if folded > done then mine[#mine + 1] = f end
+            folded, unfolded = done, missed
+          end
         end
         for _, f in ipairs(mine) do
-          if string.sub(f, -2) ~= '|n' then
+          if string.sub(f, 1, #head) == head and string.sub(f, -2) ~= '|n' then
             local names = lines(redis.call('HGET', key, f .. '|n') or '')
             local values = lines(redis.call('HGET', key, f) or '')
             if #names == #values then
-              for x = 1, #names do fold(key, names[x], values[x]) end
+              for x = 1, #names do fold(base, names[x], values[x]) end
             else
               unfolded = unfolded + #values
             end

@@ -60,7 +60,7 @@ class AsyncStatsReader(ReaderCore):
         pool = self._client.connection_pool
         conn = await pool.get_connection()
         try:
-            await conn.send_packed_command(conn.pack_commands(cmds))
+            await conn.send_packed_command(self._packed(conn, cmds))
             refused: ResponseError | None = None
             for _ in range(len(cmds)):  # +OK, +QUEUED (or why not: -OOM), then EXEC's results
                 try:

@@ -75,7 +75,7 @@ def _named_keys(client: Client, shard: Keys, root: bool) -> list[str]:
     """The keys of *shard* known by name (docs/key-schema.md), writers' list excluded."""
     names = [shard.meta, shard.engines, shard.seq, shard.claims, shard.conflicts, shard.load, shard.bridges]
     for engine in _members(client, shard.engines):
-        names += [shard.counters(engine), shard.gauges(engine)]
+        names += [shard.counters(engine), shard.base(engine), shard.gauges(engine)]
     names += [shard.writer_stats(w) for w in _members(client, shard.writers)]
     if root:
         names += [shard.leader, shard.leader_epoch, shard.gc_lock]

@@ -160,7 +160,7 @@ class _Collection:
 
     def _plan(self, shard: Keys) -> tuple[list[str], list[Any]]:
         """gc.lua's KEYS and the names they are for, from the lists as they are now: every
-        listed engine's hash, the gauges hash of each engine past the retention (or nearly),
+        listed engine's hash and base hash, the gauges hash of each engine past the retention (or nearly),
         the stats hash of each writer past it (or nearly)."""
         seconds, micros = self.client.time()
         cutoff = seconds * 1000 + micros // 1000 - int(self.config.retention * 1000) + _AHEAD_MS
@@ -178,6 +178,7 @@ class _Collection:
             shard.conflicts,
             shard.load,
             *(shard.counters(e) for e in listed),
+            *(shard.base(e) for e in listed),
             *(shard.gauges(e) for e in stale),
             *(shard.writer_stats(w) for w in gone),
         ]

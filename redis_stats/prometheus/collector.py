@@ -17,6 +17,7 @@ import threading
 import time
 from collections import Counter as _Tally
 from collections.abc import Iterable, Iterator
+from itertools import chain, repeat
 from typing import Any
 
 from prometheus_client.core import (
@@ -27,6 +28,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
+from redis_stats._core.values import go_floats
 from redis_stats.catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM
 from redis_stats.errors import error_kind
 from redis_stats.prometheus.exposition import TextRenderer, format_families, label_pairs
@@ -190,18 +192,21 @@ ENGINE_SELF_METRICS = (
 )
 
 
+_NEWLINES = repeat("\n")
+
+
 def engine_lines(snapshot: Snapshot, labels: dict[str, str] | None = None) -> str:
     """:data:`ENGINE_SELF_METRICS` as text, without building a sample object per engine; *labels*
     first on every line."""
-    engines = sorted(snapshot.engines.values(), key=lambda e: e.engine)
+    indexes = sorted(snapshot.engines)
+    engines = [*map(snapshot.engines.__getitem__, indexes)]
     leading = label_pairs(labels) + "," if labels else ""
+    labels_text = ["{" + leading + 'engine="' + str(e) + '"} ' for e in indexes]
     out = []
     for name, help_text, value in ENGINE_SELF_METRICS:
         out.append("# HELP " + name + " " + help_text + "\n# TYPE " + name + " gauge\n")
-        out += [
-            name + "{" + leading + 'engine="' + str(e.engine) + '"} ' + floatToGoString(value(e)) + "\n"
-            for e in engines
-        ]
+        texts = go_floats([*map(value, engines)])
+        out += chain.from_iterable(zip(map(name.__add__, labels_text), texts, _NEWLINES))
     return "".join(out)
 
 
@@ -317,7 +322,9 @@ def _writer_states(snapshot: Snapshot) -> Metric:
         "not closed) or closed; until gc removes them.",
         labels=["state"],
     )
-    tally = _Tally("closed" if i.closed else "live" if i.live else "stale" for i in snapshot.writers.values())
+    tally: _Tally[str] = _Tally()
+    for i in snapshot.writers.values():
+        tally["closed" if i.closed else "live" if i.live else "stale"] += 1
     for state in WRITER_STATES:
         states.add_metric([state], float(tally[state]))
     return states
@@ -325,10 +332,15 @@ def _writer_states(snapshot: Snapshot) -> Metric:
 
 def _duration_buckets(stats: dict[str, str]) -> list[tuple[str, float]]:
     """A writer's flush durations (``dur:<bound>`` fields, per bucket) as cumulative buckets."""
+    bounds = []
+    for key in stats:
+        if key.startswith("dur:"):
+            bounds.append((float(key[4:]), key))  # (the decoder took only numbers as bounds)
+    bounds.sort()
     buckets, running = [], 0.0
-    for key in sorted((k for k in stats if k.startswith("dur:")), key=lambda k: float(k[4:])):
+    for bound, key in bounds:
         running += _num(stats, key)
-        buckets.append((floatToGoString(float(key[4:])), running))
+        buckets.append((floatToGoString(bound), running))
     return buckets
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import chain
 from operator import itemgetter
 from typing import Any
 
@@ -193,19 +194,22 @@ class _Plan:
             kept[key] = piece
             for f, p, a in piece.families:
                 prefixes[f] += p
-                places[f] += [offset + x for x in a]
+                places[f] += map(offset.__add__, a)  # (in C: a read that changed builds this again)
             offset += piece.size
         self.pieces = kept  # those of this read: an engine gc removed, a names field gone, go
         text: list[Any] = []
         pending = ""  # what comes before the next number: a newline, headers, a line's prefix
         for header, family_prefixes in zip(self.headers, prefixes):
             pending += header
-            for prefix in family_prefixes:
-                text += (pending + prefix, None)  # "" + prefix is prefix itself: no copy
+            if family_prefixes:
+                block: list[Any] = [None] * (2 * len(family_prefixes))  # [prefix, hole, ...]
+                block[0::2] = family_prefixes
+                block[0] = pending + block[0]
+                text += block
                 pending = ""
             pending += "\n"
         text.append(pending)
-        found = (text, _picker([x for family in places for x in family]))
+        found = (text, _picker([*chain.from_iterable(places)]))
         reads = self.reads if len(self.reads) < _READ_PLANS else {}
         reads[read] = found
         self.reads = reads
@@ -268,9 +272,11 @@ def format_families(families: Any, labels: dict[str, str] | None = None) -> str:
         )
         for sample in fam.samples:
             merged = {**labels, **sample.labels} if labels else sample.labels
-            text = label_pairs({k: str(v) for k, v in merged.items()})
-            value = floatToGoString(sample.value)
-            out.append(sample.name + ("{" + text + "}" if text else "") + " " + value + "\n")
+            pairs = []
+            for k, v in merged.items():
+                pairs.append(k + '="' + escape_label_value(str(v)) + '"')
+            text = "{" + ",".join(pairs) + "}" if pairs else ""
+            out.append(sample.name + text + " " + floatToGoString(sample.value) + "\n")
     return "".join(out)
 
 

