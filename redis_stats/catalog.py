@@ -141,6 +141,12 @@ class MetricSpec:
                 f"metric {self.name!r}: label {ENGINE_LABEL!r} is added by redis_stats to every "
                 "series; do not declare it"
             )
+        if label.startswith(RESERVED_PREFIX):
+            # redis_stats_namespace is added to every series by an exporter of several namespaces.
+            raise CatalogError(
+                f"metric {self.name!r}: label names starting with {RESERVED_PREFIX!r} are reserved for "
+                "the labels redis_stats adds (redis_stats_namespace); choose another name"
+            )
         if self.kind == HISTOGRAM and label == "le":
             raise CatalogError(f"histogram {self.name!r}: label 'le' is reserved for buckets")
 

@@ -33,6 +33,7 @@ __all__ = [
     "EnvVar",
     "StatsConfig",
     "env_markdown",
+    "is_namespace",
     "mask_url",
     "redact",
     "url_problem",
@@ -445,6 +446,11 @@ def _url_check(config: StatsConfig) -> str | None:
 
 def _is_namespace(value: object) -> bool:
     return isinstance(value, str) and _NAMESPACE_RE.match(value) is not None
+
+
+def is_namespace(value: object) -> bool:
+    """Whether *value* is a namespace name a config accepts (1-128 of ``A-Z a-z 0-9 . _ - / :``)."""
+    return _is_namespace(value)
 
 
 def _is_positive_seconds(value: object) -> bool:

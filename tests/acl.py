@@ -24,3 +24,10 @@ def rules(namespace: str, password: str, commands: str, *, read_only: bool = Fal
     perm = "%R~" if read_only else "~"
     patterns = [f"{perm}rs:{{{namespace}}}:*", f"{perm}rs:{{{namespace}#*}}:*"]
     return ["on", f">{password}", "resetkeys", *patterns, "resetchannels", "-@all", *commands.split()]
+
+
+def every_namespace_rules(password: str) -> list[str]:
+    """ACL SETUSER arguments for a reader of every namespace (``redis-stats exporter
+    --all-namespaces``, docs/operations.md): the reader's commands and ``SCAN`` (to find the
+    namespaces), read-only on every key of redis_stats."""
+    return ["on", f">{password}", "resetkeys", "%R~rs:{*", "resetchannels", "-@all", *READER.split(), "+scan"]

@@ -31,7 +31,7 @@ from prometheus_client.utils import floatToGoString
 from redis_stats._core.values import go_floats
 from redis_stats.catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM
 from redis_stats.errors import error_kind
-from redis_stats.prometheus.exposition import TextRenderer, format_families
+from redis_stats.prometheus.exposition import TextRenderer, format_families, label_pairs
 from redis_stats.prometheus.slices import (
     REPLACED,
     REPLACED_HELP,
@@ -41,7 +41,11 @@ from redis_stats.prometheus.slices import (
 from redis_stats.reader import EngineSlice, StatsReader
 from redis_stats.snapshot import Snapshot
 
-__all__ = ["RedisCollector"]
+__all__ = ["NAMESPACE_LABEL", "RedisCollector"]
+
+# The label an exporter of several namespaces puts on every series (not ``namespace``: see
+# namespace_info).
+NAMESPACE_LABEL = "redis_stats_namespace"
 
 log = logging.getLogger("redis_stats.collector")
 
@@ -53,17 +57,27 @@ class RedisCollector:
     fleet (an :class:`~redis_stats.reader.EngineSlice`, read by Redis' own choice). With
     ``writers=False`` the writers' self-metrics (``redis_stats_writer_*``, fleet-wide) are left
     out: a sliced scrape other than slice 0 (redis_stats/prometheus/slices.py).
+
+    With ``namespace_label=True`` every series it yields, its own included, carries
+    ``redis_stats_namespace="<the reader's namespace>"``: an exporter of several namespaces serves
+    them side by side, and two namespaces' series must never be one.
     """
 
     def __init__(
-        self, reader: StatsReader, *, engines: Iterable[int] | EngineSlice | None = None, writers: bool = True
+        self,
+        reader: StatsReader,
+        *,
+        engines: Iterable[int] | EngineSlice | None = None,
+        writers: bool = True,
+        namespace_label: bool = False,
     ) -> None:
         self.reader = reader
         self.engines = engines if engines is None or isinstance(engines, EngineSlice) else tuple(engines)
         self.writers = writers
+        self.labels = {NAMESPACE_LABEL: reader.config.namespace} if namespace_label else {}
         self._errors: _Tally[str] = _Tally()
         self._errors_lock = threading.Lock()  # scrapes run on several threads at once
-        self._renderer = TextRenderer()
+        self._renderer = TextRenderer(self.labels)
 
     def describe(self) -> list[Metric]:
         """Nothing: registering must not read Redis (names are only known from a snapshot)."""
@@ -81,11 +95,10 @@ class RedisCollector:
         own = list(self._self_metrics(snapshot, time.perf_counter() - started))
         replaced = cap_families(own, self.reader.config.max_label_length)
         replaced += snapshot.labels_replaced if snapshot is not None else 0
-        yield from made
-        yield from own
         replaced_family = GaugeMetricFamily(REPLACED, REPLACED_HELP)
         replaced_family.add_metric([], float(replaced))
-        yield replaced_family
+        for family in (*made, *own, replaced_family):
+            yield with_labels(family, self.labels) if self.labels else family
 
     def render_text(self) -> str:
         """The same exposition as :meth:`collect` through ``generate_latest``, several times faster:
@@ -110,8 +123,9 @@ class RedisCollector:
         # self-metrics' here (redis_stats/prometheus/slices.py).
         replaced = cap_families(own, self.reader.config.max_label_length)
         replaced += shell.labels_replaced if shell is not None else 0
-        engines = engine_lines(shell) if shell is not None else ""
-        return "".join((text, engines, format_families(own), replaced_text(replaced)))
+        engines = engine_lines(shell, self.labels) if shell is not None else ""
+        labels = self.labels
+        return "".join((text, engines, format_families(own, labels), replaced_text(replaced, labels)))
 
     def read_failed(self, exc: BaseException) -> None:
         """Count a failed read (and warn on the first of its kind)."""
@@ -181,17 +195,26 @@ ENGINE_SELF_METRICS = (
 _NEWLINES = repeat("\n")
 
 
-def engine_lines(snapshot: Snapshot) -> str:
-    """:data:`ENGINE_SELF_METRICS` as text, without building a sample object per engine."""
+def engine_lines(snapshot: Snapshot, labels: dict[str, str] | None = None) -> str:
+    """:data:`ENGINE_SELF_METRICS` as text, without building a sample object per engine; *labels*
+    first on every line."""
     indexes = sorted(snapshot.engines)
     engines = [*map(snapshot.engines.__getitem__, indexes)]
-    labels = [f'{{engine="{e}"}} ' for e in indexes]
+    leading = label_pairs(labels) + "," if labels else ""
+    labels_text = ["{" + leading + 'engine="' + str(e) + '"} ' for e in indexes]
     out = []
     for name, help_text, value in ENGINE_SELF_METRICS:
         out.append("# HELP " + name + " " + help_text + "\n# TYPE " + name + " gauge\n")
         texts = go_floats([*map(value, engines)])
-        out += chain.from_iterable(zip(map(name.__add__, labels), texts, _NEWLINES))
+        out += chain.from_iterable(zip(map(name.__add__, labels_text), texts, _NEWLINES))
     return "".join(out)
+
+
+def with_labels(family: Metric, labels: dict[str, str]) -> Metric:
+    """*family* with *labels* added to each of its samples (a sample's own label of the same name
+    wins: ``redis_stats_namespace_info`` names its namespace itself)."""
+    family.samples = [s._replace(labels={**labels, **s.labels}) for s in family.samples]
+    return family
 
 
 def namespace_info(namespace: str) -> Metric:
@@ -203,7 +226,7 @@ def namespace_info(namespace: str) -> Metric:
     info = GaugeMetricFamily(
         "redis_stats_namespace_info",
         "The redis_stats namespace this view serves (always 1).",
-        labels=["redis_stats_namespace"],
+        labels=[NAMESPACE_LABEL],
     )
     info.add_metric([namespace], 1.0)
     return info

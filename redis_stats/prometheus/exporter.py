@@ -10,6 +10,7 @@
                         means and max (refreshed by one thread; ETag / If-None-Match -> 304;
                         JSON Schema: ``redis_stats/schemas/load.schema.json``, docs/load.md)
     GET /healthz        200 when Redis answers, 503 otherwise
+    GET /namespaces     the namespaces served (one, or several: see below)
 
 ``/metrics?slice=i/N`` serves the engines ``e % N == i`` only (read from Redis alone; the
 writers' self-metrics in slice 0), ``name[]=`` keeps only the samples named, and a label value
@@ -30,6 +31,14 @@ With ``self_metrics`` (the standalone ``redis-stats exporter``), ``/metrics`` al
 exporter's own process: prometheus_client's ``process_*`` and ``python_*`` collectors, and the
 duration and size of its scrapes (``redis_stats_exporter_*``).
 
+One exporter may serve several namespaces (``namespaces=[...]`` or ``all_namespaces=True``;
+``redis-stats exporter --namespace A --namespace B`` or ``--all-namespaces``,
+redis_stats/prometheus/namespaces.py): ``?namespace=NS`` on any path serves that namespace exactly
+as an exporter of it alone would (the other parameters as they are: ``?namespace=A&slice=0/4``),
+its series labelled ``redis_stats_namespace``; the whole ``/metrics`` (no ``?namespace=``) carries
+every namespace served, each family once, every namespace's series labelled so; ``/load`` and
+``/snapshot`` need ``?namespace=``.
+
 Run it standalone (``redis-stats exporter``) or inside any process (:class:`Exporter`).
 """
 
@@ -48,7 +57,7 @@ import threading
 import time
 import urllib.parse
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
@@ -62,12 +71,19 @@ from prometheus_client.exposition import (
     gzip_accepted,
 )
 
-from redis_stats._core.background import background_errors, survived
+from redis_stats._core.background import background_errors, survive, survived
 from redis_stats.config import mask_url, redact
 from redis_stats.errors import error_kind
 from redis_stats.prometheus.collector import RedisCollector
 from redis_stats.prometheus.loadfeed import IDLE as LOAD_IDLE
 from redis_stats.prometheus.loadfeed import LoadFeed
+from redis_stats.prometheus.namespaces import (
+    MAX_NAMESPACES,
+    AllNamespaces,
+    NamespaceSet,
+    NotServed,
+    namespace_param,
+)
 from redis_stats.prometheus.recent import (
     WINDOW_BUDGET,
     FleetSummary,
@@ -82,7 +98,7 @@ __all__ = ["Exporter"]
 
 log = logging.getLogger("redis_stats.exporter")
 
-PATHS = ("/", "/metrics", "/snapshot", "/load", "/healthz")
+PATHS = ("/", "/metrics", "/snapshot", "/load", "/healthz", "/namespaces")
 
 
 @functools.cache
@@ -327,6 +343,17 @@ def _check_options(
         raise ValueError(f"engines={engines!r} and slice={slice} both limit the view: give one")
 
 
+def _check_several(several: bool, both: bool, engines: list[int] | None, slice: EngineSlice | None) -> None:
+    """ValueError for the options an exporter of several namespaces cannot take."""
+    if several and (engines is not None or slice is not None):
+        raise ValueError(
+            "engines= and slice= serve part of one namespace: not with several (scrape "
+            "?namespace=NS&slice=i/N instead)"
+        )
+    if both:
+        raise ValueError("give namespaces=[...] or all_namespaces=True, not both")
+
+
 def _own_registry(scrapes: ScrapeStats) -> CollectorRegistry:
     """A registry of the exporter's own process and scrapes (never the host's global one, which
     a host such as vLLM serves on its own port)."""
@@ -339,7 +366,7 @@ def _own_registry(scrapes: ScrapeStats) -> CollectorRegistry:
 class _Both:
     """The Redis view and the exporter's own metrics as one collector (for prometheus_client's writers)."""
 
-    def __init__(self, exporter: Exporter, collector: RedisCollector | None = None) -> None:
+    def __init__(self, exporter: Exporter, collector: RedisCollector | AllNamespaces | None = None) -> None:
         self.exporter = exporter
         self.collector = collector or exporter.collector
 
@@ -575,6 +602,10 @@ SCRAPE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 
 # takes a snapshot every SAMPLE_EVERY of the window, so once warm a full window is always there.
 MIN_SPAN = 0.1
 SAMPLE_EVERY = 1 / 6
+# The sampler stops after this many windows without a /snapshot request (at least SAMPLER_IDLE s;
+# the next request starts it again): a page closed, or a namespace nobody looks at, reads nothing.
+SAMPLER_IDLE_WINDOWS = 4
+SAMPLER_IDLE = 60.0
 
 
 def _failed_round(thread: str, exc: Exception) -> None:
@@ -674,6 +705,13 @@ class Exporter:
     At most *max_connections* connections are served at once (one thread each); past that a new
     connection is answered 503 with ``Retry-After: 1`` by one responder thread and closed (counted in
     ``redis_stats_exporter_connections_refused_total`` with *self_metrics*).
+
+    With *namespaces* (a list) or *all_namespaces* it serves several namespaces (at most
+    *max_namespaces*) of *reader*'s Redis, by its client and catalogue (its own namespace is
+    served only when listed or found): ``?namespace=`` picks one (module docstring). Each is served
+    by an ``Exporter`` of its own made on first use, with ``listen=False`` (no socket, no gc, no
+    process metrics: this exporter's) and ``namespace_label=True`` (every series labelled
+    ``redis_stats_namespace``), the other options as given here.
     """
 
     def __init__(
@@ -693,18 +731,45 @@ class Exporter:
         slice: EngineSlice | None = None,
         load_idle: float = LOAD_IDLE,
         window_budget: int = WINDOW_BUDGET,
+        namespaces: Sequence[str] | None = None,
+        all_namespaces: bool = False,
+        max_namespaces: int = MAX_NAMESPACES,
+        listen: bool = True,
+        namespace_label: bool = False,
     ) -> None:
         _check_options(request_timeout, window, max_connections, summary, engines, slice, window_budget)
+        several = all_namespaces or namespaces is not None
+        _check_several(several, all_namespaces and namespaces is not None, engines, slice)
         self.reader = reader
         self.slice = slice
         self.engines: Any = slice if slice is not None else engines
         self.request_timeout = request_timeout
         self.window = window
         self.summary = dict(summary or {})
+        self.namespace_label = namespace_label
         self.collector = RedisCollector(
-            reader, engines=self.engines, writers=slice is None or slice.index == 0
+            reader,
+            engines=self.engines,
+            writers=slice is None or slice.index == 0,
+            namespace_label=namespace_label,
         )
         self.load_feed = LoadFeed(reader, refresh=load_refresh, engines=engines, only=slice, idle=load_idle)
+        # The options each namespace's own Exporter is made with (several namespaces).
+        self._view_options: dict[str, Any] = {
+            "request_timeout": request_timeout,
+            "window": window,
+            "load_refresh": load_refresh,
+            "load_idle": load_idle,
+            "window_budget": window_budget,
+        }
+        self.namespaces: NamespaceSet[Exporter] | None = None
+        if several:
+            self.namespaces = NamespaceSet(
+                reader.client,
+                None if all_namespaces else list(namespaces or ()),
+                self._namespace_view,
+                limit=max_namespaces,
+            )
         # ?slice=i/N: one collector (and reader: its own plan and caches) per slice asked for.
         self._slices: dict[EngineSlice, RedisCollector] = {}
         self._slices_lock = threading.Lock()
@@ -725,22 +790,31 @@ class Exporter:
         # The exporter's own process and scrapes: a registry of its own (never the host's global
         # one, which a host such as vLLM serves on its own port).
         self.own_registry = _own_registry(self.scrapes) if self_metrics else None
-        self._server = _Server((host, port), self._handler(), max_connections)
-        self.scrapes.refused = lambda: self._server.refused
+        if self.own_registry is not None and self.namespaces is not None:
+            self.own_registry.register(self.namespaces)
+        self._snapshot_asked = 0.0  # monotonic time of the last /snapshot request (the sampler's idling)
+        # listen=False: one namespace's view inside an exporter of several (which has the socket).
+        self._server = _Server((host, port), self._handler(), max_connections) if listen else None
+        self.scrapes.refused = lambda: self._server.refused if self._server is not None else 0
         self._thread: threading.Thread | None = None
         self._serving = False  # serve_forever() runs (or is about to): close() must shut it down
         self.gc_interval = gc_interval
         self._stop = threading.Event()
 
+    def _listening(self) -> _Server:
+        if self._server is None:
+            raise RuntimeError("this Exporter was made with listen=False: it has no socket to serve")
+        return self._server
+
     @property
     def port(self) -> int:
         """The TCP port served."""
-        return self._server.server_address[1]
+        return self._listening().server_address[1]
 
     @property
     def url(self) -> str:
         """Base URL of the server."""
-        host = self._server.server_address[0]
+        host = self._listening().server_address[0]
         if isinstance(host, bytes):  # typeshed's type for any family; AF_INET gives str
             host = host.decode()
         return f"http://{host}:{self.port}"
@@ -749,7 +823,7 @@ class Exporter:
         """Serve from a daemon thread."""
         self._serving = True
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name="redis_stats-exporter", daemon=True
+            target=self._listening().serve_forever, name="redis_stats-exporter", daemon=True
         )
         self._thread.start()
         self._start_gc()
@@ -759,7 +833,7 @@ class Exporter:
         """Serve in the calling thread (until :meth:`close` from another thread, or Ctrl-C)."""
         self._start_gc()
         self._serving = True
-        self._server.serve_forever()
+        self._listening().serve_forever()
 
     def _start_gc(self) -> None:
         # Retention on a timer: every exporter may run it; the gc lease lets one collect at a time.
@@ -768,14 +842,26 @@ class Exporter:
 
     def _gc_loop(self) -> None:
         while not self._stop.wait(self.gc_interval):
-            self._collect_once()
+            if self.namespaces is None:
+                self._collect_once()
+                continue
+            # Every namespace served, asked for or not: retention is the store's upkeep.
+            with survive("gc", log):  # the list of namespaces (a SCAN) handles its own failures
+                for namespace in self.namespaces.served():
+                    if self._stop.is_set():
+                        break
+                    self._collect_once(namespace)
 
-    def _collect_once(self) -> None:
-        """One round of retention: a failure costs this round only (the loop never dies)."""
+    def _collect_once(self, namespace: str | None = None) -> None:
+        """One round of retention (of *namespace*, default the reader's): a failure costs this
+        round only (the loop never dies)."""
         from redis_stats.ops.retention import collect_garbage
 
         try:
-            result = collect_garbage(self.reader.config)
+            config = (
+                self.reader.config if namespace is None else self.reader.config.replace(namespace=namespace)
+            )
+            result = collect_garbage(config)
             for prefix, why in result.failed.items():
                 log.warning("gc could not collect keys %s* of the namespace: %s", prefix, why)
             if result.engines or result.writers:
@@ -786,14 +872,61 @@ class Exporter:
             _failed_round("gc", exc)
 
     def close(self) -> None:
-        """Stop serving (and the retention timer); also fine before :meth:`start`."""
+        """Stop serving (and the retention timer, and every namespace's view); also fine before
+        :meth:`start`."""
         self._stop.set()
         self.load_feed.close()
+        if self.namespaces is not None:
+            self.namespaces.close()
+        if self._server is None:
+            return
         if self._serving:
             # socketserver's shutdown() waits for serve_forever() to end: called on a server that
             # never served, it would wait for ever.
             self._server.shutdown()
         self._server.server_close()
+
+    def _namespace_view(self, namespace: str) -> Exporter:
+        """The Exporter serving *namespace* inside this one (made by :attr:`namespaces` on first
+        use): the reader's client and catalogue, its own reader (plan and caches), no socket."""
+        reader = StatsReader(
+            self.reader.config.replace(namespace=namespace), self.reader.catalog, client=self.reader.client
+        )
+        view = Exporter(
+            reader, listen=False, namespace_label=True, summary=self.summary, **self._view_options
+        )
+        view._building = self._building  # one body at a time in the whole process (its memory)
+        view.scrapes = self.scrapes  # ?namespace= scrapes count in the exporter's scrape figures
+        return view
+
+    def route(self, query: str) -> Exporter:
+        """The Exporter that answers a request with this query string: the view of its
+        ``?namespace=`` (this one when it serves that namespace alone, or when none is given).
+        ValueError for a bad parameter, :class:`NotServed` for a namespace not served."""
+        namespace = namespace_param(query)
+        if namespace is None:
+            return self
+        if self.namespaces is not None:
+            return self.namespaces.view(namespace)
+        if namespace != self.reader.config.namespace:
+            raise NotServed(
+                f"this exporter serves namespace {self.reader.config.namespace!r} only, not "
+                f"{namespace!r} (an exporter of several: redis-stats exporter --namespace A "
+                "--namespace B, or --all-namespaces)"
+            )
+        return self
+
+    def namespaces_json(self) -> dict[str, Any]:
+        """The document of ``/namespaces``: the namespaces served (sorted) and whether this
+        exporter serves several (then each is picked with ``?namespace=``)."""
+        if self.namespaces is None:
+            return {"namespaces": [self.reader.config.namespace], "several": False}
+        return {
+            "namespaces": self.namespaces.served(),
+            "several": True,
+            "all": self.namespaces.every,
+            "max_namespaces": self.namespaces.limit,
+        }
 
     def metrics(
         self, accept: str | None = None, query: ScrapeQuery | None = None, *, gzipped: bool = False
@@ -811,7 +944,7 @@ class Exporter:
         ``max_label_length`` are replaced and counted in every format.
         """
         query = query or ScrapeQuery()
-        collector = self.collector if query.slice is None else self.slice_collector(query.slice)
+        collector = self._collector_of(query)
         encoder, content_type = negotiate(accept or "")
         with self._building:
             started = time.perf_counter()
@@ -823,9 +956,18 @@ class Exporter:
             content_type = CONTENT_TYPE_PLAIN_0_0_4
         return content_type, body
 
+    def _collector_of(self, query: ScrapeQuery) -> RedisCollector | AllNamespaces:
+        """What a ``/metrics`` of *query* reads and renders: this namespace's collector (or its
+        slice's); for an exporter of several, every namespace's, merged."""
+        if self.namespaces is None:
+            return self.collector if query.slice is None else self.slice_collector(query.slice)
+        views = self.namespaces.views()
+        parts = [v.collector if query.slice is None else v.slice_collector(query.slice) for _, v in views]
+        return AllNamespaces(parts, self.namespaces.clashed)
+
     def _metrics_text(
         self,
-        collector: RedisCollector,
+        collector: RedisCollector | AllNamespaces,
         encoder: Callable[[Any], bytes],
         content_type: str,
         query: ScrapeQuery,
@@ -869,7 +1011,9 @@ class Exporter:
                         "one exporter keeps; scrape fewer distinct i/N"
                     )
                 reader = StatsReader(self.reader.config, self.reader.catalog, client=self.reader.client)
-                found = RedisCollector(reader, engines=part, writers=part.index == 0)
+                found = RedisCollector(
+                    reader, engines=part, writers=part.index == 0, namespace_label=self.namespace_label
+                )
                 self._slices[part] = found
             return found
 
@@ -923,15 +1067,31 @@ class Exporter:
 
     def _start_sampler(self) -> None:
         # Started by the first /snapshot request: an exporter nobody asks for windows (a node view
-        # scraped only for /metrics) adds no reads of Redis.
+        # scraped only for /metrics) adds no reads of Redis. It stops after sampler_idle seconds
+        # without one (a page closed), and the next request starts it again.
+        self._snapshot_asked = time.monotonic()
         with self._sampler_lock:  # two first requests at once must not start two samplers
             if self._sampler_started:
                 return
             self._sampler_started = True
         threading.Thread(target=self._sample_loop, name="redis_stats-window", daemon=True).start()
 
+    @property
+    def sampler_idle(self) -> float:
+        """Seconds without a ``/snapshot`` request after which the window's sampler stops."""
+        return max(SAMPLER_IDLE, SAMPLER_IDLE_WINDOWS * self.window)
+
+    @property
+    def sampling(self) -> bool:
+        """Whether the window's sampler runs (from the first ``/snapshot`` until it idles)."""
+        return self._sampler_started
+
     def _sample_loop(self) -> None:
         while not self._stop.wait(self.window * SAMPLE_EVERY):
+            with self._sampler_lock:
+                if time.monotonic() - self._snapshot_asked > self.sampler_idle:
+                    self._sampler_started = False  # nobody asks: stop reading (a request restarts)
+                    return
             try:
                 with self._building:
                     self._ring.add(self.reader.snapshot(self.engines))
@@ -942,7 +1102,11 @@ class Exporter:
         """(HTTP status, document) of ``/healthz``: from a read of the load feed (the engines, the
         writers and their load entries, by the rule every view judges liveness with), not of every
         series: a probe every few seconds must not decode the whole fleet (tens of MB at a
-        thousand engines, beside the scrapes)."""
+        thousand engines, beside the scrapes). For an exporter of several namespaces (no
+        ``?namespace=``): whether Redis answers (``TIME``, one round trip whatever the namespaces:
+        a probe must not read every namespace, nor make a view of each)."""
+        if self.namespaces is not None:
+            return self._health_of_redis()
         try:
             snap = self.reader.load(self.engines)
         except Exception as exc:
@@ -953,6 +1117,18 @@ class Exporter:
             }
         up = sum(e.up for e in snap.engines.values())
         return 200, {"status": "ok", "engines": len(snap.engines), "engines_up": up}
+
+    def _health_of_redis(self) -> tuple[int, dict[str, Any]]:
+        try:
+            self.reader.client.time()
+        except Exception as exc:
+            return 503, {
+                "status": "redis unavailable",
+                "error": error_kind(exc),
+                "redis": self.reader.config.safe_url,
+            }
+        assert self.namespaces is not None
+        return 200, {"status": "ok", "namespaces": len(self.namespaces.known())}
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         exporter = self
@@ -982,13 +1158,34 @@ class Exporter:
                 self._serve(head=True)
 
             def _serve(self, *, head: bool) -> None:
-                path = self.path.split("?", 1)[0]
+                path, _, query = self.path.partition("?")
+                try:
+                    # The Exporter of the request's ?namespace= (this one when none is given):
+                    # every path below is answered by it as a one-namespace exporter answers.
+                    # (The page and the list are the exporter's: a page opened on a namespace
+                    # not served loads, and says so.)
+                    target = exporter if path in ("/", "/namespaces") else exporter.route(query)
+                    if path in ("/load", "/snapshot") and target.namespaces is not None:
+                        raise ValueError(
+                            f"{path} is one namespace's: this exporter serves several, give "
+                            "?namespace=NS (GET /namespaces lists them)"
+                        )
+                except (ValueError, NotServed) as exc:
+                    status = 404 if isinstance(exc, NotServed) else 400
+                    self._send(
+                        status,
+                        "application/json",
+                        json.dumps({"error": str(exc)}).encode(),
+                        head,
+                        "Accept-Encoding",
+                    )
+                    return
                 if path == "/load":
-                    self._serve_load(head)
+                    self._serve_load(target, head)
                     return
                 zipped = gzip_accepted(self.headers.get("Accept-Encoding", ""))
                 try:
-                    status, content_type, body, vary, compressed = self._respond(path, zipped)
+                    status, content_type, body, vary, compressed = self._respond(target, path, zipped)
                 except Exception:
                     # Never a closed connection without an answer (and no URL or data in the body).
                     log.exception("serving %s failed", path)
@@ -1000,8 +1197,11 @@ class Exporter:
             def _query(self) -> ScrapeQuery:
                 return parse_query(self.path.partition("?")[2])
 
-            def _respond(self, path: str, zipped: bool) -> tuple[int, str, bytes, str, bool]:
-                """(status, Content-Type, body, Vary, whether the body is gzipped already)."""
+            def _respond(
+                self, exporter: Exporter, path: str, zipped: bool
+            ) -> tuple[int, str, bytes, str, bool]:
+                """(status, Content-Type, body, Vary, whether the body is gzipped already), as
+                *exporter* (the one of the request's namespace) answers."""
                 if path == "/metrics":
                     try:
                         query = self._query()
@@ -1020,14 +1220,17 @@ class Exporter:
                     return status, "application/json", body, "Accept-Encoding", zipped
                 if path == "/healthz":
                     status, doc = exporter.health()
+                elif path == "/namespaces":
+                    status, doc = 200, exporter.namespaces_json()
                 else:
                     status, doc = 404, {"error": "not found", "paths": list(PATHS)}
                 body = json.dumps(doc, allow_nan=False).encode()
                 return status, "application/json", body, "Accept-Encoding", False
 
-            def _serve_load(self, head: bool) -> None:
-                """``/load``: the feed's kept body (no Redis read, no encoding here), or ``304``
-                when ``If-None-Match`` names its ETag."""
+            def _serve_load(self, exporter: Exporter, head: bool) -> None:
+                """``/load`` of *exporter* (the one of the request's namespace): the feed's kept
+                body (no Redis read, no encoding here), or ``304`` when ``If-None-Match`` names
+                its ETag."""
                 try:
                     part = self._query().slice
                     answer = exporter.load_feed.answer(part)

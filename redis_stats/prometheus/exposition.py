@@ -37,7 +37,14 @@ from redis_stats._core.groups import Group, Layout
 from redis_stats._core.values import go_floats
 from redis_stats.catalog import COUNTER, ENGINE_LABEL, Catalog, MetricSpec
 
-__all__ = ["TextRenderer", "escape_label_value", "format_families", "sample_texts"]
+__all__ = [
+    "TextRenderer",
+    "escape_label_value",
+    "format_families",
+    "label_pairs",
+    "merge_texts",
+    "sample_texts",
+]
 
 _INF = math.inf
 _READ_PLANS = 1  # reads' plans kept: the last read's (each one is as large as the read's text)
@@ -61,8 +68,9 @@ def _header(spec: MetricSpec) -> str:
     return "# HELP " + name + " " + _escape_help(spec.help) + "\n# TYPE " + name + " " + spec.kind
 
 
-def _labels(engine: str, spec: MetricSpec, values: tuple[str, ...]) -> str:
-    pairs = [ENGINE_LABEL + '="' + escape_label_value(engine) + '"']
+def _labels(leading: str, engine: str, spec: MetricSpec, values: tuple[str, ...]) -> str:
+    pairs = [leading] if leading else []
+    pairs.append(ENGINE_LABEL + '="' + escape_label_value(engine) + '"')
     pairs += [n + '="' + escape_label_value(v) + '"' for n, v in zip(spec.labels, values)]
     return ",".join(pairs)
 
@@ -124,7 +132,7 @@ class _Piece:
     __slots__ = ("families", "size")
 
     def __init__(
-        self, index: dict[str, int], engine: str, layout: Layout, shown: tuple[int, ...] | None
+        self, index: dict[str, int], leading: str, engine: str, layout: Layout, shown: tuple[int, ...] | None
     ) -> None:
         lines: dict[int, tuple[list[str], list[int]]] = {}
 
@@ -136,10 +144,10 @@ class _Piece:
         n_counters, n_tokens = len(layout.counters), sum(layout.spaces) + len(layout.histograms)
         for at, i in enumerate(layout.counters):
             spec, values = _line(layout, i)
-            add(spec, "\n" + spec.name + "_total{" + _labels(engine, spec, values), _CLOSE, at)
+            add(spec, "\n" + spec.name + "_total{" + _labels(leading, engine, spec, values), _CLOSE, at)
         for k, (i, where) in enumerate(zip(layout.histograms, layout.count_slices)):
             spec, values = _line(layout, i)
-            labels = _labels(engine, spec, values)
+            labels = _labels(leading, engine, spec, values)
             head = "\n" + spec.name + "_bucket{" + labels  # one string for all the series' buckets
             for bound, at in zip((*spec.buckets, _INF), range(where.start, where.stop)):
                 add(spec, head, _le_tail(bound), n_counters + at)
@@ -149,7 +157,7 @@ class _Piece:
         gauges = layout.gauges if shown is None else [layout.gauges[j] for j in shown]
         for at, i in enumerate(gauges, first):
             spec, values = _line(layout, i)
-            add(spec, "\n" + spec.name + "{" + _labels(engine, spec, values), _CLOSE, at)
+            add(spec, "\n" + spec.name + "{" + _labels(leading, engine, spec, values), _CLOSE, at)
         self.families = tuple((f, tuple(p), tuple(a)) for f, (p, a) in lines.items())
         self.size = first + len(gauges)
 
@@ -170,10 +178,11 @@ class _Plan:
     each number, and the picker of the numbers out of the read's sample texts. Holds no
     per-scrape state (see the module docstring)."""
 
-    __slots__ = ("catalog", "headers", "index", "pieces", "reads")
+    __slots__ = ("catalog", "headers", "index", "leading", "pieces", "reads")
 
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, leading: str = "") -> None:
         self.catalog = catalog
+        self.leading = leading  # labels first on every line (their text)
         specs = list(catalog)
         self.headers = tuple(_header(spec) for spec in specs)
         self.index = {spec.name: i for i, spec in enumerate(specs)}
@@ -193,7 +202,7 @@ class _Plan:
         places: list[list[int]] = [[] for _ in self.headers]
         offset = 0
         for key in read:
-            piece = pieces.get(key) or _Piece(self.index, *key)
+            piece = pieces.get(key) or _Piece(self.index, self.leading, *key)
             kept[key] = piece
             for f, p, a in piece.families:
                 parts[f] += p
@@ -222,10 +231,16 @@ class _Plan:
 
 class TextRenderer:
     """Renders decoded reads as Prometheus text. Safe to call from several threads at once (the
-    exporter serves each request on its own thread): every scrape's lines live in locals."""
+    exporter serves each request on its own thread): every scrape's lines live in locals.
 
-    def __init__(self) -> None:
+    *labels* (name -> value) go first on every line, before ``engine``: an exporter of several
+    namespaces gives each namespace's lines its ``redis_stats_namespace``. They are part of the
+    kept prefixes, so they cost a scrape nothing."""
+
+    def __init__(self, labels: dict[str, str] | None = None) -> None:
         self._plan: _Plan | None = None
+        self.labels = dict(labels or {})
+        self._leading = label_pairs(self.labels)
 
     def render(self, decoded: Decoded) -> str:
         """The text of every family of the catalogue, with the series of *decoded*: the read's
@@ -233,7 +248,7 @@ class TextRenderer:
         assignment, one join: every step one call of C over the whole read)."""
         plan = self._plan
         if plan is None or plan.catalog is not decoded.shell.catalog:
-            plan = self._plan = _Plan(decoded.shell.catalog)  # one swap; others keep theirs
+            plan = self._plan = _Plan(decoded.shell.catalog, self._leading)  # one swap; others keep theirs
         texts: list[str] = []
         read = [
             (engine.engine, group.layout, sample_texts(group, texts))
@@ -246,8 +261,14 @@ class TextRenderer:
         return "".join(out)
 
 
-def format_families(families: Any) -> str:
-    """prometheus_client metric families as text (for the few self-metrics after the data)."""
+def label_pairs(labels: dict[str, str]) -> str:
+    """``a="x",b="y"``: *labels* as the text format writes them inside braces ("" for none)."""
+    return ",".join(name + '="' + escape_label_value(value) + '"' for name, value in labels.items())
+
+
+def format_families(families: Any, labels: dict[str, str] | None = None) -> str:
+    """prometheus_client metric families as text (for the few self-metrics after the data), with
+    *labels* first on every sample (a sample's own label of the same name wins)."""
     out: list[str] = []
     for fam in families:
         name = fam.name + "_total" if fam.type == "counter" else fam.name
@@ -263,9 +284,65 @@ def format_families(families: Any) -> str:
             + "\n"
         )
         for sample in fam.samples:
+            merged = {**labels, **sample.labels} if labels else sample.labels
             pairs = []
-            for k, v in sample.labels.items():
+            for k, v in merged.items():
                 pairs.append(k + '="' + escape_label_value(str(v)) + '"')
-            labels = "{" + ",".join(pairs) + "}" if pairs else ""
-            out.append(sample.name + labels + " " + floatToGoString(sample.value) + "\n")
+            text = "{" + ",".join(pairs) + "}" if pairs else ""
+            out.append(sample.name + text + " " + floatToGoString(sample.value) + "\n")
     return "".join(out)
+
+
+def _family_blocks(text: str) -> list[tuple[str, str, str, str]]:
+    """(name, type, header, samples) of each family of a text of the text format: its header the
+    ``# HELP`` and ``# TYPE`` lines, its samples the lines after them (each with its newline). A
+    family starts at each ``# HELP`` line: no HELP text nor label value holds a raw newline."""
+    starts = [0] if text.startswith("# HELP ") else []
+    at = text.find("\n# HELP ")
+    while at != -1:
+        starts.append(at + 1)
+        at = text.find("\n# HELP ", at + 1)
+    blocks = []
+    for k, start in enumerate(starts):
+        end = starts[k + 1] if k + 1 < len(starts) else len(text)
+        help_end = text.find("\n", start, end)
+        type_end = text.find("\n", help_end + 1, end) if help_end != -1 else -1
+        if type_end == -1:  # (never in our texts) a family without its TYPE line: kept as it is
+            type_end = end - 1
+        name_end = text.find(" ", start + 7, help_end if help_end != -1 else end)
+        name = text[start + 7 : name_end if name_end != -1 else help_end]
+        kind = text[text.rfind(" ", help_end, type_end) + 1 : type_end]
+        blocks.append((name, kind, text[start : type_end + 1], text[type_end + 1 : end]))
+    return blocks
+
+
+def merge_texts(texts: Sequence[str]) -> tuple[str, list[str]]:
+    """Several texts of the text format as one, each family once: the first text's ``# HELP`` and
+    ``# TYPE`` lines, then its samples from every text in turn (two texts' families of one name
+    would otherwise be a second TYPE line, which Prometheus refuses for the whole scrape).
+
+    Also the names of the families left out of a text because it declares them with another type
+    than the first text that has them (the two would be one family of two types; a counter
+    ``x_total`` and a gauge ``x`` too, one name in OpenMetrics): a namespace's bridged server
+    naming a family as another's. Text before a text's first ``# HELP`` (none in
+    what the renderer writes) is kept, first."""
+    families: dict[str, tuple[str, str, list[str]]] = {}
+    loose: list[str] = []
+    clashes: list[str] = []
+    for text in texts:
+        blocks = _family_blocks(text)
+        head = text[: len(text) - sum(len(h) + len(s) for _, _, h, s in blocks)]
+        if head:
+            loose.append(head)
+        for name, kind, header, samples in blocks:
+            # A family by its OpenMetrics name (a counter's without _total): a counter tokens_total
+            # and a gauge tokens would be one family of two types there.
+            key = name[:-6] if kind == "counter" and name.endswith("_total") else name
+            found = families.get(key)
+            if found is None:
+                families[key] = (kind, header, [samples])
+            elif found[0] != kind:
+                clashes.append(key)
+            else:
+                found[2].append(samples)
+    return "".join(loose) + "".join(h + "".join(s) for _, h, s in families.values()), clashes

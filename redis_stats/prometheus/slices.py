@@ -32,6 +32,7 @@ from prometheus_client.core import Metric
 
 from redis_stats._core.groups import KEPT_CHARACTERS, short_label
 from redis_stats._core.slices import MAX_SLICES, EngineSlice
+from redis_stats.prometheus.exposition import label_pairs
 
 __all__ = [
     "MAX_SLICES",
@@ -127,9 +128,23 @@ REPLACED_HELP = (
 )
 
 
-def replaced_text(count: int) -> str:
-    """The self-metric of the label values replaced in one scrape, as text."""
-    return f"# HELP {REPLACED} {REPLACED_HELP}\n# TYPE {REPLACED} gauge\n{REPLACED} {float(count)!r}\n"
+def replaced_text(count: int, labels: dict[str, str] | None = None) -> str:
+    """The self-metric of the label values replaced in one scrape, as text (with *labels*)."""
+    pairs = label_pairs(labels or {})
+    sample = REPLACED + ("{" + pairs + "}" if pairs else "")
+    return (
+        "# HELP "
+        + REPLACED
+        + " "
+        + REPLACED_HELP
+        + "\n# TYPE "
+        + REPLACED
+        + " gauge\n"
+        + sample
+        + " "
+        + repr(float(count))
+        + "\n"
+    )
 
 
 def cap_families(families: list[Metric], cap: int) -> int:

@@ -152,6 +152,34 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def _several_namespaces(
+    names: tuple[str, ...], every: bool, most: int, engines: str | None, slice_text: str | None
+) -> list[str] | None:
+    """The namespaces an exporter of several serves (None: one, or --all-namespaces), or a usage
+    error for options that cannot go together."""
+    from redis_stats.config import is_namespace
+
+    if every and names:
+        raise click.UsageError("--all-namespaces and --namespace both choose the namespaces: give one")
+    if not every and len(names) <= 1:
+        return None
+    if engines or slice_text:
+        option = "--engines" if engines else "--slice"
+        raise click.UsageError(
+            f"{option} serves part of one namespace: not with several (scrape ?namespace=NS&slice=I/N)"
+        )
+    bad = [n for n in names if not is_namespace(n)]
+    if bad:
+        raise click.BadParameter(
+            f"{bad[0]!r} is not a namespace name (1-128 of A-Z a-z 0-9 . _ - / :)", param_hint="--namespace"
+        )
+    if len(set(names)) > most:
+        raise click.BadParameter(
+            f"{len(set(names))} namespaces given, more than --max-namespaces {most}", param_hint="--namespace"
+        )
+    return None if every else sorted(set(names))
+
+
 def _engines(text: str | None) -> list[int] | None:
     if not text:
         return None
@@ -349,7 +377,29 @@ def simulate(redis_url: str | None, namespace: str, **options: Any) -> None:
 
 @main.command()
 @url_option
-@namespace_option
+@click.option(
+    "--namespace",
+    "namespaces",
+    multiple=True,
+    envvar="REDIS_STATS_NAMESPACE",
+    show_default="default",
+    help="Namespace (one deployment; `redis-stats namespaces` lists them) [env: REDIS_STATS_NAMESPACE]. "
+    "Give it several times (or several names in the variable, space-separated) to serve each on this "
+    "port: ?namespace=NS, every series labelled redis_stats_namespace.",
+)
+@click.option(
+    "--all-namespaces",
+    is_flag=True,
+    help="Serve every namespace this Redis holds (found again every 30 s; needs +scan), as "
+    "several --namespace.",
+)
+@click.option(
+    "--max-namespaces",
+    default=64,
+    type=click.IntRange(1, 10_000),
+    help="The most namespaces served (--all-namespaces: the first in sorted order; the others are "
+    "logged and counted).",
+)
 @click.option("--engines", show_default="all", help="Only these engines, e.g. 0,1.")
 @click.option("--host", default="127.0.0.1", help="Address to listen on.")
 @click.option(
@@ -401,13 +451,16 @@ def simulate(redis_url: str | None, namespace: str, **options: Any) -> None:
 )
 def exporter(
     redis_url: str | None,
-    namespace: str | None,
+    namespaces: tuple[str, ...],
+    all_namespaces: bool,
+    max_namespaces: int,
     engines: str | None,
     slice_text: str | None,
     window_budget: float,
     **serving: Any,
 ) -> None:
-    """Serve /metrics (every engine), /snapshot (JSON), /load (routers) and /healthz from Redis."""
+    """Serve /metrics (every engine), /snapshot (JSON), /load (routers) and /healthz from Redis:
+    of one namespace, of several (--namespace A --namespace B) or of all (--all-namespaces)."""
     from redis_stats.integrations.vllm import vllm_catalog
     from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
     from redis_stats.prometheus.exporter import Exporter
@@ -415,7 +468,14 @@ def exporter(
     from redis_stats.tools.allocator import bound_arenas
 
     bound_arenas()  # before any thread: a thread per connection spread freed memory over 16 arenas
-    config = _config(redis_url, namespace)
+    if all_namespaces and click.get_current_context().get_parameter_source("namespaces") in (
+        click.core.ParameterSource.ENVIRONMENT,
+        click.core.ParameterSource.DEFAULT,
+    ):
+        namespaces = ()  # REDIS_STATS_NAMESPACE set for the other commands: --all-namespaces wins
+    several = _several_namespaces(namespaces, all_namespaces, max_namespaces, engines, slice_text)
+    # The reader's namespace: the one served, or the first (its client and catalogue serve all).
+    config = _config(redis_url, namespaces[0] if namespaces else "default" if all_namespaces else None)
     engine_list = _engines(engines)
     part = None
     if slice_text is not None:
@@ -437,6 +497,9 @@ def exporter(
             self_metrics=True,
             slice=part,
             window_budget=int(window_budget * 2**20),
+            namespaces=several,
+            all_namespaces=all_namespaces,
+            max_namespaces=max_namespaces,
             **serving,
         )
     except OSError as exc:
@@ -451,7 +514,14 @@ def exporter(
     stop = threading.Event()
     with stop_on_signals(stop.set):
         server.start()
-        click.echo(f"serving {config.namespace!r} from {config.safe_url} on {server.url}/metrics")
+        served = (
+            "every namespace"
+            if all_namespaces
+            else f"namespaces {', '.join(several)}"
+            if several is not None
+            else repr(config.namespace)
+        )
+        click.echo(f"serving {served} from {config.safe_url} on {server.url}/metrics")
         try:
             while not stop.wait(0.25):
                 pass

@@ -12,9 +12,9 @@ Prometheus scraping every layout as its own job:
   Operator's target labels ``namespace``, ``pod``, ``service``, ``endpoint``);
 - ``slice_exporters``: two exporters ``--slice 0/2`` and ``--slice 1/2``;
 - ``per_pod``: every node's own view (deploy/kubernetes/per-pod-views);
-- ``two_namespaces``: what an exporter serving several namespaces serves (one target: one
-  ``job``/``instance``, every series labelled ``redis_stats_namespace``), made of the exporters of
-  A and B scraped under one instance, their series labelled by Prometheus's metric relabelling.
+- ``two_namespaces``: one exporter of both namespaces (``redis-stats exporter --namespace A
+  --namespace B``): one target, one ``job``/``instance``, every series labelled
+  ``redis_stats_namespace`` by the exporter itself.
 
 Every panel query of the dashboard, its variables filled in as Grafana fills them (one namespace,
 All, two namespaces; ``$__rate_interval`` from the step), must answer without error and with data
@@ -70,7 +70,7 @@ GAUGES = {
 }
 
 
-def _scrape_config(ports: dict[str, object], ns_a: str, ns_b: str) -> dict:
+def _scrape_config(ports: dict[str, object]) -> dict:
     exporter = f"127.0.0.1:{ports['exporter_a']}"
     operator_labels = {
         "namespace": "llm",
@@ -103,22 +103,9 @@ def _scrape_config(ports: dict[str, object], ns_a: str, ns_b: str) -> dict:
                 "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in ports["nodes_a"]]}],
             },
             {
-                # One (job, instance) serving two namespaces, each series labelled with its own.
+                # One exporter (one job, one instance) serving two namespaces: its own labels.
                 "job_name": "two_namespaces",
-                "static_configs": [
-                    {"targets": [exporter], "labels": {"of_namespace": ns_a}},
-                    {"targets": [f"127.0.0.1:{ports['exporter_b']}"], "labels": {"of_namespace": ns_b}},
-                ],
-                "relabel_configs": [{"target_label": "instance", "replacement": "several-namespaces:9400"}],
-                "metric_relabel_configs": [
-                    {
-                        "source_labels": ["redis_stats_namespace", "of_namespace"],
-                        "regex": ";(.+)",
-                        "target_label": "redis_stats_namespace",
-                        "replacement": "$1",
-                    },
-                    {"action": "labeldrop", "regex": "of_namespace"},
-                ],
+                "static_configs": [{"targets": [f"127.0.0.1:{ports['several']}"]}],
             },
         ],
     }
@@ -211,9 +198,9 @@ def test_every_dashboard_panel_answers_in_every_layout(redis_server, python_env,
             return port
 
         ports["exporter_a"] = exporter(ns_a)
-        ports["exporter_b"] = exporter(ns_b)
+        ports["several"] = exporter(ns_a, "--namespace", ns_a, "--namespace", ns_b)
         ports["slice_exporters"] = [exporter(ns_a, "--slice", f"{i}/2") for i in range(2)]
-        (tmp_path / "prometheus.yml").write_text(json.dumps(_scrape_config(ports, ns_a, ns_b)))
+        (tmp_path / "prometheus.yml").write_text(json.dumps(_scrape_config(ports)))
         prom_port = free_port()
         prom = fleet.start(
             [
@@ -228,7 +215,7 @@ def test_every_dashboard_panel_answers_in_every_layout(redis_server, python_env,
         )
         api = PromQL(f"http://127.0.0.1:{prom_port}")
         wait_for(f"{api.base}/-/ready", "prometheus", prom)
-        targets = 1 + SLICES + 2 + len(NODES_A) + 2
+        targets = 1 + SLICES + 2 + len(NODES_A) + 1
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             active = json.loads(get(f"{api.base}/api/v1/targets"))["data"]["activeTargets"]

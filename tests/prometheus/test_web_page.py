@@ -381,3 +381,70 @@ def test_in_headless_chromium_the_page_says_when_redis_is_unavailable(namespace)
         b.close()
         exporter.close()
     assert status == "Redis unavailable (connection); trying again every 2 s" and css == "error"
+
+
+@pytest.mark.redis_server
+@pytest.mark.slow
+def test_an_exporter_of_several_namespaces_gets_a_picker_and_each_namespace_its_own_page(
+    redis_server, namespace
+):
+    """Two models on one exporter: the picker lists both, each shows its own engines, a choice
+    starts that namespace's history afresh and is kept in the page's URL (?namespace=)."""
+    if why := browser.missing():
+        pytest.skip(why)
+    small, large = f"{namespace}-small", f"{namespace}-large"
+    fleets = [page_fleet.spawn(redis_server.url, small, 2), page_fleet.spawn(redis_server.url, large, 3)]
+    reader = StatsReader(StatsConfig(url=redis_server.url, namespace=small), vllm_catalog())
+    exporter = Exporter(reader, port=0, window=10, summary=VLLM_FLEET_SUMMARY, namespaces=[small, large])
+    exporter.start()
+    page = None
+    try:
+        page = Page(exporter)
+        options = page.wait(
+            "the picker",
+            "const p = document.getElementById('ns-pick');"
+            " return !p.hidden && [...p.options].map(o => o.value)",
+            20,
+        )
+        assert options == sorted([small, large])
+        first = sorted([small, large])[0]
+        engines = {small: "2 / 2", large: "3 / 3"}
+        page.wait(
+            "the first namespace",
+            f"return document.getElementById('c-engines').textContent === {engines[first]!r}",
+            20,
+        )
+        assert page.js("return new URLSearchParams(location.search).get('namespace')") == first
+        other = large if first == small else small
+        page.js(
+            f"const p = document.getElementById('ns-pick'); p.value = {other!r};"
+            " p.dispatchEvent(new Event('change'))"
+        )
+        page.wait(
+            "the other namespace",
+            f"return document.getElementById('c-engines').textContent === {engines[other]!r}",
+            20,
+        )
+        assert page.js("return new URLSearchParams(location.search).get('namespace')") == other
+        assert len(page.table("rows")) == int(engines[other][0])
+        # A page opened on ?namespace= shows that one; one not served says so.
+        page.b.get(exporter.url + f"/?namespace={other}")
+        page.wait(
+            "?namespace=",
+            f"return document.getElementById('c-engines').textContent === {engines[other]!r}",
+            20,
+        )
+        page.b.get(exporter.url + "/?namespace=elsewhere")
+        page.wait(
+            "a namespace that left is replaced",
+            f"return document.getElementById('c-engines').textContent === {engines[first]!r}",
+            20,
+        )
+    finally:
+        if page is not None:
+            page.close()
+        exporter.close()
+        for proc in fleets:
+            assert proc.stdin is not None
+            proc.stdin.close()
+            proc.wait(30)

@@ -6,6 +6,7 @@ Secret, monitors that select what exists, and one copy of each engine in every l
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
 import shlex
 import shutil
@@ -28,6 +29,7 @@ LAYOUTS = {
     "sliced fleet view": KUBE / "sliced",
     "bridge (SGLang)": KUBE / "bridge",
     "redis": KUBE / "redis",
+    "every namespace, one exporter": KUBE / "all-namespaces",
 }
 MONITOR_LABELS = KUBE / "monitor-labels"
 
@@ -84,6 +86,87 @@ MONITOR_SCHEMA = {
         },
     },
 }
+
+
+_INT = {"type": "integer", "minimum": 0}
+# The fields of keda.sh/v1alpha1 ScaledObject these manifests use (KEDA 2.x's CRD: required
+# scaleTargetRef.name and triggers[].type/metadata, metadata a map of strings), no others.
+KEDA_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "kind": {"const": "ScaledObject"},
+        "metadata": {"type": "object", "required": ["name"]},
+        "spec": {
+            "type": "object",
+            "required": ["scaleTargetRef", "triggers"],
+            "additionalProperties": False,
+            "properties": {
+                "scaleTargetRef": {
+                    "type": "object",
+                    "required": ["name"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "apiVersion": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "name": {"minLength": 1},
+                    },
+                },
+                "pollingInterval": {"type": "integer", "minimum": 1},
+                "cooldownPeriod": _INT,
+                "initialCooldownPeriod": _INT,
+                "minReplicaCount": _INT,
+                "maxReplicaCount": {"type": "integer", "minimum": 1},
+                "fallback": {
+                    "type": "object",
+                    "required": ["failureThreshold", "replicas"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "failureThreshold": _INT,
+                        "replicas": _INT,
+                        "behavior": {
+                            "enum": [
+                                "static",
+                                "currentReplicas",
+                                "currentReplicasIfHigher",
+                                "currentReplicasIfLower",
+                            ]
+                        },
+                    },
+                },
+                "advanced": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "horizontalPodAutoscalerConfig": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "properties": {"behavior": {"type": "object"}},
+                        }
+                    },
+                },
+                "triggers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["type", "metadata"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "type": {"enum": ["metrics-api", "prometheus"]},
+                            "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
+                            "useCachedMetrics": {"type": "boolean"},
+                            "name": {"type": "string"},
+                            "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+KEDA = KUBE / "keda"
 
 
 def kustomization(directory: Path) -> dict:
@@ -148,12 +231,13 @@ def no_network(monkeypatch):
 def validate(doc: dict, where: str) -> None:
     """One object against the Kubernetes 1.30 schemas (strict), or a monitor against MONITOR_SCHEMA."""
     name = f"{where} {doc['kind']}/{doc['metadata']['name']}"
-    if doc["apiVersion"].startswith("monitoring.coreos.com/"):
-        try:
-            jsonschema.Draft202012Validator(MONITOR_SCHEMA).validate(doc)
-        except jsonschema.ValidationError as exc:
-            pytest.fail(f"{name}: {exc.message}")
-        return
+    for group, schema in (("monitoring.coreos.com/", MONITOR_SCHEMA), ("keda.sh/", KEDA_SCHEMA)):
+        if doc["apiVersion"].startswith(group):
+            try:
+                jsonschema.Draft202012Validator(schema).validate(doc)
+            except jsonschema.ValidationError as exc:
+                pytest.fail(f"{name}: {exc.message}")
+            return
     try:
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
     except kubernetes_validate.ValidationError as exc:
@@ -225,7 +309,14 @@ def _selects(selector: dict, labels: dict) -> bool:
 
 
 @pytest.mark.parametrize(
-    "layout", ["fleet view (exporter)", "per-pod views", "sliced fleet view", "bridge (SGLang)"]
+    "layout",
+    [
+        "fleet view (exporter)",
+        "per-pod views",
+        "sliced fleet view",
+        "bridge (SGLang)",
+        "every namespace, one exporter",
+    ],
 )
 def test_each_layout_scrapes_every_engine_exactly_once(layout):
     docs = resources(LAYOUTS[layout])
@@ -345,17 +436,24 @@ def test_every_monitor_carries_the_labels_set_in_one_place():
             assert not wanted.keys() & doc["metadata"].get("labels", {}).keys(), path
 
 
+EVERY_NAMESPACE = "*"
+
+
 def _namespaces(docs: list[dict]) -> tuple[set[str], set[str]]:
     """The Redis namespaces a layout's containers write (a vLLM pod's plugin, a bridge) and read
-    (an exporter, a pod's own view)."""
+    (an exporter, a pod's own view; :data:`EVERY_NAMESPACE` for an exporter --all-namespaces)."""
     written, read = set(), set()
     for doc in docs:
         for c in containers(doc):
             env = env_of(c)
+            args = c.get("args") or []
+            if args[:1] == ["exporter"] and "--all-namespaces" in args:
+                assert "REDIS_STATS_NAMESPACE" not in env and "--namespace" not in args, c["name"]
+                read.add(EVERY_NAMESPACE)
+                continue
             namespace = env.get("REDIS_STATS_NAMESPACE", {}).get("value")
             if namespace is None:
                 continue
-            args = c.get("args") or []
             if args[:1] == ["exporter"]:
                 read.add(namespace)
             elif args[:1] == ["bridge"]:
@@ -375,6 +473,8 @@ def test_every_namespace_a_layout_writes_is_read_by_its_view(layout):
     if not written:
         return  # the exporter alone (exporter/), Redis alone (redis/)
     assert read, f"{layout.relative_to(ROOT)} writes {sorted(written)} and has no view reading it"
+    if EVERY_NAMESPACE in read:
+        return  # one exporter reads every namespace written
     assert written == read, f"{layout.relative_to(ROOT)}: written {sorted(written)}, read {sorted(read)}"
 
 
@@ -505,3 +605,58 @@ def test_every_variable_the_manifests_set_is_one_redis_stats_reads():
     assert unknown_variables(known, dict.fromkeys(names, "x")) == {}
     # ... and the check sees a typo.
     assert unknown_variables(known, {"REDIS_STATS_VEIW": "local"}) == {"REDIS_STATS_VEIW": "REDIS_STATS_VIEW"}
+
+
+def scaled_objects() -> dict[str, dict]:
+    """The ScaledObject of each KEDA layout (deploy/kubernetes/keda/<trigger>), by its trigger."""
+    out = {}
+    for layout in sorted(p for p in KEDA.iterdir() if p.is_dir()):
+        (so,) = [d for d in build(layout) if d["kind"] == "ScaledObject"]
+        (trigger,) = so["spec"]["triggers"]
+        out[trigger["type"]] = so
+    return out
+
+
+def test_the_keda_recipes_scale_the_vllm_pods_on_what_the_fleet_layout_serves():
+    """Both ScaledObjects build and validate (every layout's test), and point at what exists: the
+    vLLM StatefulSet of base/, the exporter's Service and port (metrics-api: its /load, from KEDA's
+    pod by the Service's full name), the fleet ServiceMonitor's job (prometheus); numbers as KEDA
+    takes them (strings), a fallback KEDA accepts (AverageValue only)."""
+    found = scaled_objects()
+    assert set(found) == {"metrics-api", "prometheus"}
+    fleet = build(KUBE)
+    (sts,) = [d for d in fleet if d["kind"] == "StatefulSet"]
+    (service,) = [
+        d for d in fleet if d["kind"] == "Service" and d["metadata"]["name"] == "redis-stats-exporter"
+    ]
+    (monitor,) = [d for d in fleet if d["kind"] == "ServiceMonitor"]
+    port = {p["name"]: p["port"] for p in service["spec"]["ports"]}[monitor["spec"]["endpoints"][0]["port"]]
+    for so in found.values():
+        spec = so["spec"]
+        assert spec["scaleTargetRef"] == {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "name": sts["metadata"]["name"],
+        }
+        assert 1 <= spec["minReplicaCount"] < spec["maxReplicaCount"]
+        (trigger,) = spec["triggers"]
+        assert trigger["metricType"] == "AverageValue"  # KEDA refuses a fallback for any other
+        float(trigger["metadata"].get("targetValue") or trigger["metadata"]["threshold"])
+    url = found["metrics-api"]["spec"]["triggers"][0]["metadata"]["url"]
+    m = re.fullmatch(r"http://([a-z0-9-]+)\.([a-z0-9-]+)\.svc\.cluster\.local:(\d+)(/load)", url)
+    assert m and m.group(1) == service["metadata"]["name"] and int(m.group(3)) == port, url
+    query = found["prometheus"]["spec"]["triggers"][0]["metadata"]["query"]
+    job = service["metadata"]["labels"][monitor["spec"]["jobLabel"]]
+    assert query.startswith("sum(") and f'job="{job}"' in query, query
+
+
+def test_the_keda_validator_is_not_vacuous():
+    (so, *_) = scaled_objects().values()
+    bad = json.loads(json.dumps(so))
+    bad["spec"]["triggers"][0]["metadata"]["targetValue"] = 4  # KEDA's metadata holds strings only
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft202012Validator(KEDA_SCHEMA).validate(bad)
+    typo = json.loads(json.dumps(so))
+    typo["spec"]["pollingIntervall"] = 15
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft202012Validator(KEDA_SCHEMA).validate(typo)
