@@ -36,7 +36,7 @@ from typing import Any
 from redis.exceptions import ExecAbortError, OutOfMemoryError, ResponseError
 
 from redis_stats._core.decoder import Decoded, Read, ShardReply, SnapshotDecoder, unreadable
-from redis_stats._core.liveness import STALE_FIELD
+from redis_stats._core.liveness import LIVENESS_FIELDS
 from redis_stats._core.slices import Engines, EngineSlice, is_among
 from redis_stats._core.steps import Steps, run
 from redis_stats._scripts import ReadOnlyScript, load_script
@@ -67,7 +67,9 @@ _FIXED = 5  # the reads every shard starts with (Fetch.reads): engines, writers,
 
 KeyRead = tuple[str, str, str]
 """One read of a key: ``(how, key, field)``, how as read.lua's letters: ``"z"`` a sorted set,
-``"h"`` a hash, ``"k"`` its field names, ``"g"`` one *field*."""
+``"h"`` a hash, ``"k"`` its field names, ``"g"`` one *field* (one of a few that many keys
+share: a digit in read.lua's letters), ``"f"`` one *field* of this key's own (a writer's entry
+of the seq hash)."""
 
 
 @dataclass(frozen=True)
@@ -75,14 +77,24 @@ class Fetch:
     """What a read fetches of each shard besides its lists: the feed's *own* hash (a
     :class:`~redis_stats.keys.Keys` property), how each engine's hash is read (*engine*:
     ``"h"`` its fields and values, ``"k"`` its field names), whether each engine's *base* hash
-    is read too (departed writers' totals), and how each writer's stats hash is read (*writer*:
-    ``"h"`` whole, ``"g"`` its ``stale_ms`` only)."""
+    is read too (departed writers' totals), how each writer's stats hash is read (*writer*:
+    ``"h"`` whole, ``"g"`` its :data:`~redis_stats._core.liveness.LIVENESS_FIELDS` only:
+    ``stale_ms``, ``flush_ms``, ``endpoint``, one ``HGET`` each of the same declared key), and
+    whether each writer's entry of the shard's seq hash is read with its stats (*seq*: its
+    newest applied flush, one ``HGET`` of its own field: never the whole hash, which keeps a
+    tombstone of every writer that died)."""
 
     name: str
     own: str
     engine: str
     base: bool
     writer: str
+    seq: bool = False
+
+    @property
+    def writer_fields(self) -> tuple[str, ...]:
+        """The fields read of each writer's stats hash (none: the whole hash)."""
+        return LIVENESS_FIELDS if self.writer == "g" else ()
 
     def reads(self, keys: Keys, plan: Plan) -> list[list[KeyRead]]:
         """The reads of one shard for *plan*, in groups that one call must hold together: the
@@ -96,21 +108,27 @@ class Fetch:
                 ("h", getattr(keys, self.own), ""),
             ]
         ]
+
         if self.base:  # an engine's two hashes in one call: gc moves values from one to the other
             out += [[(self.engine, keys.counters(e), ""), ("h", keys.base(e), "")] for e in plan[0]]
         else:
             out += [[(self.engine, keys.counters(e), "")] for e in plan[0]]
-        field = STALE_FIELD if self.writer == "g" else ""
-        out += [[(self.writer, keys.writer_stats(w), field)] for w in plan[1]]
+        wanted = self.writer_fields or ("",)
+        seq = [("f", keys.seq, w) for w in plan[1]] if self.seq else []
+        out += [
+            [*((self.writer, keys.writer_stats(w), f) for f in wanted), *seq[i : i + 1]]
+            for i, w in enumerate(plan[1])
+        ]
         return out
 
 
 SNAPSHOT = Fetch("snapshot", "conflicts", "h", True, "h")
 """Every series: the engines' hashes and base hashes, the writers' stats, the conflicts."""
 
-LOAD = Fetch("load", "load", "k", False, "g")
-"""The load feed: the load hash, the engines' field names (their chunk writers), the writers'
-``stale_ms``; never an engine's values (an engine hash holds ~28 KB at vLLM's catalogue)."""
+LOAD = Fetch("load", "load", "k", False, "g", seq=True)
+"""The load feed: the load hash, each writer's entry of the seq hash (its newest flush), the engines' field
+names (their chunk writers), the writers' ``stale_ms``, ``flush_ms`` and ``endpoint``; never an
+engine's values (an engine hash holds ~28 KB at vLLM's catalogue)."""
 
 
 def transaction(shard_reads: list[list[list[KeyRead]]]) -> list[tuple[Any, ...]]:
@@ -121,7 +139,7 @@ def transaction(shard_reads: list[list[list[KeyRead]]]) -> list[tuple[Any, ...]]
         ("ZRANGE", key, 0, -1, "WITHSCORES")
         if how == "z"
         else ("HGET", key, field)
-        if how == "g"
+        if how in "gf"
         else ("HGETALL" if how == "h" else "HKEYS", key)
         for groups in shard_reads
         for group in groups
@@ -143,7 +161,8 @@ def script_calls(groups: list[list[KeyRead]]) -> list[tuple[list[str], list[str]
     for part in parts:
         fields = list(dict.fromkeys(field for how, _, field in part if how == "g"))
         how = "".join(str(1 + fields.index(field)) if h == "g" else h for h, _, field in part)
-        calls.append(([key for _, key, _ in part], [how, *fields]))
+        own = [field for h, _, field in part if h == "f"]
+        calls.append(([key for _, key, _ in part], [how, *fields, *own]))
     return calls
 
 
@@ -170,6 +189,13 @@ def _reply(
     each = 2 if fetch.base else 1  # reads per engine
     end = _FIXED + each * len(plan[0])
     hashes, bases, stats = results[_FIXED:end:each], results[_FIXED + 1 : end : each], results[end:]
+    seq: list[Any] | None = None
+    if fetch.seq:  # each writer's entry of the seq hash, last of its group: as that hash read flat
+        n = len(fetch.writer_fields or ("",))
+        entries, stats = stats[n :: n + 1], [v for i, v in enumerate(stats) if (i + 1) % (n + 1)]
+        seq = [x for w, v in zip(plan[1], entries) if v.__class__ is str for x in (w, v)]
+    if fetch.writer_fields:  # a writer's fields read one by one: as a hash of those it holds
+        stats = _fields_of(fetch.writer_fields, stats)
     if found != plan:  # came or went since the plan: what was read of what is still listed
         read = dict(zip(plan[0], zip(hashes, bases) if fetch.base else hashes))
         engine_flat, parts = _read_of(engine_flat, read)
@@ -177,9 +203,23 @@ def _reply(
         writer_flat, stats = _read_of(writer_flat, dict(zip(plan[1], stats)))
     conflicts, load = (own, None) if fetch.own == "conflicts" else (None, own)
     reply = ShardReply(
-        keys, now_ms, engine_flat, writer_flat, version, listed, conflicts, load, hashes, bases, stats
+        keys, now_ms, engine_flat, writer_flat, version, listed, conflicts, load, hashes, bases, stats, seq
     )
     return reply, found
+
+
+def _fields_of(names: tuple[str, ...], values: list[Any]) -> list[Any]:
+    """Each writer's *names* fields, read one by one (``len(names)`` values per writer, in
+    order), as the flat hash of those it holds; a writer none of whose fields could be read (its
+    key of the wrong type) is that error, as a whole-hash read gives it."""
+    n = len(names)
+    out: list[Any] = []
+    for i in range(0, len(values), n):
+        got = values[i : i + n]
+        flat = [x for name, v in zip(names, got) if v.__class__ is str for x in (name, v)]
+        errors = [v for v in got if isinstance(v, Exception)]
+        out.append(errors[0] if errors and not flat else flat)
+    return out
 
 
 def _read_of(flat: Any, read: dict[str, Any]) -> tuple[Any, list[Any]]:

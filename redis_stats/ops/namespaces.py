@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from redis_stats._core import fields
-from redis_stats._core.liveness import STALE_FIELD, Liveness, declared_ms, judged_ms
+from redis_stats._core.liveness import FLUSH_FIELD, STALE_FIELD, Liveness, declared_ms, judged_ms
 from redis_stats.connection import is_cluster
 from redis_stats.keys import SCHEMA_VERSION, Keys, parse_shard_counts
 
@@ -154,10 +154,10 @@ def declared_stale(client: Any, shard: Keys) -> dict[str, float | None]:
         return {}
     pipe = client.pipeline(transaction=False)
     for w in writers:
-        pipe.hget(shard.writer_stats(w), STALE_FIELD)
+        pipe.hmget(shard.writer_stats(w), STALE_FIELD, FLUSH_FIELD)
     replies = pipe.execute(raise_on_error=False)
-    # (an error reply: a wrong type)
-    return {w: declared_ms(text) if isinstance(text, str) else None for w, text in zip(writers, replies)}
+    # (an error reply: a wrong type); a stale_ms below the writer's own flush_ms is not usable
+    return {w: declared_ms(*got) if isinstance(got, list) else None for w, got in zip(writers, replies)}
 
 
 def judged_stale(client: Any, shards: list[Keys]) -> dict[str, float]:
@@ -211,17 +211,19 @@ def _read_details(
     owners: dict[str, set[str]],
     stats: dict[str, dict[str, str]],
 ) -> None:
-    """Add to *stats* the ``stale_ms`` each of *writers* stored in *shard*, and to *owners* the
-    writers holding chunks in each of *engines* (one pipeline; an unreadable key adds nothing)."""
+    """Add to *stats* the ``stale_ms`` and ``flush_ms`` each of *writers* stored in *shard*, and
+    to *owners* the writers holding chunks in each of *engines* (one pipeline; an unreadable key adds nothing)."""
     pipe = client.pipeline(transaction=False)
     for w in writers:
-        pipe.hget(shard.writer_stats(w), STALE_FIELD)
+        pipe.hmget(shard.writer_stats(w), STALE_FIELD, FLUSH_FIELD)
     for e in engines:
         pipe.hkeys(shard.counters(e))
     replies = pipe.execute(raise_on_error=False)
-    for w, ms in zip(writers, replies):
-        if isinstance(ms, str):
-            stats.setdefault(w, {})[STALE_FIELD] = ms
+    for w, got in zip(writers, replies):
+        if isinstance(got, list):
+            held = stats.setdefault(w, {})
+            pairs = zip((STALE_FIELD, FLUSH_FIELD), got)
+            held.update((f, v) for f, v in pairs if isinstance(v, str))
     for e, names in zip(engines, replies[len(writers) :]):
         if isinstance(names, list):
             found = owners.setdefault(e, set())

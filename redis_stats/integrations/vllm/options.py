@@ -8,7 +8,10 @@ This module does not import vLLM, so the plugin's configuration is tested withou
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import os
+import socket
+import sys
+from collections.abc import Callable, Mapping, Sequence
 
 from redis_stats.config import EnvVar, StatsConfig, warn_unknown_variables
 from redis_stats.integrations.vllm import namespace_for_model
@@ -21,6 +24,7 @@ __all__ = [
     "SWITCH",
     "VARIABLES",
     "VIEW",
+    "default_endpoint",
     "plugin_config",
     "plugin_enabled",
     "warn_mistyped_variables",
@@ -77,14 +81,52 @@ def plugin_enabled(environ: Mapping[str, str] | None = None) -> bool:
     return bool(SWITCH.get(environ))
 
 
-def plugin_config(model: str, environ: Mapping[str, str] | None = None) -> StatsConfig:
+VLLM_PORT = 8000
+"""vLLM's default ``--port`` (``vllm serve``'s API server)."""
+
+
+def _port_of(argv: Sequence[str]) -> int:
+    """vLLM's ``--port`` in *argv* (``--port N`` or ``--port=N``; the last one wins, as argparse
+    takes it), else :data:`VLLM_PORT`."""
+    port = VLLM_PORT
+    for i, arg in enumerate(argv):
+        text = (
+            argv[i + 1]
+            if arg == "--port" and i + 1 < len(argv)
+            else arg[7:]
+            if arg.startswith("--port=")
+            else ""
+        )
+        if text.isascii() and text.isdigit() and int(text) <= 65535:
+            port = int(text)
+    return port
+
+
+def default_endpoint(environ: Mapping[str, str] | None = None, argv: Sequence[str] | None = None) -> str:
+    """The endpoint the plugin's writers record by default: the API server's address as a router
+    reaches it, ``<host>:<port>``: the pod's IP (``POD_IP``, set from the downward API's
+    ``status.podIP``), else this host's name, and vLLM's ``--port`` (from the command line,
+    default 8000). An IPv6 address is bracketed (``[fd00::7]:8000``)."""
+    env = os.environ if environ is None else environ
+    host = (env.get("POD_IP") or "").strip() or socket.gethostname()
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{_port_of(sys.argv if argv is None else argv)}"
+
+
+def plugin_config(
+    model: str, environ: Mapping[str, str] | None = None, argv: Sequence[str] | None = None
+) -> StatsConfig:
     """The plugin's config for served model *model*: ``REDIS_STATS_*`` options as
-    :meth:`StatsConfig.from_env` reads them, but the namespace defaults to the model's and
-    ``log_interval`` is vLLM's ``VLLM_LOG_STATS_INTERVAL``."""
+    :meth:`StatsConfig.from_env` reads them, but the namespace defaults to the model's,
+    ``log_interval`` is vLLM's ``VLLM_LOG_STATS_INTERVAL`` and ``endpoint`` defaults to
+    :func:`default_endpoint` (``REDIS_STATS_ENDPOINT`` wins)."""
+    env = os.environ if environ is None else environ
     return StatsConfig.from_env(
         environ,
         namespace=NAMESPACE.get(environ) or namespace_for_model(model),
         log_interval=INTERVAL.number(environ),
+        endpoint=(env.get("REDIS_STATS_ENDPOINT") or "").strip() or default_endpoint(env, argv),
     )
 
 
