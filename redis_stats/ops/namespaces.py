@@ -212,7 +212,8 @@ def _read_details(
     stats: dict[str, dict[str, str]],
 ) -> None:
     """Add to *stats* the ``stale_ms`` and ``flush_ms`` each of *writers* stored in *shard*, and
-    to *owners* the writers holding chunks in each of *engines* (one pipeline; an unreadable key adds nothing)."""
+    to *owners* the writers holding chunks in each of *engines* (one pipeline; an unreadable key
+    adds nothing)."""
     pipe = client.pipeline(transaction=False)
     for w in writers:
         pipe.hmget(shard.writer_stats(w), STALE_FIELD, FLUSH_FIELD)
