@@ -5,6 +5,7 @@ state per engine (``up``, ``stale``, ``down``) and the newest flush (``seq``) in
 from __future__ import annotations
 
 import json
+import sys
 import time
 import urllib.request
 
@@ -129,3 +130,42 @@ def test_one_state_per_engine_up_stale_down_and_the_newest_flush(cfg):
     finally:
         exporter.close()
         w.close()
+
+
+def test_the_router_example_falls_back_on_stale_engines_and_never_on_down_ones(cfg):
+    from tests.conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "docs" / "examples"))
+    try:
+        import load_router
+    finally:
+        sys.path.pop(0)
+    quick = cfg.replace(flush_interval=0.2, stale_after=3.0, retention=6.0)
+    busy = StatsWriter(quick, catalog(), engines=[0], start=False, load=LOAD)
+    idle = StatsWriter(quick, catalog(), engines=[1], start=False, load=LOAD)
+    busy.metric("waiting").labels(0).set(9)
+    idle.metric("waiting").labels(1).set(1)
+    assert busy.flush() and idle.flush()
+    exporter = Exporter(StatsReader(cfg), port=0, load_refresh=0.05).start()
+    try:
+        client = load_router.LoadClient(exporter.url)
+        assert load_router.pick(client.poll(), client.refreshed) == 1  # fewest waiting
+        deadline = time.monotonic() + 1.5  # engine 1 silent past max(2 x 0.2, 0.2 + 1) s: stale
+        while time.monotonic() < deadline:
+            assert busy.flush()
+            time.sleep(0.1)
+        doc = client.poll()
+        assert (doc["engines"]["0"]["state"], doc["engines"]["1"]["state"]) == ("up", "stale")
+        assert load_router.pick(doc, client.refreshed) == 0  # an up engine, though busier
+        busy.close()  # closed: down at once
+        time.sleep(0.2)
+        doc = client.poll()
+        assert doc["engines"]["0"]["state"] == "down"
+        assert load_router.pick(doc, client.refreshed) == 1  # no engine up: the stale one
+        idle.close()
+        time.sleep(0.2)
+        assert load_router.pick(client.poll(), client.refreshed) is None  # never a down one
+    finally:
+        exporter.close()
+        busy.close()
+        idle.close()
