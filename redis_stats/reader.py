@@ -189,13 +189,7 @@ def _reply(
     each = 2 if fetch.base else 1  # reads per engine
     end = _FIXED + each * len(plan[0])
     hashes, bases, stats = results[_FIXED:end:each], results[_FIXED + 1 : end : each], results[end:]
-    seq: list[Any] | None = None
-    if fetch.seq:  # each writer's entry of the seq hash, last of its group: as that hash read flat
-        n = len(fetch.writer_fields or ("",))
-        entries, stats = stats[n :: n + 1], [v for i, v in enumerate(stats) if (i + 1) % (n + 1)]
-        seq = [x for w, v in zip(plan[1], entries) if v.__class__ is str for x in (w, v)]
-    if fetch.writer_fields:  # a writer's fields read one by one: as a hash of those it holds
-        stats = _fields_of(fetch.writer_fields, stats)
+    stats, seq = _writer_parts(fetch, plan[1], stats)
     if found != plan:  # came or went since the plan: what was read of what is still listed
         read = dict(zip(plan[0], zip(hashes, bases) if fetch.base else hashes))
         engine_flat, parts = _read_of(engine_flat, read)
@@ -206,6 +200,20 @@ def _reply(
         keys, now_ms, engine_flat, writer_flat, version, listed, conflicts, load, hashes, bases, stats, seq
     )
     return reply, found
+
+
+def _writer_parts(fetch: Fetch, writers: tuple[str, ...], results: list[Any]) -> tuple[list[Any], Any]:
+    """The writers' part of one shard's results (in the order of *writers*): each writer's stats
+    (its hash flat, as a whole-hash read gives it), and, when *fetch* reads them, the writers'
+    entries of the seq hash, flat, as that hash read whole would give them (else None)."""
+    seq = None
+    if fetch.seq:  # each writer's entry of the seq hash, last of its group
+        n = len(fetch.writer_fields or ("",))
+        entries, results = results[n :: n + 1], [v for i, v in enumerate(results) if (i + 1) % (n + 1)]
+        seq = [x for w, v in zip(writers, entries) if v.__class__ is str for x in (w, v)]
+    if fetch.writer_fields:  # a writer's fields read one by one: as a hash of those it holds
+        results = _fields_of(fetch.writer_fields, results)
+    return results, seq
 
 
 def _fields_of(names: tuple[str, ...], values: list[Any]) -> list[Any]:

@@ -189,7 +189,7 @@ class Liveness:
                 flush[wid] = every
             where = st.get(ENDPOINT_FIELD)
             if where.__class__ is str and where:
-                endpoints[wid] = where  # type: ignore[assignment]
+                endpoints[wid] = where
         return cls(
             now_ms,
             declared,

@@ -28,7 +28,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.utils import floatToGoString
 
@@ -38,6 +38,10 @@ from redis_stats.endpoints import FamilyRole, aggregate
 from redis_stats.load import LoadView
 from redis_stats.prometheus.exposition import TextRenderer, label_pairs
 from redis_stats.reader import StatsReader
+
+if TYPE_CHECKING:
+    from redis_stats.prometheus.collector import RedisCollector
+    from redis_stats.prometheus.slices import ScrapeQuery
 
 __all__ = [
     "ENDPOINT_UP",
@@ -119,8 +123,9 @@ def without_engine_label(text: str, engine: int) -> str:
 class EndpointRenderer:
     """A :class:`~redis_stats.prometheus.exposition.TextRenderer` for one endpoint (or one engine):
     the families of *roles* as one series each over the read's live engines, the others as the
-    inner renderer writes them, then ``redis_stats_endpoint_up``. Used by a :class:`~redis_stats.prometheus.collector.RedisCollector`
-    of those engines in place of its own renderer: one read serves both."""
+    inner renderer writes them, then ``redis_stats_endpoint_up``. Given to the
+    :class:`~redis_stats.prometheus.collector.RedisCollector` of those engines as its renderer:
+    one read serves both."""
 
     def __init__(
         self,
@@ -212,7 +217,7 @@ class EndpointViews:
         self.namespace_label = namespace_label
         self._lock = threading.Lock()
         self._map: tuple[float, LoadView] | None = None
-        self._views: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._views: OrderedDict[tuple[str, str], RedisCollector] = OrderedDict()
 
     def load_view(self) -> LoadView:
         """The namespace's load-feed read, kept :data:`MAP_TTL` seconds."""
@@ -229,6 +234,27 @@ class EndpointViews:
         view = self.reader.load()
         self._map = (time.monotonic(), view)
         return endpoints_document(view, self.reader.config.namespace)
+
+    def answer(self) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, document) of ``/endpoints``: :meth:`document`, or ``503`` with the
+        reason when Redis cannot be read."""
+        from redis_stats.config import redact
+        from redis_stats.errors import error_kind
+
+        try:
+            return 200, self.document()
+        except Exception as exc:
+            return 503, {"error": error_kind(exc), "detail": redact(str(exc), self.reader.config.url)}
+
+    def collector_of(self, query: ScrapeQuery, *, several: bool = False) -> RedisCollector:
+        """The collector of a ``/metrics`` query's ``endpoint`` or ``engine`` (*several*: the
+        exporter serves several namespaces, and this is not one namespace's view: ValueError)."""
+        if several:
+            raise ValueError(
+                "an endpoint view is one namespace's: this exporter serves several, give "
+                "?namespace=NS (GET /namespaces lists them)"
+            )
+        return self.collector(endpoint=query.endpoint, engine=query.engine)
 
     def resolve(self, endpoint: str) -> tuple[str, tuple[int, ...]]:
         """The endpoint *endpoint* names (``self``: this process's) and its engines;
@@ -257,10 +283,11 @@ class EndpointViews:
         """:class:`UnknownEndpoint` when the namespace lists no engine *engine*."""
         if engine not in self.load_view().engines and engine not in self.reader.load().engines:
             raise UnknownEndpoint(
-                f"namespace {self.reader.config.namespace!r} has no engine {engine} (GET /endpoints lists them)"
+                f"namespace {self.reader.config.namespace!r} has no engine {engine} "
+                "(GET /endpoints lists them)"
             )
 
-    def collector(self, *, endpoint: str | None = None, engine: int | None = None) -> Any:
+    def collector(self, *, endpoint: str | None = None, engine: int | None = None) -> RedisCollector:
         """The collector of ``?endpoint=`` or ``?engine=`` (made on first use, kept)."""
         from redis_stats.prometheus.collector import RedisCollector
 
@@ -278,10 +305,11 @@ class EndpointViews:
                 return found
             reader = StatsReader(self.reader.config, self.reader.catalog, client=self.reader.client)
             made = RedisCollector(
-                reader, engines=engines, writers=False, namespace_label=self.namespace_label
-            )
-            made._renderer = EndpointRenderer(  # noqa: SLF001 - the collector's one read, our text
-                self.roles, made.labels, endpoint=name or None
+                reader,
+                engines=engines,
+                writers=False,
+                namespace_label=self.namespace_label,
+                renderer=lambda labels: EndpointRenderer(self.roles, labels, endpoint=name or None),
             )
             self._views[key] = made
             while len(self._views) > self.MAX_VIEWS:

@@ -73,8 +73,8 @@ from prometheus_client.exposition import (
 
 from redis_stats._core.background import background_errors, survive, survived
 from redis_stats.config import mask_url, redact
-from redis_stats.errors import error_kind
 from redis_stats.endpoints import FamilyRole
+from redis_stats.errors import error_kind
 from redis_stats.prometheus.collector import RedisCollector
 from redis_stats.prometheus.endpoints import EndpointViews, UnknownEndpoint, without_engine_label
 from redis_stats.prometheus.loadfeed import IDLE as LOAD_IDLE
@@ -980,12 +980,7 @@ class Exporter:
         slice's, endpoint's or engine's: :class:`UnknownEndpoint` for one not held); for an
         exporter of several, every namespace's, merged."""
         if query.endpoint is not None or query.engine is not None:
-            if self.namespaces is not None:
-                raise ValueError(
-                    "an endpoint view is one namespace's: this exporter serves several, give "
-                    "?namespace=NS (GET /namespaces lists them)"
-                )
-            return self.endpoint_views.collector(endpoint=query.endpoint, engine=query.engine)
+            return self.endpoint_views.collector_of(query, several=self.namespaces is not None)
         if self.namespaces is None:
             return self.collector if query.slice is None else self.slice_collector(query.slice)
         views = self.namespaces.views()
@@ -1125,14 +1120,6 @@ class Exporter:
             except Exception as exc:  # Redis away: the next request reports it
                 _failed_round("window", exc)
 
-    def endpoints_json(self) -> tuple[int, dict[str, Any]]:
-        """(HTTP status, document) of ``/endpoints``: every endpoint, its engines and their
-        states (redis_stats/prometheus/endpoints.py), from a read of the load feed."""
-        try:
-            return 200, self.endpoint_views.document()
-        except Exception as exc:
-            return 503, {"error": error_kind(exc), "detail": redact(str(exc), self.reader.config.url)}
-
     def health(self) -> tuple[int, dict[str, Any]]:
         """(HTTP status, document) of ``/healthz``: from a read of the load feed (the engines, the
         writers and their load entries, by the rule every view judges liveness with), not of every
@@ -1242,12 +1229,10 @@ class Exporter:
                         query = self._query()
                         accept = self.headers.get("Accept")
                         content_type, body = exporter.metrics(accept, query, gzipped=zipped)
-                    except ValueError as exc:  # a bad ?slice= or one too many: say which and why
+                    except (ValueError, UnknownEndpoint) as exc:  # a bad ?slice=, an unknown endpoint
                         error = json.dumps({"error": str(exc)}).encode()
-                        return 400, "application/json", error, "Accept-Encoding", False
-                    except UnknownEndpoint as exc:  # an endpoint or engine the namespace lacks
-                        error = json.dumps({"error": str(exc)}).encode()
-                        return 404, "application/json", error, "Accept-Encoding", False
+                        status = 404 if isinstance(exc, UnknownEndpoint) else 400
+                        return status, "application/json", error, "Accept-Encoding", False
                     return 200, content_type, body, "Accept, Accept-Encoding", zipped
                 if path == "/":
                     return 200, "text/html; charset=utf-8", live_page(), "Accept-Encoding", False
@@ -1259,7 +1244,7 @@ class Exporter:
                 if path == "/healthz":
                     status, doc = exporter.health()
                 elif path == "/endpoints":
-                    status, doc = exporter.endpoints_json()
+                    status, doc = exporter.endpoint_views.answer()
                 elif path == "/namespaces":
                     status, doc = 200, exporter.namespaces_json()
                 else:

@@ -203,7 +203,7 @@ def test_one_engines_view_has_no_engine_label(cfg):
     try:
         body = fetch(exporter.url + "/metrics?engine=2")
         kept = picker_read(body, FAMILIES)
-        waiting, running, kv, _ = pod.load[2]
+        waiting, _, kv, _ = pod.load[2]
         assert kept["vllm:num_requests_waiting"] == ({"model_name": "m"}, waiting)
         assert kept["vllm:kv_cache_usage_perc"] == ({"model_name": "m"}, kv)
         assert all("engine" not in s.labels for f in text_string_to_metric_families(body) for s in f.samples)
