@@ -250,8 +250,11 @@ class Liveness:
         """The endpoint an engine is served behind: that of the writers holding chunks in it
         (*owners*), the live ones' first (*live*; several API servers of one pod share one; two
         differing: the first in order), None when none stored one."""
+        endpoints = self.endpoints
+        if not endpoints:
+            return None
         found = sorted(
-            {e for w in owners if (e := self.endpoints.get(w)) is not None and (live is None or w in live)}
+            {e for w in owners if (e := endpoints.get(w)) is not None and (live is None or w in live)}
         )
         if not found and live is not None:
             return self.endpoint_of(owners)
