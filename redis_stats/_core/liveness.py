@@ -65,7 +65,6 @@ LIVENESS_FIELDS = (STALE_FIELD, FLUSH_FIELD, ENDPOINT_FIELD)
 """The fields of a writer's stats hash the liveness rule and the endpoint views read."""
 
 UP, STALE, DOWN = "up", "stale", "down"
-STATES = (UP, STALE, DOWN)
 """An engine's states (:meth:`Liveness.engine_state`)."""
 
 MIN_MS = MIN_STALE_AFTER * 1000

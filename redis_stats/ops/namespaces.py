@@ -153,11 +153,15 @@ def declared_stale(client: Any, shard: Keys) -> dict[str, float | None]:
     except redis.exceptions.ResponseError:  # not a sorted set: no writer is listed in it
         return {}
     pipe = client.pipeline(transaction=False)
-    for w in writers:
-        pipe.hmget(shard.writer_stats(w), STALE_FIELD, FLUSH_FIELD)
+    for w in writers:  # two HGETs (the least-privilege ACLs grant HGET, not HMGET)
+        pipe.hget(shard.writer_stats(w), STALE_FIELD)
+        pipe.hget(shard.writer_stats(w), FLUSH_FIELD)
     replies = pipe.execute(raise_on_error=False)
     # (an error reply: a wrong type); a stale_ms below the writer's own flush_ms is not usable
-    return {w: declared_ms(*got) if isinstance(got, list) else None for w, got in zip(writers, replies)}
+    return {
+        w: declared_ms(stale, flush if isinstance(flush, str) else None) if isinstance(stale, str) else None
+        for w, stale, flush in zip(writers, replies[0::2], replies[1::2])
+    }
 
 
 def judged_stale(client: Any, shards: list[Keys]) -> dict[str, float]:
@@ -215,17 +219,17 @@ def _read_details(
     to *owners* the writers holding chunks in each of *engines* (one pipeline; an unreadable key
     adds nothing)."""
     pipe = client.pipeline(transaction=False)
-    for w in writers:
-        pipe.hmget(shard.writer_stats(w), STALE_FIELD, FLUSH_FIELD)
+    for w in writers:  # two HGETs (the least-privilege ACLs grant HGET, not HMGET)
+        pipe.hget(shard.writer_stats(w), STALE_FIELD)
+        pipe.hget(shard.writer_stats(w), FLUSH_FIELD)
     for e in engines:
         pipe.hkeys(shard.counters(e))
     replies = pipe.execute(raise_on_error=False)
-    for w, got in zip(writers, replies):
-        if isinstance(got, list):
-            held = stats.setdefault(w, {})
-            pairs = zip((STALE_FIELD, FLUSH_FIELD), got)
-            held.update((f, v) for f, v in pairs if isinstance(v, str))
-    for e, names in zip(engines, replies[len(writers) :]):
+    for w, stale, flush in zip(writers, replies[0::2], replies[1 : 2 * len(writers) : 2]):
+        held = {f: v for f, v in ((STALE_FIELD, stale), (FLUSH_FIELD, flush)) if isinstance(v, str)}
+        if held:
+            stats.setdefault(w, {}).update(held)
+    for e, names in zip(engines, replies[2 * len(writers) :]):
         if isinstance(names, list):
             found = owners.setdefault(e, set())
             found.update(owner for name in names if (owner := fields.chunk_writer(name)) is not None)

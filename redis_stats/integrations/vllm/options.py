@@ -8,7 +8,6 @@ This module does not import vLLM, so the plugin's configuration is tested withou
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -20,6 +19,7 @@ __all__ = [
     "ADDR",
     "INTERVAL",
     "NAMESPACE",
+    "POD_IP",
     "PORT",
     "SWITCH",
     "VARIABLES",
@@ -73,7 +73,15 @@ VIEW = EnvVar(
     "scrape ONE such view) or `local` (this instance's engines; scrape EVERY node), see docs/vllm.md",
 )
 
-VARIABLES = (SWITCH, NAMESPACE, INTERVAL, PORT, ADDR, VIEW)
+POD_IP = EnvVar(
+    "POD_IP",
+    "",
+    _PLUGIN,
+    "the pod's IP (set it from the downward API, `status.podIP`): the host of the default "
+    "`REDIS_STATS_ENDPOINT`, `<POD_IP>:<--port>`; unset: the host name",
+)
+
+VARIABLES = (SWITCH, NAMESPACE, INTERVAL, PORT, ADDR, VIEW, POD_IP)
 
 
 def plugin_enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -107,8 +115,7 @@ def default_endpoint(environ: Mapping[str, str] | None = None, argv: Sequence[st
     reaches it, ``<host>:<port>``: the pod's IP (``POD_IP``, set from the downward API's
     ``status.podIP``), else this host's name, and vLLM's ``--port`` (from the command line,
     default 8000). An IPv6 address is bracketed (``[fd00::7]:8000``)."""
-    env = os.environ if environ is None else environ
-    host = (env.get("POD_IP") or "").strip() or socket.gethostname()
+    host = POD_IP.get(environ).strip() or socket.gethostname()
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return f"{host}:{_port_of(sys.argv if argv is None else argv)}"
@@ -121,13 +128,12 @@ def plugin_config(
     :meth:`StatsConfig.from_env` reads them, but the namespace defaults to the model's,
     ``log_interval`` is vLLM's ``VLLM_LOG_STATS_INTERVAL`` and ``endpoint`` defaults to
     :func:`default_endpoint` (``REDIS_STATS_ENDPOINT`` wins)."""
-    env = os.environ if environ is None else environ
-    return StatsConfig.from_env(
+    config = StatsConfig.from_env(
         environ,
         namespace=NAMESPACE.get(environ) or namespace_for_model(model),
         log_interval=INTERVAL.number(environ),
-        endpoint=(env.get("REDIS_STATS_ENDPOINT") or "").strip() or default_endpoint(env, argv),
     )
+    return config if config.endpoint is not None else config.replace(endpoint=default_endpoint(environ, argv))
 
 
 # Read by the demo's private server (redis_stats.tools.embedded), not by the plugin: a pod or host
