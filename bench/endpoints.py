@@ -17,6 +17,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import redis
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -49,14 +51,20 @@ def fill(writer: StatsWriter, engine: int) -> None:
             handle.observe(0.1 * (engine % 5 + 1))
 
 
-def timed(url: str, rounds: int) -> tuple[float, float, int]:
+def _sent(client: redis.Redis) -> int:
+    return int(client.info("stats")["total_net_output_bytes"])
+
+
+def timed(url: str, rounds: int, client: redis.Redis) -> tuple[float, float, int, float]:
+    """Best and median seconds, the body's bytes, and the bytes Redis sent per request."""
     times, size = [], 0
+    before = _sent(client)
     for _ in range(rounds):
         started = time.perf_counter()
         with urllib.request.urlopen(url, timeout=60) as r:
             size = len(r.read())
         times.append(time.perf_counter() - started)
-    return min(times), statistics.median(times), size
+    return min(times), statistics.median(times), size, (_sent(client) - before) / rounds
 
 
 def main() -> None:
@@ -101,14 +109,17 @@ def main() -> None:
         f"{opts.rounds} rounds each"
     )
     base = None
+    client = redis.Redis.from_url(server.url)
     for name, url in rows:
-        timed(url, 2)  # warm: plans, layouts, the endpoint map
-        best, median, size = timed(url, opts.rounds if "whole" not in name else max(3, opts.rounds // 5))
+        timed(url, 2, client)  # warm: plans, layouts, the endpoint map
+        rounds = opts.rounds if "whole" not in name else max(3, opts.rounds // 5)
+        best, median, size, sent = timed(url, rounds, client)
         if base is None:
-            base = (best, median, size)
+            base = (best, median, size, sent)
         print(
             f"{name:62s} {size / 1024:9.1f} KB ({size / base[2]:5.2f}x)  best {best * 1000:7.1f} ms "
-            f"({best / base[0]:5.2f}x)  median {median * 1000:7.1f} ms ({median / base[1]:5.2f}x)"
+            f"({best / base[0]:5.2f}x)  median {median * 1000:7.1f} ms ({median / base[1]:5.2f}x)  "
+            f"Redis sent {sent / 1024:8.1f} KB/request ({sent / base[3]:5.2f}x)"
         )
     fleet.close()
     local.close()

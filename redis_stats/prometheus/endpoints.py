@@ -17,9 +17,11 @@ whose writers stored that endpoint (redis_stats/_core/liveness.py, ``endpoint_of
   router that addresses each data-parallel rank as an endpoint of its own).
 
 Which engines an endpoint has is taken from a load-feed read at most :data:`MAP_TTL` seconds old
-(engines come and go rarely); the engines' series and states from the view's own read, one
-consistent read of those engines, which decides who is live. The plain ``/metrics`` scrape does
-none of this.
+(an endpoint's engines change when its pod restarts with another data-parallel size: rarely),
+read again at once when a view's read finds one of them served behind another endpoint, or an
+endpoint asked for is not in it; the engines' series and states come from the view's own read,
+one consistent read of those engines, which decides who is live. The plain ``/metrics`` scrape
+does none of this.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.utils import floatToGoString
@@ -57,8 +59,9 @@ ENDPOINT_UP_HELP = (
     "1 when at least one engine of this endpoint is up (its protocol families are served), else 0."
 )
 
-MAP_TTL = 1.0
-"""Seconds a view keeps which engines each endpoint has before reading it again."""
+MAP_TTL = 10.0
+"""Seconds a view keeps which engines each endpoint has before reading it again (a load-feed
+read of the whole namespace: ~300 KB at 1,024 engines, so not once per scrape)."""
 
 SELF = "self"
 """``?endpoint=self``: the endpoint of the process serving the view (the in-pod view's)."""
@@ -133,22 +136,23 @@ class EndpointRenderer:
         labels: dict[str, str],
         *,
         endpoint: str | None = None,
+        moved: Callable[[], None] | None = None,
     ) -> None:
         self.inner = TextRenderer(labels)
         self.roles = tuple(roles)
         self.labels = dict(labels)
         self.endpoint = endpoint
+        self.moved = moved  # called when an engine read is served behind another endpoint now
         self.names = frozenset(r.family for r in self.roles)
 
     def render(self, decoded: Decoded) -> str:
         """The view's text of *decoded* (a read of the endpoint's engines)."""
         text = without_families(self.inner.render(decoded), self.names)
         snap = decoded.snapshot()
-        live = [
-            e
-            for e in snap.engines.values()
-            if e.up and (self.endpoint is None or e.endpoint == self.endpoint)
-        ]
+        mine = [e for e in snap.engines.values() if self.endpoint is None or e.endpoint == self.endpoint]
+        if len(mine) < len(snap.engines) and self.moved is not None:
+            self.moved()  # the map is behind: read it again for the next scrape
+        live = [e for e in mine if e.up]
         parts = [text]
         if live:
             parts.append(self._protocol(snap, live))
@@ -228,6 +232,10 @@ class EndpointViews:
         view = self.reader.load()
         self._map = (now, view)
         return view
+
+    def forget(self) -> None:
+        """Drop the kept map: the next endpoint view reads it again."""
+        self._map = None
 
     def document(self) -> dict[str, Any]:
         """``/endpoints``: from a fresh load-feed read (it also refreshes the map)."""
@@ -309,7 +317,9 @@ class EndpointViews:
                 engines=engines,
                 writers=False,
                 namespace_label=self.namespace_label,
-                renderer=lambda labels: EndpointRenderer(self.roles, labels, endpoint=name or None),
+                renderer=lambda labels: EndpointRenderer(
+                    self.roles, labels, endpoint=name or None, moved=self.forget
+                ),
             )
             self._views[key] = made
             while len(self._views) > self.MAX_VIEWS:
