@@ -389,15 +389,21 @@ def read_view(
         state = judge.engine_state(float(score), owners, here)
         states[int(name)] = (state != DOWN, rule.age(float(score)))
         live_of[int(name)] = here
-        newest = max(
-            (n for at, _ in parts for w in owners & here if (n := seqs[at].get(w)) is not None), default=None
-        )
+        newest = _newest_seq(seqs, parts, owners & here)
         about[int(name)] = (state, newest, rule.endpoint_of(owners, here))
     view = load_view(now_ms, states, live_of, load_flat, skipped)
     for engine, (state, newest, endpoint) in about.items():
         load = view.engines[engine]
         load.state, load.seq, load.endpoint = state, newest, endpoint
     return view, now_kept
+
+
+def _newest_seq(
+    seqs: list[dict[str, int]], parts: list[tuple[int, int]], writers: Iterable[str]
+) -> int | None:
+    """The newest sequence number of *writers* in the shards of an engine's *parts* (None: none)."""
+    found = [n for at, _ in parts for w in writers if (n := seqs[at].get(w)) is not None]
+    return max(found, default=None)
 
 
 def _seqs(flat: Any) -> dict[str, int]:

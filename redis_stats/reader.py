@@ -48,7 +48,16 @@ from redis_stats.keys import MAX_LISTED_SHARDS, Keys, parse_shard_counts
 from redis_stats.load import LoadView, read_view
 from redis_stats.snapshot import Snapshot
 
-__all__ = ["LOAD", "SNAPSHOT", "EngineSlice", "Engines", "Fetch", "ReaderCore", "StatsReader"]
+__all__ = [
+    "LOAD",
+    "SNAPSHOT",
+    "SNAPSHOT_LEAN",
+    "EngineSlice",
+    "Engines",
+    "Fetch",
+    "ReaderCore",
+    "StatsReader",
+]
 
 Plan = tuple[tuple[str, ...], tuple[str, ...]]
 """The engines and writers of one shard a read asks for: those its last read found."""
@@ -124,6 +133,12 @@ class Fetch:
 
 SNAPSHOT = Fetch("snapshot", "conflicts", "h", True, "h")
 """Every series: the engines' hashes and base hashes, the writers' stats, the conflicts."""
+
+SNAPSHOT_LEAN = Fetch("snapshot-lean", "conflicts", "h", True, "g")
+"""Every series as :data:`SNAPSHOT`, but of each writer only what liveness and the endpoint views
+need (``stale_ms``, ``flush_ms``, ``endpoint``), not its self-metrics: for a view that shows no
+``redis_stats_writer_*`` (an endpoint view), whose read of a few engines of a large fleet is
+otherwise mostly every writer's stats hash (190 KB of a 4-engine read at 256 writers)."""
 
 LOAD = Fetch("load", "load", "k", False, "g", seq=True)
 """The load feed: the load hash, each writer's entry of the seq hash (its newest flush), the engines' field
@@ -267,6 +282,10 @@ class ReaderCore:
     against the plan it was built from.
     """
 
+    snapshot_fetch: Fetch = SNAPSHOT
+    """What a read of every series fetches: :data:`SNAPSHOT`, or :data:`SNAPSHOT_LEAN` for a
+    reader whose views show no writer self-metrics (set it on a reader of its own)."""
+
     def __init__(self, config: StatsConfig | None = None, catalog: Catalog | None = None) -> None:
         self.config = config or StatsConfig.from_env()
         self.keys = Keys(self.config.namespace)
@@ -393,10 +412,11 @@ class ReaderCore:
         return out
 
     def snapshot_steps(self, engines: Engines, cluster: bool) -> Steps[Read]:
-        """The steps of one read of every series (:data:`SNAPSHOT`), ending with the
-        :class:`~redis_stats._core.decoder.Read` to decode; a shard whose catalogue version
-        changed has its catalogue read too (rare: a new metric, a new K)."""
-        replies = yield from self.read_steps(SNAPSHOT, engines, cluster)
+        """The steps of one read of every series (:attr:`snapshot_fetch`: :data:`SNAPSHOT`
+        unless set otherwise), ending with the :class:`~redis_stats._core.decoder.Read` to
+        decode; a shard whose catalogue version changed has its catalogue read too (rare: a new
+        metric, a new K)."""
+        replies = yield from self.read_steps(self.snapshot_fetch, engines, cluster)
         metas = []
         for reply in replies:
             version = reply.version

@@ -39,7 +39,7 @@ from redis_stats._core.liveness import DOWN
 from redis_stats.endpoints import FamilyRole, aggregate
 from redis_stats.load import LoadView
 from redis_stats.prometheus.exposition import TextRenderer, label_pairs
-from redis_stats.reader import StatsReader
+from redis_stats.reader import SNAPSHOT_LEAN, StatsReader
 
 if TYPE_CHECKING:
     from redis_stats.prometheus.collector import RedisCollector
@@ -312,6 +312,7 @@ class EndpointViews:
                 self._views.move_to_end(key)
                 return found
             reader = StatsReader(self.reader.config, self.reader.catalog, client=self.reader.client)
+            reader.snapshot_fetch = SNAPSHOT_LEAN  # no writer self-metrics shown: read none
             made = RedisCollector(
                 reader,
                 engines=engines,
