@@ -273,9 +273,9 @@ def _opt(default: Any, help: str) -> Any:
 
 MIN_STALE_AFTER = 0.1
 """The shortest ``stale_after`` (s) a config accepts, and the smallest stored ``stale_ms`` readers
-and gc use (``_core/liveness.py``). A writer's ``stale_after`` must be at least its flush interval,
-which readers do not know; no flush cadence keeps a heartbeat younger than this through a busy
-host's stalls (a thread's wake-up, a round trip, a collection), so a smaller value only flaps."""
+and gc use (``_core/liveness.py``; a stored value below the writer's own stored ``flush_ms`` is not
+used either). No flush cadence keeps a heartbeat younger than this through a busy host's stalls
+(a thread's wake-up, a round trip, a collection), so a smaller value only flaps."""
 
 MAX_STALE_AFTER = 3600.0
 """The longest ``stale_after`` (s) a config accepts, and the largest stored ``stale_ms`` readers and
