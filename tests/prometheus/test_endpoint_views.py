@@ -265,3 +265,24 @@ def test_sglang_families_by_the_bridges_roles(cfg):
         exporter.close()
         for w in ws:
             w.close()
+
+
+def test_the_view_inside_a_vllm_pod_serves_its_own_endpoint(cfg, monkeypatch):
+    """The plugin's in-pod view (REDIS_STATS_PORT) answers ?endpoint=self with the endpoint its
+    writers record (the plugin's config), whichever pods share the namespace."""
+    from redis_stats.integrations.vllm.serve import maybe_serve
+
+    pods = [Pod(cfg, 5), Pod(cfg, 6)]
+    for pod in pods:
+        pod.record()
+    monkeypatch.setenv("REDIS_STATS_PORT", "0")
+    monkeypatch.setenv("REDIS_STATS_VIEW", "local")
+    view = maybe_serve(cfg.replace(endpoint=pods[1].endpoint), catalog(), pods[1].engines)
+    assert view is not None
+    try:
+        body = fetch(view.url + "/metrics?endpoint=self")
+        assert picker_read(body, FAMILIES) == pods[1].expected(pods[1].engines)
+    finally:
+        view.close()
+        for pod in pods:
+            pod.close()
