@@ -286,3 +286,27 @@ def test_the_view_inside_a_vllm_pod_serves_its_own_endpoint(cfg, monkeypatch):
         view.close()
         for pod in pods:
             pod.close()
+
+
+def test_an_exporter_of_several_namespaces_serves_each_ones_endpoints(cfg):
+    pod = Pod(cfg, 2)
+    pod.record()
+    exporter = Exporter(
+        StatsReader(cfg, catalog()), port=0, roles=VLLM_ROLES, namespaces=[cfg.namespace]
+    ).start()
+    try:
+        body = fetch(f"{exporter.url}/metrics?namespace={cfg.namespace}&endpoint={pod.endpoint}")
+        kept = picker_read(body, FAMILIES)
+        assert (
+            kept["vllm:num_requests_waiting"][1] == pod.expected(pod.engines)["vllm:num_requests_waiting"][1]
+        )
+        assert kept["vllm:num_requests_waiting"][0]["redis_stats_namespace"] == cfg.namespace
+        doc = json.loads(fetch(f"{exporter.url}/endpoints?namespace={cfg.namespace}"))
+        assert list(doc["endpoints"]) == [pod.endpoint]
+        for path in ("/metrics?endpoint=" + pod.endpoint, "/endpoints"):
+            with pytest.raises(urllib.error.HTTPError) as err:
+                fetch(exporter.url + path)
+            assert err.value.code == 400 and "?namespace=" in json.loads(err.value.read())["error"]
+    finally:
+        exporter.close()
+        pod.close()
