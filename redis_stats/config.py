@@ -33,6 +33,7 @@ __all__ = [
     "EnvVar",
     "StatsConfig",
     "env_markdown",
+    "is_endpoint",
     "is_namespace",
     "mask_url",
     "redact",
@@ -50,6 +51,10 @@ MAX_SHARDS = 64
 # A namespace becomes part of every key (`rs:{NS}:...`). Braces would break the Cluster hash tag
 # and glob characters would widen ACL key patterns, so only a conservative alphabet is allowed.
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9._\-/:]{1,128}$")
+# An endpoint id: what a router knows an API server by ("10.0.0.7:8000", "pod-a:8000",
+# "[fd00::7]:8000"). Shown as a label value and given back in ?endpoint=: no spaces, quotes,
+# backslashes or URL delimiters (& ? # %), so it needs no escaping anywhere.
+_ENDPOINT_RE = re.compile(r"^[A-Za-z0-9._\-/:\[\]@]{1,128}$")
 
 
 # A query parameter holds a secret when its name (lower-cased, percent-decoded) contains one of
@@ -268,9 +273,9 @@ def _opt(default: Any, help: str) -> Any:
 
 MIN_STALE_AFTER = 0.1
 """The shortest ``stale_after`` (s) a config accepts, and the smallest stored ``stale_ms`` readers
-and gc use (``_core/liveness.py``). A writer's ``stale_after`` must be at least its flush interval,
-which readers do not know; no flush cadence keeps a heartbeat younger than this through a busy
-host's stalls (a thread's wake-up, a round trip, a collection), so a smaller value only flaps."""
+and gc use (``_core/liveness.py``; a stored value below the writer's own stored ``flush_ms`` is not
+used either). No flush cadence keeps a heartbeat younger than this through a busy host's stalls
+(a thread's wake-up, a round trip, a collection), so a smaller value only flaps."""
 
 MAX_STALE_AFTER = 3600.0
 """The longest ``stale_after`` (s) a config accepts, and the largest stored ``stale_ms`` readers and
@@ -372,6 +377,14 @@ class StatsConfig:
         "last flush; then it logs what was lost and returns, so a dead Redis never holds a shutdown.",
     )
 
+    endpoint: str | None = _opt(
+        None,
+        "The endpoint this writer's engines are served behind, as a router reaches it (e.g. "
+        "``10.0.0.7:8000``: host or IP and the API port); stored with the writer, so readers group "
+        "engines by endpoint (``GET /endpoints``, ``/metrics?endpoint=``). 1-128 of ``A-Z a-z 0-9 . "
+        "_ - / : [ ] @``. The vLLM plugin's default: the pod's IP (``POD_IP``) or host name and "
+        "vLLM's ``--port``. None: no endpoint.",
+    )
     load_interval: float = _opt(
         0.0,
         "Seconds between two stores of a writer's load entries alone (the ``/load`` feed's "
@@ -455,6 +468,15 @@ def is_namespace(value: object) -> bool:
 
 def _is_positive_seconds(value: object) -> bool:
     return isinstance(value, (int, float)) and value > 0 and value != float("inf")
+
+
+def _is_endpoint(value: object) -> bool:
+    return value is None or (isinstance(value, str) and _ENDPOINT_RE.match(value) is not None)
+
+
+def is_endpoint(value: object) -> bool:
+    """Whether *value* is an endpoint id a config accepts (1-128 of ``A-Z a-z 0-9 . _ - / : [ ] @``)."""
+    return value is not None and _is_endpoint(value)
 
 
 def _is_seconds_or_zero(value: object) -> bool:
@@ -546,6 +568,12 @@ _CHECKS: tuple[Callable[[StatsConfig], str | None], ...] = (
         "characters, which would break the key prefix rs:{NS}: and its ACL pattern)",
     ),
     _Rule(
+        ("endpoint",),
+        _is_endpoint,
+        "is not an endpoint id: use 1-128 characters from A-Z a-z 0-9 . _ - / : [ ] @ (no spaces, "
+        "quotes or URL delimiters), e.g. 10.0.0.7:8000, the address a router reaches the API server at",
+    ),
+    _Rule(
         ("flush_interval", "stale_after", "retention", "lease_ttl", "log_interval"),
         _is_positive_seconds,
         "must be a positive number of seconds",
@@ -590,7 +618,7 @@ def options_markdown() -> str:
 
 
 def _options() -> dict[str, _Option]:
-    kinds = {"str": str, "float": float, "int": int}
+    kinds = {"str": str, "str | None": str, "float": float, "int": int}
     return {
         f.name: _Option(f.name, ENV_PREFIX + f.name.upper(), kinds[str(f.type)], f.metadata["help"])
         for f in dataclasses.fields(StatsConfig)

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 from redis_stats._core import fields
 from redis_stats._core.decoder import ShardReply, judged_by, judges, listed_engines, unreadable
-from redis_stats._core.liveness import STALE_FIELD, Liveness
+from redis_stats._core.liveness import DOWN, UP, Liveness
 from redis_stats._core.values import float_mean, float_sum, roll_up
 from redis_stats.catalog import COUNTER, GAUGE, MetricSpec
 from redis_stats.snapshot import Skipped
@@ -226,6 +226,14 @@ class EngineLoad:
     generation_tokens_per_second: float | None = None
     writers: int = 0
     """Live writers whose entries make up this engine's numbers."""
+    state: str = ""
+    """``up``, ``stale`` (up, but a flush or more behind) or ``down``: the one rule of
+    ``redis_stats._core.liveness`` (``""``: not judged, a view made by hand: ``up`` tells)."""
+    seq: int | None = None
+    """The sequence number of the newest flush of the live writers of this engine (their entries
+    in the seq hash): which flush its numbers come from; None when none is known."""
+    endpoint: str | None = None
+    """The endpoint its writers are served behind (``StatsConfig.endpoint``), None if none said."""
 
     def set_values(self, values: Sequence[float | None]) -> None:
         """Set the fields of :data:`FIELDS`, in their order."""
@@ -240,7 +248,12 @@ class EngineLoad:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (``/load``'s ``engines.<index>``)."""
-        out: dict[str, Any] = {"up": self.up, "age_seconds": round(self.age_seconds, 3)}
+        out: dict[str, Any] = {
+            "up": self.up,
+            "state": self.state or (UP if self.up else DOWN),
+            "age_seconds": round(self.age_seconds, 3),
+            "seq": self.seq,
+        }
         for name in FIELDS:
             v = getattr(self, name)
             out[name] = None if v is None else _rounded(name, v)
@@ -299,6 +312,7 @@ class LoadView:
             (
                 e,
                 v.up,
+                v.state,
                 v.requests_running,
                 v.requests_waiting,
                 v.kv_cache_usage,
@@ -347,14 +361,16 @@ def read_view(
         else:
             load_flat += reply.load
         if reply.writers.__class__ is list:
-            for wid, ms in zip(reply.writers[0::2], reply.stats):
-                if ms.__class__ is str:  # stored in the writer's home shard only
-                    stats[wid] = {STALE_FIELD: ms}
+            for wid, flat in zip(reply.writers[0::2], reply.stats):
+                if flat.__class__ is list and flat:  # stored in the writer's home shard only
+                    stats[wid] = dict(zip(flat[0::2], flat[1::2]))
                 else:
                     stats.setdefault(wid, {})
     rule = Liveness.of(now_ms, stats, stale_after * 1000.0)
     judged = judges(replies, rule, skipped)
+    seqs = [_seqs(r.seq) for r in replies]
     states: dict[int, tuple[bool, float]] = {}
+    about: dict[int, tuple[str, int | None, str | None]] = {}
     live_of: dict[int, set[str]] = {}
     now_kept: dict[tuple[str, ...], frozenset[str]] = {}
     for name, (score, parts) in listed_engines(replies, skipped).items():
@@ -370,9 +386,37 @@ def read_view(
             now_kept[held] = writers
             owners |= writers
         here, judge = judged_by(parts, judged)
-        states[int(name)] = (judge.engine_up(float(score), owners, here), rule.age(float(score)))
+        state = judge.engine_state(float(score), owners, here)
+        states[int(name)] = (state != DOWN, rule.age(float(score)))
         live_of[int(name)] = here
-    return load_view(now_ms, states, live_of, load_flat, skipped), now_kept
+        newest = _newest_seq(seqs, parts, owners & here)
+        about[int(name)] = (state, newest, rule.endpoint_of(owners, here))
+    view = load_view(now_ms, states, live_of, load_flat, skipped)
+    for engine, (state, newest, endpoint) in about.items():
+        load = view.engines[engine]
+        load.state, load.seq, load.endpoint = state, newest, endpoint
+    return view, now_kept
+
+
+def _newest_seq(
+    seqs: list[dict[str, int]], parts: list[tuple[int, int]], writers: Iterable[str]
+) -> int | None:
+    """The newest sequence number of *writers* in the shards of an engine's *parts* (None: none)."""
+    found = [n for at, _ in parts for w in writers if (n := seqs[at].get(w)) is not None]
+    return max(found, default=None)
+
+
+def _seqs(flat: Any) -> dict[str, int]:
+    """Writers' entries of a seq hash, read flat (writer -> its last applied sequence number,
+    flush.lua), as writer -> that number; what does not parse (a tombstone ``x<seq>:<ms>`` of a
+    writer gc removed, garbage, a key of the wrong type) is left out: only ``seq`` depends on it."""
+    if flat.__class__ is not list:
+        return {}
+    return {
+        w: int(text)
+        for w, text in zip(flat[0::2], flat[1::2])
+        if text.__class__ is str and text.isascii() and text.isdigit()
+    }
 
 
 def load_view(

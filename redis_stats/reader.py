@@ -36,7 +36,7 @@ from typing import Any
 from redis.exceptions import ExecAbortError, OutOfMemoryError, ResponseError
 
 from redis_stats._core.decoder import Decoded, Read, ShardReply, SnapshotDecoder, unreadable
-from redis_stats._core.liveness import STALE_FIELD
+from redis_stats._core.liveness import LIVENESS_FIELDS
 from redis_stats._core.slices import Engines, EngineSlice, is_among
 from redis_stats._core.steps import Steps, run
 from redis_stats._scripts import ReadOnlyScript, load_script
@@ -48,7 +48,16 @@ from redis_stats.keys import MAX_LISTED_SHARDS, Keys, parse_shard_counts
 from redis_stats.load import LoadView, read_view
 from redis_stats.snapshot import Snapshot
 
-__all__ = ["LOAD", "SNAPSHOT", "EngineSlice", "Engines", "Fetch", "ReaderCore", "StatsReader"]
+__all__ = [
+    "LOAD",
+    "SNAPSHOT",
+    "SNAPSHOT_LEAN",
+    "EngineSlice",
+    "Engines",
+    "Fetch",
+    "ReaderCore",
+    "StatsReader",
+]
 
 Plan = tuple[tuple[str, ...], tuple[str, ...]]
 """The engines and writers of one shard a read asks for: those its last read found."""
@@ -67,7 +76,9 @@ _FIXED = 5  # the reads every shard starts with (Fetch.reads): engines, writers,
 
 KeyRead = tuple[str, str, str]
 """One read of a key: ``(how, key, field)``, how as read.lua's letters: ``"z"`` a sorted set,
-``"h"`` a hash, ``"k"`` its field names, ``"g"`` one *field*."""
+``"h"`` a hash, ``"k"`` its field names, ``"g"`` one *field* (one of a few that many keys
+share: a digit in read.lua's letters), ``"f"`` one *field* of this key's own (a writer's entry
+of the seq hash)."""
 
 
 @dataclass(frozen=True)
@@ -75,14 +86,24 @@ class Fetch:
     """What a read fetches of each shard besides its lists: the feed's *own* hash (a
     :class:`~redis_stats.keys.Keys` property), how each engine's hash is read (*engine*:
     ``"h"`` its fields and values, ``"k"`` its field names), whether each engine's *base* hash
-    is read too (departed writers' totals), and how each writer's stats hash is read (*writer*:
-    ``"h"`` whole, ``"g"`` its ``stale_ms`` only)."""
+    is read too (departed writers' totals), how each writer's stats hash is read (*writer*:
+    ``"h"`` whole, ``"g"`` its :data:`~redis_stats._core.liveness.LIVENESS_FIELDS` only:
+    ``stale_ms``, ``flush_ms``, ``endpoint``, one ``HGET`` each of the same declared key), and
+    whether each writer's entry of the shard's seq hash is read with its stats (*seq*: its
+    newest applied flush, one ``HGET`` of its own field: never the whole hash, which keeps a
+    tombstone of every writer that died)."""
 
     name: str
     own: str
     engine: str
     base: bool
     writer: str
+    seq: bool = False
+
+    @property
+    def writer_fields(self) -> tuple[str, ...]:
+        """The fields read of each writer's stats hash (none: the whole hash)."""
+        return LIVENESS_FIELDS if self.writer == "g" else ()
 
     def reads(self, keys: Keys, plan: Plan) -> list[list[KeyRead]]:
         """The reads of one shard for *plan*, in groups that one call must hold together: the
@@ -96,21 +117,33 @@ class Fetch:
                 ("h", getattr(keys, self.own), ""),
             ]
         ]
+
         if self.base:  # an engine's two hashes in one call: gc moves values from one to the other
             out += [[(self.engine, keys.counters(e), ""), ("h", keys.base(e), "")] for e in plan[0]]
         else:
             out += [[(self.engine, keys.counters(e), "")] for e in plan[0]]
-        field = STALE_FIELD if self.writer == "g" else ""
-        out += [[(self.writer, keys.writer_stats(w), field)] for w in plan[1]]
+        wanted = self.writer_fields or ("",)
+        seq = [("f", keys.seq, w) for w in plan[1]] if self.seq else []
+        out += [
+            [*((self.writer, keys.writer_stats(w), f) for f in wanted), *seq[i : i + 1]]
+            for i, w in enumerate(plan[1])
+        ]
         return out
 
 
 SNAPSHOT = Fetch("snapshot", "conflicts", "h", True, "h")
 """Every series: the engines' hashes and base hashes, the writers' stats, the conflicts."""
 
-LOAD = Fetch("load", "load", "k", False, "g")
-"""The load feed: the load hash, the engines' field names (their chunk writers), the writers'
-``stale_ms``; never an engine's values (an engine hash holds ~28 KB at vLLM's catalogue)."""
+SNAPSHOT_LEAN = Fetch("snapshot-lean", "conflicts", "h", True, "g")
+"""Every series as :data:`SNAPSHOT`, but of each writer only what liveness and the endpoint views
+need (``stale_ms``, ``flush_ms``, ``endpoint``), not its self-metrics: for a view that shows no
+``redis_stats_writer_*`` (an endpoint view), whose read of a few engines of a large fleet is
+otherwise mostly every writer's stats hash (190 KB of a 4-engine read at 256 writers)."""
+
+LOAD = Fetch("load", "load", "k", False, "g", seq=True)
+"""The load feed: the load hash, each writer's entry of the seq hash (its newest flush), the engines' field
+names (their chunk writers), the writers' ``stale_ms``, ``flush_ms`` and ``endpoint``; never an
+engine's values (an engine hash holds ~28 KB at vLLM's catalogue)."""
 
 
 def transaction(shard_reads: list[list[list[KeyRead]]]) -> list[tuple[Any, ...]]:
@@ -121,7 +154,7 @@ def transaction(shard_reads: list[list[list[KeyRead]]]) -> list[tuple[Any, ...]]
         ("ZRANGE", key, 0, -1, "WITHSCORES")
         if how == "z"
         else ("HGET", key, field)
-        if how == "g"
+        if how in "gf"
         else ("HGETALL" if how == "h" else "HKEYS", key)
         for groups in shard_reads
         for group in groups
@@ -143,7 +176,8 @@ def script_calls(groups: list[list[KeyRead]]) -> list[tuple[list[str], list[str]
     for part in parts:
         fields = list(dict.fromkeys(field for how, _, field in part if how == "g"))
         how = "".join(str(1 + fields.index(field)) if h == "g" else h for h, _, field in part)
-        calls.append(([key for _, key, _ in part], [how, *fields]))
+        own = [field for h, _, field in part if h == "f"]
+        calls.append(([key for _, key, _ in part], [how, *fields, *own]))
     return calls
 
 
@@ -170,6 +204,7 @@ def _reply(
     each = 2 if fetch.base else 1  # reads per engine
     end = _FIXED + each * len(plan[0])
     hashes, bases, stats = results[_FIXED:end:each], results[_FIXED + 1 : end : each], results[end:]
+    stats, seq = _writer_parts(fetch, plan[1], stats)
     if found != plan:  # came or went since the plan: what was read of what is still listed
         read = dict(zip(plan[0], zip(hashes, bases) if fetch.base else hashes))
         engine_flat, parts = _read_of(engine_flat, read)
@@ -177,9 +212,37 @@ def _reply(
         writer_flat, stats = _read_of(writer_flat, dict(zip(plan[1], stats)))
     conflicts, load = (own, None) if fetch.own == "conflicts" else (None, own)
     reply = ShardReply(
-        keys, now_ms, engine_flat, writer_flat, version, listed, conflicts, load, hashes, bases, stats
+        keys, now_ms, engine_flat, writer_flat, version, listed, conflicts, load, hashes, bases, stats, seq
     )
     return reply, found
+
+
+def _writer_parts(fetch: Fetch, writers: tuple[str, ...], results: list[Any]) -> tuple[list[Any], Any]:
+    """The writers' part of one shard's results (in the order of *writers*): each writer's stats
+    (its hash flat, as a whole-hash read gives it), and, when *fetch* reads them, the writers'
+    entries of the seq hash, flat, as that hash read whole would give them (else None)."""
+    seq = None
+    if fetch.seq:  # each writer's entry of the seq hash, last of its group
+        n = len(fetch.writer_fields or ("",))
+        entries, results = results[n :: n + 1], [v for i, v in enumerate(results) if (i + 1) % (n + 1)]
+        seq = [x for w, v in zip(writers, entries) if v.__class__ is str for x in (w, v)]
+    if fetch.writer_fields:  # a writer's fields read one by one: as a hash of those it holds
+        results = _fields_of(fetch.writer_fields, results)
+    return results, seq
+
+
+def _fields_of(names: tuple[str, ...], values: list[Any]) -> list[Any]:
+    """Each writer's *names* fields, read one by one (``len(names)`` values per writer, in
+    order), as the flat hash of those it holds; a writer none of whose fields could be read (its
+    key of the wrong type) is that error, as a whole-hash read gives it."""
+    n = len(names)
+    out: list[Any] = []
+    for i in range(0, len(values), n):
+        got = values[i : i + n]
+        flat = [x for name, v in zip(names, got) if v.__class__ is str for x in (name, v)]
+        errors = [v for v in got if isinstance(v, Exception)]
+        out.append(errors[0] if errors and not flat else flat)
+    return out
 
 
 def _read_of(flat: Any, read: dict[str, Any]) -> tuple[Any, list[Any]]:
@@ -218,6 +281,10 @@ class ReaderCore:
     thread): what a read keeps is replaced whole, one store each; each read checks its reply
     against the plan it was built from.
     """
+
+    snapshot_fetch: Fetch = SNAPSHOT
+    """What a read of every series fetches: :data:`SNAPSHOT`, or :data:`SNAPSHOT_LEAN` for a
+    reader whose views show no writer self-metrics (set it on a reader of its own)."""
 
     def __init__(self, config: StatsConfig | None = None, catalog: Catalog | None = None) -> None:
         self.config = config or StatsConfig.from_env()
@@ -345,10 +412,11 @@ class ReaderCore:
         return out
 
     def snapshot_steps(self, engines: Engines, cluster: bool) -> Steps[Read]:
-        """The steps of one read of every series (:data:`SNAPSHOT`), ending with the
-        :class:`~redis_stats._core.decoder.Read` to decode; a shard whose catalogue version
-        changed has its catalogue read too (rare: a new metric, a new K)."""
-        replies = yield from self.read_steps(SNAPSHOT, engines, cluster)
+        """The steps of one read of every series (:attr:`snapshot_fetch`: :data:`SNAPSHOT`
+        unless set otherwise), ending with the :class:`~redis_stats._core.decoder.Read` to
+        decode; a shard whose catalogue version changed has its catalogue read too (rare: a new
+        metric, a new K)."""
+        replies = yield from self.read_steps(self.snapshot_fetch, engines, cluster)
         metas = []
         for reply in replies:
             version = reply.version

@@ -137,6 +137,12 @@ class EngineSnapshot:
     """Owners of two live instances that both claimed this engine within stale_after, if any."""
     gauges: dict[SeriesKey, float] = field(default_factory=dict)
     histograms: dict[SeriesKey, HistogramValue] = field(default_factory=dict)
+    state: str = ""
+    """``up``, ``stale`` or ``down``, by the one rule every view applies
+    (``redis_stats._core.liveness``: ``stale`` is up but a flush or more behind); ``""``: not
+    judged (an engine made by hand)."""
+    endpoint: str | None = None
+    """The endpoint its writers are served behind (``StatsConfig.endpoint``), None if none said."""
 
     def counter(self, name: str, *labels: str) -> float:
         """The counter total for these label values (0 when never written)."""
@@ -229,6 +235,8 @@ class Snapshot:
             "engines": {
                 str(e.engine): {
                     "up": e.up,
+                    "state": e.state or ("up" if e.up else "down"),
+                    "endpoint": e.endpoint,
                     "age_seconds": _json_number(e.age),
                     "counters": series(e.counters, spec_of),
                     "gauges": series(e.gauges, spec_of),

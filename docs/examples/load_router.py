@@ -3,10 +3,13 @@
     python docs/examples/load_router.py http://127.0.0.1:9400 [--every 0.05] [--count 20]
 
 Polls ``/load`` with ``If-None-Match`` (an unchanged fleet costs a ``304`` and no body), keeps the
-last document, and picks, among the engines that are ``up`` and fresh, the one with the fewest
-requests waiting, then the lowest KV-cache usage, then the fewest running. An engine whose data is
-older than ``--stale`` seconds counts as unknown, as the llm-d endpoint picker treats data older
-than 2 s. Only the standard library: copy it into a router.
+last document, and picks, among the engines whose ``state`` is ``up`` and whose data is fresh,
+the one with the fewest requests waiting, then the lowest KV-cache usage, then the fewest running.
+It falls back on ``stale`` engines (up, but a flush or more behind) only when no engine is ``up``,
+and never sends to a ``down`` one: with none left it answers None, and the caller routes by its
+own rule (round robin). An engine whose data is older than ``--stale`` seconds counts as unknown,
+as the llm-d endpoint picker treats data older than 2 s. Only the standard library: copy it into
+a router.
 """
 
 from __future__ import annotations
@@ -59,14 +62,19 @@ class LoadClient:
 
 
 def candidates(doc: dict[str, Any], refreshed: float, stale: float = 2.0) -> list[tuple[int, dict[str, Any]]]:
-    """The engines a request may go to: up, and with data at most *stale* seconds old (the
-    document's ages are as of its ``time``; the exporter confirmed them at *refreshed*)."""
-    out = []
+    """The engines a request may go to: those ``up`` with data at most *stale* seconds old (the
+    document's ages are as of its ``time``; the exporter confirmed them at *refreshed*); when
+    there is none, the ``stale`` ones (up, a flush or more behind: better than no engine); never
+    a ``down`` one. A document without ``state`` (an older exporter) is read by ``up``."""
+    fresh, behind = [], []
     for name, engine in doc["engines"].items():
+        state = engine.get("state", "up" if engine["up"] else "down")
         age = engine["age_seconds"] + max(0.0, refreshed - doc["time"])
-        if engine["up"] and age <= stale:
-            out.append((int(name), engine))
-    return out
+        if state == "up" and age <= stale:
+            fresh.append((int(name), engine))
+        elif state == "stale":
+            behind.append((int(name), engine))
+    return fresh or behind
 
 
 def pick(doc: dict[str, Any], refreshed: float, stale: float = 2.0) -> int | None:

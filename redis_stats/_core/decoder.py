@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 from redis_stats._core import fields
 from redis_stats._core.groups import Base, ChunkRead, Group, Layout, by_lines, disjoint, in_bulk, parse_field
-from redis_stats._core.liveness import STALE_FIELD, Liveness
+from redis_stats._core.liveness import DOWN, ENDPOINT_FIELD, FLUSH_FIELD, STALE_FIELD, Liveness
 from redis_stats._core.values import number_text
 from redis_stats.catalog import Catalog, MetricSpec
 from redis_stats.errors import CatalogError, SchemaMismatch
@@ -36,9 +36,9 @@ _INF = float("inf")
 
 # A writer's stats hash (WriterStats.as_fields): fields holding text; every other known field
 # holds a number. Unknown fields (a newer writer's) are kept as they are: nothing reads them.
-_WRITER_TEXT_FIELDS = frozenset({"engines", "owner"})
+_WRITER_TEXT_FIELDS = frozenset({"engines", "owner", ENDPOINT_FIELD})
 _WRITER_NUMBER_FIELDS = frozenset(
-    {"flushes", "duplicates", "conflicts", "pending", "dur_sum", "last_ok_ms", STALE_FIELD}
+    {"flushes", "duplicates", "conflicts", "pending", "dur_sum", "last_ok_ms", STALE_FIELD, FLUSH_FIELD}
 )
 
 
@@ -86,8 +86,11 @@ class ShardReply(NamedTuple):
     """Per engine of :attr:`engines`: its base hash, flat (departed writers' totals, folded in
     by gc: the snapshot's read; empty in the load feed's)."""
     stats: list[Any]
-    """Per writer of :attr:`writers`: its stats hash, flat (the snapshot's), or its
-    ``stale_ms`` (the load feed's; None when it stored none)."""
+    """Per writer of :attr:`writers`: its stats hash, flat (the snapshot's: whole; the load
+    feed's: its ``stale_ms``, ``flush_ms`` and ``endpoint`` fields only)."""
+    seq: Any = None
+    """The seq hash, flat (writer -> ``x<seq>:<ms>``: the load feed's read; None in the
+    snapshot's)."""
 
 
 class Read(NamedTuple):
@@ -198,7 +201,7 @@ def judges(shards: list[ShardReply], rule: Liveness, skipped: Skipped) -> list[t
     are judged by: *rule*, or, when the shard's writers zset cannot be read (no writer is known
     there), each engine by its own heartbeat alone (one bad key must not take them down). The
     shard's lists that could not be read are counted here."""
-    blind = Liveness(rule.now_ms, rule.declared, rule.fallback_ms, judge_owners=False)
+    blind = rule.blind()
     out = []
     for shard in shards:
         for part, key in ((shard.engines, shard.keys.engines), (shard.writers, shard.keys.writers)):
@@ -408,8 +411,9 @@ class SnapshotDecoder:
             live, judge = judged_by(parts, judged)
             chunks, base, owners = self._contents(name, parts, shards, catalog, skipped, used)
             beat = float(score)
-            up = judge.engine_up(beat, owners, live)
-            snap = EngineSnapshot(int(name), beat / 1000.0, rule.age(beat), up)
+            state = judge.engine_state(beat, owners, live)
+            snap = EngineSnapshot(int(name), beat / 1000.0, rule.age(beat), state != DOWN)
+            snap.state, snap.endpoint = state, rule.endpoint_of(owners, live)
             snap.conflict = conflicts.get(name, ())
             shell.engines[snap.engine] = snap
             groups = self._groups(chunks, base, live, snap.up, catalog, skipped)

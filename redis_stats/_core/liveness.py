@@ -21,6 +21,27 @@ judged by :data:`DEFAULT_MS`, ``stale_after``'s default — never by another wri
 so gc never removes a writer a reader calls live. An engine none of whose writers is known (the
 writers' list unreadable) is judged by the largest usable value of the read, or the reader's own
 setting when there is none.
+
+A stored ``stale_ms`` below the same writer's stored ``flush_ms`` (its flush interval) is not
+usable either (``StatsConfig`` refuses a ``stale_after`` shorter than ``flush_interval``): such a
+writer would read down between two of its own flushes, so it is judged by the default.
+
+**One state per engine** (:meth:`Liveness.engine_state`), the same everywhere (``/load``,
+``/endpoints``, the endpoint views, ``/snapshot``, the live page, ``top``):
+
+- ``up``: up as above, and its last heartbeat at most :func:`fresh_ms` old: ``max(2 x flush,
+  flush + 1 s)``, *flush* the largest ``flush_ms`` of the writers holding chunks in it (a writer
+  that stored none: :data:`DEFAULT_FLUSH_MS`), never more than its stale limit. A heartbeat comes
+  with every flush; one missed flush (a slow round trip, a collection, a retry) is still ``up``
+  (the 2 x), and a short interval gets a second's slack for a busy host's stalls (the + 1 s);
+- ``stale``: still up by the rule above (within ``stale_after``), but its heartbeat older than
+  that: at least one flush was missed, so its numbers may be behind; a router should prefer
+  other engines;
+- ``down``: not up (silent past ``stale_after``, or every writer of it closed).
+
+Each writer also stores the endpoint its engines are served behind (``endpoint``: see
+``StatsConfig.endpoint``); an engine's endpoint is that of the writers holding chunks in it
+(:meth:`Liveness.endpoint_of`).
 """
 
 from __future__ import annotations
@@ -34,23 +55,66 @@ from redis_stats.config import DEFAULT_STALE_AFTER, MAX_STALE_AFTER, MIN_STALE_A
 STALE_FIELD = "stale_ms"
 """The field of a writer's stats hash that holds its ``stale_after`` in milliseconds."""
 
+FLUSH_FIELD = "flush_ms"
+"""The field of a writer's stats hash that holds its ``flush_interval`` in milliseconds."""
+
+ENDPOINT_FIELD = "endpoint"
+"""The field of a writer's stats hash that holds its ``endpoint`` (absent: none)."""
+
+LIVENESS_FIELDS = (STALE_FIELD, FLUSH_FIELD, ENDPOINT_FIELD)
+"""The fields of a writer's stats hash the liveness rule and the endpoint views read."""
+
+UP, STALE, DOWN = "up", "stale", "down"
+"""An engine's states (:meth:`Liveness.engine_state`)."""
+
 MIN_MS = MIN_STALE_AFTER * 1000
 MAX_MS = MAX_STALE_AFTER * 1000
 DEFAULT_MS = DEFAULT_STALE_AFTER * 1000
 """What a writer without a usable ``stale_ms`` is judged by (ms)."""
 
+DEFAULT_FLUSH_MS = 1000.0
+"""The flush interval (ms) a writer that stored no usable ``flush_ms`` is taken to flush at
+(``flush_interval``'s default): for its engines' ``up`` / ``stale`` only."""
 
-def declared_ms(text: str | None) -> float | None:
-    """A writer's ``stale_ms`` field as every reader and gc take it: a number of milliseconds
-    within :data:`MIN_MS`..:data:`MAX_MS` (what ``StatsConfig`` accepts for ``stale_after``), else
-    None (the writer declared nothing usable)."""
-    if text is None:
+FRESH_SLACK_MS = 1000.0
+"""The slack of :func:`fresh_ms` beyond one flush interval (ms)."""
+
+
+def _number(text: Any) -> float | None:
+    if text.__class__ is not str:
         return None
     try:
         ms = float(text)
     except ValueError:
         return None
-    return ms if math.isfinite(ms) and MIN_MS <= ms <= MAX_MS else None
+    return ms if math.isfinite(ms) else None
+
+
+def declared_flush_ms(text: str | None) -> float | None:
+    """A writer's ``flush_ms`` field: a number of milliseconds above 0 and at most :data:`MAX_MS`
+    (``StatsConfig`` keeps ``flush_interval`` within ``stale_after``), else None."""
+    ms = _number(text)
+    return ms if ms is not None and 0 < ms <= MAX_MS else None
+
+
+def declared_ms(text: str | None, flush_text: str | None = None) -> float | None:
+    """A writer's ``stale_ms`` field as every reader and gc take it: a number of milliseconds
+    within :data:`MIN_MS`..:data:`MAX_MS` (what ``StatsConfig`` accepts for ``stale_after``) and
+    not below the writer's own usable ``flush_ms`` (*flush_text*, its field; ``StatsConfig``
+    refuses a ``stale_after`` shorter than ``flush_interval``), else None (the writer declared
+    nothing usable)."""
+    ms = _number(text)
+    if ms is None or not MIN_MS <= ms <= MAX_MS:
+        return None
+    flush = declared_flush_ms(flush_text)
+    return None if flush is not None and ms < flush else ms
+
+
+def fresh_ms(flush_ms: float, limit_ms: float) -> float:
+    """How old (ms) an engine's heartbeat may be and the engine still ``up`` rather than
+    ``stale``, for writers flushing every *flush_ms*: ``max(2 x flush, flush + 1 s)``, at most
+    *limit_ms* (its stale limit: past that it is ``down``)."""
+    return min(max(2.0 * flush_ms, flush_ms + FRESH_SLACK_MS), limit_ms)
 
 
 def judged_ms(declared: float | None) -> float:
@@ -67,10 +131,17 @@ class Liveness:
     known. Immutable: a read builds its own, so reads that run at once in several threads share
     nothing."""
 
-    __slots__ = ("declared", "fallback_ms", "judge_owners", "now_ms")
+    __slots__ = ("declared", "endpoints", "fallback_ms", "flush", "judge_owners", "now_ms")
 
     def __init__(
-        self, now_ms: float, declared: dict[str, float], fallback_ms: float, *, judge_owners: bool = True
+        self,
+        now_ms: float,
+        declared: dict[str, float],
+        fallback_ms: float,
+        *,
+        judge_owners: bool = True,
+        flush: dict[str, float] | None = None,
+        endpoints: dict[str, str] | None = None,
     ) -> None:
         self.now_ms = now_ms
         self.declared = declared
@@ -78,6 +149,19 @@ class Liveness:
         # False when the writers zset could not be read: no writer is known, so engines are
         # judged by their own heartbeats alone (one bad key must not take every engine down).
         self.judge_owners = judge_owners
+        self.flush = flush if flush is not None else {}
+        self.endpoints = endpoints if endpoints is not None else {}
+
+    def blind(self) -> Liveness:
+        """This rule for a shard whose writers zset could not be read (no writer known there)."""
+        return Liveness(
+            self.now_ms,
+            self.declared,
+            self.fallback_ms,
+            judge_owners=False,
+            flush=self.flush,
+            endpoints=self.endpoints,
+        )
 
     @classmethod
     def of(
@@ -92,11 +176,27 @@ class Liveness:
         hash); *default_ms* (the reader's own setting) applies only to engines none of whose
         writers is known, when no writer declared a usable ``stale_ms``."""
         declared: dict[str, float] = {}
+        flush: dict[str, float] = {}
+        endpoints: dict[str, str] = {}
         for wid, st in stats.items():
-            ms = declared_ms(st.get(STALE_FIELD))
+            flush_text = st.get(FLUSH_FIELD)
+            ms = declared_ms(st.get(STALE_FIELD), flush_text)
             if ms is not None:
                 declared[wid] = ms
-        return cls(now_ms, declared, max(declared.values(), default=default_ms), judge_owners=judge_owners)
+            every = declared_flush_ms(flush_text)
+            if every is not None:
+                flush[wid] = every
+            where = st.get(ENDPOINT_FIELD)
+            if where.__class__ is str and where:
+                endpoints[wid] = where
+        return cls(
+            now_ms,
+            declared,
+            max(declared.values(), default=default_ms),
+            judge_owners=judge_owners,
+            flush=flush,
+            endpoints=endpoints,
+        )
 
     def stale_ms(self, writer: str) -> float:
         """How long *writer* may stay silent and still be live (:func:`judged_ms`)."""
@@ -118,11 +218,43 @@ class Liveness:
         it = iter(flat)
         return {wid for wid, score in zip(it, it) if self.writer_live(wid, float(score))}
 
+    def flush_ms(self, writer: str) -> float:
+        """How often (ms) *writer* flushes, by what it stored (:data:`DEFAULT_FLUSH_MS` if nothing)."""
+        return self.flush.get(writer, DEFAULT_FLUSH_MS)
+
     def engine_up(self, score: float, owners: Iterable[str], live: set[str]) -> bool:
         """Whether an engine whose heartbeat is *score* is up, given the writers holding chunks
         in it (*owners*) and the writers live where it was read (*live*)."""
+        return self.engine_state(score, owners, live) != DOWN
+
+    def engine_state(self, score: float, owners: Iterable[str], live: set[str]) -> str:
+        """:data:`UP`, :data:`STALE` or :data:`DOWN` (module docstring) for an engine whose
+        heartbeat is *score*, given the writers holding chunks in it (*owners*) and the writers
+        live where it was read (*live*)."""
         owners = set(owners)
+        age_ms = self.age(score) * 1000.0
         if not owners or not self.judge_owners:
-            return self.age(score) * 1000.0 <= self.fallback_ms
-        limit = max(map(self.stale_ms, owners))
-        return self.age(score) * 1000.0 <= limit and not owners.isdisjoint(live)
+            limit = self.fallback_ms
+            every = max(self.flush.values(), default=DEFAULT_FLUSH_MS)
+        else:
+            limit = max(map(self.stale_ms, owners))
+            if owners.isdisjoint(live):
+                return DOWN
+            every = max(map(self.flush_ms, owners))
+        if age_ms > limit:
+            return DOWN
+        return UP if age_ms <= fresh_ms(every, limit) else STALE
+
+    def endpoint_of(self, owners: Iterable[str], live: set[str] | None = None) -> str | None:
+        """The endpoint an engine is served behind: that of the writers holding chunks in it
+        (*owners*), the live ones' first (*live*; several API servers of one pod share one; two
+        differing: the first in order), None when none stored one."""
+        endpoints = self.endpoints
+        if not endpoints:
+            return None
+        found = sorted(
+            {e for w in owners if (e := endpoints.get(w)) is not None and (live is None or w in live)}
+        )
+        if not found and live is not None:
+            return self.endpoint_of(owners)
+        return found[0] if found else None

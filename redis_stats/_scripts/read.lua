@@ -9,7 +9,10 @@
 --            k   HKEYS key                     (an engine's field names: who holds chunks in it)
 --            1-9 HGET key ARGV[1 + digit]      (one field: the catalogue version, the listed
 --                                               shard counts, a writer's stale_ms)
--- ARGV[2..] the fields the digits name
+--            f   HGET key <its own field>      (a field read of one key only: a writer's
+--                                               entry of the seq hash), the fields of the f keys
+--                                               following the digits' in ARGV, in KEYS' order
+-- ARGV[2..] the fields the digits name, then those of the f keys
 --
 -- Returns {TIME, then each key's reply, in the order of KEYS}; a key of the wrong type gives its
 -- error reply in its place (each read is a pcall), for the reader to skip and count: it costs
@@ -24,6 +27,8 @@
 
 local how = ARGV[1]
 local out = {redis.call('TIME')}
+local own = 2  -- the next f key's field: after the digits' (each digit's field is ARGV[1 + digit])
+for d in string.gmatch(how, '%d') do own = math.max(own, 2 + tonumber(d)) end
 for i = 1, #KEYS do
   local c = string.sub(how, i, i)
   local reply
@@ -33,6 +38,9 @@ for i = 1, #KEYS do
     reply = redis.pcall('HGETALL', KEYS[i])
   elseif c == 'k' then
     reply = redis.pcall('HKEYS', KEYS[i])
+  elseif c == 'f' then
+    reply = redis.pcall('HGET', KEYS[i], ARGV[own])
+    own = own + 1
   else
     reply = redis.pcall('HGET', KEYS[i], ARGV[1 + tonumber(c)])
   end

@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from redis_stats._core import fields
-from redis_stats._core.liveness import STALE_FIELD, Liveness, declared_ms, judged_ms
+from redis_stats._core.liveness import FLUSH_FIELD, STALE_FIELD, Liveness, declared_ms, judged_ms
 from redis_stats.connection import is_cluster
 from redis_stats.keys import SCHEMA_VERSION, Keys, parse_shard_counts
 
@@ -153,11 +153,15 @@ def declared_stale(client: Any, shard: Keys) -> dict[str, float | None]:
     except redis.exceptions.ResponseError:  # not a sorted set: no writer is listed in it
         return {}
     pipe = client.pipeline(transaction=False)
-    for w in writers:
+    for w in writers:  # two HGETs (the least-privilege ACLs grant HGET, not HMGET)
         pipe.hget(shard.writer_stats(w), STALE_FIELD)
+        pipe.hget(shard.writer_stats(w), FLUSH_FIELD)
     replies = pipe.execute(raise_on_error=False)
-    # (an error reply: a wrong type)
-    return {w: declared_ms(text) if isinstance(text, str) else None for w, text in zip(writers, replies)}
+    # (an error reply: a wrong type); a stale_ms below the writer's own flush_ms is not usable
+    return {
+        w: declared_ms(stale, flush if isinstance(flush, str) else None) if isinstance(stale, str) else None
+        for w, stale, flush in zip(writers, replies[0::2], replies[1::2])
+    }
 
 
 def judged_stale(client: Any, shards: list[Keys]) -> dict[str, float]:
@@ -211,18 +215,21 @@ def _read_details(
     owners: dict[str, set[str]],
     stats: dict[str, dict[str, str]],
 ) -> None:
-    """Add to *stats* the ``stale_ms`` each of *writers* stored in *shard*, and to *owners* the
-    writers holding chunks in each of *engines* (one pipeline; an unreadable key adds nothing)."""
+    """Add to *stats* the ``stale_ms`` and ``flush_ms`` each of *writers* stored in *shard*, and
+    to *owners* the writers holding chunks in each of *engines* (one pipeline; an unreadable key
+    adds nothing)."""
     pipe = client.pipeline(transaction=False)
-    for w in writers:
+    for w in writers:  # two HGETs (the least-privilege ACLs grant HGET, not HMGET)
         pipe.hget(shard.writer_stats(w), STALE_FIELD)
+        pipe.hget(shard.writer_stats(w), FLUSH_FIELD)
     for e in engines:
         pipe.hkeys(shard.counters(e))
     replies = pipe.execute(raise_on_error=False)
-    for w, ms in zip(writers, replies):
-        if isinstance(ms, str):
-            stats.setdefault(w, {})[STALE_FIELD] = ms
-    for e, names in zip(engines, replies[len(writers) :]):
+    for w, stale, flush in zip(writers, replies[0::2], replies[1 : 2 * len(writers) : 2]):
+        held = {f: v for f, v in ((STALE_FIELD, stale), (FLUSH_FIELD, flush)) if isinstance(v, str)}
+        if held:
+            stats.setdefault(w, {}).update(held)
+    for e, names in zip(engines, replies[2 * len(writers) :]):
         if isinstance(names, list):
             found = owners.setdefault(e, set())
             found.update(owner for name in names if (owner := fields.chunk_writer(name)) is not None)

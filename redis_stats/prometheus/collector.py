@@ -61,6 +61,11 @@ class RedisCollector:
     With ``namespace_label=True`` every series it yields, its own included, carries
     ``redis_stats_namespace="<the reader's namespace>"``: an exporter of several namespaces serves
     them side by side, and two namespaces' series must never be one.
+
+    *renderer*, called with the labels above, makes what :meth:`render_text` turns a read into
+    (an object with ``render(decoded) -> str``; default: the plain
+    :class:`~redis_stats.prometheus.exposition.TextRenderer`): an endpoint view's
+    (redis_stats/prometheus/endpoints.py).
     """
 
     def __init__(
@@ -70,6 +75,7 @@ class RedisCollector:
         engines: Iterable[int] | EngineSlice | None = None,
         writers: bool = True,
         namespace_label: bool = False,
+        renderer: Any = None,
     ) -> None:
         self.reader = reader
         self.engines = engines if engines is None or isinstance(engines, EngineSlice) else tuple(engines)
@@ -77,7 +83,8 @@ class RedisCollector:
         self.labels = {NAMESPACE_LABEL: reader.config.namespace} if namespace_label else {}
         self._errors: _Tally[str] = _Tally()
         self._errors_lock = threading.Lock()  # scrapes run on several threads at once
-        self._renderer = TextRenderer(self.labels)
+        # renderer(labels): another text of the same read (an endpoint view's), else the plain one
+        self._renderer = TextRenderer(self.labels) if renderer is None else renderer(self.labels)
 
     def describe(self) -> list[Metric]:
         """Nothing: registering must not read Redis (names are only known from a snapshot)."""

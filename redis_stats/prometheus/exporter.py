@@ -73,8 +73,10 @@ from prometheus_client.exposition import (
 
 from redis_stats._core.background import background_errors, survive, survived
 from redis_stats.config import mask_url, redact
+from redis_stats.endpoints import FamilyRole
 from redis_stats.errors import error_kind
 from redis_stats.prometheus.collector import RedisCollector
+from redis_stats.prometheus.endpoints import EndpointViews, UnknownEndpoint, without_engine_label
 from redis_stats.prometheus.loadfeed import IDLE as LOAD_IDLE
 from redis_stats.prometheus.loadfeed import LoadFeed
 from redis_stats.prometheus.namespaces import (
@@ -98,7 +100,7 @@ __all__ = ["Exporter"]
 
 log = logging.getLogger("redis_stats.exporter")
 
-PATHS = ("/", "/metrics", "/snapshot", "/load", "/healthz", "/namespaces")
+PATHS = ("/", "/metrics", "/snapshot", "/load", "/endpoints", "/healthz", "/namespaces")
 
 
 @functools.cache
@@ -712,6 +714,11 @@ class Exporter:
     by an ``Exporter`` of its own made on first use, with ``listen=False`` (no socket, no gc, no
     process metrics: this exporter's) and ``namespace_label=True`` (every series labelled
     ``redis_stats_namespace``), the other options as given here.
+
+    ``GET /endpoints`` and ``/metrics?endpoint=<id>`` / ``?engine=<n>`` are the endpoint views
+    (redis_stats/prometheus/endpoints.py): *roles* declares which families they serve as one
+    series each (e.g. ``redis_stats.integrations.vllm.roles.VLLM_ROLES``); *self_endpoint* is
+    what ``?endpoint=self`` names (the view inside a vLLM pod: its own endpoint).
     """
 
     def __init__(
@@ -736,6 +743,8 @@ class Exporter:
         max_namespaces: int = MAX_NAMESPACES,
         listen: bool = True,
         namespace_label: bool = False,
+        roles: Sequence[FamilyRole] = (),
+        self_endpoint: str | None = None,
     ) -> None:
         _check_options(request_timeout, window, max_connections, summary, engines, slice, window_budget)
         several = all_namespaces or namespaces is not None
@@ -754,8 +763,16 @@ class Exporter:
             namespace_label=namespace_label,
         )
         self.load_feed = LoadFeed(reader, refresh=load_refresh, engines=engines, only=slice, idle=load_idle)
+        self.endpoint_views = EndpointViews(
+            reader,
+            roles,
+            labels=self.collector.labels,
+            self_endpoint=self_endpoint,
+            namespace_label=namespace_label,
+        )
         # The options each namespace's own Exporter is made with (several namespaces).
         self._view_options: dict[str, Any] = {
+            "roles": tuple(roles),
             "request_timeout": request_timeout,
             "window": window,
             "load_refresh": load_refresh,
@@ -949,6 +966,8 @@ class Exporter:
         with self._building:
             started = time.perf_counter()
             text = self._metrics_text(collector, encoder, content_type, query)
+            if query.engine is not None:  # one engine's view: without its engine label
+                text = without_engine_label(text, query.engine)
             body, size = encode_body(text, gzipped)
             del text  # before the next body is built: at a thousand engines tens of MB
             self.scrapes.observe(time.perf_counter() - started, size)
@@ -958,7 +977,10 @@ class Exporter:
 
     def _collector_of(self, query: ScrapeQuery) -> RedisCollector | AllNamespaces:
         """What a ``/metrics`` of *query* reads and renders: this namespace's collector (or its
-        slice's); for an exporter of several, every namespace's, merged."""
+        slice's, endpoint's or engine's: :class:`UnknownEndpoint` for one not held); for an
+        exporter of several, every namespace's, merged."""
+        if query.endpoint is not None or query.engine is not None:
+            return self.endpoint_views.collector_of(query, several=self.namespaces is not None)
         if self.namespaces is None:
             return self.collector if query.slice is None else self.slice_collector(query.slice)
         views = self.namespaces.views()
@@ -1165,7 +1187,7 @@ class Exporter:
                     # (The page and the list are the exporter's: a page opened on a namespace
                     # not served loads, and says so.)
                     target = exporter if path in ("/", "/namespaces") else exporter.route(query)
-                    if path in ("/load", "/snapshot") and target.namespaces is not None:
+                    if path in ("/load", "/snapshot", "/endpoints") and target.namespaces is not None:
                         raise ValueError(
                             f"{path} is one namespace's: this exporter serves several, give "
                             "?namespace=NS (GET /namespaces lists them)"
@@ -1207,9 +1229,10 @@ class Exporter:
                         query = self._query()
                         accept = self.headers.get("Accept")
                         content_type, body = exporter.metrics(accept, query, gzipped=zipped)
-                    except ValueError as exc:  # a bad ?slice= or one too many: say which and why
+                    except (ValueError, UnknownEndpoint) as exc:  # a bad ?slice=, an unknown endpoint
                         error = json.dumps({"error": str(exc)}).encode()
-                        return 400, "application/json", error, "Accept-Encoding", False
+                        status = 404 if isinstance(exc, UnknownEndpoint) else 400
+                        return status, "application/json", error, "Accept-Encoding", False
                     return 200, content_type, body, "Accept, Accept-Encoding", zipped
                 if path == "/":
                     return 200, "text/html; charset=utf-8", live_page(), "Accept-Encoding", False
@@ -1220,6 +1243,8 @@ class Exporter:
                     return status, "application/json", body, "Accept-Encoding", zipped
                 if path == "/healthz":
                     status, doc = exporter.health()
+                elif path == "/endpoints":
+                    status, doc = exporter.endpoint_views.answer()
                 elif path == "/namespaces":
                     status, doc = 200, exporter.namespaces_json()
                 else:

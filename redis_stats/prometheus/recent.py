@@ -430,6 +430,8 @@ def snapshot_document(
     doc["engines"] = {
         str(e.engine): {
             "up": e.up,
+            "state": e.state or ("up" if e.up else "down"),
+            "endpoint": e.endpoint,
             "age_seconds": _number(e.age),
             "counters": _keyed(now, e.counters, keep),
             "gauges": _keyed(now, e.gauges, keep),

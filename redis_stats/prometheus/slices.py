@@ -64,6 +64,10 @@ class ScrapeQuery:
 
     slice: EngineSlice | None = None
     names: frozenset[str] | None = None
+    endpoint: str | None = None
+    """``?endpoint=<id>``: that endpoint's view (redis_stats/prometheus/endpoints.py)."""
+    engine: int | None = None
+    """``?engine=<n>``: that engine's view, without the ``engine`` label."""
 
 
 def parse_query(query: str) -> ScrapeQuery:
@@ -74,7 +78,26 @@ def parse_query(query: str) -> ScrapeQuery:
         raise ValueError(f"slice given {len(found)} times ({found}); give one i/N")
     part = EngineSlice.parse(found[0]) if found else None
     names = params.get("name[]")
-    return ScrapeQuery(part, frozenset(names) if names is not None else None)
+    endpoint, engine = _one(params, "endpoint"), _one(params, "engine")
+    if engine is not None and not (engine.isascii() and engine.isdigit() and str(int(engine)) == engine):
+        raise ValueError(f"engine={engine!r} is not an engine index (a decimal integer, e.g. engine=3)")
+    if sum(x is not None for x in (part, endpoint, engine)) > 1:
+        raise ValueError("give one of slice, endpoint and engine: each is a view of its own")
+    if endpoint is not None:
+        from redis_stats.prometheus.endpoints import endpoint_param
+
+        endpoint = endpoint_param(endpoint)
+    return ScrapeQuery(
+        part, frozenset(names) if names is not None else None, endpoint, int(engine) if engine else None
+    )
+
+
+def _one(params: dict[str, list[str]], name: str) -> str | None:
+    """The one value of *name* in *params* (None: not given); ValueError when given twice."""
+    found = params.get(name, [])
+    if len(found) > 1:
+        raise ValueError(f"{name} given {len(found)} times ({found}); give one")
+    return found[0] if found else None
 
 
 def _family_name(line: str) -> str:

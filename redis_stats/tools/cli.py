@@ -461,7 +461,9 @@ def exporter(
 ) -> None:
     """Serve /metrics (every engine), /snapshot (JSON), /load (routers) and /healthz from Redis:
     of one namespace, of several (--namespace A --namespace B) or of all (--all-namespaces)."""
+    from redis_stats.integrations.bridge.roles import BRIDGE_ROLES
     from redis_stats.integrations.vllm import vllm_catalog
+    from redis_stats.integrations.vllm.roles import VLLM_ROLES
     from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
     from redis_stats.prometheus.exporter import Exporter
     from redis_stats.reader import EngineSlice, StatsReader
@@ -494,6 +496,7 @@ def exporter(
             reader,
             engines=engine_list,
             summary=VLLM_FLEET_SUMMARY,
+            roles=VLLM_ROLES + BRIDGE_ROLES,  # the endpoint views' one series per family
             self_metrics=True,
             slice=part,
             window_budget=int(window_budget * 2**20),

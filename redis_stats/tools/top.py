@@ -131,8 +131,9 @@ def _cells(previous: Snapshot, current: Snapshot, metrics: LogMetrics | None) ->
             _recent(previous, current, engine, metrics.ttft),
             _recent(previous, current, engine, metrics.itl),
         )
+        state = "stale" if snap.state == "stale" else "up"  # stale: up, a flush or more behind
         rows.append(
-            ("up", [str(engine), "up", f"{snap.age:.1f}", *_load_cells(iv), *_latency_cells(*latencies)])
+            (state, [str(engine), state, f"{snap.age:.1f}", *_load_cells(iv), *_latency_cells(*latencies)])
         )
     totals = [f"{len(intervals)}/{len(current.engines)}", "", *_load_cells(aggregate(intervals))]
     rows.append(("total", ["total", *totals, "", "", "", ""]))
@@ -231,7 +232,9 @@ def render(
             table.add_section()
         elif 1 in keep:  # the "up" column
             j = keep.index(1)
-            shown[j] = "[red]DOWN[/red]" if style == "down" else "[green]up[/green]"
+            shown[j] = {"down": "[red]DOWN[/red]", "stale": "[yellow]stale[/yellow]"}.get(
+                style, "[green]up[/green]"
+            )
         table.add_row(*shown)
     return table
 

@@ -18,7 +18,7 @@ from typing import Any
 import redis
 
 from redis_stats._core.accumulator import Accumulator
-from redis_stats._core.liveness import STALE_FIELD
+from redis_stats._core.liveness import ENDPOINT_FIELD, FLUSH_FIELD, STALE_FIELD
 from redis_stats._core.protocol import DUPLICATE, FlushProtocol, FlushResult
 from redis_stats._core.steps import Steps
 from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, CatalogError, MetricSpec
@@ -265,8 +265,12 @@ class WriterCore:
         only routine ones changed since a flush less than :attr:`stats_interval` ago stored
         them (a closing flush sends its last values whatever changed)."""
         fields = self.stats.as_fields(self.drops, self._acc.pending_series(), self.engines, self.owner)
-        # Readers judge this writer (and its engines) by its own stale_after (_core/liveness.py).
+        # Readers judge this writer (and its engines) by its own stale_after and flush interval
+        # (_core/liveness.py), and group its engines by its endpoint (the endpoint views).
         fields += (STALE_FIELD, str(int(self.config.stale_after * 1000)))
+        fields += (FLUSH_FIELD, str(int(self.config.flush_interval * 1000)))
+        if self.config.endpoint is not None:
+            fields += (ENDPOINT_FIELD, self.config.endpoint)
         stored = self._stats_stored
         changed = [x for k, v in zip(fields[0::2], fields[1::2]) if stored.get(k) != v for x in (k, v)]
         recent = time.monotonic() - self._stats_at < self.stats_interval

@@ -178,8 +178,8 @@ def test_killed_writers_are_judged_by_their_own_value_or_the_one_default_and_gc_
 
 
 def test_a_live_writer_whose_stored_value_is_below_the_floor_reads_up_in_every_read(redis_server, namespace):
-    # 100 ms stored by a writer flushing every 250 ms made it read down in 13 of 20 reads; readers
-    # do not know its flush interval, but a value below the floor (100 ms) is not used.
+    # 100 ms stored by a writer flushing every 250 ms made it read down in 13 of 20 reads; a value
+    # below the floor (100 ms) is not used, nor one below the writer's own flush_ms (test_freshness).
     cfg = StatsConfig(url=redis_server.url, namespace=namespace, flush_interval=0.25, stale_after=1.0)
     writer = StatsWriter(cfg, sample_catalog(), engines=[0])
     writer.gauge("running").labels(engine=0).set(3)

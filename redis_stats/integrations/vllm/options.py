@@ -8,7 +8,9 @@ This module does not import vLLM, so the plugin's configuration is tested withou
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import socket
+import sys
+from collections.abc import Callable, Mapping, Sequence
 
 from redis_stats.config import EnvVar, StatsConfig, warn_unknown_variables
 from redis_stats.integrations.vllm import namespace_for_model
@@ -17,10 +19,12 @@ __all__ = [
     "ADDR",
     "INTERVAL",
     "NAMESPACE",
+    "POD_IP",
     "PORT",
     "SWITCH",
     "VARIABLES",
     "VIEW",
+    "default_endpoint",
     "plugin_config",
     "plugin_enabled",
     "warn_mistyped_variables",
@@ -69,7 +73,15 @@ VIEW = EnvVar(
     "scrape ONE such view) or `local` (this instance's engines; scrape EVERY node), see docs/vllm.md",
 )
 
-VARIABLES = (SWITCH, NAMESPACE, INTERVAL, PORT, ADDR, VIEW)
+POD_IP = EnvVar(
+    "POD_IP",
+    "",
+    _PLUGIN,
+    "the pod's IP (set it from the downward API, `status.podIP`): the host of the default "
+    "`REDIS_STATS_ENDPOINT`, `<POD_IP>:<--port>`; unset: the host name",
+)
+
+VARIABLES = (SWITCH, NAMESPACE, INTERVAL, PORT, ADDR, VIEW, POD_IP)
 
 
 def plugin_enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -77,15 +89,51 @@ def plugin_enabled(environ: Mapping[str, str] | None = None) -> bool:
     return bool(SWITCH.get(environ))
 
 
-def plugin_config(model: str, environ: Mapping[str, str] | None = None) -> StatsConfig:
+VLLM_PORT = 8000
+"""vLLM's default ``--port`` (``vllm serve``'s API server)."""
+
+
+def _port_of(argv: Sequence[str]) -> int:
+    """vLLM's ``--port`` in *argv* (``--port N`` or ``--port=N``; the last one wins, as argparse
+    takes it), else :data:`VLLM_PORT`."""
+    port = VLLM_PORT
+    for i, arg in enumerate(argv):
+        text = (
+            argv[i + 1]
+            if arg == "--port" and i + 1 < len(argv)
+            else arg[7:]
+            if arg.startswith("--port=")
+            else ""
+        )
+        if text.isascii() and text.isdigit() and int(text) <= 65535:
+            port = int(text)
+    return port
+
+
+def default_endpoint(environ: Mapping[str, str] | None = None, argv: Sequence[str] | None = None) -> str:
+    """The endpoint the plugin's writers record by default: the API server's address as a router
+    reaches it, ``<host>:<port>``: the pod's IP (``POD_IP``, set from the downward API's
+    ``status.podIP``), else this host's name, and vLLM's ``--port`` (from the command line,
+    default 8000). An IPv6 address is bracketed (``[fd00::7]:8000``)."""
+    host = POD_IP.get(environ).strip() or socket.gethostname()
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{_port_of(sys.argv if argv is None else argv)}"
+
+
+def plugin_config(
+    model: str, environ: Mapping[str, str] | None = None, argv: Sequence[str] | None = None
+) -> StatsConfig:
     """The plugin's config for served model *model*: ``REDIS_STATS_*`` options as
-    :meth:`StatsConfig.from_env` reads them, but the namespace defaults to the model's and
-    ``log_interval`` is vLLM's ``VLLM_LOG_STATS_INTERVAL``."""
-    return StatsConfig.from_env(
+    :meth:`StatsConfig.from_env` reads them, but the namespace defaults to the model's,
+    ``log_interval`` is vLLM's ``VLLM_LOG_STATS_INTERVAL`` and ``endpoint`` defaults to
+    :func:`default_endpoint` (``REDIS_STATS_ENDPOINT`` wins)."""
+    config = StatsConfig.from_env(
         environ,
         namespace=NAMESPACE.get(environ) or namespace_for_model(model),
         log_interval=INTERVAL.number(environ),
     )
+    return config if config.endpoint is not None else config.replace(endpoint=default_endpoint(environ, argv))
 
 
 # Read by the demo's private server (redis_stats.tools.embedded), not by the plugin: a pod or host

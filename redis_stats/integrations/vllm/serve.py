@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from redis_stats.catalog import Catalog
 from redis_stats.config import ConfigError, StatsConfig
 from redis_stats.integrations.vllm.options import ADDR, PORT, VIEW
+from redis_stats.integrations.vllm.roles import VLLM_ROLES
 from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
 
 if TYPE_CHECKING:
@@ -78,6 +79,8 @@ def maybe_serve(config: StatsConfig, catalog: Catalog, own_engines: Sequence[int
             host=addr,
             port=int(port),
             summary=VLLM_FLEET_SUMMARY,
+            roles=VLLM_ROLES,
+            self_endpoint=config.endpoint,  # /metrics?endpoint=self: this pod's engines
         )
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:

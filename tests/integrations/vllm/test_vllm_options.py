@@ -43,3 +43,20 @@ def test_a_bad_interval_is_a_config_error_naming_the_variable():
 def test_every_variable_is_declared_once_with_a_meaning():
     names = [v.name for v in VARIABLES]
     assert len(names) == len(set(names)) and all(v.help for v in VARIABLES)
+
+
+def test_the_endpoint_defaults_to_the_pods_address_and_vllms_port():
+    """The API server's address as a router reaches it: POD_IP (else the host name) and --port."""
+    import socket
+
+    env = {"REDIS_STATS_URL": URL, "POD_IP": "10.0.0.7"}
+    assert plugin_config("m", env, argv=["vllm", "serve", "m", "--port", "8100"]).endpoint == "10.0.0.7:8100"
+    assert plugin_config("m", env, argv=["vllm", "serve", "m", "--port=8200"]).endpoint == "10.0.0.7:8200"
+    assert plugin_config("m", env, argv=["vllm", "serve", "m"]).endpoint == "10.0.0.7:8000"
+    assert plugin_config("m", {**env, "POD_IP": "fd00::7"}, argv=[]).endpoint == "[fd00::7]:8000"
+    host = socket.gethostname()
+    assert plugin_config("m", {"REDIS_STATS_URL": URL}, argv=[]).endpoint == f"{host}:8000"
+    # REDIS_STATS_ENDPOINT wins; a bad one is refused with the variable's rule
+    assert plugin_config("m", {**env, "REDIS_STATS_ENDPOINT": "api-0:9000"}, argv=[]).endpoint == "api-0:9000"
+    with pytest.raises(ConfigError, match="endpoint='a b' is not an endpoint id"):
+        plugin_config("m", {**env, "REDIS_STATS_ENDPOINT": "a b"}, argv=[])
