@@ -99,11 +99,8 @@ class Fetch:
     base: bool
     writer: str
     seq: bool = False
-
-    @property
-    def writer_fields(self) -> tuple[str, ...]:
-        """The fields read of each writer's stats hash (none: the whole hash)."""
-        return LIVENESS_FIELDS if self.writer == "g" else ()
+    writer_fields: tuple[str, ...] = ()
+    """The fields read of each writer's stats hash when *writer* is ``"g"`` (none: the whole hash)."""
 
     def reads(self, keys: Keys, plan: Plan) -> list[list[KeyRead]]:
         """The reads of one shard for *plan*, in groups that one call must hold together: the
@@ -118,29 +115,31 @@ class Fetch:
             ]
         ]
 
-        if self.base:  # an engine's two hashes in one call: gc moves values from one to the other
-            out += [[(self.engine, keys.counters(e), ""), ("h", keys.base(e), "")] for e in plan[0]]
-        else:
-            out += [[(self.engine, keys.counters(e), "")] for e in plan[0]]
+        for e in plan[0]:
+            group = [(self.engine, keys.counters(e), "")]
+            if self.base:  # an engine's two hashes in one call: gc moves values from one to the other
+                group.append(("h", keys.base(e), ""))
+            out.append(group)
         wanted = self.writer_fields or ("",)
-        seq = [("f", keys.seq, w) for w in plan[1]] if self.seq else []
-        out += [
-            [*((self.writer, keys.writer_stats(w), f) for f in wanted), *seq[i : i + 1]]
-            for i, w in enumerate(plan[1])
-        ]
+        for w in plan[1]:
+            stats = keys.writer_stats(w)
+            group = [(self.writer, stats, f) for f in wanted]
+            if self.seq:
+                group.append(("f", keys.seq, w))
+            out.append(group)
         return out
 
 
 SNAPSHOT = Fetch("snapshot", "conflicts", "h", True, "h")
 """Every series: the engines' hashes and base hashes, the writers' stats, the conflicts."""
 
-SNAPSHOT_LEAN = Fetch("snapshot-lean", "conflicts", "h", True, "g")
+SNAPSHOT_LEAN = Fetch("snapshot-lean", "conflicts", "h", True, "g", writer_fields=LIVENESS_FIELDS)
 """Every series as :data:`SNAPSHOT`, but of each writer only what liveness and the endpoint views
 need (``stale_ms``, ``flush_ms``, ``endpoint``), not its self-metrics: for a view that shows no
 ``redis_stats_writer_*`` (an endpoint view), whose read of a few engines of a large fleet is
 otherwise mostly every writer's stats hash (190 KB of a 4-engine read at 256 writers)."""
 
-LOAD = Fetch("load", "load", "k", False, "g", seq=True)
+LOAD = Fetch("load", "load", "k", False, "g", seq=True, writer_fields=LIVENESS_FIELDS)
 """The load feed: the load hash, each writer's entry of the seq hash (its newest flush), the engines' field
 names (their chunk writers), the writers' ``stale_ms``, ``flush_ms`` and ``endpoint``; never an
 engine's values (an engine hash holds ~28 KB at vLLM's catalogue)."""
@@ -360,7 +359,7 @@ class ReaderCore:
         scripted, shards, tries, learnt = cluster, self.shard_keys, 0, False
         while True:
             plans = [self._plans.get((fetch.name, k.root), ((), ())) for k in shards]
-            reads = [fetch.reads(k, plan) for k, plan in zip(shards, plans)]
+            reads = [*map(fetch.reads, shards, plans)]
             results = None
             if not scripted:
                 try:

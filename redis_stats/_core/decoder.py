@@ -201,14 +201,13 @@ def judges(shards: list[ShardReply], rule: Liveness, skipped: Skipped) -> list[t
     are judged by: *rule*, or, when the shard's writers zset cannot be read (no writer is known
     there), each engine by its own heartbeat alone (one bad key must not take them down). The
     shard's lists that could not be read are counted here."""
-    blind = rule.blind()
     out = []
     for shard in shards:
         for part, key in ((shard.engines, shard.keys.engines), (shard.writers, shard.keys.writers)):
             why = unreadable(part)
             if why is not None:
                 skipped.note(why, key)
-        out.append((rule.live_in(shard.writers), rule if shard.writers.__class__ is list else blind))
+        out.append((rule.live_in(shard.writers), rule if shard.writers.__class__ is list else rule.blind()))
     return out
 
 
@@ -398,7 +397,7 @@ class SnapshotDecoder:
             skipped.note(why, key)
         catalog = self._catalogue(read, skipped)
         shards = read.shards
-        now_ms = max((s.now_ms for s in shards), default=0.0)
+        now_ms = max(map(attrgetter("now_ms"), shards), default=0.0)
         rule, writers = self._liveness(shards, now_ms, skipped)
         judged = judges(shards, rule, skipped)
         conflicts = self._conflicts(shards, now_ms, rule.fallback_ms, skipped)

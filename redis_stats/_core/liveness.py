@@ -12,7 +12,7 @@ docs/key-schema.md) and every reader judges by it, at the server's clock:
   holding chunks in it old, and at least one of those writers is live (an engine whose writers all
   closed cleanly is down at once, not ``stale_after`` later).
 
-What Redis holds is checked as the writer's own config is (:func:`declared_ms`): a stored value
+What Redis holds is checked as the writer's own config is (:func:`declared`): a stored value
 that is not a number, or outside what ``StatsConfig`` accepts for ``stale_after``
 (:data:`~redis_stats.config.MIN_STALE_AFTER` to :data:`~redis_stats.config.MAX_STALE_AFTER`), is
 not used; a writer without a usable value (garbage, an older version, its stats hash lost) is
@@ -29,8 +29,8 @@ writer would read down between two of its own flushes, so it is judged by the de
 **One state per engine** (:meth:`Liveness.engine_state`), the same everywhere (``/load``,
 ``/endpoints``, the endpoint views, ``/snapshot``, the live page, ``top``):
 
-- ``up``: up as above, and its last heartbeat at most :func:`fresh_ms` old: ``max(2 x flush,
-  flush + 1 s)``, *flush* the largest ``flush_ms`` of the writers holding chunks in it (a writer
+- ``up``: up as above, and its last heartbeat at most ``max(2 x flush, flush + 1 s)`` old,
+  *flush* the largest ``flush_ms`` of the writers holding chunks in it (a writer
   that stored none: :data:`DEFAULT_FLUSH_MS`), never more than its stale limit. A heartbeat comes
   with every flush; one missed flush (a slow round trip, a collection, a retry) is still ``up``
   (the 2 x), and a short interval gets a second's slack for a busy host's stalls (the + 1 s);
@@ -77,7 +77,7 @@ DEFAULT_FLUSH_MS = 1000.0
 (``flush_interval``'s default): for its engines' ``up`` / ``stale`` only."""
 
 FRESH_SLACK_MS = 1000.0
-"""The slack of :func:`fresh_ms` beyond one flush interval (ms)."""
+"""How much older than one flush interval (ms) a heartbeat may be and its engine still ``up``."""
 
 
 def _number(text: Any) -> float | None:
@@ -90,36 +90,25 @@ def _number(text: Any) -> float | None:
     return ms if math.isfinite(ms) else None
 
 
-def declared_flush_ms(text: str | None) -> float | None:
-    """A writer's ``flush_ms`` field: a number of milliseconds above 0 and at most :data:`MAX_MS`
-    (``StatsConfig`` keeps ``flush_interval`` within ``stale_after``), else None."""
-    ms = _number(text)
-    return ms if ms is not None and 0 < ms <= MAX_MS else None
-
-
-def declared_ms(text: str | None, flush_text: str | None = None) -> float | None:
-    """A writer's ``stale_ms`` field as every reader and gc take it: a number of milliseconds
+def declared(stale_text: Any, flush_text: Any) -> tuple[float | None, float | None]:
+    """A writer's ``stale_ms`` and ``flush_ms`` fields as every reader and gc take them: the
+    flush interval a number of milliseconds above 0 and at most :data:`MAX_MS` (``StatsConfig``
+    keeps ``flush_interval`` within ``stale_after``); the stale limit a number of milliseconds
     within :data:`MIN_MS`..:data:`MAX_MS` (what ``StatsConfig`` accepts for ``stale_after``) and
-    not below the writer's own usable ``flush_ms`` (*flush_text*, its field; ``StatsConfig``
-    refuses a ``stale_after`` shorter than ``flush_interval``), else None (the writer declared
-    nothing usable)."""
-    ms = _number(text)
-    if ms is None or not MIN_MS <= ms <= MAX_MS:
-        return None
-    flush = declared_flush_ms(flush_text)
-    return None if flush is not None and ms < flush else ms
-
-
-def fresh_ms(flush_ms: float, limit_ms: float) -> float:
-    """How old (ms) an engine's heartbeat may be and the engine still ``up`` rather than
-    ``stale``, for writers flushing every *flush_ms*: ``max(2 x flush, flush + 1 s)``, at most
-    *limit_ms* (its stale limit: past that it is ``down``)."""
-    return min(max(2.0 * flush_ms, flush_ms + FRESH_SLACK_MS), limit_ms)
+    not below that usable flush interval (``StatsConfig`` refuses a ``stale_after`` shorter than
+    ``flush_interval``). Each None where the writer declared nothing usable."""
+    flush = _number(flush_text)
+    if flush is not None and not 0 < flush <= MAX_MS:
+        flush = None
+    stale = _number(stale_text)
+    if stale is not None and (not MIN_MS <= stale <= MAX_MS or (flush is not None and stale < flush)):
+        stale = None
+    return stale, flush
 
 
 def judged_ms(declared: float | None) -> float:
     """How long (ms) a writer may stay silent and still be live, given what it declared
-    (:func:`declared_ms` of its stored ``stale_ms``; None: nothing usable): that, else
+    (:func:`declared` of its stored ``stale_ms``; None: nothing usable): that, else
     :data:`DEFAULT_MS`. Readers (:meth:`Liveness.stale_ms`) and gc
     (:func:`redis_stats.ops.namespaces.judged_stale`) both judge every writer by this."""
     return DEFAULT_MS if declared is None else declared
@@ -175,15 +164,13 @@ class Liveness:
         """The rule for a read at *now_ms* whose writers stored *stats* (writer -> its stats
         hash); *default_ms* (the reader's own setting) applies only to engines none of whose
         writers is known, when no writer declared a usable ``stale_ms``."""
-        declared: dict[str, float] = {}
+        stale: dict[str, float] = {}
         flush: dict[str, float] = {}
         endpoints: dict[str, str] = {}
         for wid, st in stats.items():
-            flush_text = st.get(FLUSH_FIELD)
-            ms = declared_ms(st.get(STALE_FIELD), flush_text)
+            ms, every = declared(st.get(STALE_FIELD), st.get(FLUSH_FIELD))
             if ms is not None:
-                declared[wid] = ms
-            every = declared_flush_ms(flush_text)
+                stale[wid] = ms
             if every is not None:
                 flush[wid] = every
             where = st.get(ENDPOINT_FIELD)
@@ -191,8 +178,8 @@ class Liveness:
                 endpoints[wid] = where
         return cls(
             now_ms,
-            declared,
-            max(declared.values(), default=default_ms),
+            stale,
+            max(stale.values(), default=default_ms),
             judge_owners=judge_owners,
             flush=flush,
             endpoints=endpoints,
@@ -215,12 +202,12 @@ class Liveness:
         could not be read: no writer is known to be live there)."""
         if flat.__class__ is not list:
             return set()
+        live = set()
         it = iter(flat)
-        return {wid for wid, score in zip(it, it) if self.writer_live(wid, float(score))}
-
-    def flush_ms(self, writer: str) -> float:
-        """How often (ms) *writer* flushes, by what it stored (:data:`DEFAULT_FLUSH_MS` if nothing)."""
-        return self.flush.get(writer, DEFAULT_FLUSH_MS)
+        for wid, score in zip(it, it):
+            if self.writer_live(wid, float(score)):
+                live.add(wid)
+        return live
 
     def engine_up(self, score: float, owners: Iterable[str], live: set[str]) -> bool:
         """Whether an engine whose heartbeat is *score* is up, given the writers holding chunks
@@ -233,17 +220,21 @@ class Liveness:
         live where it was read (*live*)."""
         owners = set(owners)
         age_ms = self.age(score) * 1000.0
+        flush = self.flush
         if not owners or not self.judge_owners:
             limit = self.fallback_ms
-            every = max(self.flush.values(), default=DEFAULT_FLUSH_MS)
+            every = max(flush.values(), default=DEFAULT_FLUSH_MS)
         else:
             limit = max(map(self.stale_ms, owners))
             if owners.isdisjoint(live):
                 return DOWN
-            every = max(map(self.flush_ms, owners))
+            every = 0.0
+            for w in owners:
+                every = max(every, flush.get(w, DEFAULT_FLUSH_MS))
         if age_ms > limit:
             return DOWN
-        return UP if age_ms <= fresh_ms(every, limit) else STALE
+        # fresh while at most max(2 x flush, flush + 1 s) old (module docstring), within the limit
+        return UP if age_ms <= min(max(2.0 * every, every + FRESH_SLACK_MS), limit) else STALE
 
     def endpoint_of(self, owners: Iterable[str], live: set[str] | None = None) -> str | None:
         """The endpoint an engine is served behind: that of the writers holding chunks in it

@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from redis_stats._core import fields
-from redis_stats._core.liveness import FLUSH_FIELD, STALE_FIELD, Liveness, declared_ms, judged_ms
+from redis_stats._core.liveness import FLUSH_FIELD, STALE_FIELD, Liveness, declared, judged_ms
 from redis_stats.connection import is_cluster
 from redis_stats.keys import SCHEMA_VERSION, Keys, parse_shard_counts
 
@@ -145,7 +145,7 @@ def describe_namespaces(
 
 def declared_stale(client: Any, shard: Keys) -> dict[str, float | None]:
     """Every writer *shard* lists -> the ``stale_after`` (ms) it declared in its stats hash there
-    (:func:`~redis_stats._core.liveness.declared_ms`), None when nothing usable is there (garbage,
+    (:func:`~redis_stats._core.liveness.declared`), None when nothing usable is there (garbage,
     or not its home shard: the others hold none). A key of the wrong type declares nothing; a
     failure to reach the shard is raised."""
     try:
@@ -158,10 +158,7 @@ def declared_stale(client: Any, shard: Keys) -> dict[str, float | None]:
         pipe.hget(shard.writer_stats(w), FLUSH_FIELD)
     replies = pipe.execute(raise_on_error=False)
     # (an error reply: a wrong type); a stale_ms below the writer's own flush_ms is not usable
-    return {
-        w: declared_ms(stale, flush if isinstance(flush, str) else None) if isinstance(stale, str) else None
-        for w, stale, flush in zip(writers, replies[0::2], replies[1::2])
-    }
+    return {w: declared(stale, flush)[0] for w, stale, flush in zip(writers, replies[0::2], replies[1::2])}
 
 
 def judged_stale(client: Any, shards: list[Keys]) -> dict[str, float]:

@@ -263,7 +263,10 @@ class TextRenderer:
 
 def label_pairs(labels: dict[str, str]) -> str:
     """``a="x",b="y"``: *labels* as the text format writes them inside braces ("" for none)."""
-    return ",".join(name + '="' + escape_label_value(value) + '"' for name, value in labels.items())
+    out = []
+    for name, value in labels.items():
+        out.append(name + '="' + escape_label_value(value) + '"')
+    return ",".join(out)
 
 
 def format_families(families: Any, labels: dict[str, str] | None = None) -> str:
