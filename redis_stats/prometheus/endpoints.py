@@ -39,6 +39,7 @@ from redis_stats._core.liveness import DOWN
 from redis_stats.endpoints import FamilyRole, aggregate
 from redis_stats.load import LoadView
 from redis_stats.prometheus.exposition import TextRenderer, label_pairs
+from redis_stats.prometheus.slices import family_of
 from redis_stats.reader import SNAPSHOT_LEAN, StatsReader
 
 if TYPE_CHECKING:
@@ -95,25 +96,11 @@ def endpoints_document(view: LoadView, namespace: str | None = None) -> dict[str
     return doc
 
 
-def _family_of(line: str) -> str:
-    """The family a line of Prometheus text belongs to (its ``# HELP``/``# TYPE`` name, or its
-    sample's name): enough to drop whole gauge families (no suffixes)."""
-    if line.startswith("#"):
-        parts = line.split(" ", 3)
-        return parts[2] if len(parts) > 2 else ""
-    end = len(line)
-    for stop in ("{", " "):
-        at = line.find(stop)
-        if at != -1 and at < end:
-            end = at
-    return line[:end]
-
-
 def without_families(text: str, names: frozenset[str]) -> str:
     """*text* without the lines of the families *names* (gauges: their samples carry their name)."""
     if not names:
         return text
-    return "".join(line for line in text.splitlines(keepends=True) if _family_of(line) not in names)
+    return "".join(line for line in text.splitlines(keepends=True) if family_of(line) not in names)
 
 
 def without_engine_label(text: str, engine: int) -> str:

@@ -114,6 +114,12 @@ def _sample_name(line: str) -> str:
     return line[:end]
 
 
+def family_of(line: str) -> str:
+    """The family a line of Prometheus text belongs to: its ``# HELP``/``# TYPE`` name, or its
+    sample's name (enough to tell whole gauge families apart: no suffixes)."""
+    return _family_name(line) if line.startswith("#") else _sample_name(line)
+
+
 def select_samples(text: str, names: Iterable[str]) -> str:
     """*text* (Prometheus text or OpenMetrics) with only the samples named in *names* (and
     every sample of a family named there), each family's ``# HELP``/``# TYPE`` kept when one
