@@ -19,7 +19,7 @@ import redis
 
 from redis_stats._core.accumulator import Accumulator
 from redis_stats._core.liveness import STALE_FIELD
-from redis_stats._core.protocol import DUPLICATE, FlushProtocol, FlushResult
+from redis_stats._core.protocol import CALL_WORDS, DUPLICATE, MAX_CALL_WORDS, FlushProtocol, FlushResult
 from redis_stats._core.steps import Steps
 from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, CatalogError, MetricSpec
 from redis_stats.config import ConfigError, StatsConfig
@@ -95,6 +95,7 @@ class WriterCore:
         # One flow per shard (its totals, sequence, batch in flight and the writer's id there).
         self._flows = self._acc.flows
         self._protocol = FlushProtocol(self._acc)
+        self._parts: list[int] = []  # shards whose batch just confirmed was cut: their next part goes now
         self._closed = False
         # Self-metrics Redis holds for this writer (as far as we know), and those the flush in
         # flight sends: only the ones that changed go with a flush (each field costs Redis time).
@@ -217,19 +218,18 @@ class WriterCore:
 
     # -- the flush protocol, without I/O -------------------------------------------------------
 
-    def prepare_flush(self, *, closing: bool = False) -> tuple[list[str], list[str]]:
-        """KEYS and ARGV of the next flush of an unsharded namespace: the unconfirmed batch
-        again, or a new one (with ``shards`` > 1: :meth:`prepare_flushes`)."""
-        calls = self.prepare_flushes(closing=closing)
-        if len(calls) != 1 or calls[0][0] != 0:
-            raise ValueError(f"{len(calls)} shard calls: use prepare_flushes() with shards={self.shards}")
-        return calls[0][1], calls[0][2]
-
-    def prepare_flushes(self, *, closing: bool = False) -> list[tuple[int, list[str], list[str]]]:
+    def prepare_flushes(
+        self, *, closing: bool = False, parts: list[int] | None = None
+    ) -> list[tuple[int, list[str], list[str]]]:
         """``(shard, KEYS, ARGV)`` of each script call of the next flush round: one per shard
         this writer writes to (one in all when the namespace is not sharded), each the shard's
-        unconfirmed batch again, or a new one."""
-        batches = self._protocol.next_batches(self.engines, closing=closing, always=self._always)
+        unconfirmed batch again, or a new one; none above :data:`MAX_CALL_WORDS` words. With
+        *parts*, the next part of those shards' batches, cut at that size (:attr:`Batch.cut`)."""
+        room = {flow.index: self._room(flow.index) for flow in self._flows}
+        if parts is None:
+            batches = self._protocol.next_batches(self.engines, closing=closing, always=self._always, room=room)
+        else:
+            batches = self._protocol.next_parts(parts, room, closing=closing)
         offset, k = self.config.engine_offset, self.shards
         stale_ms = int(self.config.stale_after * 1000)
         calls = []
@@ -254,11 +254,26 @@ class WriterCore:
                 stale_ms=stale_ms,
                 claims=claims,
                 stats=self._changed_stats(batch.closing) if shard == self.home else (),
-                load=self._load_entries(shard, batch.closing),
+                load=self._load_entries(shard, batch.closing) if parts is None or batch.closing else (),
                 held=held,
             )
             calls.append((shard, batch.script_keys(keys, flow.writer_id), args))
         return calls
+
+    def _room(self, shard: int) -> int:
+        """The words a call to *shard* has left for its batch's specs, engine blocks and checks:
+        :data:`MAX_CALL_WORDS` less what every call carries, its claims (every engine of this
+        writer there, when due), its self-metrics (at most all of them, in its home) and its load
+        entries (one pair per engine there)."""
+        k, offset = self.shards, self.config.engine_offset
+        words = MAX_CALL_WORDS - CALL_WORDS
+        if self.owner:
+            words -= sum(1 for e in self.engines if shard_of(e + offset, k) == shard)
+        if shard == self.home:
+            words -= 2 * self.stats.field_count(self._acc.drops)
+        if self.load is not None:
+            words -= 2 * sum(1 for e in self.load.engines() if shard_of(e, k) == shard)
+        return words
 
     def _changed_stats(self, closing: bool) -> list[str]:
         """The self-metrics (field, value pairs) that differ from what Redis holds: none when
@@ -301,7 +316,8 @@ class WriterCore:
     def flush_succeeded(self, reply: Any, seconds: float, shard: int = 0) -> FlushResult:
         """Redis answered the flush of *shard* (applied now, or already applied): move on."""
         result = FlushResult.from_reply(reply)
-        self._protocol.confirmed(result, shard)
+        if self._protocol.confirmed(result, shard):
+            self._parts.append(shard)
         if result.load_error:  # the batch was applied; its load entries were refused
             self.load_done(redis.exceptions.ResponseError(result.load_error))
         if result.lost:
@@ -410,8 +426,11 @@ class WriterCore:
         """One flush round as steps (see :mod:`redis_stats._core.steps`), carried out blocking by
         :class:`StatsWriter` and awaited by the asyncio twin: ``("shards", (KEYS, ARGV))`` lists
         this writer's K in shard 0's catalogue (until done once), then ``("flush", (KEYS, ARGV))``
-        per shard written to, one after the other. Ends with True if Redis confirmed every flush;
-        a failure is counted here and that shard's batch goes again next round."""
+        per shard written to, one after the other, and again for each shard whose batch did not
+        fit in one call (its next part, once the one before is confirmed: at most
+        :data:`MAX_CALL_WORDS` words a call). Ends with True if Redis confirmed every flush; a
+        failure is counted here and that shard's batch goes again next round (the parts after
+        it, with the round after that)."""
         if not self.shards_noted:
             try:
                 yield ("shards", self.shards_call())
@@ -419,15 +438,19 @@ class WriterCore:
             except Exception as exc:  # logged; tried again next round
                 self.shards_failed(exc)
         ok = True
-        for shard, keys, args in self.prepare_flushes(closing=closing):
-            started = time.perf_counter()
-            try:
-                reply = yield ("flush", (keys, args))
-            except Exception as exc:  # never raised into the host
-                self.flush_failed(exc, shard)
-                ok = False
-                continue
-            self.flush_succeeded(reply, time.perf_counter() - started, shard)
+        calls = self.prepare_flushes(closing=closing)
+        while calls:
+            self._parts = []
+            for shard, keys, args in calls:
+                started = time.perf_counter()
+                try:
+                    reply = yield ("flush", (keys, args))
+                except Exception as exc:  # never raised into the host
+                    self.flush_failed(exc, shard)
+                    ok = False
+                    continue
+                self.flush_succeeded(reply, time.perf_counter() - started, shard)
+            calls = self.prepare_flushes(closing=closing, parts=self._parts) if self._parts else []
         return ok
 
     # -- the load feed (redis_stats/load.py): its entries in each flush, and alone (load.lua) ------
