@@ -35,7 +35,7 @@ def _writer(redis_server, namespace, catalog, client) -> StatsWriter:
 def test_flush_lua_touches_only_the_keys_it_declares(redis_server, namespace, catalog):
     admin = redis.Redis.from_url(redis_server.url, decode_responses=True)
     w = _writer(redis_server, namespace, catalog, admin)
-    keys, args = w.prepare_flush()
+    [(_shard, keys, args)] = w.prepare_flushes()
     ns = Keys(namespace)
     assert ns.writer_stats(w.writer_id) in keys and {ns.counters(0), ns.counters(3)} <= set(keys)
     # A user that may touch these keys and no other: Redis checks every command a script runs
@@ -60,7 +60,7 @@ def test_flush_lua_touches_only_the_keys_it_declares(redis_server, namespace, ca
 def test_flush_lua_refuses_keys_that_do_not_match_its_engine_blocks(redis_server, namespace, catalog):
     client = redis.Redis.from_url(redis_server.url, decode_responses=True)
     w = _writer(redis_server, namespace, catalog, client)
-    keys, args = w.prepare_flush()
+    [(_shard, keys, args)] = w.prepare_flushes()
     with pytest.raises(ResponseError, match="nothing written: 9 keys for 2 engine blocks"):
         Script(client, load_script("flush"))(keys[:-1], args)
     assert not client.exists(Keys(namespace).seq)

@@ -153,6 +153,7 @@ def test_redis_stopped_between_two_parts(own_redis_server, namespace):
         if w.flush() and not w.pending():
             break
     assert not w.pending()
+    assert max(client.calls) <= LIMIT
     _check_exact(server.url, namespace, 1)
     assert w.close()
 

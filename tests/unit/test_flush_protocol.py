@@ -47,12 +47,12 @@ def test_an_unconfirmed_batch_is_sent_again_unchanged_and_new_updates_wait_for_t
     proto = FlushProtocol(acc)
     child = acc.child(cat.get("tokens"), 0, ("m",), "w1")
     child.inc(3)
-    first = proto.next_batch()
+    first = proto.next_batches()[0]
     child.inc(4)  # recorded while the first batch waits for its answer
-    again = proto.next_batch()
+    again = proto.next_batches()[0]
     assert again is first and again.seq == 1 and _int_total([again]) == 3
     proto.confirmed(APPLIED)
-    second = proto.next_batch()
+    second = proto.next_batches()[0]
     assert second.seq == 2 and _int_total([second]) == 7  # the total: 3, then 4 more
     assert not proto.confirmed(SEEN_BEFORE) and not proto.has_pending()
 
@@ -63,19 +63,19 @@ def test_a_lost_reply_resends_the_specs_and_a_lost_catalogue_resends_everything(
     proto = FlushProtocol(acc)
     acc.child(cat.get("running"), 0, ("m",), "w1").set(5)
     everything = {"tokens", "running", "latency"}
-    assert {s.name for s in proto.next_batch().specs} == everything  # the catalogue, once
+    assert {s.name for s in proto.next_batches()[0].specs} == everything  # the catalogue, once
     proto.confirmed(APPLIED)
-    assert proto.next_batch().specs == []
+    assert proto.next_batches()[0].specs == []
     proto.confirmed(SEEN_BEFORE)
     acc.requeue_specs([cat.get("tokens")])
-    sent = proto.next_batch()
+    sent = proto.next_batches()[0]
     proto.confirmed(SEEN_BEFORE)  # applied by an earlier attempt whose answer (conflicts) was lost
     assert [s.name for s in sent.specs] == ["tokens"]
-    assert [s.name for s in proto.next_batch().specs] == ["tokens"]  # sent again, to hear them
+    assert [s.name for s in proto.next_batches()[0].specs] == ["tokens"]  # sent again, to hear them
     proto.confirmed(FlushResult(status=3, server_time_ms=0))
     # Redis lacks what it confirmed (it lost its data): the next batch stores the gauge and specs
     # again, and says it carries everything (confirmed 0).
-    resent = proto.next_batch()
+    resent = proto.next_batches()[0]
     assert resent.series() == 1 and {s.name for s in resent.specs} == everything
     assert [f.split("|")[0] for f in _sent([resent])] == ["running"] and resent.chunks[0][0].send_names
     assert resent.confirmed == 0
@@ -89,7 +89,7 @@ def test_bad_values_are_dropped_and_counted_never_raised():
         child.inc(bad)
     assert acc.drops["invalid_value"] == 5
     # The series exists from its first use (0, as prometheus_client shows it); nothing was added.
-    assert _int_total([FlushProtocol(acc).next_batch()]) == 0
+    assert _int_total([FlushProtocol(acc).next_batches()[0]]) == 0
 
 
 def test_updates_racing_the_takes_are_neither_lost_nor_doubled():
@@ -108,7 +108,7 @@ def test_updates_racing_the_takes_are_neither_lost_nor_doubled():
         t.start()
     batches = []
     while any(t.is_alive() for t in threads) or proto.has_pending():
-        batches.append(proto.next_batch())
+        batches.append(proto.next_batches()[0])
         proto.confirmed(APPLIED)
     assert _int_total(batches) == per_thread * len(children)
     assert [b.seq for b in batches] == list(range(1, len(batches) + 1))
@@ -159,15 +159,15 @@ def test_a_writer_removed_by_gc_goes_on_with_exactly_what_redis_did_not_hold():
     tokens.inc(2**60 + 1)
     seconds.inc(0.1)
     latency.observe(0.5)
-    proto.next_batch()
+    proto.next_batches()[0]
     proto.confirmed(APPLIED)  # Redis holds these: what gc will fold
     tokens.inc(5)
     seconds.inc(0.2)
     latency.observe(5.0)
-    late = proto.next_batch()
+    late = proto.next_batches()[0]
     assert _sent([late])[tokens.field] == str(2**60 + 6)
     proto.confirmed(FlushResult(status=2, server_time_ms=0))
-    rest = _sent([proto.next_batch()])
+    rest = _sent([proto.next_batches()[0]])
     assert rest[tokens.field] == "5"
     assert rest[seconds.field] == repr((0.1 + 0.2) - 0.1)
     assert rest[latency.field] == "5.0 0 0 1"  # sum, then cumulative counts (<=0.1, <=1, +Inf)
