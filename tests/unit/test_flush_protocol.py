@@ -6,7 +6,8 @@ import threading
 
 from redis_stats import Catalog
 from redis_stats._core.accumulator import Accumulator
-from redis_stats._core.protocol import FlushProtocol, FlushResult
+from redis_stats._core.protocol import CALL_WORDS, FlushProtocol, FlushResult
+from redis_stats.keys import Keys
 
 
 def _catalog() -> Catalog:
@@ -171,3 +172,113 @@ def test_a_writer_removed_by_gc_goes_on_with_exactly_what_redis_did_not_hold():
     assert rest[tokens.field] == "5"
     assert rest[seconds.field] == repr((0.1 + 0.2) - 0.1)
     assert rest[latency.field] == "5.0 0 0 1"  # sum, then cumulative counts (<=0.1, <=1, +Inf)
+
+
+def _words(batch) -> int:
+    """The words of *batch*'s flush call (EVALSHA, SHA, key count, keys, arguments), with no
+    claims, self-metrics or load entries."""
+    keys = Keys("ns")
+    return 3 + len(batch.script_keys(keys, "w1")) + len(batch.script_args(keys.prefix, "w1"))
+
+
+def _stored(batches) -> dict[tuple[int, str], str]:
+    """(engine, series field) -> the value text the batches leave in Redis."""
+    out: dict[tuple[int, str], str] = {}
+    for b in batches:
+        for engine, chunks in b.chunks.items():
+            for chunk in chunks:
+                out.update(((engine, f), v) for f, v in zip(chunk.sent_names.split("\n"), chunk.sent_values.split("\n")))
+    return out
+
+
+def _parts(proto, room: int, engines=()):
+    """Every batch one flush round sends shard 0 at *room* words: the first, then each next
+    part once the one before is confirmed (applied)."""
+    batch = proto.next_batches(engines, room={0: room})[0]
+    out = [batch]
+    while proto.confirmed(APPLIED):
+        out.append(proto.next_parts([0], {0: room})[0])
+    return out
+
+
+def test_a_batch_bigger_than_one_call_is_sent_in_parts_each_its_own_exactly_once_batch():
+    """More changes than a call's room: each part within it, its own number, the next one made
+    only once the one before is confirmed (and carrying that number as confirmed); every series
+    in exactly one part; an engine cut in two sends its lowest chunks first (so the store holds
+    every chunk below the last one confirmed)."""
+    cat = _catalog()
+    acc = Accumulator(cat, max_label_length=64, max_series_per_metric=10_000)
+    proto = FlushProtocol(acc)
+    kids = [acc.child(cat.get("tokens"), e, (f"m{i}",), "w1") for e in range(40) for i in range(300)]
+    for n, kid in enumerate(kids):
+        kid.inc(n + 1)
+    room = 100
+    parts = _parts(proto, room)
+    assert len(parts) > 5
+    assert all(_words(p) <= CALL_WORDS + room for p in parts)
+    assert [p.seq for p in parts] == list(range(1, len(parts) + 1))
+    assert parts[0].confirmed == 0 and [p.confirmed for p in parts[1:]] == [p.seq for p in parts[:-1]]
+    assert [p.cut for p in parts] == [True] * (len(parts) - 1) + [False]
+    assert {s.name for s in parts[0].specs} == {"tokens", "running", "latency"}
+    assert not any(p.specs for p in parts[1:])
+    sent = [(e, c.index) for p in parts for e, chunks in p.chunks.items() for c in chunks]
+    assert len(sent) == len(set(sent)) == 40 * 5  # 300 series: 5 chunks an engine, each once
+    for e in range(40):
+        assert [i for engine, i in sent if engine == e] == list(range(5))
+    assert sum(int(v) for v in _stored(parts).values()) == sum(range(1, len(kids) + 1))
+    assert not proto.has_pending()
+
+
+def test_a_part_not_confirmed_keeps_the_rest_waiting_and_a_store_found_behind_gets_everything():
+    cat = _catalog()
+    acc = Accumulator(cat, max_label_length=64, max_series_per_metric=10_000)
+    proto = FlushProtocol(acc)
+    kids = [acc.child(cat.get("tokens"), e, (f"m{i}",), "w1") for e in range(20) for i in range(64)]
+    for kid in kids:
+        kid.inc(1)
+    first = proto.next_batches(room={0: 60})[0]
+    assert first.cut and proto.confirmed(APPLIED)
+    second = proto.next_parts([0], {0: 60})[0]
+    # Its answer is lost: the same part goes again (same number, same contents), nothing else.
+    assert proto.next_batches(room={0: 60})[0] is second
+    assert proto.has_pending()
+    proto.confirmed(FlushResult(status=3, server_time_ms=0))  # the store lost everything
+    assert proto.has_pending()
+    resent = _parts(proto, 60)
+    assert resent[0].confirmed == 0 and resent[0].specs and len(resent) > 1
+    stored = _stored(resent)
+    assert len(stored) == len(kids) and set(stored.values()) == {"1"}
+    assert not proto.has_pending()
+
+
+def test_specs_go_before_every_series_when_they_do_not_fit_in_one_call():
+    """A catalogue bigger than the room: the first parts carry only specs, the series come
+    once every spec went (a series never reaches Redis before its metric's spec)."""
+    cat = Catalog()
+    for i in range(100):
+        cat.counter(f"c{i}", "c")
+    acc = _acc(cat)
+    proto = FlushProtocol(acc)
+    acc.child(cat.get("c7"), 0, (), "w1").inc(2)
+    parts = _parts(proto, 60)
+    assert [len(p.specs) for p in parts] == [30, 30, 30, 10]
+    assert [bool(p.chunks) for p in parts] == [False, False, False, True]
+    assert {s.name for p in parts for s in p.specs} == {f"c{i}" for i in range(100)}
+
+
+def test_checks_beyond_the_room_are_made_in_turn():
+    """A writer holding chunks in more idle engines than one call can check: each call checks
+    as many as fit, the next ones the next, so every engine is checked within a few flushes."""
+    cat = _catalog()
+    acc = _acc(cat)
+    proto = FlushProtocol(acc)
+    for e in range(100):
+        acc.child(cat.get("tokens"), e, ("m",), "w1").inc(1)
+    _parts(proto, 10_000)
+    checked = []
+    for _ in range(4):
+        batch = proto.next_batches(room={0: 160})[0]
+        assert not batch.chunks and len(batch.checks) == 40 and _words(batch) <= CALL_WORDS + 160
+        checked += batch.checks
+        proto.confirmed(APPLIED)
+    assert set(checked) == set(range(100))
