@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from redis.exceptions import ResponseError
 
 from redis_stats import StatsConfig, StatsWriter
-from redis_stats._core import fields
+from tests import chunked
 from redis_stats._scripts import Script, load_script
 from redis_stats.keys import Keys
 from tests.acl import WRITER
@@ -67,7 +67,7 @@ def test_flush_lua_refuses_keys_that_do_not_match_its_engine_blocks(redis_server
     client.close()
 
 
-# Components as label values and writer ids come: mostly plain, or with what fields.py escapes.
+# Components as label values and writer ids come: mostly plain, or with what the encoding escapes.
 _SPECIAL = st.sampled_from(["a", "é", "|", "\\", "\n", "/", "n", " ", "@", "😀"])
 _TEXT = st.text(_SPECIAL, max_size=12) | st.text(max_size=12)
 _ESCAPE_ALL = "\nlocal out = {}\nfor k, a in ipairs(ARGV) do out[k] = escape(a) end\nreturn out"
@@ -75,11 +75,11 @@ _ESCAPE_ALL = "\nlocal out = {}\nfor k, a in ipairs(ARGV) do out[k] = escape(a) 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(components=st.lists(_TEXT, min_size=1, max_size=8))
-def test_common_lua_escapes_a_field_component_as_fields_py_does(redis_server, components):
+def test_common_lua_escapes_a_field_component_as_the_key_schema_says(redis_server, components):
     client = redis.Redis.from_url(redis_server.url, decode_responses=True)
     escaped = client.eval(load_script("common") + _ESCAPE_ALL, 0, *components)
-    assert "|".join(escaped) == fields.encode(components)
-    assert fields.decode("|".join(escaped)) == components
+    assert "|".join(escaped) == chunked.encode(components)
+    assert chunked.decode("|".join(escaped)) == components
     client.close()
 
 
