@@ -105,6 +105,4 @@ def add_series_line(client: Any, key: str, writer: str, series: str, value: str)
 
 def writer_fields(client: Any, key: str, writer: str) -> list[str]:
     """The fields of *writer*'s chunks (values and names) in *key*."""
-    return [
-        f for f in client.hkeys(key) if chunk_writer(f.removesuffix(NAMES_SUFFIX)) == writer
-    ]
+    return [f for f in client.hkeys(key) if chunk_writer(f.removesuffix(NAMES_SUFFIX)) == writer]

@@ -242,7 +242,9 @@ class FlushProtocol:
             self._take(idle, engines, wanted, room)
         return self._sending(sorted(wanted), closing)
 
-    def next_parts(self, shards: Iterable[int], room: dict[int, int], *, closing: bool = False) -> dict[int, Batch]:
+    def next_parts(
+        self, shards: Iterable[int], room: dict[int, int], *, closing: bool = False
+    ) -> dict[int, Batch]:
         """Shard -> its next batch, for each of *shards* whose batch Redis just confirmed was
         cut (:meth:`confirmed` said so): what did not fit in it, with the next number. Each part is a
         batch of its own, exactly once by the same protocol; a later part of a batch that

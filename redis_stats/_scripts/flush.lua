@@ -373,7 +373,9 @@ end
 
 -- With a conflicting spec in this batch, the lines of its series are taken out of the chunks: only
 -- then is a chunk read (its names come with the batch, or are the stored ones). The common path
--- passes the arguments to one HSET as they are.
+-- passes the arguments to one HSET as they are. Not dead code: a writer's first batch carries its
+-- specs with their series (it cannot know of a conflict before this reply), and so does the first
+-- part of a batch sent in parts (tests/writer/test_catalog_conflict.py fails without it).
 local any_conflict = #conflict_names > 0
 local refused = 0
 

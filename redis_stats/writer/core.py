@@ -227,7 +227,9 @@ class WriterCore:
         *parts*, the next part of those shards' batches, cut at that size (:attr:`Batch.cut`)."""
         room = {flow.index: self._room(flow.index) for flow in self._flows}
         if parts is None:
-            batches = self._protocol.next_batches(self.engines, closing=closing, always=self._always, room=room)
+            batches = self._protocol.next_batches(
+                self.engines, closing=closing, always=self._always, room=room
+            )
         else:
             batches = self._protocol.next_parts(parts, room, closing=closing)
         offset, k = self.config.engine_offset, self.shards

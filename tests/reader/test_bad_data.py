@@ -18,11 +18,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from redis_stats import RedisCollector, StatsConfig, StatsReader, StatsWriter
-from tests import chunked
 from redis_stats.connection import make_client
 from redis_stats.keys import Keys
 from redis_stats.ops.inspection import inspect_namespace
 from redis_stats.prometheus.exporter import Exporter
+from tests import chunked
 from tests.chunked import set_series_value
 from tests.conftest import sample_catalog, scripted_client
 

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from redis_stats import RedisCollector, StatsReader, StatsWriter
 from redis_stats._core import decoder
-from tests import chunked
 from redis_stats.keys import Keys
 from redis_stats.prometheus.exposition import TextRenderer
+from tests import chunked
 from tests.reader.test_bad_data import samples, skipped_of
 
 

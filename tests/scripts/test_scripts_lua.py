@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from redis.exceptions import ResponseError
 
 from redis_stats import StatsConfig, StatsWriter
-from tests import chunked
 from redis_stats._scripts import Script, load_script
 from redis_stats.keys import Keys
+from tests import chunked
 from tests.acl import WRITER
 
 

@@ -21,10 +21,10 @@ import pytest
 import redis
 
 from redis_stats import StatsConfig, StatsReader, StatsWriter
-from tests import chunked
 from redis_stats.aio import AsyncStatsWriter
 from redis_stats.keys import Keys
 from redis_stats.load import LoadMap, LoadSource
+from tests import chunked
 from tests.conftest import sample_catalog
 
 pytestmark = pytest.mark.redis_server

@@ -13,10 +13,10 @@ import fakeredis
 import pytest
 
 from redis_stats import RedisCollector, StatsReader, StatsWriter
-from tests import chunked
 from redis_stats.aio import AsyncStatsReader
 from redis_stats.keys import Keys
 from redis_stats.ops import inspection
+from tests import chunked
 from tests.conftest import sample_catalog
 from tests.store.test_shards import K, _cfg, _engine_4_after_k_changed
 

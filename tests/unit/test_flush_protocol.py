@@ -187,7 +187,10 @@ def _stored(batches) -> dict[tuple[int, str], str]:
     for b in batches:
         for engine, chunks in b.chunks.items():
             for chunk in chunks:
-                out.update(((engine, f), v) for f, v in zip(chunk.sent_names.split("\n"), chunk.sent_values.split("\n")))
+                out.update(
+                    ((engine, f), v)
+                    for f, v in zip(chunk.sent_names.split("\n"), chunk.sent_values.split("\n"))
+                )
     return out
 
 
