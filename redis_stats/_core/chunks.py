@@ -30,9 +30,9 @@ from operator import attrgetter
 from typing import Any, NamedTuple
 
 from redis_stats._core.fields import CHUNK_SIZE, decode
+from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM
 
 _MAX = 1.7976931348623157e308
-COUNTER, HISTOGRAM, GAUGE = "c", "h", "g"
 _INDEX = attrgetter("index")
 # A take gives the GIL away every this many chunks (256 series, as the record loop does).
 _YIELD_EVERY = 4

@@ -26,9 +26,9 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from redis_stats._core import chunks, fields
+from redis_stats._core import fields
 from redis_stats._core.chunks import Series
-from redis_stats.catalog import MetricSpec
+from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM, MetricSpec
 
 if TYPE_CHECKING:  # the children's owner (accumulator.py imports this module)
     from redis_stats._core.accumulator import Accumulator
@@ -82,7 +82,7 @@ class CounterChild(Series):
     __slots__ = ("_acc", "_lock", "deltas", "engine", "gen", "stored")
 
     def __init__(self, acc: Accumulator, engine: int, field_name: str) -> None:
-        super().__init__(field_name, chunks.COUNTER)
+        super().__init__(field_name, COUNTER)
         self._acc = acc
         self._lock = acc.lock
         self.engine = engine
@@ -131,7 +131,7 @@ class GaugeChild(Series):
     __slots__ = ("_acc", "_lock", "engine", "gen", "state")
 
     def __init__(self, acc: Accumulator, engine: int, field_name: str) -> None:
-        super().__init__(field_name, chunks.GAUGE)
+        super().__init__(field_name, GAUGE)
         self._acc = acc
         self._lock = acc.lock
         self.engine = engine
@@ -204,7 +204,7 @@ class HistogramChild(Series):
 
     def __init__(self, acc: Accumulator, engine: int, spec: MetricSpec, components: tuple[str, ...]) -> None:
         bounds = (*spec.buckets, _INF)
-        super().__init__(fields.encode((*components, fields.bucket_tag(bounds))), chunks.HISTOGRAM)
+        super().__init__(fields.encode((*components, fields.bucket_tag(bounds))), HISTOGRAM)
         self._acc = acc
         self._lock = acc.lock
         self.engine = engine

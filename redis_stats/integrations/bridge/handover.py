@@ -93,7 +93,7 @@ class Predecessor:
         self.counters[key] = self.counters.get(key, 0) + number
 
     def add_histogram(self, key: Series, total: float, counts: list[int]) -> None:
-        """Add one writer's part of a histogram (another bucket layout is not the same run)."""
+        """Add one writer's part of a histogram (other bucket bounds are not the same run)."""
         old = self.hists.get(key)
         if old is None:
             self.hists[key] = (total, counts)
