@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections import Counter as _Tally
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from redis_stats.catalog import Catalog
 
@@ -44,6 +44,10 @@ class Skipped(_Tally[str]):
             self.where.append((reason, key, field))
 
 
+@overload
+def json_number(value: float, nan: str = ...) -> float | str: ...
+@overload
+def json_number(value: float, nan: None) -> float | str | None: ...
 def json_number(value: float, nan: str | None = "NaN") -> float | str | None:
     """*value* itself when finite, else ``"+Inf"``, ``"-Inf"`` or *nan* (strict JSON): the one
     rule every JSON document of the package writes numbers by (``/snapshot``, ``/recent``)."""

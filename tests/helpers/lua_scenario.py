@@ -102,7 +102,10 @@ def main() -> None:
 
 def _series(engines: dict[str, Any]) -> dict[str, Any]:
     """Each engine's series of a snapshot document (not its heartbeat and age)."""
-    return {e: {k: v for k, v in doc.items() if k not in ("age_seconds", "heartbeat")} for e, doc in engines.items()}
+    return {
+        e: {k: v for k, v in doc.items() if k not in ("age_seconds", "heartbeat")}
+        for e, doc in engines.items()
+    }
 
 
 def _clockless(x: Any) -> Any:
