@@ -231,29 +231,37 @@ class FlushProtocol:
         closing: bool = False,
         always: Iterable[int] = (0,),
         room: dict[int, int] | None = None,
+        more: Iterable[int] = (),
     ) -> dict[int, Batch]:
         """Shard -> the batch to send it now: its unconfirmed one again, else a new one with its
-        next number, of at most its *room* (see :meth:`Accumulator.take_shards`). The shards of
-        *always* get one every time (heartbeats, self-metrics), the others once they have data
-        (and from then on)."""
+        next number, of at most its *room* (see :meth:`Accumulator.take_shards`); a new batch
+        of a shard of *more* is cut whatever it holds (its call has more to carry than room for:
+        the rest goes with the next part). The shards of *always* get one every time
+        (heartbeats, self-metrics), the others once they have data (and from then on)."""
         wanted = set(always) | {f.index for f in self.flows if f.active}
         idle = [f for f in self.flows if f.in_flight is None]
         if idle and (wanted.intersection(f.index for f in idle) or self.acc.dirty):
             self._take(idle, engines, wanted, room)
+            for flow in idle:
+                if flow.index in more and flow.in_flight is not None:
+                    flow.in_flight.cut = True
         return self._sending(sorted(wanted), closing)
 
     def next_parts(
-        self, shards: Iterable[int], room: dict[int, int], *, closing: bool = False
+        self, shards: Iterable[int], room: dict[int, int], *, more: Iterable[int] = (), closing: bool = False
     ) -> dict[int, Batch]:
         """Shard -> its next batch, for each of *shards* whose batch Redis just confirmed was
         cut (:meth:`confirmed` said so): what did not fit in it, with the next number. Each part is a
         batch of its own, exactly once by the same protocol; a later part of a batch that
         carried the writer's whole state goes with the number of the part before it confirmed,
         so the store must hold that part (else it is behind, and everything goes again)."""
+        cut = set(more)
         for shard in shards:  # the parts a flush round found cut (confirmed() said so)
             flow = self.flows[shard]
             if flow.in_flight is None:
-                flow.send(self.acc.take_rest(shard, flow.next_seq, room[shard]))
+                batch = self.acc.take_rest(shard, flow.next_seq, room[shard])
+                batch.cut = batch.cut or shard in cut
+                flow.send(batch)
         return self._sending(sorted(shards), closing)
 
     def _take(
@@ -286,7 +294,7 @@ class FlushProtocol:
             sending = flow.in_flight
             if sending is None:
                 continue
-            if closing and not self.acc.dirty and not flow.owed:
+            if closing and not sending.cut and not self.acc.dirty and not flow.owed:
                 # Only the heartbeat depends on this flag, never the data: safe on a retried batch.
                 sending.closing = True
             out[shard] = sending

@@ -169,3 +169,34 @@ def test_a_closing_flush_in_parts_closes_the_writer_with_its_last_part(redis_ser
     snap = StatsReader(_cfg(namespace, redis_server.url), _catalog()).snapshot()
     assert snap.writers[w.writer_id].closed
     _check_exact(redis_server.url, namespace, 1)
+
+
+def test_a_writer_of_5000_engines_claims_and_feeds_the_load_in_calls_of_at_most_3999_words(
+    redis_server, namespace
+):
+    """Claims (one word an engine) and load entries (two) of 5,000 engines do not fit one call
+    either: they ride on the parts of the flush, each call within 3,999 words; every engine is
+    claimed and fed, the load feed's calls alone are split too, and a close deletes every entry
+    (with every part of its closing flush, the writer closed by the last)."""
+    from tests.prometheus.test_load_feed import LOAD, record
+    from tests.prometheus.test_load_feed import catalog as load_catalog
+
+    cfg = _cfg(namespace, redis_server.url)
+    client = Counting.from_url(redis_server.url, decode_responses=True)
+    w = StatsWriter(
+        cfg, load_catalog(), engines=list(range(5000)), owner="o1", client=client, start=False, load=LOAD
+    )
+    for e in range(5000):
+        record(w, e, e, 0, 0.1)
+    assert w.flush() and not w.pending() and not w.stats.errors
+    assert len(client.calls) > 3 and max(client.calls) <= LIMIT
+    assert client.hlen(w.keys.claims) == 5000 and client.hlen(w.keys.load) == 5000
+    view = StatsReader(cfg).load()
+    assert [view.engines[e].requests_running for e in (0, 2500, 4999)] == [0, 2500, 4999]
+    calls = w.load_calls()
+    assert len(calls) > 1 and max(3 + len(k) + len(a) for k, a in calls) <= LIMIT
+    client.calls.clear()
+    assert w.close()
+    assert max(client.calls) <= LIMIT and client.hlen(w.keys.load) == 0
+    snap = StatsReader(cfg, load_catalog()).snapshot()
+    assert snap.writers[w.writer_id].closed
