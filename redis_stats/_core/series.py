@@ -39,8 +39,10 @@ _monotonic = time.monotonic
 _NAN = math.nan
 # The largest finite float: an amount beyond it (e.g. the int 10**400) cannot be stored or summed.
 _MAX = 1.7976931348623157e308
-# What HINCRBY holds (signed 64 bit). A larger integer delta is sent as a float (HINCRBYFLOAT).
-_I64_MAX = 2**63 - 1
+# The largest int delta added as an int; a larger one is added as a float (exact to 53 bits), so a
+# total that large is a float, which readers add up over writers to inf at worst (two int totals
+# near 1e308 would overflow the conversion of their sum; tests/store/test_every_view.py).
+_INT_DELTA_MAX = 2**63 - 1
 
 # Why an update is dropped (counted in ``Accumulator.drops``, never raised into the host):
 # invalid_value, label_too_long, cardinality, catalog_conflict (the metric's definition conflicts
@@ -112,7 +114,7 @@ class CounterChild(Series):
     def _take(self, slot: int) -> None:
         # Without the lock: recorders write the other slot until the next take (see the module docstring).
         delta, self.deltas[slot] = self.deltas[slot], 0
-        if type(delta) is int and delta > _I64_MAX:
+        if type(delta) is int and delta > _INT_DELTA_MAX:
             # Beyond 64 bits: added as a float (exact to 53 bits, as a reader reads the total).
             delta = float(delta) if delta <= _MAX else _INF
         if delta == _INF:  # a sum of valid amounts beyond the largest float
