@@ -45,6 +45,14 @@ BLOCK_WORDS, CHUNK_WORDS, CHECK_WORDS = 4, 2, 4
 UNBOUNDED = 1 << 62
 
 
+def _number(text: str) -> int | float:
+    """A counter total back from its text (``str`` of an int, ``repr`` of a float): exact."""
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
 class Series:
     """One series of one engine as this writer holds it: its field, its total (a counter's number,
     a histogram's ``[sum, per-bucket counts]``; a gauge has only its text), its value text and its
@@ -217,14 +225,6 @@ class Taken(NamedTuple):
     """The engines checked only (see :meth:`Totals._checks`)."""
     cut: bool
     """Whether the room ran out: the rest waits in the totals for the next take."""
-
-
-def _number(text: str) -> int | float:
-    """A counter total back from its text (``str`` of an int, ``repr`` of a float): exact."""
-    try:
-        return int(text)
-    except ValueError:
-        return float(text)
 
 
 class Totals:

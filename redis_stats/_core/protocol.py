@@ -5,7 +5,9 @@ and the sequence numbers between the two (:class:`FlushProtocol`).
 A batch keeps its sequence number and contents until Redis confirms it (applied, or already
 applied). A lost reply is retried with the same number; the script skips numbers it has seen, so
 nothing is applied twice. New updates wait in the accumulator's dirty list for the next number,
-so an outage costs memory per series, never per update.
+so an outage costs memory per series, never per update. A batch holds at most one call's worth
+(:data:`MAX_CALL_WORDS`, :attr:`Batch.cut`): a flush of more sends the rest as the next batches,
+each with its own number, once the one before is confirmed (:meth:`FlushProtocol.next_parts`).
 
 Per shard of the namespace (option ``shards`` = K > 1), one
 :class:`~redis_stats._core.shardflow.ShardFlow` holds the shard's sequence, batch in flight and
