@@ -332,7 +332,7 @@ class Accumulator:
         batch.cut = taken.cut or bool(rest)
 
     def bind(self, child: Child) -> None:
-        """Give *child* (a :class:`Series` itself) its place in the totals of its shard.
+        """Give *child* (a :class:`Total` itself) its place in the totals of its shard.
 
         Called by the collector only (the first take of the child): the totals are its own.
         """

@@ -53,12 +53,12 @@ def _number(text: str) -> int | float:
         return float(text)
 
 
-class Series:
+class Total:
     """One series of one engine as this writer holds it: its field, its total (a counter's number,
     a histogram's ``[sum, per-bucket counts]``; a gauge has only its text), its value text and its
     chunk (None until a take gives it its place, :meth:`Totals.adopt`).
 
-    The children that record series (:mod:`redis_stats._core.series`) are Series themselves, so
+    The children that record series (:mod:`redis_stats._core.series`) are Total objects themselves, so
     a take makes no object per series (issue 32: a first flush of 100,000 new series made 100,000
     objects the cyclic collector tracks, enough to start a full collection of the host's heap,
     130 ms with the GIL held, in the second that flush ran).
@@ -161,7 +161,7 @@ class Chunk:
         self.totals = totals
         self.engine = engine
         self.index = index
-        self.series: list[Series] = []
+        self.series: list[Total] = []
         self.dirty = False
         self._names: str | None = None  # the names text, built when first needed after a change
         self.sent_names = ""  # the names and values texts of the batch that took it last
@@ -183,7 +183,7 @@ class Chunk:
         """The chunk's values, one per line in the order of :meth:`names`."""
         return "\n".join([s.text for s in self.series])
 
-    def changed(self, series: Series) -> None:
+    def changed(self, series: Total) -> None:
         """*series* of this chunk changed: the chunk goes with the next take."""
         totals = self.totals
         if not self.dirty:
@@ -205,7 +205,7 @@ class _Engine:
     __slots__ = ("beat_ms", "chunks", "held", "series")
 
     def __init__(self) -> None:
-        self.series: dict[str, Series] = {}
+        self.series: dict[str, Total] = {}
         self.chunks: list[Chunk] = []
         # How many of its chunks (0 .. held-1) the store holds, both fields, as far as this writer
         # knows (confirmed): the flush script checks they are still there (a key or field can be
@@ -243,7 +243,7 @@ class Totals:
         self.takes = 0  # takes so far (a series changed since the last one has .taken == takes)
         self._checked = 0  # where the next take's checks start when not all fit (see _checks)
 
-    def adopt(self, series: Series, engine: int) -> None:
+    def adopt(self, series: Total, engine: int) -> None:
         """Give *series* of *engine* its place: the engine's last chunk (a new one when full).
         Nothing is made per series (it is the child that records it)."""
         state = self._engines.get(engine)

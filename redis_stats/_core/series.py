@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from redis_stats._core import fields
-from redis_stats._core.chunks import Series
+from redis_stats._core.chunks import Total
 from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM, MetricSpec
 
 if TYPE_CHECKING:  # the children's owner (accumulator.py imports this module)
@@ -76,10 +76,10 @@ def _admitted(acc: Accumulator, x: object, low: float) -> int | float:
     return value
 
 
-class CounterChild(Series):
+class CounterChild(Total):
     """One counter series of one engine. ``inc`` is the hot path: memory only, never raises.
 
-    It is its own :class:`Series` in its shard's totals (its place given by its first take)."""
+    It is its own :class:`Total` in its shard's totals (its place given by its first take)."""
 
     __slots__ = ("_acc", "_lock", "deltas", "engine", "gen", "stored")
 
@@ -127,7 +127,7 @@ class CounterChild(Series):
             self.add_total(delta)
 
 
-class GaugeChild(Series):
+class GaugeChild(Total):
     """One gauge series of one engine, as this writer sees it; the reader rolls writers up."""
 
     __slots__ = ("_acc", "_lock", "engine", "gen", "state")
@@ -195,7 +195,7 @@ class GaugeChild(Series):
         self.set_text(f"{ms:.3f}|{float(value)!r}")
 
 
-class HistogramChild(Series):
+class HistogramChild(Total):
     """One histogram series of one engine: non-cumulative bucket counts and a sum.
 
     In Redis the whole series is one field, ``<series>|h:<layout>`` -> ``"<sum> <c0> ... <cN>"``,

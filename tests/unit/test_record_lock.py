@@ -10,7 +10,7 @@ import threading
 
 from redis_stats import Catalog
 from redis_stats._core.accumulator import Accumulator
-from redis_stats._core.chunks import Series
+from redis_stats._core.chunks import Total
 from redis_stats._core.protocol import Batch, FlushProtocol, FlushResult
 
 APPLIED = FlushResult(status=1, server_time_ms=0)
@@ -30,7 +30,7 @@ def _acc(cat: Catalog) -> Accumulator:
 
 
 def _sent(batch: Batch) -> dict[str, str]:
-    """Series field -> the value text *batch* sends for it (the writer's absolute total)."""
+    """Total field -> the value text *batch* sends for it (the writer's absolute total)."""
     out: dict[str, str] = {}
     for chunks in batch.chunks.values():
         for chunk in chunks:
@@ -46,7 +46,7 @@ def test_a_record_call_completes_while_the_flusher_builds_a_batch(monkeypatch):
         c.inc()
     finished: list[bool] = []
     racer = threading.Thread(target=lambda: (children[0].inc(10), children[5].inc(1)))
-    original = Series.add_total
+    original = Total.add_total
 
     def add(self, delta):
         if not finished:  # while the batch is being built, another thread records
@@ -55,14 +55,14 @@ def test_a_record_call_completes_while_the_flusher_builds_a_batch(monkeypatch):
             finished.append(not racer.is_alive())
         original(self, delta)
 
-    monkeypatch.setattr(Series, "add_total", add)
+    monkeypatch.setattr(Total, "add_total", add)
     first = acc.take_shards({0: 1})[0]
     racer.join()
     assert finished == [True], "a record call waited for the whole batch to be built"
     stored = _sent(first)  # what Redis holds once it is applied (each series' absolute total)
     assert stored[children[0].field] == "1" and stored[children[5].field] == "1"
     second = acc.take_shards({0: 2})[0]
-    monkeypatch.setattr(Series, "add_total", original)
+    monkeypatch.setattr(Total, "add_total", original)
     # The racing updates are in exactly one of the two batches, never both, never neither: the
     # second one sends the totals they made.
     stored.update(_sent(second))
