@@ -6,11 +6,13 @@ a part's answer is lost, Redis stops between two parts, or the store loses its d
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
 
 from redis_stats import StatsConfig, StatsReader, StatsWriter
 from redis_stats._scripts import load_script
@@ -200,3 +202,33 @@ def test_a_writer_of_5000_engines_claims_and_feeds_the_load_in_calls_of_at_most_
     assert max(client.calls) <= LIMIT and client.hlen(w.keys.load) == 0
     snap = StatsReader(cfg, load_catalog()).snapshot()
     assert snap.writers[w.writer_id].closed
+
+
+class CountingAsync(redis.asyncio.Redis):
+    """:class:`Counting` for the asyncio writer."""
+
+    calls: list[int]
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        if args and args[0] == "EVALSHA" and args[1] == FLUSH_SHA:
+            self.calls.append(len(args))
+        return await super().execute_command(*args, **options)
+
+
+def test_the_asyncio_writer_sends_a_big_flush_in_parts_too(redis_server, namespace):
+    from redis_stats.aio import AsyncStatsWriter
+
+    async def scenario() -> list[int]:
+        client = CountingAsync.from_url(redis_server.url)
+        client.calls = []
+        w = AsyncStatsWriter(_cfg(namespace, redis_server.url), _catalog(), client=client)
+        _record(w, range(ENGINES), 1)  # type: ignore[arg-type]
+        assert await w.flush() and not w.pending()
+        calls = list(client.calls)
+        assert await w.close()
+        await client.aclose()
+        return calls
+
+    calls = asyncio.run(scenario())
+    assert len(calls) > 1 and max(calls) <= LIMIT
+    _check_exact(redis_server.url, namespace, 1)
