@@ -9,7 +9,7 @@ the client) and the scrape time of the whole namespace afterwards (``RedisCollec
 (plus their recorders) next to Redis. So the script calls are what is reproduced, not the
 processes: 8 real writers (4 engines x 2 API servers, vLLM-shaped traffic through
 ``VllmRecorder`` and ``SimulatedApiServer``, 1 s of engine steps per flush) build 30 s of flushes
-with the package's own ``prepare_flush``; every fleet writer then sends one of those argument
+with the package's own ``prepare_flushes``; every fleet writer then sends one of those argument
 lists per second, with its own writer id, engine, sequence number and chunk fields, from
 ``--drivers`` processes. The first two flushes of each fleet writer are the template's first two
 (the catalogue, every chunk's names), as in a real start. A driver that falls behind says so.
@@ -100,7 +100,7 @@ def templates() -> list[tuple[str, list[list[str]], list[list[str]]]]:
                 for _ in range(20):
                     sim.step(step * 0.05)
                     step += 1
-                flushes.append(w.prepare_flush()[1])
+                flushes.append(w.prepare_flushes()[0][2])
                 loads.append(w.load_calls()[0][1])  # [writer, engine, entry]
                 w.flush_succeeded([1, 0, 0, [], 0], 0.0004)
             w._closed = True

@@ -108,8 +108,8 @@ def busy_profile(
                 step += 1
             writer.stats_interval = 0.0 if len(flushes) % stats_every == 0 else math.inf
             writer.claim_interval = 0.0 if len(flushes) % claims_every == 0 else math.inf
-            keys, args = writer.prepare_flush()
-            batch = writer._protocol.in_flight
+            [(_shard, keys, args)] = writer.prepare_flushes()
+            batch = writer._flows[0].in_flight
             assert batch is not None
             flushes.append(Flush(keys, args, batch.series(), sum(map(len, args))))
             # As if Redis confirmed it: the writer's totals and self-metrics move on as in a real run.

@@ -368,7 +368,7 @@ class StatsConfig:
         1,
         "Shards of the namespace: engine ``e`` lives in shard ``e % shards``, each shard its own "
         "Cluster hash tag, so a deployment spreads over that many Cluster masters (1: one slot, "
-        "the unsharded layout). Give every writer of a namespace the same value; readers and gc "
+        "the unsharded keys). Give every writer of a namespace the same value; readers and gc "
         "also read every K the writers used (listed in shard 0's catalogue).",
     )
     close_timeout: float = _opt(

@@ -16,9 +16,10 @@ A password may also be given as ``?password=`` (and ``?username=``) for every sc
 such a URL is refused with an error that names the problem and quotes no part of the secret
 (see :func:`redis_stats.config.url_problem`). Every message here shows the URL masked.
 
-redis-py 8 retries a command that timed out; for a non-idempotent command (HINCRBY) that counts
-twice. Every client built here has ``Retry(NoBackoff(), 0)``: the writer's own retry is idempotent
-(same sequence number, same contents) and the only one.
+redis-py 8 retries a command that timed out, behind its caller's back: a call that is not
+idempotent then runs twice (``lease.lua``'s ``INCR`` would hand out two fencing tokens). Every
+client built here has ``Retry(NoBackoff(), 0)``: each caller retries itself where that is safe
+(the writer's flush: same sequence number, same contents) and counts what failed.
 """
 
 from __future__ import annotations

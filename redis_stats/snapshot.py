@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections import Counter as _Tally
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from redis_stats.catalog import Catalog
 
@@ -44,11 +44,16 @@ class Skipped(_Tally[str]):
             self.where.append((reason, key, field))
 
 
-def _json_number(value: float) -> float | str:
-    """*value* itself when finite, else ``"+Inf"``, ``"-Inf"`` or ``"NaN"`` (strict JSON)."""
+@overload
+def json_number(value: float, nan: str = ...) -> float | str: ...
+@overload
+def json_number(value: float, nan: None) -> float | str | None: ...
+def json_number(value: float, nan: str | None = "NaN") -> float | str | None:
+    """*value* itself when finite, else ``"+Inf"``, ``"-Inf"`` or *nan* (strict JSON): the one
+    rule every JSON document of the package writes numbers by (``/snapshot``, ``/recent``)."""
     if math.isfinite(value):
         return value
-    return _NON_FINITE.get(value, "NaN")
+    return _NON_FINITE.get(value, nan)
 
 
 @dataclass(frozen=True)
@@ -108,13 +113,12 @@ class HistogramValue:
         """
 
         def q(x: float) -> float | str | None:
-            value = self.quantile(x)
-            return None if math.isnan(value) else _json_number(value)
+            return json_number(self.quantile(x), nan=None)
 
         return {
-            "buckets": [[_json_number(b), _json_number(c)] for b, c in zip(self.bounds, self.cumulative)],
-            "sum": _json_number(self.sum),
-            "count": _json_number(self.count),
+            "buckets": [[json_number(b), json_number(c)] for b, c in zip(self.bounds, self.cumulative)],
+            "sum": json_number(self.sum),
+            "count": json_number(self.count),
             "p50": q(0.5),
             "p90": q(0.9),
             "p99": q(0.99),
@@ -225,19 +229,19 @@ class Snapshot:
             for (name, values), v in sorted(d.items()):
                 spec = spec_of(name)
                 labels = dict(zip(spec.labels, values)) if spec else {}
-                value = v.to_dict() if isinstance(v, HistogramValue) else _json_number(v)
+                value = v.to_dict() if isinstance(v, HistogramValue) else json_number(v)
                 out.append({"name": name, "labels": labels, "value": value})
             return out
 
         spec_of = self.catalog.get
         return {
-            "time": _json_number(self.time),
+            "time": json_number(self.time),
             "engines": {
                 str(e.engine): {
                     "up": e.up,
                     "state": e.state or ("up" if e.up else "down"),
                     "endpoint": e.endpoint,
-                    "age_seconds": _json_number(e.age),
+                    "age_seconds": json_number(e.age),
                     "counters": series(e.counters, spec_of),
                     "gauges": series(e.gauges, spec_of),
                     "histograms": series(e.histograms, spec_of),
@@ -245,7 +249,7 @@ class Snapshot:
                 for e in sorted(self.engines.values(), key=lambda e: e.engine)
             },
             "writers": {
-                w: {"age_seconds": _json_number(i.age), "closed": i.closed, "live": i.live}
+                w: {"age_seconds": json_number(i.age), "closed": i.closed, "live": i.live}
                 for w, i in self.writers.items()
             },
             "skipped": dict(self.skipped),

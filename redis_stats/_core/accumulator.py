@@ -8,9 +8,10 @@ sequence numbers of the exactly-once flush are in :mod:`redis_stats._core.protoc
 
 - ``child``: the series of a metric for one engine and label values, made on first use (or a
   stand-in that only counts drops: over cardinality, label too long, conflicting definition).
-- ``take_batch``: swaps the dirty list out, adds each child's pending delta into the writer's
-  absolute totals (:mod:`redis_stats._core.chunks`) and makes one
-  :class:`~redis_stats._core.protocol.Batch` of the chunks that changed. The record lock is held
+- ``take_shards``: swaps the dirty list out, adds each child's pending delta into the writer's
+  absolute totals (:mod:`redis_stats._core.chunks`) and makes per shard one
+  :class:`~redis_stats._core.protocol.Batch` of the chunks that changed, as many as one call
+  carries (``take_rest`` takes what did not fit, in the same flush). The record lock is held
   only for that swap (O(1), whatever the number of pending series): it bumps the generation, so
   the children's delta slots of the list just taken belong to the collector alone (see
   :mod:`redis_stats._core.series`); takes are serialized, so no update is lost or doubled.
@@ -32,8 +33,8 @@ from collections import Counter as _Tally
 from collections.abc import Callable, Iterable
 
 from redis_stats._core import fields
-from redis_stats._core.chunks import Totals
-from redis_stats._core.protocol import Batch
+from redis_stats._core.chunks import UNBOUNDED, Totals
+from redis_stats._core.protocol import SPEC_WORDS, Batch
 from redis_stats._core.series import (
     CONFLICT_CLASS,
     Child,
@@ -214,17 +215,13 @@ class Accumulator:
                 flow.unsent.setdefault(spec.name, spec)
         return spec
 
-    def take_batch(self, seq: int, engines: Iterable[int] = (), *, resend_all: bool = False) -> Batch:
-        """Move every pending change into a new batch numbered *seq* (heartbeating *engines*),
-        for a namespace of one shard (see :meth:`take_shards`).
-
-        With *resend_all* (Redis lost its data, or the writer has a new id), every spec and every
-        chunk (names too) is sent again.
-        """
-        return self.take_shards({0: seq}, engines, resend={0} if resend_all else ())[0]
-
     def take_shards(
-        self, seqs: dict[int, int], engines: Iterable[int] = (), *, resend: Iterable[int] = ()
+        self,
+        seqs: dict[int, int],
+        engines: Iterable[int] = (),
+        *,
+        resend: Iterable[int] = (),
+        room: dict[int, int] | None = None,
     ) -> dict[int, Batch]:
         """Move every pending change into the totals of its engine's shard, and make a new batch
         for each shard of *seqs* (shard -> its sequence number), heartbeating those of *engines*
@@ -232,7 +229,9 @@ class Accumulator:
         their totals for their next batch.
 
         Each shard of *resend* (Redis lost its data, or the writer has a new id there) gets every
-        spec and every chunk (names too) again.
+        spec and every chunk (names too) again. A shard's batch holds at most its *room* (words
+        of its call left for specs, engine blocks and checks; unbounded if not given): the rest
+        waits in its totals (:attr:`Batch.cut`, and :meth:`take_rest`).
         """
         resending = [self.flows[s] for s in set(resend)]
         batches = {shard: Batch(seq=seq) for shard, seq in seqs.items()}
@@ -248,11 +247,24 @@ class Accumulator:
             del dirty
             self._heartbeat(engines, batches)
             for shard, batch in batches.items():
-                self._fill(batch, specs[shard], self.flows[shard].totals)
+                self._fill(batch, specs[shard], shard, UNBOUNDED if room is None else room[shard])
             # A shard with a batch in flight keeps its changes (dirty chunks) for its next batch.
             for flow in self.flows:
-                flow.owed = bool(flow.totals.touched)
+                flow.owed = bool(flow.totals.touched or flow.totals.dirty)
         return batches
+
+    def take_rest(self, shard: int, seq: int, room: int) -> Batch:
+        """The next batch of *shard*, numbered *seq*, when its last one was cut (:attr:`Batch.cut`):
+        what did not fit, at most *room* words again. Nothing recorded since is taken (the dirty
+        list stays for the next flush), so the batches of one flush end."""
+        flow = self.flows[shard]
+        batch = Batch(seq=seq)
+        with self._take_lock:
+            with self.lock:  # specs that did not fit, or added since: a take swaps them out under it
+                specs, flow.unsent = flow.unsent, {}
+            self._fill(batch, specs, shard, room)
+            flow.owed = bool(flow.totals.touched or flow.totals.dirty)
+        return batch
 
     def _swap(
         self, resending: list[ShardFlow], batches: dict[int, Batch]
@@ -300,14 +312,27 @@ class Accumulator:
             if shard in batches:
                 self.flows[shard].totals.touch(engine)
 
-    def _fill(self, batch: Batch, specs: dict[str, MetricSpec], totals: Totals) -> None:
-        """Put into *batch* the *specs* not known to conflict, and what changed in *totals*."""
-        batch.specs = [s for s in specs.values() if s.name not in self.conflicted]
+    def _fill(self, batch: Batch, specs: dict[str, MetricSpec], shard: int, room: int) -> None:
+        """Put into *batch* the *specs* not known to conflict, and what changed in *shard*'s
+        totals, within *room* words. Specs go first: a series is never sent before its metric's
+        spec (the script refuses a series whose spec conflicts only in the batch carrying that
+        spec), so when not every spec fits, the rest and every chunk wait for the next batch."""
+        wanted = [s for s in specs.values() if s.name not in self.conflicted]
+        fit = max(0, room) // SPEC_WORDS
+        batch.specs, rest = wanted[:fit], wanted[fit:]
+        if rest:
+            self.requeue_specs(rest, shard)
+            room = 0
+        else:
+            room -= SPEC_WORDS * len(wanted)
+        totals = self.flows[shard].totals
         batch.held = totals.held()  # before the take: what earlier batches stored
-        batch.engines, batch.chunks = totals.take(with_names=bool(batch.specs))
+        taken = totals.take(with_names=bool(batch.specs), room=room)
+        batch.engines, batch.chunks, batch.checks = taken.engines, taken.chunks, taken.checks
+        batch.cut = taken.cut or bool(rest)
 
     def bind(self, child: Child) -> None:
-        """Give *child* (a :class:`Series` itself) its place in the totals of its shard.
+        """Give *child* (a :class:`Total` itself) its place in the totals of its shard.
 
         Called by the collector only (the first take of the child): the totals are its own.
         """

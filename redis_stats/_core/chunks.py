@@ -27,15 +27,22 @@ import time
 from collections.abc import Callable
 from itertools import accumulate
 from operator import attrgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from redis_stats._core.fields import CHUNK_SIZE, decode
+from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM
 
 _MAX = 1.7976931348623157e308
-COUNTER, HISTOGRAM, GAUGE = "c", "h", "g"
 _INDEX = attrgetter("index")
 # A take gives the GIL away every this many chunks (256 series, as the record loop does).
 _YIELD_EVERY = 4
+
+# What a take costs a flush call, in words (keys and arguments: flush.lua's header counts them):
+# an engine block is its key and three arguments (engine, held, count), a field set two (the
+# field, its value: a chunk's values, and its names when sent), an engine checked only its key
+# and three (engine, held, beat ms). A take keeps within the room it is given (Taken.cut).
+BLOCK_WORDS, CHUNK_WORDS, CHECK_WORDS = 4, 2, 4
+UNBOUNDED = 1 << 62
 
 
 def _number(text: str) -> int | float:
@@ -46,12 +53,12 @@ def _number(text: str) -> int | float:
         return float(text)
 
 
-class Series:
+class Total:
     """One series of one engine as this writer holds it: its field, its total (a counter's number,
     a histogram's ``[sum, per-bucket counts]``; a gauge has only its text), its value text and its
     chunk (None until a take gives it its place, :meth:`Totals.adopt`).
 
-    The children that record series (:mod:`redis_stats._core.series`) are Series themselves, so
+    The children that record series (:mod:`redis_stats._core.series`) are Total objects themselves, so
     a take makes no object per series (issue 32: a first flush of 100,000 new series made 100,000
     objects the cyclic collector tracks, enough to start a full collection of the host's heap,
     130 ms with the GIL held, in the second that flush ran).
@@ -154,7 +161,7 @@ class Chunk:
         self.totals = totals
         self.engine = engine
         self.index = index
-        self.series: list[Series] = []
+        self.series: list[Total] = []
         self.dirty = False
         self._names: str | None = None  # the names text, built when first needed after a change
         self.sent_names = ""  # the names and values texts of the batch that took it last
@@ -176,7 +183,7 @@ class Chunk:
         """The chunk's values, one per line in the order of :meth:`names`."""
         return "\n".join([s.text for s in self.series])
 
-    def changed(self, series: Series) -> None:
+    def changed(self, series: Total) -> None:
         """*series* of this chunk changed: the chunk goes with the next take."""
         totals = self.totals
         if not self.dirty:
@@ -198,13 +205,26 @@ class _Engine:
     __slots__ = ("beat_ms", "chunks", "held", "series")
 
     def __init__(self) -> None:
-        self.series: dict[str, Series] = {}
+        self.series: dict[str, Total] = {}
         self.chunks: list[Chunk] = []
         # How many of its chunks (0 .. held-1) the store holds, both fields, as far as this writer
         # knows (confirmed): the flush script checks they are still there (a key or field can be
         # evicted or deleted alone; names are sent only when they change).
         self.held = 0
         self.beat_ms = 0  # server time of the last batch that heartbeated it (0: none applied)
+
+
+class Taken(NamedTuple):
+    """What one take (:meth:`Totals.take`) moved into a batch."""
+
+    engines: dict[int, int]
+    """Engine -> how many of its series changed (0: heartbeated only)."""
+    chunks: dict[int, list[Chunk]]
+    """Engine -> its chunks taken, in index order."""
+    checks: list[int]
+    """The engines checked only (see :meth:`Totals._checks`)."""
+    cut: bool
+    """Whether the room ran out: the rest waits in the totals for the next take."""
 
 
 class Totals:
@@ -221,8 +241,9 @@ class Totals:
         self.dirty: list[Chunk] = []  # the chunks changed since the last take, in that order
         self.touched: dict[int, int] = {}  # engine -> series changed since the last take
         self.takes = 0  # takes so far (a series changed since the last one has .taken == takes)
+        self._checked = 0  # where the next take's checks start when not all fit (see _checks)
 
-    def adopt(self, series: Series, engine: int) -> None:
+    def adopt(self, series: Total, engine: int) -> None:
         """Give *series* of *engine* its place: the engine's last chunk (a new one when full).
         Nothing is made per series (it is the child that records it)."""
         state = self._engines.get(engine)
@@ -239,35 +260,93 @@ class Totals:
         """Make sure *engine* is heartbeated by the next take's batch even without data."""
         self.touched.setdefault(engine, 0)
 
-    def take(self, *, with_names: bool = False) -> tuple[dict[int, int], dict[int, list[Chunk]]]:
-        """The engines changed (or touched) since the last take, with the number of their series
-        that changed, and per engine the chunks that changed, in index order. Each chunk taken
-        holds the texts to send (``sent_values``, ``sent_names``; ``send_names`` False when Redis
-        holds those names already). *with_names*: the names of every chunk taken, held or not (a
-        batch with specs may meet a conflicting definition: the script then takes lines out by
-        name, and what it stores is not what this writer sent)."""
+    def take(self, *, with_names: bool = False, room: int = UNBOUNDED) -> Taken:
+        """What changed (or was touched) since the last take, up to *room* words of a flush call
+        (:data:`BLOCK_WORDS` per engine block, :data:`CHUNK_WORDS` per field set, :data:`CHECK_WORDS`
+        per engine checked): see :class:`Taken`. Each chunk taken holds the texts to send
+        (``sent_values``, ``sent_names``; ``send_names`` False when Redis holds those names
+        already). *with_names*: the names of every chunk taken, held or not (a batch with specs
+        may meet a conflicting definition: the script then takes lines out by name, and what it
+        stores is not what this writer sent).
+
+        What does not fit stays for the next take (:attr:`Taken.cut`): whole engines, and of an
+        engine cut in two the chunks after the last one taken, in index order — so that the store
+        always holds every chunk below the last one confirmed (:meth:`confirm`)."""
         self.takes += 1
         touched, self.touched = self.touched, {}
         dirty, self.dirty = self.dirty, []
-        out: dict[int, list[Chunk]] = {}
-        for i, chunk in enumerate(dirty, 1):
-            if not i % _YIELD_EVERY:
-                time.sleep(0)  # the host's threads get the GIL (see accumulator.take_shards)
+        by_engine: dict[int, list[Chunk]] = {}
+        for chunk in dirty:
             if not chunk.dirty:
                 continue
-            chunk.dirty = False
-            names = chunk.names()
-            chunk.sent_names = names
-            chunk.send_names = with_names or names != chunk.names_held
-            chunk.sent_values = chunk.values()
-            found = out.get(chunk.engine)
+            found = by_engine.get(chunk.engine)
             if found is None:
-                out[chunk.engine] = [chunk]
+                by_engine[chunk.engine] = [chunk]
             else:
                 found.append(chunk)
-        for chunks in out.values():
+        del dirty
+        engines: dict[int, int] = {}
+        out: dict[int, list[Chunk]] = {}
+        order = list(dict.fromkeys([*touched, *by_engine]))
+        done = 0  # chunks taken (the GIL is given away every _YIELD_EVERY)
+        cut = False
+        for at, engine in enumerate(order):
+            chunks = by_engine.get(engine)
+            if room < BLOCK_WORDS + (2 * CHUNK_WORDS if chunks else 0):
+                cut = True
+                self._leave(order[at:], touched, by_engine)
+                break
+            room -= BLOCK_WORDS
+            if engine in touched:
+                engines[engine] = touched[engine]
+            if not chunks:
+                continue
             chunks.sort(key=_INDEX)
-        return touched, out
+            n = 0
+            for chunk in chunks:
+                names = chunk.names()
+                send_names = with_names or names != chunk.names_held
+                words = 2 * CHUNK_WORDS if send_names else CHUNK_WORDS
+                if words > room:
+                    break
+                room -= words
+                chunk.dirty = False
+                chunk.sent_names = names
+                chunk.send_names = send_names
+                chunk.sent_values = chunk.values()
+                n += 1
+                done += 1
+                if not done % _YIELD_EVERY:
+                    time.sleep(0)  # the host's threads get the GIL (see accumulator.take_shards)
+            if n:
+                out[engine] = chunks if n == len(chunks) else chunks[:n]
+            if n < len(chunks):
+                cut = True
+                self.touched.setdefault(engine, 0)  # its next part heartbeats it again
+                self.dirty += chunks[n:]
+                self._leave(order[at + 1 :], touched, by_engine)
+                break
+        return Taken(engines, out, self._checks(room, engines, out), cut)
+
+    def _leave(self, engines: list[int], touched: dict[int, int], chunks: dict[int, list[Chunk]]) -> None:
+        """*engines* did not fit in this take: their changes wait for the next one."""
+        for engine in engines:
+            if engine in touched:
+                self.touched[engine] = touched[engine]
+            self.dirty += chunks.get(engine, ())
+
+    def _checks(self, room: int, engines: dict[int, int], out: dict[int, list[Chunk]]) -> list[int]:
+        """The engines where the store holds this writer's chunks and the take has no block:
+        checked by the script (still there?), not heartbeated. At most what *room* holds; when
+        more are held, the next takes check the next ones (each is checked within a few flushes,
+        never skipped for good)."""
+        found = [e for e, state in self._engines.items() if state.held and e not in engines and e not in out]
+        fit = max(0, room) // CHECK_WORDS
+        if len(found) <= fit:
+            return found
+        start = self._checked % len(found)
+        self._checked = start + fit
+        return (found[start:] + found[:start])[:fit]
 
     def confirm(self, taken: dict[int, list[Chunk]]) -> None:
         """Redis holds the chunks that :meth:`take` returned as *taken* (applied, or applied

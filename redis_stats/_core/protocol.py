@@ -5,7 +5,9 @@ and the sequence numbers between the two (:class:`FlushProtocol`).
 A batch keeps its sequence number and contents until Redis confirms it (applied, or already
 applied). A lost reply is retried with the same number; the script skips numbers it has seen, so
 nothing is applied twice. New updates wait in the accumulator's dirty list for the next number,
-so an outage costs memory per series, never per update.
+so an outage costs memory per series, never per update. A batch holds at most one call's worth
+(:data:`MAX_CALL_WORDS`, :attr:`Batch.cut`): a flush of more sends the rest as the next batches,
+each with its own number, once the one before is confirmed (:meth:`FlushProtocol.next_parts`).
 
 Per shard of the namespace (option ``shards`` = K > 1), one
 :class:`~redis_stats._core.shardflow.ShardFlow` holds the shard's sequence, batch in flight and
@@ -27,6 +29,17 @@ from redis_stats.keys import SCHEMA_VERSION, Keys
 
 if TYPE_CHECKING:  # what the protocol takes batches from (accumulator.py imports this module)
     from redis_stats._core.accumulator import Accumulator
+
+
+MAX_CALL_WORDS = 3_999
+"""The most words one flush call sends: ``EVALSHA``, its SHA, the key count, the keys and the
+arguments. ElastiCache Serverless refuses a request of more (docs/operations.md); a flush of
+more changes is sent as several batches, each exactly once (:attr:`Batch.cut`)."""
+CALL_WORDS = 3 + 8 + 15
+"""The words of every call whatever it carries: ``EVALSHA``, the SHA and the key count, the 8
+fixed keys, 10 header arguments and 5 counts (``flush.lua``'s header)."""
+SPEC_WORDS = 2
+"""The words of one spec sent (its name, its JSON)."""
 
 
 @dataclass
@@ -55,11 +68,12 @@ class Batch:
     """engine -> (how many of the writer's chunks the store holds there as far as it knows, when
     its last applied batch heartbeated it), when the batch was made: the script checks they are
     all still there (``flush.lua``)."""
-
-    @property
-    def sent(self) -> dict[int, list[Chunk]]:
-        """What confirming this batch means (:meth:`redis_stats._core.chunks.Totals.confirm`)."""
-        return self.chunks
+    checks: list[int] = field(default_factory=list)
+    """The engines where the store holds the writer's chunks and this batch has no block:
+    checked by the script (still there?), not heartbeated."""
+    cut: bool = False
+    """The take stopped at :data:`MAX_CALL_WORDS`: what did not fit waits in the totals, and
+    goes as the next batch (its own number) once this one is confirmed, in the same flush."""
 
     def series(self) -> int:
         """How many series (counters, gauges, histograms) changed in this batch."""
@@ -69,19 +83,13 @@ class Batch:
         """The engines of this batch's blocks, in the order of its arguments (and keys)."""
         return list(dict.fromkeys([*self.engines, *self.chunks]))
 
-    def checked_engines(self) -> list[int]:
-        """The engines where the store holds the writer's chunks and this batch has no block:
-        checked by the script (still there?), not heartbeated."""
-        blocks = set(self.engines) | set(self.chunks)
-        return [e for e in self.held if e not in blocks]
-
     def script_keys(self, keys: Keys, writer_id: str) -> list[str]:
         """The KEYS of ``flush.lua`` for this batch: every key it may touch (a Redis Cluster
         requires them declared), the engine hashes in the order of :meth:`script_args`' blocks,
         then those of the engines it only checks."""
         fixed = [keys.seq, keys.engines, keys.writers, keys.meta, keys.claims, keys.conflicts]
         fixed += (keys.writer_stats(writer_id), keys.load)
-        engines = [*self.block_engines(), *self.checked_engines()]
+        engines = [*self.block_engines(), *self.checks]
         return [*fixed, *[keys.counters(e) for e in engines]]
 
     def script_args(
@@ -127,7 +135,7 @@ class Batch:
         args.append(str(len(load) // 2))
         args += load
         held_in = self.held
-        checked = self.checked_engines()
+        checked = self.checks
         args.append(str(len(checked)))
         for engine in checked:
             args += (str(engine), *map(str, held_in[engine]))
@@ -212,51 +220,60 @@ class FlushProtocol:
 
     Per shard of the namespace (one for an unsharded one), on the accumulator's flows: each has
     its own numbers and batch, confirmed by its own answer (see the module docstring).
-    ``in_flight``, ``next_seq``, :meth:`next_batch` and :meth:`confirmed` without a shard are
-    shard 0's.
     """
 
     def __init__(self, acc: Accumulator) -> None:
         self.acc = acc
         self.flows = acc.flows
 
-    @property
-    def in_flight(self) -> Batch | None:
-        """Shard 0's unconfirmed batch."""
-        return self.flows[0].in_flight
-
-    @in_flight.setter
-    def in_flight(self, batch: Batch | None) -> None:
-        self.flows[0].in_flight = batch
-
-    @property
-    def next_seq(self) -> int:
-        """Shard 0's next sequence number."""
-        return self.flows[0].next_seq
-
-    def next_batch(self, engines: Iterable[int] = (), *, closing: bool = False) -> Batch:
-        """The batch to send now: the unconfirmed one again, else a new one with the next number
-        (of shard 0: the whole namespace unless it is sharded)."""
-        return self.next_batches(engines, closing=closing, always=(0,))[0]
-
     def next_batches(
-        self, engines: Iterable[int] = (), *, closing: bool = False, always: Iterable[int] = (0,)
+        self,
+        engines: Iterable[int] = (),
+        *,
+        closing: bool = False,
+        always: Iterable[int] = (0,),
+        room: dict[int, int] | None = None,
+        more: Iterable[int] = (),
     ) -> dict[int, Batch]:
         """Shard -> the batch to send it now: its unconfirmed one again, else a new one with its
-        next number. The shards of *always* get one every time (heartbeats, self-metrics), the
-        others once they have data (and from then on)."""
+        next number, of at most its *room* (see :meth:`Accumulator.take_shards`); a new batch
+        of a shard of *more* is cut whatever it holds (its call has more to carry than room for:
+        the rest goes with the next part). The shards of *always* get one every time
+        (heartbeats, self-metrics), the others once they have data (and from then on)."""
         wanted = set(always) | {f.index for f in self.flows if f.active}
         idle = [f for f in self.flows if f.in_flight is None]
         if idle and (wanted.intersection(f.index for f in idle) or self.acc.dirty):
-            self._take(idle, engines, wanted)
+            self._take(idle, engines, wanted, room)
+            for flow in idle:
+                if flow.index in more and flow.in_flight is not None:
+                    flow.in_flight.cut = True
         return self._sending(sorted(wanted), closing)
 
-    def _take(self, idle: list[ShardFlow], engines: Iterable[int], wanted: set[int]) -> None:
+    def next_parts(
+        self, shards: Iterable[int], room: dict[int, int], *, more: Iterable[int] = (), closing: bool = False
+    ) -> dict[int, Batch]:
+        """Shard -> its next batch, for each of *shards* whose batch Redis just confirmed was
+        cut (:meth:`confirmed` said so): what did not fit in it, with the next number. Each part is a
+        batch of its own, exactly once by the same protocol; a later part of a batch that
+        carried the writer's whole state goes with the number of the part before it confirmed,
+        so the store must hold that part (else it is behind, and everything goes again)."""
+        cut = set(more)
+        for shard in shards:  # the parts a flush round found cut (confirmed() said so)
+            flow = self.flows[shard]
+            if flow.in_flight is None:
+                batch = self.acc.take_rest(shard, flow.next_seq, room[shard])
+                batch.cut = batch.cut or shard in cut
+                flow.send(batch)
+        return self._sending(sorted(shards), closing)
+
+    def _take(
+        self, idle: list[ShardFlow], engines: Iterable[int], wanted: set[int], room: dict[int, int] | None
+    ) -> None:
         """Take a new batch for each *idle* shard (none in flight) and send those of *wanted*,
         and those that got their first data (added to *wanted*)."""
         seqs = {f.index: f.next_seq for f in idle}
         resend = [f.index for f in idle if f.resend_all]
-        for shard, batch in self.acc.take_shards(seqs, engines, resend=resend).items():
+        for shard, batch in self.acc.take_shards(seqs, engines, resend=resend, room=room).items():
             if shard in wanted or self._first_data(shard, batch):
                 self.flows[shard].send(batch)
                 wanted.add(shard)
@@ -264,7 +281,7 @@ class FlushProtocol:
     def _first_data(self, shard: int, batch: Batch) -> bool:
         """Whether *batch* is the first with data for a shard not written to yet (which then gets
         a call every round); if not, no call, and its specs wait for its first data."""
-        if not batch.engines and not batch.chunks:
+        if not batch.engines and not batch.chunks and not batch.cut:
             self.acc.requeue_specs(batch.specs, shard)
             return False
         self.flows[shard].active = True
@@ -279,22 +296,24 @@ class FlushProtocol:
             sending = flow.in_flight
             if sending is None:
                 continue
-            if closing and not self.acc.dirty and not flow.owed:
+            if closing and not sending.cut and not self.acc.dirty and not flow.owed:
                 # Only the heartbeat depends on this flag, never the data: safe on a retried batch.
                 sending.closing = True
             out[shard] = sending
         return out
 
-    def confirmed(self, result: FlushResult, shard: int = 0) -> None:
+    def confirmed(self, result: FlushResult, shard: int = 0) -> bool:
         """Redis answered *shard*'s call: its in-flight batch is applied (now or by an earlier
         attempt), or nothing of it was: gc had removed this writer there, or the store is behind
-        what it confirmed before (both: the next batch carries everything)."""
+        what it confirmed before (both: the next batch carries everything). True when the batch
+        applied was cut: its next part goes now (:meth:`next_parts`)."""
         self.acc.anchor(shard, result.server_time_ms)
         batch = self.flows[shard].answered(result)
         if batch is not None and not result.applied and batch.specs:
             # An earlier attempt applied it, but its answer (which would name catalogue conflicts)
             # was lost: send the specs again, so the script can tell us.
             self.acc.requeue_specs(batch.specs, shard)
+        return batch is not None and batch.cut
 
     def in_flight_series(self) -> int:
         """Series in the batches sent but not confirmed yet (0 if none)."""

@@ -26,9 +26,9 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from redis_stats._core import chunks, fields
-from redis_stats._core.chunks import Series
-from redis_stats.catalog import MetricSpec
+from redis_stats._core import fields
+from redis_stats._core.chunks import Total
+from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM, MetricSpec
 
 if TYPE_CHECKING:  # the children's owner (accumulator.py imports this module)
     from redis_stats._core.accumulator import Accumulator
@@ -39,8 +39,10 @@ _monotonic = time.monotonic
 _NAN = math.nan
 # The largest finite float: an amount beyond it (e.g. the int 10**400) cannot be stored or summed.
 _MAX = 1.7976931348623157e308
-# What HINCRBY holds (signed 64 bit). A larger integer delta is sent as a float (HINCRBYFLOAT).
-_I64_MAX = 2**63 - 1
+# The largest int delta added as an int; a larger one is added as a float (exact to 53 bits), so a
+# total that large is a float, which readers add up over writers to inf at worst (two int totals
+# near 1e308 would overflow the conversion of their sum; tests/store/test_every_view.py).
+_INT_DELTA_MAX = 2**63 - 1
 
 # Why an update is dropped (counted in ``Accumulator.drops``, never raised into the host):
 # invalid_value, label_too_long, cardinality, catalog_conflict (the metric's definition conflicts
@@ -74,15 +76,15 @@ def _admitted(acc: Accumulator, x: object, low: float) -> int | float:
     return value
 
 
-class CounterChild(Series):
+class CounterChild(Total):
     """One counter series of one engine. ``inc`` is the hot path: memory only, never raises.
 
-    It is its own :class:`Series` in its shard's totals (its place given by its first take)."""
+    It is its own :class:`Total` in its shard's totals (its place given by its first take)."""
 
     __slots__ = ("_acc", "_lock", "deltas", "engine", "gen", "stored")
 
     def __init__(self, acc: Accumulator, engine: int, field_name: str) -> None:
-        super().__init__(field_name, chunks.COUNTER)
+        super().__init__(field_name, COUNTER)
         self._acc = acc
         self._lock = acc.lock
         self.engine = engine
@@ -112,7 +114,7 @@ class CounterChild(Series):
     def _take(self, slot: int) -> None:
         # Without the lock: recorders write the other slot until the next take (see the module docstring).
         delta, self.deltas[slot] = self.deltas[slot], 0
-        if type(delta) is int and delta > _I64_MAX:
+        if type(delta) is int and delta > _INT_DELTA_MAX:
             # Beyond 64 bits: added as a float (exact to 53 bits, as a reader reads the total).
             delta = float(delta) if delta <= _MAX else _INF
         if delta == _INF:  # a sum of valid amounts beyond the largest float
@@ -125,13 +127,13 @@ class CounterChild(Series):
             self.add_total(delta)
 
 
-class GaugeChild(Series):
+class GaugeChild(Total):
     """One gauge series of one engine, as this writer sees it; the reader rolls writers up."""
 
     __slots__ = ("_acc", "_lock", "engine", "gen", "state")
 
     def __init__(self, acc: Accumulator, engine: int, field_name: str) -> None:
-        super().__init__(field_name, chunks.GAUGE)
+        super().__init__(field_name, GAUGE)
         self._acc = acc
         self._lock = acc.lock
         self.engine = engine
@@ -193,7 +195,7 @@ class GaugeChild(Series):
         self.set_text(f"{ms:.3f}|{float(value)!r}")
 
 
-class HistogramChild(Series):
+class HistogramChild(Total):
     """One histogram series of one engine: non-cumulative bucket counts and a sum.
 
     In Redis the whole series is one field, ``<series>|h:<layout>`` -> ``"<sum> <c0> ... <cN>"``,
@@ -204,7 +206,7 @@ class HistogramChild(Series):
 
     def __init__(self, acc: Accumulator, engine: int, spec: MetricSpec, components: tuple[str, ...]) -> None:
         bounds = (*spec.buckets, _INF)
-        super().__init__(fields.encode((*components, fields.bucket_tag(bounds))), chunks.HISTOGRAM)
+        super().__init__(fields.encode((*components, fields.bucket_tag(bounds))), HISTOGRAM)
         self._acc = acc
         self._lock = acc.lock
         self.engine = engine

@@ -150,7 +150,7 @@ class ShardFlow:
             # Applied now, claims and all. "Already applied" wrote nothing of this attempt: its
             # claims (maybe not in the attempt Redis applied) go again with the next batch.
             self.claimed_at = _monotonic()
-        self.totals.confirm(batch.sent)
+        self.totals.confirm(batch.chunks)
         self.confirmed = batch.seq
         if result.applied:
             self.confirmed_ms = result.server_time_ms

@@ -24,7 +24,9 @@
 --       nclaims, {engine} * nclaims,
 --       nstats, {field, value} * nstats           (the writer's self-metrics that changed, absolute)
 --       nspecs, {name, json} * nspecs,
---       nload, {engine, entry} * nload         (the writer's load entries, absolute: load.py)
+--       nload, {engine, entry} * nload         (the writer's load entries, absolute: load.py;
+--                                               an empty entry deletes the engine's: a closing
+--                                               writer's, in every part of its closing flush)
 --       ncheck, {engine, held, beat ms} * ncheck (engines where the writer holds chunks but
 --                                               sends nothing this time: checked, not heartbeated;
 --                                               beat ms: its last heartbeat of the engine, put
@@ -373,7 +375,9 @@ end
 
 -- With a conflicting spec in this batch, the lines of its series are taken out of the chunks: only
 -- then is a chunk read (its names come with the batch, or are the stored ones). The common path
--- passes the arguments to one HSET as they are.
+-- passes the arguments to one HSET as they are. Not dead code: a writer's first batch carries its
+-- specs with their series (it cannot know of a conflict before this reply), and so does the first
+-- part of a batch sent in parts (tests/writer/test_catalog_conflict.py fails without it).
 local any_conflict = #conflict_names > 0
 local refused = 0
 
@@ -462,16 +466,24 @@ if added == 1 and confirmed > 0 then rewritten[#rewritten + 1] = 'writers' end
 -- the right) costs the feed this writer's entries, never the flush. The reply says why.
 local load_error = ''
 if nload > 0 then
-  local entries = {}
+  local set, gone = {}, {}
   local stamp = now_text .. ','
   for j = load_at, load_at + 2 * nload - 1, 2 do
-    entries[#entries + 1] = ARGV[j] .. '|' .. writer
-    if not closing then entries[#entries + 1] = stamp .. ARGV[j + 1] end
+    local f = ARGV[j] .. '|' .. writer
+    if ARGV[j + 1] == '' then
+      gone[#gone + 1] = f  -- a closing writer's (in every part of its closing flush)
+    else
+      set[#set + 1] = f
+      set[#set + 1] = stamp .. ARGV[j + 1]
+    end
   end
   -- In parts of 1,000 (whole pairs): unpack() of a very long list overflows Lua's C stack.
-  for j = 1, #entries, 1000 do
-    local r = redis.pcall(closing and 'HDEL' or 'HSET', KEYS[8], unpack(entries, j, math.min(j + 999, #entries)))
-    if type(r) == 'table' and r.err then load_error = r.err; break end
+  for _, step in ipairs({{'HSET', set}, {'HDEL', gone}}) do
+    local command, list = step[1], step[2]
+    for j = 1, #list, 1000 do
+      local r = redis.pcall(command, KEYS[8], unpack(list, j, math.min(j + 999, #list)))
+      if type(r) == 'table' and r.err then load_error = r.err; break end
+    end
   end
 end
 return {1, now, #owner_conflicts / 2, conflict_names, refused, load_error, rewritten}

@@ -23,7 +23,7 @@ from typing import Any
 
 from redis_stats._core.values import float_mean, float_sum
 from redis_stats.catalog import COUNTER, GAUGE
-from redis_stats.snapshot import EngineSnapshot, HistogramValue, Snapshot
+from redis_stats.snapshot import EngineSnapshot, HistogramValue, Snapshot, json_number
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -184,14 +184,6 @@ class SnapshotRing:
         return None
 
 
-def _json(value: float) -> float | str | None:
-    if math.isnan(value):
-        return None
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return value
-
-
 def _increase(now: float, before: float) -> float:
     # A counter that went down (Redis lost its data) counts from 0, as Prometheus' rate() does.
     return now - before if now >= before else now
@@ -253,7 +245,7 @@ def _window_rates(
         if keep is not None and name not in keep:
             continue
         labels = _labels(now, name, values)
-        rates.setdefault(name, []).append({"labels": labels, "per_second": _json(rate)})
+        rates.setdefault(name, []).append({"labels": labels, "per_second": json_number(rate, nan=None)})
     return rates
 
 
@@ -273,12 +265,12 @@ def _window_histograms(
         recent = _since(h, old_h)
         item: dict[str, Any] = {
             "labels": _labels(now, name, values),
-            "count": _json(recent.count),
-            "per_second": _json(recent.count / seconds),
-            "mean": _json(recent.sum / recent.count) if recent.count > 0 else None,
+            "count": json_number(recent.count, nan=None),
+            "per_second": json_number(recent.count / seconds, nan=None),
+            "mean": json_number(recent.sum / recent.count, nan=None) if recent.count > 0 else None,
         }
         for key, q in QUANTILES:
-            item[key] = _json(recent.quantile(q))
+            item[key] = json_number(recent.quantile(q), nan=None)
         histograms.setdefault(name, []).append(item)
     return histograms
 
@@ -316,7 +308,7 @@ def _fleet_rates(
 ) -> dict[str, float | str | None]:
     """Every (wanted) counter's rate summed over engines; None for each without a window."""
     return {
-        spec.name: (_json(rate_sums.get(spec.name, 0.0)) if have_window else None)
+        spec.name: (json_number(rate_sums.get(spec.name, 0.0), nan=None) if have_window else None)
         for spec in now.catalog
         if spec.kind == COUNTER and (wanted is None or spec.name in wanted)
     }
@@ -357,9 +349,11 @@ def _gauge_totals(snap: Snapshot) -> dict[str, dict[str, Any]]:
         total = float_sum(values)  # +inf past the float range, NaN (null) for inf and -inf
         out[spec.name] = {
             "engines": len(values),
-            "sum": _json(total) if values else None,
-            "mean": _json(float_mean(values, total)) if values else None,  # finite for finite values
-            "max": _json(max(values)) if values else None,
+            "sum": json_number(total, nan=None) if values else None,
+            "mean": json_number(float_mean(values, total), nan=None)
+            if values
+            else None,  # finite for finite values
+            "max": json_number(max(values), nan=None) if values else None,
         }
     return out
 
@@ -369,15 +363,6 @@ def _summary_value(kind: str, metric: str, fleet: dict[str, Any], have_window: b
         return fleet["rates"].get(metric) if have_window else None
     gauge = fleet["gauges"].get(metric)
     return gauge.get(kind) if gauge else None
-
-
-def _number(value: float) -> float | str:
-    # As Snapshot.to_dict writes a since-start value: a value that is not finite as Prometheus does.
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return value
 
 
 def _keyed(
@@ -397,7 +382,7 @@ def _keyed(
             if not buckets:
                 del value["buckets"]
         else:
-            value = _number(v)
+            value = json_number(v)
         out.setdefault(name, []).append({"labels": _labels(snap, name, values), "value": value})
     return out
 
@@ -424,7 +409,7 @@ def snapshot_document(
     but not their cumulative buckets (most of the document, for a client that only reads figures).
     """
     keep = None if names is None else set(names)
-    doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "time": _number(now.time)}
+    doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "time": json_number(now.time)}
     if source is not None:
         doc["source"] = dict(source)
     doc["engines"] = {
@@ -432,7 +417,7 @@ def snapshot_document(
             "up": e.up,
             "state": e.state or ("up" if e.up else "down"),
             "endpoint": e.endpoint,
-            "age_seconds": _number(e.age),
+            "age_seconds": json_number(e.age),
             "counters": _keyed(now, e.counters, keep),
             "gauges": _keyed(now, e.gauges, keep),
             "histograms": _keyed(now, e.histograms, keep, buckets),
@@ -440,7 +425,8 @@ def snapshot_document(
         for e in sorted(now.engines.values(), key=lambda e: e.engine)
     }
     doc["writers"] = {
-        w: {"age_seconds": _number(i.age), "closed": i.closed, "live": i.live} for w, i in now.writers.items()
+        w: {"age_seconds": json_number(i.age), "closed": i.closed, "live": i.live}
+        for w, i in now.writers.items()
     }
     doc["skipped"] = dict(now.skipped)
     doc.update(recent_document(now, earlier, requested=requested, summary=summary, names=keep))

@@ -19,7 +19,7 @@ import redis
 
 from redis_stats._core.accumulator import Accumulator
 from redis_stats._core.liveness import ENDPOINT_FIELD, FLUSH_FIELD, STALE_FIELD
-from redis_stats._core.protocol import DUPLICATE, FlushProtocol, FlushResult
+from redis_stats._core.protocol import CALL_WORDS, DUPLICATE, MAX_CALL_WORDS, FlushProtocol, FlushResult
 from redis_stats._core.steps import Steps
 from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, CatalogError, MetricSpec
 from redis_stats.config import ConfigError, StatsConfig
@@ -30,6 +30,10 @@ from redis_stats.writer import forking
 from redis_stats.writer.handles import CounterSeries, GaugeSeries, HistogramSeries, MetricHandle
 from redis_stats.writer.identity import check_engines, check_identity, new_writer_id
 from redis_stats.writer.stats import CLAIMS_PER_STALE, STATS_INTERVAL, WriterStats, routine_stat
+
+# The most words of claims and load entries (one per claimed engine, two per load entry) one flush
+# call carries: a writer of thousands of engines sends the rest with the next parts of its flush.
+EXTRA_WORDS = 1_600
 
 __all__ = ["WriterCore"]
 
@@ -95,6 +99,10 @@ class WriterCore:
         # One flow per shard (its totals, sequence, batch in flight and the writer's id there).
         self._flows = self._acc.flows
         self._protocol = FlushProtocol(self._acc)
+        self._parts: list[int] = []  # shards whose batch just confirmed was cut: their next part goes now
+        # Per shard, the claims and load entries of this flush round not sent yet (a call has
+        # room for EXTRA_WORDS of them; the rest go with the next part).
+        self._extras: dict[int, tuple[list[int], list[int]]] = {}
         self._closed = False
         # Self-metrics Redis holds for this writer (as far as we know), and those the flush in
         # flight sends: only the ones that changed go with a flush (each field costs Redis time).
@@ -217,36 +225,42 @@ class WriterCore:
 
     # -- the flush protocol, without I/O -------------------------------------------------------
 
-    def prepare_flush(self, *, closing: bool = False) -> tuple[list[str], list[str]]:
-        """KEYS and ARGV of the next flush of an unsharded namespace: the unconfirmed batch
-        again, or a new one (with ``shards`` > 1: :meth:`prepare_flushes`)."""
-        calls = self.prepare_flushes(closing=closing)
-        if len(calls) != 1 or calls[0][0] != 0:
-            raise ValueError(f"{len(calls)} shard calls: use prepare_flushes() with shards={self.shards}")
-        return calls[0][1], calls[0][2]
-
-    def prepare_flushes(self, *, closing: bool = False) -> list[tuple[int, list[str], list[str]]]:
+    def prepare_flushes(
+        self, *, closing: bool = False, parts: list[int] | None = None
+    ) -> list[tuple[int, list[str], list[str]]]:
         """``(shard, KEYS, ARGV)`` of each script call of the next flush round: one per shard
         this writer writes to (one in all when the namespace is not sharded), each the shard's
-        unconfirmed batch again, or a new one."""
-        batches = self._protocol.next_batches(self.engines, closing=closing, always=self._always)
-        offset, k = self.config.engine_offset, self.shards
+        unconfirmed batch again, or a new one; none above :data:`MAX_CALL_WORDS` words. With
+        *parts*, the next part of those shards' batches (:attr:`Batch.cut`): what did not fit,
+        and the claims and load entries the calls before had no room for."""
+        if parts is None:
+            self._extras = {flow.index: self._extras_of(flow.index) for flow in self._flows}
+        room, more = {}, set()
+        for flow in self._flows:
+            claims, load = self._extras.get(flow.index, ((), ()))
+            extra = len(claims) + 2 * len(load)
+            if extra > EXTRA_WORDS:
+                more.add(flow.index)  # the rest of them rides on the next part
+            room[flow.index] = self._room(flow.index, min(extra, EXTRA_WORDS))
+        if parts is None:
+            batches = self._protocol.next_batches(
+                self.engines, closing=closing, always=self._always, room=room, more=more
+            )
+        else:
+            batches = self._protocol.next_parts(parts, room, more=more, closing=closing)
         stale_ms = int(self.config.stale_after * 1000)
         calls = []
         for shard, batch in batches.items():
             flow = self._flows[shard]
             # Computed when first used (and cached): with K = 64 the 63 tags cost ~0.3 s of CPU,
-            # and a writer of one engine (the vLLM layout) only ever needs one or two.
-            keys = flow.keys(self.keys, k)
-            claims = (
-                [e + offset for e in self.engines if shard_of(e + offset, k) == shard]
-                if self.owner and flow.claims_due(self.claim_interval)
-                else []
-            )
+            # and a writer of one engine (the vLLM deployment) only ever needs one or two.
+            keys = flow.keys(self.keys, self.shards)
+            claims, load = self._take_extras(shard)
             flow.claiming = bool(claims)
-            # What the store should hold of this writer besides its chunks: checked by the script.
+            # What the store should hold of this writer besides its chunks: checked by the script
+            # (claims renewed by the first call of a flush; a later part's are new ones).
             held = "s" if shard == self.home and self._stats_stored else ""
-            held += "c" if claims and flow.claimed_at > -math.inf else ""
+            held += "c" if claims and parts is None and flow.claimed_at > -math.inf else ""
             args = batch.script_args(
                 keys.prefix,
                 flow.writer_id,
@@ -254,11 +268,42 @@ class WriterCore:
                 stale_ms=stale_ms,
                 claims=claims,
                 stats=self._changed_stats(batch.closing) if shard == self.home else (),
-                load=self._load_entries(shard, batch.closing),
+                load=self._load_entries(load, closing),
                 held=held,
             )
             calls.append((shard, batch.script_keys(keys, flow.writer_id), args))
         return calls
+
+    def _extras_of(self, shard: int) -> tuple[list[int], list[int]]:
+        """What a flush round sends *shard* besides its batch: the engines it claims there (when
+        due) and those whose load entries it sends there."""
+        offset, k = self.config.engine_offset, self.shards
+        claims = (
+            [e + offset for e in self.engines if shard_of(e + offset, k) == shard]
+            if self.owner and self._flows[shard].claims_due(self.claim_interval)
+            else []
+        )
+        load = [e for e in self.load.engines() if shard_of(e, k) == shard] if self.load is not None else []
+        return claims, load
+
+    def _take_extras(self, shard: int) -> tuple[list[int], list[int]]:
+        """The claims and load entries of the next call to *shard*: at most :data:`EXTRA_WORDS`
+        words of them, claims first; the rest stays for the call after it (the next part)."""
+        claims, load = self._extras.get(shard, ([], []))
+        taken_claims, claims = claims[:EXTRA_WORDS], claims[EXTRA_WORDS:]
+        fit = (EXTRA_WORDS - len(taken_claims)) // 2
+        taken_load, load = load[:fit], load[fit:]
+        self._extras[shard] = (claims, load)
+        return taken_claims, taken_load
+
+    def _room(self, shard: int, extra: int) -> int:
+        """The words a call to *shard* has left for its batch's specs, engine blocks and checks:
+        :data:`MAX_CALL_WORDS` less what every call carries, its self-metrics (at most all of
+        them, in its home) and the *extra* words of its claims and load entries."""
+        words = MAX_CALL_WORDS - CALL_WORDS - extra
+        if shard == self.home:
+            words -= 2 * self.stats.field_count(self._acc.drops)
+        return words
 
     def _changed_stats(self, closing: bool) -> list[str]:
         """The self-metrics (field, value pairs) that differ from what Redis holds: none when
@@ -305,7 +350,8 @@ class WriterCore:
     def flush_succeeded(self, reply: Any, seconds: float, shard: int = 0) -> FlushResult:
         """Redis answered the flush of *shard* (applied now, or already applied): move on."""
         result = FlushResult.from_reply(reply)
-        self._protocol.confirmed(result, shard)
+        if self._protocol.confirmed(result, shard):
+            self._parts.append(shard)
         if result.load_error:  # the batch was applied; its load entries were refused
             self.load_done(redis.exceptions.ResponseError(result.load_error))
         if result.lost:
@@ -414,8 +460,11 @@ class WriterCore:
         """One flush round as steps (see :mod:`redis_stats._core.steps`), carried out blocking by
         :class:`StatsWriter` and awaited by the asyncio twin: ``("shards", (KEYS, ARGV))`` lists
         this writer's K in shard 0's catalogue (until done once), then ``("flush", (KEYS, ARGV))``
-        per shard written to, one after the other. Ends with True if Redis confirmed every flush;
-        a failure is counted here and that shard's batch goes again next round."""
+        per shard written to, one after the other, and again for each shard whose batch did not
+        fit in one call (its next part, once the one before is confirmed: at most
+        :data:`MAX_CALL_WORDS` words a call). Ends with True if Redis confirmed every flush; a
+        failure is counted here and that shard's batch goes again next round (the parts after
+        it, with the round after that)."""
         if not self.shards_noted:
             try:
                 yield ("shards", self.shards_call())
@@ -423,39 +472,49 @@ class WriterCore:
             except Exception as exc:  # logged; tried again next round
                 self.shards_failed(exc)
         ok = True
-        for shard, keys, args in self.prepare_flushes(closing=closing):
-            started = time.perf_counter()
-            try:
-                reply = yield ("flush", (keys, args))
-            except Exception as exc:  # never raised into the host
-                self.flush_failed(exc, shard)
-                ok = False
-                continue
-            self.flush_succeeded(reply, time.perf_counter() - started, shard)
+        calls = self.prepare_flushes(closing=closing)
+        while calls:
+            self._parts = []
+            for shard, keys, args in calls:
+                started = time.perf_counter()
+                try:
+                    reply = yield ("flush", (keys, args))
+                except Exception as exc:  # never raised into the host
+                    self.flush_failed(exc, shard)
+                    ok = False
+                    continue
+                self.flush_succeeded(reply, time.perf_counter() - started, shard)
+            calls = self.prepare_flushes(closing=closing, parts=self._parts) if self._parts else []
         return ok
 
     # -- the load feed (redis_stats/load.py): its entries in each flush, and alone (load.lua) ------
 
-    def _load_entries(self, shard: int, closing: bool) -> list[str]:
-        """The load entries (``engine, entry`` pairs) of this writer's engines in *shard*, for
-        its flush there (``flush.lua`` stores them with the batch) or alone (``load.lua``). A
-        closing flush's name the engines only: the script deletes their entries."""
-        if self.load is None:
+    def _load_entries(self, engines: list[int], closing: bool) -> list[str]:
+        """The load entries (``engine, entry`` pairs) of *engines* (this writer's, in one
+        shard), for its flush there (``flush.lua`` stores them with the batch) or alone
+        (``load.lua``). A closing flush's name the engines only: the script deletes their
+        entries."""
+        if self.load is None or not engines:
             return []
-        engines = [e for e in self.load.engines() if shard_of(e, self.shards) == shard]
         if closing:
             return [x for e in engines for x in (str(e), "")]
         return self.load.entries(engines, self._acc.server_ms)
 
     def load_calls(self) -> list[tuple[list[str], list[str]]]:
-        """``load.lua``'s calls of the load entries alone (``load_interval``), one per shard."""
+        """``load.lua``'s calls of the load entries alone (``load_interval``), one per shard, or
+        more for a writer of so many engines that one call would exceed :data:`MAX_CALL_WORDS`
+        words (each entry stands alone: any split is as good as one call)."""
         if self.load is None:
             return []
-        flows = [self._flows[s] for s in sorted({shard_of(e, self.shards) for e in self.load.engines()})]
-        return [
-            ([f.keys(self.keys, self.shards).load], [f.writer_id, *self._load_entries(f.index, False)])
-            for f in flows
-        ]
+        per_call = (MAX_CALL_WORDS - 5) // 2  # EVALSHA, SHA, key count, the key, the writer
+        calls = []
+        for shard in sorted({shard_of(e, self.shards) for e in self.load.engines()}):
+            flow = self._flows[shard]
+            engines = [e for e in self.load.engines() if shard_of(e, self.shards) == shard]
+            for i in range(0, len(engines), per_call):
+                entries = self._load_entries(engines[i : i + per_call], False)
+                calls.append(([flow.keys(self.keys, self.shards).load], [flow.writer_id, *entries]))
+        return calls
 
     def load_done(self, result: Any) -> None:
         """What storing the load entries came to (``load.lua``'s reply, or the error a flush

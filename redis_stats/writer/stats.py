@@ -65,6 +65,12 @@ class WriterStats:
         self.duration_sum += seconds
         self.duration_counts[bisect_left(FLUSH_DURATION_BUCKETS, seconds)] += 1
 
+    def field_count(self, drops: dict[str, int]) -> int:
+        """How many fields :meth:`as_fields` returns, with ``stale_ms`` (what a flush call may
+        carry of them), and room for a few more drop reasons counted meanwhile."""
+        tallies = len(self.errors) + len(self.shards_errors) + len(drops) + len(self.lost)
+        return 8 + tallies + len(self.duration_counts) + 8
+
     def as_fields(
         self, drops: dict[str, int], pending: int, engines: tuple[int, ...], owner: str
     ) -> list[str]:

@@ -18,11 +18,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from redis_stats import RedisCollector, StatsConfig, StatsReader, StatsWriter
-from redis_stats._core import fields
 from redis_stats.connection import make_client
 from redis_stats.keys import Keys
 from redis_stats.ops.inspection import inspect_namespace
 from redis_stats.prometheus.exporter import Exporter
+from tests import chunked
 from tests.chunked import set_series_value
 from tests.conftest import sample_catalog, scripted_client
 
@@ -86,7 +86,7 @@ def names(key: str, value: str) -> Callable[[Any, Keys, str], None]:
     """A chunk's names field that does not match its values line for line."""
 
     def plant(client: Any, keys: Keys, writer: str) -> None:
-        client.hset(key.format(keys=keys, writer=writer), fields.chunk_field(writer, 0) + "|n", value)
+        client.hset(key.format(keys=keys, writer=writer), chunked.chunk_field(writer, 0) + "|n", value)
 
     return plant
 
@@ -208,12 +208,12 @@ def _fields(draw: Any, writer: str) -> str:
     labels = draw(st.lists(st.sampled_from(["stop", "", "a|b", "x\\y", "é"]), max_size=2))
     suffix = draw(st.sampled_from([[], [writer], ["other-writer"], ["h:00000000"], ["<layout>"]]))
     if suffix == ["<layout>"]:
-        from redis_stats._core.groups import spec_bucket_tag as layout_of
+        from tests.chunked import bucket_tag as layout_of
 
         suffix = [layout_of(sample_catalog().get("latency_seconds"))]
     raw = draw(st.sampled_from(["encoded", "raw"]))
     parts = [name, *labels, *suffix]
-    return fields.encode(parts) if raw == "encoded" else "|".join(parts)
+    return chunked.encode(parts) if raw == "encoded" else "|".join(parts)
 
 
 @settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)

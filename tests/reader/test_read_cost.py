@@ -16,9 +16,10 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from redis_stats import RedisCollector, StatsReader, StatsWriter
-from redis_stats._core import decoder, fields
+from redis_stats._core import decoder
 from redis_stats.keys import Keys
 from redis_stats.prometheus.exposition import TextRenderer
+from tests import chunked
 from tests.reader.test_bad_data import samples, skipped_of
 
 
@@ -321,7 +322,7 @@ def _both_ways(config: Any, catalog: Any, fake_client: Any, values: Any, stale: 
     """One engine's chunks (*values*: one writer's lines each; writer *stale* stale) and *base*
     fields, read in bulk and line by line: both must show the same. Whether each merge of the
     bulk read took the engine in bulk (True) or left it to the line-by-line read."""
-    from redis_stats._core.groups import spec_bucket_tag as bucket_tag
+    from tests.chunked import bucket_tag
 
     histogram = "latency_seconds|" + bucket_tag(catalog.get("latency_seconds"))
     names = "\n".join([*_COUNTERS, *_GAUGES, histogram])
@@ -337,8 +338,8 @@ def _both_ways(config: Any, catalog: Any, fake_client: Any, values: Any, stale: 
     for i, lines in enumerate(values):
         writer = f"node:{i}"
         client.zadd(keys.writers, {writer: now_ms - (10**9 if i == stale else 0)})  # one may be stale
-        client.hset(keys.counters("0"), fields.chunk_field(writer, 0), "\n".join(lines))
-        client.hset(keys.counters("0"), fields.chunk_field(writer, 0) + fields.NAMES_SUFFIX, names)
+        client.hset(keys.counters("0"), chunked.chunk_field(writer, 0), "\n".join(lines))
+        client.hset(keys.counters("0"), chunked.chunk_field(writer, 0) + chunked.NAMES_SUFFIX, names)
     for name, value in base.items():
         client.hset(keys.counters("0"), histogram if name == "H" else name, value)
 

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from redis.exceptions import ResponseError
 
 from redis_stats import StatsConfig, StatsWriter
-from redis_stats._core import fields
 from redis_stats._scripts import Script, load_script
 from redis_stats.keys import Keys
+from tests import chunked
 from tests.acl import WRITER
 
 
@@ -35,7 +35,7 @@ def _writer(redis_server, namespace, catalog, client) -> StatsWriter:
 def test_flush_lua_touches_only_the_keys_it_declares(redis_server, namespace, catalog):
     admin = redis.Redis.from_url(redis_server.url, decode_responses=True)
     w = _writer(redis_server, namespace, catalog, admin)
-    keys, args = w.prepare_flush()
+    [(_shard, keys, args)] = w.prepare_flushes()
     ns = Keys(namespace)
     assert ns.writer_stats(w.writer_id) in keys and {ns.counters(0), ns.counters(3)} <= set(keys)
     # A user that may touch these keys and no other: Redis checks every command a script runs
@@ -60,14 +60,14 @@ def test_flush_lua_touches_only_the_keys_it_declares(redis_server, namespace, ca
 def test_flush_lua_refuses_keys_that_do_not_match_its_engine_blocks(redis_server, namespace, catalog):
     client = redis.Redis.from_url(redis_server.url, decode_responses=True)
     w = _writer(redis_server, namespace, catalog, client)
-    keys, args = w.prepare_flush()
+    [(_shard, keys, args)] = w.prepare_flushes()
     with pytest.raises(ResponseError, match="nothing written: 9 keys for 2 engine blocks"):
         Script(client, load_script("flush"))(keys[:-1], args)
     assert not client.exists(Keys(namespace).seq)
     client.close()
 
 
-# Components as label values and writer ids come: mostly plain, or with what fields.py escapes.
+# Components as label values and writer ids come: mostly plain, or with what the encoding escapes.
 _SPECIAL = st.sampled_from(["a", "é", "|", "\\", "\n", "/", "n", " ", "@", "😀"])
 _TEXT = st.text(_SPECIAL, max_size=12) | st.text(max_size=12)
 _ESCAPE_ALL = "\nlocal out = {}\nfor k, a in ipairs(ARGV) do out[k] = escape(a) end\nreturn out"
@@ -75,11 +75,11 @@ _ESCAPE_ALL = "\nlocal out = {}\nfor k, a in ipairs(ARGV) do out[k] = escape(a) 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(components=st.lists(_TEXT, min_size=1, max_size=8))
-def test_common_lua_escapes_a_field_component_as_fields_py_does(redis_server, components):
+def test_common_lua_escapes_a_field_component_as_the_key_schema_says(redis_server, components):
     client = redis.Redis.from_url(redis_server.url, decode_responses=True)
     escaped = client.eval(load_script("common") + _ESCAPE_ALL, 0, *components)
-    assert "|".join(escaped) == fields.encode(components)
-    assert fields.decode("|".join(escaped)) == components
+    assert "|".join(escaped) == chunked.encode(components)
+    assert chunked.decode("|".join(escaped)) == components
     client.close()
 
 

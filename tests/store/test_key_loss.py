@@ -21,10 +21,10 @@ import pytest
 import redis
 
 from redis_stats import StatsConfig, StatsReader, StatsWriter
-from redis_stats._core import fields
 from redis_stats.aio import AsyncStatsWriter
 from redis_stats.keys import Keys
 from redis_stats.load import LoadMap, LoadSource
+from tests import chunked
 from tests.conftest import sample_catalog
 
 pytestmark = pytest.mark.redis_server
@@ -176,11 +176,11 @@ def _delete(fleet: _Fleet, what: str) -> set[str]:
     raw = redis.Redis.from_url(fleet.url)
     a_id = fleet.a.w.writer_id
     k0, k1 = fleet.keys(0), fleet.keys(1)
-    chunk = fields.chunk_field(a_id, 0)
+    chunk = chunked.chunk_field(a_id, 0)
     deleted = {
         "engine hash": lambda: raw.delete(k0.counters(0)),
         "idle engine hash": lambda: raw.delete(fleet.keys(IDLE).counters(IDLE)),
-        "names field": lambda: raw.hdel(k0.counters(0), chunk + fields.NAMES_SUFFIX),
+        "names field": lambda: raw.hdel(k0.counters(0), chunk + chunked.NAMES_SUFFIX),
         "chunk field": lambda: raw.hdel(fleet.keys(IDLE).counters(IDLE), chunk),
         "seq entry": lambda: raw.hdel(k0.seq, a_id),
         "claims": lambda: raw.delete(k0.claims),
@@ -281,13 +281,13 @@ def test_a_writer_user_of_the_older_acl_rules_keeps_flushing_and_still_finds_a_l
     for user in ("new", "old"):
         cfg = StatsConfig(url=f"redis://{user}-{namespace}:pw@{host}", namespace=namespace)
         writers[user] = StatsWriter(cfg, sample_catalog(), engines=[0], role=user, start=False)
-    chunk = fields.chunk_field
+    chunk = chunked.chunk_field
     for user, w in writers.items():
         tokens = w.counter("tokens").labels(engine=0)
         tokens.inc(5)
         w.counter("requests").labels(engine=0, reason="stop").inc(2)
         assert w.flush()
-        admin.hdel(Keys(namespace).counters(0), chunk(w.writer_id, 0) + fields.NAMES_SUFFIX)
+        admin.hdel(Keys(namespace).counters(0), chunk(w.writer_id, 0) + chunked.NAMES_SUFFIX)
         tokens.inc(1)
         assert w.flush() and w.flush()
         assert dict(w.stats.lost) == ({"names": 1} if user == "new" else {}), user

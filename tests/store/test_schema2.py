@@ -50,7 +50,7 @@ def test_a_busy_flush_costs_redis_about_what_45_hincrbys_cost(redis_server, name
         for _ in range(20):  # 1 s of engine steps per flush
             sim.step(step * 0.05)
             step += 1
-        keys, args = w.prepare_flush()
+        [(_shard, keys, args)] = w.prepare_flushes()
         client.config_resetstat()
         w.flush_succeeded(w._script(keys=keys, args=args), 0.001)
         flush_us = float(client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"])
@@ -70,7 +70,7 @@ def test_a_flush_sends_only_the_self_metrics_and_chunks_that_changed(config, cat
     w.counter("tokens").labels(engine=0).inc(5)
     assert w.flush()
     assert w.flush()
-    _keys, args = w.prepare_flush()  # nothing recorded since: only what changed by flushing
+    [(_shard, _keys, args)] = w.prepare_flushes()  # nothing recorded since: only what changed by flushing
     assert args[7:9] == ["2", args[8]] and int(args[8]) > 0  # the batch confirmed last, and when
     assert args[9:11] == ["s", "0"]  # the stats hash held; no owner, no claims
     nstats = int(args[11])
@@ -284,7 +284,7 @@ def test_chunks_stay_exact_across_chunk_boundaries_lost_replies_and_writers(
         for engine, i, n in incs:
             w.counter("c").labels(engine=engine, i=str(i)).inc(n)
             expected[(engine, str(i))] = expected.get((engine, str(i)), 0) + n
-        keys, args = w.prepare_flush()
+        [(_shard, keys, args)] = w.prepare_flushes()
         if fate == "lost reply":
             w._script(keys=keys, args=args)  # applied; the writer never hears of it
         if fate != "ok":

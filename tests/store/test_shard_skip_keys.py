@@ -13,10 +13,10 @@ import fakeredis
 import pytest
 
 from redis_stats import RedisCollector, StatsReader, StatsWriter
-from redis_stats._core import fields
 from redis_stats.aio import AsyncStatsReader
 from redis_stats.keys import Keys
 from redis_stats.ops import inspection
+from tests import chunked
 from tests.conftest import sample_catalog
 from tests.store.test_shards import K, _cfg, _engine_4_after_k_changed
 
@@ -24,7 +24,7 @@ from tests.store.test_shards import K, _cfg, _engine_4_after_k_changed
 # its names field (engine_chunks), and a chunk line that is not a number (the chunk is read line
 # by line then): every place that names an engine's hash.
 GARBAGE = {"tokens": "abc", "no_such_metric": "1"}
-BAD_CHUNK = fields.chunk_field("ghost", 0)
+BAD_CHUNK = chunked.chunk_field("ghost", 0)
 
 
 def _written(fake_client: Any, namespace: str) -> StatsWriter:
@@ -43,8 +43,8 @@ def _spoil(fake_client: Any, namespace: str, writer: StatsWriter) -> tuple[str, 
     key = Keys(namespace).shard(1, K).counters(1)
     raw = fake_client()
     assert raw.exists(key) and not raw.exists(Keys(namespace).counters(1))
-    chunk = fields.chunk_field(writer.writer_id, 0)
-    names = raw.hget(key, chunk + fields.NAMES_SUFFIX).split("\n")
+    chunk = chunked.chunk_field(writer.writer_id, 0)
+    names = raw.hget(key, chunk + chunked.NAMES_SUFFIX).split("\n")
     values = raw.hget(key, chunk).split("\n")
     values[names.index("tokens")] = "1_000"
     raw.hset(key, mapping={**GARBAGE, BAD_CHUNK: "1", chunk: "\n".join(values)})
@@ -172,7 +172,7 @@ def test_an_engine_in_two_shards_names_the_part_each_skipped_field_came_from(fak
     shell = reader.decoded(reader.read()).shell
     assert set(shell.skipped.where) == expected, shell.skipped.where
     # A line of a writer's chunk: the shard holding that writer's chunks (shard 1 here).
-    chunk = fields.chunk_field(w.writer_id, 0)
+    chunk = chunked.chunk_field(w.writer_id, 0)
     assert raw.hget(one, chunk) == "7"
     raw.hset(one, chunk, "x7")
     for skipped in (reader.snapshot().skipped, reader.decoded(reader.read()).shell.skipped):

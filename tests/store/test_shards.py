@@ -52,7 +52,7 @@ def test_k1_keys_are_the_unsharded_layout(namespace):
     assert Keys(ns).shard(0, 3) == Keys(ns)
     assert Keys(ns).seq == f"rs:{{{ns}}}:v2:seq" and Keys(ns).leader == f"rs:{{{ns}}}:leader"
     w = StatsWriter(_cfg(ns), sample_catalog(), engines=[0, 1, 2], start=False)
-    keys, _args = w.prepare_flush()
+    [(_shard, keys, _args)] = w.prepare_flushes()
     prefix = f"rs:{{{ns}}}:v2:"
     fixed = [prefix + x for x in ("seq", "engines", "writers", "meta", "claims", "conflicts")]
     assert keys == [

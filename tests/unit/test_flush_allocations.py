@@ -66,7 +66,7 @@ def _writer(n: int) -> tuple[FlushProtocol, Callable[[], None]]:
     # The steady state: the catalogue and names stored, and the gauges sent again once stamped in
     # the server's time (known from the first answer on).
     for _ in range(2):
-        proto.next_batch([0, 1])
+        proto.next_batches([0, 1])[0]
         proto.confirmed(APPLIED)
     return proto, change_all
 
@@ -114,7 +114,7 @@ def flush_survivors(n: int) -> int:
     proto, change_all = _writer(n)
     change_all()
     with _young_collections_counted() as promoted:
-        batch = proto.next_batch([0, 1])
+        batch = proto.next_batches([0, 1])[0]
         proto.confirmed(APPLIED)
     assert batch.series() == 8 * (n // 2)  # every series changed and went with the batch
     return promoted[0]
@@ -132,7 +132,7 @@ def held_until_answered(n: int) -> list[int]:
         old = gc.get_objects()  # held: no id of theirs is reused meanwhile
         known = {id(o) for o in old}
         before = gc.get_count()[0]
-        batch = proto.next_batch([0, 1])
+        batch = proto.next_batches([0, 1])[0]
         held = gc.get_count()[0] - before  # net new tracked objects: kept until the answer
         made = sum(1 for o in gc.get_objects() if id(o) not in known) - 2  # old, known
         proto.confirmed(APPLIED)
@@ -147,7 +147,7 @@ def heartbeat_survivors(n: int) -> int:
     """As flush_survivors, for a flush in which no series changed."""
     proto, _change_all = _writer(n)
     with _young_collections_counted() as promoted:
-        batch = proto.next_batch([0, 1])
+        batch = proto.next_batches([0, 1])[0]
         proto.confirmed(APPLIED)
     assert batch.series() == 0 and not batch.chunks and sorted(batch.engines) == [0, 1]
     return promoted[0]
@@ -213,7 +213,7 @@ def first_flush_made(n: int) -> list[int]:
     gc.disable()
     try:
         known = {id(o) for o in gc.get_objects()}
-        batch = proto.next_batch([0, 1])
+        batch = proto.next_batches([0, 1])[0]
         proto.confirmed(APPLIED)
         made = sum(1 for o in gc.get_objects() if id(o) not in known)
     finally:

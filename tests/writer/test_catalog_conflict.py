@@ -187,7 +187,7 @@ def test_conflict_found_by_a_flush_whose_reply_was_lost_is_still_reported(cfg, m
     b = _writer(cfg, catalog_b("label renamed"), made)
     record_b(b, 7)
     # The first attempt is applied, but its reply never reaches the writer.
-    keys, args = b.prepare_flush()
+    [(_shard, keys, args)] = b.prepare_flushes()
     client = redis.Redis.from_url(core_server.url, decode_responses=True)
     client.register_script(load_script("flush"))(keys=keys, args=args)
     assert b.flush()  # the retry: "already applied", so the writer sends its specs again

@@ -30,14 +30,14 @@ def test_a_retried_flush_answered_already_applied_does_not_count_as_a_claim(conf
         raise redis.TimeoutError("Timeout reading from socket")  # ... its answer lost
 
     a._script = reply_lost
-    _keys, args = a.prepare_flush()
+    [(_shard, _keys, args)] = a.prepare_flushes()
     assert args[10] == "0"  # this attempt carries no claim
     assert not a.flush()
     a._script = real
     time.sleep(0.25)  # the renewal is due: the retry carries the claim
     assert a.flush() and a.stats.duplicates == 1  # already applied: nothing written
     assert _claim(client, config, 0) == first  # Redis holds the old claim only
-    _keys, args = a.prepare_flush()
+    [(_shard, _keys, args)] = a.prepare_flushes()
     assert args[10:12] == ["1", "0"]  # so the next flush claims engine 0 again
     assert a.flush()
     assert _claim(client, config, 0) != first
@@ -53,7 +53,7 @@ def test_an_engine_added_later_is_claimed_with_the_next_flush(config, catalog, f
     assert b.flush() and a.flush()
     assert a.stats.conflicts == 0
     a.add_engines([1])
-    _keys, args = a.prepare_flush()
+    [(_shard, _keys, args)] = a.prepare_flushes()
     assert args[10:13] == ["2", "0", "1"]  # both engines claimed ...
     assert a.flush() and a.stats.conflicts == 1  # ... and b's live claim of engine 1 is met
     a._closed = b._closed = True

@@ -200,7 +200,7 @@ def _script(client: redis.Redis):
 def test_malformed_arguments_are_refused_before_any_write(cfg, client, writers):
     w = _writer(cfg, writers)
     _record(w, 5, 1.0)
-    keys, args = w.prepare_flush()
+    [(_shard, keys, args)] = w.prepare_flushes()
     script = _script(client)
     for bad in (args[:-1], [*args[:8], "x", *args[9:]], [*args, "extra"], [*args[:2], "-1", *args[3:]]):
         with pytest.raises(redis.ResponseError, match="redis_stats flush refused, nothing written"):
@@ -249,7 +249,7 @@ def test_any_garbage_either_flush_applies_or_nothing_is_written(cfg, client, pla
         w.define(MetricSpec("late", "counter", "Defined after start.")).labels(engine=0).inc(3)
         before = dump(client, cfg.namespace)
         try:
-            keys, args = w.prepare_flush()
+            [(_shard, keys, args)] = w.prepare_flushes()
             _script(client)(keys=keys, args=args)
         except redis.ResponseError as exc:
             # Refused by the checks, never failed half-way.

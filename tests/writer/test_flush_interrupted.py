@@ -1,7 +1,7 @@
 """A flush interrupted by something other than a Redis problem (KeyboardInterrupt in a thread's
 flush, CancelledError in a task's): the interruption reaches the caller, is not counted as a
-flush error, and the same batch goes once more at the next flush (the step drivers of
-``redis_stats/_core/steps.py`` throw only ``Exception`` into the flush round)."""
+flush error, and the same batch goes once more at the next flush (the step drivers throw only
+``Exception`` into the flush round)."""
 
 from __future__ import annotations
 

@@ -90,7 +90,7 @@ def test_routine_self_metrics_wait_for_the_stats_interval_the_rest_go_at_once(co
     for _ in range(3):
         assert w.flush()
     assert stored()["flushes"] == "0"  # only routine ones changed: they wait
-    _keys, args = w.prepare_flush()
+    [(_shard, _keys, args)] = w.prepare_flushes()
     assert args[11] == "0"  # no self-metric in the call at all
     w.counter("tokens").labels(engine=0).inc(float("nan"))  # a drop: not routine
     assert w.flush()
@@ -116,7 +116,7 @@ def test_claims_are_renewed_every_quarter_stale_after_and_a_second_owner_is_foun
     assert a.claim_interval == config.stale_after / 4
     assert a.flush()
     for _ in range(3):
-        _keys, args = a.prepare_flush()
+        [(_shard, _keys, args)] = a.prepare_flushes()
         assert args[10] == "0"  # no claim within the interval
         assert a.flush()
     b = StatsWriter(config, catalog, engines=[0], owner="node-b:200", client=fake_client(), start=False)
@@ -124,7 +124,7 @@ def test_claims_are_renewed_every_quarter_stale_after_and_a_second_owner_is_foun
     assert a.flush() and a.stats.conflicts == 0  # a has not renewed its claim yet
     a.claim_interval = 0.2
     time.sleep(0.25)
-    _keys, args = a.prepare_flush()
+    [(_shard, _keys, args)] = a.prepare_flushes()
     assert args[10:12] == ["1", "0"]  # its renewal claims engine 0 ...
     assert a.flush() and a.stats.conflicts == 1  # ... and meets b's live claim
     snap = StatsReader(config, catalog, client=fake_client()).snapshot()

@@ -316,13 +316,13 @@ def _histogram(body: Body, metric: Any, name: str, engine_label: str | None) -> 
     _leave_out_unfit_sums(body, name, groups)
     drop = ("le", engine_label) if engine_label else ("le",)
     label_names = _label_names([dict(k) for k in groups], drop)
-    layout, series = _histogram_series(groups, name, engine_label, label_names)
-    if layout is None:
+    bounds, series = _histogram_series(groups, name, engine_label, label_names)
+    if bounds is None:
         return  # declared, never observed: nothing to store yet, and no buckets to define it with
-    if not layout:
+    if not bounds:
         body.skipped[name] = "a histogram with only the +Inf bucket has no bounds to store"
         return
-    fam = Family(_spec(name, HISTOGRAM, metric.documentation, label_names, layout), series)
+    fam = Family(_spec(name, HISTOGRAM, metric.documentation, label_names, bounds), series)
     body.families[name] = fam
 
 
@@ -360,21 +360,21 @@ def _histogram_series(
 ) -> tuple[tuple[float, ...] | None, dict[tuple[int, tuple[str, ...]], Any]]:
     """The family's finite bounds (None without a series) and its series' values, every series
     checked: the same bounds as the first, whole cumulative counts, a _count and _sum that fit."""
-    layout: tuple[float, ...] | None = None
+    bounds: tuple[float, ...] | None = None
     series: dict[tuple[int, tuple[str, ...]], Any] = {}
     for key, group in groups.items():
         where = f"histogram {name!r}{dict(key)}"
         finite = _finite_bounds(group, where)
-        if layout is None:
-            layout = finite
-        elif finite != layout:
+        if bounds is None:
+            bounds = finite
+        elif finite != bounds:
             raise BodyError("garbage", f"{where}: its buckets differ from the family's first series")
         value = _histogram_value(group, where)
         skey = _series_key(dict(key), engine_label, name, label_names)
         if skey in series:
             raise BodyError("garbage", f"{where}: series appears twice")
         series[skey] = value
-    return layout, series
+    return bounds, series
 
 
 def _leave_out_unfit_sums(body: Body, name: str, groups: dict[_LabelItems, _Samples]) -> None:

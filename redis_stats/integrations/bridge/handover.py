@@ -45,9 +45,9 @@ from .body import Body
 __all__ = ["Predecessor", "find_predecessor", "forget_earlier", "write_record"]
 
 # (name, engine before the offset, label values in spec order)
-Series = tuple[str, int, tuple[str, ...]]
-Counters = dict[Series, int | float]
-Hists = dict[Series, tuple[float, list[int]]]
+SeriesId = tuple[str, int, tuple[str, ...]]
+Counters = dict[SeriesId, int | float]
+Hists = dict[SeriesId, tuple[float, list[int]]]
 
 
 class Predecessor:
@@ -88,12 +88,12 @@ class Predecessor:
                 out.add_histogram(key, total, counts)
         return out
 
-    def add_counter(self, key: Series, number: int | float) -> None:
+    def add_counter(self, key: SeriesId, number: int | float) -> None:
         """Add one writer's part of a counter."""
         self.counters[key] = self.counters.get(key, 0) + number
 
-    def add_histogram(self, key: Series, total: float, counts: list[int]) -> None:
-        """Add one writer's part of a histogram (another bucket layout is not the same run)."""
+    def add_histogram(self, key: SeriesId, total: float, counts: list[int]) -> None:
+        """Add one writer's part of a histogram (other bucket bounds are not the same run)."""
         old = self.hists.get(key)
         if old is None:
             self.hists[key] = (total, counts)

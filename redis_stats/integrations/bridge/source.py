@@ -336,7 +336,7 @@ class BridgedSource:
         known = self.known.get(name)
         if known is None:
             return spec
-        if _layout(known) == _layout(spec):
+        if _shape(known) == _shape(spec):
             return known
         if known.kind == GAUGE == spec.kind:
             return MetricSpec(spec.name, GAUGE, spec.help, spec.labels, mode=known.mode)
@@ -466,14 +466,14 @@ class BridgedSource:
                 log.info("source %s: family %r is not stored: %s", self.safe_url, name, why)
 
 
-def _layout(spec: MetricSpec) -> tuple[object, ...]:
+def _shape(spec: MetricSpec) -> tuple[object, ...]:
     """What a stored family's series mean: kind, label names, buckets (not help, not mode)."""
     return (spec.kind, spec.labels, spec.buckets)
 
 
 def _check_unchanged(name: str, stored: MetricSpec, spec: MetricSpec) -> None:
     """Refuse a family whose definition changed without a restart of the source."""
-    if _layout(stored) != _layout(spec):
+    if _shape(stored) != _shape(spec):
         raise BodyError(
             "definition",
             f"family {name!r} changed from a {_describe(stored)} to a {_describe(spec)} "

@@ -10,8 +10,10 @@ import threading
 
 from redis_stats import Catalog
 from redis_stats._core.accumulator import Accumulator
-from redis_stats._core.chunks import Series
-from redis_stats._core.protocol import Batch, FlushProtocol
+from redis_stats._core.chunks import Total
+from redis_stats._core.protocol import Batch, FlushProtocol, FlushResult
+
+APPLIED = FlushResult(status=1, server_time_ms=0)
 
 
 def _catalog() -> Catalog:
@@ -28,7 +30,7 @@ def _acc(cat: Catalog) -> Accumulator:
 
 
 def _sent(batch: Batch) -> dict[str, str]:
-    """Series field -> the value text *batch* sends for it (the writer's absolute total)."""
+    """Total field -> the value text *batch* sends for it (the writer's absolute total)."""
     out: dict[str, str] = {}
     for chunks in batch.chunks.values():
         for chunk in chunks:
@@ -44,7 +46,7 @@ def test_a_record_call_completes_while_the_flusher_builds_a_batch(monkeypatch):
         c.inc()
     finished: list[bool] = []
     racer = threading.Thread(target=lambda: (children[0].inc(10), children[5].inc(1)))
-    original = Series.add_total
+    original = Total.add_total
 
     def add(self, delta):
         if not finished:  # while the batch is being built, another thread records
@@ -53,14 +55,14 @@ def test_a_record_call_completes_while_the_flusher_builds_a_batch(monkeypatch):
             finished.append(not racer.is_alive())
         original(self, delta)
 
-    monkeypatch.setattr(Series, "add_total", add)
-    first = acc.take_batch(1)
+    monkeypatch.setattr(Total, "add_total", add)
+    first = acc.take_shards({0: 1})[0]
     racer.join()
     assert finished == [True], "a record call waited for the whole batch to be built"
     stored = _sent(first)  # what Redis holds once it is applied (each series' absolute total)
     assert stored[children[0].field] == "1" and stored[children[5].field] == "1"
-    second = acc.take_batch(2)
-    monkeypatch.setattr(Series, "add_total", original)
+    second = acc.take_shards({0: 2})[0]
+    monkeypatch.setattr(Total, "add_total", original)
     # The racing updates are in exactly one of the two batches, never both, never neither: the
     # second one sends the totals they made.
     stored.update(_sent(second))
@@ -81,8 +83,8 @@ def test_threads_hammering_every_kind_while_batches_are_taken_exact_totals():
     stored: dict[str, str] = {}  # what Redis would hold: each batch's absolute texts
 
     def collect() -> None:
-        batch = protocol.next_batch([0])
-        protocol.in_flight = None  # "confirmed"
+        batch = protocol.next_batches([0])[0]
+        protocol.confirmed(APPLIED)
         stored.update(_sent(batch))
 
     def flusher() -> None:
@@ -114,28 +116,3 @@ def test_threads_hammering_every_kind_while_batches_are_taken_exact_totals():
     assert [int(c) for c in cumulative] == [sum(per_bucket[: j + 1]) for j in range(3)]
     assert float(hist_sum) == sum(v * c for v, c in zip((0.5, 1.5, 3.0), per_bucket))
     assert float(stored[gauge.field].split("|")[1]) == n_threads * (n - n // 2)
-
-
-def test_sliced_packer_sends_the_bytes_redis_py_would():
-    from redis.connection import HiredisRespSerializer
-
-    from redis_stats.writer.packing import SlicedPacker
-
-    big = ("EVALSHA", "f" * 40, 6, *(f"k{i}" for i in range(6)), *(f"v{i}é" for i in range(10_000)), 1.5, 7)
-    for args in (big, ("SCRIPT LOAD", "return 1"), (b"SCRIPT LOAD", bytearray(b"x")), ("PING",)):
-        sliced = b"".join(bytes(c) for c in SlicedPacker().pack(*args))
-        assert sliced == b"".join(HiredisRespSerializer().pack(*args))
-
-
-def test_a_flush_of_many_series_in_slices_is_exact(redis_server, namespace):
-    from redis_stats import StatsConfig, StatsReader, StatsWriter
-
-    cat = _catalog()
-    cfg = StatsConfig(url=redis_server.url, namespace=namespace, max_series_per_metric=10_000)
-    writer = StatsWriter(cfg, cat, engines=[0], start=False)
-    for i in range(5000):  # ~20,000 arguments: several slices
-        writer.counter("c").labels(engine=0, i=str(i)).inc(i)
-    assert writer.flush()
-    writer.close()
-    snap = StatsReader(cfg, cat).snapshot()
-    assert sum(snap.engines[0].counters.values()) == sum(range(5000))
