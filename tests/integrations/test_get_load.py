@@ -69,7 +69,14 @@ async def _asgi_get(app: Any, path: str, method: str = "GET") -> tuple[int, dict
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "method": method, "path": path, "root_path": "", "query_string": b"", "headers": []}
+    scope = {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "root_path": "",
+        "query_string": b"",
+        "headers": [],
+    }
     await app(scope, receive, send)
     start = sent[0]
     headers = {k.decode(): v.decode() for k, v in start.get("headers", [])}
@@ -147,7 +154,7 @@ def test_many_concurrent_polls_share_one_read(redis_server, namespace):
         a.set({0: (1, 1), 1: (1, 1), 2: (1, 1), 3: (1, 1)})
         mw = GetLoadMiddleware(inner_app, cfg, ttl=60)
         reads = []
-        answer = mw._endpoint_load().answer  # noqa: SLF001 - counting the reads the polls cause
+        answer = mw._endpoint_load().answer
 
         def counted() -> tuple[int, dict[str, Any]]:
             reads.append(threading.current_thread().name)
@@ -196,8 +203,12 @@ def test_redis_stopped_answers_503_with_the_reason_and_recovers(own_redis_server
 
 def test_other_requests_pass_through_untouched(redis_server, namespace):
     mw = GetLoadMiddleware(inner_app, StatsConfig(url=redis_server.url, namespace=namespace))
-    for path, method in (("/v1/completions", "POST"), ("/metrics", "GET"), ("/get_load/x", "GET"),
-                         ("/get_load", "POST")):
+    for path, method in (
+        ("/v1/completions", "POST"),
+        ("/metrics", "GET"),
+        ("/get_load/x", "GET"),
+        ("/get_load", "POST"),
+    ):
         status, headers, body = get(mw, path, method)
         assert (status, headers.get("x-inner"), body) == (200, "1", b"inner " + path.encode())
 
@@ -219,8 +230,8 @@ def test_without_a_config_it_answers_for_the_plugins(redis_server, namespace):
     from redis_stats.integrations.vllm import get_load
 
     mw = GetLoadMiddleware(inner_app, ttl=0)
-    saved = get_load._registered  # noqa: SLF001
-    get_load._registered = None  # noqa: SLF001
+    saved = get_load._registered
+    get_load._registered = None
     cfg = StatsConfig(url=redis_server.url, namespace=namespace, endpoint="10.0.0.1:8000")
     a = Endpoint(cfg, "10.0.0.1:8000", 0)
     try:
@@ -231,7 +242,7 @@ def test_without_a_config_it_answers_for_the_plugins(redis_server, namespace):
         status, doc = load_of(mw)
         assert (status, doc["load"]) == (200, 4)
     finally:
-        get_load._registered = saved  # noqa: SLF001
+        get_load._registered = saved
         a.close()
 
 
@@ -292,7 +303,13 @@ class StubWorker:
         else:
             doc = {}
         body = json.dumps(doc).encode()
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
     def start(self) -> StubWorker:
@@ -335,7 +352,10 @@ def test_vllm_router_power_of_two_sends_to_the_lightly_loaded_endpoint(redis_ser
     pytest.importorskip("uvicorn")
     cfg = StatsConfig(url=redis_server.url, namespace=namespace)
     light, heavy = StubWorker("light", cfg).start(), StubWorker("heavy", cfg).start()
-    pods = {w.name: Endpoint(cfg, f"127.0.0.1:{w.port}", first, per_writer=1) for w, first in ((light, 0), (heavy, 2))}
+    pods = {
+        w.name: Endpoint(cfg, f"127.0.0.1:{w.port}", first, per_writer=1)
+        for w, first in ((light, 0), (heavy, 2))
+    }
 
     def load(name: str, total: int) -> None:  # two engines of the endpoint: total split over them
         pod = pods[name]
@@ -345,11 +365,26 @@ def test_vllm_router_power_of_two_sends_to_the_lightly_loaded_endpoint(redis_ser
     load("light", 5)
     load("heavy", 50)
     port = free_port()
-    log = open(tmp_path / "router.log", "w")  # noqa: SIM115 - closed in finally
+    log = open(tmp_path / "router.log", "w")
     router = subprocess.Popen(
-        [binary, "--host", "127.0.0.1", "--port", str(port), "--policy", "power_of_two",
-         "--worker-urls", light.url, heavy.url, "--worker-startup-check-interval", "1", "--log-level", "warning"],
-        stdout=log, stderr=subprocess.STDOUT,
+        [
+            binary,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--policy",
+            "power_of_two",
+            "--worker-urls",
+            light.url,
+            heavy.url,
+            "--worker-startup-check-interval",
+            "1",
+            "--log-level",
+            "warning",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
 
@@ -357,7 +392,9 @@ def test_vllm_router_power_of_two_sends_to_the_lightly_loaded_endpoint(redis_ser
         """Wait until the router has read both workers' /get_load since *before*."""
         deadline = time.monotonic() + 15
         while light.polls <= before[0] or heavy.polls <= before[1]:
-            assert router.poll() is None and time.monotonic() < deadline, (tmp_path / "router.log").read_text()
+            assert router.poll() is None and time.monotonic() < deadline, (
+                tmp_path / "router.log"
+            ).read_text()
             time.sleep(0.05)
         time.sleep(0.2)  # its answer parsed and handed to the policy
 

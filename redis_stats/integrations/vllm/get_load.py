@@ -49,7 +49,7 @@ __all__ = ["PATH", "TTL", "EndpointLoad", "GetLoadMiddleware", "register_config"
 PATH = "/get_load"
 """The route vllm-router and sglang-router poll on each worker."""
 
-TTL = 0.5
+TTL = 1.0
 """Seconds one answer is served again before Redis is read anew (a router polls every 5 s)."""
 
 Scope = MutableMapping[str, Any]
@@ -86,7 +86,10 @@ class EndpointLoad:
     def __init__(self, config: StatsConfig, reader: StatsReader | None = None) -> None:
         self.config = config
         self.reader = reader if reader is not None else StatsReader(config)
-        self.views = EndpointViews(self.reader, (), self_endpoint=config.endpoint)
+        # The map (which engines the endpoint has: the whole namespace's load feed) on a reader of
+        # its own: a reader plans each read from its last one, and the two reads' plans differ.
+        mapper = StatsReader(config, client=self.reader.client)
+        self.views = EndpointViews(mapper, (), self_endpoint=config.endpoint)
 
     def answer(self) -> tuple[int, dict[str, Any]]:
         """``200`` with ``{"load": N, ...}``, or ``503`` with ``error`` and ``detail`` (never raises)."""
@@ -152,7 +155,9 @@ class GetLoadMiddleware:
 
     def __init__(self, app: ASGIApp, config: StatsConfig | None = None, *, ttl: float = TTL) -> None:
         if not (isinstance(ttl, (int, float)) and math.isfinite(ttl) and ttl >= 0):
-            raise ValueError(f"ttl={ttl!r} is not a number of seconds >= 0: how long one /get_load answer is kept")
+            raise ValueError(
+                f"ttl={ttl!r} is not a number of seconds >= 0: how long one /get_load answer is kept"
+            )
         self.app = app
         self.config = config
         self.ttl = float(ttl)
