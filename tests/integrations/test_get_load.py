@@ -27,7 +27,7 @@ import pytest
 
 from redis_stats import StatsConfig, StatsWriter
 from redis_stats.integrations.vllm import vllm_catalog
-from redis_stats.integrations.vllm.get_load import GetLoadMiddleware
+from redis_stats.integrations.vllm.get_load import TTL, GetLoadMiddleware
 from redis_stats.integrations.vllm.load import VLLM_LOAD
 
 pytestmark = pytest.mark.redis_server
@@ -405,6 +405,7 @@ def test_vllm_router_power_of_two_sends_to_the_lightly_loaded_endpoint(redis_ser
         # The loads swap in Redis: after the router's next poll the traffic follows.
         load("light", 50)
         load("heavy", 5)
+        time.sleep(TTL)  # the answers the middleware keeps have aged out
         polled_after((light.polls, heavy.polls))
         assert sent_to(url, 40) == {"heavy": 40}
     finally:
