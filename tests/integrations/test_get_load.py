@@ -147,28 +147,52 @@ def test_answers_are_kept_for_the_ttl(redis_server, namespace):
         a.close()
 
 
-def test_many_concurrent_polls_share_one_read(redis_server, namespace):
+def exec_calls(url: str) -> int:
+    """How many transactions the server has run (a load-feed read is one ``MULTI``/``EXEC``)."""
+    import redis
+
+    stats = redis.Redis.from_url(url).info("commandstats")
+    return int(stats.get("cmdstat_exec", {}).get("calls", 0))
+
+
+def test_many_concurrent_polls_share_one_read_off_the_event_loop(redis_server, namespace):
     cfg = StatsConfig(url=redis_server.url, namespace=namespace, endpoint="10.0.0.1:8000")
     a = Endpoint(cfg, "10.0.0.1:8000", 0)
     try:
         a.set({0: (1, 1), 1: (1, 1), 2: (1, 1), 3: (1, 1)})
+        before = exec_calls(redis_server.url)
+        assert load_of(GetLoadMiddleware(inner_app, cfg, ttl=60))[1]["load"] == 8
+        one = exec_calls(redis_server.url) - before  # what one cold answer reads (the map too)
         mw = GetLoadMiddleware(inner_app, cfg, ttl=60)
-        reads = []
-        answer = mw._endpoint_load().answer
+        import redis
 
-        def counted() -> tuple[int, dict[str, Any]]:
-            reads.append(threading.current_thread().name)
-            time.sleep(0.05)
-            return answer()
 
-        mw._endpoint_load().answer = counted  # type: ignore[method-assign]
+        async def many() -> tuple[list[tuple[int, dict[str, str], bytes]], float, float]:
+            gaps, last = [0.0], time.monotonic()
 
-        async def many() -> list[tuple[int, dict[str, str], bytes]]:
-            return await asyncio.gather(*(_asgi_get(mw, "/get_load") for _ in range(50)))
+            async def tick() -> None:
+                nonlocal last
+                while True:
+                    await asyncio.sleep(0.01)
+                    now = time.monotonic()
+                    gaps.append(now - last)
+                    last = now
 
-        got = asyncio.run(many())
+            ticker = asyncio.ensure_future(tick())
+            started = time.monotonic()
+            got = await asyncio.gather(*(_asgi_get(mw, "/get_load") for _ in range(50)))
+            took = time.monotonic() - started
+            ticker.cancel()
+            return got, took, max(gaps)
+
+        before = exec_calls(redis_server.url)
+        # Redis holds every command for 0.5 s: the read waits in the middleware's thread while
+        # the event loop (vLLM's) goes on.
+        redis.Redis.from_url(redis_server.url).execute_command("CLIENT", "PAUSE", "500", "ALL")
+        got, took, gap = asyncio.run(many())
         assert {json.loads(body)["load"] for _, _, body in got} == {8}
-        assert len(reads) == 1 and reads[0].startswith("redis_stats-get_load")  # off the event loop
+        assert exec_calls(redis_server.url) - before == one  # 50 polls, one answer's reads
+        assert took >= 0.4 and gap < 0.2, (took, gap)
     finally:
         a.close()
 
@@ -230,8 +254,7 @@ def test_without_a_config_it_answers_for_the_plugins(redis_server, namespace):
     from redis_stats.integrations.vllm import get_load
 
     mw = GetLoadMiddleware(inner_app, ttl=0)
-    saved = get_load._registered
-    get_load._registered = None
+    get_load.register_config(None)
     cfg = StatsConfig(url=redis_server.url, namespace=namespace, endpoint="10.0.0.1:8000")
     a = Endpoint(cfg, "10.0.0.1:8000", 0)
     try:
@@ -242,7 +265,41 @@ def test_without_a_config_it_answers_for_the_plugins(redis_server, namespace):
         status, doc = load_of(mw)
         assert (status, doc["load"]) == (200, 4)
     finally:
-        get_load._registered = saved
+        get_load.register_config(None)  # no plugin in this process
+        a.close()
+
+
+def test_vllm_adds_it_by_its_import_path(redis_server, namespace):
+    """What ``vllm serve --middleware <path>`` does with a class (api_server.py's loop): import
+    it by path, ``app.add_middleware(cls)`` on its FastAPI app, no arguments; the app's own
+    routes still answer, ``/get_load`` answers for the plugin's registered config."""
+    fastapi = pytest.importorskip("fastapi")  # vLLM's app (a dependency of the router wheel)
+    import importlib
+    import inspect
+
+    from redis_stats.integrations.vllm import get_load
+
+    app = fastapi.FastAPI()
+
+    @app.get("/v1/models")
+    def models() -> dict[str, str]:
+        return {"object": "list"}
+
+    module_path, object_name = "redis_stats.integrations.vllm.get_load.GetLoadMiddleware".rsplit(".", 1)
+    imported = getattr(importlib.import_module(module_path), object_name)
+    assert inspect.isclass(imported)
+    app.add_middleware(imported)
+    cfg = StatsConfig(url=redis_server.url, namespace=namespace, endpoint="10.0.0.1:8000")
+    a = Endpoint(cfg, "10.0.0.1:8000", 0)
+    try:
+        a.set({0: (1, 1), 1: (0, 0), 2: (2, 0), 3: (0, 3)})
+        get_load.register_config(cfg)
+        status, doc = load_of(app)
+        assert (status, doc["load"]) == (200, 7)
+        status, _, body = get(app, "/v1/models")
+        assert (status, json.loads(body)) == (200, {"object": "list"})
+    finally:
+        get_load.register_config(None)  # no plugin in this process
         a.close()
 
 

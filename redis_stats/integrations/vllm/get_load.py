@@ -61,10 +61,10 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 _registered: StatsConfig | None = None
 
 
-def register_config(config: StatsConfig) -> None:
-    """Make *config* the one a :class:`GetLoadMiddleware` built without one answers for: the vLLM
-    plugin calls this with its own config, so ``/get_load`` reads the namespace and endpoint its
-    writers record."""
+def register_config(config: StatsConfig | None) -> None:
+    """Make *config* the one a :class:`GetLoadMiddleware` built without one answers for (None:
+    none, ``503 not_configured``): the vLLM plugin calls this with its own config, so
+    ``/get_load`` reads the namespace and endpoint its writers record."""
     global _registered
     _registered = config
 
