@@ -166,7 +166,6 @@ def test_many_concurrent_polls_share_one_read_off_the_event_loop(redis_server, n
         mw = GetLoadMiddleware(inner_app, cfg, ttl=60)
         import redis
 
-
         async def many() -> tuple[list[tuple[int, dict[str, str], bytes]], float, float]:
             gaps, last = [0.0], time.monotonic()
 
