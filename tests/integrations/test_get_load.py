@@ -476,3 +476,60 @@ def test_vllm_router_power_of_two_sends_to_the_lightly_loaded_endpoint(redis_ser
         heavy.close()
         for pod in pods.values():
             pod.close()
+
+
+PLUGIN_RUN = """
+import asyncio
+from types import SimpleNamespace as NS
+
+from redis_stats.integrations.vllm.get_load import GetLoadMiddleware
+from redis_stats.integrations.vllm.plugin import RedisStatLogger
+
+config = NS(
+    model_config=NS(served_model_name="org/m", max_model_len=4096),
+    cache_config=NS(metrics_info=lambda: {"block_size": "16", "num_gpu_blocks": "100"}),
+    parallel_config=NS(_api_process_rank=0, _api_process_count=1),
+    observability_config=None, kv_transfer_config=None, lora_config=None, speculative_config=None,
+)
+logger = RedisStatLogger(config, [0, 1])  # as vLLM builds it in the API-server process
+for e, (running, waiting) in {0: (2, 3), 1: (4, 0)}.items():
+    logger.writer.metric("vllm:num_requests_running").labels(e, model_name="org/m").set(running)
+    logger.writer.metric("vllm:num_requests_waiting").labels(e, model_name="org/m").set(waiting)
+assert logger.writer.flush()
+sent = []
+
+async def send(message):
+    sent.append(message)
+
+async def receive():
+    return {"type": "http.request"}
+
+async def app(scope, receive, send):
+    raise AssertionError("/get_load is not passed through")
+
+scope = {"type": "http", "method": "GET", "path": "/get_load"}
+asyncio.run(GetLoadMiddleware(app)(scope, receive, send))  # as --middleware builds it: no config
+print(sent[0]["status"], sent[1]["body"].decode())
+logger.writer.close()
+"""
+
+
+def test_under_the_plugin_it_answers_for_the_plugins_endpoint(redis_server, python_env, tmp_path):
+    """The plugin (built as vLLM builds it; vLLM's one base class stubbed: this suite has no
+    vLLM) registers its config, and a middleware built with none reads its namespace (the served
+    model's) and endpoint."""
+    stub = tmp_path / "vllm" / "v1" / "metrics"
+    stub.mkdir(parents=True)
+    for d in (tmp_path / "vllm", tmp_path / "vllm" / "v1", stub):
+        (d / "__init__.py").write_text("")
+    (stub / "loggers.py").write_text("class AggregateStatLoggerBase:\n    pass\n")
+    env = dict(python_env, REDIS_STATS_URL=redis_server.url, REDIS_STATS_ENDPOINT="10.1.2.3:8000")
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    env.pop("REDIS_STATS_NAMESPACE", None)
+    done = subprocess.run(
+        [sys.executable, "-c", PLUGIN_RUN], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    status, body = done.stdout.strip().split(" ", 1)
+    doc = json.loads(body)
+    assert (status, doc["load"], doc["endpoint"], doc["engines"]) == ("200", 9, "10.1.2.3:8000", [0, 1])
