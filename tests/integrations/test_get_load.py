@@ -132,6 +132,23 @@ def test_each_endpoint_answers_its_live_engines_running_plus_waiting(redis_serve
         b.close()
 
 
+def test_an_engine_without_request_counts_is_a_503_not_a_zero(redis_server, namespace):
+    """A live engine whose writer stores no load feed (a writer without ``load=``): its share is
+    not known, so neither is the endpoint's load."""
+    cfg = StatsConfig(url=redis_server.url, namespace=namespace, endpoint="10.0.0.1:8000")
+    writer = StatsWriter(cfg, vllm_catalog(), engines=[0], start=False)
+    try:
+        writer.metric("vllm:num_requests_running").labels(0, model_name="m").set(4)
+        assert writer.flush()
+        status, doc = load_of(GetLoadMiddleware(inner_app, cfg, ttl=0))
+        assert status == 503 and doc["error"] == "no_load" and "[0]" in doc["detail"]
+        # HEAD: the same status, no body
+        status, headers, body = get(GetLoadMiddleware(inner_app, cfg, ttl=0), "/get_load", "HEAD")
+        assert (status, body) == (503, b"") and int(headers["content-length"]) > 0
+    finally:
+        writer.close()
+
+
 def test_answers_are_kept_for_the_ttl(redis_server, namespace):
     cfg = StatsConfig(url=redis_server.url, namespace=namespace, endpoint="10.0.0.1:8000")
     a = Endpoint(cfg, "10.0.0.1:8000", 0)
