@@ -142,6 +142,18 @@ def test_an_engine_without_request_counts_is_a_503_not_a_zero(redis_server, name
         assert writer.flush()
         status, doc = load_of(GetLoadMiddleware(inner_app, cfg, ttl=0))
         assert status == 503 and doc["error"] == "no_load" and "[0]" in doc["detail"]
+        # counts past the float range (two engines at 1.7e308): no load, not an exception
+        big = StatsWriter(cfg, vllm_catalog(), engines=[1, 2], start=False, load=VLLM_LOAD)
+        try:
+            for e in (1, 2):
+                big.metric("vllm:num_requests_running").labels(e, model_name="m").set(1.7e308)
+                big.metric("vllm:num_requests_waiting").labels(e, model_name="m").set(0)
+            assert big.flush()
+            writer.close()
+            status, doc = load_of(GetLoadMiddleware(inner_app, cfg, ttl=0))
+            assert status == 503 and doc["error"] == "no_load", doc
+        finally:
+            big.close()
         # HEAD: the same status, no body
         status, headers, body = get(GetLoadMiddleware(inner_app, cfg, ttl=0), "/get_load", "HEAD")
         assert (status, body) == (503, b"") and int(headers["content-length"]) > 0

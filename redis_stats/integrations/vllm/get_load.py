@@ -116,15 +116,16 @@ class EndpointLoad:
                 "endpoint": endpoint,
             }
         silent = [e.engine for e in live if not _counted(e)]
-        if silent:
-            return 503, {
-                "error": "no_load",
-                "detail": f"engines {silent} of endpoint {endpoint!r} report no requests running or "
-                "waiting (a writer without the load feed, or no step recorded yet)",
-                "endpoint": endpoint,
-            }
         running = sum(e.requests_running or 0.0 for e in live)
         waiting = sum(e.requests_waiting or 0.0 for e in live)
+        if silent or not math.isfinite(running + waiting):  # counts past the float range: none
+            return 503, {
+                "error": "no_load",
+                "detail": f"engines {silent or [e.engine for e in live]} of endpoint {endpoint!r} report "
+                "no finite requests running or waiting (a writer without the load feed, or no step "
+                "recorded yet)",
+                "endpoint": endpoint,
+            }
         return 200, {
             # An integer: vllm-router reads it with as_i64, which reads 5.0 as nothing.
             "load": round(running + waiting),
