@@ -44,7 +44,7 @@ from redis_stats.load import EngineLoad
 from redis_stats.prometheus.endpoints import EndpointViews, UnknownEndpoint
 from redis_stats.reader import StatsReader
 
-__all__ = ["PATH", "TTL", "EndpointLoad", "GetLoadMiddleware", "register_config"]
+__all__ = ["PATH", "TTL", "EndpointLoad", "GetLoadMiddleware", "endpoint_answer", "register_config"]
 
 PATH = "/get_load"
 """The route vllm-router and sglang-router poll on each worker."""
@@ -106,36 +106,41 @@ class EndpointLoad:
         mine = [view.engines[e] for e in sorted(view.engines) if view.engines[e].endpoint == endpoint]
         if len(mine) < len(view.engines):
             self.views.forget()  # an engine is served behind another endpoint now: map it again
-        live = [e for e in mine if e.up]
-        down = [e.engine for e in mine if not e.up]
-        if not live:
-            return 503, {
-                "error": "endpoint_down",
-                "detail": f"no engine of endpoint {endpoint!r} is up (engines {down} are down): "
-                "its load is not known",
-                "endpoint": endpoint,
-            }
-        silent = [e.engine for e in live if not _counted(e)]
-        running = sum(e.requests_running or 0.0 for e in live)
-        waiting = sum(e.requests_waiting or 0.0 for e in live)
-        if silent or not math.isfinite(running + waiting):  # counts past the float range: none
-            return 503, {
-                "error": "no_load",
-                "detail": f"engines {silent or [e.engine for e in live]} of endpoint {endpoint!r} report "
-                "no finite requests running or waiting (a writer without the load feed, or no step "
-                "recorded yet)",
-                "endpoint": endpoint,
-            }
-        return 200, {
-            # An integer: vllm-router reads it with as_i64, which reads 5.0 as nothing.
-            "load": round(running + waiting),
-            "running": round(running),
-            "waiting": round(waiting),
+        return endpoint_answer(endpoint, mine)
+
+
+def endpoint_answer(endpoint: str, mine: list[EngineLoad]) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, document) of ``/get_load`` for *endpoint* whose engines' loads are *mine*."""
+    live = [e for e in mine if e.up]
+    down = [e.engine for e in mine if not e.up]
+    if not live:
+        return 503, {
+            "error": "endpoint_down",
+            "detail": f"no engine of endpoint {endpoint!r} is up (engines {down} are down): "
+            "its load is not known",
             "endpoint": endpoint,
-            "engines": [e.engine for e in live],
-            "engines_down": down,
-            "age_seconds": round(max(e.age_seconds for e in live), 3),
         }
+    silent = [e.engine for e in live if not _counted(e)]
+    running = sum(e.requests_running or 0.0 for e in live)
+    waiting = sum(e.requests_waiting or 0.0 for e in live)
+    if silent or not math.isfinite(running + waiting):  # counts past the float range: none
+        return 503, {
+            "error": "no_load",
+            "detail": f"engines {silent or [e.engine for e in live]} of endpoint {endpoint!r} report "
+            "no finite requests running or waiting (a writer without the load feed, or no step "
+            "recorded yet)",
+            "endpoint": endpoint,
+        }
+    return 200, {
+        # An integer: vllm-router reads it with as_i64, which reads 5.0 as nothing.
+        "load": round(running + waiting),
+        "running": round(running),
+        "waiting": round(waiting),
+        "endpoint": endpoint,
+        "engines": [e.engine for e in live],
+        "engines_down": down,
+        "age_seconds": round(max(e.age_seconds for e in live), 3),
+    }
 
 
 def _counted(load: EngineLoad) -> bool:
