@@ -260,7 +260,10 @@ class RedisStatLogger(AggregateStatLoggerBase):
             config.namespace,
             self.writer.writer_id,
         )
+        from redis_stats.integrations.vllm.get_load import register_config
         from redis_stats.integrations.vllm.serve import maybe_serve
+
+        register_config(config)  # `--middleware ...get_load.GetLoadMiddleware` answers for this endpoint
 
         recorded = [e + config.engine_offset for e in self.engine_indexes]
         maybe_serve(config, catalog, recorded)

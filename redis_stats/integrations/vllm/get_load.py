@@ -1,0 +1,226 @@
+"""``GET /get_load`` on vLLM's own API port: the endpoint's true load, for a router that polls it.
+
+vllm-router (``--policy power_of_two``) polls ``GET <worker URL>/get_load`` and reads
+``{"load": N}`` (an integer: its source reads it with serde_json's ``as_i64``), from the very
+address it sends requests to; vLLM serves no such route (vllm-project/router #174). This module
+is an ASGI middleware for ``vllm serve --middleware`` (vLLM adds a class with
+``app.add_middleware(cls)``)::
+
+    vllm serve M --middleware redis_stats.integrations.vllm.get_load.GetLoadMiddleware
+
+It answers ``GET /get_load`` with the load of this API server's **endpoint** (the plugin's
+``REDIS_STATS_ENDPOINT``: every data-parallel engine of the pod, over all of its API-server
+processes), from Redis: the requests running plus waiting summed over the endpoint's **live**
+engines (``up`` or ``stale``, the one rule of every view; a ``down`` engine is left out), as the
+load feed holds them (``redis_stats.load``: the same per-engine numbers whose sum the endpoint
+view serves as its ``running`` and ``waiting`` series). Every other request passes through
+untouched.
+
+Cost and freshness: one answer is kept :data:`TTL` seconds, so however many routers poll, one
+process reads Redis at most once per :data:`TTL`: a load-feed read of the endpoint's engines
+(which engines those are: a read of the namespace's load feed at most every
+``redis_stats.prometheus.endpoints.MAP_TTL`` seconds). The read runs in a thread of its own,
+never on vLLM's event loop; concurrent requests wait for the one read in flight.
+
+What it never answers is a wrong number: Redis unreachable, the endpoint unknown to Redis, no
+engine of it live, or an engine that reports no request counts: ``503`` with a JSON ``error``
+and ``detail``. (vllm-router treats a failed poll as it treats any: its own rule, not ours.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import threading
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from redis_stats.config import StatsConfig, redact
+from redis_stats.errors import error_kind
+from redis_stats.load import EngineLoad
+from redis_stats.prometheus.endpoints import EndpointViews, UnknownEndpoint
+from redis_stats.reader import StatsReader
+
+__all__ = ["PATH", "TTL", "EndpointLoad", "GetLoadMiddleware", "endpoint_answer", "register_config"]
+
+PATH = "/get_load"
+"""The route vllm-router and sglang-router poll on each worker."""
+
+TTL = 1.0
+"""Seconds one answer is served again before Redis is read anew (a router polls every 5 s)."""
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_registered: StatsConfig | None = None
+
+
+def register_config(config: StatsConfig | None) -> None:
+    """Make *config* the one a :class:`GetLoadMiddleware` built without one answers for (None:
+    none, ``503 not_configured``): the vLLM plugin calls this with its own config, so
+    ``/get_load`` reads the namespace and endpoint its writers record."""
+    global _registered
+    _registered = config
+
+
+def _not_configured() -> tuple[int, dict[str, Any]]:
+    return 503, {
+        "error": "not_configured",
+        "detail": "the redis_stats vLLM plugin records nothing in this process yet (is REDIS_STATS_URL "
+        "set? vLLM builds the plugin with its engines), so there is no load to answer (docs/routers.md)",
+    }
+
+
+class EndpointLoad:
+    """The load of one endpoint, read from Redis: :meth:`answer` gives (HTTP status, document).
+
+    *config* names the Redis, the namespace and the endpoint (``config.endpoint``). Blocking:
+    call it off an event loop (:class:`GetLoadMiddleware` does)."""
+
+    def __init__(self, config: StatsConfig, reader: StatsReader | None = None) -> None:
+        self.config = config
+        self.reader = reader if reader is not None else StatsReader(config)
+        # The map (which engines the endpoint has: the whole namespace's load feed) on a reader of
+        # its own: a reader plans each read from its last one, and the two reads' plans differ.
+        mapper = StatsReader(config, client=self.reader.client)
+        self.views = EndpointViews(mapper, (), self_endpoint=config.endpoint)
+
+    def answer(self) -> tuple[int, dict[str, Any]]:
+        """``200`` with ``{"load": N, ...}``, or ``503`` with ``error`` and ``detail`` (never raises)."""
+        try:
+            return self._read()
+        except UnknownEndpoint as exc:
+            return 503, {"error": "unknown_endpoint", "detail": str(exc)}
+        except Exception as exc:
+            return 503, {"error": error_kind(exc), "detail": redact(str(exc), self.config.url)}
+
+    def _read(self) -> tuple[int, dict[str, Any]]:
+        endpoint, engines = self.views.resolve("self")
+        view = self.reader.load(engines)
+        mine = [view.engines[e] for e in sorted(view.engines) if view.engines[e].endpoint == endpoint]
+        if len(mine) < len(view.engines):
+            self.views.forget()  # an engine is served behind another endpoint now: map it again
+        return endpoint_answer(endpoint, mine)
+
+
+def endpoint_answer(endpoint: str, mine: list[EngineLoad]) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, document) of ``/get_load`` for *endpoint* whose engines' loads are *mine*."""
+    live = [e for e in mine if e.up]
+    down = [e.engine for e in mine if not e.up]
+    if not live:
+        return 503, {
+            "error": "endpoint_down",
+            "detail": f"no engine of endpoint {endpoint!r} is up (engines {down} are down): "
+            "its load is not known",
+            "endpoint": endpoint,
+        }
+    silent = [e.engine for e in live if not _counted(e)]
+    running = sum(e.requests_running or 0.0 for e in live)
+    waiting = sum(e.requests_waiting or 0.0 for e in live)
+    if silent or not math.isfinite(running + waiting):  # counts past the float range: none
+        return 503, {
+            "error": "no_load",
+            "detail": f"engines {silent or [e.engine for e in live]} of endpoint {endpoint!r} report "
+            "no finite requests running or waiting (a writer without the load feed, or no step "
+            "recorded yet)",
+            "endpoint": endpoint,
+        }
+    return 200, {
+        # An integer: vllm-router reads it with as_i64, which reads 5.0 as nothing.
+        "load": round(running + waiting),
+        "running": round(running),
+        "waiting": round(waiting),
+        "endpoint": endpoint,
+        "engines": [e.engine for e in live],
+        "engines_down": down,
+        "age_seconds": round(max(e.age_seconds for e in live), 3),
+    }
+
+
+def _counted(load: EngineLoad) -> bool:
+    values = (load.requests_running, load.requests_waiting)
+    return all(v is not None and math.isfinite(v) for v in values)
+
+
+def _body(status: int, doc: dict[str, Any]) -> tuple[int, bytes]:
+    return status, json.dumps(doc, separators=(",", ":")).encode()
+
+
+class GetLoadMiddleware:
+    """A pure-ASGI middleware: ``GET`` (or ``HEAD``) :data:`PATH` answered with the endpoint's
+    load (module docstring), every other request handed to *app* untouched.
+
+    *config*: whose endpoint (default: the vLLM plugin's of this process,
+    :func:`register_config`); *ttl*: seconds an answer is kept (:data:`TTL`)."""
+
+    def __init__(self, app: ASGIApp, config: StatsConfig | None = None, *, ttl: float = TTL) -> None:
+        if not (isinstance(ttl, (int, float)) and math.isfinite(ttl) and ttl >= 0):
+            raise ValueError(
+                f"ttl={ttl!r} is not a number of seconds >= 0: how long one /get_load answer is kept"
+            )
+        self.app = app
+        self.config = config
+        self.ttl = float(ttl)
+        self._source: EndpointLoad | None = None
+        self._kept: tuple[float, tuple[int, bytes]] | None = None
+        self._pending: asyncio.Future[tuple[int, bytes]] | None = None
+        self._lock = threading.Lock()
+        # One thread: at most one read of Redis in flight per middleware, off vLLM's event loop.
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="redis_stats-get_load")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """ASGI: answer :data:`PATH`, pass everything else through."""
+        if not self._mine(scope):
+            await self.app(scope, receive, send)
+            return
+        try:
+            status, body = await self.current()
+        except Exception as exc:  # never an exception into vLLM's server
+            status, body = _body(503, {"error": "other", "detail": f"{type(exc).__name__}: {exc}"})
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"cache-control", b"no-store"),
+        ]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
+
+    @staticmethod
+    def _mine(scope: Scope) -> bool:
+        if scope.get("type") != "http" or scope.get("method") not in ("GET", "HEAD"):
+            return False
+        path = scope.get("path", "")
+        return bool(path == PATH or path == scope.get("root_path", "") + PATH)
+
+    async def current(self) -> tuple[int, bytes]:
+        """(status, JSON body) of the current answer: the kept one while younger than the ttl,
+        else the one read in flight (started now if none is)."""
+        kept = self._kept
+        if kept is not None and time.monotonic() - kept[0] < self.ttl:
+            return kept[1]
+        if self._pending is None or self._pending.done():
+            loop = asyncio.get_running_loop()
+            self._pending = asyncio.wrap_future(self._pool.submit(self._refresh), loop=loop)
+        return await asyncio.shield(self._pending)
+
+    def _refresh(self) -> tuple[int, bytes]:
+        """Read Redis (in the middleware's thread) and keep the answer."""
+        source = self._endpoint_load()
+        answer = _body(*(source.answer() if source is not None else _not_configured()))
+        self._kept = (time.monotonic(), answer)
+        return answer
+
+    def _endpoint_load(self) -> EndpointLoad | None:
+        config = self.config if self.config is not None else _registered
+        if config is None:
+            return None
+        with self._lock:
+            if self._source is None or self._source.config is not config:
+                self._source = EndpointLoad(config)
+            return self._source
