@@ -14,7 +14,7 @@ the load feed (:data:`LOAD`, ``/load``) reads their field names only, each write
 - **the carrier**: on one server, one ``MULTI`` / native reads / ``EXEC`` for every shard
   (parsed in C by hiredis); on a Cluster, or when the server refuses ``MULTI`` for ``maxmemory``,
   ``read.lua`` once per shard (``EVALSHA_RO``, in parallel on a Cluster), given every key it
-  reads, and split into calls of at most :data:`MAX_SCRIPT_KEYS` keys;
+  reads, and split into calls of at most :data:`MAX_SCRIPT_WORDS` words;
 - **the shards**: K = 1 is a list of one; shard counts a writer listed in shard 0's catalogue
   are read at once, in the same read.
 
@@ -66,10 +66,13 @@ TRIES = 3
 """Reads of one plan at most before a read shows what it has (the fleet changes faster than it
 is read: engines and writers listed since are left out of that read, those gone are dropped)."""
 
-MAX_SCRIPT_KEYS = 3_900
-"""Keys one ``read.lua`` call reads at most: a call is ``EVALSHA_RO sha numkeys keys... how
-fields...``, and some managed stores (ElastiCache Serverless) refuse a command of more than
-3,999 arguments. A shard with more is read in several calls, each atomic in itself."""
+MAX_SCRIPT_WORDS = 3_900
+"""The words of one ``read.lua`` call's keys and their own arguments at most: a call is
+``EVALSHA_RO sha numkeys keys... how fields... own...``, one word per key and one more per key
+read by its own field (``f``: that field is an argument), and some managed stores (ElastiCache
+Serverless) refuse a command of more than 3,999 words. The rest (the command, the SHA, the key
+count, ``how`` and the few ``g`` field names) fits in the 99 left. A shard with more is read in
+several calls, each atomic in itself."""
 
 _FIXED = 5  # the reads every shard starts with (Fetch.reads): engines, writers, _v, shards, own
 
@@ -164,13 +167,20 @@ def transaction(shard_reads: list[list[list[KeyRead]]]) -> list[tuple[Any, ...]]
 
 
 def script_calls(groups: list[list[KeyRead]]) -> list[tuple[list[str], list[str]]]:
-    """One shard's reads as ``read.lua`` calls (KEYS, ARGV) of at most :data:`MAX_SCRIPT_KEYS`
-    keys each, a group never split over two calls."""
+    """One shard's reads as ``read.lua`` calls (KEYS, ARGV) of at most :data:`MAX_SCRIPT_WORDS`
+    words of keys and own fields each, a group never split over two calls."""
     parts: list[list[KeyRead]] = [[]]
+    words = 0
     for group in groups:
-        if parts[-1] and len(parts[-1]) + len(group) > MAX_SCRIPT_KEYS:
+        size = len(group)
+        for how, _, _ in group:
+            if how == "f":  # its field is an argument of its own
+                size += 1
+        if parts[-1] and words + size > MAX_SCRIPT_WORDS:
             parts.append([])
+            words = 0
         parts[-1] += group
+        words += size
     calls = []
     for part in parts:
         fields = list(dict.fromkeys(field for how, _, field in part if how == "g"))
