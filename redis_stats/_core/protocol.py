@@ -236,17 +236,17 @@ class FlushProtocol:
         more: Iterable[int] = (),
     ) -> dict[int, Batch]:
         """Shard -> the batch to send it now: its unconfirmed one again, else a new one with its
-        next number, of at most its *room* (see :meth:`Accumulator.take_shards`); a new batch
-        of a shard of *more* is cut whatever it holds (its call has more to carry than room for:
+        next number, of at most its *room* (see :meth:`Accumulator.take_shards`); the batch
+        of a shard of *more*, new or sent again, is cut whatever it holds (its call has more to carry than room for:
         the rest goes with the next part). The shards of *always* get one every time
         (heartbeats, self-metrics), the others once they have data (and from then on)."""
         wanted = set(always) | {f.index for f in self.flows if f.active}
         idle = [f for f in self.flows if f.in_flight is None]
         if idle and (wanted.intersection(f.index for f in idle) or self.acc.dirty):
             self._take(idle, engines, wanted, room)
-            for flow in idle:
-                if flow.index in more and flow.in_flight is not None:
-                    flow.in_flight.cut = True
+        for flow in self.flows:  # a batch sent again too: its call's extras may have grown since
+            if flow.index in more and flow.in_flight is not None:
+                flow.in_flight.cut = True
         return self._sending(sorted(wanted), closing)
 
     def next_parts(

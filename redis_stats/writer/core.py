@@ -241,7 +241,10 @@ class WriterCore:
             extra = len(claims) + 2 * len(load)
             if extra > EXTRA_WORDS:
                 more.add(flow.index)  # the rest of them rides on the next part
-            room[flow.index] = self._room(flow.index, min(extra, EXTRA_WORDS))
+            # Room for the most extras a call carries, whatever this round's are: a batch sent
+            # again carries the extras of the round that sends it (claims fall due, engines
+            # gain load entries), and must still fit.
+            room[flow.index] = self._room(flow.index, EXTRA_WORDS)
         if parts is None:
             batches = self._protocol.next_batches(
                 self.engines, closing=closing, always=self._always, room=room, more=more

@@ -66,10 +66,11 @@ class WriterStats:
         self.duration_counts[bisect_left(FLUSH_DURATION_BUCKETS, seconds)] += 1
 
     def field_count(self, drops: dict[str, int]) -> int:
-        """How many fields :meth:`as_fields` returns, with ``stale_ms`` (what a flush call may
-        carry of them), and room for a few more drop reasons counted meanwhile."""
+        """How many fields a flush call may carry of them: the 7 fixed ones of :meth:`as_fields`,
+        its tallies and duration buckets, the 3 the writer core adds (``stale_ms``, ``flush_ms``,
+        ``endpoint``), and room for 8 more drop reasons counted meanwhile."""
         tallies = len(self.errors) + len(self.shards_errors) + len(drops) + len(self.lost)
-        return 8 + tallies + len(self.duration_counts) + 8
+        return 7 + 3 + tallies + len(self.duration_counts) + 8
 
     def as_fields(
         self, drops: dict[str, int], pending: int, engines: tuple[int, ...], owner: str

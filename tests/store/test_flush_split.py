@@ -232,3 +232,37 @@ def test_the_asyncio_writer_sends_a_big_flush_in_parts_too(redis_server, namespa
     calls = asyncio.run(scenario())
     assert len(calls) > 1 and max(calls) <= LIMIT
     _check_exact(redis_server.url, namespace, 1)
+
+
+def test_a_batch_sent_again_after_its_extras_grew_still_fits_one_call(redis_server, namespace):
+    """A batch whose call is cut off goes again unchanged, but with the extras of the round that
+    sends it: here 250 more engines got load entries meanwhile (500 words more). Each batch
+    leaves room for the most extras a call carries, so the call sent again stays within 3,999
+    words, and everything lands once. (Before: the room was this round's extras, the batch
+    filled it, and the call sent again was ~500 words over: refused by a store that caps it,
+    for as long as the extras stayed.)"""
+    from tests.prometheus.test_load_feed import LOAD, record
+    from tests.prometheus.test_load_feed import catalog as load_catalog
+
+    cfg = _cfg(namespace, redis_server.url)
+    client = Counting.from_url(redis_server.url, decode_responses=True)
+    w = StatsWriter(
+        cfg, load_catalog(), engines=list(range(500)), owner="o1", client=client, start=False, load=LOAD
+    )
+    for e in range(250):
+        record(w, e, e, 0, 0.1)
+    for e in range(500):
+        for k in range(8):
+            w.metric("other").labels(e, k=str(k)).inc(e + k)
+    client.fail = (1, "before")
+    assert not w.flush()
+    for e in range(250, 500):
+        record(w, e, e, 0, 0.1)
+    for _ in range(4):
+        if w.flush() and not w.pending():
+            break
+    assert not w.pending() and max(client.calls) <= LIMIT
+    snap = StatsReader(cfg, load_catalog()).snapshot()
+    assert [snap.engines[e].counter("other", str(3)) for e in (0, 499)] == [3, 502]
+    assert client.hlen(w.keys.load) == 500
+    assert w.close()
