@@ -14,7 +14,7 @@ role               the one series
 ``running``        the sum (requests running)
 ``kv_usage``       the largest (the fullest engine's KV cache: the one a request may not fit)
 ``cache_config``   an info series (value 1): ``num_gpu_blocks`` the engines' sum, their common
-                   ``block_size`` (engines of different block sizes: left out, counted)
+                   ``block_size`` (engines of different block sizes, or none known: left out)
 ``lora``           an info series: ``running_lora_adapters`` and ``waiting_lora_adapters`` the
                    union of the engines' newest lists, ``max_lora`` the largest, the value the
                    newest (a timestamp)
@@ -125,7 +125,7 @@ def aggregate(
 
 def _cache_config(newest: list[tuple[dict[str, str], float]]) -> tuple[dict[str, str], float] | None:
     sizes = {labels.get(_BLOCK_SIZE) for labels, _ in newest}
-    if len(sizes) != 1:
+    if len(sizes) != 1 or None in sizes:  # no common block size (or none known): no sum to show
         return None
     try:
         blocks = sum(int(labels.get(_BLOCKS, "")) for labels, _ in newest)

@@ -64,6 +64,10 @@ MAP_TTL = 10.0
 """Seconds a view keeps which engines each endpoint has before reading it again (a load-feed
 read of the whole namespace: ~300 KB at 1,024 engines, so not once per scrape)."""
 
+MISS_REREAD = 1.0
+"""Seconds the map is kept at least before an endpoint or engine not in it makes a view read it
+again."""
+
 SELF = "self"
 """``?endpoint=self``: the endpoint of the process serving the view (the in-pod view's)."""
 
@@ -220,6 +224,19 @@ class EndpointViews:
         self._map = (now, view)
         return view
 
+    def reread(self) -> LoadView:
+        """The map read again now (a new endpoint or engine since the kept read?), unless the
+        kept one is less than :data:`MISS_REREAD` seconds old: a client asking again and again
+        for an endpoint or engine that does not exist must not make every request a read of
+        the whole namespace."""
+        kept = self._map
+        now = time.monotonic()
+        if kept is not None and now - kept[0] < MISS_REREAD:
+            return kept[1]
+        view = self.reader.load()
+        self._map = (now, view)
+        return view
+
     def forget(self) -> None:
         """Drop the kept map: the next endpoint view reads it again."""
         self._map = None
@@ -264,8 +281,7 @@ class EndpointViews:
         view = self.load_view()
         engines = tuple(sorted(e for e, load in view.engines.items() if load.endpoint == endpoint))
         if not engines:
-            view = self.reader.load()  # a new endpoint since the kept read?
-            self._map = (time.monotonic(), view)
+            view = self.reread()  # a new endpoint since the kept read?
             engines = tuple(sorted(e for e, load in view.engines.items() if load.endpoint == endpoint))
         if not engines:
             raise UnknownEndpoint(
@@ -276,7 +292,7 @@ class EndpointViews:
 
     def check_engine(self, engine: int) -> None:
         """:class:`UnknownEndpoint` when the namespace lists no engine *engine*."""
-        if engine not in self.load_view().engines and engine not in self.reader.load().engines:
+        if engine not in self.load_view().engines and engine not in self.reread().engines:
             raise UnknownEndpoint(
                 f"namespace {self.reader.config.namespace!r} has no engine {engine} "
                 "(GET /endpoints lists them)"

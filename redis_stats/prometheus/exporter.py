@@ -96,6 +96,8 @@ from redis_stats.prometheus.recent import (
 from redis_stats.prometheus.slices import EngineSlice, ScrapeQuery, parse_query, select_samples
 from redis_stats.reader import StatsReader
 
+OPENMETRICS_1_0 = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
 __all__ = ["Exporter"]
 
 log = logging.getLogger("redis_stats.exporter")
@@ -764,7 +766,9 @@ class Exporter:
         )
         self.load_feed = LoadFeed(reader, refresh=load_refresh, engines=engines, only=slice, idle=load_idle)
         self.endpoint_views = EndpointViews(
-            reader,
+            # a reader of its own: its whole-namespace map reads and the load feed's reads of
+            # these engines would otherwise replace each other's plan (a read again each time)
+            StatsReader(reader.config, reader.catalog, client=reader.client),
             roles,
             labels=self.collector.labels,
             self_endpoint=self_endpoint,
@@ -963,6 +967,13 @@ class Exporter:
         query = query or ScrapeQuery()
         collector = self._collector_of(query)
         encoder, content_type = negotiate(accept or "")
+        if (query.endpoint is not None or query.engine is not None) and content_type.startswith(
+            "application/openmetrics-text"
+        ):
+            # An endpoint's view is its text (the one series per family is made there), so
+            # OpenMetrics 1.0 of it whatever version was asked: prometheus_client's writer of
+            # another version would go by the engines' own series.
+            content_type = OPENMETRICS_1_0
         with self._building:
             started = time.perf_counter()
             text = self._metrics_text(collector, encoder, content_type, query)

@@ -310,3 +310,54 @@ def test_an_exporter_of_several_namespaces_serves_each_ones_endpoints(cfg):
     finally:
         exporter.close()
         pod.close()
+
+
+def test_an_endpoint_view_is_one_series_per_family_in_every_openmetrics_version(cfg):
+    """Asked for an OpenMetrics version other than 1.0.0, an endpoint view still serves the
+    endpoint's one series per family (as OpenMetrics 1.0.0, said in its Content-Type): before,
+    prometheus_client wrote that version from the engines' own series, with their engine label."""
+    pod = Pod(cfg, 1)
+    pod.record()
+    exporter = Exporter(StatsReader(cfg, catalog()), port=0, roles=VLLM_ROLES).start()
+    try:
+        request = urllib.request.Request(
+            exporter.url + "/metrics?endpoint=" + pod.endpoint,
+            headers={"Accept": "application/openmetrics-text; version=2.0.0"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as r:
+            body, content_type = r.read().decode(), r.headers["Content-Type"]
+        assert "version=1.0.0" in content_type
+        from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
+
+        families = {f.name: f for f in om_families(body)}
+        waiting = families["vllm:num_requests_waiting"].samples
+        assert [(s.labels, s.value) for s in waiting] == [
+            ({"model_name": "m"}, pod.expected(pod.engines)["vllm:num_requests_waiting"][1])
+        ]
+        assert [s.value for s in families["redis_stats_endpoint_up"].samples] == [1.0]
+    finally:
+        exporter.close()
+        pod.close()
+
+
+def test_asking_again_and_again_for_an_unknown_endpoint_reads_the_map_at_most_once_a_second(cfg):
+    """A client polling a mistyped ``?endpoint=`` every few ms must not make each request a read
+    of the whole namespace: after the kept map, at most one read again a second."""
+    pod = Pod(cfg, 2)
+    pod.record()
+    reader = StatsReader(cfg, catalog())
+    exporter = Exporter(reader, port=0, roles=VLLM_ROLES).start()
+    views = exporter.endpoint_views
+    reads = []
+    load = views.reader.load
+    views.reader.load = lambda *a, **k: reads.append(1) or load(*a, **k)  # type: ignore[method-assign]
+    try:
+        started = time.monotonic()
+        for _ in range(20):
+            with pytest.raises(urllib.error.HTTPError) as err:
+                fetch(exporter.url + "/metrics?endpoint=10.9.9.9:8000")
+            assert err.value.code == 404
+        assert len(reads) <= 2 + (time.monotonic() - started)  # the first map, then once a second
+    finally:
+        exporter.close()
+        pod.close()

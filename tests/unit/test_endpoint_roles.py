@@ -13,6 +13,7 @@ def snapshot(gauges: dict[int, dict[tuple[str, tuple[str, ...]], float]]) -> Sna
     cat.gauge("waiting", "Waiting.", labels=["model_name", "pod"])
     cat.gauge("kv", "KV usage.", labels=["model_name"])
     cat.gauge("cache", "Cache config.", labels=["block_size", "num_gpu_blocks"])
+    cat.gauge("blocks", "Cache config without a block size.", labels=["num_gpu_blocks"])
     cat.gauge("lora", "LoRA.", labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"])
     cat.gauge("nv_trt_llm_request_metrics", "Requests.", labels=["request_type"])
     engines = {e: EngineSnapshot(e, 0.0, 0.0, True, gauges=g) for e, g in gauges.items()}
@@ -45,6 +46,9 @@ def test_cache_config_adds_blocks_of_one_block_size_only():
     )
     mixed = snapshot({0: {("cache", ("16", "100")): 1.0}, 1: {("cache", ("32", "250")): 1.0}})
     assert aggregate(mixed, FamilyRole("cache", CACHE_CONFIG), list(mixed.engines.values())) is None
+    # no block size known: no series (it showed block_size="None")
+    bare = snapshot({0: {("blocks", ("100",)): 1.0}, 1: {("blocks", ("250",)): 1.0}})
+    assert aggregate(bare, FamilyRole("blocks", CACHE_CONFIG), list(bare.engines.values())) is None
 
 
 def test_lora_is_the_union_of_each_engines_newest_lists():

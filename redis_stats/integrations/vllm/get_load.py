@@ -101,6 +101,12 @@ class EndpointLoad:
             return 503, {"error": error_kind(exc), "detail": redact(str(exc), self.config.url)}
 
     def _read(self) -> tuple[int, dict[str, Any]]:
+        if self.views.self_endpoint is None:
+            return 503, {
+                "error": "no_endpoint",
+                "detail": "this process's config names no endpoint (REDIS_STATS_ENDPOINT): "
+                "/get_load answers for the endpoint its own writers store",
+            }
         endpoint, engines = self.views.resolve("self")
         view = self.reader.load(engines)
         mine = [view.engines[e] for e in sorted(view.engines) if view.engines[e].endpoint == endpoint]
