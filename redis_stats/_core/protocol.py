@@ -237,8 +237,9 @@ class FlushProtocol:
     ) -> dict[int, Batch]:
         """Shard -> the batch to send it now: its unconfirmed one again, else a new one with its
         next number, of at most its *room* (see :meth:`Accumulator.take_shards`); the batch
-        of a shard of *more*, new or sent again, is cut whatever it holds (its call has more to carry than room for:
-        the rest goes with the next part). The shards of *always* get one every time
+        of a shard of *more*, new or sent again, is cut whatever it holds (its call has more to
+        carry than room for: the rest goes with the next part). The shards of *always* get one
+        every time
         (heartbeats, self-metrics), the others once they have data (and from then on)."""
         wanted = set(always) | {f.index for f in self.flows if f.active}
         idle = [f for f in self.flows if f.in_flight is None]
