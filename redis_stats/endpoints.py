@@ -33,6 +33,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from redis_stats._core.values import float_sum
+from redis_stats.catalog import GAUGE
 from redis_stats.snapshot import EngineSnapshot, Snapshot
 
 __all__ = [
@@ -59,7 +60,9 @@ _MAX_LORA = "max_lora"
 @dataclass(frozen=True)
 class FamilyRole:
     """Family *family* (a gauge, as the catalogue names it) plays *role* (one of :data:`ROLES`)
-    in the endpoint views; with *match*, only its series whose labels hold those values."""
+    in the endpoint views; with *match*, only its series whose labels hold those values. A role
+    given to a family the catalogue holds as a counter or histogram makes no series (the views
+    show that family as ``/metrics`` does)."""
 
     family: str
     role: str
@@ -78,7 +81,7 @@ def _series(
 ) -> list[list[tuple[dict[str, str], float]]]:
     """Per engine, the series of *role*'s family that match it: (labels, value)."""
     spec = snap.catalog.get(role.family)
-    if spec is None:
+    if spec is None or spec.kind != GAUGE:  # the rules are of gauges (a level now, per engine)
         return []
     names = spec.labels
     wanted = dict(role.match)

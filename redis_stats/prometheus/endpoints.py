@@ -36,6 +36,7 @@ from prometheus_client.utils import floatToGoString
 
 from redis_stats._core.decoder import Decoded
 from redis_stats._core.liveness import DOWN
+from redis_stats.catalog import GAUGE
 from redis_stats.endpoints import FamilyRole, aggregate
 from redis_stats.load import LoadView
 from redis_stats.prometheus.exposition import TextRenderer, label_pairs
@@ -138,8 +139,13 @@ class EndpointRenderer:
 
     def render(self, decoded: Decoded) -> str:
         """The view's text of *decoded* (a read of the endpoint's engines)."""
-        text = without_families(self.inner.render(decoded), self.names)
         snap = decoded.snapshot()
+        catalog = snap.catalog
+        # only gauge families are replaced by their one series (endpoints.FamilyRole)
+        gauges = frozenset(
+            n for n in self.names if (spec := catalog.get(n)) is not None and spec.kind == GAUGE
+        )
+        text = without_families(self.inner.render(decoded), gauges)
         mine = [e for e in snap.engines.values() if self.endpoint is None or e.endpoint == self.endpoint]
         if len(mine) < len(snap.engines) and self.moved is not None:
             self.moved()  # the map is behind: read it again for the next scrape

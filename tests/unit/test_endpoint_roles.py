@@ -85,3 +85,12 @@ def test_a_role_may_select_series_by_label_as_tensorrt_llms_do():
 def test_an_unknown_role_is_refused_naming_the_known_ones():
     with pytest.raises(ValueError, match="role 'queue' of family 'x' is not one of waiting, running"):
         FamilyRole("x", "queue")
+
+
+def test_a_role_given_to_a_counter_family_makes_no_series():
+    """The rules are of gauges: a role given to a counter aggregates nothing (and the endpoint
+    view shows that family as ``/metrics`` does)."""
+    cat = Catalog()
+    cat.counter("waiting", "Not a gauge.")
+    snap = Snapshot(0.0, {0: EngineSnapshot(0, 0.0, 0.0, True, gauges={("waiting", ()): 3.0})}, {}, cat)
+    assert aggregate(snap, FamilyRole("waiting", WAITING), list(snap.engines.values())) is None
