@@ -220,24 +220,14 @@ class EndpointViews:
         self._map: tuple[float, LoadView] | None = None
         self._views: OrderedDict[tuple[str, str], RedisCollector] = OrderedDict()
 
-    def load_view(self) -> LoadView:
-        """The namespace's load-feed read, kept :data:`MAP_TTL` seconds."""
+    def load_view(self, max_age: float = MAP_TTL) -> LoadView:
+        """The namespace's load-feed read, kept while at most *max_age* seconds old: the map
+        (:data:`MAP_TTL`), or, for an endpoint or engine not in it (a new one since?),
+        :data:`MISS_REREAD`, so a client asking again and again for one that does not exist
+        does not make every request a read of the whole namespace."""
         kept = self._map
         now = time.monotonic()
-        if kept is not None and now - kept[0] < MAP_TTL:
-            return kept[1]
-        view = self.reader.load()
-        self._map = (now, view)
-        return view
-
-    def reread(self) -> LoadView:
-        """The map read again now (a new endpoint or engine since the kept read?), unless the
-        kept one is less than :data:`MISS_REREAD` seconds old: a client asking again and again
-        for an endpoint or engine that does not exist must not make every request a read of
-        the whole namespace."""
-        kept = self._map
-        now = time.monotonic()
-        if kept is not None and now - kept[0] < MISS_REREAD:
+        if kept is not None and now - kept[0] < max_age:
             return kept[1]
         view = self.reader.load()
         self._map = (now, view)
@@ -287,7 +277,7 @@ class EndpointViews:
         view = self.load_view()
         engines = tuple(sorted(e for e, load in view.engines.items() if load.endpoint == endpoint))
         if not engines:
-            view = self.reread()  # a new endpoint since the kept read?
+            view = self.load_view(MISS_REREAD)  # a new endpoint since the kept read?
             engines = tuple(sorted(e for e, load in view.engines.items() if load.endpoint == endpoint))
         if not engines:
             raise UnknownEndpoint(
@@ -298,7 +288,7 @@ class EndpointViews:
 
     def check_engine(self, engine: int) -> None:
         """:class:`UnknownEndpoint` when the namespace lists no engine *engine*."""
-        if engine not in self.load_view().engines and engine not in self.reread().engines:
+        if engine not in self.load_view().engines and engine not in self.load_view(MISS_REREAD).engines:
             raise UnknownEndpoint(
                 f"namespace {self.reader.config.namespace!r} has no engine {engine} "
                 "(GET /endpoints lists them)"
