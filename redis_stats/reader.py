@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from redis.exceptions import ExecAbortError, OutOfMemoryError, ResponseError
@@ -102,8 +102,12 @@ class Fetch:
     base: bool
     writer: str
     seq: bool = False
-    writer_fields: tuple[str, ...] = ()
-    """The fields read of each writer's stats hash when *writer* is ``"g"`` (none: the whole hash)."""
+    writer_fields: tuple[str, ...] = field(init=False)
+    """The fields read of each writer's stats hash: :data:`LIVENESS_FIELDS` when *writer* is
+    ``"g"``, none (the whole hash) when ``"h"``; set from *writer* when the fetch is made."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "writer_fields", LIVENESS_FIELDS if self.writer == "g" else ())
 
     def reads(self, keys: Keys, plan: Plan) -> list[list[KeyRead]]:
         """The reads of one shard for *plan*, in groups that one call must hold together: the
@@ -136,13 +140,13 @@ class Fetch:
 SNAPSHOT = Fetch("snapshot", "conflicts", "h", True, "h")
 """Every series: the engines' hashes and base hashes, the writers' stats, the conflicts."""
 
-SNAPSHOT_LEAN = Fetch("snapshot-lean", "conflicts", "h", True, "g", writer_fields=LIVENESS_FIELDS)
+SNAPSHOT_LEAN = Fetch("snapshot-lean", "conflicts", "h", True, "g")
 """Every series as :data:`SNAPSHOT`, but of each writer only what liveness and the endpoint views
 need (``stale_ms``, ``flush_ms``, ``endpoint``), not its self-metrics: for a view that shows no
 ``redis_stats_writer_*`` (an endpoint view), whose read of a few engines of a large fleet is
 otherwise mostly every writer's stats hash (190 KB of a 4-engine read at 256 writers)."""
 
-LOAD = Fetch("load", "load", "k", False, "g", seq=True, writer_fields=LIVENESS_FIELDS)
+LOAD = Fetch("load", "load", "k", False, "g", seq=True)
 """The load feed: the load hash, each writer's entry of the seq hash (its newest flush), the engines' field
 names (their chunk writers), the writers' ``stale_ms``, ``flush_ms`` and ``endpoint``; never an
 engine's values (an engine hash holds ~28 KB at vLLM's catalogue)."""
