@@ -17,6 +17,8 @@ import redis.asyncio
 from redis_stats import StatsConfig, StatsReader, StatsWriter
 from redis_stats._scripts import load_script
 from redis_stats.catalog import Catalog
+from tests.prometheus.test_load_feed import LOAD, record
+from tests.prometheus.test_load_feed import catalog as load_catalog
 
 LIMIT = 3_999
 # 50,000 series, one chunk per engine: before the split one call of ~16,000 words (K = 1), or
@@ -81,6 +83,17 @@ def _check_exact(url: str, namespace: str, rounds: int, shards: int = 1) -> None
     assert not bad, f"{len(bad)} counters not exact, e.g. {bad[:3]}"
     counts = {eng.histogram("latency_seconds").count for eng in snap.engines.values()}
     assert counts == {rounds}
+
+
+def _owner_writer(url: str, namespace: str, engines: int) -> tuple[StatsConfig, Counting, StatsWriter]:
+    """A writer of *engines* engines with an owner (it claims them) and the load feed, on a
+    client that counts its flush calls' words."""
+    cfg = _cfg(namespace, url)
+    client = Counting.from_url(url, decode_responses=True)
+    w = StatsWriter(
+        cfg, load_catalog(), engines=list(range(engines)), owner="o1", client=client, start=False, load=LOAD
+    )
+    return cfg, client, w
 
 
 @pytest.mark.parametrize("shards", [1, 3])
@@ -180,14 +193,7 @@ def test_a_writer_of_5000_engines_claims_and_feeds_the_load_in_calls_of_at_most_
     either: they ride on the parts of the flush, each call within 3,999 words; every engine is
     claimed and fed, the load feed's calls alone are split too, and a close deletes every entry
     (with every part of its closing flush, the writer closed by the last)."""
-    from tests.prometheus.test_load_feed import LOAD, record
-    from tests.prometheus.test_load_feed import catalog as load_catalog
-
-    cfg = _cfg(namespace, redis_server.url)
-    client = Counting.from_url(redis_server.url, decode_responses=True)
-    w = StatsWriter(
-        cfg, load_catalog(), engines=list(range(5000)), owner="o1", client=client, start=False, load=LOAD
-    )
+    cfg, client, w = _owner_writer(redis_server.url, namespace, 5000)
     for e in range(5000):
         record(w, e, e, 0, 0.1)
     assert w.flush() and not w.pending() and not w.stats.errors
@@ -241,14 +247,7 @@ def test_a_batch_sent_again_after_its_extras_grew_still_fits_one_call(redis_serv
     words, and everything lands once. (Before: the room was this round's extras, the batch
     filled it, and the call sent again was ~500 words over: refused by a store that caps it,
     for as long as the extras stayed.)"""
-    from tests.prometheus.test_load_feed import LOAD, record
-    from tests.prometheus.test_load_feed import catalog as load_catalog
-
-    cfg = _cfg(namespace, redis_server.url)
-    client = Counting.from_url(redis_server.url, decode_responses=True)
-    w = StatsWriter(
-        cfg, load_catalog(), engines=list(range(500)), owner="o1", client=client, start=False, load=LOAD
-    )
+    cfg, client, w = _owner_writer(redis_server.url, namespace, 500)
     for e in range(250):
         record(w, e, e, 0, 0.1)
     for e in range(500):
