@@ -32,7 +32,7 @@ from redis_stats._core.values import go_floats
 from redis_stats.catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM
 from redis_stats.errors import error_kind
 from redis_stats.prometheus.exposition import TextRenderer, format_families, label_pairs
-from redis_stats.prometheus.slices import (
+from redis_stats.prometheus.filters import (
     REPLACED,
     REPLACED_HELP,
     cap_families,
@@ -56,7 +56,7 @@ class RedisCollector:
     *engines* limits the view to those engine indexes (default: all), or to a slice of the
     fleet (an :class:`~redis_stats.reader.EngineSlice`, read by Redis' own choice). With
     ``writers=False`` the writers' self-metrics (``redis_stats_writer_*``, fleet-wide) are left
-    out: a sliced scrape other than slice 0 (redis_stats/prometheus/slices.py).
+    out: a sliced scrape other than slice 0 (redis_stats/prometheus/filters.py).
 
     With ``namespace_label=True`` every series it yields, its own included, carries
     ``redis_stats_namespace="<the reader's namespace>"``: an exporter of several namespaces serves
@@ -65,7 +65,7 @@ class RedisCollector:
     *renderer*, called with the labels above, makes what :meth:`render_text` turns a read into
     (an object with ``render(decoded) -> str``; default: the plain
     :class:`~redis_stats.prometheus.exposition.TextRenderer`): an endpoint view's
-    (redis_stats/prometheus/endpoints.py).
+    (redis_stats/server/views/endpoints.py).
     """
 
     def __init__(
@@ -127,7 +127,7 @@ class RedisCollector:
         own = list(self._self_metrics(shell, time.perf_counter() - started, engines=False))
         # A label value past max_label_length (stored by a writer configured otherwise, or
         # garbage) is replaced and counted, as collect() does: the series' by the decoder, the
-        # self-metrics' here (redis_stats/prometheus/slices.py).
+        # self-metrics' here (redis_stats/prometheus/filters.py).
         replaced = cap_families(own, self.reader.config.max_label_length)
         replaced += shell.labels_replaced if shell is not None else 0
         engines = engine_lines(shell, self.labels) if shell is not None else ""
