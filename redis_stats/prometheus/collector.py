@@ -241,6 +241,29 @@ def namespace_info(namespace: str) -> Metric:
 
 WRITER_STATES = ("live", "stale", "closed")
 
+# A writer's counts by kind: (its fields' prefix, family, help, the kind's label).
+_BY_KIND = (
+    (
+        "err:",
+        "redis_stats_writer_flush_errors",
+        "Failed flush attempts, by kind (reported after Redis answers again).",
+        "kind",
+    ),
+    (
+        "shards_err:",
+        "redis_stats_writer_shards_listing_errors",
+        "Failed listings of a sharded writer's K in shard 0's catalogue (shards.lua), by kind.",
+        "kind",
+    ),
+    ("drop:", "redis_stats_writer_dropped_updates", "Updates dropped on the hot path, by reason.", "reason"),
+    (
+        "lost:",
+        "redis_stats_writer_keys_lost",
+        "Keys of the writer a flush found gone (evicted under maxmemory, or deleted), by kind.",
+        "key",
+    ),
+)
+
 
 def writer_families(snapshot: Snapshot) -> Iterator[Metric]:
     """The live writers' self-metrics, as stored with their last flush (``WriterStats.as_fields``),
@@ -259,26 +282,11 @@ def writer_families(snapshot: Snapshot) -> Iterator[Metric]:
         labels=w,
     )
     flushes = CounterMetricFamily("redis_stats_writer_flushes", "Flushes confirmed by Redis.", labels=w)
-    errors = CounterMetricFamily(
-        "redis_stats_writer_flush_errors",
-        "Failed flush attempts, by kind (reported after Redis answers again).",
-        labels=[*w, "kind"],
-    )
-    listing_errors = CounterMetricFamily(
-        "redis_stats_writer_shards_listing_errors",
-        "Failed listings of a sharded writer's K in shard 0's catalogue (shards.lua), by kind.",
-        labels=[*w, "kind"],
-    )
-    drops = CounterMetricFamily(
-        "redis_stats_writer_dropped_updates",
-        "Updates dropped on the hot path, by reason.",
-        labels=[*w, "reason"],
-    )
-    lost = CounterMetricFamily(
-        "redis_stats_writer_keys_lost",
-        "Keys of the writer a flush found gone (evicted under maxmemory, or deleted), by kind.",
-        labels=[*w, "key"],
-    )
+    # counts a writer stores by kind, as fields "<prefix><kind>" (WriterStats.as_fields)
+    by_kind = {
+        prefix: CounterMetricFamily(name, help_text, labels=[*w, label])
+        for prefix, name, help_text, label in _BY_KIND
+    }
     conflicts = CounterMetricFamily(
         "redis_stats_writer_conflicts",
         "Engines a claiming flush found claimed by another live owner.",
@@ -313,12 +321,11 @@ def writer_families(snapshot: Snapshot) -> Iterator[Metric]:
         buckets = _duration_buckets(st)
         if buckets:
             duration.add_metric([wid], buckets, _num(st, "dur_sum"))
-        by_kind = {"err:": errors, "shards_err:": listing_errors, "drop:": drops, "lost:": lost}
         for key in st:
             prefix = key[: key.find(":") + 1]
             if prefix in by_kind:
                 by_kind[prefix].add_metric([wid, key[len(prefix) :]], _num(st, key))
-    yield from (up, flushes, errors, listing_errors, drops, lost, conflicts, pending, age, duration)
+    yield from (up, flushes, *by_kind.values(), conflicts, pending, age, duration)
 
 
 def _writer_states(snapshot: Snapshot) -> Metric:

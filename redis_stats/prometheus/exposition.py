@@ -296,15 +296,22 @@ def format_families(families: Any, labels: dict[str, str] | None = None) -> str:
     return "".join(out)
 
 
+def line_starts(text: str, prefix: str) -> list[int]:
+    """Where each line of *text* that starts with *prefix* starts (found with ``str.find``: a
+    few hundred in a multi-megabyte body)."""
+    starts = [0] if text.startswith(prefix) else []
+    at = text.find("\n" + prefix)
+    while at != -1:
+        starts.append(at + 1)
+        at = text.find("\n" + prefix, at + 1)
+    return starts
+
+
 def _family_blocks(text: str) -> list[tuple[str, str, str, str]]:
     """(name, type, header, samples) of each family of a text of the text format: its header the
     ``# HELP`` and ``# TYPE`` lines, its samples the lines after them (each with its newline). A
     family starts at each ``# HELP`` line: no HELP text nor label value holds a raw newline."""
-    starts = [0] if text.startswith("# HELP ") else []
-    at = text.find("\n# HELP ")
-    while at != -1:
-        starts.append(at + 1)
-        at = text.find("\n# HELP ", at + 1)
+    starts = line_starts(text, "# HELP ")
     blocks = []
     for k, start in enumerate(starts):
         end = starts[k + 1] if k + 1 < len(starts) else len(text)

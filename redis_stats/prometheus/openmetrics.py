@@ -14,6 +14,8 @@ from typing import Any
 
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest
 
+from redis_stats.prometheus.exposition import line_starts
+
 __all__ = ["OMITTED", "OPENMETRICS_1_0", "negotiate", "openmetrics_from_text"]
 
 OPENMETRICS_1_0 = "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -147,13 +149,8 @@ def _unfit_samples(text: str, counters: set[str], histograms: set[str]) -> list[
 
 def _comment_lines(text: str) -> list[tuple[int, int]]:
     """Where each ``#`` line of *text* starts and ends (its newline not included)."""
-    starts = [0] if text.startswith("#") else []
-    i = text.find("\n#")
-    while i != -1:
-        starts.append(i + 1)
-        i = text.find("\n#", i + 1)
     lines = []
-    for start in starts:
+    for start in line_starts(text, "#"):
         end = text.find("\n", start)
         lines.append((start, len(text) if end == -1 else end))
     return lines
