@@ -273,7 +273,7 @@ def _opt(default: Any, help: str) -> Any:
 
 MIN_STALE_AFTER = 0.1
 """The shortest ``stale_after`` (s) a config accepts, and the smallest stored ``stale_ms`` readers
-and gc use (``_core/liveness.py``; a stored value below the writer's own stored ``flush_ms`` is not
+and gc use (``_core/read/liveness.py``; a stored value below the writer's own stored ``flush_ms`` is not
 used either). No flush cadence keeps a heartbeat younger than this through a busy host's stalls
 (a thread's wake-up, a round trip, a collection), so a smaller value only flaps."""
 

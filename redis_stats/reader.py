@@ -18,8 +18,8 @@ the load feed (:data:`LOAD`, ``/load``) reads their field names only, each write
 - **the shards**: K = 1 is a list of one; shard counts a writer listed in shard 0's catalogue
   are read at once, in the same read.
 
-Each shard's results become a :class:`~redis_stats._core.decoder.ShardReply` straight off the
-wire; the snapshot's are decoded by :class:`~redis_stats._core.decoder.SnapshotDecoder`, the
+Each shard's results become a :class:`~redis_stats._core.read.decoder.ShardReply` straight off the
+wire; the snapshot's are decoded by :class:`~redis_stats._core.read.decoder.SnapshotDecoder`, the
 load feed's into a :class:`~redis_stats.load.LoadView` (:func:`redis_stats.load.read_view`).
 :class:`ReaderCore` is all of it without I/O, shared with the asyncio twin
 (:mod:`redis_stats.aio.reader`); :class:`StatsReader` carries the steps out, blocking.
@@ -35,12 +35,12 @@ from typing import Any
 
 from redis.exceptions import ExecAbortError, OutOfMemoryError, ResponseError
 
-from redis_stats._core.decoder import Decoded, Read, ShardReply, SnapshotDecoder, unreadable
-from redis_stats._core.liveness import LIVENESS_FIELDS
-from redis_stats._core.slices import Engines, EngineSlice, is_among
+from redis_stats._core.read.decoder import Decoded, Read, ShardReply, SnapshotDecoder, unreadable
+from redis_stats._core.read.slices import Engines, EngineSlice, is_among
 from redis_stats._core.steps import Steps, run
 from redis_stats._scripts import ReadOnlyScript, load_script
 from redis_stats.catalog import Catalog
+from redis_stats.codec import LIVENESS_FIELDS
 from redis_stats.config import StatsConfig
 from redis_stats.connection import Client, flat_reply, is_cluster, make_client
 from redis_stats.errors import refused_for_memory
@@ -90,7 +90,7 @@ class Fetch:
     :class:`~redis_stats.keys.Keys` property), how each engine's hash is read (*engine*:
     ``"h"`` its fields and values, ``"k"`` its field names), whether each engine's *base* hash
     is read too (departed writers' totals), how each writer's stats hash is read (*writer*:
-    ``"h"`` whole, ``"g"`` its :data:`~redis_stats._core.liveness.LIVENESS_FIELDS` only:
+    ``"h"`` whole, ``"g"`` its :data:`~redis_stats._core.read.liveness.LIVENESS_FIELDS` only:
     ``stale_ms``, ``flush_ms``, ``endpoint``, one ``HGET`` each of the same declared key), and
     whether each writer's entry of the shard's seq hash is read with its stats (*seq*: its
     newest applied flush, one ``HGET`` of its own field: never the whole hash, which keeps a
@@ -426,7 +426,7 @@ class ReaderCore:
 
     def snapshot_steps(self, engines: Engines, cluster: bool) -> Steps[Read]:
         """The steps of one read of every series (:attr:`snapshot_fetch`: :data:`SNAPSHOT`
-        unless set otherwise), ending with the :class:`~redis_stats._core.decoder.Read` to
+        unless set otherwise), ending with the :class:`~redis_stats._core.read.decoder.Read` to
         decode; a shard whose catalogue version changed has its catalogue read too (rare: a new
         metric, a new K)."""
         replies = yield from self.read_steps(self.snapshot_fetch, engines, cluster)

@@ -8,7 +8,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from redis_stats._core.decoder import Read
+from redis_stats._core.read.decoder import Read
 from redis_stats._core.steps import arun
 from redis_stats._scripts import AsyncScript, load_script
 from redis_stats.aio.stopping import CLOSE_GRACE, within

@@ -28,7 +28,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from redis_stats._core.values import go_floats
+from redis_stats._core.read.values import go_floats
 from redis_stats.catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM
 from redis_stats.errors import error_kind
 from redis_stats.prometheus.exposition import TextRenderer, format_families, label_pairs

@@ -5,7 +5,7 @@ means (applied, already applied, gc removed the writer, the store is behind, cat
 engine conflicts, a ``WAIT`` reply); when a close tries again or gives up. The blocking writer
 (:mod:`redis_stats.writer.blocking`) carries its steps out with a thread, the asyncio one
 (:mod:`redis_stats.aio.writer`) with a task, so the exactly-once protocol
-(:mod:`redis_stats._core.protocol`) is driven by one piece of code.
+(:mod:`redis_stats._core.write.protocol`) is driven by one piece of code.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any
 
 import redis
 
-from redis_stats._core.accumulator import Accumulator
-from redis_stats._core.liveness import ENDPOINT_FIELD, FLUSH_FIELD, STALE_FIELD
-from redis_stats._core.protocol import CALL_WORDS, DUPLICATE, MAX_CALL_WORDS, FlushProtocol, FlushResult
 from redis_stats._core.steps import Steps
+from redis_stats._core.write.accumulator import Accumulator
+from redis_stats._core.write.protocol import CALL_WORDS, DUPLICATE, MAX_CALL_WORDS, FlushProtocol, FlushResult
 from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, CatalogError, MetricSpec
+from redis_stats.codec import ENDPOINT_FIELD, FLUSH_FIELD, STALE_FIELD
 from redis_stats.config import ConfigError, StatsConfig
 from redis_stats.errors import ReplicationLag, error_kind
 from redis_stats.keys import Keys, shard_of
@@ -314,7 +314,7 @@ class WriterCore:
         them (a closing flush sends its last values whatever changed)."""
         fields = self.stats.as_fields(self.drops, self._acc.pending_series(), self.engines, self.owner)
         # Readers judge this writer (and its engines) by its own stale_after and flush interval
-        # (_core/liveness.py), and group its engines by its endpoint (the endpoint views).
+        # (_core/read/liveness.py), and group its engines by its endpoint (the endpoint views).
         fields += (STALE_FIELD, str(int(self.config.stale_after * 1000)))
         fields += (FLUSH_FIELD, str(int(self.config.flush_interval * 1000)))
         if self.config.endpoint is not None:

@@ -152,7 +152,7 @@ def test_a_namespace_split_over_a_cluster_is_removed_from_every_master(namespace
 
 
 def test_a_writer_is_live_for_the_stale_after_it_stored_not_the_removers(redis_server, namespace):
-    """Readers judge a writer by the stale_after it stored (stale_ms, _core/liveness.py): a
+    """Readers judge a writer by the stale_after it stored (stale_ms, _core/read/liveness.py): a
     remover configured shorter must not take a writer every reader calls live for gone."""
     root = redis.Redis.from_url(redis_server.url, decode_responses=True)
     w = StatsWriter(

@@ -1,6 +1,7 @@
-"""Bounded scrapes (redis_stats/server/views/metrics.py, redis_stats/prometheus/filters.py): ``?slice=i/N`` reads and serves only its
-engines and the N slices are the whole view; ``name[]=`` keeps what prometheus_client's server
-keeps; a label value past ``max_label_length`` is replaced and counted."""
+"""Bounded scrapes (redis_stats/server/views/metrics.py, redis_stats/prometheus/filters.py):
+``?slice=i/N`` reads and serves only its engines and the N slices are the whole view; ``name[]=``
+keeps what prometheus_client's server keeps; a label value past ``max_label_length`` is replaced
+and counted."""
 
 from __future__ import annotations
 

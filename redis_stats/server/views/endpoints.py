@@ -2,7 +2,7 @@
 
 An **endpoint** is what a router sends requests to: one API server address (``StatsConfig.endpoint``,
 stored by each writer), serving one or several engines (data-parallel ranks). Its engines are those
-whose writers stored that endpoint (redis_stats/_core/liveness.py, ``endpoint_of``).
+whose writers stored that endpoint (redis_stats/_core/read/liveness.py, ``endpoint_of``).
 
 - ``/endpoints``: every endpoint, its engines, each engine's ``state`` (``up``, ``stale``,
   ``down``: the one rule of every view), ``age_seconds`` and ``seq``, and whether the endpoint is
@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.utils import floatToGoString
 
-from redis_stats._core.decoder import Decoded
-from redis_stats._core.liveness import DOWN
+from redis_stats._core.read.decoder import Decoded
+from redis_stats._core.read.liveness import DOWN
 from redis_stats.catalog import GAUGE
 from redis_stats.config import is_endpoint, redact
 from redis_stats.endpoints import FamilyRole, Withheld, aggregate

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
-from redis_stats._core.slices import EngineSlice
+from redis_stats._core.read.slices import EngineSlice
 from redis_stats.prometheus.collector import RedisCollector
 from redis_stats.prometheus.exposition import merge_texts
 from redis_stats.prometheus.filters import select_samples, without_engine_label
