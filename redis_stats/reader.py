@@ -40,7 +40,7 @@ from redis_stats._core.read.slices import Engines, EngineSlice, is_among
 from redis_stats._core.steps import Steps, run
 from redis_stats._scripts import ReadOnlyScript, load_script
 from redis_stats.catalog import Catalog
-from redis_stats.codec import LIVENESS_FIELDS
+from redis_stats.codec import LIVENESS_FIELDS, chunk_writer
 from redis_stats.config import StatsConfig
 from redis_stats.connection import Client, flat_reply, is_cluster, make_client
 from redis_stats.errors import refused_for_memory
@@ -61,6 +61,11 @@ __all__ = [
 
 Plan = tuple[tuple[str, ...], tuple[str, ...]]
 """The engines and writers of one shard a read asks for: those its last read found."""
+
+MAX_PLANS = 4096
+"""Plans a reader keeps at most (one per feed, shard and selection of engines: a reader that
+serves many endpoints' views keeps one per endpoint, a few dozen bytes each with
+:attr:`Fetch.owners`); past it the oldest go, and the next read of that selection plans again."""
 
 TRIES = 3
 """Reads of one plan at most before a read shows what it has (the fleet changes faster than it
@@ -102,6 +107,10 @@ class Fetch:
     base: bool
     writer: str
     seq: bool = False
+    owners: bool = False
+    """Read only the writers holding chunks in the engines read (found in their hashes' field
+    names), not every writer listed: a view of a few engines that shows no writer's self-metrics
+    (an endpoint view); its reply lists those writers only."""
     writer_fields: tuple[str, ...] = field(init=False)
     """The fields read of each writer's stats hash: :data:`LIVENESS_FIELDS` when *writer* is
     ``"g"``, none (the whole hash) when ``"h"``; set from *writer* when the fetch is made."""
@@ -140,11 +149,12 @@ class Fetch:
 SNAPSHOT = Fetch("snapshot", "conflicts", "h", True, "h")
 """Every series: the engines' hashes and base hashes, the writers' stats, the conflicts."""
 
-SNAPSHOT_LEAN = Fetch("snapshot-lean", "conflicts", "h", True, "g")
-"""Every series as :data:`SNAPSHOT`, but of each writer only what liveness and the endpoint views
-need (``stale_ms``, ``flush_ms``, ``endpoint``), not its self-metrics: for a view that shows no
-``redis_stats_writer_*`` (an endpoint view), whose read of a few engines of a large fleet is
-otherwise mostly every writer's stats hash (190 KB of a 4-engine read at 256 writers)."""
+SNAPSHOT_LEAN = Fetch("snapshot-lean", "conflicts", "h", True, "g", owners=True)
+"""Every series as :data:`SNAPSHOT`, but of the writers holding chunks in the engines read only,
+and of each only what liveness and the endpoint views need (``stale_ms``, ``flush_ms``,
+``endpoint``), not its self-metrics: for a view that shows no ``redis_stats_writer_*`` (an
+endpoint view), whose read of a few engines of a large fleet was otherwise mostly every writer's
+stats (6,144 reads of writers' fields for a 4-engine endpoint at 2,048 writers)."""
 
 LOAD = Fetch("load", "load", "k", False, "g", seq=True)
 """The load feed: the load hash, each writer's entry of the seq hash (its newest flush), the engines' field
@@ -210,15 +220,12 @@ def _reply(
     if wanted is not None and engine_flat.__class__ is list:
         held = is_among(wanted)
         engine_flat = [x for e, s in zip(engine_flat[0::2], engine_flat[1::2]) if held(e) for x in (e, s)]
-    found = (
-        tuple(engine_flat[0::2]) if engine_flat.__class__ is list else (),
-        tuple(writer_flat[0::2]) if writer_flat.__class__ is list else (),
-    )
     each = 2 if fetch.base else 1  # reads per engine
     end = _FIXED + each * len(plan[0])
     hashes, bases, stats = results[_FIXED:end:each], results[_FIXED + 1 : end : each], results[end:]
+    found = _found(fetch, engine_flat, writer_flat, hashes)
     stats, seq = _writer_parts(fetch, plan[1], stats)
-    if found != plan:  # came or went since the plan: what was read of what is still listed
+    if found != plan or fetch.owners:  # what was read of what is still listed (owners: of those)
         read = dict(zip(plan[0], zip(hashes, bases) if fetch.base else hashes))
         engine_flat, parts = _read_of(engine_flat, read)
         hashes, bases = ([p[0] for p in parts], [p[1] for p in parts]) if fetch.base else (parts, [])
@@ -228,6 +235,30 @@ def _reply(
         keys, now_ms, engine_flat, writer_flat, version, listed, conflicts, load, hashes, bases, stats, seq
     )
     return reply, found
+
+
+def _found(fetch: Fetch, engine_flat: Any, writer_flat: Any, hashes: list[Any]) -> Plan:
+    """The plan of the next read: the engines listed (and wanted), and the writers listed, or
+    with :attr:`Fetch.owners` those of them holding chunks in the engines read (a new one since:
+    read again)."""
+    writers = tuple(writer_flat[0::2]) if writer_flat.__class__ is list else ()
+    if fetch.owners:
+        held = _owners(hashes, fetch.engine)
+        writers = tuple(w for w in writers if w in held)
+    return tuple(engine_flat[0::2]) if engine_flat.__class__ is list else (), writers
+
+
+def _owners(hashes: list[Any], how: str) -> set[str]:
+    """The writers holding chunks in the engine hashes read (*how*: ``"h"`` flat fields and
+    values, ``"k"`` field names), by their chunks' field names."""
+    held: set[str] = set()
+    for flat in hashes:
+        if flat.__class__ is list:
+            names = flat[0::2] if how == "h" else flat
+            held.update(
+                w for name in names if name.__class__ is str and (w := chunk_writer(name)) is not None
+            )
+    return held
 
 
 def _writer_parts(fetch: Fetch, writers: tuple[str, ...], results: list[Any]) -> tuple[list[Any], Any]:
@@ -311,7 +342,8 @@ class ReaderCore:
         # Every K a writer listed in shard 0's catalogue (see shards.lua), and our own.
         self.shard_counts: frozenset[int] = frozenset({self.config.shards} - {1})
         self._shards: tuple[frozenset[int] | None, list[Keys]] = (None, [])
-        self._plans: dict[tuple[str, str], Plan] = {}  # (feed, shard root) -> its last lists
+        # (feed, shard root, selection) -> its last lists (MAX_PLANS at most)
+        self._plans: dict[tuple[str, str, Any], Plan] = {}
         self._shard_meta: dict[str, tuple[str, Any]] = {}  # shard root -> (version, catalogue)
         self._owners: dict[tuple[str, ...], frozenset[str]] = {}  # the load feed's (read_view)
         self._lock = threading.Lock()
@@ -370,9 +402,10 @@ class ReaderCore:
         with a reply per shard, shard 0 first; *cluster*: the client talks to a Redis Cluster.
         A shard that cannot be read fails the whole read (raised)."""
         wanted = engines if engines is None or isinstance(engines, EngineSlice) else list(engines)
+        selection = wanted if not isinstance(wanted, list) else tuple(wanted)  # the plan's key
         scripted, shards, tries, learnt = cluster, self.shard_keys, 0, False
         while True:
-            plans = [self._plans.get((fetch.name, k.root), ((), ())) for k in shards]
+            plans = [self._plans.get((fetch.name, k.root, selection), ((), ())) for k in shards]
             reads = [*map(fetch.reads, shards, plans)]
             results = None
             if not scripted:
@@ -391,7 +424,7 @@ class ReaderCore:
                 reply, found = _reply(fetch, k, plan, now_ms, parts, wanted)
                 replies.append(reply)
                 if found != plan:
-                    self._plans[fetch.name, k.root] = found
+                    self._planned((fetch.name, k.root, selection), found)
                     stale = True
             if not learnt and self.note_shard_counts(replies[0].listed):
                 # Shard 0 names shards of another K than this reader's: read them all, now (a
@@ -401,6 +434,15 @@ class ReaderCore:
             tries += 1
             if not stale or tries == TRIES:
                 return replies
+
+    def _planned(self, key: tuple[str, str, Any], plan: Plan) -> None:
+        """Keep *plan* for the next read of *key* (within :data:`MAX_PLANS`, the oldest out)."""
+        plans = self._plans
+        plans[key] = plan
+        if len(plans) > MAX_PLANS:
+            with self._lock:
+                while len(plans) > MAX_PLANS:
+                    plans.pop(next(iter(plans)), None)
 
     def _transaction_results(self, reads: list[list[list[KeyRead]]]) -> Steps[list[tuple[float, list[Any]]]]:
         """Every shard's reads in one transaction: per shard (server time, its results)."""

@@ -41,13 +41,35 @@ from redis_stats.prometheus.filters import (
 from redis_stats.reader import EngineSlice, StatsReader
 from redis_stats.snapshot import Snapshot
 
-__all__ = ["NAMESPACE_LABEL", "RedisCollector"]
+__all__ = ["NAMESPACE_LABEL", "ReadErrors", "RedisCollector"]
 
 # The label an exporter of several namespaces puts on every series (not ``namespace``: see
 # namespace_info).
 NAMESPACE_LABEL = "redis_stats_namespace"
 
 log = logging.getLogger("redis_stats.collector")
+
+
+class ReadErrors:
+    """Reads of Redis that failed, by kind (thread-safe: scrapes run on several threads at once);
+    one per collector, or shared by the collectors one view makes per request (an endpoint's)."""
+
+    def __init__(self) -> None:
+        self._counts: _Tally[str] = _Tally()
+        self._lock = threading.Lock()
+
+    def count(self, exc: BaseException) -> bool:
+        """Count a failed read; True for the first of its kind (to say it once)."""
+        kind = error_kind(exc)
+        with self._lock:
+            first = not self._counts[kind]
+            self._counts[kind] += 1
+        return first
+
+    def counts(self) -> list[tuple[str, int]]:
+        """(kind, failed reads) so far, sorted."""
+        with self._lock:
+            return sorted(self._counts.items())
 
 
 class RedisCollector:
@@ -65,7 +87,8 @@ class RedisCollector:
     *renderer*, called with the labels above, makes what :meth:`render_text` turns a read into
     (an object with ``render(decoded) -> str``; default: the plain
     :class:`~redis_stats.prometheus.exposition.TextRenderer`): an endpoint view's
-    (redis_stats/server/views/endpoints.py).
+    (redis_stats/server/views/endpoints.py). *errors* counts its failed reads (shared by
+    collectors made per request).
     """
 
     def __init__(
@@ -76,13 +99,13 @@ class RedisCollector:
         writers: bool = True,
         namespace_label: bool = False,
         renderer: Any = None,
+        errors: ReadErrors | None = None,
     ) -> None:
         self.reader = reader
         self.engines = engines if engines is None or isinstance(engines, EngineSlice) else tuple(engines)
         self.writers = writers
         self.labels = {NAMESPACE_LABEL: reader.config.namespace} if namespace_label else {}
-        self._errors: _Tally[str] = _Tally()
-        self._errors_lock = threading.Lock()  # scrapes run on several threads at once
+        self.errors = errors if errors is not None else ReadErrors()
         # renderer(labels): another text of the same read (an endpoint view's), else the plain one
         self._renderer = TextRenderer(self.labels) if renderer is None else renderer(self.labels)
 
@@ -136,12 +159,8 @@ class RedisCollector:
 
     def read_failed(self, exc: BaseException) -> None:
         """Count a failed read (and warn on the first of its kind)."""
-        kind = error_kind(exc)
-        with self._errors_lock:
-            first = not self._errors[kind]
-            self._errors[kind] += 1
-        if first:
-            log.warning("reading %s failed (%s: %s)", self.reader.config.safe_url, kind, exc)
+        if self.errors.count(exc):
+            log.warning("reading %s failed (%s: %s)", self.reader.config.safe_url, error_kind(exc), exc)
 
     def _self_metrics(
         self, snapshot: Snapshot | None, duration: float, *, engines: bool = True
@@ -153,8 +172,7 @@ class RedisCollector:
         errors = CounterMetricFamily(
             "redis_stats_read_errors", "Reads of Redis that failed, by kind.", labels=["kind"]
         )
-        with self._errors_lock:
-            counts = sorted(self._errors.items())
+        counts = self.errors.counts()
         for kind, n in counts:
             errors.add_metric([kind], n)
         yield errors
