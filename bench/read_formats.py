@@ -42,7 +42,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from redis_stats._core.read import groups
-from redis_stats._core.read.values import go_floats, histogram_numbers
+from redis_stats._core.read.values import go_floats
+from redis_stats.codec import histogram_numbers
 from redis_stats.snapshot import Skipped
 
 
