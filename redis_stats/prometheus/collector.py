@@ -31,6 +31,7 @@ from prometheus_client.utils import floatToGoString
 from redis_stats._core.values import go_floats
 from redis_stats.catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM
 from redis_stats.errors import error_kind
+from redis_stats.ops.memory import store_memory
 from redis_stats.prometheus.exposition import TextRenderer, format_families, label_pairs
 from redis_stats.prometheus.slices import (
     REPLACED,
@@ -172,6 +173,8 @@ class RedisCollector:
             yield fam
         if self.writers:
             yield from writer_families(snapshot)
+            yield from store_memory(self.reader).families()  # fleet-wide, as the writers' ones
+        yield from endpoint_families(snapshot)
         skipped = GaugeMetricFamily(
             "redis_stats_skipped_fields",
             "Fields of the last read that could not be decoded and were skipped, by reason.",
@@ -191,6 +194,11 @@ ENGINE_SELF_METRICS = (
         lambda e: 1.0 if e.up else 0.0,
     ),
     ("redis_stats_engine_data_age_seconds", "Seconds since the engine's last heartbeat.", lambda e: e.age),
+    (
+        "redis_stats_engine_closed",
+        "1 if the engine is down because every writer of it closed cleanly (stopped on purpose), else 0.",
+        lambda e: 1.0 if e.closed else 0.0,
+    ),
     (
         "redis_stats_engine_conflict",
         "1 if two live instances (owners) claimed this engine within stale_after, else 0.",
@@ -237,6 +245,28 @@ def namespace_info(namespace: str) -> Metric:
     )
     info.add_metric([namespace], 1.0)
     return info
+
+
+def endpoint_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """``redis_stats_endpoint_engines_up{endpoint}``: how many engines of this view behind each
+    endpoint are up, 0 when none is (the endpoint serves nothing a router can use). An endpoint
+    whose every engine closed cleanly is not listed: it was stopped on purpose. A sliced view
+    counts its own engines, so the slices' values add up to the endpoint's (``sum without
+    (slice)``). Nothing when no engine has an endpoint."""
+    ups: dict[str, float] = {}
+    for e in snapshot.engines.values():
+        if e.endpoint is not None and not e.closed:
+            ups[e.endpoint] = ups.get(e.endpoint, 0.0) + (1.0 if e.up else 0.0)
+    if ups:
+        family = GaugeMetricFamily(
+            "redis_stats_endpoint_engines_up",
+            "Engines of this view behind the endpoint that are up (0: none); an endpoint whose "
+            "engines all closed cleanly is not listed.",
+            labels=["endpoint"],
+        )
+        for endpoint, n in sorted(ups.items()):
+            family.add_metric([endpoint], n)
+        yield family
 
 
 WRITER_STATES = ("live", "stale", "closed")

@@ -88,6 +88,54 @@ MONITOR_SCHEMA = {
 }
 
 
+_STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
+# The fields of monitoring.coreos.com/v1 PrometheusRule the alerts use (the operator's CRD: groups
+# of rules, each an alert or a record with an expr), no others.
+RULE_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PrometheusRule"},
+        "metadata": {"type": "object", "required": ["name"]},
+        "spec": {
+            "type": "object",
+            "required": ["groups"],
+            "additionalProperties": False,
+            "properties": {
+                "groups": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["name", "rules"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "name": {"type": "string", "minLength": 1},
+                            "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+                            "rules": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "required": ["alert", "expr"],
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "alert": {"type": "string", "minLength": 1},
+                                        "expr": {"type": "string", "minLength": 1},
+                                        "for": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+                                        "labels": _STRINGS,
+                                        "annotations": _STRINGS,
+                                    },
+                                },
+                            },
+                        },
+                    },
+                }
+            },
+        },
+    },
+}
+
 _INT = {"type": "integer", "minimum": 0}
 # The fields of keda.sh/v1alpha1 ScaledObject these manifests use (KEDA 2.x's CRD: required
 # scaleTargetRef.name and triggers[].type/metadata, metadata a map of strings), no others.
@@ -233,6 +281,8 @@ def validate(doc: dict, where: str) -> None:
     name = f"{where} {doc['kind']}/{doc['metadata']['name']}"
     for group, schema in (("monitoring.coreos.com/", MONITOR_SCHEMA), ("keda.sh/", KEDA_SCHEMA)):
         if doc["apiVersion"].startswith(group):
+            if doc["kind"] == "PrometheusRule":
+                schema = RULE_SCHEMA
             try:
                 jsonschema.Draft202012Validator(schema).validate(doc)
             except jsonschema.ValidationError as exc:
