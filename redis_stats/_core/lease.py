@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from redis_stats._core.outage import Outage
+from redis_stats.errors import error_kind
 from redis_stats.keys import Keys
 
 # The logger of the lease, named as when this lived in leader.py (filters keep working).
@@ -51,6 +53,13 @@ class LeaseState:
         # When this process last released the lease (monotonic): a renewal sent before it, whose
         # reply arrives after it, is not a tenure (see answered()).
         self.released_at = float("-inf")
+        # Renewals that fail: a warning when this process held the lease as they began (its log
+        # line stops within the ttl), else INFO; the end at the same level.
+        self.outage = Outage(
+            f"renewals of the log lease {keys.leader} by {holder}",
+            log,
+            retry=f"retried every {self.period:g} s",
+        )
 
     @property
     def period(self) -> float:
@@ -83,6 +92,12 @@ class LeaseState:
 
     def answered(self, token: int, sent: float) -> bool:
         """The script answered *token* to a renewal sent at monotonic time *sent*."""
+        if self.outage.down:
+            self.outage.succeeded(
+                "this process holds the lease"
+                if token > 0 and sent > self.released_at
+                else "another holds it"
+            )
         if token <= 0:
             self.valid_until = 0.0
             return False
@@ -109,7 +124,10 @@ class LeaseState:
     def unanswered(self, exc: BaseException) -> bool:
         """Redis did not answer: keep the lease only while it is still valid."""
         log.debug("lease renewal failed: %s", exc)
-        return self.is_leader()
+        held = self.is_leader()
+        level = logging.WARNING if held else logging.INFO
+        self.outage.failed(error_kind(exc), str(exc), level=level)
+        return held
 
     def release(self) -> tuple[list[str], list[Any]] | None:
         """KEYS and ARGV of the release, or None when this process never held the lease (or

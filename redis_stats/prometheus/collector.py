@@ -28,6 +28,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
+from redis_stats._core.outage import Outage, shared
 from redis_stats._core.values import go_floats
 from redis_stats.catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM
 from redis_stats.errors import error_kind
@@ -97,6 +98,7 @@ class RedisCollector:
         snapshot: Snapshot | None = None
         try:
             snapshot = self.reader.snapshot(self.engines)
+            self.read_ok()
         except Exception as exc:  # a scrape must not fail with a traceback
             self.read_failed(exc)
         made = list(families(snapshot)) if snapshot is not None else []  # capped by the decoder
@@ -120,6 +122,7 @@ class RedisCollector:
         try:
             decoded = self.reader.decoded(self.reader.read(self.engines))
             text, shell = self._renderer.render(decoded), decoded.shell
+            self.read_ok()
         except Exception as exc:  # a scrape must not fail with a traceback
             self.read_failed(exc)
         finally:
@@ -136,13 +139,28 @@ class RedisCollector:
         return "".join((text, engines, format_families(own, labels), replaced_text(replaced, labels)))
 
     def read_failed(self, exc: BaseException) -> None:
-        """Count a failed read (and warn on the first of its kind)."""
+        """Count a failed read; the first of an outage of this reader's reads is logged (a
+        warning), and its end with the first read that works again (``read_ok``)."""
         kind = error_kind(exc)
         with self._errors_lock:
-            first = not self._errors[kind]
             self._errors[kind] += 1
-        if first:
-            log.warning("reading %s failed (%s: %s)", self.reader.config.safe_url, kind, exc)
+        self._outage().failed(kind, str(exc))
+
+    def read_ok(self) -> None:
+        """A read worked: ends the outage of this reader's reads, if one was going on."""
+        self._outage().succeeded("scrapes served redis_stats_up 0 meanwhile")
+
+    def _outage(self) -> Outage:
+        config = self.reader.config
+        return shared(
+            self.reader,
+            "reads",
+            lambda: Outage(
+                f"reads of namespace {config.namespace!r} from {config.safe_url}",
+                log,
+                retry="tried again at each scrape (redis_stats_up 0 until then)",
+            ),
+        )
 
     def _self_metrics(
         self, snapshot: Snapshot | None, duration: float, *, engines: bool = True

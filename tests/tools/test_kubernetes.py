@@ -30,6 +30,7 @@ LAYOUTS = {
     "bridge (SGLang)": KUBE / "bridge",
     "redis": KUBE / "redis",
     "every namespace, one exporter": KUBE / "all-namespaces",
+    "data parallelism in a pod": KUBE / "data-parallel",
 }
 MONITOR_LABELS = KUBE / "monitor-labels"
 
@@ -366,6 +367,7 @@ def _selects(selector: dict, labels: dict) -> bool:
         "sliced fleet view",
         "bridge (SGLang)",
         "every namespace, one exporter",
+        "data parallelism in a pod",
     ],
 )
 def test_each_layout_scrapes_every_engine_exactly_once(layout):
@@ -531,7 +533,7 @@ def test_every_namespace_a_layout_writes_is_read_by_its_view(layout):
 def _server_pods() -> list[tuple[str, dict, dict]]:
     """(layout, StatefulSet, model server container) of every layout's model servers."""
     out = []
-    for name in ("fleet view (exporter)", "per-pod views", "bridge (SGLang)"):
+    for name in ("fleet view (exporter)", "per-pod views", "bridge (SGLang)", "data parallelism in a pod"):
         (sts,) = [d for d in build(LAYOUTS[name]) if d["kind"] == "StatefulSet"]
         (c,) = [c for c in containers(sts) if (c.get("args") or [""])[0] != "bridge"]
         out.append((name, sts, c))
@@ -710,3 +712,88 @@ def test_the_keda_validator_is_not_vacuous():
     typo["spec"]["pollingIntervall"] = 15
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.Draft202012Validator(KEDA_SCHEMA).validate(typo)
+
+
+def _pod_environ(container: dict, index: int) -> dict[str, str]:
+    """The environment a rendered container gets in pod *index* of its StatefulSet: values as
+    written, the downward API's pod-index label resolved, Secrets as a placeholder."""
+    environ = {}
+    for e in container.get("env", []):
+        if "value" in e:
+            environ[e["name"]] = e["value"]
+        elif "fieldRef" in e.get("valueFrom", {}):
+            path = e["valueFrom"]["fieldRef"]["fieldPath"]
+            environ[e["name"]] = (
+                str(index) if path == "metadata.labels['apps.kubernetes.io/pod-index']" else "x"
+            )
+        else:
+            environ[e["name"]] = "redis://secret.invalid:6379/0"
+    return environ
+
+
+def _engines_of_pods(layout: Path) -> tuple[list[list[int]], dict[str, str]]:
+    """The engine numbers each pod of the layout's vLLM StatefulSet records, derived by the
+    plugin's own config (``plugin_config``) from the rendered pod: its environment in pod i and
+    its ``--data-parallel-size``."""
+    from redis_stats.integrations.vllm.options import plugin_config
+
+    (sts,) = [d for d in build(layout) if d["kind"] == "StatefulSet"]
+    (c,) = containers(sts)
+    args = c["args"]
+    dp = int(args[args.index("--data-parallel-size") + 1]) if "--data-parallel-size" in args else 1
+    pods = []
+    for i in range(sts["spec"]["replicas"]):
+        config = plugin_config("m", _pod_environ(c, i), argv=args, data_parallel_size=dp)
+        pods.append([config.engine_offset + e for e in range(dp)])
+    flags = {a: args[args.index(a) + 1] for a in ("--data-parallel-size", "--api-server-count") if a in args}
+    return pods, flags
+
+
+def test_the_data_parallel_layout_derives_each_pods_engines_from_its_index():
+    """The README's layout: several data-parallel engines and API servers in every pod. No pod
+    sets an offset by hand; each pod's engines come after the previous pods' (pod i: engines
+    i x N .. i x N + N - 1), every engine of the fleet once, whatever the replica count."""
+    pods, flags = _engines_of_pods(LAYOUTS["data parallelism in a pod"])
+    assert int(flags["--data-parallel-size"]) >= 2 and int(flags["--api-server-count"]) >= 2, flags
+    n = int(flags["--data-parallel-size"])
+    assert len(pods) >= 2
+    assert pods == [list(range(i * n, i * n + n)) for i in range(len(pods))], pods
+    (sts,) = [d for d in build(LAYOUTS["data parallelism in a pod"]) if d["kind"] == "StatefulSet"]
+    env = env_of(containers(sts)[0])
+    assert "REDIS_STATS_ENGINE_OFFSET" not in env  # derived, never hand-set beside it
+    assert containers(sts)[0]["resources"]["requests"]["nvidia.com/gpu"] == n  # a GPU per engine
+    # ... and the one-engine-per-pod layout numbers its pods 0, 1, ... as before.
+    single, _ = _engines_of_pods(KUBE)
+    assert single == [[i] for i in range(len(single))]
+
+
+def test_the_docs_state_the_startup_probe_the_manifest_sets():
+    """One number, stated the same way everywhere (it read 10 minutes in docs/autoscaling.md, 20 in
+    docs/kubernetes.md and the manifest)."""
+    (sts,) = [d for d in build(KUBE) if d["kind"] == "StatefulSet"]
+    probe = containers(sts)[0]["startupProbe"]
+    minutes = probe["periodSeconds"] * probe["failureThreshold"] / 60
+    kube = (ROOT / "docs" / "kubernetes.md").read_text()
+    scaling = (ROOT / "docs" / "autoscaling.md").read_text()
+    stated = re.findall(r"startup probe on `/health` allows (\d+) minutes \((\d+) \u00d7 (\d+) s\)", kube)
+    assert stated == [(f"{minutes:g}", str(probe["failureThreshold"]), str(probe["periodSeconds"]))], stated
+    assert re.findall(r"startup probe allows (\d+)\)", scaling) == [f"{minutes:g}"]
+
+
+@pytest.mark.parametrize("recipe", ["load", "prometheus"])
+def test_the_keda_recipes_work_in_any_namespace_set_in_one_place(recipe, tmp_path):
+    """The ScaledObject sits beside the StatefulSet it scales, and the metrics-api trigger reaches
+    the exporter's Service by its full name: one line, `namespace:` of the recipe's kustomization,
+    sets both (they hard-coded `default` before)."""
+    copy = tmp_path / recipe
+    shutil.copytree(KEDA / recipe, copy)
+    text = (copy / "kustomization.yaml").read_text()
+    assert text.count("namespace: default\n") == 1
+    (copy / "kustomization.yaml").write_text(text.replace("namespace: default\n", "namespace: inference\n"))
+    (so,) = build(copy)
+    assert so["metadata"]["namespace"] == "inference"
+    flat = json.dumps(so)
+    assert "default" not in flat, flat
+    if recipe == "load":
+        url = so["spec"]["triggers"][0]["metadata"]["url"]
+        assert url == "http://redis-stats-exporter.inference.svc.cluster.local:9400/load", url
