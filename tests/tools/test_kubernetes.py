@@ -31,6 +31,7 @@ LAYOUTS = {
     "redis": KUBE / "redis",
     "every namespace, one exporter": KUBE / "all-namespaces",
     "data parallelism in a pod": KUBE / "data-parallel",
+    "exporter highly available": KUBE / "ha",
 }
 MONITOR_LABELS = KUBE / "monitor-labels"
 
@@ -132,6 +133,45 @@ RULE_SCHEMA = {
                         },
                     },
                 }
+            },
+        },
+    },
+}
+
+_RELABELINGS = _ENDPOINT["properties"]["relabelings"]
+_ENDPOINT["properties"]["metricRelabelings"] = _RELABELINGS  # the CRD's field, the same items
+# The fields of monitoring.coreos.com/v1alpha1 ScrapeConfig the HA layout uses (static targets,
+# their labels, the scrape's path, interval, timeout and metric relabelings), no others.
+SCRAPE_CONFIG_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1alpha1"},
+        "kind": {"const": "ScrapeConfig"},
+        "metadata": {"type": "object", "required": ["name"]},
+        "spec": {
+            "type": "object",
+            "required": ["staticConfigs"],
+            "additionalProperties": False,
+            "properties": {
+                "staticConfigs": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["targets"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "targets": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                            "labels": _STRINGS,
+                        },
+                    },
+                },
+                "metricsPath": {"type": "string", "pattern": "^/"},
+                "scrapeInterval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+                "scrapeTimeout": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+                "metricRelabelings": _RELABELINGS,
+                "relabelings": _RELABELINGS,
             },
         },
     },
@@ -284,6 +324,8 @@ def validate(doc: dict, where: str) -> None:
         if doc["apiVersion"].startswith(group):
             if doc["kind"] == "PrometheusRule":
                 schema = RULE_SCHEMA
+            elif doc["kind"] == "ScrapeConfig":
+                schema = SCRAPE_CONFIG_SCHEMA
             try:
                 jsonschema.Draft202012Validator(schema).validate(doc)
             except jsonschema.ValidationError as exc:
@@ -797,3 +839,89 @@ def test_the_keda_recipes_work_in_any_namespace_set_in_one_place(recipe, tmp_pat
     if recipe == "load":
         url = so["spec"]["triggers"][0]["metadata"]["url"]
         assert url == "http://redis-stats-exporter.inference.svc.cluster.local:9400/load", url
+
+
+PER_PROCESS = (
+    "process_.*|python_.*|redis_stats_exporter_.*|"
+    "redis_stats_background_errors_total|redis_stats_read_errors_total"
+)
+"""The exporter's own process's series (docs/kubernetes.md, "Running it highly available")."""
+
+
+def ha_scrapes(layout: Path = KUBE / "ha") -> tuple[dict, dict, list[dict]]:
+    """The HA layout's ScrapeConfig (the Service address), ServiceMonitor (each replica) and
+    everything it builds."""
+    docs = build(layout)
+    (sc,) = [d for d in docs if d["kind"] == "ScrapeConfig"]
+    (sm,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    return sc, sm, docs
+
+
+def test_the_ha_layout_runs_replicas_and_stores_every_engine_once_whatever_their_count():
+    """Two exporter replicas (a PodDisruptionBudget keeps one through a drain, a spread puts them
+    on two nodes); Prometheus scrapes the Service address once for the store's series and each
+    replica for its own process's series only: the two relabelings are complementary (what one
+    keeps, the other drops), so no series is stored twice and none is lost."""
+    sc, sm, docs = ha_scrapes()
+    (exporter,) = [
+        d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "redis-stats-exporter"
+    ]
+    (service,) = [
+        d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "redis-stats-exporter"
+    ]
+    (pdb,) = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    replicas = exporter["spec"]["replicas"]
+    assert replicas >= 2
+    pod_labels = exporter["spec"]["template"]["metadata"]["labels"]
+    assert _selects(pdb["spec"]["selector"], pod_labels) and 1 <= pdb["spec"]["minAvailable"] < replicas
+    spread = exporter["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert any(
+        c["topologyKey"] == "kubernetes.io/hostname" and _selects(c["labelSelector"], pod_labels)
+        for c in spread
+    )
+    # The store's series: ONE target, the Service's full name and port.
+    (static,) = sc["spec"]["staticConfigs"]
+    port = {p["name"]: p["port"] for p in service["spec"]["ports"]}["metrics"]
+    namespace = service["metadata"]["namespace"]
+    assert static["targets"] == [f"redis-stats-exporter.{namespace}.svc.cluster.local:{port}"]
+    assert static["labels"]["job"] == "redis-stats-exporter"  # the job the alerts and KEDA name
+    (drop,) = sc["spec"]["metricRelabelings"]
+    # Each replica: its own process's series only, under a job of their own.
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert _selects(sm["spec"]["selector"], service["metadata"]["labels"])
+    (keep,) = endpoint["metricRelabelings"]
+    assert (drop["action"], keep["action"]) == ("drop", "keep")
+    assert drop["regex"] == keep["regex"] == PER_PROCESS
+    assert drop["sourceLabels"] == keep["sourceLabels"] == ["__name__"]
+    (job,) = endpoint["relabelings"]
+    assert job == {"targetLabel": "job", "replacement": "redis-stats-exporter-replicas"}
+    # The per-process series are exactly the ones the standalone exporter adds to the store's.
+    for name in (
+        "process_cpu_seconds_total",
+        "python_info",
+        "redis_stats_exporter_scrape_bytes_total",
+        "redis_stats_background_errors_total",
+        "redis_stats_read_errors_total",
+    ):
+        assert re.fullmatch(PER_PROCESS, name), name
+    for name in (
+        "redis_stats_up",
+        "redis_stats_engine_up",
+        "vllm:generation_tokens_total",
+        "redis_stats_writer_flush_errors_total",
+        "redis_stats_store_used_memory_bytes",
+    ):
+        assert not re.fullmatch(PER_PROCESS, name), name
+
+
+def test_the_ha_layouts_service_address_follows_its_namespace(tmp_path):
+    copy = tmp_path / "ha"
+    shutil.copytree(KUBE / "ha", copy)
+    for name in ("base", "exporter", "monitor-labels"):
+        shutil.copytree(KUBE / name, tmp_path / name)
+    text = (copy / "kustomization.yaml").read_text()
+    (copy / "kustomization.yaml").write_text(text.replace("namespace: default\n", "namespace: inference\n"))
+    sc, _, _ = ha_scrapes(copy)
+    assert sc["spec"]["staticConfigs"][0]["targets"] == [
+        "redis-stats-exporter.inference.svc.cluster.local:9400"
+    ]
