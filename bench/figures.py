@@ -7,8 +7,9 @@ per engine) writing into a private redis-server for the whole run, and a standal
 For each fleet size: the whole ``/metrics`` (its body as a scrape limit counts it, uncompressed; the
 gzipped bytes Prometheus receives; the wall time of a request, as the scraper waits for it), each
 slice of 4 and of 8 (``?slice=i/N``: the largest, slice 0, carries the writers' self-metrics), and
-``/load`` gzipped; per engine, the body's bytes. It prints the machine and the date with the
-figures, and writes them to ``bench/results/figures.json``.
+``/load`` gzipped; per engine, the body's bytes; the CPU time the exporter spent on a whole
+``/metrics`` (its work, whatever else the machine runs). It prints the machine and the date with
+the figures, and writes them to ``bench/results/figures.json``.
 
 The fleet writes while the exporter is asked (its data changes between two requests, as a busy
 fleet's does), on the same machine: on a small one the simulation's processes take CPU from the
@@ -74,13 +75,25 @@ def machine() -> dict[str, Any]:
     }
 
 
-def fetch(url: str, gzipped: bool = False) -> tuple[bytes, float]:
-    """(the body as sent, seconds until its last byte)."""
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system) process *pid* has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def fetch(url: str, gzipped: bool = False, pid: int | None = None) -> tuple[bytes, float, float]:
+    """(the body as sent, seconds until its last byte, CPU seconds process *pid* spent meanwhile:
+    the exporter's work for it, whatever else the machine runs)."""
     headers = {"Accept-Encoding": "gzip"} if gzipped else {}
+    before = cpu_seconds(pid) if pid else 0.0
     started = time.perf_counter()
     with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=120) as resp:
         body = resp.read()
-    return body, time.perf_counter() - started
+    took = time.perf_counter() - started
+    return body, took, (cpu_seconds(pid) - before) if pid else 0.0
 
 
 def wait_for(url: str, seconds: float = 60) -> None:
@@ -120,7 +133,7 @@ def measure(engines: int, rounds: int, warmup: float) -> dict[str, Any]:
                 if last and abs(size - last) < 0.002 * size and time.monotonic() > deadline - warmup / 2:
                     break
                 last = size
-            return _rounds(base, engines, rounds)
+            return _rounds(base, engines, rounds, exporter.pid)
         finally:
             sim.send_signal(signal.SIGTERM)
             exporter.send_signal(signal.SIGTERM)
@@ -132,22 +145,22 @@ def measure(engines: int, rounds: int, warmup: float) -> dict[str, Any]:
                     proc.wait()
 
 
-def _rounds(base: str, engines: int, rounds: int) -> dict[str, Any]:
-    whole, whole_gz, times, gz_times = [], [], [], []
+def _rounds(base: str, engines: int, rounds: int, pid: int) -> dict[str, Any]:
+    whole, whole_gz, times, gz_times, cpu = [], [], [], [], []
     slices: dict[int, list[list[tuple[int, float]]]] = {n: [] for n in SLICES}
     load_gz = []
     for _ in range(rounds):
-        body, took = fetch(base + "/metrics")
+        body, took, used = fetch(base + "/metrics", pid=pid)
         whole.append(len(body))
         times.append(took)
-        body, took = fetch(base + "/metrics", gzipped=True)
+        cpu.append(used)
+        body, took, _ = fetch(base + "/metrics", gzipped=True)
         whole_gz.append(len(body))
         gz_times.append(took)
         assert gzip.decompress(body)[:6] == b"# HELP"
         for n in SLICES:
-            slices[n].append(
-                [(len(b), t) for b, t in (fetch(f"{base}/metrics?slice={i}/{n}") for i in range(n))]
-            )
+            got = [fetch(f"{base}/metrics?slice={i}/{n}") for i in range(n)]
+            slices[n].append([(len(b), t) for b, t, _ in got])
         load_gz.append(len(fetch(base + "/load", gzipped=True)[0]))
     out: dict[str, Any] = {
         "engines": engines,
@@ -157,6 +170,7 @@ def _rounds(base: str, engines: int, rounds: int) -> dict[str, Any]:
         "metrics_gzip_kb": statistics.median(whole_gz) / 1000,
         "metrics_ms": [1000 * min(times), 1000 * statistics.median(times), 1000 * max(times)],
         "metrics_gzip_ms": [1000 * min(gz_times), 1000 * statistics.median(gz_times), 1000 * max(gz_times)],
+        "metrics_cpu_ms": 1000 * statistics.median(cpu),
         "load_gzip_kb": statistics.median(load_gz) / 1000,
     }
     for n in SLICES:
@@ -179,9 +193,9 @@ def report(host: dict[str, Any], results: list[dict[str, Any]]) -> str:
         f"redis-stats simulate: the full vLLM catalogue, model {MODEL!r}, {API_SERVERS} API servers per "
         "engine, writing all along; a standalone redis-stats exporter asked over HTTP",
         "",
-        "| engines | /metrics | per engine | gzipped | request (min / median / max) | gzipped request "
-        "| largest of 4 slices | largest of 8 slices | /load gzipped |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| engines | /metrics | per engine | gzipped | request (min / median / max) | exporter CPU "
+        "| gzipped request | largest of 4 slices | largest of 8 slices | /load gzipped |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         t, g = r["metrics_ms"], r["metrics_gzip_ms"]
@@ -189,7 +203,7 @@ def report(host: dict[str, Any], results: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['engines']:,} x {r['api_servers']} | {r['metrics_mib']:.1f} MiB | "
             f"{r['metrics_kb_per_engine']:.0f} KB | {r['metrics_gzip_kb']:,.0f} KB | "
-            f"{t[0]:,.0f} / {t[1]:,.0f} / {t[2]:,.0f} ms | {g[1]:,.0f} ms | "
+            f"{t[0]:,.0f} / {t[1]:,.0f} / {t[2]:,.0f} ms | {r['metrics_cpu_ms']:,.0f} ms | {g[1]:,.0f} ms | "
             f"{s4['largest_mib']:.1f} MiB ({s4['slowest_ms']:,.0f} ms) | "
             f"{s8['largest_mib']:.1f} MiB ({s8['slowest_ms']:,.0f} ms) | {r['load_gzip_kb']:.1f} KB |"
         )

@@ -88,16 +88,12 @@ class LeaseState:
             token = int(reply)
         except Exception as exc:  # not a token: as if Redis had not answered
             return self.unanswered(exc)
+        if self.outage.down:
+            self._back(token, sent)
         return self.answered(token, sent)
 
     def answered(self, token: int, sent: float) -> bool:
         """The script answered *token* to a renewal sent at monotonic time *sent*."""
-        if self.outage.down:
-            self.outage.succeeded(
-                "this process holds the lease"
-                if token > 0 and sent > self.released_at
-                else "another holds it"
-            )
         if token <= 0:
             self.valid_until = 0.0
             return False
@@ -120,6 +116,11 @@ class LeaseState:
                 except Exception:
                     log.exception("on_acquire callback failed")
         return True
+
+    def _back(self, token: int, sent: float) -> None:
+        """Redis answers renewals again: the end of their outage, and who holds the lease now."""
+        holds = token > 0 and sent > self.released_at
+        self.outage.succeeded("this process holds the lease" if holds else "another holds it")
 
     def unanswered(self, exc: BaseException) -> bool:
         """Redis did not answer: keep the lease only while it is still valid."""

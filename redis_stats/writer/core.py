@@ -355,6 +355,13 @@ class WriterCore:
             )
         return found
 
+    def _outage_over(self, shard: int, result: FlushResult) -> None:
+        """Redis answered *shard*'s flush: the end of its outage, if one was going on, says what
+        became of what the writer kept (applied, or its whole state goes next: Redis lost it)."""
+        outage = self._outages.get(shard)
+        if outage is not None:
+            outage.succeeded(_REBUILT if result.lost or result.store_behind else _RECOVERED)
+
     def flush_failed(self, exc: BaseException, shard: int = 0) -> None:
         """The flush (of *shard*) did not get an answer: count it; the same batch goes next time.
         The first failure of an outage is logged (a warning), the others at DEBUG; the first
@@ -394,9 +401,7 @@ class WriterCore:
             self._store_behind(shard)
         if shard == self.home:  # the self-metrics go to the home shard only
             self._stats_answered(result)
-        outage = self._outages.get(shard)
-        if outage is not None:
-            outage.succeeded(_REBUILT if result.lost or result.store_behind else _RECOVERED)
+        self._outage_over(shard, result)
         self.stats.observe_duration(seconds)
         self.stats.last_success = time.time()
         self.stats.flushes += 1
