@@ -399,19 +399,28 @@ class _Part:
 
 
 class _FirstWarnings(logging.Filter):
-    """The first few writer warnings of a process: a thousand writers each warn once of the same
-    outage (the progress lines and the last line count failed and lost flushes)."""
+    """The first few writer warnings of a process: a thousand writers each log the same outage
+    (the progress lines and the last line count failed and lost flushes). The end of an outage
+    whose start was shown is shown too (redis_stats/_core/outage.py: a start logged gets its end)."""
 
     SHOWN = 3
 
     def __init__(self) -> None:
         super().__init__()
         self.seen = 0
+        self.started: set[str] = set()  # the links whose outage start was shown
 
     def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        link, ended, _ = text.partition(" works again")
+        if ended and link in self.started:
+            self.started.discard(link)
+            return True
         self.seen += 1
         if self.seen == self.SHOWN + 1:
             record.msg, record.args = "(the other writers' warnings of this process are left out)", ()
+        elif self.seen <= self.SHOWN and "outage started" in text:
+            self.started.add(text.partition(" failed (")[0])
         return self.seen <= self.SHOWN + 1
 
 
