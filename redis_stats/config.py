@@ -682,23 +682,29 @@ def unknown_variables(
     env = os.environ if environ is None else environ
     names = {o.env for o in _options().values()} | set(known)
     candidates = _unprefixed(names if suggest is None else suggest, prefix)
-    whole = sorted(n for n in names if n.startswith(prefix))
     found: dict[str, str | None] = {}
+    if suggest is None:
+        found.update(_mistyped_prefixes(env, names, prefix))
     for name in sorted(env):
-        if name in names:
-            continue
-        if not name.startswith(prefix):
-            # The prefix itself mistyped (REDIS_STAT_URL, REDISSTATS_URL): named only when the
-            # whole name is very close to one of ours (REDIS_URL, another program's, is not).
-            near = (
-                difflib.get_close_matches(name, whole, n=1, cutoff=PREFIX_CUTOFF) if suggest is None else []
-            )
-            if near:
-                found[name] = near[0]
+        if not name.startswith(prefix) or name in names:
             continue
         close = _closest(name[len(prefix) :], candidates)
         if close is not None or suggest is None:
             found[name] = close
+    return dict(sorted(found.items()))
+
+
+def _mistyped_prefixes(env: Mapping[str, str], names: set[str], prefix: str) -> dict[str, str | None]:
+    """Variables whose prefix itself is mistyped (``REDIS_STAT_URL``, ``REDISSTATS_URL``), each
+    with the name of ours it nearly is: only when the whole name is that close (``REDIS_URL``,
+    another program's, is not: :data:`PREFIX_CUTOFF`)."""
+    ours = sorted(n for n in names if n.startswith(prefix))
+    found: dict[str, str | None] = {}
+    for name in env:
+        if not name.startswith(prefix):
+            near = difflib.get_close_matches(name, ours, n=1, cutoff=PREFIX_CUTOFF)
+            if near:
+                found[name] = near[0]
     return found
 
 
