@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: image-vllm test test-fast test-e2e test-vllm test-browser browser-deps vllm-next-diff bench-vllm lint demo bench clean
+.PHONY: image-vllm test test-fast test-e2e test-vllm test-browser browser-deps prometheus-deps vllm-next-diff bench-vllm lint demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,8 +16,15 @@ $(STAMP): pyproject.toml
 # The browser tests of the live page run in `make test` too: Debian's chromium is installed first
 # when missing (CI is root; elsewhere a failed install is said, and those tests then skip, unless
 # CI_REQUIRE_BROWSER=1, as .ci/run sets, makes a missing browser a failure).
-test: lint browser-deps
+test: lint browser-deps prometheus-deps
 	$(BIN)/python -m pytest -q -m "not e2e"
+
+# promtool (Debian's prometheus package, its service never started) for the alerts' unit tests,
+# tests/tools/test_alerts.py: installed when missing; elsewhere said, and those tests skip unless
+# CI_REQUIRE_PROMTOOL=1 (.ci/run) makes a missing promtool a failure.
+prometheus-deps:
+	@command -v promtool >/dev/null || bash .ci/install-prometheus || \
+		echo "could not install prometheus (not root?): the alerts' promtool tests will skip"
 
 # The I/O-free core alone (fields, accumulator and flush protocol, snapshot decoding, catalogue,
 # config): no server, no socket, a few seconds.

@@ -657,6 +657,11 @@ def env_markdown(variables: list[EnvVar] | tuple[EnvVar, ...]) -> str:
     return "\n".join(rows)
 
 
+PREFIX_CUTOFF = 0.88
+"""How alike (``difflib`` ratio) a variable without our prefix must be to one of our names to be
+warned about as a mistyped prefix: ``REDIS_STAT_URL`` (0.97) and ``REDIS_STATUS_URL`` (0.94) are;
+``REDIS_URL`` (0.75) and ``REDIS_TLS_URL`` (0.86), other programs' names, are not."""
+
 _log = logging.getLogger("redis_stats.config")
 _warned_variables: set[str] = set()  # each unknown name is warned about once per process
 
@@ -671,17 +676,35 @@ def unknown_variables(
     """Each variable set in *environ* whose name starts with *prefix* but is neither a
     :class:`StatsConfig` option's nor in *known*, with the closest name of *suggest* (default:
     the known ones; ``difflib``), or None when none is close. With *suggest* given, a name close
-    to none of them is not reported (another program's variable sharing the prefix)."""
+    to none of them is not reported (another program's variable sharing the prefix). Without
+    *suggest*, a name that does not start with *prefix* but is nearly one of ours (the prefix
+    mistyped: ``REDIS_STAT_URL``) is reported with it (:data:`PREFIX_CUTOFF`)."""
     env = os.environ if environ is None else environ
     names = {o.env for o in _options().values()} | set(known)
     candidates = _unprefixed(names if suggest is None else suggest, prefix)
     found: dict[str, str | None] = {}
+    if suggest is None:
+        found.update(_mistyped_prefixes(env, names, prefix))
     for name in sorted(env):
         if not name.startswith(prefix) or name in names:
             continue
         close = _closest(name[len(prefix) :], candidates)
         if close is not None or suggest is None:
             found[name] = close
+    return dict(sorted(found.items()))
+
+
+def _mistyped_prefixes(env: Mapping[str, str], names: set[str], prefix: str) -> dict[str, str | None]:
+    """Variables whose prefix itself is mistyped (``REDIS_STAT_URL``, ``REDISSTATS_URL``), each
+    with the name of ours it nearly is: only when the whole name is that close (``REDIS_URL``,
+    another program's, is not: :data:`PREFIX_CUTOFF`)."""
+    ours = sorted(n for n in names if n.startswith(prefix))
+    found: dict[str, str | None] = {}
+    for name in env:
+        if not name.startswith(prefix):
+            near = difflib.get_close_matches(name, ours, n=1, cutoff=PREFIX_CUTOFF)
+            if near:
+                found[name] = near[0]
     return found
 
 

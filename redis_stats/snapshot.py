@@ -147,6 +147,9 @@ class EngineSnapshot:
     judged (an engine made by hand)."""
     endpoint: str | None = None
     """The endpoint its writers are served behind (``StatsConfig.endpoint``), None if none said."""
+    closed: bool = False
+    """Down because every writer holding chunks in it closed cleanly (a stop on purpose: a
+    scale-in, a rolling restart), not because they went silent (killed, frozen, cut off)."""
 
     def counter(self, name: str, *labels: str) -> float:
         """The counter total for these label values (0 when never written)."""

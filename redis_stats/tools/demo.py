@@ -102,7 +102,8 @@ def _run(
         return 0
     finally:
         _shut_down(exporter, fleet, server)
-        _say(out, "demo stopped: every process it started has exited and its temp dir is removed")
+        if server is not None or fleet is not None:  # else it started nothing (the port refused)
+            _say(out, "demo stopped: every process it started has exited and its temp dir is removed")
 
 
 def _shut_down(exporter: Exporter | None, fleet: _Fleet | None, server: EmbeddedRedis | None) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import redis
 
+from redis_stats._core.outage import Outage
 from redis_stats._core.steps import Steps
 from redis_stats._core.write.accumulator import Accumulator
 from redis_stats._core.write.protocol import CALL_WORDS, DUPLICATE, MAX_CALL_WORDS, FlushProtocol, FlushResult
@@ -36,6 +37,15 @@ from redis_stats.writer.stats import CLAIMS_PER_STALE, STATS_INTERVAL, WriterSta
 EXTRA_WORDS = 1_600
 
 __all__ = ["WriterCore"]
+
+# What the end of a flush outage says (redis_stats._core.outage): Redis applied what the writer
+# kept, or found it had lost the writer's keys (restarted empty, an older copy), in which case
+# nothing of that batch was applied and the next flush stores the whole state (absolute totals).
+_RECOVERED = "what was kept meanwhile is confirmed, exactly once: nothing recorded during the outage was lost"
+_REBUILT = (
+    "Redis had lost this writer's keys (the warning above): its whole state goes with the next "
+    "flush, so nothing recorded during the outage is lost"
+)
 
 # The package's name: what hosts configure logging by (warnings of the blocking writer too).
 log = logging.getLogger("redis_stats.writer")
@@ -117,6 +127,8 @@ class WriterCore:
         """Least seconds between two flushes that carry self-metrics when only the routine ones
         changed (flush counts and durations, pending series): each flush that carries them
         writes one more hash in Redis. Any other change goes with the next flush."""
+        # Per shard, the outages of its flushes in the log: the start and the end of each.
+        self._outages: dict[int, Outage] = {}
         forking.track(self)
 
     def __repr__(self) -> str:
@@ -202,6 +214,7 @@ class WriterCore:
         """
         self.writer_id = new_writer_id(self._role)
         self.stats = WriterStats()
+        self._outages = {}  # the parent's outages are the parent's to end
         self._stats_stored, self._stats_sent, self._stats_at = {}, [], -math.inf
         self._acc.forget_pending(self.writer_id)
         self._protocol = FlushProtocol(self._acc)
@@ -327,13 +340,38 @@ class WriterCore:
         self._stats_sent = changed
         return changed
 
+    def _outage(self, shard: int) -> Outage:
+        """The outages of *shard*'s flushes (made at its first failure)."""
+        found = self._outages.get(shard)
+        if found is None:
+            where = f" (shard {shard})" if self.shards > 1 else ""
+            found = self._outages[shard] = Outage(
+                lambda: f"flushes of writer {self._flows[shard].writer_id} to {self.config.safe_url}{where}",
+                log,
+                retry=(
+                    f"retried every {self.config.flush_interval:g} s with the same batch; what is "
+                    "recorded meanwhile waits in memory"
+                ),
+            )
+        return found
+
+    def _outage_over(self, shard: int, result: FlushResult) -> None:
+        """Redis answered *shard*'s flush: the end of its outage, if one was going on, says what
+        became of what the writer kept (applied, or its whole state goes next: Redis lost it)."""
+        outage = self._outages.get(shard)
+        if outage is not None:
+            outage.succeeded(_REBUILT if result.lost or result.store_behind else _RECOVERED)
+
     def flush_failed(self, exc: BaseException, shard: int = 0) -> None:
-        """The flush (of *shard*) did not get an answer: count it; the same batch goes next time."""
+        """The flush (of *shard*) did not get an answer: count it; the same batch goes next time.
+        The first failure of an outage is logged (a warning), the others at DEBUG; the first
+        flush that works again logs its end (:class:`~redis_stats._core.outage.Outage`)."""
         kind = error_kind(exc)
         self.stats.errors[kind] += 1
-        # Warn on the first failure of each kind; the rest go to DEBUG (and the counters).
-        log_fn = log.warning if self.stats.errors[kind] == 1 else log.debug
-        log_fn("flush to %s failed (%s: %s); will retry with the same batch", self.config.safe_url, kind, exc)
+        log.debug(
+            "flush to %s failed (%s: %s); will retry with the same batch", self.config.safe_url, kind, exc
+        )
+        self._outage(shard).failed(kind, str(exc))
 
     def shards_failed(self, exc: BaseException) -> None:
         """Listing this writer's K in shard 0 (``shards.lua``) failed: tried again next round.
@@ -363,6 +401,7 @@ class WriterCore:
             self._store_behind(shard)
         if shard == self.home:  # the self-metrics go to the home shard only
             self._stats_answered(result)
+        self._outage_over(shard, result)
         self.stats.observe_duration(seconds)
         self.stats.last_success = time.time()
         self.stats.flushes += 1

@@ -149,7 +149,7 @@ def read_kinds(url: str, **options) -> dict[str, int]:
     collector = RedisCollector(StatsReader(config, sample_catalog()))
     list(collector.collect())
     text = collector.render_text()
-    errors = dict(collector._errors)
+    errors = dict(collector.errors.counts())
     for kind, n in errors.items():
         assert f'redis_stats_read_errors_total{{kind="{kind}"}} {float(n)}' in text
     return errors
