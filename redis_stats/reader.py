@@ -27,8 +27,10 @@ load feed's into a :class:`~redis_stats.load.LoadView` (:func:`redis_stats.load.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +42,7 @@ from redis_stats._core.liveness import LIVENESS_FIELDS
 from redis_stats._core.slices import Engines, EngineSlice, is_among
 from redis_stats._core.steps import Steps, run
 from redis_stats._scripts import ReadOnlyScript, load_script
+from redis_stats.capability import CHECK_STEPS, check_step, check_steps
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
 from redis_stats.connection import Client, flat_reply, is_cluster, make_client
@@ -73,6 +76,12 @@ read by its own field (``f``: that field is an argument), and some managed store
 Serverless) refuse a command of more than 3,999 words. The rest (the command, the SHA, the key
 count, ``how`` and the few ``g`` field names) fits in the 99 left. A shard with more is read in
 several calls, each atomic in itself."""
+
+CHECK_EVERY = 60.0
+"""Seconds between two capability checks of a reader's server (:mod:`redis_stats.capability`):
+its first read checks, a read after a failed one checks, and so does one this long after the last
+check (a server that lost its Lua module while a reader ran: its writers' flushes fail, and the
+reader says why instead of showing their engines going down one by one)."""
 
 _FIXED = 5  # the reads every shard starts with (Fetch.reads): engines, writers, _v, shards, own
 
@@ -315,6 +324,7 @@ class ReaderCore:
         self._shard_meta: dict[str, tuple[str, Any]] = {}  # shard root -> (version, catalogue)
         self._owners: dict[tuple[str, ...], frozenset[str]] = {}  # the load feed's (read_view)
         self._lock = threading.Lock()
+        self._checked_at = -math.inf  # monotonic time of the last capability check passed
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self.config.safe_url!r}, namespace={self.config.namespace!r})"
@@ -424,12 +434,26 @@ class ReaderCore:
             out.append((_time_ms(parts[0][0]), [r for part in parts for r in part[1:]]))
         return out
 
+    def checked_steps(self, fetch: Fetch, engines: Engines, cluster: bool) -> Steps[list[ShardReply]]:
+        """:meth:`read_steps`, after the capability check of the server when one is due
+        (:data:`CHECK_EVERY`; :mod:`redis_stats.capability`: raises
+        :class:`~redis_stats.errors.StoreUnsupported` for a server that cannot hold the store,
+        rather than reading an empty namespace there). A failed read makes the next one check."""
+        if time.monotonic() - self._checked_at >= CHECK_EVERY:
+            yield from check_steps(self.config, writes=False)
+            self._checked_at = time.monotonic()
+        try:
+            return (yield from self.read_steps(fetch, engines, cluster))
+        except Exception:
+            self._checked_at = -math.inf  # reconnected next time, maybe to another server
+            raise
+
     def snapshot_steps(self, engines: Engines, cluster: bool) -> Steps[Read]:
         """The steps of one read of every series (:attr:`snapshot_fetch`: :data:`SNAPSHOT`
         unless set otherwise), ending with the :class:`~redis_stats._core.decoder.Read` to
         decode; a shard whose catalogue version changed has its catalogue read too (rare: a new
         metric, a new K)."""
-        replies = yield from self.read_steps(self.snapshot_fetch, engines, cluster)
+        replies = yield from self.checked_steps(self.snapshot_fetch, engines, cluster)
         metas = []
         for reply in replies:
             version = reply.version
@@ -454,7 +478,7 @@ class ReaderCore:
     def load_steps(self, engines: Engines, cluster: bool) -> Steps[LoadView]:
         """The steps of one read of the load feed (:data:`LOAD`), ending with its
         :class:`LoadView` (of *engines* only, when given)."""
-        replies = yield from self.read_steps(LOAD, engines, cluster)
+        replies = yield from self.checked_steps(LOAD, engines, cluster)
         view, self._owners = read_view(replies, self.config.stale_after, self._owners)
         return view
 
@@ -483,7 +507,9 @@ class ReaderCore:
 class StatsReader(ReaderCore):
     """Reads every engine of one namespace (or the given *engines*) atomically, in one round trip.
 
-    Errors from Redis are raised to the caller (the collector turns them into self-metrics).
+    Errors from Redis are raised to the caller (the collector turns them into self-metrics),
+    and so is :class:`~redis_stats.errors.StoreUnsupported` for a server that cannot hold the
+    store (checked at the first read, after a failed one, and every :data:`CHECK_EVERY` s).
     """
 
     def __init__(
@@ -519,6 +545,8 @@ class StatsReader(ReaderCore):
 
     def _carry_out(self, what: str, arg: Any) -> Any:
         """One step of :meth:`ReaderCore.read_steps`, blocking."""
+        if what in CHECK_STEPS:
+            return check_step(self._client, self.config, what, arg)
         if what == "transaction":
             return self._transaction(arg)
         if what == "meta":
