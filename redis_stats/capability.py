@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import redis.utils
 from redis.exceptions import NoPermissionError, RedisClusterException, RedisError, ResponseError
 
 from redis_stats._core.steps import Steps, arun, run
@@ -244,14 +245,17 @@ def check_steps(config: StatsConfig, *, writes: bool) -> Steps[ServerInfo]:
 
 def _hello_args(client: Any) -> tuple[Any, ...]:
     """``HELLO`` with the protocol the client's connections speak: without one, Dragonfly
-    switches the connection to RESP2 (Redis keeps it as it is)."""
-    kwargs: dict[str, Any] = {}
-    for source in ("connection_pool", "nodes_manager"):
-        holder = getattr(client, source, None)
-        if holder is not None:
-            kwargs = getattr(holder, "connection_kwargs", None) or {}
-            break
-    return ("HELLO", int(kwargs.get("protocol") or 2))
+    switches the connection to RESP2 (Redis keeps it as it is), and a RESP3 client would then
+    misread every reply. The protocol is the one a new connection of the client's pool would
+    have (made, not connected: no I/O); a Cluster client's is in its node manager's settings."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:
+        protocol = getattr(pool.connection_class(**pool.connection_kwargs), "protocol", None)
+    else:
+        manager = getattr(client, "nodes_manager", None)
+        protocol = (getattr(manager, "connection_kwargs", None) or {}).get("protocol")
+    # redis-py 5 made RESP2 connections by default, 8 RESP3: the installed one's default.
+    return ("HELLO", int(protocol or getattr(redis.utils, "DEFAULT_RESP_VERSION", 2)))
 
 
 def _route(client: Any) -> dict[str, Any]:
