@@ -255,7 +255,8 @@ def _hello_args(client: Any) -> tuple[Any, ...]:
         manager = getattr(client, "nodes_manager", None)
         protocol = (getattr(manager, "connection_kwargs", None) or {}).get("protocol")
     # redis-py 5 made RESP2 connections by default, 8 RESP3: the installed one's default.
-    return ("HELLO", int(protocol or getattr(redis.utils, "DEFAULT_RESP_VERSION", 2)))
+    default: int = getattr(redis.utils, "DEFAULT_RESP_VERSION", 2)
+    return ("HELLO", int(protocol) if protocol else default)
 
 
 def _route(client: Any) -> dict[str, Any]:
