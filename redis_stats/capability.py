@@ -82,9 +82,8 @@ _WRITER_COMMANDS = (
 _NAMES = {"redis": "Redis", "valkey": "Valkey", "garnet": "Garnet", "dragonfly": "Dragonfly"}
 
 _LUA_FIX = {
-    "valkey": "load Valkey's Lua module (it loads at start unless left out: `loadmodule` of the Lua "
-    "module in valkey.conf or `MODULE LOAD <path>`; a server that ran `MODULE UNLOAD lua` has it "
-    "again once restarted)",
+    "valkey": "load Valkey's Lua module (`loadmodule` in valkey.conf, or `MODULE LOAD <path>`; a "
+    "server that ran `MODULE UNLOAD lua` has it again once restarted)",
     "garnet": "start Garnet with --lua --lua-transaction-mode, then set REDIS_STATS_ATOMIC_SCRIPTS=1",
 }
 _NO_LUA = {
