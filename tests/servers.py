@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from redis_stats.tools.embedded import EmbeddedRedis, free_port
+from redis_stats.tools.embedded import EmbeddedRedis, free_port, tied_to_me
 
 
 def valkey91_binary() -> str | None:
@@ -141,6 +141,7 @@ class SentinelSetup:
                     [self.master.binary, str(conf), "--sentinel"],
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
+                    preexec_fn=tied_to_me(),  # never left running by a killed suite
                 )
             )
         deadline = time.monotonic() + 30

