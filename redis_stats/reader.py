@@ -531,7 +531,7 @@ class StatsReader(ReaderCore):
     def read(self, engines: Engines = None) -> Read:
         """One consistent read of the namespace: a reply per shard, each consistent in itself
         (decode it with :meth:`decode` or :meth:`decoded`)."""
-        return run(self.snapshot_steps(engines, is_cluster(self._client)), self._carry_out)
+        return run(self.snapshot_steps(engines, is_cluster(self._client)), self._step)
 
     def snapshot(self, engines: Engines = None) -> Snapshot:
         """All engines (or only *engines*) at one instant, in one round trip."""
@@ -541,12 +541,16 @@ class StatsReader(ReaderCore):
         """The load feed (:mod:`redis_stats.load`): every engine's (or *engines*') load and the
         fleet's, from the load entries writers store beside their flushes, in one round trip
         (never the engines' series)."""
-        return run(self.load_steps(engines, is_cluster(self._client)), self._carry_out)
+        return run(self.load_steps(engines, is_cluster(self._client)), self._step)
+
+    def _step(self, what: str, arg: Any) -> Any:
+        """One step of a read: the capability check's, or :meth:`_carry_out`'s."""
+        if what in CHECK_STEPS:
+            return check_step(self._client, self.config, what, arg)
+        return self._carry_out(what, arg)
 
     def _carry_out(self, what: str, arg: Any) -> Any:
         """One step of :meth:`ReaderCore.read_steps`, blocking."""
-        if what in CHECK_STEPS:
-            return check_step(self._client, self.config, what, arg)
         if what == "transaction":
             return self._transaction(arg)
         if what == "meta":

@@ -157,6 +157,10 @@ def _bindable(port: int) -> bool:
     return True
 
 
+class _PortTaken(Exception):
+    """The server could not bind its port: another process holds it."""
+
+
 class EmbeddedRedis:
     """A redis-server/valkey-server child process on a free loopback port.
 
@@ -173,10 +177,14 @@ class EmbeddedRedis:
         prefer: str | None = None,
     ) -> None:
         self.binary = binary or find_server_binary(prefer)
+        # A port drawn here may be taken by another process before the server binds it (another
+        # suite on the machine draws from the same range): then another is drawn (start()).
+        self._drawn = port is None
         self.port = port or free_port()
         self.extra_args = list(extra_args)
         self.dir = Path(tempfile.mkdtemp(prefix="redis_stats-server-"))
         self.process: subprocess.Popen[bytes] | None = None
+        self._started_once = False
 
     @property
     def url(self) -> str:
@@ -189,7 +197,21 @@ class EmbeddedRedis:
         return self.process.pid if self.process else None
 
     def start(self, timeout: float = 10.0) -> EmbeddedRedis:
-        """Start the server and wait until it answers PING."""
+        """Start the server and wait until it answers PING (it, not another process's server on
+        the same port). A port this drew that another process took first: another port, up to
+        three times; a first start only (a restart keeps its port: its clients know it)."""
+        for attempt in range(3):
+            try:
+                return self._start(timeout)
+            except _PortTaken:
+                if not self._drawn or attempt == 2:
+                    raise RuntimeError(
+                        f"{self.binary}: port {self.port} is taken by another process"
+                    ) from None
+                self.port = free_port()
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> EmbeddedRedis:
         if self.process is not None:
             return self
         args = [
@@ -225,25 +247,47 @@ class EmbeddedRedis:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                err = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
-                log = self.dir / "server.log"
-                detail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
-                self.process = None
-                self.close()  # nothing runs: leave no temp dir behind
-                raise RuntimeError(f"{self.binary} exited at start: {err} {detail}")
+                self._exited_at_start(self.process)
             if self._ping():
+                self._started_once = True
                 return self
             time.sleep(0.02)
         self.close()
         raise RuntimeError(f"{self.binary} did not answer PING on port {self.port} within {timeout}s")
 
+    def _exited_at_start(self, process: subprocess.Popen[bytes]) -> None:
+        """The server ended before it answered: :class:`_PortTaken` when its port was taken
+        (retried), else a RuntimeError with its last words."""
+        err = process.stderr.read().decode(errors="replace") if process.stderr else ""
+        log = self.dir / "server.log"
+        detail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+        if process.stderr:
+            process.stderr.close()
+        self.process = None
+        if "already in use" in err + detail and self._drawn and not self._started_once:
+            log.unlink(missing_ok=True)
+            raise _PortTaken
+        self.close()  # nothing runs: leave no temp dir behind
+        raise RuntimeError(f"{self.binary} exited at start: {err} {detail}")
+
     def _ping(self) -> bool:
+        """Whether the server on the port answers PING and is this one: its ``process_id`` is
+        our child's (another suite's server on a port we drew would answer PING too)."""
+        if self.process is None:
+            return False
+        mine = f"process_id:{self.process.pid}\r\n".encode()
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(64).startswith(b"+PONG")
+                s.sendall(b"PING\r\nINFO server\r\n")
+                data = b""
+                while b"\r\nprocess_id:" not in data or not data.split(b"\r\nprocess_id:")[1].count(b"\n"):
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
         except OSError:
             return False
+        return data.startswith(b"+PONG") and mine in data
 
     def stop(self, *, keep_data: bool = False, timeout: float = 10.0) -> None:
         """Stop the server by its pid (saving its data first with *keep_data*)."""
