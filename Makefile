@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: image-vllm test test-fast test-e2e test-vllm test-browser browser-deps vllm-next-diff bench-vllm lint demo bench clean
+.PHONY: image-vllm test test-dragonfly test-fast test-e2e test-vllm test-browser browser-deps vllm-next-diff bench-vllm lint demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,8 +16,22 @@ $(STAMP): pyproject.toml
 # The browser tests of the live page run in `make test` too: Debian's chromium is installed first
 # when missing (CI is root; elsewhere a failed install is said, and those tests then skip, unless
 # CI_REQUIRE_BROWSER=1, as .ci/run sets, makes a missing browser a failure).
+# Parallel workers (pytest-xdist), one a core by default: the tests are independent (each starts
+# its own servers on free ports, writes only in temporary directories); those that must not run
+# beside each other share an xdist_group (tests/conftest.py), which --dist loadgroup keeps on one
+# worker. PYTEST_WORKERS=0 runs the suite in this process, one test after the other.
+PYTEST_WORKERS ?= auto
+PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadgroup
+
 test: lint browser-deps
-	$(BIN)/python -m pytest -q -m "not e2e"
+	$(BIN)/python -m pytest -q -m "not e2e" $(PYTEST_PARALLEL)
+	$(MAKE) --no-print-directory test-dragonfly
+
+# The Dragonfly lane: every test of a fake server (flushes, gc, reads, shards, bad data) again
+# under fakeredis' Dragonfly emulation, with Lua 5.4 and Dragonfly's refusal of keys a script did
+# not declare (tests/dragonfly.py); about a minute.
+test-dragonfly: $(STAMP)
+	FAKE_SERVER_TYPE=dragonfly FAKEREDIS_LUA_VERSION=5.4 $(BIN)/python -m pytest -q -m "not e2e" $(PYTEST_PARALLEL)
 
 # The I/O-free core alone (fields, accumulator and flush protocol, snapshot decoding, catalogue,
 # config): no server, no socket, a few seconds.
