@@ -119,7 +119,16 @@ _BY_TEXT = (
             r"|\bunauthenticated (?:multi)?bulk\b"
         ),
     ),
-    ("noperm", re.compile(r"\bNOPERM\b|has no permissions to|No permissions to access")),
+    # A command a script runs that the ACL user may not: Redis 7 says "The user executing the
+    # script can't run this command or subcommand", Valkey "ACL failure in script: User ... has
+    # no permissions to run ..." (one kind on every server, whatever its wording).
+    (
+        "noperm",
+        re.compile(
+            r"\bNOPERM\b|has no permissions to|No permissions to access"
+            r"|can't run this command or subcommand|ACL failure in script"
+        ),
+    ),
     ("oom", re.compile(r"\bOOM\b|used memory > 'maxmemory'")),
     ("readonly", re.compile(r"\b(?:READONLY|MASTERDOWN)\b|against a read only replica")),
     # A server that lost its scripting while a process ran (Valkey 9.1's MODULE UNLOAD lua,

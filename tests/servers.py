@@ -26,6 +26,24 @@ def valkey91_binary() -> str | None:
     return str(found[0]) if found and os.access(found[0], os.X_OK) else None
 
 
+def refuses_multi_over_maxmemory(url: str, key: str) -> bool:
+    """Whether the server, now over ``maxmemory`` (noeviction), refuses to queue a read in MULTI:
+    Redis 7.0 does (a reader then reads with ``read.lua``), Valkey 9 queues it (the transaction
+    goes on). The store promises an exact, atomic read over maxmemory on both."""
+    import redis
+
+    admin = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        admin.execute_command("MULTI")
+        admin.execute_command("HGETALL", key)
+        refused = False
+    except redis.exceptions.OutOfMemoryError:
+        refused = True
+    finally:
+        admin.connection_pool.disconnect()  # the connection is left in MULTI, or refused
+    return refused
+
+
 def cli_for(binary: str) -> str:
     """The redis-cli (or valkey-cli) next to a server binary."""
     sibling = Path(binary).with_name(Path(binary).name.replace("-server", "-cli"))
