@@ -102,6 +102,23 @@ def test_a_collector_of_valkey_without_lua_says_up_0_and_counts_kind_unsupported
     assert 'redis_stats_read_errors_total{kind="unsupported"} 1' in text, text
 
 
+def test_a_reporter_of_valkey_without_lua_says_why_instead_of_a_line_of_zeros(
+    lua_less_valkey, namespace, caplog
+):
+    from redis_stats.integrations.vllm import vllm_catalog
+    from redis_stats.integrations.vllm.logline import VllmLogLines
+    from redis_stats.leader import Rank0Leader
+    from redis_stats.reporting import StatsReporter
+
+    reader = StatsReader(_config(lua_less_valkey, namespace), vllm_catalog())
+    reporter = StatsReporter(reader, Rank0Leader([0]), lines=VllmLogLines(), interval=1)
+    with caplog.at_level(logging.INFO, logger="redis_stats"):
+        assert reporter.tick() == [] and reporter.tick() == []
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert said and all("Lua scripting module is not loaded" in m and VALKEY_FIX in m for m in said), said
+    reader.close()
+
+
 def test_a_writer_to_valkey_without_lua_sends_nothing_and_logs_one_clear_error(
     lua_less_valkey, namespace, caplog
 ):
