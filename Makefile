@@ -17,11 +17,13 @@ $(STAMP): pyproject.toml
 # when missing (CI is root; elsewhere a failed install is said, and those tests then skip, unless
 # CI_REQUIRE_BROWSER=1, as .ci/run sets, makes a missing browser a failure).
 # Parallel workers (pytest-xdist), one a core by default: the tests are independent (each starts
-# its own servers on free ports, writes only in temporary directories); those that must not run
-# beside each other share an xdist_group (tests/conftest.py), which --dist loadgroup keeps on one
-# worker. PYTEST_WORKERS=0 runs the suite in this process, one test after the other.
+# its own servers on free ports and checks that the one answering is its own, writes only in
+# temporary directories), and none needs to run alone: the browser tests too pass two at once
+# beside another suite. (An xdist_group would not hold anyway: xdist 3.8 groups by rewriting
+# item._nodeid, which pytest 9 no longer reads.) PYTEST_WORKERS=0 runs the suite in this
+# process, one test after the other.
 PYTEST_WORKERS ?= auto
-PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadgroup
+PYTEST_PARALLEL := -n $(PYTEST_WORKERS)
 
 test: lint browser-deps
 	$(BIN)/python -m pytest -q -m "not e2e" $(PYTEST_PARALLEL)

@@ -82,19 +82,8 @@ def _declared_keys_only(request: pytest.FixtureRequest):
         assert not found, f"scripts touched undeclared keys (Dragonfly refuses them): {found[:5]}"
 
 
-# Tests that must not run beside each other under pytest-xdist (make test: --dist loadgroup keeps
-# a group on one worker, one test after the other): the live page's in a real Chromium (a browser
-# of 1,024 engines per test: two at once starve a 2-core machine's scrapes).
-XDIST_GROUPS = {"tests/prometheus/test_web_page.py": "browser"}
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The xdist groups; and the Dragonfly lane runs the tests of a fake server only (the others
-    ran in the suite)."""
-    for item in items:
-        group = XDIST_GROUPS.get(item.nodeid.split("::")[0])
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
+    """The Dragonfly lane runs the tests of a fake server only (the others ran in the suite)."""
     if dragonfly.SERVER_TYPE != "dragonfly":
         return
     chosen = [i for i in items if "fake_server" in getattr(i, "fixturenames", ())]
