@@ -263,8 +263,31 @@ def _is_port(text: str) -> bool:
 class _Option:
     name: str
     env: str
-    kind: type
+    kind: Callable[[str], Any]
     help: str
+
+
+_FLAGS = {
+    "1": True,
+    "true": True,
+    "yes": True,
+    "on": True,
+    "0": False,
+    "false": False,
+    "no": False,
+    "off": False,
+}
+
+
+def flag(text: str) -> bool:
+    """A yes/no setting's text (``1 true yes on``, ``0 false no off``, any case) as a bool."""
+    try:
+        return _FLAGS[text.strip().lower()]
+    except KeyError:
+        raise ValueError(f"{text!r} is not one of {' '.join(_FLAGS)}") from None
+
+
+flag.__name__ = "flag (1/0, true/false, yes/no, on/off)"
 
 
 def _opt(default: Any, help: str) -> Any:
@@ -384,6 +407,12 @@ class StatsConfig:
         "engines by endpoint (``GET /endpoints``, ``/metrics?endpoint=``). 1-128 of ``A-Z a-z 0-9 . "
         "_ - / : [ ] @``. The vLLM plugin's default: the pod's IP (``POD_IP``) or host name and "
         "vLLM's ``--port``. None: no endpoint.",
+    )
+    atomic_scripts: bool = _opt(
+        False,
+        "Say that the server runs scripts atomically although it cannot say so itself: Garnet "
+        "started with ``--lua --lua-transaction-mode`` (without that mode Garnet runs a script as "
+        "separate commands, and redis_stats refuses it). Only Garnet asks for it.",
     )
     load_interval: float = _opt(
         0.0,
@@ -586,6 +615,7 @@ _CHECKS: tuple[Callable[[StatsConfig], str | None], ...] = (
     _stale_after_check,
     _retention_check,
     _Rule(("wait_replicas",), _is_count, "must be an integer >= 0"),
+    _Rule(("atomic_scripts",), lambda v: isinstance(v, bool), "must be True or False"),
     _Rule(
         (
             "connect_timeout_ms",
@@ -618,7 +648,8 @@ def options_markdown() -> str:
 
 
 def _options() -> dict[str, _Option]:
-    kinds = {"str": str, "str | None": str, "float": float, "int": int}
+    kinds: dict[str, Callable[[str], Any]] = {"str": str, "str | None": str, "float": float, "int": int}
+    kinds["bool"] = flag
     return {
         f.name: _Option(f.name, ENV_PREFIX + f.name.upper(), kinds[str(f.type)], f.metadata["help"])
         for f in dataclasses.fields(StatsConfig)

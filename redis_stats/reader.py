@@ -27,8 +27,10 @@ load feed's into a :class:`~redis_stats.load.LoadView` (:func:`redis_stats.load.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +41,7 @@ from redis_stats._core.read.decoder import Decoded, Read, ShardReply, SnapshotDe
 from redis_stats._core.read.slices import Engines, EngineSlice, is_among
 from redis_stats._core.steps import Steps, run
 from redis_stats._scripts import ReadOnlyScript, load_script
+from redis_stats.capability import CHECK_STEPS, check_step, check_steps
 from redis_stats.catalog import Catalog
 from redis_stats.codec import LIVENESS_FIELDS, chunk_writer
 from redis_stats.config import StatsConfig
@@ -78,6 +81,12 @@ read by its own field (``f``: that field is an argument), and some managed store
 Serverless) refuse a command of more than 3,999 words. The rest (the command, the SHA, the key
 count, ``how`` and the few ``g`` field names) fits in the 99 left. A shard with more is read in
 several calls, each atomic in itself."""
+
+CHECK_EVERY = 60.0
+"""Seconds between two capability checks of a reader's server (:mod:`redis_stats.capability`):
+its first read checks, a read after a failed one checks, and so does one this long after the last
+check (a server that lost its Lua module while a reader ran: its writers' flushes fail, and the
+reader says why instead of showing their engines going down one by one)."""
 
 _FIXED = 5  # the reads every shard starts with (Fetch.reads): engines, writers, _v, shards, own
 
@@ -347,6 +356,7 @@ class ReaderCore:
         self._shard_meta: dict[str, tuple[str, Any]] = {}  # shard root -> (version, catalogue)
         self._owners: dict[tuple[str, ...], frozenset[str]] = {}  # the load feed's (read_view)
         self._lock = threading.Lock()
+        self._checked_at = -math.inf  # monotonic time of the last capability check passed
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self.config.safe_url!r}, namespace={self.config.namespace!r})"
@@ -466,12 +476,30 @@ class ReaderCore:
             out.append((_time_ms(parts[0][0]), [r for part in parts for r in part[1:]]))
         return out
 
+    def check_due_steps(self) -> Steps[None]:
+        """The capability check of the server, when one is due (:data:`CHECK_EVERY`)."""
+        if time.monotonic() - self._checked_at >= CHECK_EVERY:
+            yield from check_steps(self.config, writes=False)
+            self._checked_at = time.monotonic()
+
+    def checked_steps(self, fetch: Fetch, engines: Engines, cluster: bool) -> Steps[list[ShardReply]]:
+        """:meth:`read_steps`, after the capability check of the server when one is due
+        (:data:`CHECK_EVERY`; :mod:`redis_stats.capability`: raises
+        :class:`~redis_stats.errors.StoreUnsupported` for a server that cannot hold the store,
+        rather than reading an empty namespace there). A failed read makes the next one check."""
+        yield from self.check_due_steps()
+        try:
+            return (yield from self.read_steps(fetch, engines, cluster))
+        except Exception:
+            self._checked_at = -math.inf  # reconnected next time, maybe to another server
+            raise
+
     def snapshot_steps(self, engines: Engines, cluster: bool) -> Steps[Read]:
         """The steps of one read of every series (:attr:`snapshot_fetch`: :data:`SNAPSHOT`
         unless set otherwise), ending with the :class:`~redis_stats._core.read.decoder.Read` to
         decode; a shard whose catalogue version changed has its catalogue read too (rare: a new
         metric, a new K)."""
-        replies = yield from self.read_steps(self.snapshot_fetch, engines, cluster)
+        replies = yield from self.checked_steps(self.snapshot_fetch, engines, cluster)
         metas = []
         for reply in replies:
             version = reply.version
@@ -496,7 +524,7 @@ class ReaderCore:
     def load_steps(self, engines: Engines, cluster: bool) -> Steps[LoadView]:
         """The steps of one read of the load feed (:data:`LOAD`), ending with its
         :class:`LoadView` (of *engines* only, when given)."""
-        replies = yield from self.read_steps(LOAD, engines, cluster)
+        replies = yield from self.checked_steps(LOAD, engines, cluster)
         view, self._owners = read_view(replies, self.config.stale_after, self._owners)
         return view
 
@@ -532,7 +560,9 @@ class ReaderCore:
 class StatsReader(ReaderCore):
     """Reads every engine of one namespace (or the given *engines*) atomically, in one round trip.
 
-    Errors from Redis are raised to the caller (the collector turns them into self-metrics).
+    Errors from Redis are raised to the caller (the collector turns them into self-metrics),
+    and so is :class:`~redis_stats.errors.StoreUnsupported` for a server that cannot hold the
+    store (checked at the first read, after a failed one, and every :data:`CHECK_EVERY` s).
     """
 
     def __init__(
@@ -554,7 +584,7 @@ class StatsReader(ReaderCore):
     def read(self, engines: Engines = None) -> Read:
         """One consistent read of the namespace: a reply per shard, each consistent in itself
         (decode it with :meth:`decode` or :meth:`decoded`)."""
-        return run(self.snapshot_steps(engines, is_cluster(self._client)), self._carry_out)
+        return run(self.snapshot_steps(engines, is_cluster(self._client)), self._step)
 
     def snapshot(self, engines: Engines = None) -> Snapshot:
         """All engines (or only *engines*) at one instant, in one round trip."""
@@ -564,7 +594,23 @@ class StatsReader(ReaderCore):
         """The load feed (:mod:`redis_stats.load`): every engine's (or *engines*') load and the
         fleet's, from the load entries writers store beside their flushes, in one round trip
         (never the engines' series)."""
-        return run(self.load_steps(engines, is_cluster(self._client)), self._carry_out)
+        return run(self.load_steps(engines, is_cluster(self._client)), self._step)
+
+    def check_store(self) -> None:
+        """Check the server when a check is due (:data:`CHECK_EVERY`; raises
+        :class:`~redis_stats.errors.StoreUnsupported`), as every read does first: for a caller
+        that does not read (an exporter's health of several namespaces)."""
+        try:
+            run(self.check_due_steps(), self._step)
+        except Exception:
+            self._checked_at = -math.inf
+            raise
+
+    def _step(self, what: str, arg: Any) -> Any:
+        """One step of a read: the capability check's, or :meth:`_carry_out`'s."""
+        if what in CHECK_STEPS:
+            return check_step(self._client, self.config, what, arg)
+        return self._carry_out(what, arg)
 
     def _carry_out(self, what: str, arg: Any) -> Any:
         """One step of :meth:`ReaderCore.read_steps`, blocking."""

@@ -105,12 +105,15 @@ def _redis_errors(config: StatsConfig) -> Iterator[None]:
     and a second line saying what to do when the kind of failure says it."""
     import redis
 
+    from redis_stats.errors import StoreUnsupported
     from redis_stats.writer import error_kind
 
     try:
         yield
     except BrokenPipeError:
         raise  # our stdout was closed (`| head`), not Redis' socket (redis-py wraps those)
+    except StoreUnsupported as exc:  # its message names the server, what is missing, the fix
+        raise RedisFailed(redact(str(exc), config.url)) from None
     except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
         kind = error_kind(exc)
         hint = _HINTS.get(kind)
@@ -120,13 +123,18 @@ def _redis_errors(config: StatsConfig) -> Iterator[None]:
         ) from None
 
 
-def _require_namespace(config: StatsConfig, client: object) -> None:
-    """End the command (exit 3) when the namespace holds nothing, naming the ones that do."""
+def _require_namespace(config: StatsConfig, client: object, *, writes: bool = False) -> None:
+    """End the command when the server cannot hold the store (exit 1: the capability check,
+    redis_stats/capability.py; *writes*: the command writes, as gc does) or the namespace holds
+    nothing (exit 3, naming the ones that do)."""
     import redis
 
+    from redis_stats.capability import check_store
     from redis_stats.errors import error_kind
     from redis_stats.ops.namespaces import describe_namespaces, namespace_holds_data, summary
 
+    # First: a server without scripts holds nothing of the store, which is not "empty".
+    check_store(client, config, writes=writes)
     if namespace_holds_data(client, config.namespace):
         return
     where = f"namespace {config.namespace!r} holds nothing at {config.safe_url}"
@@ -693,7 +701,7 @@ def gc(redis_url: str | None, namespace: str | None, dry_run: bool, retention: f
             raise click.UsageError(f"--retention: {exc}") from None
     with _redis_errors(config):
         client = make_client(config)
-        _require_namespace(config, client)
+        _require_namespace(config, client, writes=True)
         result = collect_garbage(config, dry_run=dry_run, client=client)
     verb = "would remove" if dry_run else "removed"
     click.echo(
@@ -736,7 +744,7 @@ def drop_namespace(redis_url: str | None, namespace: str | None, dry_run: bool, 
     where = f"namespace {config.namespace!r} at {config.safe_url}"
     with _redis_errors(config):
         client = make_client(config)
-        _require_namespace(config, client)
+        _require_namespace(config, client, writes=True)
         plan = remove_namespace(config, dry_run=True, client=client)
         _removal_refused(plan, where, config.stale_after)
         shards = f" in {_plural(plan.shards, 'shard')}" if plan.shards > 1 else ""
@@ -791,12 +799,14 @@ def _writers_summary(writers: Any) -> str:
 @url_option
 def namespaces(redis_url: str | None) -> None:
     """Every namespace in this Redis: engines (up), writers (live), newest heartbeat."""
+    from redis_stats.capability import check_store
     from redis_stats.connection import make_client
     from redis_stats.ops.namespaces import describe_namespaces, scan_namespaces, summary, unusable_line
 
     config = _config(redis_url, None)
     with _redis_errors(config):
         client = make_client(config)
+        check_store(client, config, writes=False)  # a server without scripts holds no store
         scan = scan_namespaces(client)
         infos = describe_namespaces(client, config.stale_after, scan=scan)
     if not infos and not scan.unusable:
@@ -919,6 +929,7 @@ def bridge(
         ]
     except (ValueError, ConfigError) as exc:
         raise click.UsageError(str(exc)) from None
+    _refuse_unsupported_store(config)
     runner = Bridge(bridged, interval=interval)
     for source, start in zip(bridged, starts):
         click.echo(
@@ -928,6 +939,27 @@ def bridge(
         runner.start()
         runner.wait(duration)
         runner.close()
+
+
+def _refuse_unsupported_store(config: StatsConfig) -> None:
+    """End the bridge (exit 1) when the server answers and cannot hold the store (the capability
+    check). One that does not answer yet is not refused: the bridge starts, as its writers do,
+    and flushes once it answers (they check it again then, and log a refusal)."""
+    import redis
+
+    from redis_stats.capability import check_store
+    from redis_stats.connection import make_client
+    from redis_stats.errors import error_kind
+
+    with _redis_errors(config):
+        client = make_client(config)
+        try:
+            check_store(client, config, writes=True)
+        except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
+            if error_kind(exc) == "unsupported":
+                raise
+        finally:
+            client.close()
 
 
 def _source_urls(sources: tuple[str, ...], source_files: tuple[str, ...]) -> list[str]:

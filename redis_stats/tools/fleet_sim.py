@@ -37,6 +37,7 @@ from typing import Any, TextIO
 
 from redis_stats.catalog import Catalog
 from redis_stats.config import ENV_PREFIX, StatsConfig
+from redis_stats.tools.embedded import tied_to_me
 
 __all__ = [
     "MAX_WRITERS",
@@ -197,8 +198,11 @@ class _Fleet:
         spec = {"index": index, "first": engines[0], "count": len(engines), "options": asdict(self.opts)}
         args = [sys.executable, "-m", "redis_stats.tools.fleet_sim", json.dumps(spec)]
         # Own session: a Ctrl-C in the terminal reaches this process only, which then stops each
-        # child in order (their last flushes) instead of all of them dying at once.
-        proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+        # child in order (their last flushes) instead of all of them dying at once; tied to this
+        # process: none is left running when it is killed.
+        proc = subprocess.Popen(
+            args, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=tied_to_me()
+        )
         reader = threading.Thread(target=self._read, args=(index, proc), name=f"sim-{index}", daemon=True)
         reader.start()
         self.readers.append(reader)

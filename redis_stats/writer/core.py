@@ -21,10 +21,11 @@ from redis_stats._core.outage import Outage
 from redis_stats._core.steps import Steps
 from redis_stats._core.write.accumulator import Accumulator
 from redis_stats._core.write.protocol import CALL_WORDS, DUPLICATE, MAX_CALL_WORDS, FlushProtocol, FlushResult
+from redis_stats.capability import check_steps
 from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, CatalogError, MetricSpec
 from redis_stats.codec import ENDPOINT_FIELD, FLUSH_FIELD, STALE_FIELD
 from redis_stats.config import ConfigError, StatsConfig
-from redis_stats.errors import ReplicationLag, error_kind
+from redis_stats.errors import ReplicationLag, StoreUnsupported, error_kind
 from redis_stats.keys import Keys, shard_of
 from redis_stats.load import LoadMap, LoadTracker
 from redis_stats.writer import forking
@@ -98,6 +99,11 @@ class WriterCore:
         self._always = tuple(sorted(heartbeat | {self.home}))
         # Whether shard 0's catalogue lists this K (readers configured otherwise find the shards).
         self.shards_noted = k == 1
+        # Whether the server passed the capability check (redis_stats.capability): checked
+        # before the first flush, and again after a flush answered as by a server without
+        # scripting, or one found behind (restarted: maybe as another server).
+        self.store_checked = False
+        self._refusal = ""  # the last refusal logged: logged again only when it changes
         self._acc = Accumulator(
             self.catalog,
             max_label_length=self.config.max_label_length,
@@ -368,10 +374,40 @@ class WriterCore:
         flush that works again logs its end (:class:`~redis_stats._core.outage.Outage`)."""
         kind = error_kind(exc)
         self.stats.errors[kind] += 1
+        if kind == "unsupported":  # the check says what is missing, and how to fix it
+            self.store_checked = False
         log.debug(
             "flush to %s failed (%s: %s); will retry with the same batch", self.config.safe_url, kind, exc
         )
         self._outage(shard).failed(kind, str(exc))
+
+    def store_refused(self, exc: StoreUnsupported) -> None:
+        """The capability check refused the server: nothing is sent (the batch stays pending:
+        recording goes on in memory), counted as a flush error of kind ``unsupported``; one
+        error logged, again only when what is missing changes. Checked again next round."""
+        self.stats.errors["unsupported"] += 1
+        message = str(exc)
+        log_fn = log.error if message != self._refusal else log.debug
+        self._refusal = message
+        log_fn("writer %s sends nothing: %s (checked again at every flush)", self.writer_id, message)
+
+    def check_steps(self) -> Steps[bool]:
+        """The capability check, when due, as steps (:func:`redis_stats.capability.check_steps`):
+        False when the server was refused (:meth:`store_refused`). A server that does not answer
+        is not refused: the flushes that follow fail as they would and are counted, and the
+        check runs again next round."""
+        if self.store_checked:
+            return True
+        try:
+            yield from check_steps(self.config, writes=True)
+        except StoreUnsupported as exc:
+            self.store_refused(exc)
+            return False
+        except Exception as exc:
+            log.debug("the capability check of %s failed (%s); flushing anyway", self.config.safe_url, exc)
+            return True
+        self.store_checked, self._refusal = True, ""
+        return True
 
     def shards_failed(self, exc: BaseException) -> None:
         """Listing this writer's K in shard 0 (``shards.lua``) failed: tried again next round.
@@ -418,6 +454,7 @@ class WriterCore:
         """Redis lost (some of) *shard*'s data: maybe shard 0's too, and with it the list of K:
         note K again (idempotent, one call). The next batch stores everything."""
         self.shards_noted = self.shards == 1
+        self.store_checked = False
         log.warning(
             "%s holds less of this writer than it confirmed (restarted empty or from an older "
             "copy, or a replica that had not caught up took over%s): storing its whole state "
@@ -506,7 +543,10 @@ class WriterCore:
         fit in one call (its next part, once the one before is confirmed: at most
         :data:`MAX_CALL_WORDS` words a call). Ends with True if Redis confirmed every flush; a
         failure is counted here and that shard's batch goes again next round (the parts after
-        it, with the round after that)."""
+        it, with the round after that). A server that cannot hold the store is refused first
+        (:meth:`check_steps`): the round ends False and sends nothing."""
+        if not (yield from self.check_steps()):
+            return False
         if not self.shards_noted:
             try:
                 yield ("shards", self.shards_call())
