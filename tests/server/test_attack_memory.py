@@ -6,7 +6,9 @@ the full vLLM catalogue: 1,000 distinct ``?endpoint=``, ``?engine=``, unknown en
 50.1 MiB, 50.1 a minute later; 3,000 distinct ``/load?slice=`` from 51.4 to 53.5). ``?slice=``
 does not: each slice asked keeps a reader of its own, whose fixed part (the catalogue it parsed
 from Redis, ~100 KB at vLLM's) the view budget does not count, and the memory freed when the
-slices go idle does not come back to the system.
+slices go idle does not come back to the system (1,000 distinct slices of a 64-engine fleet: 52
+MiB resting, 231 after, 204 a minute after every slice was dropped). ``/load?slice=`` keeps
+about twice what the budget counts.
 """
 
 from __future__ import annotations
@@ -78,6 +80,32 @@ def test_the_view_budget_bounds_what_small_slices_really_keep(pods):
         estimate = sum(exporter.app.kept.bytes_by_kind().values())
         assert estimate <= budget
         assert used <= 1.5 * budget, f"{used / MIB:.1f} MiB kept for a budget of {budget / MIB:.0f} MiB"
+    finally:
+        exporter.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="server/views/load.py SliceBody.kept_bytes counts a slice's body bytes (plain and gzipped), "
+    "not what holds them (the SliceBody, its LoadBody, the kept key and entry: ~750 B beside a "
+    "~750 B body of an empty slice): /load?slice= keeps about 2x the view budget",
+)
+def test_the_view_budget_bounds_what_load_slices_really_keep(pods):
+    budget = 64 * 2**10
+    exporter = Exporter(StatsReader(pods, vllm_catalog()), port=0, view_budget=budget)
+    try:
+        assert exporter.app(Request("GET", "/load", "")).status == 200
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for query in empty_slices(2000):
+                assert exporter.app(Request("GET", "/load", query)).status == 200
+            gc.collect()
+            used = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert used <= 1.5 * budget, f"{used / 2**10:.0f} KiB kept for a budget of {budget / 2**10:.0f} KiB"
     finally:
         exporter.close()
 
