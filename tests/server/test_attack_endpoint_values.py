@@ -87,7 +87,9 @@ class Fleet:
 
     def _writer(self, endpoint: str, engines: list[int]) -> StatsWriter:
         config = self.config.replace(endpoint=endpoint)
-        return StatsWriter(config, catalog(), engines=engines, client=self._client(), start=False, load=VLLM_LOAD)
+        return StatsWriter(
+            config, catalog(), engines=engines, client=self._client(), start=False, load=VLLM_LOAD
+        )
 
     def get(self, path: str, query: str = "", accept: str = "") -> tuple[int, str]:
         headers = {"Accept": accept} if accept else {}
@@ -224,7 +226,8 @@ def test_arbitrary_values_through_the_endpoint_and_engine_views(model, lora, blo
             want = {
                 (name, tuple(p for p in labels if p[0] != "engine")): v
                 for (name, labels), v in everything.items()
-                if ("engine", engine) in labels and not name.startswith("redis_stats")
+                if ("engine", engine) in labels
+                and not name.startswith("redis_stats")
                 and name not in PROTOCOL
             }
             assert view.keys() == want.keys()

@@ -59,7 +59,11 @@ def fetch(url: str) -> tuple[int, bytes]:
 def protocol(text: str) -> dict[str, str]:
     wanted = ("vllm:num_requests_waiting{", "vllm:num_requests_running{", "vllm:kv_cache_usage_perc{")
     wanted += ("redis_stats_endpoint_up{", "redis_stats_up ")
-    return {line.split("{")[0].split(" ")[0]: line.rpartition(" ")[2] for line in text.splitlines() if line.startswith(wanted)}
+    return {
+        line.split("{")[0].split(" ")[0]: line.rpartition(" ")[2]
+        for line in text.splitlines()
+        if line.startswith(wanted)
+    }
 
 
 def check(url: str, *, get_load: bool) -> None:
