@@ -50,11 +50,11 @@ MAX_SHARDS = 64
 
 # A namespace becomes part of every key (`rs:{NS}:...`). Braces would break the Cluster hash tag
 # and glob characters would widen ACL key patterns, so only a conservative alphabet is allowed.
-_NAMESPACE_RE = re.compile(r"^[A-Za-z0-9._\-/:]{1,128}$")
+_NAMESPACE_RE = re.compile(r"[A-Za-z0-9._\-/:]{1,128}")  # fullmatch: "$" takes a final newline
 # An endpoint id: what a router knows an API server by ("10.0.0.7:8000", "pod-a:8000",
 # "[fd00::7]:8000"). Shown as a label value and given back in ?endpoint=: no spaces, quotes,
 # backslashes or URL delimiters (& ? # %), so it needs no escaping anywhere.
-_ENDPOINT_RE = re.compile(r"^[A-Za-z0-9._\-/:\[\]@]{1,128}$")
+_ENDPOINT_RE = re.compile(r"[A-Za-z0-9._\-/:\[\]@]{1,128}")
 
 
 # A query parameter holds a secret when its name (lower-cased, percent-decoded) contains one of
@@ -487,7 +487,7 @@ def _url_check(config: StatsConfig) -> str | None:
 
 
 def _is_namespace(value: object) -> bool:
-    return isinstance(value, str) and _NAMESPACE_RE.match(value) is not None
+    return isinstance(value, str) and _NAMESPACE_RE.fullmatch(value) is not None
 
 
 def is_namespace(value: object) -> bool:
@@ -500,7 +500,7 @@ def _is_positive_seconds(value: object) -> bool:
 
 
 def _is_endpoint(value: object) -> bool:
-    return value is None or (isinstance(value, str) and _ENDPOINT_RE.match(value) is not None)
+    return value is None or (isinstance(value, str) and _ENDPOINT_RE.fullmatch(value) is not None)
 
 
 def is_endpoint(value: object) -> bool:

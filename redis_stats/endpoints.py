@@ -46,6 +46,9 @@ __all__ = [
     "CACHE_CONFIG",
     "KV_USAGE",
     "LORA",
+    "NOT_A_NUMBER",
+    "NOT_FINITE",
+    "NO_SERIES",
     "ROLES",
     "RUNNING",
     "WAITING",
@@ -87,14 +90,16 @@ class FamilyRole:
 @dataclass(frozen=True)
 class Withheld:
     """A family not served as the endpoint's one series: *engine* (a live one) has no series of
-    it (*reason* ``no_series``) or one that is no number (``not_a_number``)."""
+    it (*reason* ``no_series``) or one that is no number (``not_a_number``); or the engines' total
+    is no finite number (``not_finite``: past the float range, or infinities of both signs; no one
+    engine, *engine* None), which ``/get_load`` refuses too."""
 
     family: str
-    engine: int
+    engine: int | None
     reason: str
 
 
-NO_SERIES, NOT_A_NUMBER = "no_series", "not_a_number"
+NO_SERIES, NOT_A_NUMBER, NOT_FINITE = "no_series", "not_a_number", "not_finite"
 
 
 def _series(
@@ -153,7 +158,10 @@ def aggregate(
         return why
     flat = [s for _, found in per_engine for s in found]
     if role.role in _SUMMED:
-        return _common([labels for labels, _ in flat]), float_sum([v for _, v in flat])
+        total = float_sum([v for _, v in flat])
+        if not math.isfinite(total):
+            return Withheld(role.family, None, NOT_FINITE)
+        return _common([labels for labels, _ in flat]), total
     if role.role == KV_USAGE:
         return _common([labels for labels, _ in flat]), max(v for _, v in flat)
     # Info series: each engine's newest (the largest value: a timestamp, or 1 for each).
@@ -184,7 +192,7 @@ def _lora(newest: list[tuple[dict[str, str], float]]) -> tuple[dict[str, str], f
         for found, _ in newest:
             seen.update((a, None) for a in found.get(name, "").split(",") if a)
         labels[name] = ",".join(seen)
-    counts = [int(m) for found, _ in newest if (m := found.get(_MAX_LORA, "")).isdigit()]
+    counts = [int(m) for found, _ in newest if (m := found.get(_MAX_LORA, "")).isascii() and m.isdigit()]
     if counts:
         labels[_MAX_LORA] = str(max(counts))
     return labels, max(v for _, v in newest)

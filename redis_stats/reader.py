@@ -65,6 +65,9 @@ __all__ = [
 Plan = tuple[tuple[str, ...], tuple[str, ...]]
 """The engines and writers of one shard a read asks for: those its last read found."""
 
+PACKINGS = 8
+"""Packed transactions a reader keeps (the last ones used: one per selection it reads)."""
+
 MAX_PLANS = 4096
 """Plans a reader keeps at most (one per feed, shard and selection of engines: a reader that
 serves many endpoints' views keeps one per endpoint, a few dozen bytes each with
@@ -528,23 +531,25 @@ class ReaderCore:
         view, self._owners = read_view(replies, self.config.stale_after, self._owners)
         return view
 
-    _packing: tuple[list[tuple[Any, ...]], Any] = ([], None)
+    _packings: tuple[tuple[list[tuple[Any, ...]], Any], ...] = ()
 
     @property
     def packed_bytes(self) -> int:
-        """The bytes of the last read's commands kept packed (what a reader holds per writer read:
-        part of what a server keeps per reader, redis_stats/server/kept.py)."""
-        packed = self._packing[1]
-        return sum(map(len, packed)) if packed else 0
+        """The bytes of the reads' commands kept packed (part of what a server keeps per reader,
+        redis_stats/server/kept.py)."""
+        return sum(sum(map(len, packed)) for _, packed in self._packings)
 
     def _packed(self, conn: Any, cmds: list[tuple[Any, ...]]) -> Any:
         """The transaction's commands as the connection sends them, packed again only when they
         changed: they are the plan's, which changes only when an engine or writer comes or goes
-        (packing ~70 commands a read cost a 64-engine scrape ~8 %)."""
-        kept, packed = self._packing
-        if cmds != kept:
-            packed = conn.pack_commands(cmds)
-            self._packing = (cmds, packed)  # one store: a concurrent read sees a whole pair
+        (packing ~70 commands a read cost a 64-engine scrape ~8 %). The last :data:`PACKINGS`
+        are kept: a reader of several selections (slices, endpoints) alternates between them."""
+        kept = self._packings
+        for known, packed in kept:
+            if known == cmds:  # (two selections' commands differ within their first keys)
+                return packed
+        packed = conn.pack_commands(cmds)
+        self._packings = ((cmds, packed), *kept[: PACKINGS - 1])  # one store: a whole tuple
         return packed
 
     def decoded(self, read: Read) -> Decoded:

@@ -141,11 +141,15 @@ class RedisCollector:
         gc_was_on = gc.isenabled()
         gc.disable()  # tens of thousands of short-lived strings: a collection mid-render only costs
         try:
-            decoded = self.reader.decoded(self.reader.read(self.engines))
-            text, shell = self._renderer.render(decoded), decoded.shell
-            self.read_ok()
-        except Exception as exc:  # a scrape must not fail with a traceback
-            self.read_failed(exc)
+            try:
+                decoded = self.reader.decoded(self.reader.read(self.engines))
+            except Exception as exc:  # Redis (or its data): a scrape says so, never a traceback
+                self.read_failed(exc)
+            else:
+                self.read_ok()
+                # Outside the read's except: an error rendering what was read is a bug of ours,
+                # raised (a 500 and its traceback in the log), never called a failed read of Redis.
+                text, shell = self._renderer.render(decoded), decoded.shell
         finally:
             if gc_was_on:
                 gc.enable()

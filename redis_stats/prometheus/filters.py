@@ -104,7 +104,10 @@ def without_families(text: str, names: frozenset[str]) -> str:
     """*text* without the lines of the families *names* (gauges: their samples carry their name)."""
     if not names:
         return text
-    return "".join(line for line in text.splitlines(keepends=True) if family_of(line) not in names)
+    # "\n" only: splitlines() also splits at \r, \x1c, \x85, \u2028..., which a label value holds
+    # unescaped (the text format escapes "\n" alone)
+    lines = text.split("\n")
+    return "\n".join(line for line in lines if not line or family_of(line) not in names)
 
 
 def without_engine_label(text: str, engine: int) -> str:

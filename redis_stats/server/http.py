@@ -302,6 +302,10 @@ class Server(ThreadingHTTPServer):
         self, address: tuple[str, int], app: App, *, max_connections: int, request_timeout: float
     ) -> None:
         self._slots = threading.BoundedSemaphore(max_connections)
+        # socketserver listens with a backlog of 5: a burst of more clients at once had its
+        # connection attempts dropped by the kernel and retried by TCP a second or more later,
+        # under the cap. Room for every connection served and every one refused.
+        self.request_queue_size = max_connections + _BUSY_QUEUE
         self._busy = _BusyResponder()
         self.refused = 0  # connections refused for the cap, answered 503 or not (a self-metric)
         super().__init__(address, _handler(app, request_timeout))

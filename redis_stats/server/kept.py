@@ -86,9 +86,10 @@ class Kept:
         self._dropped: Counter[tuple[str, str]] = Counter()  # (kind, why) -> entries dropped
         self._unreleased = 0  # bytes dropped since memory was last given back
 
-    def get(self, key: tuple[str, str, Hashable], make: Callable[[], E]) -> E:
+    def get(self, key: tuple[str, str, Hashable], make: Callable[[], E], *, most: int | None = None) -> E:
         """The entry under *key*, made by *make* when there is none (then the oldest go, as the
-        budget says)."""
+        budget says). With *most*, an entry is made and kept only while fewer than *most* of its
+        kind and namespace are: past it, one is made for the caller alone (not kept)."""
         now = time.monotonic()
         with self._lock:
             found = self._entries.get(key)
@@ -96,7 +97,10 @@ class Kept:
                 self._entries[key] = (found[0], now)
                 self._entries.move_to_end(key)
                 return found[0]  # type: ignore[no-any-return]
+            full = most is not None and sum(1 for k in self._entries if k[:2] == key[:2]) >= most
         made = make()
+        if full:
+            return made
         with self._lock:
             found = self._entries.get(key)
             if found is not None:  # another request made it meanwhile: keep theirs

@@ -84,10 +84,10 @@ class Source:
             made.close()
         return found if found is not None else made
 
-    def kept(self, kind: str, key: Hashable, make: Callable[[], E]) -> E:
+    def kept(self, kind: str, key: Hashable, make: Callable[[], E], *, most: int | None = None) -> E:
         """The server's kept *kind* entry of this namespace for *key* (bounded in bytes, dropped
-        when idle), made by *make* when there is none."""
-        return self._kept.get((kind, self.namespace, key), make)
+        when idle; at most *most* of its kind here), made by *make* when there is none."""
+        return self._kept.get((kind, self.namespace, key), make, most=most)
 
     def close(self) -> None:
         """Close every view's state and drop what the server keeps of this namespace."""

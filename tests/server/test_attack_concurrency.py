@@ -90,14 +90,6 @@ def test_many_threads_on_the_endpoint_engine_and_slice_views_each_get_a_lone_req
         exporter.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server/http.py Server keeps socketserver's listen backlog (request_queue_size = 5): of "
-    "20 connections opened at once, well within max_connections=64, the kernel drops the SYNs past "
-    "the backlog and those clients wait for TCP's retransmission, 1 s (then 3, 7 s: 60 at once "
-    "waited up to 7.9 s for a /load that takes 10 ms). Set request_queue_size to max_connections "
-    "+ the busy queue (measured: 60 at once, all within 0.04 s)",
-)
 def test_a_burst_of_connections_within_the_cap_is_served_at_once(pods):
     exporter = Exporter(StatsReader(pods, vllm_catalog()), port=0, max_connections=64).start()
     try:

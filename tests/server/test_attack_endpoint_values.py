@@ -114,12 +114,6 @@ def same(a: float, b: float) -> bool:
 # -- the defects found, one test each ---------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="endpoints._lora reads max_lora with str.isdigit() then int(): '²' is a digit to isdigit "
-    "but int() raises, and the renderer's exception is counted as a failed read: the whole view "
-    "answers redis_stats_up 0 and logs a Redis outage (redis_stats/endpoints.py, _lora)",
-)
 def test_a_unicode_digit_in_one_engines_max_lora_never_blacks_out_its_endpoint_view():
     fleet = Fleet("m", "²", "9", ((2, 3, 0.5), (2, 3, 0.5)))
     try:
@@ -134,13 +128,6 @@ def test_a_unicode_digit_in_one_engines_max_lora_never_blacks_out_its_endpoint_v
         fleet.exporter.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="endpoints.aggregate withholds an engine's NaN but not a sum that is NaN: +inf and -inf "
-    "on two live engines are served as 'vllm:num_requests_waiting NaN' with "
-    "redis_stats_endpoint_up 1, while /get_load refuses the same state (503 no_load) "
-    "(redis_stats/endpoints.py, aggregate: float_sum's NaN is returned as the total)",
-)
 def test_a_protocol_total_that_is_not_a_number_is_withheld_as_get_load_refuses_it():
     fleet = Fleet("m", "2", "9", ((math.inf, 3, 0.5), (-math.inf, 3, 0.5)))
     try:
@@ -155,13 +142,6 @@ def test_a_protocol_total_that_is_not_a_number_is_withheld_as_get_load_refuses_i
         fleet.exporter.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="prometheus/filters.without_families splits the text with str.splitlines(), which also "
-    "splits at \\r, \\x0b, \\x0c, \\x1c-\\x1e, \\x85, \\u2028, \\u2029 (unescaped in a label "
-    "value): the protocol family's line is dropped but its tail stays as a line of its own, and "
-    "the whole endpoint (or engine) view no longer parses (fix: split at '\\n' only)",
-)
 @pytest.mark.parametrize("separator", ["\u2028", "\x85", "\r", "\x1c"])
 def test_a_line_separator_in_a_protocol_label_value_leaves_the_views_parseable(separator):
     fleet = Fleet("a" + separator + "b", "2", "9", ((2, 3, 0.5), (2, 3, 0.5)))
@@ -189,11 +169,6 @@ def test_a_line_separator_in_a_protocol_label_value_leaves_the_views_parseable(s
 )
 @example(model="100%", lora="2", blocks="9", amounts=((1.7e308, 1, 0.1), (1.7e308, 1, 0.2)))
 @example(model="a\u2028b", lora="²", blocks="9", amounts=((math.inf, 1, 0.1), (-math.inf, 1, 0.2)))
-@pytest.mark.xfail(
-    strict=True,
-    reason="the three defects above (a unicode digit in max_lora, a NaN total, a line separator in a "
-    "label value); passes 400 examples once they are fixed",
-)
 def test_arbitrary_values_through_the_endpoint_and_engine_views(model, lora, blocks, amounts):
     fleet = Fleet(model, lora, blocks, amounts)
     try:

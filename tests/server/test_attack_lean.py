@@ -134,14 +134,6 @@ def test_an_endpoint_view_stays_exact_as_writers_come_go_are_folded_and_change_s
     assert differences(fleet, pods) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="views/endpoints.py EndpointRenderer.render filters the protocol families by the "
-    "engines' stored endpoint (`mine`) but renders every other family of every engine the map "
-    "named (self.inner.render(decoded)): the first scrape of the old pod after one of its engines "
-    'moved carries the moved engine\'s series (engine="3" under both pods: a sum over endpoint '
-    "views counts it twice). moved() only fixes the next scrape; render only `mine`'s engines",
-)
 def test_the_first_scrape_of_a_pod_an_engine_left_shows_none_of_that_engines_series(redis_server, namespace):
     fleet = Fleet(redis_server.url, namespace, stale_after=30.0)
     try:

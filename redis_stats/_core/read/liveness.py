@@ -53,7 +53,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from redis_stats.codec import ENDPOINT_FIELD, FLUSH_FIELD, STALE_FIELD
-from redis_stats.config import DEFAULT_STALE_AFTER, MAX_STALE_AFTER, MIN_STALE_AFTER
+from redis_stats.config import DEFAULT_STALE_AFTER, MAX_STALE_AFTER, MIN_STALE_AFTER, is_endpoint
 
 UP, STALE, DOWN = "up", "stale", "down"
 """An engine's states (:meth:`Liveness.engine_state`)."""
@@ -170,8 +170,8 @@ class Liveness:
             if every is not None:
                 flush[wid] = every
             where = st.get(ENDPOINT_FIELD)
-            if where.__class__ is str and where:
-                endpoints[wid] = where
+            if is_endpoint(where):  # (a config refuses any other: garbage, written by hand)
+                endpoints[wid] = where  # type: ignore[assignment]
         return cls(
             now_ms,
             stale,

@@ -66,6 +66,7 @@ __all__ = [
     "EndpointMap",
     "EndpointRenderer",
     "EndpointViews",
+    "EngineMoved",
     "UnknownEndpoint",
     "answer",
     "endpoint_param",
@@ -79,7 +80,7 @@ ENDPOINT_UP_HELP = (
 WITHHELD = "redis_stats_endpoint_withheld"
 WITHHELD_HELP = (
     "Protocol families of this view not served as one series: a live engine has none of it "
-    "(no_series) or no number (not_a_number); its total would be another engines' partial sum."
+    "(no_series) or no number (not_a_number), or the total is no finite number (not_finite)."
 )
 
 MAP_TTL = 10.0
@@ -92,6 +93,12 @@ again."""
 
 SELF = "self"
 """``?endpoint=self``: the endpoint of the process serving the view (the in-pod view's)."""
+
+
+class EngineMoved(Exception):
+    """An engine the map put behind this endpoint is served behind another one now: the map was
+    forgotten, and the view is read again from a new one (never an engine's series behind two
+    endpoints, which a sum over the endpoints' views would count twice)."""
 
 
 class UnknownEndpoint(LookupError):
@@ -141,7 +148,9 @@ class EndpointRenderer:
         self.roles = tuple(roles)
         self.labels = dict(labels)
         self.endpoint = endpoint
-        self.moved = moved  # called when an engine read is served behind another endpoint now
+        # called, then EngineMoved raised, when an engine read is served behind another endpoint
+        # now (None: rendered as read, the engines of this endpoint only in its protocol families)
+        self.moved = moved
         self.names = frozenset(r.family for r in self.roles)
 
     def render(self, decoded: Decoded) -> str:
@@ -155,7 +164,8 @@ class EndpointRenderer:
         text = without_families(self.inner.render(decoded), gauges)
         mine = [e for e in snap.engines.values() if self.endpoint is None or e.endpoint == self.endpoint]
         if len(mine) < len(snap.engines) and self.moved is not None:
-            self.moved()  # the map is behind: read it again for the next scrape
+            self.moved()  # the map is behind: this scrape reads again, from a new map
+            raise EngineMoved(self.endpoint)
         live = [e for e in mine if e.up]
         parts = [text]
         if live:
@@ -193,7 +203,8 @@ class EndpointRenderer:
         if withheld:
             out.append(_gauge_header(WITHHELD, WITHHELD_HELP))
             for w in withheld:
-                labels = {**self.labels, "family": w.family, "engine": str(w.engine), "reason": w.reason}
+                engine = {} if w.engine is None else {"engine": str(w.engine)}
+                labels = {**self.labels, "family": w.family, **engine, "reason": w.reason}
                 out.append(WITHHELD + _braces(labels) + " 1\n")
         return "".join(out)
 
@@ -294,16 +305,18 @@ class EndpointViews:
         self.reader.snapshot_fetch = SNAPSHOT_LEAN
         self.errors = ReadErrors()
 
-    def collector(self, endpoint: str | None, engine: int | None) -> RedisCollector:
+    def collector(self, endpoint: str | None, engine: int | None, *, strict: bool = True) -> RedisCollector:
         """A collector of ``?endpoint=`` or ``?engine=`` for one request (made for it: nothing is
-        kept per endpoint); :class:`UnknownEndpoint` when the namespace has no such one."""
+        kept per endpoint); :class:`UnknownEndpoint` when the namespace has no such one. *strict*:
+        its text raises :class:`EngineMoved` when an engine moved to another endpoint since the
+        map was read (read it again); else it renders what it read."""
         if endpoint is not None:
             name, engines = self.map.resolve(endpoint)
         else:
             assert engine is not None
             self.map.check_engine(engine)
             name, engines = "", (engine,)
-        roles, forget = self.source.options.roles, self.map.forget
+        roles, forget = self.source.options.roles, self.map.forget if strict else None
         return RedisCollector(
             self.reader,
             engines=engines,

@@ -4,8 +4,9 @@
   serves them all, each family once, every series labelled ``redis_stats_namespace``
   (:class:`AllNamespaces`), and ``?namespace=NS`` one of them as an exporter of it alone would;
 - ``?slice=i/N``: the engines ``e % N == i`` only, read by Redis' own choice (one exporter scraped
-  as N targets; redis_stats/prometheus/filters.py); each slice asked for has a reader of its own,
-  kept by the server as any per-parameter state (bounded in bytes, dropped when idle);
+  as N targets; redis_stats/prometheus/filters.py); the slices of a namespace share two readers
+  (:class:`SliceReaders`: a plan per slice), and each slice asked for has its renderer kept by
+  the server as any per-parameter state (bounded in bytes, dropped when idle);
 - ``?endpoint=<id>`` / ``?engine=<n>``: the endpoint views (redis_stats/server/views/endpoints.py);
 - ``?name[]=<sample>`` (repeatable): only those samples.
 
@@ -29,13 +30,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
 from redis_stats._core.read.slices import EngineSlice
-from redis_stats.prometheus.collector import RedisCollector
-from redis_stats.prometheus.exposition import merge_texts
+from redis_stats.prometheus.collector import ReadErrors, RedisCollector
+from redis_stats.prometheus.exposition import TextRenderer, merge_texts
 from redis_stats.prometheus.filters import select_samples, without_engine_label
 from redis_stats.prometheus.openmetrics import OPENMETRICS_1_0, negotiate, openmetrics_from_text
+from redis_stats.reader import SNAPSHOT_LEAN
 from redis_stats.server.http import HTTPError, Request, Response, encode_body
 from redis_stats.server.source import Source
-from redis_stats.server.views.endpoints import EndpointViews, UnknownEndpoint, endpoint_param
+from redis_stats.server.views.endpoints import EndpointViews, EngineMoved, UnknownEndpoint, endpoint_param
 
 if TYPE_CHECKING:
     from redis_stats.server.app import App
@@ -56,9 +58,16 @@ log = logging.getLogger("redis_stats.exporter")
 # engines and up to seconds for a thousand on a loaded host.
 SCRAPE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
-# What one slice's reader and renderer hold per character of its last text (the renderer's kept
-# heads and text plan, the decoder's layouts), beyond its packed read: ~1.8 measured with
-# tracemalloc (tests/server/test_kept_views.py keeps the estimate honest).
+# What one slice's kept renderer holds: its catalogue's headers, and per character of its last
+# text the text around the numbers (its heads and text plan) measured with tracemalloc
+# (tests/server/test_kept_views.py and test_attack_memory.py keep the estimate honest).
+SLICE_BYTES = 16 * 1024
+
+KEPT_SLICES = 16
+"""Slices of a namespace whose renderers are kept at most (a sliced layout scrapes 4 or 8); the
+renderer of any other is made for its request alone. A renderer spares a scrape ~40 % of its time
+(~90 ms of ~150 for a quarter of 1,024 engines x 2), and one made and dropped per request leaves
+no memory behind, where a thousand kept ones left the process' memory fragmented when dropped."""
 SLICE_BYTES_PER_CHARACTER = 2
 
 
@@ -94,7 +103,7 @@ def _engine_param(request: Request) -> int | None:
     engine = request.one("engine")
     if engine is None:
         return None
-    if not (engine.isascii() and engine.isdigit() and str(int(engine)) == engine):
+    if not (engine.isascii() and engine.isdigit() and len(engine) <= 18 and str(int(engine)) == engine):
         raise HTTPError(400, f"engine={engine!r} is not an engine index (a decimal integer, e.g. engine=3)")
     return int(engine)
 
@@ -234,26 +243,54 @@ class AllNamespaces:
         yield from merged.values()
 
 
-class _Slice:
-    """One ``?slice=``'s collector, kept by the server: a reader of its own (its plan and caches
-    hold that slice's engines only) on the namespace's Redis client."""
+class SliceReaders:
+    """What every ``?slice=`` of one namespace shares (a view state): two readers, a plan per
+    slice each (slice 0 reads every writer's stats for the writers' self-metrics it shows; the
+    others, :data:`~redis_stats.reader.SNAPSHOT_LEAN`, only the liveness fields of the writers
+    holding chunks in their engines), and the count of their failed reads. Per slice only its
+    renderer is kept (:class:`_SliceText`: the text around its numbers, for its next scrape), of
+    :data:`KEPT_SLICES` slices at most."""
 
-    def __init__(self, source: Source, part: EngineSlice) -> None:
-        self.size = 0
-        self.reader = source.new_reader()
-        self.collector = RedisCollector(
-            self.reader, engines=part, writers=part.index == 0, namespace_label=bool(source.labels)
-        )
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.first = source.new_reader()
+        self.others = source.new_reader()
+        self.others.snapshot_fetch = SNAPSHOT_LEAN
+        self.errors = ReadErrors()
 
-    def kept_bytes(self) -> int:
-        """An estimate of its reader's and renderer's bytes, from its last text's size."""
-        return self.reader.packed_bytes + SLICE_BYTES_PER_CHARACTER * self.size
+    def collector(self, part: EngineSlice) -> tuple[RedisCollector, _SliceText]:
+        """The collector of slice *part* for one request, and its kept renderer."""
+        source = self.source
+        text = source.kept("slice", part, lambda: _SliceText(source), most=KEPT_SLICES)
+        return RedisCollector(
+            self.first if part.index == 0 else self.others,
+            engines=part,
+            writers=part.index == 0,
+            namespace_label=bool(source.labels),
+            renderer=lambda labels: text.renderer,
+            errors=self.errors,
+        ), text
 
     def close(self) -> None:
-        """Nothing runs (its client is the namespace's: never closed here)."""
+        """Nothing runs (its readers' client is the namespace's: never closed here)."""
 
 
-def _slice_of(source: Source, part: EngineSlice) -> _Slice:
+class _SliceText:
+    """One ``?slice=``'s renderer, kept by the server (bounded in bytes, dropped when idle)."""
+
+    def __init__(self, source: Source) -> None:
+        self.size = 0
+        self.renderer = TextRenderer(source.labels)
+
+    def kept_bytes(self) -> int:
+        """An estimate of its renderer's bytes: the text around its last text's numbers."""
+        return SLICE_BYTES + SLICE_BYTES_PER_CHARACTER * self.size
+
+    def close(self) -> None:
+        """Nothing runs."""
+
+
+def _slice_of(source: Source, part: EngineSlice) -> tuple[RedisCollector, _SliceText]:
     options = source.options
     if not source.labels and (options.slice is not None or options.engines is not None):
         served = (
@@ -266,7 +303,7 @@ def _slice_of(source: Source, part: EngineSlice) -> _Slice:
             f"this exporter serves {served} only; ?slice= needs an exporter of the whole fleet "
             "(no --slice, no --engines)",
         )
-    return source.kept("slice", part, lambda: _Slice(source, part))
+    return source.state(SliceReaders).collector(part)
 
 
 class _Both:
@@ -292,14 +329,17 @@ def _target(app: App, request: Request, query: ScrapeQuery) -> tuple[Any, list[A
         parts, kept = [s.collector for s in sources], []
     else:
         slices = [_slice_of(s, query.slice) for s in sources]
-        parts, kept = [s.collector for s in slices], slices
+        parts, kept = [collector for collector, _ in slices], [text for _, text in slices]
     if not several:
         return parts[0], kept
     return AllNamespaces(parts, app.state(Clashes).clashed), kept
 
 
-def _endpoint_target(app: App, request: Request, query: ScrapeQuery, several: bool) -> tuple[Any, list[Any]]:
-    """The collector of an endpoint's or an engine's view (one namespace's)."""
+def _endpoint_target(
+    app: App, request: Request, query: ScrapeQuery, several: bool, strict: bool = True
+) -> tuple[Any, list[Any]]:
+    """The collector of an endpoint's or an engine's view (one namespace's); *strict*: see
+    :meth:`EndpointViews.collector`."""
     if several:
         raise HTTPError(
             400,
@@ -307,7 +347,8 @@ def _endpoint_target(app: App, request: Request, query: ScrapeQuery, several: bo
             "?namespace=NS (GET /namespaces lists them)",
         )
     try:
-        collector = app.source(request).state(EndpointViews).collector(query.endpoint, query.engine)
+        views = app.source(request).state(EndpointViews)
+        collector = views.collector(query.endpoint, query.engine, strict=strict)
     except UnknownEndpoint as exc:
         raise HTTPError(404, str(exc)) from None
     return collector, []
@@ -349,7 +390,11 @@ def answer(app: App, request: Request) -> Response:
     own = app.own_registry if not (app.sources.several and request.one("namespace")) else None
     with app.building:
         started = time.perf_counter()
-        text, rendered = _text(collector, query, content_type, encoder, own)
+        try:
+            text, rendered = _text(collector, query, content_type, encoder, own)
+        except EngineMoved:  # the map was behind: once more, from a new map (as read then)
+            collector, kept = _endpoint_target(app, request, query, several=False, strict=False)
+            text, rendered = _text(collector, query, content_type, encoder, own)
         body, size = encode_body(text, request.gzip_ok)
         del text  # before the next body is built: at a thousand engines tens of MB
         app.state(ScrapeStats).observe(time.perf_counter() - started, size)
