@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from redis_stats import StatsConfig, StatsReader  # noqa: E402
 from redis_stats.integrations.vllm import vllm_catalog  # noqa: E402
-from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY  # noqa: E402
+from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY, VLLM_PAGE_HISTORY  # noqa: E402
 from redis_stats.server import Exporter  # noqa: E402
 from redis_stats.tools.embedded import EmbeddedRedis  # noqa: E402
 from tests import browser, page_fleet  # noqa: E402
@@ -62,7 +62,11 @@ def one(engines: int, polls: int) -> None:
     )
     config = StatsConfig(url=server.url, namespace="bench", stale_after=30.0)
     exporter = Exporter(
-        StatsReader(config, vllm_catalog()), port=0, window=10, summary=VLLM_FLEET_SUMMARY
+        StatsReader(config, vllm_catalog()),
+        port=0,
+        window=10,
+        summary=VLLM_FLEET_SUMMARY,
+        history=VLLM_PAGE_HISTORY,
     ).start()
     try:
         views.snapshot_json(exporter)

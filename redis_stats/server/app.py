@@ -23,7 +23,17 @@ from redis_stats.server.namespaces import Sources, namespace_param
 from redis_stats.server.options import ServeOptions
 from redis_stats.server.own import own_registry
 from redis_stats.server.source import Source
-from redis_stats.server.views import endpoints, get_load, health, load, metrics, namespaces, page, snapshot
+from redis_stats.server.views import (
+    endpoints,
+    get_load,
+    health,
+    history,
+    load,
+    metrics,
+    namespaces,
+    page,
+    snapshot,
+)
 
 __all__ = ["ROUTES", "App"]
 
@@ -33,6 +43,7 @@ ROUTES: dict[str, View] = {
     "/": page.answer,
     "/metrics": metrics.answer,
     "/snapshot": snapshot.answer,
+    "/history": history.answer,
     "/load": load.answer,
     "/endpoints": endpoints.answer,
     "/get_load": get_load.answer,

@@ -3,6 +3,7 @@
     GET /metrics        every engine's series (Prometheus text, or OpenMetrics when asked);
                         ?slice=i/N, ?endpoint=<id>, ?engine=<n>, ?name[]=
     GET /snapshot       the same as JSON, with rates and quantiles over a recent window
+    GET /history        the fleet's last minutes as the live page charts them (from memory)
     GET /load           every engine's load for routers (refreshed, ETag / If-None-Match -> 304)
     GET /endpoints      every endpoint and its engines' states
     GET /get_load       one endpoint's load as vllm-router polls it (?endpoint=<id>)
@@ -15,7 +16,7 @@ Each path is a view module of :mod:`redis_stats.server.views` (the route table i
 connections, gzip, ``HEAD``) is :mod:`redis_stats.server.http`. Every answer is a function of the
 store's state, so any number of exporters over one store give the same (``/load``'s ``seq`` and
 ``ETag``, the endpoint views): run several behind one Service (docs/kubernetes.md, "Running it
-highly available").
+highly available"). ``/history`` alone is the process's own record of what it read.
 
 Run it standalone (``redis-stats exporter``) or inside any process (:class:`Exporter`).
 """

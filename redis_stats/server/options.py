@@ -9,6 +9,7 @@ from typing import Any
 from redis_stats.config import is_namespace
 from redis_stats.endpoints import FamilyRole
 from redis_stats.reader import EngineSlice
+from redis_stats.server.views.fleet_history import HistorySpec, history_problems
 from redis_stats.server.views.window import WINDOW_BUDGET, FleetSummary, summary_problems
 
 __all__ = ["MAX_NAMESPACES", "VIEW_BUDGET", "VIEW_IDLE", "ServeOptions"]
@@ -44,7 +45,8 @@ class ServeOptions:
     *engines* or *slice* limit it to part of one namespace; *namespaces* or *all_namespaces*
     make it serve several (``?namespace=`` picks one). *roles* declare the endpoint views' one
     series per family; *self_endpoint* is what ``?endpoint=self`` names; *summary* names fleet
-    figures of ``/snapshot``. *self_metrics* adds the exporter's own process to ``/metrics``.
+    figures of ``/snapshot``, *history* those ``/history`` keeps for the live page's charts.
+    *self_metrics* adds the exporter's own process to ``/metrics``.
     """
 
     engines: Sequence[int] | None = None
@@ -59,6 +61,7 @@ class ServeOptions:
     view_budget: int = VIEW_BUDGET
     view_idle: float = VIEW_IDLE
     summary: FleetSummary = field(default_factory=dict)
+    history: HistorySpec = field(default_factory=dict)
     self_metrics: bool = False
     load_refresh: float = 0.25
     load_idle: float = LOAD_IDLE
@@ -86,7 +89,7 @@ class ServeOptions:
         _whole("max_namespaces", self.max_namespaces, 1, "namespaces served at most")
         if not self.gc_interval >= 0:
             raise ValueError(f"gc_interval={self.gc_interval!r} must be a number of seconds >= 0 (0: no gc)")
-        problems = summary_problems(self.summary)
+        problems = summary_problems(self.summary) + history_problems(self.history)
         if problems:
             raise ValueError("; ".join(problems))
         self._check_parts()

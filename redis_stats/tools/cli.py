@@ -537,7 +537,7 @@ def exporter(
     from redis_stats.integrations.bridge.roles import BRIDGE_ROLES
     from redis_stats.integrations.vllm import vllm_catalog
     from redis_stats.integrations.vllm.roles import VLLM_ROLES
-    from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
+    from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY, VLLM_PAGE_HISTORY
     from redis_stats.reader import EngineSlice, StatsReader
     from redis_stats.server import Exporter
     from redis_stats.tools.allocator import bound_arenas
@@ -569,6 +569,7 @@ def exporter(
             reader,
             engines=engine_list,
             summary=VLLM_FLEET_SUMMARY,
+            history=VLLM_PAGE_HISTORY,
             roles=VLLM_ROLES + BRIDGE_ROLES,  # the endpoint views' one series per family
             self_metrics=True,
             slice=part,

@@ -26,7 +26,7 @@ from typing import TextIO
 
 from redis_stats.config import ENV_PREFIX, StatsConfig, mask_url
 from redis_stats.integrations.vllm.load import VLLM_LOAD
-from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
+from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY, VLLM_PAGE_HISTORY
 from redis_stats.reader import StatsReader
 from redis_stats.server import Exporter
 from redis_stats.tools.embedded import EmbeddedRedis, tied_to_me
@@ -89,7 +89,9 @@ def _run(
         fleet = _Fleet(opts, config, out)
         fleet.start()
         reader = StatsReader(config, simulated_catalog())
-        exporter = Exporter(reader, host=opts.host, port=opts.port, summary=VLLM_FLEET_SUMMARY).start()
+        exporter = Exporter(
+            reader, host=opts.host, port=opts.port, summary=VLLM_FLEET_SUMMARY, history=VLLM_PAGE_HISTORY
+        ).start()
         _say(out, _usage(opts, exporter.url, url))
         if ready is not None:
             ready(exporter)

@@ -25,11 +25,12 @@ import pytest
 
 from redis_stats import StatsConfig, StatsReader, StatsWriter
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
-from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
+from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY, VLLM_PAGE_HISTORY
 from redis_stats.server import Exporter
 from redis_stats.tools.top import seconds
 from tests import browser, page_fleet
 from tests.prometheus import views
+from tests.prometheus.set_fleet import GROWING, growing
 from tests.vllm_shapes import iteration, scheduler
 
 CARDS = ["c-engines", "c-gen", "c-prompt", "c-running", "c-kv", "c-ttft", "c-itl"]
@@ -224,7 +225,11 @@ def fleet_page(redis_server, namespace) -> Iterator[Any]:
         made.append(proc)
         config = StatsConfig(url=redis_server.url, namespace=namespace, stale_after=stale_after)
         exporter = Exporter(
-            StatsReader(config, vllm_catalog()), port=0, window=10, summary=VLLM_FLEET_SUMMARY
+            StatsReader(config, vllm_catalog()),
+            port=0,
+            window=10,
+            summary=VLLM_FLEET_SUMMARY,
+            history=VLLM_PAGE_HISTORY,
         )
         made.append(exporter.start())
         if warm:  # an exporter some client already asks: its window exists when the page opens
@@ -253,6 +258,8 @@ def test_two_engines_header_cards_from_the_first_poll_time_axes_and_seconds(
     first = page.renders()[0]
     # The rates come from /snapshot's window: the first poll already has them, no blank card.
     assert first["window"] is not None and first["blank"] == [], first
+    # And the charts start from what that window kept: its first read at least.
+    assert page.js("return window.__seeded") >= 1
     assert page.text("h-ns") == namespace
     assert page.text("h-model") == page_fleet.MODEL
     assert page.text("h-redis") == redis_server.url  # scheme, host, port, db: nothing else
@@ -283,6 +290,8 @@ def test_ten_engines_the_down_and_queued_come_first_in_colours_that_do_not_repea
     first = page.renders()[0]
     if first["window"] is None:  # a cold exporter: rates say when they come, never a bare dash
         assert first["blank"] == [], first
+    # Nobody asked this exporter before: no history, the charts start with the page's polls.
+    assert page.js("return window.__seeded") == 0
     page.wait(
         "engine 7 down and both queued engines past the threshold",
         "const r = Array.from(document.querySelectorAll('#att-rows tr'));"
@@ -361,6 +370,124 @@ def test_1024_engines_render_in_under_a_second_paged_with_bounded_lines(fleet_pa
     assert page.warned("rows", 7)["5"] and page.warned("rows", 7)["900"]
     page.js("document.querySelector('#table th[data-key=id]').click(); return 1")
     page.screenshot("live-page-1024.png")
+
+
+# The page's fleetHist keys, as /history names them.
+PAGE_FIGURES = {
+    "gen": "generation_tokens_per_second",
+    "prompt": "prompt_tokens_per_second",
+    "kvMean": "kv_cache_usage_mean",
+    "kvMax": "kv_cache_usage_max",
+    "waiting": "requests_waiting",
+    "waitMax": "requests_waiting_max",
+    "ttftW": "ttft_p99_worst",
+    "ttftM": "ttft_p99_median",
+    "itlW": "itl_p99_worst",
+    "itlM": "itl_p99_median",
+}
+
+
+@pytest.mark.slow
+def test_on_first_open_the_fleet_charts_are_drawn_from_the_exporters_history(config, fake_client):
+    """Before, on first open the five fleet charts had one point (a dot, no line) and filled in as
+    the page polled, though the exporter had read the fleet all along. An exporter asked for
+    /snapshot every 10 s over the last 5 minutes (a fleet whose numbers are set): the page's first
+    render draws every chart through those 30 points, with the values set, on a time axis of
+    minutes; its own first point is the very point the exporter kept for the same read."""
+    if why := browser.missing():
+        pytest.skip(why)
+    start = float(int(time.time()) - 300)
+    clock: list[float | None] = [start]  # None: reads happen now
+    reader = StatsReader(config, vllm_catalog(), client=fake_client())
+    reader.snapshot = lambda part=None: growing(time.time() if clock[0] is None else clock[0])  # type: ignore[method-assign]
+    exporter = Exporter(
+        reader, port=0, window=30, summary=VLLM_FLEET_SUMMARY, history=VLLM_PAGE_HISTORY
+    ).start()
+    page = None
+    try:
+        for i in range(30):  # a router asking every 10 s, the last 10 s ago
+            clock[0] = start + 10 * i
+            assert views.snapshot_json(exporter, buckets=False)[0] == 200
+        clock[0] = None
+        page = Page(exporter)
+        page.wait("a first poll", "return (window.__renders || []).length >= 1", 20)
+        fleet, seeded = page.js("return [fleetHist.slice(0, 31), window.__seeded]")
+        paths = {
+            chart: page.js(
+                f"return Array.from(document.querySelectorAll('#{chart} path')).map(p => p.getAttribute('d'))"
+            )
+            for chart in FLEET_CHARTS
+        }
+        ticks = page.js(
+            "return Array.from(document.querySelectorAll('#ch-tput text.tick')).map(t => t.textContent)"
+        )
+        status, history = _get_json(exporter.url + "/history")
+    finally:
+        if page is not None:
+            page.close()
+        exporter.close()
+    assert seeded == 30 and len(fleet) == 31, (seeded, fleet)
+    assert [p["t"] for p in fleet[:30]] == [start + 10 * i for i in range(30)]
+    # The first has no window yet (no rates, no p99); every other is the fleet's set figures.
+    assert fleet[0]["gen"] is None and fleet[0]["ttftW"] is None and fleet[0]["waiting"] == 10
+    for point in fleet[1:30]:
+        assert {k: point[k] for k in PAGE_FIGURES} == {k: GROWING[n] for k, n in PAGE_FIGURES.items()}, point
+    # Drawn at the first render: each chart's two lines through the 29 points with values and the
+    # page's own (two for KV and the queue, which have a value at the first point too).
+    for chart, lines in paths.items():
+        assert len(lines) == 2 and all(d.count("L") >= 29 for d in lines), (chart, lines)
+    assert len(ticks) >= 2 and all(re.fullmatch(r"\d\d:\d\d", t) for t in ticks), ticks  # minutes
+    # The page's own point (computed in the browser from its /snapshot) is the exporter's for that read.
+    assert status == 200 and history["points"]["time"][-1] == fleet[30]["t"]
+    kept = {k: history["points"][n][-1] for k, n in PAGE_FIGURES.items()}
+    assert {k: fleet[30][k] for k in PAGE_FIGURES} == kept
+    assert kept == {k: GROWING[n] for k, n in PAGE_FIGURES.items()} | {
+        k: pytest.approx(GROWING[n], rel=1e-6) for k, n in PAGE_FIGURES.items() if k in ("gen", "prompt")
+    }
+
+
+@pytest.mark.slow
+def test_cards_say_measuring_while_the_window_measures_no_up_engine_yet(config, fake_client):
+    """Redis restarted empty: the window exists but its first read held no engine, so /snapshot
+    measures none yet (window.engines[e].seconds null) rather than counting their whole totals as
+    a spike. The cards say "measuring…", not a bare dash nor a rate of 0; the queue and KV, which
+    need no window, are shown; once an engine is measured, its rate is."""
+    if why := browser.missing():
+        pytest.skip(why)
+    gauges = {
+        "vllm:num_requests_waiting": [{"labels": {}, "value": 4}],
+        "vllm:kv_cache_usage_perc": [{"labels": {}, "value": 0.5}],
+    }
+    rate = {"vllm:generation_tokens": [{"labels": {}, "per_second": 30.0}]}
+    doc: dict[str, Any] = {
+        "time": time.time(),
+        "window": {"seconds": 10, "requested_seconds": 30, "engines": {}},
+        "engines": {},
+    }
+    for e in range(2):
+        doc["engines"][str(e)] = {"up": True, "state": "up", "age_seconds": 0.5, "gauges": gauges}
+        doc["window"]["engines"][str(e)] = {"seconds": None, "rates": {}, "histograms": {}}
+    later = json.loads(json.dumps(doc))
+    later["time"] += 2
+    later["window"]["engines"]["1"] = {"seconds": 10, "rates": rate, "histograms": {}}
+    exporter = Exporter(StatsReader(config, vllm_catalog(), client=fake_client()), port=0).start()
+    b = browser.Browser()
+    try:
+        b.get(exporter.url + "/?namespace=elsewhere")  # its own polls fail: only these documents
+        cards = "return ['c-gen', 'c-ttft', 'c-running', 'c-kv'].map(id => $(id).textContent)"
+        before = b.js(f"update({json.dumps(doc)}); {cards}")
+        after = b.js(f"update({json.dumps(later)}); {cards}")
+    finally:
+        b.close()
+        exporter.close()
+    dash = "\u2013"  # the page's "no value"
+    assert before == ["measuring…", "measuring…", f"{dash} / 8", "50 / 50 %"], before
+    assert after[0] == "30.0" and after[1] == dash, after  # measured: its rate; no TTFT observed
+
+
+def _get_json(url: str) -> tuple[int, Any]:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return resp.status, json.loads(resp.read())
 
 
 @pytest.mark.redis_server

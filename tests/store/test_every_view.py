@@ -384,7 +384,13 @@ def check_inspect(store: Store, want: dict, monkeypatch: pytest.MonkeyPatch) -> 
 @example(label="\ud800", amounts=[(1, 1, 1)])
 def test_the_library_through_every_view(label, amounts, monkeypatch):
     store = Store(library_catalog(), next(_stores))
+    # The engines are there before anything is counted: the window measures them from 0 (an
+    # engine the window's first read lacks is not measured at all).
+    first = store.writer("first")
+    assert first.flush()
+    first._closed = True
     earlier = store.reader().snapshot()
+    assert sorted(earlier.engines) == [0, 1]
     time.sleep(0.002)  # a window of a few milliseconds (server clock)
     taken, _ = record_library(store, label, amounts)
     want = expected_series(label, amounts)

@@ -27,7 +27,7 @@ from redis_stats.catalog import Catalog
 from redis_stats.config import ConfigError, StatsConfig
 from redis_stats.integrations.vllm.options import ADDR, PORT, VIEW
 from redis_stats.integrations.vllm.roles import VLLM_ROLES
-from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
+from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY, VLLM_PAGE_HISTORY
 
 if TYPE_CHECKING:
     from redis_stats.server import Exporter
@@ -79,6 +79,7 @@ def maybe_serve(config: StatsConfig, catalog: Catalog, own_engines: Sequence[int
             host=addr,
             port=int(port),
             summary=VLLM_FLEET_SUMMARY,
+            history=VLLM_PAGE_HISTORY,
             roles=VLLM_ROLES,
             self_endpoint=config.endpoint,  # /metrics?endpoint=self: this pod's engines
         )

@@ -1,13 +1,16 @@
-"""The fleet figures routers and autoscalers ask for, in vLLM's names (``/snapshot``'s ``fleet.summary``).
+"""The fleet figures routers and autoscalers ask for, in vLLM's names (``/snapshot``'s ``fleet.summary``),
+and those the exporter keeps a history of for the live page's charts (``/history``).
 
-Injected into the exporter (``Exporter(summary=VLLM_FLEET_SUMMARY)``) so the core knows no vLLM name.
+Injected into the exporter (``Exporter(summary=VLLM_FLEET_SUMMARY, history=VLLM_PAGE_HISTORY)``) so
+the core knows no vLLM name.
 """
 
 from __future__ import annotations
 
+from redis_stats.server.views.fleet_history import HistorySpec
 from redis_stats.server.views.window import FleetSummary
 
-__all__ = ["VLLM_FLEET_SUMMARY"]
+__all__ = ["VLLM_FLEET_SUMMARY", "VLLM_PAGE_HISTORY"]
 
 VLLM_FLEET_SUMMARY: FleetSummary = {
     "requests_running": ("sum", "vllm:num_requests_running"),
@@ -18,3 +21,21 @@ VLLM_FLEET_SUMMARY: FleetSummary = {
     "prompt_tokens_per_second": ("rate", "vllm:prompt_tokens"),
     "requests_finished_per_second": ("rate", "vllm:request_success"),
 }
+
+_TTFT, _ITL = "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds"
+
+VLLM_PAGE_HISTORY: HistorySpec = {
+    "generation_tokens_per_second": ("vllm:generation_tokens", "rate", "sum"),
+    "prompt_tokens_per_second": ("vllm:prompt_tokens", "rate", "sum"),
+    "kv_cache_usage_mean": ("vllm:kv_cache_usage_perc", "max", "mean"),
+    "kv_cache_usage_max": ("vllm:kv_cache_usage_perc", "max", "max"),
+    "requests_waiting": ("vllm:num_requests_waiting", "sum", "sum"),
+    "requests_waiting_max": ("vllm:num_requests_waiting", "sum", "max"),
+    "ttft_p99_worst": (_TTFT, "p99", "max"),
+    "ttft_p99_median": (_TTFT, "p99", "median"),
+    "itl_p99_worst": (_ITL, "p99", "max"),
+    "itl_p99_median": (_ITL, "p99", "median"),
+}
+"""The live page's five fleet charts, each line computed as the page computes it from a
+``/snapshot`` (``redis_stats/server/web/index.html``, ``update``): an engine's KV usage is the
+largest of its series, its queue their sum, its p99 the largest of its series'."""

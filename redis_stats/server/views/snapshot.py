@@ -10,7 +10,8 @@ per-parameter state: bounded in bytes, dropped when idle) took: every ``/snapsho
 request's, and one every ``window / 6`` seconds from the first request on (a sampler thread that
 stops after :data:`SAMPLER_IDLE` seconds without a request; the next starts it again), kept in at
 most ``window_budget`` bytes (:class:`~redis_stats.server.views.window.SnapshotRing`). A window
-shorter than a tenth of *window* is not reported.
+shorter than a tenth of *window* is not reported. Each of those snapshots also gives a point of the
+fleet's history (:class:`~redis_stats.server.views.fleet_history.FleetHistory`, ``GET /history``).
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ from redis_stats.config import mask_url, redact
 from redis_stats.errors import error_kind
 from redis_stats.server.http import Request, Response, encode_body
 from redis_stats.server.source import Source
+from redis_stats.server.views.fleet_history import FleetHistory
 from redis_stats.server.views.window import SnapshotRing, snapshot_document
 
 if TYPE_CHECKING:
     from redis_stats.server.app import App
+    from redis_stats.snapshot import Snapshot
 
 __all__ = ["MIN_SPAN", "SAMPLER_IDLE", "SAMPLE_EVERY", "Window", "answer", "redis_address"]
 
@@ -62,7 +65,8 @@ def redis_address(url: str) -> str:
 
 
 class Window:
-    """The recent window of one namespace: its kept snapshots and the sampler that takes them."""
+    """The recent window of one namespace: its kept snapshots, the sampler that takes them, and the
+    fleet's history made from each (:attr:`history`)."""
 
     def __init__(self, source: Source) -> None:
         options = source.options
@@ -75,6 +79,7 @@ class Window:
         self.ring = SnapshotRing(
             keep=self.window + 2 * spacing, max_bytes=options.window_budget, spacing=spacing * 0.9
         )
+        self.history = FleetHistory(options.history, spacing=spacing * 0.9)
         self._lock = threading.Lock()
         self._sampling = False
         self._asked = 0.0  # monotonic time of the last request (the sampler's idling)
@@ -108,12 +113,19 @@ class Window:
                     return
             try:
                 with self.source.building:
-                    self.ring.add(reader.snapshot(part))
+                    self.keep(reader.snapshot(part))
             except Exception as exc:  # Redis away: the next request reports it
                 if error_kind(exc) != "other":
                     log.debug("window round failed: %s", exc)
                 else:
                     survived("window", exc, log)
+
+    def keep(self, snap: Snapshot) -> Snapshot | None:
+        """Keep *snap* (the ring, a point of the history); the baseline of its window (None: none)."""
+        earlier = self.ring.baseline(snap, self.window, min_span=self.window * MIN_SPAN)
+        self.history.add(snap, earlier)
+        self.ring.add(snap)
+        return earlier
 
     def document(self, names: list[str] | None, buckets: bool) -> tuple[int, dict[str, Any]]:
         """(HTTP status, document) of ``/snapshot`` now (a ``503`` with the reason when the
@@ -124,8 +136,7 @@ class Window:
         except Exception as exc:
             # redis-py's message names a host or a reply; redacted in case it ever quotes a secret.
             return 503, {"error": error_kind(exc), "detail": redact(str(exc), reader.config.url)}
-        earlier = self.ring.baseline(snap, self.window, min_span=self.window * MIN_SPAN)
-        self.ring.add(snap)
+        earlier = self.keep(snap)
         source = {"namespace": self.source.namespace, "redis": redis_address(reader.config.url)}
         return 200, snapshot_document(
             snap,
@@ -138,8 +149,8 @@ class Window:
         )
 
     def kept_bytes(self) -> int:
-        """The bytes of the kept snapshots (estimated)."""
-        return self.ring.bytes
+        """The bytes of the kept snapshots and history (estimated)."""
+        return self.ring.bytes + self.history.bytes
 
     def close(self) -> None:
         """Stop the sampler."""

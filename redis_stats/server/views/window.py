@@ -31,7 +31,9 @@ __all__ = [
     "WINDOW_BUDGET",
     "FleetSummary",
     "SnapshotRing",
+    "increase",
     "recent_document",
+    "since",
     "snapshot_document",
     "summary_problems",
     "window_copy",
@@ -184,8 +186,9 @@ class SnapshotRing:
         return None
 
 
-def _increase(now: float, before: float) -> float:
-    # A counter that went down (Redis lost its data) counts from 0, as Prometheus' rate() does.
+def increase(now: float, before: float) -> float:
+    """A counter's increase from *before* to *now*: from 0 when it went down (Redis lost its data,
+    an engine restarted), as Prometheus' ``rate()`` treats a reset."""
     return now - before if now >= before else now
 
 
@@ -200,32 +203,54 @@ def recent_document(
     """The ``window`` and ``fleet`` blocks of ``/snapshot`` (see docs/snapshot.md).
 
     Without an *earlier* snapshot there is no window: ``window.seconds`` is None, every rate and
-    windowed quantile is absent, and fleet rates are None (gauges are still summed). With *names*
-    only those metrics' series and fleet totals are written (``fleet.summary`` stays whole).
+    windowed quantile is absent, and fleet rates are None (gauges are still summed). An engine
+    *earlier* does not hold is not measured (its ``seconds`` None, no rates): new, or back after
+    Redis lost its keys, its totals are not its increase over the window (they were counted as
+    such: a Redis restarted empty showed 17 times the fleet's throughput for a window). Fleet
+    rates are None too when no engine was measured. With *names* only those metrics' series and
+    fleet totals are written (``fleet.summary`` stays whole).
     """
     seconds = now.time - earlier.time if earlier is not None else None
     keep = None if names is None else set(names)
     # The summary's metrics are computed even when not written: their figures need them.
     wanted = None if keep is None else keep | {metric for _kind, metric in (summary or {}).values()}
-    engines: dict[str, Any] = {}
     rate_sums: dict[str, float] = {}
+    engines = _window_engines(now, earlier, seconds, wanted, keep, rate_sums)
+    # An empty namespace has a throughput (0); engines none of which were measured, none yet.
+    measured = any(block["seconds"] is not None for block in engines.values())
+    rated = seconds if measured or not now.engines else None
+    return {
+        "window": {"requested_seconds": requested, "seconds": seconds, "engines": engines},
+        "fleet": _fleet_block(now, rate_sums, rated, summary, wanted, keep),
+    }
+
+
+def _window_engines(
+    now: Snapshot,
+    earlier: Snapshot | None,
+    seconds: float | None,
+    wanted: set[str] | None,
+    keep: set[str] | None,
+    rate_sums: dict[str, float],
+) -> dict[str, dict[str, Any]]:
+    """Every engine's ``window`` block; its rates added to *rate_sums*. An engine *earlier* lacks
+    is not measured: its ``seconds`` None, no rates."""
+    engines: dict[str, dict[str, Any]] = {}
     for e in sorted(now.engines.values(), key=lambda e: e.engine):
-        block: dict[str, Any] = {"rates": {}, "histograms": {}}
-        if seconds and earlier is not None:
-            before = earlier.engines.get(e.engine)
+        block: dict[str, Any] = {"seconds": None, "rates": {}, "histograms": {}}
+        before = earlier.engines.get(e.engine) if seconds and earlier is not None else None
+        if seconds and before is not None:
+            block["seconds"] = seconds
             block["rates"] = _window_rates(now, e, before, seconds, wanted, keep, rate_sums)
             block["histograms"] = _window_histograms(now, e, before, seconds, keep)
         engines[str(e.engine)] = block
-    return {
-        "window": {"requested_seconds": requested, "seconds": seconds, "engines": engines},
-        "fleet": _fleet_block(now, rate_sums, seconds, summary, wanted, keep),
-    }
+    return engines
 
 
 def _window_rates(
     now: Snapshot,
     engine: EngineSnapshot,
-    before: EngineSnapshot | None,
+    before: EngineSnapshot,
     seconds: float,
     wanted: set[str] | None,
     keep: set[str] | None,
@@ -239,8 +264,7 @@ def _window_rates(
     for (name, values), v in sorted(engine.counters.items()):
         if wanted is not None and name not in wanted:
             continue
-        old = before.counters.get((name, values), 0.0) if before is not None else 0.0
-        rate = _increase(v, old) / seconds
+        rate = increase(v, before.counters.get((name, values), 0.0)) / seconds
         rate_sums[name] = rate_sums.get(name, 0.0) + rate
         if keep is not None and name not in keep:
             continue
@@ -252,7 +276,7 @@ def _window_rates(
 def _window_histograms(
     now: Snapshot,
     engine: EngineSnapshot,
-    before: EngineSnapshot | None,
+    before: EngineSnapshot,
     seconds: float,
     keep: set[str] | None,
 ) -> dict[str, list[dict[str, Any]]]:
@@ -261,8 +285,7 @@ def _window_histograms(
     for (name, values), h in sorted(engine.histograms.items()):
         if keep is not None and name not in keep:
             continue
-        old_h = before.histograms.get((name, values)) if before is not None else None
-        recent = _since(h, old_h)
+        recent = since(h, before.histograms.get((name, values)))
         item: dict[str, Any] = {
             "labels": _labels(now, name, values),
             "count": json_number(recent.count, nan=None),
@@ -318,7 +341,7 @@ def _only(mapping: dict[str, Any], keep: set[str]) -> dict[str, Any]:
     return {k: v for k, v in mapping.items() if k in keep}
 
 
-def _since(now: HistogramValue, before: HistogramValue | None) -> HistogramValue:
+def since(now: HistogramValue, before: HistogramValue | None) -> HistogramValue:
     """Observations since *before*; all of *now* after a reset (fewer observations than before)."""
     if before is None or before.bounds != now.bounds or before.count > now.count:
         return now
