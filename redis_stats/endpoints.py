@@ -158,10 +158,7 @@ def aggregate(
         return why
     flat = [s for _, found in per_engine for s in found]
     if role.role in _SUMMED:
-        total = float_sum([v for _, v in flat])
-        if not math.isfinite(total):
-            return Withheld(role.family, None, NOT_FINITE)
-        return _common([labels for labels, _ in flat]), total
+        return _summed(role, flat)
     if role.role == KV_USAGE:
         return _common([labels for labels, _ in flat]), max(v for _, v in flat)
     # Info series: each engine's newest (the largest value: a timestamp, or 1 for each).
@@ -169,6 +166,17 @@ def aggregate(
     if role.role == CACHE_CONFIG:
         return _cache_config(newest)
     return _lora(newest)
+
+
+def _summed(
+    role: FamilyRole, flat: list[tuple[dict[str, str], float]]
+) -> tuple[dict[str, str], float] | Withheld:
+    """The sum of *flat*'s values with the labels they share, or withheld when it is no finite
+    number (past the float range, or infinities of both signs)."""
+    total = float_sum([v for _, v in flat])
+    if not math.isfinite(total):
+        return Withheld(role.family, None, NOT_FINITE)
+    return _common([labels for labels, _ in flat]), total
 
 
 def _cache_config(newest: list[tuple[dict[str, str], float]]) -> tuple[dict[str, str], float] | None:
@@ -192,7 +200,12 @@ def _lora(newest: list[tuple[dict[str, str], float]]) -> tuple[dict[str, str], f
         for found, _ in newest:
             seen.update((a, None) for a in found.get(name, "").split(",") if a)
         labels[name] = ",".join(seen)
-    counts = [int(m) for found, _ in newest if (m := found.get(_MAX_LORA, "")).isascii() and m.isdigit()]
+    counts = [int(m) for found, _ in newest if _is_count(m := found.get(_MAX_LORA, ""))]
     if counts:
         labels[_MAX_LORA] = str(max(counts))
     return labels, max(v for _, v in newest)
+
+
+def _is_count(text: str) -> bool:
+    """ASCII digits only (``str.isdigit`` takes "²", which ``int`` refuses)."""
+    return text.isascii() and text.isdigit()

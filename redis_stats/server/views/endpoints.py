@@ -201,11 +201,16 @@ class EndpointRenderer:
             out.append("# HELP " + family + " " + help_text + "\n# TYPE " + family + " gauge\n")
             out += lines
         if withheld:
-            out.append(_gauge_header(WITHHELD, WITHHELD_HELP))
-            for w in withheld:
-                engine = {} if w.engine is None else {"engine": str(w.engine)}
-                labels = {**self.labels, "family": w.family, **engine, "reason": w.reason}
-                out.append(WITHHELD + _braces(labels) + " 1\n")
+            out.append(self._withheld(withheld))
+        return "".join(out)
+
+    def _withheld(self, withheld: list[Withheld]) -> str:
+        """``redis_stats_endpoint_withheld``: a line per family withheld, and why."""
+        out = [_gauge_header(WITHHELD, WITHHELD_HELP)]
+        for w in withheld:
+            engine = {} if w.engine is None else {"engine": str(w.engine)}
+            labels = {**self.labels, "family": w.family, **engine, "reason": w.reason}
+            out.append(WITHHELD + _braces(labels) + " 1\n")
         return "".join(out)
 
 

@@ -325,14 +325,18 @@ def _target(app: App, request: Request, query: ScrapeQuery) -> tuple[Any, list[A
     if query.endpoint is not None or query.engine is not None:
         return _endpoint_target(app, request, query, several)
     sources = app.sources.all() if several else [app.source(request)]
-    if query.slice is None:
-        parts, kept = [s.collector for s in sources], []
-    else:
-        slices = [_slice_of(s, query.slice) for s in sources]
-        parts, kept = [collector for collector, _ in slices], [text for _, text in slices]
+    parts, kept = _collectors(sources, query.slice)
     if not several:
         return parts[0], kept
     return AllNamespaces(parts, app.state(Clashes).clashed), kept
+
+
+def _collectors(sources: list[Source], part: EngineSlice | None) -> tuple[list[Any], list[Any]]:
+    """Each namespace's collector of the whole view, or of slice *part* (and its kept renderer)."""
+    if part is None:
+        return [s.collector for s in sources], []
+    slices = [_slice_of(s, part) for s in sources]
+    return [collector for collector, _ in slices], [text for _, text in slices]
 
 
 def _endpoint_target(
