@@ -25,10 +25,11 @@ from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, CatalogError
 from redis_stats.config import ConfigError, StatsConfig
 from redis_stats.errors import ReplicationLag, error_kind
 from redis_stats.keys import Keys, shard_of
-from redis_stats.load import LoadMap, LoadTracker
+from redis_stats.load import LoadMap
 from redis_stats.writer import forking
 from redis_stats.writer.handles import CounterSeries, GaugeSeries, HistogramSeries, MetricHandle
 from redis_stats.writer.identity import check_engines, check_identity, new_writer_id
+from redis_stats.writer.loadtracker import LoadTracker
 from redis_stats.writer.stats import CLAIMS_PER_STALE, STATS_INTERVAL, WriterStats, routine_stat
 
 # The most words of claims and load entries (one per claimed engine, two per load entry) one flush
