@@ -59,7 +59,9 @@ __all__ = [
     "EndpointLoad",
     "EndpointRead",
     "GetLoadMiddleware",
+    "SGLangGetLoadMiddleware",
     "endpoint_answer",
+    "rank_list_answer",
     "register_config",
 ]
 
@@ -103,6 +105,12 @@ class EndpointRead(NamedTuple):
         if self.error is not None or self.endpoint is None:
             return 503, dict(self.error or {})
         return endpoint_answer(self.endpoint, list(self.engines))
+
+    def get_load_list(self) -> tuple[int, Any]:
+        """(status, document) of ``/get_load`` as the rank list sglang-router reads."""
+        if self.error is not None or self.endpoint is None:
+            return 503, dict(self.error or {})
+        return rank_list_answer(self.endpoint, list(self.engines))
 
     def v1_loads(self, query: str = "") -> tuple[int, dict[str, Any]]:
         """(status, document) of ``/v1/loads?<query>`` (SGLang's model gateway's, by rank)."""
@@ -204,12 +212,46 @@ def endpoint_answer(endpoint: str, mine: list[EngineLoad]) -> tuple[int, dict[st
     }
 
 
+def rank_list_answer(endpoint: str, mine: list[EngineLoad]) -> tuple[int, Any]:
+    """(HTTP status, document) of ``/get_load`` in the form sglang-router reads (0.3.x: a JSON
+    list, ``num_tokens`` summed over its entries, ``WorkerManager::parse_load_response``): one
+    entry per live rank of *endpoint*, ``{"dp_rank", "num_reqs", "num_waiting_reqs",
+    "num_tokens"}`` as SGLang's own ``/get_load`` (``num_tokens`` the rank's used KV token slots,
+    KV usage x capacity: SGLang adds its waiting prompts' tokens, which vLLM does not count).
+    ``503`` when a live rank's requests or KV capacity are not known."""
+    status, doc = endpoint_answer(endpoint, mine)
+    if status != 200:
+        return status, doc
+    ranks = []
+    for rank, load in enumerate(mine):
+        if not load.up:
+            continue
+        usage, capacity = load.kv_cache_usage, load.kv_cache_capacity_tokens
+        if usage is None or capacity is None or not math.isfinite(usage * capacity):
+            return 503, {
+                "error": "no_tokens",
+                "detail": f"engine {load.engine} of endpoint {endpoint!r} reports no KV usage and capacity "
+                "(vllm:kv_cache_usage_perc, vllm:cache_config_info): its used tokens are not known",
+                "endpoint": endpoint,
+            }
+        running, waiting = round(load.requests_running or 0.0), round(load.requests_waiting or 0.0)
+        ranks.append(
+            {
+                "dp_rank": rank,
+                "num_reqs": running + waiting,
+                "num_waiting_reqs": waiting,
+                "num_tokens": round(usage * capacity),
+            }
+        )
+    return 200, ranks
+
+
 def _counted(load: EngineLoad) -> bool:
     values = (load.requests_running, load.requests_waiting)
     return all(v is not None and math.isfinite(v) for v in values)
 
 
-def _body(status: int, doc: dict[str, Any]) -> tuple[int, bytes]:
+def _body(status: int, doc: Any) -> tuple[int, bytes]:
     return status, json.dumps(doc, separators=(",", ":")).encode()
 
 
@@ -220,6 +262,9 @@ class GetLoadMiddleware:
 
     *config*: whose endpoint (default: the vLLM plugin's of this process,
     :func:`register_config`); *ttl*: seconds an answer is kept (:data:`TTL`)."""
+
+    rank_list = False
+    """Answer ``/get_load`` as sglang-router reads it (:class:`SGLangGetLoadMiddleware`)."""
 
     def __init__(self, app: ASGIApp, config: StatsConfig | None = None, *, ttl: float = TTL) -> None:
         if not (isinstance(ttl, (int, float)) and math.isfinite(ttl) and ttl >= 0):
@@ -245,7 +290,7 @@ class GetLoadMiddleware:
         try:
             read = await self.current_read()
             if route == PATH:
-                status, body = _body(*read.get_load())
+                status, body = _body(*(read.get_load_list() if self.rank_list else read.get_load()))
             else:
                 query = scope.get("query_string", b"").decode("latin-1")
                 status, body = _body(*read.v1_loads(query))
@@ -301,3 +346,14 @@ class GetLoadMiddleware:
             if self._source is None or self._source.config is not config:
                 self._source = EndpointLoad(config)
             return self._source
+
+
+class SGLangGetLoadMiddleware(GetLoadMiddleware):
+    """:class:`GetLoadMiddleware` whose ``/get_load`` is the rank list sglang-router (0.3.x, before
+    it read ``/v1/loads``) sums: :func:`rank_list_answer`. One body cannot serve both routers
+    (vllm-router reads an object, sglang-router a list): pick the class of the router in front::
+
+        vllm serve M --middleware redis_stats.integrations.vllm.get_load.SGLangGetLoadMiddleware
+    """
+
+    rank_list = True
