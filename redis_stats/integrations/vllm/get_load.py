@@ -287,15 +287,7 @@ class GetLoadMiddleware:
         if route is None:
             await self.app(scope, receive, send)
             return
-        try:
-            read = await self.current_read()
-            if route == PATH:
-                status, body = _body(*(read.get_load_list() if self.rank_list else read.get_load()))
-            else:
-                query = scope.get("query_string", b"").decode("latin-1")
-                status, body = _body(*read.v1_loads(query))
-        except Exception as exc:  # never an exception into vLLM's server
-            status, body = _body(503, {"error": "other", "detail": f"{type(exc).__name__}: {exc}"})
+        status, body = await self.answer(route, scope.get("query_string", b"").decode("latin-1"))
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
@@ -303,6 +295,17 @@ class GetLoadMiddleware:
         ]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
+
+    async def answer(self, route: str, query: str = "") -> tuple[int, bytes]:
+        """(status, JSON body) of *route* (:data:`PATH` or :data:`SMG_PATH`) with *query*; never
+        raises (what it cannot answer is a ``503``)."""
+        try:
+            read = await self.current_read()
+            if route == PATH:
+                return _body(*(read.get_load_list() if self.rank_list else read.get_load()))
+            return _body(*read.v1_loads(query))
+        except Exception as exc:  # never an exception into vLLM's server
+            return _body(503, {"error": "other", "detail": f"{type(exc).__name__}: {exc}"})
 
     @staticmethod
     def _route(scope: Scope) -> str | None:
