@@ -113,11 +113,14 @@ def rewrite(
     args: list[str], template_id: str, keys: Keys, writer: str, engine: int, seq: int, *, with_load: bool
 ) -> tuple[list[str], list[str]]:
     """A template flush as fleet writer *writer* of *engine* sends it: its KEYS and ARGV (its
-    load entries in it *with_load*, else none, as a writer without a load map sends it)."""
+    load entries in it *with_load*, else none, as a writer without a load map sends it). The
+    flush's checks of what the store already holds (``held``, checked engines, a block's held
+    chunk count) are left out: the fleet's writers are new to the store, and a check that fails
+    makes the script apply nothing (Batch.script_args has the layout)."""
     prefix = keys.prefix
     # Confirmed: the previous one, applied "just now" (the fleet runs no gc: the time is not read).
-    out = [prefix, writer, str(seq), *args[3:7], str(seq - 1), "0"]
-    i = 9
+    out = [prefix, writer, str(seq), *args[3:7], str(seq - 1), "0", ""]
+    i = 10
     nclaims = int(args[i])
     out += [str(nclaims), *[str(engine)] * nclaims]
     i += 1 + nclaims
@@ -134,15 +137,18 @@ def rewrite(
         else ["0"]
     )
     i += 1 + 2 * nload
+    ncheck = int(args[i])
+    out.append("0")
+    i += 1 + 3 * ncheck
     old_head = fields.chunk_field(template_id, 0)[:-1]
     new_head = fields.chunk_field(writer, 0)[:-1]
     blocks = 0
     while i < len(args):
-        nset = int(args[i + 1])
-        out += [str(engine), str(nset)]
-        for j in range(i + 2, i + 2 + 2 * nset, 2):
+        nset = int(args[i + 2])
+        out += [str(engine), "0", str(nset)]
+        for j in range(i + 3, i + 3 + 2 * nset, 2):
             out += [new_head + args[j][len(old_head) :], args[j + 1]]
-        i += 2 + 2 * nset
+        i += 3 + 2 * nset
         blocks += 1
     fixed = [keys.seq, keys.engines, keys.writers, keys.meta, keys.claims, keys.conflicts]
     return [*fixed, keys.writer_stats(writer), keys.load, *[keys.counters(engine)] * blocks], out
