@@ -26,7 +26,7 @@ from redis_stats import StatsConfig, StatsReader, StatsWriter  # noqa: E402
 from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM  # noqa: E402
 from redis_stats.integrations.vllm import vllm_catalog  # noqa: E402
 from redis_stats.integrations.vllm.roles import VLLM_ROLES  # noqa: E402
-from redis_stats.prometheus.exporter import Exporter  # noqa: E402
+from redis_stats.server import Exporter  # noqa: E402
 from redis_stats.tools.embedded import EmbeddedRedis  # noqa: E402
 
 

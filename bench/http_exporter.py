@@ -21,7 +21,7 @@ import time
 
 from redis_stats import StatsConfig, StatsReader, StatsWriter
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
-from redis_stats.prometheus.exporter import Exporter
+from redis_stats.server import Exporter
 from redis_stats.tools.embedded import EmbeddedRedis
 from redis_stats.tools.simulate import LoadProfile, SimulatedApiServer
 

@@ -27,9 +27,10 @@ sys.path.insert(0, str(ROOT))
 from redis_stats import StatsConfig, StatsReader  # noqa: E402
 from redis_stats.integrations.vllm import vllm_catalog  # noqa: E402
 from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY  # noqa: E402
-from redis_stats.prometheus.exporter import Exporter  # noqa: E402
+from redis_stats.server import Exporter  # noqa: E402
 from redis_stats.tools.embedded import EmbeddedRedis  # noqa: E402
 from tests import browser, page_fleet  # noqa: E402
+from tests.prometheus import views  # noqa: E402
 
 PAGE_METRICS = [
     "vllm:generation_tokens",
@@ -47,7 +48,7 @@ def document(exporter: Exporter, names: list[str] | None, buckets: bool = True) 
     times, size = [], 0
     for _ in range(5):
         started = time.perf_counter()
-        _, doc = exporter.snapshot_json(names, buckets)
+        _, doc = views.snapshot_json(exporter, names, buckets)
         body = json.dumps(doc, allow_nan=False).encode()
         times.append(time.perf_counter() - started)
         size = len(body)
@@ -64,7 +65,7 @@ def one(engines: int, polls: int) -> None:
         StatsReader(config, vllm_catalog()), port=0, window=10, summary=VLLM_FLEET_SUMMARY
     ).start()
     try:
-        exporter.snapshot_json()
+        views.snapshot_json(exporter)
         time.sleep(2)
         whole_s, whole_b = document(exporter, None)
         page_s, page_b = document(exporter, PAGE_METRICS, buckets=False)

@@ -55,7 +55,7 @@ from redis_stats import StatsConfig, StatsReader, StatsWriter  # noqa: E402
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog  # noqa: E402
 from redis_stats.integrations.vllm.load import VLLM_LOAD  # noqa: E402
 from redis_stats.keys import Keys  # noqa: E402
-from redis_stats.prometheus.exporter import Exporter  # noqa: E402
+from redis_stats.server import Exporter  # noqa: E402
 from redis_stats.tools.embedded import EmbeddedRedis  # noqa: E402
 
 LANE = StatsConfig().load_interval  # the default

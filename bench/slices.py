@@ -2,10 +2,11 @@
 
 Fills one private redis-server as ``bench/scrape_full.py`` does (simulated vLLM traffic through
 ``VllmRecorder``, 2 API-server writers per engine, one flush each), then, for the whole view and
-for each of 4 slices, through the exporter's own ``metrics()`` (the body Prometheus gets, 0.0.4
-text): the body's size (uncompressed: what a scrape limit such as VictoriaMetrics' 16 MiB counts),
-the bytes Redis returned for it and the time to build it (best of ``--rounds``). The slices'
-bodies together must hold every sample of the whole body once (checked here too).
+for each of 4 slices, through the exporter's own views in process (``exporter.app(request)``:
+the body Prometheus gets, 0.0.4 text): the body's size (uncompressed: what a scrape limit such as
+VictoriaMetrics' 16 MiB counts), the bytes Redis returned for it and the time to build it (best
+of ``--rounds``). The slices' bodies together must hold every sample of the whole body once
+(checked here too).
 
 Usage: python bench/slices.py [--engines 64,1024] [--slices 4] [--rounds 3]
 """
@@ -26,8 +27,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from scrape_full import _imports, fill, reply_bytes  # noqa: E402
 
-from redis_stats.prometheus.exporter import Exporter  # noqa: E402
-from redis_stats.prometheus.slices import PER_SCRAPE, EngineSlice, ScrapeQuery  # noqa: E402
+from redis_stats.prometheus.filters import PER_SCRAPE  # noqa: E402
+from redis_stats.reader import EngineSlice  # noqa: E402
+from redis_stats.server import Exporter  # noqa: E402
+from redis_stats.server.http import Request  # noqa: E402
 
 MIB = 1 << 20
 
@@ -49,13 +52,13 @@ def measure(rs: Any, url: str, engines: int, slices: int, rounds: int) -> dict[s
     try:
         rows = []
         for part in [None, *(EngineSlice(i, slices) for i in range(slices))]:
-            query = ScrapeQuery(part)
+            request = Request("GET", "/metrics", "" if part is None else f"slice={part}")
             best, body = float("inf"), b""
             for _ in range(rounds):
                 t0 = time.perf_counter()
-                _, body = exporter.metrics(None, query)
+                body = exporter.app(request).body
                 best = min(best, time.perf_counter() - t0)
-            sliced_reader = reader if part is None else exporter.slice_collector(part).reader
+            sliced_reader = reader if part is None else rs.StatsReader(cfg, rs.vllm_catalog())
             rows.append(
                 {
                     "slice": "whole" if part is None else str(part),

@@ -3,7 +3,7 @@
 A router such as the Gateway API inference extension's endpoint picker (llm-d-router) scrapes
 each endpoint's ``/metrics`` for a few families and keeps **one series per family**: with several
 data-parallel engines behind one API server it keeps whichever series came last and ignores the
-others. An endpoint view (``/metrics?endpoint=<id>``, redis_stats/prometheus/endpoints.py) serves
+others. An endpoint view (``/metrics?endpoint=<id>``, redis_stats/server/views/endpoints.py) serves
 each of those families as exactly one series, aggregated over the endpoint's live engines by the
 rule of the family's **role**:
 
@@ -20,6 +20,11 @@ role               the one series
                    newest (a timestamp)
 =================  ==========================================================================
 
+A family is served as the one series only when **every** live engine of the endpoint has a series
+of it with a number (the rule ``/get_load`` follows): an engine that has not reported it yet, or
+reports NaN, makes the family **withheld** (:class:`Withheld`: which engine, and why), never a
+total of the others served as the endpoint's.
+
 The core knows roles, never a product's names: an integration declares which family plays which
 role (:class:`FamilyRole`; vLLM's in ``redis_stats.integrations.vllm.roles``, SGLang's and
 TensorRT-LLM's in ``redis_stats.integrations.bridge.roles``). A role may select series by label
@@ -29,6 +34,7 @@ keeps the labels every aggregated series shares (``model_name``), never ``engine
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -44,6 +50,7 @@ __all__ = [
     "RUNNING",
     "WAITING",
     "FamilyRole",
+    "Withheld",
     "aggregate",
 ]
 
@@ -52,6 +59,7 @@ ROLES = (WAITING, RUNNING, KV_USAGE, CACHE_CONFIG, LORA)
 """Every role an endpoint view knows (module docstring)."""
 
 _SUMMED = (WAITING, RUNNING)
+_LEVELS = (WAITING, RUNNING, KV_USAGE)  # a number per engine (the others: info series)
 _BLOCKS, _BLOCK_SIZE = "num_gpu_blocks", "block_size"
 _LORA_LISTS = ("running_lora_adapters", "waiting_lora_adapters")
 _MAX_LORA = "max_lora"
@@ -76,10 +84,23 @@ class FamilyRole:
             )
 
 
+@dataclass(frozen=True)
+class Withheld:
+    """A family not served as the endpoint's one series: *engine* (a live one) has no series of
+    it (*reason* ``no_series``) or one that is no number (``not_a_number``)."""
+
+    family: str
+    engine: int
+    reason: str
+
+
+NO_SERIES, NOT_A_NUMBER = "no_series", "not_a_number"
+
+
 def _series(
     snap: Snapshot, role: FamilyRole, engines: Iterable[EngineSnapshot]
-) -> list[list[tuple[dict[str, str], float]]]:
-    """Per engine, the series of *role*'s family that match it: (labels, value)."""
+) -> list[tuple[int, list[tuple[dict[str, str], float]]]]:
+    """Per engine, its index and the series of *role*'s family that match it: (labels, value)."""
     spec = snap.catalog.get(role.family)
     if spec is None or spec.kind != GAUGE:  # the rules are of gauges (a level now, per engine)
         return []
@@ -94,9 +115,21 @@ def _series(
             labels = dict(zip(names, values))
             if all(labels.get(k) == v for k, v in wanted.items()):
                 found.append((labels, value))
-        if found:
-            out.append(found)
+        out.append((engine.engine, found))
     return out
+
+
+def _withheld(
+    role: FamilyRole, per_engine: list[tuple[int, list[tuple[dict[str, str], float]]]]
+) -> Withheld | None:
+    """Why *role*'s family cannot be one series over these engines, if it cannot: one of them
+    has none, or (a level, not an info series) one that is NaN."""
+    for engine, found in per_engine:
+        if not found:
+            return Withheld(role.family, engine, NO_SERIES)
+        if role.role in _LEVELS and any(math.isnan(v) for _, v in found):
+            return Withheld(role.family, engine, NOT_A_NUMBER)
+    return None
 
 
 def _common(label_sets: Sequence[dict[str, str]]) -> dict[str, str]:
@@ -107,20 +140,24 @@ def _common(label_sets: Sequence[dict[str, str]]) -> dict[str, str]:
 
 def aggregate(
     snap: Snapshot, role: FamilyRole, engines: Iterable[EngineSnapshot]
-) -> tuple[dict[str, str], float] | None:
+) -> tuple[dict[str, str], float] | Withheld | None:
     """The one series (labels, value) of *role*'s family over *engines* (the live engines of an
     endpoint, from *snap*), by the rule of its role (module docstring); None when none of them
-    has a series of it, or when they cannot be one (``cache_config`` of different block sizes)."""
+    has a series of it, or when they cannot be one (``cache_config`` of different block sizes);
+    :class:`Withheld` when some of them have and another has none, or a NaN."""
     per_engine = _series(snap, role, engines)
-    if not per_engine:
+    if not any(found for _, found in per_engine):
         return None
-    flat = [s for found in per_engine for s in found]
+    why = _withheld(role, per_engine)
+    if why is not None:
+        return why
+    flat = [s for _, found in per_engine for s in found]
     if role.role in _SUMMED:
         return _common([labels for labels, _ in flat]), float_sum([v for _, v in flat])
     if role.role == KV_USAGE:
         return _common([labels for labels, _ in flat]), max(v for _, v in flat)
     # Info series: each engine's newest (the largest value: a timestamp, or 1 for each).
-    newest = [max(found, key=lambda s: s[1]) for found in per_engine]
+    newest = [max(found, key=lambda s: s[1]) for _, found in per_engine]
     if role.role == CACHE_CONFIG:
         return _cache_config(newest)
     return _lora(newest)

@@ -387,6 +387,7 @@ def read_view(
     skipped = Skipped()
     now_ms = max(r.now_ms for r in replies)
     stats: dict[str, dict[str, str]] = {}
+    beats: dict[str, float] = {}
     load_flat: list[Any] = []
     for reply in replies:
         why = unreadable(reply.load)
@@ -395,12 +396,16 @@ def read_view(
         else:
             load_flat += reply.load
         if reply.writers.__class__ is list:
+            for wid, score in zip(reply.writers[0::2], reply.writers[1::2]):
+                beat = float(score)
+                if abs(beat) >= abs(beats.get(wid, 0.0)):
+                    beats[wid] = beat
             for wid, flat in zip(reply.writers[0::2], reply.stats):
                 if flat.__class__ is list and flat:  # stored in the writer's home shard only
                     stats[wid] = dict(zip(flat[0::2], flat[1::2]))
                 else:
                     stats.setdefault(wid, {})
-    rule = Liveness.of(now_ms, stats, stale_after * 1000.0)
+    rule = Liveness.of(now_ms, stats, stale_after * 1000.0, beats=beats)
     judged = judges(replies, rule, skipped)
     seqs = [_seqs(r.seq) for r in replies]
     states: dict[int, tuple[bool, float]] = {}

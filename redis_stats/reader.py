@@ -460,6 +460,13 @@ class ReaderCore:
 
     _packing: tuple[list[tuple[Any, ...]], Any] = ([], None)
 
+    @property
+    def packed_bytes(self) -> int:
+        """The bytes of the last read's commands kept packed (what a reader holds per writer read:
+        part of what a server keeps per reader, redis_stats/server/kept.py)."""
+        packed = self._packing[1]
+        return sum(map(len, packed)) if packed else 0
+
     def _packed(self, conn: Any, cmds: list[tuple[Any, ...]]) -> Any:
         """The transaction's commands as the connection sends them, packed again only when they
         changed: they are the plan's, which changes only when an engine or writer comes or goes

@@ -439,7 +439,7 @@ class SnapshotDecoder:
         (issue 24: every reader of the namespace gives the same answer at the same moment), and
         every writer's entry."""
         scores, stats_of = self._writers(shards, skipped)
-        rule = Liveness.of(now_ms, stats_of, self.stale_after_ms)
+        rule = Liveness.of(now_ms, stats_of, self.stale_after_ms, beats=scores)
         writers = {
             wid: WriterInfo(abs(score) / 1000.0, rule.age(score), score < 0, rule.writer_live(wid, score))
             for wid, score in scores.items()

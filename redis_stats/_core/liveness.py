@@ -40,8 +40,10 @@ writer would read down between two of its own flushes, so it is judged by the de
 - ``down``: not up (silent past ``stale_after``, or every writer of it closed).
 
 Each writer also stores the endpoint its engines are served behind (``endpoint``: see
-``StatsConfig.endpoint``); an engine's endpoint is that of the writers holding chunks in it
-(:meth:`Liveness.endpoint_of`).
+``StatsConfig.endpoint``); an engine's endpoint is that of its live writer with the newest
+heartbeat (:meth:`Liveness.endpoint_of`): a pod killed without a close whose engine came back at
+once in a new pod under another endpoint is still "live" for its ``stale_after``, and the engine
+is served behind the new pod, whatever the two endpoints' order.
 """
 
 from __future__ import annotations
@@ -120,7 +122,7 @@ class Liveness:
     known. Immutable: a read builds its own, so reads that run at once in several threads share
     nothing."""
 
-    __slots__ = ("declared", "endpoints", "fallback_ms", "flush", "judge_owners", "now_ms")
+    __slots__ = ("beats", "declared", "endpoints", "fallback_ms", "flush", "judge_owners", "now_ms")
 
     def __init__(
         self,
@@ -131,6 +133,7 @@ class Liveness:
         judge_owners: bool = True,
         flush: dict[str, float] | None = None,
         endpoints: dict[str, str] | None = None,
+        beats: Mapping[str, float] | None = None,
     ) -> None:
         self.now_ms = now_ms
         self.declared = declared
@@ -140,6 +143,7 @@ class Liveness:
         self.judge_owners = judge_owners
         self.flush = flush if flush is not None else {}
         self.endpoints = endpoints if endpoints is not None else {}
+        self.beats = beats if beats is not None else {}  # writer -> its heartbeat (ms; < 0: closed)
 
     def blind(self) -> Liveness:
         """This rule for a shard whose writers zset could not be read (no writer known there)."""
@@ -150,6 +154,7 @@ class Liveness:
             judge_owners=False,
             flush=self.flush,
             endpoints=self.endpoints,
+            beats=self.beats,
         )
 
     @classmethod
@@ -160,10 +165,12 @@ class Liveness:
         default_ms: float,
         *,
         judge_owners: bool = True,
+        beats: Mapping[str, float] | None = None,
     ) -> Liveness:
         """The rule for a read at *now_ms* whose writers stored *stats* (writer -> its stats
-        hash); *default_ms* (the reader's own setting) applies only to engines none of whose
-        writers is known, when no writer declared a usable ``stale_ms``."""
+        hash) and whose heartbeats are *beats* (writer -> its ``writers`` zset score);
+        *default_ms* (the reader's own setting) applies only to engines none of whose writers is
+        known, when no writer declared a usable ``stale_ms``."""
         stale: dict[str, float] = {}
         flush: dict[str, float] = {}
         endpoints: dict[str, str] = {}
@@ -183,6 +190,7 @@ class Liveness:
             judge_owners=judge_owners,
             flush=flush,
             endpoints=endpoints,
+            beats=beats,
         )
 
     def stale_ms(self, writer: str) -> float:
@@ -237,15 +245,18 @@ class Liveness:
         return UP if age_ms <= min(max(2.0 * every, every + FRESH_SLACK_MS), limit) else STALE
 
     def endpoint_of(self, owners: Iterable[str], live: set[str] | None = None) -> str | None:
-        """The endpoint an engine is served behind: that of the writers holding chunks in it
-        (*owners*), the live ones' first (*live*; several API servers of one pod share one; two
-        differing: the first in order), None when none stored one."""
-        endpoints = self.endpoints
-        if not endpoints:
-            return None
-        found = sorted(
-            {e for w in owners if (e := endpoints.get(w)) is not None and (live is None or w in live)}
-        )
-        if not found and live is not None:
+        """The endpoint an engine is served behind: that of the writer holding chunks in it
+        (*owners*) with the newest heartbeat, among the live ones (*live*) when any stored one
+        (several API servers of one pod share one; a dead pod's writer, live until its
+        ``stale_after`` passes, has the older heartbeat), the smaller endpoint on a tie; None when
+        none stored one."""
+        endpoints, beats = self.endpoints, self.beats
+        # newest heartbeat first (abs: a closed writer's score is its close, negated), then the id
+        found = [
+            (-abs(beats.get(w, 0.0)), where)
+            for w in owners
+            if (where := endpoints.get(w)) is not None and (live is None or w in live)
+        ]
+        if not found and live is not None and endpoints:
             return self.endpoint_of(owners)
-        return found[0] if found else None
+        return min(found)[1] if found else None

@@ -18,10 +18,19 @@ import redis
 
 from redis_stats._core import fields
 from redis_stats._core.liveness import FLUSH_FIELD, STALE_FIELD, Liveness, declared, judged_ms
+from redis_stats.config import is_namespace
 from redis_stats.connection import is_cluster
 from redis_stats.keys import SCHEMA_VERSION, Keys, parse_shard_counts
 
-__all__ = ["NamespaceInfo", "describe_namespaces", "find_namespaces", "namespace_holds_data"]
+__all__ = [
+    "NamespaceInfo",
+    "NamespaceScan",
+    "describe_namespaces",
+    "find_namespaces",
+    "namespace_holds_data",
+    "scan_namespaces",
+    "unusable_line",
+]
 
 # The keys that mark a namespace: any flush writes the writers' heartbeats, and the first one the
 # catalogue (meta). A namespace cannot contain braces (config checks it), so the text between
@@ -59,15 +68,29 @@ def _scan(client: Any, pattern: str) -> list[str]:
     return list(client.scan_iter(match=pattern, count=1000))
 
 
+@dataclass(frozen=True)
+class NamespaceScan:
+    """What one ``SCAN`` of ``rs:{*}:*`` found: the namespaces with data of this schema version
+    (*current*), those with schema 1 data (*older*), and the key prefixes ``rs:{...}`` of this
+    layout that are no namespace name this version accepts (*unusable*: a space, a ``*``, a
+    quote; written by hand or by another program): no command can be given them, so none lists
+    them as namespaces."""
+
+    current: frozenset[str]
+    older: frozenset[str]
+    unusable: frozenset[str]
+
+
 def find_namespaces(client: Any) -> list[str]:
     """The namespaces with data in this Redis (database), sorted. One SCAN pass over ``rs:{*}``."""
-    return sorted(set().union(*_scan_namespaces(client)))
+    scan = scan_namespaces(client)
+    return sorted(scan.current | scan.older)
 
 
-def _scan_namespaces(client: Any) -> tuple[set[str], set[str]]:
-    """(namespaces with data of this schema version, namespaces with schema 1 data)."""
-    ours: set[str] = set()
-    older: set[str] = set()
+def scan_namespaces(client: Any) -> NamespaceScan:
+    """One ``SCAN`` pass over ``rs:{*}`` (every master of a Cluster), sorted into
+    :class:`NamespaceScan`."""
+    found: dict[str, set[str]] = {"current": set(), "older": set(), "unusable": set()}
     for key in _scan(client, "rs:{*}:*"):
         if isinstance(key, bytes):
             key = key.decode("utf-8", "replace")
@@ -78,11 +101,10 @@ def _scan_namespaces(client: Any) -> tuple[set[str], set[str]]:
         rest = inner[end + 2 :]
         # A shard's tag is "<namespace>#<shard>.<salt>" ('#' is never part of a namespace).
         name = inner[:end].split("#", 1)[0]
-        if rest in _OURS:
-            ours.add(name)
-        elif rest in _MARKERS:
-            older.add(name)
-    return ours, older
+        which = "current" if rest in _OURS else "older" if rest in _MARKERS else None
+        if which is not None:
+            found[which if is_namespace(name) else "unusable"].add(name)
+    return NamespaceScan(*(frozenset(found[k]) for k in ("current", "older", "unusable")))
 
 
 def namespace_holds_data(client: Any, namespace: str) -> bool:
@@ -100,18 +122,21 @@ def namespace_holds_data(client: Any, namespace: str) -> bool:
     )
 
 
+def _listed(scan: NamespaceScan) -> tuple[list[str], frozenset[str]]:
+    """The namespaces a scan found (sorted), and those holding only schema 1 data."""
+    return sorted(scan.current | scan.older), scan.older - scan.current
+
+
 def describe_namespaces(
-    client: Any, stale_after: float, names: list[str] | None = None
+    client: Any, stale_after: float, names: list[str] | None = None, *, scan: NamespaceScan | None = None
 ) -> list[NamespaceInfo]:
-    """Engines (up), writers (live) and newest heartbeat of each namespace, by the rule every
-    reader applies (:mod:`redis_stats._core.liveness`); *stale_after* (seconds) only for writers
-    that stored none."""
+    """Engines (up), writers (live) and newest heartbeat of each namespace (*names*, or those
+    *scan* found, or those a scan finds now), by the rule every reader applies
+    (:mod:`redis_stats._core.liveness`); *stale_after* (seconds) only for writers that stored
+    none."""
+    only_older: frozenset[str] = frozenset()
     if names is None:
-        ours, older = _scan_namespaces(client)
-        names = sorted(ours | older)
-        only_older = older - ours
-    else:
-        only_older = set()
+        names, only_older = _listed(scan or scan_namespaces(client))
     seconds, micros = client.time()
     now_ms = int(seconds) * 1000 + int(micros) // 1000
     infos = []
@@ -230,6 +255,17 @@ def _read_details(
         if isinstance(names, list):
             found = owners.setdefault(e, set())
             found.update(owner for name in names if (owner := fields.chunk_writer(name)) is not None)
+
+
+def unusable_line(prefix: str) -> str:
+    """What ``redis-stats namespaces`` says of a key prefix that is no namespace name: what it is
+    and how to remove it (no redis-stats command takes the name)."""
+    pattern = shlex.quote(f"rs:{{{prefix}}}:*")
+    return (
+        f"{prefix!r}: keys rs:{{...}}:* under a name that is no namespace name (1-128 of A-Z a-z "
+        "0-9 . _ - / :), not written by redis_stats; no command reads them; to delete them: "
+        f"redis-cli --scan --pattern {pattern} | xargs redis-cli del"
+    )
 
 
 def _plural(n: int, word: str) -> str:

@@ -32,7 +32,7 @@ from redis_stats._core.values import go_floats
 from redis_stats.catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM
 from redis_stats.errors import error_kind
 from redis_stats.prometheus.exposition import TextRenderer, format_families, label_pairs
-from redis_stats.prometheus.slices import (
+from redis_stats.prometheus.filters import (
     REPLACED,
     REPLACED_HELP,
     cap_families,
@@ -56,7 +56,7 @@ class RedisCollector:
     *engines* limits the view to those engine indexes (default: all), or to a slice of the
     fleet (an :class:`~redis_stats.reader.EngineSlice`, read by Redis' own choice). With
     ``writers=False`` the writers' self-metrics (``redis_stats_writer_*``, fleet-wide) are left
-    out: a sliced scrape other than slice 0 (redis_stats/prometheus/slices.py).
+    out: a sliced scrape other than slice 0 (redis_stats/prometheus/filters.py).
 
     With ``namespace_label=True`` every series it yields, its own included, carries
     ``redis_stats_namespace="<the reader's namespace>"``: an exporter of several namespaces serves
@@ -65,7 +65,7 @@ class RedisCollector:
     *renderer*, called with the labels above, makes what :meth:`render_text` turns a read into
     (an object with ``render(decoded) -> str``; default: the plain
     :class:`~redis_stats.prometheus.exposition.TextRenderer`): an endpoint view's
-    (redis_stats/prometheus/endpoints.py).
+    (redis_stats/server/views/endpoints.py).
     """
 
     def __init__(
@@ -127,7 +127,7 @@ class RedisCollector:
         own = list(self._self_metrics(shell, time.perf_counter() - started, engines=False))
         # A label value past max_label_length (stored by a writer configured otherwise, or
         # garbage) is replaced and counted, as collect() does: the series' by the decoder, the
-        # self-metrics' here (redis_stats/prometheus/slices.py).
+        # self-metrics' here (redis_stats/prometheus/filters.py).
         replaced = cap_families(own, self.reader.config.max_label_length)
         replaced += shell.labels_replaced if shell is not None else 0
         engines = engine_lines(shell, self.labels) if shell is not None else ""
@@ -241,6 +241,29 @@ def namespace_info(namespace: str) -> Metric:
 
 WRITER_STATES = ("live", "stale", "closed")
 
+# A writer's counts by kind: (its fields' prefix, family, help, the kind's label).
+_BY_KIND = (
+    (
+        "err:",
+        "redis_stats_writer_flush_errors",
+        "Failed flush attempts, by kind (reported after Redis answers again).",
+        "kind",
+    ),
+    (
+        "shards_err:",
+        "redis_stats_writer_shards_listing_errors",
+        "Failed listings of a sharded writer's K in shard 0's catalogue (shards.lua), by kind.",
+        "kind",
+    ),
+    ("drop:", "redis_stats_writer_dropped_updates", "Updates dropped on the hot path, by reason.", "reason"),
+    (
+        "lost:",
+        "redis_stats_writer_keys_lost",
+        "Keys of the writer a flush found gone (evicted under maxmemory, or deleted), by kind.",
+        "key",
+    ),
+)
+
 
 def writer_families(snapshot: Snapshot) -> Iterator[Metric]:
     """The live writers' self-metrics, as stored with their last flush (``WriterStats.as_fields``),
@@ -259,26 +282,11 @@ def writer_families(snapshot: Snapshot) -> Iterator[Metric]:
         labels=w,
     )
     flushes = CounterMetricFamily("redis_stats_writer_flushes", "Flushes confirmed by Redis.", labels=w)
-    errors = CounterMetricFamily(
-        "redis_stats_writer_flush_errors",
-        "Failed flush attempts, by kind (reported after Redis answers again).",
-        labels=[*w, "kind"],
-    )
-    listing_errors = CounterMetricFamily(
-        "redis_stats_writer_shards_listing_errors",
-        "Failed listings of a sharded writer's K in shard 0's catalogue (shards.lua), by kind.",
-        labels=[*w, "kind"],
-    )
-    drops = CounterMetricFamily(
-        "redis_stats_writer_dropped_updates",
-        "Updates dropped on the hot path, by reason.",
-        labels=[*w, "reason"],
-    )
-    lost = CounterMetricFamily(
-        "redis_stats_writer_keys_lost",
-        "Keys of the writer a flush found gone (evicted under maxmemory, or deleted), by kind.",
-        labels=[*w, "key"],
-    )
+    # counts a writer stores by kind, as fields "<prefix><kind>" (WriterStats.as_fields)
+    by_kind = {
+        prefix: CounterMetricFamily(name, help_text, labels=[*w, label])
+        for prefix, name, help_text, label in _BY_KIND
+    }
     conflicts = CounterMetricFamily(
         "redis_stats_writer_conflicts",
         "Engines a claiming flush found claimed by another live owner.",
@@ -313,12 +321,11 @@ def writer_families(snapshot: Snapshot) -> Iterator[Metric]:
         buckets = _duration_buckets(st)
         if buckets:
             duration.add_metric([wid], buckets, _num(st, "dur_sum"))
-        by_kind = {"err:": errors, "shards_err:": listing_errors, "drop:": drops, "lost:": lost}
         for key in st:
             prefix = key[: key.find(":") + 1]
             if prefix in by_kind:
                 by_kind[prefix].add_metric([wid, key[len(prefix) :]], _num(st, key))
-    yield from (up, flushes, errors, listing_errors, drops, lost, conflicts, pending, age, duration)
+    yield from (up, flushes, *by_kind.values(), conflicts, pending, age, duration)
 
 
 def _writer_states(snapshot: Snapshot) -> Metric:

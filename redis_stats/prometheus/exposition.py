@@ -296,15 +296,22 @@ def format_families(families: Any, labels: dict[str, str] | None = None) -> str:
     return "".join(out)
 
 
+def line_starts(text: str, prefix: str) -> list[int]:
+    """Where each line of *text* that starts with *prefix* starts (found with ``str.find``: a
+    few hundred in a multi-megabyte body)."""
+    starts = [0] if text.startswith(prefix) else []
+    at = text.find("\n" + prefix)
+    while at != -1:
+        starts.append(at + 1)
+        at = text.find("\n" + prefix, at + 1)
+    return starts
+
+
 def _family_blocks(text: str) -> list[tuple[str, str, str, str]]:
     """(name, type, header, samples) of each family of a text of the text format: its header the
     ``# HELP`` and ``# TYPE`` lines, its samples the lines after them (each with its newline). A
     family starts at each ``# HELP`` line: no HELP text nor label value holds a raw newline."""
-    starts = [0] if text.startswith("# HELP ") else []
-    at = text.find("\n# HELP ")
-    while at != -1:
-        starts.append(at + 1)
-        at = text.find("\n# HELP ", at + 1)
+    starts = line_starts(text, "# HELP ")
     blocks = []
     for k, start in enumerate(starts):
         end = starts[k + 1] if k + 1 < len(starts) else len(text)
@@ -319,6 +326,23 @@ def _family_blocks(text: str) -> list[tuple[str, str, str, str]]:
     return blocks
 
 
+def _merged(
+    families: dict[str, tuple[str, str, list[str]]], key: str, family: tuple[str, str, list[str]]
+) -> bool:
+    """Add one text's *family* to *families*: False when a family of another type is left out
+    (this one, or a bare declaration of the other type that it replaces)."""
+    found = families.get(key)
+    if found is None:
+        families[key] = family
+        return True
+    if found[0] == family[0]:
+        found[2].extend(family[2])
+        return True
+    if any(family[2]) and not any(found[2]):  # a bare declaration: the type with series wins
+        families[key] = family
+    return False
+
+
 def merge_texts(texts: Sequence[str]) -> tuple[str, list[str]]:
     """Several texts of the text format as one, each family once: the first text's ``# HELP`` and
     ``# TYPE`` lines, then its samples from every text in turn (two texts' families of one name
@@ -327,7 +351,9 @@ def merge_texts(texts: Sequence[str]) -> tuple[str, list[str]]:
     Also the names of the families left out of a text because it declares them with another type
     than the first text that has them (the two would be one family of two types; a counter
     ``x_total`` and a gauge ``x`` too, one name in OpenMetrics): a namespace's bridged server
-    naming a family as another's. Text before a text's first ``# HELP`` (none in
+    naming a family as another's. A declaration without series never hides another text's
+    series of the family: the first text *with series* gives the type (the declarations before
+    it are the ones left out). Text before a text's first ``# HELP`` (none in
     what the renderer writes) is kept, first."""
     families: dict[str, tuple[str, str, list[str]]] = {}
     loose: list[str] = []
@@ -341,11 +367,6 @@ def merge_texts(texts: Sequence[str]) -> tuple[str, list[str]]:
             # A family by its OpenMetrics name (a counter's without _total): a counter tokens_total
             # and a gauge tokens would be one family of two types there.
             key = name[:-6] if kind == "counter" and name.endswith("_total") else name
-            found = families.get(key)
-            if found is None:
-                families[key] = (kind, header, [samples])
-            elif found[0] != kind:
+            if not _merged(families, key, (kind, header, [samples])):
                 clashes.append(key)
-            else:
-                found[2].append(samples)
     return "".join(loose) + "".join(h + "".join(s) for _, h, s in families.values()), clashes

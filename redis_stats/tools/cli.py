@@ -449,6 +449,15 @@ def simulate(redis_url: str | None, namespace: str, **options: Any) -> None:
     default=0.25,
     help="Seconds between two reads of the load feed (/load), shared by every request.",
 )
+@click.option(
+    "--view-budget",
+    default=256.0,
+    type=click.FloatRange(0, 1_000_000),
+    metavar="MB",
+    help="Megabytes (MiB) the exporter may keep for requests' parameters (each ?slice= and ?endpoint= "
+    "asked: a reader and renderer; /snapshot windows); past it the least recently used go, and "
+    "whatever is unused for a minute.",
+)
 def exporter(
     redis_url: str | None,
     namespaces: tuple[str, ...],
@@ -457,6 +466,7 @@ def exporter(
     engines: str | None,
     slice_text: str | None,
     window_budget: float,
+    view_budget: float,
     **serving: Any,
 ) -> None:
     """Serve /metrics (every engine), /snapshot (JSON), /load (routers) and /healthz from Redis:
@@ -465,8 +475,8 @@ def exporter(
     from redis_stats.integrations.vllm import vllm_catalog
     from redis_stats.integrations.vllm.roles import VLLM_ROLES
     from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
-    from redis_stats.prometheus.exporter import Exporter
     from redis_stats.reader import EngineSlice, StatsReader
+    from redis_stats.server import Exporter
     from redis_stats.tools.allocator import bound_arenas
 
     bound_arenas()  # before any thread: a thread per connection spread freed memory over 16 arenas
@@ -500,6 +510,7 @@ def exporter(
             self_metrics=True,
             slice=part,
             window_budget=int(window_budget * 2**20),
+            view_budget=int(view_budget * 2**20),
             namespaces=several,
             all_namespaces=all_namespaces,
             max_namespaces=max_namespaces,
@@ -592,8 +603,8 @@ def _print_snapshot_json(config: StatsConfig, window: float) -> None:
 
     from redis_stats.integrations.vllm import vllm_catalog
     from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
-    from redis_stats.prometheus.recent import snapshot_document
     from redis_stats.reader import StatsReader
+    from redis_stats.server.views.window import snapshot_document
 
     reader = StatsReader(config, vllm_catalog())
     earlier = None
@@ -710,16 +721,20 @@ def _removal_refused(result: Any, where: str, stale_after: float) -> None:
 def namespaces(redis_url: str | None) -> None:
     """Every namespace in this Redis: engines (up), writers (live), newest heartbeat."""
     from redis_stats.connection import make_client
-    from redis_stats.ops.namespaces import describe_namespaces, summary
+    from redis_stats.ops.namespaces import describe_namespaces, scan_namespaces, summary, unusable_line
 
     config = _config(redis_url, None)
     with _redis_errors(config):
-        infos = describe_namespaces(make_client(config), config.stale_after)
-    if not infos:
+        client = make_client(config)
+        scan = scan_namespaces(client)
+        infos = describe_namespaces(client, config.stale_after, scan=scan)
+    if not infos and not scan.unusable:
         click.echo(f"no redis_stats namespace at {config.safe_url}: nothing has written there yet")
         return
     for info in infos:
         click.echo(summary(info))
+    for prefix in sorted(scan.unusable):
+        click.echo(unusable_line(prefix))
 
 
 @main.command()

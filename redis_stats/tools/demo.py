@@ -27,8 +27,8 @@ from typing import TextIO
 from redis_stats.config import ENV_PREFIX, StatsConfig, mask_url
 from redis_stats.integrations.vllm.load import VLLM_LOAD
 from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
-from redis_stats.prometheus.exporter import Exporter
 from redis_stats.reader import StatsReader
+from redis_stats.server import Exporter
 from redis_stats.tools.embedded import EmbeddedRedis
 from redis_stats.tools.fleet_sim import simulated_catalog
 from redis_stats.tools.simulate import FleetLoad, LoadProfile

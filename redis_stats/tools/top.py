@@ -76,7 +76,7 @@ def _merged(engine: EngineSnapshot | None, name: str) -> HistogramValue | None:
 
 
 def seconds(value: float | None) -> str:
-    """A latency as the live page writes it (``sec`` in prometheus/web/index.html, one rule for
+    """A latency as the live page writes it (``sec`` in server/web/index.html, one rule for
     both): seconds to three significant digits (``0.045 s``, ``0.742 s``, ``79.6 s``), whole
     seconds from 1,000 s, ``> last bucket`` past the last finite bucket; ``-`` for none.
 

@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 
 from redis_stats.integrations.bridge import BridgedSource
 from redis_stats.integrations.vllm import vllm_catalog
-from redis_stats.prometheus.exporter import Exporter
 from redis_stats.reader import StatsReader
+from redis_stats.server import Exporter
 
 from .compare import store_samples
 

@@ -29,7 +29,7 @@ from redis_stats import RedisCollector, StatsConfig, StatsReader, StatsWriter
 from redis_stats.config import ConfigError, mask_url, redact, url_problem
 from redis_stats.connection import make_client
 from redis_stats.keys import Keys
-from redis_stats.prometheus.exporter import Exporter
+from redis_stats.server import Exporter
 from redis_stats.tools.cli import main
 from redis_stats.tools.embedded import EmbeddedRedis, free_port
 from tests.conftest import PYTHON, ROOT, sample_catalog
@@ -473,7 +473,7 @@ def test_a_redis_failure_in_the_cli_is_one_clean_line(cmd):
 
 @pytest.mark.parametrize("name", [*forms(6390), *MALFORMED])
 def test_the_redis_address_a_page_header_shows_has_no_secret_and_no_user(name):
-    from redis_stats.prometheus.exporter import redis_address
+    from redis_stats.server.views.snapshot import redis_address
 
     url = {**forms(6390), **MALFORMED}[name]
     shown = redis_address(url)

@@ -14,7 +14,7 @@ import redis
 from redis_stats import StatsConfig, StatsReader, StatsWriter
 from redis_stats.connection import make_client
 from redis_stats.keys import Keys
-from redis_stats.prometheus.exporter import Exporter
+from redis_stats.server import Exporter
 from redis_stats.tools.embedded import EmbeddedRedis, binary_of_kind, free_port
 from tests import acl
 from tests.conftest import PYTHON, ROOT, SERVER_KINDS, sample_catalog

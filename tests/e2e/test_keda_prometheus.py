@@ -25,7 +25,7 @@ import yaml
 from redis_stats import StatsConfig, StatsReader, StatsWriter
 from redis_stats.integrations.vllm import vllm_catalog
 from redis_stats.integrations.vllm.load import VLLM_LOAD
-from redis_stats.prometheus.exporter import Exporter
+from redis_stats.server import Exporter
 
 from ..conftest import ROOT
 from .test_prometheus import PROMETHEUS, Fleet, free_port, get, wait_for

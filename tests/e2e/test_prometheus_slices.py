@@ -23,7 +23,7 @@ import pytest
 
 from redis_stats import StatsConfig, StatsWriter
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
-from redis_stats.prometheus.slices import PER_SCRAPE
+from redis_stats.prometheus.filters import PER_SCRAPE
 from redis_stats.tools.simulate import SimulatedApiServer
 
 from .test_prometheus import PROMETHEUS, Fleet, free_port, get, wait_for

@@ -102,7 +102,7 @@ def test_only_one_process_collects_at_a_time(config, fake_client):
 def test_exporter_runs_retention_on_a_timer(redis_server, namespace, catalog):
     from redis_stats import StatsConfig
     from redis_stats.connection import make_client
-    from redis_stats.prometheus.exporter import Exporter
+    from redis_stats.server import Exporter
 
     cfg = StatsConfig(url=redis_server.url, namespace=namespace, retention=60)
     w = StatsWriter(cfg, catalog, engines=[5], start=False)

@@ -21,9 +21,10 @@ from redis_stats.aio import AsyncLeaseLeader, AsyncStatsReader, AsyncStatsReport
 from redis_stats.connection import make_async_client, make_client
 from redis_stats.keys import Keys
 from redis_stats.leader import LeaseLeader
-from redis_stats.prometheus.exporter import Exporter
 from redis_stats.reporting import StatsReporter
+from redis_stats.server import Exporter
 from tests.conftest import sample_catalog
+from tests.prometheus import views
 
 pytestmark = pytest.mark.redis_server
 
@@ -198,7 +199,7 @@ def test_the_exporters_gc_and_window_loops_survive_and_every_error_is_served(cfg
         assert _until(lambda: gc_runs.calls >= 4), "the gc loop stopped"
         samples = Failing(reader.snapshot, AttributeError, times=2)
         reader.snapshot = samples  # type: ignore[method-assign]
-        exporter._start_sampler()  # a sample every window / 6 = 0.05 s
+        views.window(exporter).asked()  # a sample every window / 6 = 0.05 s
         assert _until(lambda: samples.calls >= 4), "the window loop stopped"
         text = _metrics(exporter.port)
     finally:

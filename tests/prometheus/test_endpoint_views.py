@@ -22,7 +22,8 @@ from redis_stats import Catalog, StatsConfig, StatsReader, StatsWriter
 from redis_stats.integrations.bridge.roles import BRIDGE_ROLES
 from redis_stats.integrations.vllm import vllm_catalog
 from redis_stats.integrations.vllm.roles import VLLM_ROLES
-from redis_stats.prometheus.exporter import Exporter
+from redis_stats.server import Exporter
+from tests.prometheus import views
 
 pytestmark = pytest.mark.redis_server
 
@@ -366,10 +367,10 @@ def test_asking_again_and_again_for_an_unknown_endpoint_reads_the_map_at_most_on
     pod.record()
     reader = StatsReader(cfg, catalog())
     exporter = Exporter(reader, port=0, roles=VLLM_ROLES).start()
-    views = exporter.endpoint_views
+    mapping = views.endpoint_map(exporter)
     reads = []
-    load = views.reader.load
-    views.reader.load = lambda *a, **k: reads.append(1) or load(*a, **k)  # type: ignore[method-assign]
+    load = mapping.reader.load
+    mapping.reader.load = lambda *a, **k: reads.append(1) or load(*a, **k)  # type: ignore[method-assign]
     try:
         started = time.monotonic()
         for _ in range(20):

@@ -16,7 +16,7 @@ from redis_stats import Catalog, ConfigError, StatsConfig, StatsReader, StatsWri
 from redis_stats.keys import Keys
 from redis_stats.load import LoadMap, LoadSource
 from redis_stats.ops.retention import collect_garbage
-from redis_stats.prometheus.exporter import Exporter
+from redis_stats.server import Exporter
 
 pytestmark = pytest.mark.redis_server
 

@@ -18,8 +18,9 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from redis_stats import StatsReader, StatsWriter
-from redis_stats.prometheus.exporter import Exporter
+from redis_stats.server import Exporter
 from tests.conftest import sample_catalog
+from tests.prometheus import views
 
 PATHS = ["/metrics", "/snapshot", "/healthz", "/no-such-path"]
 # What Prometheus 2.x/3.x sends by default: OpenMetrics first.
@@ -129,7 +130,7 @@ def reference_openmetrics(exporter: Exporter) -> str:
     """prometheus_client's own OpenMetrics writer over the collector's collect()."""
     from prometheus_client.openmetrics.exposition import generate_latest
 
-    return generate_latest(exporter.collector).decode()
+    return generate_latest(views.source(exporter).collector).decode()
 
 
 def same_openmetrics(fast: str, reference: str) -> None:
@@ -259,7 +260,7 @@ def test_openmetrics_from_text_matches_prometheus_client(helps, value, number):
     from prometheus_client.exposition import generate_latest as text_latest
     from prometheus_client.openmetrics.exposition import generate_latest as om_latest
 
-    from redis_stats.prometheus.exporter import openmetrics_from_text
+    from redis_stats.prometheus.openmetrics import openmetrics_from_text
 
     class Families:
         def collect(self):
@@ -303,7 +304,7 @@ def test_a_malformed_accept_gets_the_text_format_not_a_500_nor_a_logged_tracebac
     version=st.text(max_size=12), escaping=st.sampled_from(["", "; escaping=zz", "; escaping=allow-utf-8"])
 )
 def test_no_accept_header_raises_or_is_echoed_unchecked(version, escaping):
-    from redis_stats.prometheus.exporter import negotiate
+    from redis_stats.prometheus.openmetrics import negotiate
 
     _, content_type = negotiate(f"application/openmetrics-text; version={version}{escaping}")
     # What goes back in Content-Type is prometheus_client's own text or three ASCII numbers.
@@ -315,7 +316,7 @@ def test_a_body_gzipped_a_slice_at_a_time_is_the_whole_text_exactly():
     bytes); a slice boundary inside non-ASCII text must not change a byte."""
     import gzip as gzip_module
 
-    from redis_stats.prometheus import exporter as exporter_module
+    from redis_stats.server import http as exporter_module
 
     text = ('vllm:x{model_name="é✓"} 1\n' * 5) + "ü" * 3 + "z" * 7
     old = exporter_module.ENCODE_CHUNK
@@ -337,8 +338,8 @@ def test_openmetrics_leaves_out_a_negative_histogram_sum_and_counts_it(config, c
     writer.histogram("latency_seconds").labels(engine=1).observe(0.3)
     writer.gauge("running").labels(engine=0).set(-5)  # a gauge below 0 is a gauge: kept
     assert writer.flush()
-    exporter = Exporter(StatsReader(config, catalog, client=fake_client()), port=0)
-    _, body = exporter.metrics("application/openmetrics-text; version=1.0.0")
+    exporter = Exporter(StatsReader(config, catalog, client=fake_client()), port=0).start()
+    _, _, body = request(exporter, "/metrics", Accept="application/openmetrics-text; version=1.0.0")
     got = {
         (s.name, s.labels.get("engine")): s.value for f in parse_openmetrics(body.decode()) for s in f.samples
     }
@@ -347,6 +348,7 @@ def test_openmetrics_leaves_out_a_negative_histogram_sum_and_counts_it(config, c
     assert got[("latency_seconds_sum", "1")] == 0.3 and got[("latency_seconds_count", "1")] == 1
     assert got[("running", "0")] == -5
     assert got[("redis_stats_openmetrics_samples_omitted", None)] == 2
-    _, text = exporter.metrics("text/plain")
+    _, _, text = request(exporter, "/metrics", Accept="text/plain")
+    exporter.close()
     assert 'latency_seconds_sum{engine="0"} -2.0' in text.decode()  # the text format carries it
     writer._closed = True

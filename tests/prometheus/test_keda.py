@@ -28,7 +28,7 @@ import yaml
 from redis_stats import StatsConfig, StatsReader, StatsWriter
 from redis_stats.integrations.vllm import vllm_catalog
 from redis_stats.integrations.vllm.load import VLLM_LOAD
-from redis_stats.prometheus.exporter import Exporter
+from redis_stats.server import Exporter
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.redis_server

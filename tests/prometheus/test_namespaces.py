@@ -25,8 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from redis_stats import Catalog, StatsConfig, StatsReader, StatsWriter
 from redis_stats.ops.removal import remove_namespace
-from redis_stats.prometheus import exporter as exporter_module
-from redis_stats.prometheus.exporter import Exporter
+from redis_stats.server import Exporter
+from redis_stats.server.views import snapshot as exporter_module
 from redis_stats.tools.embedded import EmbeddedRedis
 from tests import acl
 from tests.conftest import sample_catalog
@@ -242,8 +242,8 @@ def _namespaces_of(text: str) -> set[str]:
 def test_namespaces_appear_and_leave_while_it_runs_under_concurrent_scrapes(own_redis):
     writers = {"a": write(own_redis.url, "a", 2, 1)}
     exporter = several(own_redis.url, all_namespaces=True)
-    assert exporter.namespaces is not None
-    exporter.namespaces.discover_every = 0.3
+    assert exporter.app.sources.several
+    exporter.app.sources.discover_every = 0.3
     errors: list[str] = []
     stop = threading.Event()
 
@@ -360,7 +360,7 @@ def test_a_namespace_nobody_asks_for_costs_no_read_and_an_unused_view_is_dropped
     monkeypatch.setattr(exporter_module, "SAMPLER_IDLE", 0.5)
     monkeypatch.setattr(exporter_module, "SAMPLER_IDLE_WINDOWS", 1)
     exporter = several(own_redis.url, namespaces=["a", "b"], load_refresh=0.05, load_idle=0.5, window=1.0)
-    assert exporter.namespaces is not None
+    assert exporter.app.sources.several
     client = redis.Redis.from_url(own_redis.url, decode_responses=True)
     try:
 
@@ -371,17 +371,17 @@ def test_a_namespace_nobody_asks_for_costs_no_read_and_an_unused_view_is_dropped
         seen = _commands_on(client, 1.0, ask_a)
         assert any("rs:{a}" in c for c in seen), seen[:20]
         assert not [c for c in seen if "rs:{b}" in c], "namespace b was read though nobody asked"
-        assert exporter.namespaces.known() == ["a", "b"]
-        assert set(exporter.namespaces._views) == {"a"}
+        assert exporter.app.sources.known() == ["a", "b"]
+        assert set(exporter.app.sources._sources) == {"a"}
         # a's own background reads stop once nobody asks: the load refresher and the sampler.
         time.sleep(1.5)
         quiet = _commands_on(client, 1.5, lambda: None)
         assert not [c for c in quiet if "rs:{a}" in c], quiet[:20]
         # An unused view is dropped (the next request of any namespace sweeps), made again when asked.
-        exporter.namespaces.idle = 0.2
+        exporter.app.sources.idle = 0.2
         time.sleep(0.3)
         assert get(exporter.url, "/metrics?namespace=b")[0] == 200
-        assert set(exporter.namespaces._views) == {"b"}
+        assert set(exporter.app.sources._sources) == {"b"}
         assert get(exporter.url, "/load?namespace=a")[0] == 200
     finally:
         client.close()

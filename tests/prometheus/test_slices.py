@@ -1,4 +1,4 @@
-"""Bounded scrapes (redis_stats/prometheus/slices.py): ``?slice=i/N`` reads and serves only its
+"""Bounded scrapes (redis_stats/server/views/metrics.py, redis_stats/prometheus/filters.py): ``?slice=i/N`` reads and serves only its
 engines and the N slices are the whole view; ``name[]=`` keeps what prometheus_client's server
 keeps; a label value past ``max_label_length`` is replaced and counted."""
 
@@ -16,8 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from redis_stats import StatsConfig, StatsReader, StatsWriter
 from redis_stats.prometheus.collector import RedisCollector
-from redis_stats.prometheus.exporter import Exporter
-from redis_stats.prometheus.slices import PER_SCRAPE, EngineSlice, select_samples, short_label
+from redis_stats.prometheus.filters import PER_SCRAPE, select_samples, short_label
+from redis_stats.reader import EngineSlice
+from redis_stats.server import Exporter
 from redis_stats.tools.cli import main
 from tests.conftest import sample_catalog, scripted_client
 

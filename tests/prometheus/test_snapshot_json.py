@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
 from redis_stats import Catalog, RedisCollector, StatsConfig, StatsReader, StatsWriter
-from redis_stats.prometheus.exporter import Exporter
+from redis_stats.server import Exporter
 from redis_stats.snapshot import EngineSnapshot, HistogramValue, Snapshot, WriterInfo
+from tests.prometheus import views
 
 
 def _refuse(constant: str) -> float:
@@ -59,7 +60,7 @@ def _values(doc: dict, kind: str) -> dict:
 def test_snapshot_is_strict_json_with_non_finite_values_as_prometheus_strings(infinite):
     exporter = Exporter(StatsReader(infinite, _catalog()), port=0).start()
     try:
-        status, doc = exporter.snapshot_json()
+        status, doc = views.snapshot_json(exporter)
         assert status == 200
         text = json.dumps(doc, allow_nan=False)  # raised ValueError before
         with urllib.request.urlopen(f"{exporter.url}/snapshot", timeout=10) as resp:

@@ -24,10 +24,11 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 from redis_stats import HistogramValue, StatsConfig, StatsReader, StatsWriter
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
 from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
-from redis_stats.prometheus.exporter import Exporter
-from redis_stats.prometheus.recent import SnapshotRing, recent_document
+from redis_stats.server import Exporter
+from redis_stats.server.views.window import SnapshotRing, recent_document
 from redis_stats.tools.cli import main
 from tests.conftest import ROOT, sample_catalog
+from tests.prometheus import views
 
 SCHEMA = json.loads((files("redis_stats") / "schemas" / "snapshot.schema.json").read_text())
 OPENMETRICS = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
@@ -130,9 +131,10 @@ def test_fleet_summary_is_injected_and_the_core_knows_no_vllm_name(redis_server,
     assert summary["generation_tokens_per_second"] is None  # no window yet
     from redis_stats import reporting as reporter
     from redis_stats.ops import inspection as inspect
-    from redis_stats.prometheus import exporter, recent
+    from redis_stats.server.views import snapshot as snapshot_view
+    from redis_stats.server.views import window as window_view
 
-    for module in (recent, exporter, reporter, inspect):  # by module, wherever the layout puts it
+    for module in (window_view, snapshot_view, reporter, inspect):  # by module, wherever the layout puts it
         assert "vllm:" not in Path(module.__file__).read_text()  # no metric name in the core
 
 
@@ -293,7 +295,7 @@ def test_concurrent_snapshot_requests_all_valid_and_ring_stays_ordered_and_bound
         validate(doc)
         rate = doc["fleet"]["rates"]["tokens"]
         assert rate is None or rate >= 0  # never a negative rate from snapshots taken out of order
-    ring = server._ring
+    ring = views.window(server).ring
     times = [s.time for s, _size in ring._ring]
     assert times == sorted(times) and ring.bytes <= ring.max_bytes
     assert times[-1] - times[0] <= ring.keep
@@ -345,7 +347,7 @@ def test_the_window_keeps_what_fits_its_byte_budget_oldest_dropped_first(redis_s
     import tracemalloc
     from dataclasses import replace
 
-    from redis_stats.prometheus.recent import window_copy
+    from redis_stats.server.views.window import window_copy
 
     snap = _busy_snapshot(StatsConfig(url=redis_server.url, namespace=namespace), 16)
     gc.collect()
@@ -387,10 +389,11 @@ def test_the_window_keeps_one_snapshot_per_sampling_period_not_every_request(fle
     for _ in range(30):  # 3 s of requests every 0.1 s
         snapshot(server)
         time.sleep(0.1)
-    times = [s.time for s, _size in server._ring._ring]
+    ring = views.window(server).ring
+    times = [s.time for s, _size in ring._ring]
     gaps = [b - a for a, b in itertools.pairwise(times)]
-    assert gaps and min(gaps) >= 0.9 * server.window / 6, gaps
-    assert len(times) <= server._ring.keep / (0.9 * server.window / 6) + 1
+    assert gaps and min(gaps) >= 0.9 * server.options.window / 6, gaps
+    assert len(times) <= ring.keep / (0.9 * server.options.window / 6) + 1
 
 
 def test_a_bad_window_budget_is_refused_naming_it(redis_server, namespace):
@@ -501,7 +504,7 @@ floats = st.floats(allow_nan=True, allow_infinity=True)
     gauges=st.lists(floats, min_size=1, max_size=4),
 )
 def test_any_values_give_a_strict_json_document_valid_against_the_schema(before, after, gauges):
-    from redis_stats.prometheus.recent import snapshot_document
+    from redis_stats.server.views.window import snapshot_document
 
     n = min(len(before), len(after), len(gauges))
     earlier = _engine_snap(100.0, before[:n], gauges[:n])

@@ -26,9 +26,10 @@ import pytest
 from redis_stats import StatsConfig, StatsReader, StatsWriter
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
 from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
-from redis_stats.prometheus.exporter import Exporter
+from redis_stats.server import Exporter
 from redis_stats.tools.top import seconds
 from tests import browser, page_fleet
+from tests.prometheus import views
 from tests.vllm_shapes import iteration, scheduler
 
 CARDS = ["c-engines", "c-gen", "c-prompt", "c-running", "c-kv", "c-ttft", "c-itl"]
@@ -157,7 +158,7 @@ def fleet_page(redis_server, namespace) -> Iterator[Any]:
         )
         made.append(exporter.start())
         if warm:  # an exporter some client already asks: its window exists when the page opens
-            exporter.snapshot_json()
+            views.snapshot_json(exporter)
             time.sleep(3)  # a window of a few seconds (at least a tenth of the 10 s one)
         page = Page(exporter)
         made.append(page)

@@ -21,7 +21,7 @@ from redis_stats import RedisCollector, StatsConfig, StatsReader, StatsWriter
 from redis_stats.connection import make_client
 from redis_stats.keys import Keys
 from redis_stats.ops.inspection import inspect_namespace
-from redis_stats.prometheus.exporter import Exporter
+from redis_stats.server import Exporter
 from tests import chunked
 from tests.chunked import set_series_value
 from tests.conftest import sample_catalog, scripted_client

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis_stats import StatsConfig, StatsReader, StatsWriter
 from redis_stats.aio import AsyncStatsReader
 from redis_stats.keys import Keys
-from redis_stats.prometheus.exporter import Exporter
+from redis_stats.server import Exporter
 from tests.conftest import sample_catalog
 
 

@@ -42,9 +42,10 @@ from redis_stats.integrations.vllm.logline import LogMetrics, VllmLogLines
 from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
 from redis_stats.load import LoadMap, LoadSource
 from redis_stats.ops import inspection
-from redis_stats.prometheus.exporter import Exporter, openmetrics_from_text
 from redis_stats.prometheus.exposition import escape_label_value
-from redis_stats.prometheus.recent import snapshot_document
+from redis_stats.prometheus.openmetrics import openmetrics_from_text
+from redis_stats.server import Exporter
+from redis_stats.server.views.window import snapshot_document
 from redis_stats.tools.cli import main
 from redis_stats.tools.top import render_plain
 from tests.bridge.compare import get, source_samples, store_samples

@@ -33,8 +33,8 @@ from redis_stats.integrations.vllm.logline import VllmLogLines
 from redis_stats.keys import Keys
 from redis_stats.leader import Rank0Leader
 from redis_stats.ops.retention import collect_garbage
-from redis_stats.prometheus.exporter import Exporter
 from redis_stats.reporting import StatsReporter
+from redis_stats.server import Exporter
 from redis_stats.tools.cli import main
 from redis_stats.tools.embedded import EmbeddedRedis
 from tests.conftest import PYTHON, ROOT, sample_catalog

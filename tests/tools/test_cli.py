@@ -14,7 +14,7 @@ from rich.console import Console
 
 from redis_stats import StatsReader, StatsWriter, __version__
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
-from redis_stats.prometheus.exporter import Exporter
+from redis_stats.server import Exporter
 from redis_stats.tools.cli import main
 from redis_stats.tools.top import COLUMNS, render
 from tests.conftest import PYTHON, ROOT
@@ -45,7 +45,7 @@ def test_bad_engines_option_is_a_clear_error():
 def test_a_bad_engines_option_names_the_option_and_is_a_usage_error(engines, monkeypatch):
     # Before: "Invalid value: '0,x' ..." named no option, and "0,-1" was taken (no engine -1 exists)
     # and the exporter started (its serve_forever is stubbed so that the bug fails, not hangs).
-    from redis_stats.prometheus.exporter import Exporter
+    from redis_stats.server import Exporter
 
     monkeypatch.setattr(Exporter, "serve_forever", lambda self: self.close())
     args = ["exporter", "--redis-url", "redis://127.0.0.1:1/0", "--port", "0", "--engines", engines]

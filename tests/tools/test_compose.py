@@ -200,7 +200,7 @@ def live_series(config, fake_client) -> list[tuple[str, dict[str, str]]]:
     from redis_stats import StatsReader, StatsWriter
     from redis_stats.integrations.vllm import VllmRecorder
     from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
-    from redis_stats.prometheus.exporter import Exporter
+    from redis_stats.server import Exporter
     from tests.vllm_shapes import finished, iteration, scheduler
 
     cat = vllm_catalog()

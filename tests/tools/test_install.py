@@ -35,7 +35,7 @@ def test_the_wheel_installs_into_a_clean_virtualenv_with_scripts_page_and_entry_
     names = set(zipfile.ZipFile(wheel).namelist())
     for script in ("common", "flush", "gc", "lease", "read", "shards"):
         assert f"redis_stats/_scripts/{script}.lua" in names
-    assert "redis_stats/prometheus/web/index.html" in names and "redis_stats/py.typed" in names
+    assert "redis_stats/server/web/index.html" in names and "redis_stats/py.typed" in names
 
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", str(venv)], tmp_path)
@@ -46,7 +46,7 @@ def test_the_wheel_installs_into_a_clean_virtualenv_with_scripts_page_and_entry_
     assert "Usage: redis-stats" in run([str(venv / "bin" / "redis-stats"), "--help"], elsewhere)
     check = (
         "import importlib.metadata as m, redis_stats, redis_stats._scripts as s;"
-        "import redis_stats.prometheus.exporter as e;"
+        "import redis_stats.server.views.page as e;"
         "print(redis_stats.__file__);"
         "print(sorted(e.value for e in m.entry_points(group='vllm.stat_logger_plugins')));"
         "print(len(s.load_script('flush')) > 1000, e.live_page().startswith(b'<!doctype html>'))"

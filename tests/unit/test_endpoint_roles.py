@@ -79,7 +79,11 @@ def test_a_role_may_select_series_by_label_as_tensorrt_llms_do():
     engines = list(snap.engines.values())
     waiting, running = TRTLLM_ROLES[0], TRTLLM_ROLES[1]
     assert aggregate(snap, waiting, engines) == ({"request_type": "waiting"}, 3.0)
-    assert aggregate(snap, running, engines) == ({"request_type": "scheduled"}, 5.0)
+    # engine 1 has no "scheduled" series: not engine 0's 5 as the endpoint's (issue 39)
+    from redis_stats.endpoints import NO_SERIES, Withheld
+
+    assert aggregate(snap, running, engines) == Withheld("nv_trt_llm_request_metrics", 1, NO_SERIES)
+    assert aggregate(snap, running, engines[:1]) == ({"request_type": "scheduled"}, 5.0)
 
 
 def test_an_unknown_role_is_refused_naming_the_known_ones():
@@ -94,3 +98,21 @@ def test_a_role_given_to_a_counter_family_makes_no_series():
     cat.counter("waiting", "Not a gauge.")
     snap = Snapshot(0.0, {0: EngineSnapshot(0, 0.0, 0.0, True, gauges={("waiting", ()): 3.0})}, {}, cat)
     assert aggregate(snap, FamilyRole("waiting", WAITING), list(snap.engines.values())) is None
+
+
+def test_a_live_engine_without_a_number_of_a_family_withholds_it_and_says_which():
+    from redis_stats.endpoints import NO_SERIES, NOT_A_NUMBER, Withheld
+
+    snap = snapshot(
+        {
+            0: {("waiting", ("m", "a")): 3.0, ("kv", ("m",)): 0.5, ("cache", ("16", "100")): 1.0},
+            1: {("kv", ("m",)): float("nan")},  # no waiting yet, its KV usage no number
+        }
+    )
+    engines = list(snap.engines.values())
+    assert aggregate(snap, FamilyRole("waiting", WAITING), engines) == Withheld("waiting", 1, NO_SERIES)
+    assert aggregate(snap, FamilyRole("kv", KV_USAGE), engines) == Withheld("kv", 1, NOT_A_NUMBER)
+    assert aggregate(snap, FamilyRole("cache", CACHE_CONFIG), engines) == Withheld("cache", 1, NO_SERIES)
+    # the engine that has it alone: its number (nothing withheld)
+    alone = aggregate(snap, FamilyRole("waiting", WAITING), engines[:1])
+    assert alone == ({"model_name": "m", "pod": "a"}, 3.0)

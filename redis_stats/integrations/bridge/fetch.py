@@ -162,7 +162,7 @@ def _tls(sock: socket.socket, host: str, deadline: float) -> ssl.SSLSocket:
 
 class _DeadlineReader(io.RawIOBase):
     """A socket's input where each receive waits at most until one deadline (the exporter reads
-    its requests the same way: ``prometheus/exporter.py`` ``_RequestReader``). *raw*, the
+    its requests the same way: ``server/http.py`` ``_RequestReader``). *raw*, the
     socket's ``SocketIO``, is held (and closed with this) only to keep the socket open."""
 
     def __init__(self, raw: Any, sock: socket.socket, deadline: float) -> None:

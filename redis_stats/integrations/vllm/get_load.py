@@ -24,7 +24,7 @@ included.
 Cost and freshness: one answer is kept :data:`TTL` seconds, so however many routers poll, one
 process reads Redis at most once per :data:`TTL`: a load-feed read of the endpoint's engines
 (which engines those are: a read of the namespace's load feed at most every
-``redis_stats.prometheus.endpoints.MAP_TTL`` seconds). The read runs in a thread of its own,
+``redis_stats.server.views.endpoints.MAP_TTL`` seconds). The read runs in a thread of its own,
 never on vLLM's event loop; concurrent requests wait for the one read in flight.
 
 What it never answers is a wrong number: Redis unreachable, the endpoint unknown to Redis, no
@@ -48,9 +48,10 @@ from urllib.parse import parse_qs
 from redis_stats.config import StatsConfig, redact
 from redis_stats.errors import error_kind
 from redis_stats.load import EngineLoad, LoadView
-from redis_stats.prometheus.endpoints import EndpointViews, UnknownEndpoint
 from redis_stats.reader import StatsReader
 from redis_stats.server.views import smg
+from redis_stats.server.views.endpoints import EndpointMap, UnknownEndpoint
+from redis_stats.server.views.get_load import PATH, endpoint_answer
 
 __all__ = [
     "PATH",
@@ -64,9 +65,6 @@ __all__ = [
     "rank_list_answer",
     "register_config",
 ]
-
-PATH = "/get_load"
-"""The route vllm-router and sglang-router poll on each worker."""
 
 SMG_PATH = smg.PATH
 """The route SGLang's model gateway asks each worker first (``/v1/loads``)."""
@@ -146,7 +144,7 @@ class EndpointLoad:
         # The map (which engines the endpoint has: the whole namespace's load feed) on a reader of
         # its own: a reader plans each read from its last one, and the two reads' plans differ.
         mapper = StatsReader(config, client=self.reader.client)
-        self.views = EndpointViews(mapper, (), self_endpoint=config.endpoint)
+        self.views = EndpointMap(mapper, self_endpoint=config.endpoint)
 
     def answer(self) -> tuple[int, dict[str, Any]]:
         """``200`` with ``{"load": N, ...}``, or ``503`` with ``error`` and ``detail`` (never raises)."""
@@ -176,40 +174,6 @@ class EndpointLoad:
         if len(mine) < len(view.engines):
             self.views.forget()  # an engine is served behind another endpoint now: map it again
         return EndpointRead(endpoint, mine, view.time)
-
-
-def endpoint_answer(endpoint: str, mine: list[EngineLoad]) -> tuple[int, dict[str, Any]]:
-    """(HTTP status, document) of ``/get_load`` for *endpoint* whose engines' loads are *mine*."""
-    live = [e for e in mine if e.up]
-    down = [e.engine for e in mine if not e.up]
-    if not live:
-        return 503, {
-            "error": "endpoint_down",
-            "detail": f"no engine of endpoint {endpoint!r} is up (engines {down} are down): "
-            "its load is not known",
-            "endpoint": endpoint,
-        }
-    silent = [e.engine for e in live if not _counted(e)]
-    running = sum(e.requests_running or 0.0 for e in live)
-    waiting = sum(e.requests_waiting or 0.0 for e in live)
-    if silent or not math.isfinite(running + waiting):  # counts past the float range: none
-        return 503, {
-            "error": "no_load",
-            "detail": f"engines {silent or [e.engine for e in live]} of endpoint {endpoint!r} report "
-            "no finite requests running or waiting (a writer without the load feed, or no step "
-            "recorded yet)",
-            "endpoint": endpoint,
-        }
-    return 200, {
-        # An integer: vllm-router reads it with as_i64, which reads 5.0 as nothing.
-        "load": round(running + waiting),
-        "running": round(running),
-        "waiting": round(waiting),
-        "endpoint": endpoint,
-        "engines": [e.engine for e in live],
-        "engines_down": down,
-        "age_seconds": round(max(e.age_seconds for e in live), 3),
-    }
 
 
 def rank_list_answer(endpoint: str, mine: list[EngineLoad]) -> tuple[int, Any]:
@@ -244,11 +208,6 @@ def rank_list_answer(endpoint: str, mine: list[EngineLoad]) -> tuple[int, Any]:
             }
         )
     return 200, ranks
-
-
-def _counted(load: EngineLoad) -> bool:
-    values = (load.requests_running, load.requests_waiting)
-    return all(v is not None and math.isfinite(v) for v in values)
 
 
 def _body(status: int, doc: Any) -> tuple[int, bytes]:

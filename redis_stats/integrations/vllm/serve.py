@@ -30,7 +30,7 @@ from redis_stats.integrations.vllm.roles import VLLM_ROLES
 from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
 
 if TYPE_CHECKING:
-    from redis_stats.prometheus.exporter import Exporter
+    from redis_stats.server import Exporter
 
 __all__ = ["DEFAULT_ADDR", "VIEWS", "maybe_serve", "view_engines"]
 
@@ -61,8 +61,8 @@ def maybe_serve(config: StatsConfig, catalog: Catalog, own_engines: Sequence[int
     raw = PORT.get()
     if not raw:
         return None
-    from redis_stats.prometheus.exporter import Exporter
     from redis_stats.reader import StatsReader
+    from redis_stats.server import Exporter
 
     port = raw.strip()
     if not (port.isascii() and port.isdigit() and int(port) <= 65535):

@@ -5,7 +5,7 @@ Injected into the exporter (``Exporter(summary=VLLM_FLEET_SUMMARY)``) so the cor
 
 from __future__ import annotations
 
-from redis_stats.prometheus.recent import FleetSummary
+from redis_stats.server.views.window import FleetSummary
 
 __all__ = ["VLLM_FLEET_SUMMARY"]
 

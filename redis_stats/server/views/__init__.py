@@ -1,1 +1,1 @@
-"""The views the server routes to: each a function of (a read of the store, the parsed query)."""
+"""The views of the server, one module per path (the route table: redis_stats.server.app)."""

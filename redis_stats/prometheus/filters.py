@@ -1,17 +1,8 @@
-"""Bounded scrapes: a slice of the fleet per target, families by name, label values capped.
+"""Cutting a Prometheus text down: samples by name, families, the engine label; long label values.
 
-``/metrics?slice=i/N`` serves the engines ``e % N == i`` only, read from Redis by ``read.lua``'s
-own choice (one round trip; the other engines' hashes are never read), so one exporter can be
-scraped as N Prometheus targets (``params: {slice: [i/N]}``) and no scrape grows with the whole
-fleet. The N slices hold every engine exactly once; the fleet-wide self-metrics (every writer's
-``redis_stats_writer_*``) are in slice 0 only; each scrape's own self-metrics
-(:data:`PER_SCRAPE`: ``redis_stats_up``, ``redis_stats_namespace_info``, ``redis_stats_read_*``,
-the skipped fields of that read, the exporter's ``redis_stats_exporter_*``, ``process_*``,
-``python_*``) are in every slice, about that scrape.
-
-``name[]=<sample name>`` (repeatable) keeps only those samples, with their families' ``# HELP``
-and ``# TYPE``, as prometheus_client's own server does; a family name (the name in ``# TYPE``)
-keeps the whole family.
+``name[]=<sample name>`` (repeatable, on ``/metrics``) keeps only those samples, with their
+families' ``# HELP`` and ``# TYPE``, as prometheus_client's own server does; a family name (the
+name in ``# TYPE``) keeps the whole family (:func:`select_samples`).
 
 A label value longer than the reader's ``max_label_length`` (the writer's cap too, default 1,024
 characters: a writer never stores a longer one, but a writer configured otherwise, or garbage,
@@ -20,29 +11,30 @@ values stay two series), and counted in ``redis_stats_label_values_replaced``: o
 megabytes can never make a scrape megabytes long. The series' values are replaced where a read
 is decoded (``short_label``, once per names field), so every view shows the same; the
 self-metrics' (writer ids, kinds, from the writers' stats hashes) by :func:`cap_families`.
+
+``/metrics?slice=i/N`` serves the engines ``e % N == i`` only; the fleet-wide self-metrics (every
+writer's ``redis_stats_writer_*``) are in slice 0 only; each scrape's own self-metrics
+(:data:`PER_SCRAPE`) are in every slice, about that scrape.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from urllib.parse import parse_qs
 
 from prometheus_client.core import Metric
 
 from redis_stats._core.groups import KEPT_CHARACTERS, short_label
-from redis_stats._core.slices import MAX_SLICES, EngineSlice
 from redis_stats.prometheus.exposition import label_pairs
 
 __all__ = [
-    "MAX_SLICES",
     "PER_SCRAPE",
-    "EngineSlice",
-    "ScrapeQuery",
     "cap_families",
-    "parse_query",
+    "family_of",
+    "replaced_text",
     "select_samples",
     "short_label",
+    "without_engine_label",
+    "without_families",
 ]
 
 # Families every slice carries, each about its own scrape (prefixes of family names).
@@ -56,48 +48,6 @@ PER_SCRAPE = (
     "process_",
     "python_",
 )
-
-
-@dataclass(frozen=True)
-class ScrapeQuery:
-    """What a request's query string asks for: a slice, and sample names (None: all)."""
-
-    slice: EngineSlice | None = None
-    names: frozenset[str] | None = None
-    endpoint: str | None = None
-    """``?endpoint=<id>``: that endpoint's view (redis_stats/prometheus/endpoints.py)."""
-    engine: int | None = None
-    """``?engine=<n>``: that engine's view, without the ``engine`` label."""
-
-
-def parse_query(query: str) -> ScrapeQuery:
-    """The ``slice`` and ``name[]`` parameters of a query string; ValueError naming a bad one."""
-    params = parse_qs(query, keep_blank_values=True)
-    found = params.get("slice", [])
-    if len(found) > 1:
-        raise ValueError(f"slice given {len(found)} times ({found}); give one i/N")
-    part = EngineSlice.parse(found[0]) if found else None
-    names = params.get("name[]")
-    endpoint, engine = _one(params, "endpoint"), _one(params, "engine")
-    if engine is not None and not (engine.isascii() and engine.isdigit() and str(int(engine)) == engine):
-        raise ValueError(f"engine={engine!r} is not an engine index (a decimal integer, e.g. engine=3)")
-    if sum(x is not None for x in (part, endpoint, engine)) > 1:
-        raise ValueError("give one of slice, endpoint and engine: each is a view of its own")
-    if endpoint is not None:
-        from redis_stats.prometheus.endpoints import endpoint_param
-
-        endpoint = endpoint_param(endpoint)
-    return ScrapeQuery(
-        part, frozenset(names) if names is not None else None, endpoint, int(engine) if engine else None
-    )
-
-
-def _one(params: dict[str, list[str]], name: str) -> str | None:
-    """The one value of *name* in *params* (None: not given); ValueError when given twice."""
-    found = params.get(name, [])
-    if len(found) > 1:
-        raise ValueError(f"{name} given {len(found)} times ({found}); give one")
-    return found[0] if found else None
 
 
 def _family_name(line: str) -> str:
@@ -148,6 +98,20 @@ def select_samples(text: str, names: Iterable[str]) -> str:
                 header = []
             out.append(line)
     return "\n".join(out) + "\n" if out else ""
+
+
+def without_families(text: str, names: frozenset[str]) -> str:
+    """*text* without the lines of the families *names* (gauges: their samples carry their name)."""
+    if not names:
+        return text
+    return "".join(line for line in text.splitlines(keepends=True) if family_of(line) not in names)
+
+
+def without_engine_label(text: str, engine: int) -> str:
+    """*text* with ``engine="<engine>"`` taken out of every label set (a value holding that text
+    is escaped, ``\\"``: never matched)."""
+    label = f'engine="{engine}"'
+    return text.replace("{" + label + "}", "").replace("{" + label + ",", "{").replace("," + label, "")
 
 
 REPLACED = "redis_stats_label_values_replaced"

@@ -12,7 +12,10 @@ whose writers stored that endpoint (redis_stats/_core/liveness.py, ``endpoint_of
   endpoint's live engines by the family's role; every other family as ``/metrics`` shows it (with
   ``engine``), for the endpoint's engines only; ``redis_stats_endpoint_up`` 1, or 0 when no
   engine of it is up (then none of the protocol families is served: a router reading them reads
-  "nothing known", not a zero). ``?endpoint=self`` on the view inside a vLLM pod: its own.
+  "nothing known", not a zero). A protocol family some live engine has no number of (not
+  reported yet, NaN) is not served either: ``redis_stats_endpoint_withheld{family,engine,reason}``
+  says which engine and why (``redis_stats.endpoints``, the rule ``/get_load`` follows).
+  ``?endpoint=self`` on the view inside a vLLM pod: its own.
 - ``/metrics?engine=<n>``: one engine's view, every family without the ``engine`` label (for a
   router that addresses each data-parallel rank as an endpoint of its own).
 
@@ -22,11 +25,15 @@ read again at once when a view's read finds one of them served behind another en
 endpoint asked for is not in it; the engines' series and states come from the view's own read,
 one consistent read of those engines, which decides who is live. The plain ``/metrics`` scrape
 does none of this.
+
+Each endpoint or engine asked for has a reader and a renderer of its own (its plan, caches and
+text), kept by the server as any per-parameter state: bounded in bytes, dropped when idle
+(:mod:`redis_stats.server.kept`). A thousand distinct endpoints asked once cost at most the view
+budget, and nothing a minute later.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -37,28 +44,40 @@ from prometheus_client.utils import floatToGoString
 from redis_stats._core.decoder import Decoded
 from redis_stats._core.liveness import DOWN
 from redis_stats.catalog import GAUGE
-from redis_stats.endpoints import FamilyRole, aggregate
+from redis_stats.config import is_endpoint, redact
+from redis_stats.endpoints import FamilyRole, Withheld, aggregate
+from redis_stats.errors import error_kind
 from redis_stats.load import LoadView
+from redis_stats.prometheus.collector import RedisCollector
 from redis_stats.prometheus.exposition import TextRenderer, label_pairs
-from redis_stats.prometheus.slices import family_of
+from redis_stats.prometheus.filters import without_families
 from redis_stats.reader import SNAPSHOT_LEAN, StatsReader
+from redis_stats.server.http import HTTPError, Request, Response, json_response
+from redis_stats.server.source import Source
 
 if TYPE_CHECKING:
-    from redis_stats.prometheus.collector import RedisCollector
-    from redis_stats.prometheus.slices import ScrapeQuery
+    from redis_stats.server.app import App
 
 __all__ = [
     "ENDPOINT_UP",
     "MAP_TTL",
+    "EndpointMap",
     "EndpointRenderer",
-    "EndpointViews",
     "UnknownEndpoint",
+    "answer",
+    "endpoint_param",
     "endpoints_document",
+    "view_collector",
 ]
 
 ENDPOINT_UP = "redis_stats_endpoint_up"
 ENDPOINT_UP_HELP = (
     "1 when at least one engine of this endpoint is up (its protocol families are served), else 0."
+)
+WITHHELD = "redis_stats_endpoint_withheld"
+WITHHELD_HELP = (
+    "Protocol families of this view not served as one series: a live engine has none of it "
+    "(no_series) or no number (not_a_number); its total would be another engines' partial sum."
 )
 
 MAP_TTL = 10.0
@@ -71,6 +90,13 @@ again."""
 
 SELF = "self"
 """``?endpoint=self``: the endpoint of the process serving the view (the in-pod view's)."""
+
+# What one view's reader and renderer hold beyond its packed read, and per character of its last
+# text (the renderer's kept heads and text plan, the decoder's layouts): measured with tracemalloc
+# at 4 engines of the vLLM catalogue, ~370 KB for a 156 KB text (tests/server/test_kept_views.py
+# keeps the estimate within 1.5x of the truth, never under it by more than a quarter).
+VIEW_BYTES = 64 * 1024
+VIEW_BYTES_PER_CHARACTER = 2
 
 
 class UnknownEndpoint(LookupError):
@@ -99,20 +125,6 @@ def endpoints_document(view: LoadView, namespace: str | None = None) -> dict[str
     doc["endpoints"] = dict(sorted(endpoints.items()))
     doc["unassigned"] = unassigned
     return doc
-
-
-def without_families(text: str, names: frozenset[str]) -> str:
-    """*text* without the lines of the families *names* (gauges: their samples carry their name)."""
-    if not names:
-        return text
-    return "".join(line for line in text.splitlines(keepends=True) if family_of(line) not in names)
-
-
-def without_engine_label(text: str, engine: int) -> str:
-    """*text* with ``engine="<engine>"`` taken out of every label set (a value holding that text
-    is escaped, ``\\"``: never matched)."""
-    label = f'engine="{engine}"'
-    return text.replace("{" + label + "}", "").replace("{" + label + ",", "{").replace("," + label, "")
 
 
 class EndpointRenderer:
@@ -156,75 +168,72 @@ class EndpointRenderer:
         head = dict(self.labels)
         if self.endpoint is not None:
             head["endpoint"] = self.endpoint
-        parts.append(
-            "# HELP "
-            + ENDPOINT_UP
-            + " "
-            + ENDPOINT_UP_HELP
-            + "\n# TYPE "
-            + ENDPOINT_UP
-            + " gauge\n"
-            + ENDPOINT_UP
-            + _braces(head)
-            + " "
-            + ("1" if live else "0")
-            + "\n"
-        )
+        parts.append(_gauge_header(ENDPOINT_UP, ENDPOINT_UP_HELP) + ENDPOINT_UP + _braces(head))
+        parts.append(" " + ("1" if live else "0") + "\n")
         return "".join(parts)
 
     def _protocol(self, snap: Any, live: list[Any]) -> str:
-        """The protocol families over *live*, one ``# HELP``/``# TYPE`` per family."""
+        """The protocol families over *live*, one ``# HELP``/``# TYPE`` per family, then the
+        families withheld."""
         by_family: OrderedDict[str, list[str]] = OrderedDict()
+        withheld: list[Withheld] = []
         for role in self.roles:
             found = aggregate(snap, role, live)
             if found is None:
+                continue
+            if isinstance(found, Withheld):
+                withheld.append(found)
                 continue
             labels, value = found
             line = role.family + _braces({**self.labels, **labels}) + " " + floatToGoString(value) + "\n"
             by_family.setdefault(role.family, []).append(line)
         out = []
         for family, lines in by_family.items():
+            if any(w.family == family for w in withheld):  # one role of it withheld: none of it
+                continue
             spec = snap.catalog.get(family)
             help_text = (spec.help if spec is not None else family).replace("\\", "\\\\").replace("\n", "\\n")
             out.append("# HELP " + family + " " + help_text + "\n# TYPE " + family + " gauge\n")
             out += lines
+        if withheld:
+            out.append(_gauge_header(WITHHELD, WITHHELD_HELP))
+            for w in withheld:
+                labels = {**self.labels, "family": w.family, "engine": str(w.engine), "reason": w.reason}
+                out.append(WITHHELD + _braces(labels) + " 1\n")
         return "".join(out)
+
+
+def _gauge_header(name: str, help_text: str) -> str:
+    return "# HELP " + name + " " + help_text + "\n# TYPE " + name + " gauge\n"
 
 
 def _braces(labels: dict[str, str]) -> str:
     return "{" + label_pairs(labels) + "}" if labels else ""
 
 
-class EndpointViews:
-    """The endpoint views of one namespace's exporter: which engines each endpoint has (a
-    load-feed read kept :data:`MAP_TTL` seconds), and a collector per endpoint or engine asked
-    for (at most :attr:`MAX_VIEWS`: its own reader, so its plan and caches are its own)."""
+class EndpointMap:
+    """Which engines each endpoint of one namespace has: a load-feed read of *reader* kept
+    :data:`MAP_TTL` seconds (read again sooner for an endpoint or engine not in it, at most every
+    :data:`MISS_REREAD` seconds). *self_endpoint* is what ``?endpoint=self`` names."""
 
-    MAX_VIEWS = 1024
-
-    def __init__(
-        self,
-        reader: StatsReader,
-        roles: Sequence[FamilyRole],
-        *,
-        labels: dict[str, str] | None = None,
-        self_endpoint: str | None = None,
-        namespace_label: bool = False,
-    ) -> None:
+    def __init__(self, reader: StatsReader, *, self_endpoint: str | None = None) -> None:
         self.reader = reader
-        self.roles = tuple(roles)
-        self.labels = dict(labels or {})
         self.self_endpoint = self_endpoint
-        self.namespace_label = namespace_label
-        self._lock = threading.Lock()
         self._map: tuple[float, LoadView] | None = None
-        self._views: OrderedDict[tuple[str, str], RedisCollector] = OrderedDict()
+
+    @classmethod
+    def of(cls, source: Source) -> EndpointMap:
+        """The map of *source*'s namespace (a view state): a reader of its own, whose reads of
+        the whole namespace would otherwise replace the load feed's plan of its engines."""
+        return cls(source.new_reader(), self_endpoint=source.options.self_endpoint)
+
+    @property
+    def namespace(self) -> str:
+        """The namespace mapped."""
+        return self.reader.config.namespace
 
     def load_view(self, max_age: float = MAP_TTL) -> LoadView:
-        """The namespace's load-feed read, kept while at most *max_age* seconds old: the map
-        (:data:`MAP_TTL`), or, for an endpoint or engine not in it (a new one since?),
-        :data:`MISS_REREAD`, so a client asking again and again for one that does not exist
-        does not make every request a read of the whole namespace."""
+        """The namespace's load-feed read, kept while at most *max_age* seconds old."""
         kept = self._map
         now = time.monotonic()
         if kept is not None and now - kept[0] < max_age:
@@ -241,28 +250,7 @@ class EndpointViews:
         """``/endpoints``: from a fresh load-feed read (it also refreshes the map)."""
         view = self.reader.load()
         self._map = (time.monotonic(), view)
-        return endpoints_document(view, self.reader.config.namespace)
-
-    def answer(self) -> tuple[int, dict[str, Any]]:
-        """(HTTP status, document) of ``/endpoints``: :meth:`document`, or ``503`` with the
-        reason when Redis cannot be read."""
-        from redis_stats.config import redact
-        from redis_stats.errors import error_kind
-
-        try:
-            return 200, self.document()
-        except Exception as exc:
-            return 503, {"error": error_kind(exc), "detail": redact(str(exc), self.reader.config.url)}
-
-    def collector_of(self, query: ScrapeQuery, *, several: bool = False) -> RedisCollector:
-        """The collector of a ``/metrics`` query's ``endpoint`` or ``engine`` (*several*: the
-        exporter serves several namespaces, and this is not one namespace's view: ValueError)."""
-        if several:
-            raise ValueError(
-                "an endpoint view is one namespace's: this exporter serves several, give "
-                "?namespace=NS (GET /namespaces lists them)"
-            )
-        return self.collector(endpoint=query.endpoint, engine=query.engine)
+        return endpoints_document(view, self.namespace)
 
     def resolve(self, endpoint: str) -> tuple[str, tuple[int, ...]]:
         """The endpoint *endpoint* names (``self``: this process's) and its engines;
@@ -274,66 +262,92 @@ class EndpointViews:
                     "none (set REDIS_STATS_ENDPOINT, or run the view inside vLLM); GET /endpoints lists them"
                 )
             endpoint = self.self_endpoint
-        view = self.load_view()
-        engines = tuple(sorted(e for e, load in view.engines.items() if load.endpoint == endpoint))
+        engines = self._engines_of(endpoint, self.load_view())
         if not engines:
-            view = self.load_view(MISS_REREAD)  # a new endpoint since the kept read?
-            engines = tuple(sorted(e for e, load in view.engines.items() if load.endpoint == endpoint))
+            engines = self._engines_of(endpoint, self.load_view(MISS_REREAD))  # a new endpoint since?
         if not engines:
             raise UnknownEndpoint(
-                f"no engine of namespace {self.reader.config.namespace!r} is served behind endpoint "
+                f"no engine of namespace {self.namespace!r} is served behind endpoint "
                 f"{endpoint!r} (GET /endpoints lists them)"
             )
         return endpoint, engines
+
+    @staticmethod
+    def _engines_of(endpoint: str, view: LoadView) -> tuple[int, ...]:
+        return tuple(sorted(e for e, load in view.engines.items() if load.endpoint == endpoint))
 
     def check_engine(self, engine: int) -> None:
         """:class:`UnknownEndpoint` when the namespace lists no engine *engine*."""
         if engine not in self.load_view().engines and engine not in self.load_view(MISS_REREAD).engines:
             raise UnknownEndpoint(
-                f"namespace {self.reader.config.namespace!r} has no engine {engine} "
-                "(GET /endpoints lists them)"
+                f"namespace {self.namespace!r} has no engine {engine} (GET /endpoints lists them)"
             )
 
-    def collector(self, *, endpoint: str | None = None, engine: int | None = None) -> RedisCollector:
-        """The collector of ``?endpoint=`` or ``?engine=`` (made on first use, kept)."""
-        from redis_stats.prometheus.collector import RedisCollector
-
-        if endpoint is not None:
-            name, engines = self.resolve(endpoint)
-            key = ("endpoint", name)
-        else:
-            assert engine is not None
-            self.check_engine(engine)
-            name, engines, key = "", (engine,), ("engine", str(engine))
-        with self._lock:
-            found = self._views.get(key)
-            if found is not None and found.engines == engines:
-                self._views.move_to_end(key)
-                return found
-            reader = StatsReader(self.reader.config, self.reader.catalog, client=self.reader.client)
-            reader.snapshot_fetch = SNAPSHOT_LEAN  # no writer self-metrics shown: read none
-            made = RedisCollector(
-                reader,
-                engines=engines,
-                writers=False,
-                namespace_label=self.namespace_label,
-                renderer=lambda labels: EndpointRenderer(
-                    self.roles, labels, endpoint=name or None, moved=self.forget
-                ),
-            )
-            self._views[key] = made
-            while len(self._views) > self.MAX_VIEWS:
-                self._views.popitem(last=False)
-            return made
+    def close(self) -> None:
+        """Nothing runs."""
 
 
-def endpoint_param(value: str) -> str:
-    """A ``?endpoint=`` value checked (ValueError naming it when it cannot be an endpoint id)."""
-    from redis_stats.config import is_endpoint
+class _View:
+    """One endpoint's (or engine's) collector, kept by the server: its reader and renderer."""
 
-    if value != SELF and not is_endpoint(value):
-        raise ValueError(
+    def __init__(
+        self, source: Source, name: str, engines: tuple[int, ...], moved: Callable[[], None]
+    ) -> None:
+        self.reader = reader = source.new_reader()
+        reader.snapshot_fetch = SNAPSHOT_LEAN  # no writer self-metrics shown: read none
+        self.engines = engines
+        self.size = 0
+        roles = source.options.roles
+        self.collector = RedisCollector(
+            reader,
+            engines=engines,
+            writers=False,
+            namespace_label=bool(source.labels),
+            renderer=lambda labels: EndpointRenderer(roles, labels, endpoint=name or None, moved=moved),
+        )
+
+    def kept_bytes(self) -> int:
+        """An estimate of its reader's and renderer's bytes, from its last text's size."""
+        return VIEW_BYTES + self.reader.packed_bytes + VIEW_BYTES_PER_CHARACTER * self.size
+
+    def close(self) -> None:
+        """Nothing runs (its client is the namespace's: never closed here)."""
+
+
+def view_collector(source: Source, endpoint: str | None, engine: int | None) -> tuple[RedisCollector, Any]:
+    """The collector of ``?endpoint=`` or ``?engine=`` of *source*'s namespace, and the kept
+    entry to tell its text's size (:func:`note_size`); :class:`UnknownEndpoint` when the
+    namespace has no such endpoint or engine."""
+    mapping = source.state(EndpointMap.of)
+    if endpoint is not None:
+        name, engines = mapping.resolve(endpoint)
+        key: tuple[str, str] = ("endpoint", name)
+    else:
+        assert engine is not None
+        mapping.check_engine(engine)
+        name, engines, key = "", (engine,), ("engine", str(engine))
+    kept = source.kept("endpoint_view", (*key, engines), lambda: _View(source, name, engines, mapping.forget))
+    return kept.collector, kept
+
+
+def endpoint_param(value: str | None) -> str | None:
+    """A ``?endpoint=`` value checked: a ``400`` naming it when it cannot be an endpoint id."""
+    if value is not None and value != SELF and not is_endpoint(value):
+        raise HTTPError(
+            400,
             f"endpoint={value!r} is not an endpoint id (1-128 of A-Z a-z 0-9 . _ - / : [ ] @, or 'self'); "
-            "GET /endpoints lists them"
+            "GET /endpoints lists them",
         )
     return value
+
+
+def answer(app: App, request: Request) -> Response:
+    """``/endpoints`` of the request's namespace, or ``503`` with the reason when Redis cannot
+    be read."""
+    source = app.source(request)
+    mapping = source.state(EndpointMap.of)
+    try:
+        return json_response(200, mapping.document())
+    except Exception as exc:
+        detail = redact(str(exc), source.reader.config.url)
+        return json_response(503, {"error": error_kind(exc), "detail": detail})

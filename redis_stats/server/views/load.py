@@ -30,19 +30,22 @@ import math
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis_stats._core.background import survive, survived
 from redis_stats.config import redact
 from redis_stats.errors import error_kind
 from redis_stats.load import LoadView
 from redis_stats.reader import EngineSlice, StatsReader
+from redis_stats.server.http import GZIP_LEVEL, HTTPError, Request, Response
+from redis_stats.server.source import Source
 
-__all__ = ["LoadBody", "LoadFeed"]
+if TYPE_CHECKING:
+    from redis_stats.server.app import App
+
+__all__ = ["LoadBody", "LoadFeed", "SliceBody", "answer", "feed_of", "if_none_match"]
 
 log = logging.getLogger("redis_stats.exporter")
-
-GZIP_LEVEL = 6
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,24 @@ class LoadBody:
     etag: str
     refreshed: float
     """Server time (s) of the last refresh that confirmed this body (0 when none did)."""
+
+
+class SliceBody:
+    """The kept body of one selection of the view (a ``?slice=``): (generation, body), one store
+    each; kept by the server per slice asked (bounded in bytes, dropped when idle)."""
+
+    __slots__ = ("kept",)
+
+    def __init__(self) -> None:
+        self.kept: tuple[int, LoadBody] | None = None
+
+    def kept_bytes(self) -> int:
+        """Its body's bytes, plain and gzipped."""
+        kept = self.kept
+        return 0 if kept is None else len(kept[1].body) + len(kept[1].gzipped)
+
+    def close(self) -> None:
+        """Nothing runs."""
 
 
 def _encode(status: int, doc: dict[str, Any], etag: str, refreshed: float) -> LoadBody:
@@ -139,8 +160,7 @@ class LoadFeed:
         self._good = -math.inf  # monotonic time of the last successful refresh
         self._asked = 0.0  # monotonic time of the last request
         self._generation = 0
-        # selection key -> (generation, its LoadBody); "" is the whole view
-        self._bodies: dict[str, tuple[int, LoadBody]] = {}
+        self._whole = SliceBody()  # the whole view's body (a slice's is kept by the caller)
         self.refreshes = 0
         self.failures = 0
 
@@ -153,13 +173,31 @@ class LoadFeed:
         """Whether the refresher thread runs (it stops after :attr:`idle` s without a request)."""
         return self._thread is not None
 
-    def answer(self, part: EngineSlice | None = None) -> LoadBody:
-        """The current body of slice *part* of the view (the whole view when None)."""
+    def answer(self, part: EngineSlice | None = None, kept: SliceBody | None = None) -> LoadBody:
+        """The current body of slice *part* of the view (the whole view when None); *kept*
+        holds a slice's body from one answer to the next (without it, built each time)."""
         if part is not None and self.only is not None:
             raise ValueError(
                 f"this exporter serves slice {self.only} only; ?slice= needs one of the whole fleet"
             )
-        key = "" if part is None else str(part)
+        holder = self._whole if part is None else kept or SliceBody()
+        current = self.current()
+        if isinstance(current, LoadBody):
+            return current
+        view, generation, refreshed = current
+        last = holder.kept
+        if last is not None and last[0] == generation:
+            return _confirmed(last[1], refreshed)
+        body = self._body_of(_selected(view, part), last, refreshed)
+        with self._lock:
+            if self._generation == generation:
+                holder.kept = (generation, body)
+        return body
+
+    def current(self) -> tuple[LoadView, int, float] | LoadBody:
+        """The newest view (with its generation and the server time of the refresh that last
+        confirmed it), or the ``503`` body saying why there is none (the refresher starts with
+        the first request: that one waits for a read)."""
         self._asked = time.monotonic()
         if self._thread is None and not self._stop.is_set():
             self._start()
@@ -169,16 +207,8 @@ class LoadFeed:
             age = time.monotonic() - self._good
             if age > self.max_age:
                 return self._stale(age)
-            view, generation, refreshed = self._view, self._generation, self._refreshed
-            kept = self._bodies.get(key)
-        if kept is not None and kept[0] == generation:
-            return _confirmed(kept[1], refreshed)
-        assert view is not None
-        body = self._body_of(_selected(view, part), kept, refreshed)
-        with self._lock:
-            if self._generation == generation:
-                self._bodies[key] = (generation, body)
-        return body
+            assert self._view is not None
+            return self._view, self._generation, self._refreshed
 
     def _stale(self, age: float) -> LoadBody:
         """The ``503`` of a view whose last successful refresh is *age* s old (no ETag: never a
@@ -241,7 +271,7 @@ class LoadFeed:
             self._view = view
             self._last_etag = etag
             self._generation += 1
-            self._bodies[""] = (self._generation, body)
+            self._whole.kept = (self._generation, body)
 
     def _failed(self, exc: Exception) -> None:
         """A refresh failed: every answer is a ``503`` saying why until one succeeds. Redis'
@@ -258,3 +288,51 @@ class LoadFeed:
             self._error = _encode(503, doc, "", 0.0)
             self._generation += 1
             self._last_etag = ""
+
+
+def feed_of(source: Source) -> LoadFeed:
+    """The ``/load`` feed of *source*'s namespace (a view state: one per namespace)."""
+    options = source.options
+    return LoadFeed(
+        source.reader,  # its plans are the load feed's own (a reader keeps one per feed)
+        refresh=options.load_refresh,
+        engines=None if options.engines is None else list(options.engines),
+        only=options.slice,
+        idle=options.load_idle,
+    )
+
+
+def if_none_match(request: Request, etag: str) -> bool:
+    """Whether the request's ``If-None-Match`` names *etag* (or ``*``): answer ``304``."""
+    wanted = request.header("If-None-Match")
+    return bool(etag) and (etag in (t.strip() for t in wanted.split(",")) or wanted.strip() == "*")
+
+
+def answer(app: App, request: Request) -> Response:
+    """``/load`` of the request's namespace (``?slice=i/N``: that slice): the feed's kept body (no
+    Redis read, no encoding here), or ``304`` when ``If-None-Match`` names its ETag."""
+    source = app.source(request)
+    feed = source.state(feed_of)
+    part = _slice_param(request)
+    try:
+        kept = None if part is None else source.kept("load_slice", str(part), SliceBody)
+        body = feed.answer(part, kept)
+    except ValueError as exc:
+        raise HTTPError(400, str(exc)) from None
+    headers = [("Cache-Control", "no-cache"), ("X-Load-Refreshed", f"{body.refreshed:.3f}")]
+    if body.etag:
+        headers.append(("ETag", body.etag))
+        if if_none_match(request, body.etag):
+            return Response(304, headers=tuple(headers))
+    zipped = request.gzip_ok
+    return Response(
+        body.status, body.gzipped if zipped else body.body, gzipped=zipped, headers=tuple(headers)
+    )
+
+
+def _slice_param(request: Request) -> EngineSlice | None:
+    text = request.one("slice")
+    try:
+        return None if text is None else EngineSlice.parse(text)
+    except ValueError as exc:
+        raise HTTPError(400, str(exc)) from None

@@ -1,0 +1,154 @@
+"""Exporter: the server of views over one Redis, on a port, from a thread or in the foreground.
+
+    GET /metrics        every engine's series (Prometheus text, or OpenMetrics when asked);
+                        ?slice=i/N, ?endpoint=<id>, ?engine=<n>, ?name[]=
+    GET /snapshot       the same as JSON, with rates and quantiles over a recent window
+    GET /load           every engine's load for routers (refreshed, ETag / If-None-Match -> 304)
+    GET /endpoints      every endpoint and its engines' states
+    GET /get_load       one endpoint's load as vllm-router polls it (?endpoint=<id>)
+    GET /healthz        200 when Redis answers, 503 with the reason otherwise
+    GET /namespaces     the namespaces served (one, or several: ?namespace= on every path)
+    GET /               the live page
+
+Each path is a view module of :mod:`redis_stats.server.views` (the route table is
+:data:`redis_stats.server.app.ROUTES`); the HTTP machinery (one deadline per request, a bound on
+connections, gzip, ``HEAD``) is :mod:`redis_stats.server.http`. Every answer is a function of the
+store's state, so any number of exporters over one store give the same (``/load``'s ``seq`` and
+``ETag``, the endpoint views): run several behind one Service (docs/kubernetes.md, "Running it
+highly available").
+
+Run it standalone (``redis-stats exporter``) or inside any process (:class:`Exporter`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from redis_stats._core.background import survive, survived
+from redis_stats.errors import error_kind
+from redis_stats.reader import StatsReader
+from redis_stats.server.app import App
+from redis_stats.server.http import Server
+from redis_stats.server.options import ServeOptions
+
+__all__ = ["Exporter"]
+
+log = logging.getLogger("redis_stats.exporter")
+
+UPKEEP_EVERY = 10.0
+"""Seconds between two sweeps of what the exporter keeps (entries idle past a minute go)."""
+
+
+class Exporter:
+    """Serves the views of *reader*'s store on *port* (``0``: a free one, see :attr:`port`).
+
+    The settings are :class:`~redis_stats.server.options.ServeOptions`' (by the same names, or
+    one *options*): *engines* or *slice* serve part of one namespace; *namespaces* or
+    *all_namespaces* several; *request_timeout* bounds a connection's request and each write of
+    its answer; at most *max_connections* are served at once (more get ``503`` with
+    ``Retry-After: 1``); *gc_interval* > 0 runs retention (``redis_stats.ops.retention``) that
+    often; *self_metrics* adds the exporter's own process and views to ``/metrics``.
+    """
+
+    def __init__(self, reader: StatsReader, options: ServeOptions | None = None, **settings: Any) -> None:
+        if options is not None and settings:
+            raise ValueError(f"give options= or settings ({', '.join(settings)}), not both")
+        self.options = options if options is not None else ServeOptions(**settings)
+        self.reader = reader
+        self.app = App(reader, self.options)
+        try:
+            self._server = Server(
+                (self.options.host, self.options.port),
+                self.app,
+                max_connections=self.options.max_connections,
+                request_timeout=self.options.request_timeout,
+            )
+        except BaseException:
+            self.app.close()
+            raise
+        self.app.refused = lambda: self._server.refused
+        self._thread: threading.Thread | None = None
+        self._serving = False  # serve_forever() runs (or is about to): close() must shut it down
+        self._stop = threading.Event()
+
+    @property
+    def port(self) -> int:
+        """The TCP port served."""
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        """Base URL of the server."""
+        host = self._server.server_address[0]
+        if isinstance(host, bytes):  # typeshed's type for any family; AF_INET gives str
+            host = host.decode()
+        return f"http://{host}:{self.port}"
+
+    def start(self) -> Exporter:
+        """Serve from a daemon thread."""
+        self._serving = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="redis_stats-exporter", daemon=True
+        )
+        self._thread.start()
+        self._start_upkeep()
+        return self
+
+    def serve_forever(self) -> None:
+        """Serve in the calling thread (until :meth:`close` from another thread, or Ctrl-C)."""
+        self._start_upkeep()
+        self._serving = True
+        self._server.serve_forever()
+
+    def close(self) -> None:
+        """Stop serving, the upkeep, and every namespace's background reads; also fine before
+        :meth:`start`."""
+        self._stop.set()
+        if self._serving:
+            # socketserver's shutdown() waits for serve_forever() to end: called on a server that
+            # never served, it would wait for ever.
+            self._server.shutdown()
+        self._server.server_close()
+        self.app.close()
+
+    # -- upkeep: what is kept, and retention ------------------------------------------------
+
+    def _start_upkeep(self) -> None:
+        threading.Thread(target=self._sweep_loop, name="redis_stats-kept", daemon=True).start()
+        # Retention on a timer: every exporter may run it; the gc lease lets one collect at a time.
+        if self.options.gc_interval > 0:
+            threading.Thread(target=self._gc_loop, name="redis_stats-gc", daemon=True).start()
+
+    def _sweep_loop(self) -> None:
+        while not self._stop.wait(UPKEEP_EVERY):
+            with survive("kept", log):
+                self.app.kept.sweep()
+
+    def _gc_loop(self) -> None:
+        while not self._stop.wait(self.options.gc_interval):
+            # Every namespace served, asked for or not: retention is the store's upkeep.
+            with survive("gc", log):  # the list of namespaces (a SCAN) handles its own failures
+                for namespace in self.app.sources.served():
+                    if self._stop.is_set():
+                        break
+                    self._collect_once(namespace)
+
+    def _collect_once(self, namespace: str) -> None:
+        """One round of retention of *namespace*: a failure costs this round only."""
+        from redis_stats.ops.retention import collect_garbage
+
+        try:
+            result = collect_garbage(self.reader.config.replace(namespace=namespace))
+            for prefix, why in result.failed.items():
+                log.warning("gc could not collect keys %s* of the namespace: %s", prefix, why)
+            if result.engines or result.writers:
+                log.info(
+                    "gc removed engines %s and %d writers past retention", result.engines, len(result.writers)
+                )
+        except Exception as exc:  # Redis away: the next round tries again; anything else counted
+            if error_kind(exc) != "other":
+                log.debug("gc round failed: %s", exc)
+            else:
+                survived("gc", exc, log)

@@ -1,0 +1,128 @@
+"""ServeOptions: how an exporter serves, checked once when it is made (the first bad value named)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis_stats.config import is_namespace
+from redis_stats.endpoints import FamilyRole
+from redis_stats.reader import EngineSlice
+from redis_stats.server.views.window import WINDOW_BUDGET, FleetSummary, summary_problems
+
+__all__ = ["MAX_NAMESPACES", "VIEW_BUDGET", "VIEW_IDLE", "ServeOptions"]
+
+MAX_NAMESPACES = 64
+"""The most namespaces one exporter serves by default (``--max-namespaces``)."""
+
+VIEW_BUDGET = 256 * 2**20
+"""Bytes the exporter may keep for requests' parameters by default (``--view-budget``): readers
+and renderers of slices and endpoints, ``/load`` bodies of slices (redis_stats/server/kept.py)."""
+
+VIEW_IDLE = 60.0
+"""Seconds an entry kept for a request's parameter stays after its last use (``--view-idle``)."""
+
+LOAD_IDLE = 60.0
+"""Seconds without a request after which the ``/load`` refresher stops (the next starts it)."""
+
+
+def _whole(name: str, value: Any, least: int, why: str, unit: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name}={value!r} must be a whole number{unit} >= {least} ({why})")
+
+
+def _seconds(name: str, value: Any, why: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ValueError(f"{name}={value!r} must be a positive number of seconds ({why})")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Every setting of an exporter (``redis-stats exporter``'s options, docs/cli.md).
+
+    *engines* or *slice* limit it to part of one namespace; *namespaces* or *all_namespaces*
+    make it serve several (``?namespace=`` picks one). *roles* declare the endpoint views' one
+    series per family; *self_endpoint* is what ``?endpoint=self`` names; *summary* names fleet
+    figures of ``/snapshot``. *self_metrics* adds the exporter's own process to ``/metrics``.
+    """
+
+    engines: Sequence[int] | None = None
+    slice: EngineSlice | None = None
+    host: str = "127.0.0.1"
+    port: int = 9400
+    gc_interval: float = 0.0
+    request_timeout: float = 10.0
+    max_connections: int = 64
+    window: float = 30.0
+    window_budget: int = WINDOW_BUDGET
+    view_budget: int = VIEW_BUDGET
+    view_idle: float = VIEW_IDLE
+    summary: FleetSummary = field(default_factory=dict)
+    self_metrics: bool = False
+    load_refresh: float = 0.25
+    load_idle: float = LOAD_IDLE
+    namespaces: Sequence[str] | None = None
+    all_namespaces: bool = False
+    max_namespaces: int = MAX_NAMESPACES
+    roles: Sequence[FamilyRole] = ()
+    self_endpoint: str | None = None
+
+    def __post_init__(self) -> None:
+        _seconds("request_timeout", self.request_timeout, "a connection's time to send its request")
+        _seconds("window", self.window, "the /snapshot rates")
+        _seconds("load_refresh", self.load_refresh, "the /load refresh")
+        _seconds("load_idle", self.load_idle, "the /load refresher's idle time")
+        _seconds("view_idle", self.view_idle, "how long a slice's or endpoint's reader is kept unused")
+        _whole("max_connections", self.max_connections, 1, "connections served at once; more get 503")
+        _whole(
+            "window_budget",
+            self.window_budget,
+            0,
+            "the /snapshot window's; 0 keeps none: no rates",
+            " of bytes",
+        )
+        _whole("view_budget", self.view_budget, 0, "kept for requests' slices and endpoints", " of bytes")
+        _whole("max_namespaces", self.max_namespaces, 1, "namespaces served at most")
+        if not self.gc_interval >= 0:
+            raise ValueError(f"gc_interval={self.gc_interval!r} must be a number of seconds >= 0 (0: no gc)")
+        problems = summary_problems(self.summary)
+        if problems:
+            raise ValueError("; ".join(problems))
+        self._check_parts()
+
+    def _check_parts(self) -> None:
+        if self.slice is not None and self.engines is not None:
+            raise ValueError(
+                f"engines={list(self.engines)!r} and slice={self.slice} both limit the view: give one"
+            )
+        if self.several and (self.engines is not None or self.slice is not None):
+            raise ValueError(
+                "engines= and slice= serve part of one namespace: not with several (scrape "
+                "?namespace=NS&slice=i/N instead)"
+            )
+        if self.all_namespaces and self.namespaces is not None:
+            raise ValueError("give namespaces=[...] or all_namespaces=True, not both")
+        self._check_namespaces(self.namespaces or ())
+
+    def _check_namespaces(self, names: Sequence[str]) -> None:
+        bad = [n for n in names if not is_namespace(n)]
+        if bad:
+            raise ValueError(f"namespaces {bad!r}: not namespace names (1 to 128 of A-Z a-z 0-9 . _ - / :)")
+        if len(set(names)) > self.max_namespaces:
+            raise ValueError(
+                f"{len(set(names))} namespaces given, more than "
+                f"max_namespaces={self.max_namespaces}: give fewer, or a larger --max-namespaces"
+            )
+
+    @property
+    def several(self) -> bool:
+        """Whether the exporter serves several namespaces (``?namespace=`` picks one)."""
+        return self.all_namespaces or self.namespaces is not None
+
+    @property
+    def part(self) -> list[int] | EngineSlice | None:
+        """The engines of its one namespace the exporter serves (None: all)."""
+        if self.slice is not None:
+            return self.slice
+        return None if self.engines is None else list(self.engines)
