@@ -23,7 +23,18 @@ from redis_stats.server.namespaces import Sources, namespace_param
 from redis_stats.server.options import ServeOptions
 from redis_stats.server.own import own_registry
 from redis_stats.server.source import Source
-from redis_stats.server.views import endpoints, get_load, health, load, metrics, namespaces, page, snapshot
+from redis_stats.server.views import (
+    endpoints,
+    get_load,
+    health,
+    load,
+    metrics,
+    namespaces,
+    page,
+    pool,
+    smg,
+    snapshot,
+)
 
 __all__ = ["ROUTES", "App"]
 
@@ -36,6 +47,9 @@ ROUTES: dict[str, View] = {
     "/load": load.answer,
     "/endpoints": endpoints.answer,
     "/get_load": get_load.answer,
+    "/v1/loads": smg.answer,
+    "/loads": smg.fleet_answer,
+    "/pool": pool.answer,
     "/healthz": health.answer,
     "/namespaces": namespaces.answer,
 }

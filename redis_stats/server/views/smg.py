@@ -33,14 +33,33 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis_stats.load import EngineLoad, LoadView
+from redis_stats.server.http import Request, Response, json_response
+from redis_stats.server.views.endpoints import SELF, endpoint_param
+from redis_stats.server.views.load import LoadBody, feed_of
 
-__all__ = ["INCLUDE_SECTIONS", "PATH", "loads_document"]
+if TYPE_CHECKING:
+    from redis_stats.server.app import App
+
+__all__ = [
+    "FLEET_PATH",
+    "INCLUDE_SECTIONS",
+    "PATH",
+    "answer",
+    "fleet_answer",
+    "fleet_document",
+    "loads_document",
+]
 
 PATH = "/v1/loads"
 """The route the gateway asks of each worker."""
+
+FLEET_PATH = "/loads"
+"""The gateway's own fleet route (smg #2418): every worker's ranks and an ``aggregate``."""
+
+_NO_STORE = (("Cache-Control", "no-store"),)
 
 INCLUDE_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
 """The sections ``?include=`` may name (SGLang's ``GetLoadsReqInput.VALID_SECTIONS``); every one
@@ -70,15 +89,7 @@ def loads_document(
             "detail": f"no engine of endpoint {endpoint!r} is stored (yet): its load is not known",
             "endpoint": endpoint,
         }
-    loads, down, silent = [], [], []
-    for rank, engine in enumerate(engines):
-        load = view.engines[engine]
-        if not load.up:
-            down.append(rank)
-        elif not _counted(load):
-            silent.append(rank)
-        else:
-            loads.append(_snapshot(rank, load))
+    loads, down, silent = _ranks(view, engines)
     if not loads:
         return 503, {
             "error": "endpoint_down",
@@ -97,6 +108,100 @@ def loads_document(
         "ranks_down": down,
         "ranks_without_load": silent,
     }
+
+
+def _ranks(view: LoadView, engines: list[int]) -> tuple[list[dict[str, Any]], list[int], list[int]]:
+    """The entries of *engines* (an endpoint's, in engine order: their place is their rank), and
+    the ranks left out: down, and live without request counts."""
+    loads, down, silent = [], [], []
+    for rank, engine in enumerate(engines):
+        load = view.engines[engine]
+        if not load.up:
+            down.append(rank)
+        elif not _counted(load):
+            silent.append(rank)
+        else:
+            loads.append(_snapshot(rank, load))
+    return loads, down, silent
+
+
+def fleet_document(view: LoadView, *, include: str | None = None) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, document) of the fleet: every endpoint's ranks in one ``WorkerLoadResponse``
+    (each entry naming its ``worker``, the endpoint, and ``worker_type``, ``regular``: what smg
+    #2418's gateway-level ``/loads`` serves, so a gateway in front of gateways reads a pool as it
+    reads an engine), and the fleet ``aggregate`` over every entry. Ranks are numbered within
+    their endpoint; engines with no endpoint stored are left out (``unassigned``). ``503`` when
+    no rank of the fleet can be reported."""
+    problem = _query_problem(include, None)
+    if problem is not None:
+        return 400, {"detail": problem}
+    by_endpoint: dict[str, list[int]] = {}
+    unassigned = []
+    for engine in sorted(view.engines):
+        endpoint = view.engines[engine].endpoint
+        if endpoint is None:
+            unassigned.append(engine)
+        else:
+            by_endpoint.setdefault(endpoint, []).append(engine)
+    loads: list[dict[str, Any]] = []
+    down: dict[str, list[int]] = {}
+    for endpoint, engines in sorted(by_endpoint.items()):
+        entries, gone, silent = _ranks(view, engines)
+        loads += [{**entry, "worker": endpoint, "worker_type": "regular"} for entry in entries]
+        if gone or silent:
+            down[endpoint] = gone + silent
+    if not loads:
+        return 503, {
+            "error": "fleet_down",
+            "detail": "no engine of the fleet is up with request counts: its load is not known",
+        }
+    return 200, {
+        "timestamp": datetime.fromtimestamp(view.time, timezone.utc).isoformat(),
+        "dp_rank_count": len(loads),
+        "loads": loads,
+        "aggregate": _aggregate(loads),
+        "workers": len(by_endpoint),
+        "ranks_not_reported": down,
+        "unassigned": unassigned,
+    }
+
+
+def answer(app: App, request: Request) -> Response:
+    """``/v1/loads`` of the request's namespace: ``?endpoint=<id>`` that endpoint's ranks (``self``:
+    the exporter's own endpoint, ``REDIS_STATS_ENDPOINT``), without it the whole pool's (the
+    fleet document: a gateway registering this exporter as a worker reads the pool as one), from
+    the ``/load`` feed's newest read (no Redis read per request)."""
+    source = app.source(request)
+    endpoint = endpoint_param(request.one("endpoint"))
+    include, dp_rank = request.one("include"), request.one("dp_rank")
+    current = source.state(feed_of).current()
+    if isinstance(current, LoadBody):  # the store cannot be read, or the feed is stale: why
+        return Response(current.status, current.body, headers=_NO_STORE)
+    view = current[0]
+    if endpoint is None:
+        if dp_rank is not None:
+            return json_response(
+                400, {"detail": "dp_rank= needs endpoint=: ranks are an endpoint's"}, _NO_STORE
+            )
+        return json_response(*fleet_document(view, include=include), _NO_STORE)
+    if endpoint == SELF:
+        endpoint = source.options.self_endpoint
+        if endpoint is None:
+            doc = {
+                "error": "no_endpoint",
+                "detail": "this exporter has no endpoint of its own (REDIS_STATS_ENDPOINT)",
+            }
+            return json_response(503, doc, _NO_STORE)
+    return json_response(*loads_document(view, endpoint, include=include, dp_rank=dp_rank), _NO_STORE)
+
+
+def fleet_answer(app: App, request: Request) -> Response:
+    """``/loads``: the fleet document (:func:`fleet_document`), as smg #2418's gateway serves it."""
+    source = app.source(request)
+    current = source.state(feed_of).current()
+    if isinstance(current, LoadBody):
+        return Response(current.status, current.body, headers=_NO_STORE)
+    return json_response(*fleet_document(current[0], include=request.one("include")), _NO_STORE)
 
 
 def _query_problem(include: str | None, dp_rank: str | None) -> str | None:
