@@ -51,6 +51,7 @@ __all__ = [
     "decode_entries",
     "decode_entry",
     "encode_entry",
+    "engine_load",
     "load_view",
     "read_view",
 ]
@@ -283,6 +284,9 @@ class EngineLoad:
     in the seq hash): which flush its numbers come from; None when none is known."""
     endpoint: str | None = None
     """The endpoint its writers are served behind (``StatsConfig.endpoint``), None if none said."""
+    live_writers: frozenset[str] = frozenset()
+    """The writers whose entries count in this engine, by the reader's rule (empty: not judged);
+    what a later read of the load hash alone is rolled up over (:func:`engine_load`)."""
 
     def set_values(self, values: Sequence[float | None]) -> None:
         """Set the fields of :data:`FIELDS`, in their order."""
@@ -434,6 +438,7 @@ def read_view(
     for engine, (state, newest, endpoint) in about.items():
         load = view.engines[engine]
         load.state, load.seq, load.endpoint = state, newest, endpoint
+        load.live_writers = frozenset(live_of[engine])
     return view, now_kept
 
 
@@ -504,6 +509,17 @@ def _live_entries(
             else:
                 held.append(entry)
     return found, bad
+
+
+def engine_load(
+    engine: int, up: bool, beat_age: float, entries: list[LoadEntry], now_ms: float
+) -> EngineLoad:
+    """*engine*'s load from *entries* (its live writers' entries, read at server time *now_ms*), as
+    a read of the whole feed rolls them up; without an entry (or not *up*), its fields are None and
+    its age *beat_age*."""
+    if not up or not entries:
+        return EngineLoad(engine, up, beat_age)
+    return _engine_load(engine, up, beat_age, entries, now_ms)
 
 
 def _engine_load(

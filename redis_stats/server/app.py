@@ -34,6 +34,7 @@ from redis_stats.server.views import (
     pool,
     smg,
     snapshot,
+    watch,
 )
 
 __all__ = ["ROUTES", "App"]
@@ -50,6 +51,7 @@ ROUTES: dict[str, View] = {
     "/v1/loads": smg.answer,
     "/loads": smg.fleet_answer,
     "/pool": pool.answer,
+    "/watch": watch.answer,
     "/healthz": health.answer,
     "/namespaces": namespaces.answer,
 }
