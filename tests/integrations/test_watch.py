@@ -156,3 +156,33 @@ def test_a_gap_gives_the_whole_state_and_bad_parameters_a_400(fleet):
     assert status == 200 and answer["events"] == [] and time.monotonic() - start >= 0.25
     for query in ("since=x", "since=1&wait=x", "since=1&wait=99", "since=1&since=2"):
         assert get(f"{exporter.url}/watch?{query}")[0] == 400, query
+
+
+def test_the_example_router_follows_the_feed_and_routes_by_it(fleet):
+    import sys
+
+    from tests.conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "docs" / "examples"))
+    try:
+        import load_router
+    finally:
+        sys.path.pop(0)
+    _, writers, exporter, _ = fleet
+    writers[0].metric("vllm:num_requests_waiting").labels(0, model_name="m").set(5)
+    client = load_router.WatchClient(exporter.url, wait=2.0)
+    client.start()
+    deadline = time.monotonic() + 5
+    while client.pick() != 1:  # engine 0 waits on 5: engine 1, idle, is the one
+        assert time.monotonic() < deadline
+        client.follow()
+    writers[1].metric("vllm:num_requests_waiting").labels(1, model_name="m").set(9)
+    while client.pick() != 0:  # engine 1 now waits on more: its change came in the feed
+        assert time.monotonic() < deadline
+        client.follow()
+    writers[0].close()  # engine 0 goes down: never picked
+    deadline = time.monotonic() + 10
+    while client.engines.get(0, {}).get("state") != "down":
+        assert time.monotonic() < deadline
+        client.follow()
+    assert client.pick() == 1 and client.gaps == 0
