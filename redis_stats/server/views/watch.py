@@ -34,6 +34,7 @@ for the subscribers beside the scrapers.
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 import time
@@ -103,7 +104,8 @@ class WatchFeed:
         self.epoch = secrets.token_hex(6)
         self.changed = threading.Condition()
         self.seq = 0
-        self.events: deque[tuple[int, dict[str, Any]]] = deque(maxlen=keep)
+        # (seq, the event encoded once: every subscriber's answer joins these bytes)
+        self.events: deque[tuple[int, bytes]] = deque(maxlen=keep)
         self.state: dict[int, dict[str, Any]] = {}
         self.reads = 0
         self._raw: dict[str, Any] = {}
@@ -153,7 +155,7 @@ class WatchFeed:
                     self.seq += 1
                     doc["seq"] = self.seq
                     self.state[doc["engine"]] = doc
-                    self.events.append((self.seq, doc))
+                    self.events.append((self.seq, json.dumps(doc, allow_nan=False).encode()))
                 self.changed.notify_all()
 
     def _touched(self, view: LoadView, raw: dict[str, Any]) -> list[int]:
@@ -205,27 +207,26 @@ class WatchFeed:
             out.update(_texts(found))
         return now_ms, out
 
-    def since(self, seq: int, epoch: str, wait: float) -> dict[str, Any]:
-        """The answer to a subscriber that has everything up to *seq* of *epoch*: the events after
-        it, waiting up to *wait* s for one; or the whole state with a gap."""
+    def since(self, seq: int, epoch: str, wait: float) -> bytes:
+        """The answer (JSON) to a subscriber that has everything up to *seq* of *epoch*: the
+        events after it, waiting up to *wait* s for one; or the whole state with a gap."""
         self.ask()
         deadline = time.monotonic() + wait
         with self.changed:
             while True:
                 oldest = self.events[0][0] if self.events else self.seq + 1
                 if epoch != self.epoch or seq > self.seq or seq < oldest - 1:
-                    return {**self.snapshot_locked(), "gap": True}
-                if self.seq > seq:
+                    return json.dumps({**self.snapshot_locked(), "gap": True}, allow_nan=False).encode()
+                left = deadline - time.monotonic()
+                if self.seq > seq or left <= 0:
                     events = []
-                    for number, doc in reversed(self.events):  # the newest few, usually
+                    for number, event in reversed(self.events):  # the newest few, usually
                         if number <= seq:
                             break
-                        events.append(doc)
+                        events.append(event)
                     events.reverse()
-                    return {"epoch": self.epoch, "seq": self.seq, "events": events}
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return {"epoch": self.epoch, "seq": self.seq, "events": []}
+                    head = f'{{"epoch": "{self.epoch}", "seq": {self.seq}, "events": ['.encode()
+                    return head + b", ".join(events) + b"]}"
                 self.changed.wait(left)
 
     def snapshot(self) -> dict[str, Any]:
@@ -271,4 +272,4 @@ def answer(app: App, request: Request) -> Response:
         raise HTTPError(400, f"wait={wait!r} is not a number of seconds") from None
     if not 0 <= seconds <= MAX_WAIT:
         raise HTTPError(400, f"wait={wait!r} must be 0 to {MAX_WAIT:g} seconds")
-    return json_response(200, feed.since(int(since), epoch or "", seconds), headers)
+    return Response(200, feed.since(int(since), epoch or "", seconds), headers=headers)
