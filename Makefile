@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: image-vllm test test-fast test-e2e test-vllm test-browser browser-deps vllm-next-diff bench-vllm lint demo bench clean
+.PHONY: image-vllm test test-dragonfly test-fast test-e2e test-vllm test-browser browser-deps prometheus-deps vllm-next-diff bench-vllm lint demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,8 +16,31 @@ $(STAMP): pyproject.toml
 # The browser tests of the live page run in `make test` too: Debian's chromium is installed first
 # when missing (CI is root; elsewhere a failed install is said, and those tests then skip, unless
 # CI_REQUIRE_BROWSER=1, as .ci/run sets, makes a missing browser a failure).
-test: lint browser-deps
-	$(BIN)/python -m pytest -q -m "not e2e"
+# Parallel workers (pytest-xdist), one a core by default: the tests are independent (each starts
+# its own servers on free ports and checks that the one answering is its own, writes only in
+# temporary directories), and none needs to run alone: the browser tests too pass two at once
+# beside another suite. (An xdist_group would not hold anyway: xdist 3.8 groups by rewriting
+# item._nodeid, which pytest 9 no longer reads.) PYTEST_WORKERS=0 runs the suite in this
+# process, one test after the other.
+PYTEST_WORKERS ?= auto
+PYTEST_PARALLEL := -n $(PYTEST_WORKERS)
+
+test: lint browser-deps prometheus-deps
+	$(BIN)/python -m pytest -q -m "not e2e" $(PYTEST_PARALLEL)
+	$(MAKE) --no-print-directory test-dragonfly
+
+# The Dragonfly lane: every test of a fake server (flushes, gc, reads, shards, bad data) again
+# under fakeredis' Dragonfly emulation, with Lua 5.4 and Dragonfly's refusal of keys a script did
+# not declare (tests/dragonfly.py); about a minute.
+test-dragonfly: $(STAMP)
+	FAKE_SERVER_TYPE=dragonfly FAKEREDIS_LUA_VERSION=5.4 $(BIN)/python -m pytest -q -m "not e2e" $(PYTEST_PARALLEL)
+
+# promtool (Debian's prometheus package, its service never started) for the alerts' unit tests,
+# tests/tools/test_alerts.py: installed when missing; elsewhere said, and those tests skip unless
+# CI_REQUIRE_PROMTOOL=1 (.ci/run) makes a missing promtool a failure.
+prometheus-deps:
+	@command -v promtool >/dev/null || bash .ci/install-prometheus || \
+		echo "could not install prometheus (not root?): the alerts' promtool tests will skip"
 
 # The I/O-free core alone (fields, accumulator and flush protocol, snapshot decoding, catalogue,
 # config): no server, no socket, a few seconds.

@@ -53,8 +53,7 @@ sys.path.insert(0, str(ROOT))
 
 import redis  # noqa: E402
 
-from redis_stats import RedisCollector, StatsConfig, StatsReader, StatsWriter  # noqa: E402
-from redis_stats._core import fields  # noqa: E402
+from redis_stats import RedisCollector, StatsConfig, StatsReader, StatsWriter, codec  # noqa: E402
 from redis_stats._scripts import load_script  # noqa: E402  (flush.lua)
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog  # noqa: E402
 from redis_stats.integrations.vllm.load import VLLM_LOAD  # noqa: E402
@@ -140,8 +139,8 @@ def rewrite(
     ncheck = int(args[i])
     out.append("0")
     i += 1 + 3 * ncheck
-    old_head = fields.chunk_field(template_id, 0)[:-1]
-    new_head = fields.chunk_field(writer, 0)[:-1]
+    old_head = codec.chunk_field(template_id, 0)[:-1]
+    new_head = codec.chunk_field(writer, 0)[:-1]
     blocks = 0
     while i < len(args):
         nset = int(args[i + 2])

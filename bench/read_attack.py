@@ -38,7 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.scrape_full import _imports, churn, fill
-from redis_stats._core import decoder, groups
+from redis_stats._core.read import decoder, groups
 from redis_stats.prometheus.exposition import TextRenderer
 
 # Lines whose values move with the clock or the call (not the data).

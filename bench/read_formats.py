@@ -9,11 +9,11 @@ forms, on the same data (a busy fleet's, filled as ``bench/scrape_full.py`` fill
 process, and prints each per engine and as a ratio to the first:
 
 - ``merged line (schema 1)``: one line ``"<sum> <c0> ... <cN>"`` per series holding both writers'
-  sums, read by the per-series rule (:func:`~redis_stats._core.values.histogram_numbers`: split,
+  sums, read by the per-series rule (:func:`~redis_stats.codec.histogram_numbers`: split,
   ``int()`` to check, the texts printed as stored). What schema 1's reader did; the writers'
   flushes paid for the merge, in Lua.
 - ``per writer, decimal (now)``: what schema 2 stores and reads (the bulk path of
-  :mod:`redis_stats._core.groups`: one JSON scan per writer's chunk, checks, sums, template).
+  :mod:`redis_stats._core.read.groups`: one JSON scan per writer's chunk, checks, sums, template).
 - ``per writer, packed hex``: the candidate not taken: each series' per-bucket (not cumulative)
   counts as fixed-width 16-digit hex, all series of a chunk read as one ``int(text, 16)``, the
   writers added as two big integers (no carry crosses a field: each count is below 2**60), then
@@ -41,8 +41,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from redis_stats._core import groups
-from redis_stats._core.values import go_floats, histogram_numbers
+from redis_stats._core.read import groups
+from redis_stats._core.read.values import go_floats
+from redis_stats.codec import histogram_numbers
 from redis_stats.snapshot import Skipped
 
 

@@ -263,8 +263,31 @@ def _is_port(text: str) -> bool:
 class _Option:
     name: str
     env: str
-    kind: type
+    kind: Callable[[str], Any]
     help: str
+
+
+_FLAGS = {
+    "1": True,
+    "true": True,
+    "yes": True,
+    "on": True,
+    "0": False,
+    "false": False,
+    "no": False,
+    "off": False,
+}
+
+
+def flag(text: str) -> bool:
+    """A yes/no setting's text (``1 true yes on``, ``0 false no off``, any case) as a bool."""
+    try:
+        return _FLAGS[text.strip().lower()]
+    except KeyError:
+        raise ValueError(f"{text!r} is not one of {' '.join(_FLAGS)}") from None
+
+
+flag.__name__ = "flag (1/0, true/false, yes/no, on/off)"
 
 
 def _opt(default: Any, help: str) -> Any:
@@ -273,7 +296,7 @@ def _opt(default: Any, help: str) -> Any:
 
 MIN_STALE_AFTER = 0.1
 """The shortest ``stale_after`` (s) a config accepts, and the smallest stored ``stale_ms`` readers
-and gc use (``_core/liveness.py``; a stored value below the writer's own stored ``flush_ms`` is not
+and gc use (``_core/read/liveness.py``; a stored value below the writer's own stored ``flush_ms`` is not
 used either). No flush cadence keeps a heartbeat younger than this through a busy host's stalls
 (a thread's wake-up, a round trip, a collection), so a smaller value only flaps."""
 
@@ -384,6 +407,12 @@ class StatsConfig:
         "engines by endpoint (``GET /endpoints``, ``/metrics?endpoint=``). 1-128 of ``A-Z a-z 0-9 . "
         "_ - / : [ ] @``. The vLLM plugin's default: the pod's IP (``POD_IP``) or host name and "
         "vLLM's ``--port``. None: no endpoint.",
+    )
+    atomic_scripts: bool = _opt(
+        False,
+        "Say that the server runs scripts atomically although it cannot say so itself: Garnet "
+        "started with ``--lua --lua-transaction-mode`` (without that mode Garnet runs a script as "
+        "separate commands, and redis_stats refuses it). Only Garnet asks for it.",
     )
     load_interval: float = _opt(
         0.08,
@@ -582,6 +611,7 @@ _CHECKS: tuple[Callable[[StatsConfig], str | None], ...] = (
     _stale_after_check,
     _retention_check,
     _Rule(("wait_replicas",), _is_count, "must be an integer >= 0"),
+    _Rule(("atomic_scripts",), lambda v: isinstance(v, bool), "must be True or False"),
     _Rule(
         (
             "connect_timeout_ms",
@@ -614,7 +644,8 @@ def options_markdown() -> str:
 
 
 def _options() -> dict[str, _Option]:
-    kinds = {"str": str, "str | None": str, "float": float, "int": int}
+    kinds: dict[str, Callable[[str], Any]] = {"str": str, "str | None": str, "float": float, "int": int}
+    kinds["bool"] = flag
     return {
         f.name: _Option(f.name, ENV_PREFIX + f.name.upper(), kinds[str(f.type)], f.metadata["help"])
         for f in dataclasses.fields(StatsConfig)
@@ -653,6 +684,11 @@ def env_markdown(variables: list[EnvVar] | tuple[EnvVar, ...]) -> str:
     return "\n".join(rows)
 
 
+PREFIX_CUTOFF = 0.88
+"""How alike (``difflib`` ratio) a variable without our prefix must be to one of our names to be
+warned about as a mistyped prefix: ``REDIS_STAT_URL`` (0.97) and ``REDIS_STATUS_URL`` (0.94) are;
+``REDIS_URL`` (0.75) and ``REDIS_TLS_URL`` (0.86), other programs' names, are not."""
+
 _log = logging.getLogger("redis_stats.config")
 _warned_variables: set[str] = set()  # each unknown name is warned about once per process
 
@@ -667,17 +703,35 @@ def unknown_variables(
     """Each variable set in *environ* whose name starts with *prefix* but is neither a
     :class:`StatsConfig` option's nor in *known*, with the closest name of *suggest* (default:
     the known ones; ``difflib``), or None when none is close. With *suggest* given, a name close
-    to none of them is not reported (another program's variable sharing the prefix)."""
+    to none of them is not reported (another program's variable sharing the prefix). Without
+    *suggest*, a name that does not start with *prefix* but is nearly one of ours (the prefix
+    mistyped: ``REDIS_STAT_URL``) is reported with it (:data:`PREFIX_CUTOFF`)."""
     env = os.environ if environ is None else environ
     names = {o.env for o in _options().values()} | set(known)
     candidates = _unprefixed(names if suggest is None else suggest, prefix)
     found: dict[str, str | None] = {}
+    if suggest is None:
+        found.update(_mistyped_prefixes(env, names, prefix))
     for name in sorted(env):
         if not name.startswith(prefix) or name in names:
             continue
         close = _closest(name[len(prefix) :], candidates)
         if close is not None or suggest is None:
             found[name] = close
+    return dict(sorted(found.items()))
+
+
+def _mistyped_prefixes(env: Mapping[str, str], names: set[str], prefix: str) -> dict[str, str | None]:
+    """Variables whose prefix itself is mistyped (``REDIS_STAT_URL``, ``REDISSTATS_URL``), each
+    with the name of ours it nearly is: only when the whole name is that close (``REDIS_URL``,
+    another program's, is not: :data:`PREFIX_CUTOFF`)."""
+    ours = sorted(n for n in names if n.startswith(prefix))
+    found: dict[str, str | None] = {}
+    for name in env:
+        if not name.startswith(prefix):
+            near = difflib.get_close_matches(name, ours, n=1, cutoff=PREFIX_CUTOFF)
+            if near:
+                found[name] = near[0]
     return found
 
 

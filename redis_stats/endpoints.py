@@ -38,7 +38,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from redis_stats._core.values import float_sum
+from redis_stats._core.read.values import float_sum
 from redis_stats.catalog import GAUGE
 from redis_stats.snapshot import EngineSnapshot, Snapshot
 

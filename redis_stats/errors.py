@@ -24,6 +24,7 @@ __all__ = [
     "RedisStatsError",
     "ReplicationLag",
     "SchemaMismatch",
+    "StoreUnsupported",
     "error_kind",
 ]
 
@@ -53,6 +54,27 @@ class SchemaMismatch(RedisStatsError, ValueError):
     the message says which, and what to do. Nothing of it is read."""
 
 
+class StoreUnsupported(RedisStatsError, redis.RedisError):
+    """The server cannot hold the store as redis_stats needs it: no Lua scripting (Valkey 9.1
+    with its ``lua`` module unloaded, Garnet without ``--lua``), scripts that are not atomic
+    (Garnet without ``--lua-transaction-mode``), or a command the store needs that it lacks.
+
+    Raised by the capability check a writer, reader or command runs when it first talks to a
+    server (:mod:`redis_stats.capability`), instead of a view that is empty or torn. The message
+    names the server, what is missing and how to fix it; :attr:`server` and :attr:`missing` hold
+    the first two. A ``redis.RedisError``, so code that catches Redis failures catches it too.
+    """
+
+    def __init__(self, server: str, missing: str, fix: str) -> None:
+        self.server = server
+        self.missing = missing
+        self.fix = fix
+        super().__init__(f"{server} cannot hold the redis_stats store: {missing}; {fix}")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # an exception crossing a process (multiprocessing)
+        return (type(self), (self.server, self.missing, self.fix))
+
+
 # The values of the ``kind`` label of ``redis_stats_writer_flush_errors_total`` and
 # ``redis_stats_read_errors_total`` (docs/operations.md lists them with what to do).
 ERROR_KINDS = (
@@ -65,7 +87,15 @@ ERROR_KINDS = (
     "replication",
     "response",
     "schema",
+    "unsupported",
     "other",
+)
+
+#: What a server answers a script call with when it runs no scripts at all: Valkey 9.1 without its
+#: Lua module, Garnet without ``--lua``, a server whose scripting commands are missing or renamed.
+SCRIPTING_MISSING = (
+    r"Could not find scripting engine|Lua scripting support disabled"
+    r"|(?i:unknown command ['`]?(?:evalsha|eval|script)\b)"
 )
 
 # redis-py picks the class from the error code at the start of the reply (``OOM``, ``READONLY``...)
@@ -89,9 +119,21 @@ _BY_TEXT = (
             r"|\bunauthenticated (?:multi)?bulk\b"
         ),
     ),
-    ("noperm", re.compile(r"\bNOPERM\b|has no permissions to|No permissions to access")),
+    # A command a script runs that the ACL user may not: Redis 7 says "The user executing the
+    # script can't run this command or subcommand", Valkey "ACL failure in script: User ... has
+    # no permissions to run ..." (one kind on every server, whatever its wording).
+    (
+        "noperm",
+        re.compile(
+            r"\bNOPERM\b|has no permissions to|No permissions to access"
+            r"|can't run this command or subcommand|ACL failure in script"
+        ),
+    ),
     ("oom", re.compile(r"\bOOM\b|used memory > 'maxmemory'")),
     ("readonly", re.compile(r"\b(?:READONLY|MASTERDOWN)\b|against a read only replica")),
+    # A server that lost its scripting while a process ran (Valkey 9.1's MODULE UNLOAD lua,
+    # Garnet restarted without --lua): the capability check runs again and says what to do.
+    ("unsupported", re.compile(SCRIPTING_MISSING)),
 )
 
 
@@ -99,6 +141,7 @@ _BY_TEXT = (
 _BY_CLASS: tuple[tuple[Any, str], ...] = (
     (ReplicationLag, "replication"),
     (SchemaMismatch, "schema"),
+    (StoreUnsupported, "unsupported"),
     (_AUTH_CLASSES, "auth"),
     (_rx.NoPermissionError, "noperm"),
     (_rx.OutOfMemoryError, "oom"),
@@ -116,6 +159,8 @@ def error_kind(exc: BaseException) -> str:
     ``noeviction``), ``readonly`` (a replica, or one cut from its master), ``timeout``,
     ``connection``, ``replication`` (:class:`ReplicationLag`), ``response`` (any other error
     reply), ``schema`` (:class:`SchemaMismatch`: the namespace holds another version's format),
+    ``unsupported`` (:class:`StoreUnsupported`, or a script call answered as by a server without
+    scripting),
     ``other`` (not a Redis error).
     """
     for classes, kind in _BY_CLASS:

@@ -16,7 +16,7 @@ the recent rates of the counters (over
 reader reads the load hash, the engines' field names, the writers and their
 ``stale_ms`` (:data:`redis_stats.reader.LOAD`: a few kilobytes per engine fewer than the
 snapshot) and adds each engine's entries up over the writers the reader
-judges live, by the snapshot's own rule (:func:`redis_stats._core.values.roll_up` for gauges; a
+judges live, by the snapshot's own rule (:func:`redis_stats._core.read.values.roll_up` for gauges; a
 rate is the sum of the live writers' rates).
 """
 
@@ -30,10 +30,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from redis_stats._core import fields
-from redis_stats._core.decoder import ShardReply, judged_by, judges, listed_engines, unreadable
-from redis_stats._core.liveness import DOWN, UP, Liveness
-from redis_stats._core.values import float_mean, float_sum, roll_up
+from redis_stats import codec
+from redis_stats._core.read.decoder import ShardReply, judged_by, judges, listed_engines, unreadable
+from redis_stats._core.read.liveness import DOWN, UP, Liveness
+from redis_stats._core.read.values import float_mean, float_sum, roll_up
 from redis_stats.snapshot import Skipped
 
 __all__ = [
@@ -278,7 +278,7 @@ class EngineLoad:
     """Live writers whose entries make up this engine's numbers."""
     state: str = ""
     """``up``, ``stale`` (up, but a flush or more behind) or ``down``: the one rule of
-    ``redis_stats._core.liveness`` (``""``: not judged, a view made by hand: ``up`` tells)."""
+    ``redis_stats._core.read.liveness`` (``""``: not judged, a view made by hand: ``up`` tells)."""
     seq: int | None = None
     """The sequence number of the newest flush of the live writers of this engine (their entries
     in the seq hash): which flush its numbers come from; None when none is known."""
@@ -384,10 +384,10 @@ def read_view(
     read's; they change only when a writer comes or goes).
 
     ``up``, and the writers whose entries count in each engine, are decided by the rule every
-    reader applies (:class:`~redis_stats._core.liveness.Liveness`, on what the writers stored:
+    reader applies (:class:`~redis_stats._core.read.liveness.Liveness`, on what the writers stored:
     their heartbeats, their own ``stale_ms``, the engine's chunk writers; *stale_after*: the
     configured seconds), with the writers live in the engine's own shard(s), as the snapshot
-    decodes them (the same functions of :mod:`redis_stats._core.decoder`)."""
+    decodes them (the same functions of :mod:`redis_stats._core.read.decoder`)."""
     skipped = Skipped()
     now_ms = max(r.now_ms for r in replies)
     stats: dict[str, dict[str, str]] = {}
@@ -424,7 +424,7 @@ def read_view(
             writers = kept.get(held)
             if writers is None:
                 writers = frozenset(
-                    w for n in held if n.__class__ is str and (w := fields.chunk_writer(n)) is not None
+                    w for n in held if n.__class__ is str and (w := codec.chunk_writer(n)) is not None
                 )
             now_kept[held] = writers
             owners |= writers

@@ -18,8 +18,8 @@ the load feed (:data:`LOAD`, ``/load``) reads their field names only, each write
 - **the shards**: K = 1 is a list of one; shard counts a writer listed in shard 0's catalogue
   are read at once, in the same read.
 
-Each shard's results become a :class:`~redis_stats._core.decoder.ShardReply` straight off the
-wire; the snapshot's are decoded by :class:`~redis_stats._core.decoder.SnapshotDecoder`, the
+Each shard's results become a :class:`~redis_stats._core.read.decoder.ShardReply` straight off the
+wire; the snapshot's are decoded by :class:`~redis_stats._core.read.decoder.SnapshotDecoder`, the
 load feed's into a :class:`~redis_stats.load.LoadView` (:func:`redis_stats.load.read_view`).
 :class:`ReaderCore` is all of it without I/O, shared with the asyncio twin
 (:mod:`redis_stats.aio.reader`); :class:`StatsReader` carries the steps out, blocking.
@@ -27,20 +27,23 @@ load feed's into a :class:`~redis_stats.load.LoadView` (:func:`redis_stats.load.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from redis.exceptions import ExecAbortError, OutOfMemoryError, ResponseError
 
-from redis_stats._core.decoder import Decoded, Read, ShardReply, SnapshotDecoder, unreadable
-from redis_stats._core.liveness import LIVENESS_FIELDS
-from redis_stats._core.slices import Engines, EngineSlice, is_among
+from redis_stats._core.read.decoder import Decoded, Read, ShardReply, SnapshotDecoder, unreadable
+from redis_stats._core.read.slices import Engines, EngineSlice, is_among
 from redis_stats._core.steps import Steps, run
 from redis_stats._scripts import ReadOnlyScript, load_script
+from redis_stats.capability import CHECK_STEPS, check_step, check_steps
 from redis_stats.catalog import Catalog
+from redis_stats.codec import LIVENESS_FIELDS, chunk_writer
 from redis_stats.config import StatsConfig
 from redis_stats.connection import Client, flat_reply, is_cluster, make_client
 from redis_stats.errors import refused_for_memory
@@ -62,6 +65,11 @@ __all__ = [
 Plan = tuple[tuple[str, ...], tuple[str, ...]]
 """The engines and writers of one shard a read asks for: those its last read found."""
 
+MAX_PLANS = 4096
+"""Plans a reader keeps at most (one per feed, shard and selection of engines: a reader that
+serves many endpoints' views keeps one per endpoint, a few dozen bytes each with
+:attr:`Fetch.owners`); past it the oldest go, and the next read of that selection plans again."""
+
 TRIES = 3
 """Reads of one plan at most before a read shows what it has (the fleet changes faster than it
 is read: engines and writers listed since are left out of that read, those gone are dropped)."""
@@ -73,6 +81,12 @@ read by its own field (``f``: that field is an argument), and some managed store
 Serverless) refuse a command of more than 3,999 words. The rest (the command, the SHA, the key
 count, ``how`` and the few ``g`` field names) fits in the 99 left. A shard with more is read in
 several calls, each atomic in itself."""
+
+CHECK_EVERY = 60.0
+"""Seconds between two capability checks of a reader's server (:mod:`redis_stats.capability`):
+its first read checks, a read after a failed one checks, and so does one this long after the last
+check (a server that lost its Lua module while a reader ran: its writers' flushes fail, and the
+reader says why instead of showing their engines going down one by one)."""
 
 _FIXED = 5  # the reads every shard starts with (Fetch.reads): engines, writers, _v, shards, own
 
@@ -90,7 +104,7 @@ class Fetch:
     :class:`~redis_stats.keys.Keys` property), how each engine's hash is read (*engine*:
     ``"h"`` its fields and values, ``"k"`` its field names), whether each engine's *base* hash
     is read too (departed writers' totals), how each writer's stats hash is read (*writer*:
-    ``"h"`` whole, ``"g"`` its :data:`~redis_stats._core.liveness.LIVENESS_FIELDS` only:
+    ``"h"`` whole, ``"g"`` its :data:`~redis_stats._core.read.liveness.LIVENESS_FIELDS` only:
     ``stale_ms``, ``flush_ms``, ``endpoint``, one ``HGET`` each of the same declared key), and
     whether each writer's entry of the shard's seq hash is read with its stats (*seq*: its
     newest applied flush, one ``HGET`` of its own field: never the whole hash, which keeps a
@@ -102,6 +116,10 @@ class Fetch:
     base: bool
     writer: str
     seq: bool = False
+    owners: bool = False
+    """Read only the writers holding chunks in the engines read (found in their hashes' field
+    names), not every writer listed: a view of a few engines that shows no writer's self-metrics
+    (an endpoint view); its reply lists those writers only."""
     writer_fields: tuple[str, ...] = field(init=False)
     """The fields read of each writer's stats hash: :data:`LIVENESS_FIELDS` when *writer* is
     ``"g"``, none (the whole hash) when ``"h"``; set from *writer* when the fetch is made."""
@@ -140,11 +158,12 @@ class Fetch:
 SNAPSHOT = Fetch("snapshot", "conflicts", "h", True, "h")
 """Every series: the engines' hashes and base hashes, the writers' stats, the conflicts."""
 
-SNAPSHOT_LEAN = Fetch("snapshot-lean", "conflicts", "h", True, "g")
-"""Every series as :data:`SNAPSHOT`, but of each writer only what liveness and the endpoint views
-need (``stale_ms``, ``flush_ms``, ``endpoint``), not its self-metrics: for a view that shows no
-``redis_stats_writer_*`` (an endpoint view), whose read of a few engines of a large fleet is
-otherwise mostly every writer's stats hash (190 KB of a 4-engine read at 256 writers)."""
+SNAPSHOT_LEAN = Fetch("snapshot-lean", "conflicts", "h", True, "g", owners=True)
+"""Every series as :data:`SNAPSHOT`, but of the writers holding chunks in the engines read only,
+and of each only what liveness and the endpoint views need (``stale_ms``, ``flush_ms``,
+``endpoint``), not its self-metrics: for a view that shows no ``redis_stats_writer_*`` (an
+endpoint view), whose read of a few engines of a large fleet was otherwise mostly every writer's
+stats (6,144 reads of writers' fields for a 4-engine endpoint at 2,048 writers)."""
 
 LOAD = Fetch("load", "load", "k", False, "g", seq=True)
 """The load feed: the load hash, each writer's entry of the seq hash (its newest flush), the engines' field
@@ -210,15 +229,12 @@ def _reply(
     if wanted is not None and engine_flat.__class__ is list:
         held = is_among(wanted)
         engine_flat = [x for e, s in zip(engine_flat[0::2], engine_flat[1::2]) if held(e) for x in (e, s)]
-    found = (
-        tuple(engine_flat[0::2]) if engine_flat.__class__ is list else (),
-        tuple(writer_flat[0::2]) if writer_flat.__class__ is list else (),
-    )
     each = 2 if fetch.base else 1  # reads per engine
     end = _FIXED + each * len(plan[0])
     hashes, bases, stats = results[_FIXED:end:each], results[_FIXED + 1 : end : each], results[end:]
+    found = _found(fetch, engine_flat, writer_flat, hashes)
     stats, seq = _writer_parts(fetch, plan[1], stats)
-    if found != plan:  # came or went since the plan: what was read of what is still listed
+    if found != plan or fetch.owners:  # what was read of what is still listed (owners: of those)
         read = dict(zip(plan[0], zip(hashes, bases) if fetch.base else hashes))
         engine_flat, parts = _read_of(engine_flat, read)
         hashes, bases = ([p[0] for p in parts], [p[1] for p in parts]) if fetch.base else (parts, [])
@@ -228,6 +244,30 @@ def _reply(
         keys, now_ms, engine_flat, writer_flat, version, listed, conflicts, load, hashes, bases, stats, seq
     )
     return reply, found
+
+
+def _found(fetch: Fetch, engine_flat: Any, writer_flat: Any, hashes: list[Any]) -> Plan:
+    """The plan of the next read: the engines listed (and wanted), and the writers listed, or
+    with :attr:`Fetch.owners` those of them holding chunks in the engines read (a new one since:
+    read again)."""
+    writers = tuple(writer_flat[0::2]) if writer_flat.__class__ is list else ()
+    if fetch.owners:
+        held = _owners(hashes, fetch.engine)
+        writers = tuple(w for w in writers if w in held)
+    return tuple(engine_flat[0::2]) if engine_flat.__class__ is list else (), writers
+
+
+def _owners(hashes: list[Any], how: str) -> set[str]:
+    """The writers holding chunks in the engine hashes read (*how*: ``"h"`` flat fields and
+    values, ``"k"`` field names), by their chunks' field names."""
+    held: set[str] = set()
+    for flat in hashes:
+        if flat.__class__ is list:
+            names = flat[0::2] if how == "h" else flat
+            held.update(
+                w for name in names if name.__class__ is str and (w := chunk_writer(name)) is not None
+            )
+    return held
 
 
 def _writer_parts(fetch: Fetch, writers: tuple[str, ...], results: list[Any]) -> tuple[list[Any], Any]:
@@ -311,10 +351,12 @@ class ReaderCore:
         # Every K a writer listed in shard 0's catalogue (see shards.lua), and our own.
         self.shard_counts: frozenset[int] = frozenset({self.config.shards} - {1})
         self._shards: tuple[frozenset[int] | None, list[Keys]] = (None, [])
-        self._plans: dict[tuple[str, str], Plan] = {}  # (feed, shard root) -> its last lists
+        # (feed, shard root, selection) -> its last lists (MAX_PLANS at most)
+        self._plans: dict[tuple[str, str, Any], Plan] = {}
         self._shard_meta: dict[str, tuple[str, Any]] = {}  # shard root -> (version, catalogue)
         self._owners: dict[tuple[str, ...], frozenset[str]] = {}  # the load feed's (read_view)
         self._lock = threading.Lock()
+        self._checked_at = -math.inf  # monotonic time of the last capability check passed
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self.config.safe_url!r}, namespace={self.config.namespace!r})"
@@ -370,9 +412,10 @@ class ReaderCore:
         with a reply per shard, shard 0 first; *cluster*: the client talks to a Redis Cluster.
         A shard that cannot be read fails the whole read (raised)."""
         wanted = engines if engines is None or isinstance(engines, EngineSlice) else list(engines)
+        selection = wanted if not isinstance(wanted, list) else tuple(wanted)  # the plan's key
         scripted, shards, tries, learnt = cluster, self.shard_keys, 0, False
         while True:
-            plans = [self._plans.get((fetch.name, k.root), ((), ())) for k in shards]
+            plans = [self._plans.get((fetch.name, k.root, selection), ((), ())) for k in shards]
             reads = [*map(fetch.reads, shards, plans)]
             results = None
             if not scripted:
@@ -391,7 +434,7 @@ class ReaderCore:
                 reply, found = _reply(fetch, k, plan, now_ms, parts, wanted)
                 replies.append(reply)
                 if found != plan:
-                    self._plans[fetch.name, k.root] = found
+                    self._planned((fetch.name, k.root, selection), found)
                     stale = True
             if not learnt and self.note_shard_counts(replies[0].listed):
                 # Shard 0 names shards of another K than this reader's: read them all, now (a
@@ -401,6 +444,15 @@ class ReaderCore:
             tries += 1
             if not stale or tries == TRIES:
                 return replies
+
+    def _planned(self, key: tuple[str, str, Any], plan: Plan) -> None:
+        """Keep *plan* for the next read of *key* (within :data:`MAX_PLANS`, the oldest out)."""
+        plans = self._plans
+        plans[key] = plan
+        if len(plans) > MAX_PLANS:
+            with self._lock:
+                while len(plans) > MAX_PLANS:
+                    plans.pop(next(iter(plans)), None)
 
     def _transaction_results(self, reads: list[list[list[KeyRead]]]) -> Steps[list[tuple[float, list[Any]]]]:
         """Every shard's reads in one transaction: per shard (server time, its results)."""
@@ -424,12 +476,30 @@ class ReaderCore:
             out.append((_time_ms(parts[0][0]), [r for part in parts for r in part[1:]]))
         return out
 
+    def check_due_steps(self) -> Steps[None]:
+        """The capability check of the server, when one is due (:data:`CHECK_EVERY`)."""
+        if time.monotonic() - self._checked_at >= CHECK_EVERY:
+            yield from check_steps(self.config, writes=False)
+            self._checked_at = time.monotonic()
+
+    def checked_steps(self, fetch: Fetch, engines: Engines, cluster: bool) -> Steps[list[ShardReply]]:
+        """:meth:`read_steps`, after the capability check of the server when one is due
+        (:data:`CHECK_EVERY`; :mod:`redis_stats.capability`: raises
+        :class:`~redis_stats.errors.StoreUnsupported` for a server that cannot hold the store,
+        rather than reading an empty namespace there). A failed read makes the next one check."""
+        yield from self.check_due_steps()
+        try:
+            return (yield from self.read_steps(fetch, engines, cluster))
+        except Exception:
+            self._checked_at = -math.inf  # reconnected next time, maybe to another server
+            raise
+
     def snapshot_steps(self, engines: Engines, cluster: bool) -> Steps[Read]:
         """The steps of one read of every series (:attr:`snapshot_fetch`: :data:`SNAPSHOT`
-        unless set otherwise), ending with the :class:`~redis_stats._core.decoder.Read` to
+        unless set otherwise), ending with the :class:`~redis_stats._core.read.decoder.Read` to
         decode; a shard whose catalogue version changed has its catalogue read too (rare: a new
         metric, a new K)."""
-        replies = yield from self.read_steps(self.snapshot_fetch, engines, cluster)
+        replies = yield from self.checked_steps(self.snapshot_fetch, engines, cluster)
         metas = []
         for reply in replies:
             version = reply.version
@@ -454,7 +524,7 @@ class ReaderCore:
     def load_steps(self, engines: Engines, cluster: bool) -> Steps[LoadView]:
         """The steps of one read of the load feed (:data:`LOAD`), ending with its
         :class:`LoadView` (of *engines* only, when given)."""
-        replies = yield from self.read_steps(LOAD, engines, cluster)
+        replies = yield from self.checked_steps(LOAD, engines, cluster)
         view, self._owners = read_view(replies, self.config.stale_after, self._owners)
         return view
 
@@ -490,7 +560,9 @@ class ReaderCore:
 class StatsReader(ReaderCore):
     """Reads every engine of one namespace (or the given *engines*) atomically, in one round trip.
 
-    Errors from Redis are raised to the caller (the collector turns them into self-metrics).
+    Errors from Redis are raised to the caller (the collector turns them into self-metrics),
+    and so is :class:`~redis_stats.errors.StoreUnsupported` for a server that cannot hold the
+    store (checked at the first read, after a failed one, and every :data:`CHECK_EVERY` s).
     """
 
     def __init__(
@@ -512,7 +584,7 @@ class StatsReader(ReaderCore):
     def read(self, engines: Engines = None) -> Read:
         """One consistent read of the namespace: a reply per shard, each consistent in itself
         (decode it with :meth:`decode` or :meth:`decoded`)."""
-        return run(self.snapshot_steps(engines, is_cluster(self._client)), self._carry_out)
+        return run(self.snapshot_steps(engines, is_cluster(self._client)), self._step)
 
     def snapshot(self, engines: Engines = None) -> Snapshot:
         """All engines (or only *engines*) at one instant, in one round trip."""
@@ -522,7 +594,23 @@ class StatsReader(ReaderCore):
         """The load feed (:mod:`redis_stats.load`): every engine's (or *engines*') load and the
         fleet's, from the load entries writers store beside their flushes, in one round trip
         (never the engines' series)."""
-        return run(self.load_steps(engines, is_cluster(self._client)), self._carry_out)
+        return run(self.load_steps(engines, is_cluster(self._client)), self._step)
+
+    def check_store(self) -> None:
+        """Check the server when a check is due (:data:`CHECK_EVERY`; raises
+        :class:`~redis_stats.errors.StoreUnsupported`), as every read does first: for a caller
+        that does not read (an exporter's health of several namespaces)."""
+        try:
+            run(self.check_due_steps(), self._step)
+        except Exception:
+            self._checked_at = -math.inf
+            raise
+
+    def _step(self, what: str, arg: Any) -> Any:
+        """One step of a read: the capability check's, or :meth:`_carry_out`'s."""
+        if what in CHECK_STEPS:
+            return check_step(self._client, self.config, what, arg)
+        return self._carry_out(what, arg)
 
     def _carry_out(self, what: str, arg: Any) -> Any:
         """One step of :meth:`ReaderCore.read_steps`, blocking."""

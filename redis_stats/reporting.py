@@ -18,7 +18,9 @@ import time
 from typing import Any, Generic, Protocol, TypeVar
 
 from redis_stats._core.background import survive
+from redis_stats._core.outage import Outage
 from redis_stats.config import StatsConfig
+from redis_stats.errors import error_kind
 from redis_stats.leader import Leader
 from redis_stats.reader import StatsReader
 from redis_stats.snapshot import Snapshot
@@ -74,6 +76,13 @@ class ReportCore(Generic[_ReaderT]):
         # Snapshot time of a lease takeover's report (it comes between two regular ticks): the
         # regular tick that follows within half an interval must not report that interval again.
         self._takeover_at: float | None = None
+        # The reads that fail: logged by the leader (its line stops), at DEBUG by the others.
+        config = reader.config
+        self.outage = Outage(
+            f"reads of namespace {config.namespace!r} from {config.safe_url} for the periodic log",
+            self.logger,
+            retry=f"tried again every {interval:g} s; no line is logged meanwhile",
+        )
         self._attach()
 
     def _attach(self) -> None:
@@ -85,15 +94,17 @@ class ReportCore(Generic[_ReaderT]):
         return time.monotonic() + budget
 
     def read_failed(self, exc: BaseException) -> list[str]:
-        """The read of this tick failed: the leader says so (once per tick), nobody crashes."""
-        if self.leader.is_leader():
-            self.logger.warning("stats unavailable: reading %s failed (%s)", self.reader.config.safe_url, exc)
+        """The read of this tick failed: the leader logs the outage's start (and its end when a
+        read works again), the others at DEBUG; nobody crashes."""
+        level = logging.WARNING if self.leader.is_leader() else logging.DEBUG
+        self.outage.failed(error_kind(exc), str(exc), level=level)
         return []
 
     def consume(self, snap: Snapshot, *, takeover: bool = False) -> list[str]:
         """Take a new snapshot; if leader, log the interval since the previous one (sans-I/O:
         the asyncio reporter shares it). *takeover*: this tick is the one a new lease holder
         runs at once; the regular tick after it logs nothing if it comes within half an interval."""
+        self.outage.succeeded()
         previous, older = self._previous, self._older
         self._older, self._previous = previous, snap
         takeover_at, self._takeover_at = self._takeover_at, None

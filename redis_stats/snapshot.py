@@ -4,7 +4,7 @@
 Plain data with the arithmetic routers and autoscalers do on two reads (rates across a reset,
 recent histograms, quantiles as Prometheus interpolates them) and the JSON ``/snapshot`` serves
 (:meth:`Snapshot.to_dict`: the one place that JSON is built). How a reply of Redis becomes one
-is the decoder's business (:mod:`redis_stats._core.decoder`), not this module's.
+is the decoder's business (:mod:`redis_stats._core.read.decoder`), not this module's.
 """
 
 from __future__ import annotations
@@ -143,10 +143,13 @@ class EngineSnapshot:
     histograms: dict[SeriesKey, HistogramValue] = field(default_factory=dict)
     state: str = ""
     """``up``, ``stale`` or ``down``, by the one rule every view applies
-    (``redis_stats._core.liveness``: ``stale`` is up but a flush or more behind); ``""``: not
+    (``redis_stats._core.read.liveness``: ``stale`` is up but a flush or more behind); ``""``: not
     judged (an engine made by hand)."""
     endpoint: str | None = None
     """The endpoint its writers are served behind (``StatsConfig.endpoint``), None if none said."""
+    closed: bool = False
+    """Down because every writer holding chunks in it closed cleanly (a stop on purpose: a
+    scale-in, a rolling restart), not because they went silent (killed, frozen, cut off)."""
 
     def counter(self, name: str, *labels: str) -> float:
         """The counter total for these label values (0 when never written)."""

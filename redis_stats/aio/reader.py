@@ -8,10 +8,11 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from redis_stats._core.decoder import Read
+from redis_stats._core.read.decoder import Read
 from redis_stats._core.steps import arun
 from redis_stats._scripts import AsyncScript, load_script
 from redis_stats.aio.stopping import CLOSE_GRACE, within
+from redis_stats.capability import CHECK_STEPS, acheck_step
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
 from redis_stats.connection import AsyncClient, is_cluster, make_async_client
@@ -46,6 +47,8 @@ class AsyncStatsReader(ReaderCore):
 
     async def _carry_out(self, what: str, arg: Any) -> Any:
         """One step of :meth:`ReaderCore.read_steps`, awaited."""
+        if what in CHECK_STEPS:
+            return await acheck_step(self._client, self.config, what, arg)
         if what == "transaction":
             return await self._transaction(arg)
         if what == "meta":

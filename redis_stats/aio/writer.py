@@ -22,6 +22,7 @@ from redis_stats._core.background import survive
 from redis_stats._core.steps import arun
 from redis_stats._scripts import AsyncScript, load_script
 from redis_stats.aio.stopping import CLOSE_GRACE, stop_task, within
+from redis_stats.capability import CHECK_STEPS, acheck_step
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
 from redis_stats.connection import AsyncClient, is_cluster, make_async_client
@@ -121,8 +122,10 @@ class AsyncStatsWriter(WriterCore):
                 self._use_client(make_async_client(self.config))
             return await arun(self.flush_steps(closing=closing), self._carry_out)
 
-    async def _carry_out(self, what: str, arg: tuple[list[str], list[str]]) -> Any:
+    async def _carry_out(self, what: str, arg: Any) -> Any:
         """One step of :meth:`WriterCore.flush_steps`, awaited."""
+        if what in CHECK_STEPS:
+            return await acheck_step(self._client, self.config, what, arg)
         if what == "shards":
             return await self._shards_script(*arg)
         return await self._call(*arg)

@@ -10,7 +10,7 @@ from typing import Any
 from redis.crc import key_slot
 from redis.exceptions import ResponseError, SlotNotCoveredError
 
-from redis_stats._core import fields
+from redis_stats import codec
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
 from redis_stats.connection import is_cluster, make_client
@@ -160,11 +160,11 @@ def _engine_lines(client: Any, shards: list[Keys], snap: Snapshot) -> Iterator[s
 
 def _storage(names: list[str]) -> str:
     """How an engine's hash stores its series: by how many writers, in how many chunks."""
-    chunks = [f for f in names if f.startswith(fields.CHUNK_PREFIX) and not f.endswith(fields.NAMES_SUFFIX)]
-    writers = {fields.chunk_writer(f) for f in chunks}
+    chunks = [f for f in names if f.startswith(codec.CHUNK_PREFIX) and not f.endswith(codec.NAMES_SUFFIX)]
+    writers = {codec.chunk_writer(f) for f in chunks}
     # The nouns of docs/architecture.md: series, writers, chunks; what gc folded in from
     # departed writers is counted as series too (key-schema's "base fields").
-    folded = sum(not f.startswith(fields.CHUNK_PREFIX) for f in names)
+    folded = sum(not f.startswith(codec.CHUNK_PREFIX) for f in names)
     layout = f"stored by {_plural(len(writers), 'writer')} in {_plural(len(chunks), 'chunk')}"
     if folded:
         layout += f", {_plural(folded, 'series', 'series')} folded in from departed writers by gc"

@@ -16,8 +16,9 @@ from typing import Any
 
 import redis
 
-from redis_stats._core import fields
-from redis_stats._core.liveness import FLUSH_FIELD, STALE_FIELD, Liveness, declared, judged_ms
+from redis_stats import codec
+from redis_stats._core.read.liveness import Liveness, declared, judged_ms
+from redis_stats.codec import FLUSH_FIELD, STALE_FIELD
 from redis_stats.config import is_namespace
 from redis_stats.connection import is_cluster
 from redis_stats.keys import SCHEMA_VERSION, Keys, parse_shard_counts
@@ -132,7 +133,7 @@ def describe_namespaces(
 ) -> list[NamespaceInfo]:
     """Engines (up), writers (live) and newest heartbeat of each namespace (*names*, or those
     *scan* found, or those a scan finds now), by the rule every reader applies
-    (:mod:`redis_stats._core.liveness`); *stale_after* (seconds) only for writers that stored
+    (:mod:`redis_stats._core.read.liveness`); *stale_after* (seconds) only for writers that stored
     none."""
     only_older: frozenset[str] = frozenset()
     if names is None:
@@ -170,7 +171,7 @@ def describe_namespaces(
 
 def declared_stale(client: Any, shard: Keys) -> dict[str, float | None]:
     """Every writer *shard* lists -> the ``stale_after`` (ms) it declared in its stats hash there
-    (:func:`~redis_stats._core.liveness.declared`), None when nothing usable is there (garbage,
+    (:func:`~redis_stats._core.read.liveness.declared`), None when nothing usable is there (garbage,
     or not its home shard: the others hold none). A key of the wrong type declares nothing; a
     failure to reach the shard is raised."""
     try:
@@ -188,7 +189,7 @@ def declared_stale(client: Any, shard: Keys) -> dict[str, float | None]:
 
 def judged_stale(client: Any, shards: list[Keys]) -> dict[str, float]:
     """Every writer any of *shards* lists -> the ``stale_after`` (ms) every reader judges it by
-    (:func:`~redis_stats._core.liveness.judged_ms` of what it declared in its home shard): gc and
+    (:func:`~redis_stats._core.read.liveness.judged_ms` of what it declared in its home shard): gc and
     ``drop-namespace`` judge each writer by the readers' rule, so they never take a writer a
     reader calls live for gone. A shard that cannot be reached adds nothing (its collection
     fails too, and says so)."""
@@ -254,7 +255,7 @@ def _read_details(
     for e, names in zip(engines, replies[2 * len(writers) :]):
         if isinstance(names, list):
             found = owners.setdefault(e, set())
-            found.update(owner for name in names if (owner := fields.chunk_writer(name)) is not None)
+            found.update(owner for name in names if (owner := codec.chunk_writer(name)) is not None)
 
 
 def unusable_line(prefix: str) -> str:

@@ -140,7 +140,7 @@ def _plan(
     must be silent for to count as gone; a shard that cannot be listed goes to ``out.failed``."""
     plans: list[tuple[Keys, list[str]]] = []
     # A writer is live for the stale_after readers judge it by (what it stored, or the one
-    # default: _core/liveness.py): the check uses the longest of those, and this config's if
+    # default: _core/read/liveness.py): the check uses the longest of those, and this config's if
     # longer, so no writer a reader calls live is taken for gone.
     judged = judged_stale(client, shards)
     stale_ms = max(int(config.stale_after * 1000), int(max(judged.values(), default=0)))

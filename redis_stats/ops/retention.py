@@ -79,7 +79,7 @@ def collect_garbage(config: StatsConfig, *, dry_run: bool = False, client: Clien
     A writer that did not close is removed only once it is silent for longer than the retention
     and than :data:`~redis_stats.config.RETENTION_FACTOR` times the ``stale_after`` readers judge
     it by (what it declared, or the one default when that is unusable: gc.lua is given it, see
-    ``_core/liveness.py``): a retention too short for a writer configured apart from this process
+    ``_core/read/liveness.py``): a retention too short for a writer configured apart from this process
     never removes that writer while readers may still call it live."""
     client = client if client is not None else make_client(config)
     keys = Keys(config.namespace)

@@ -28,9 +28,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from redis_stats._core.values import go_floats
+from redis_stats._core.outage import Outage, shared
+from redis_stats._core.read.values import go_floats
 from redis_stats.catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM
 from redis_stats.errors import error_kind
+from redis_stats.ops.memory import store_memory
 from redis_stats.prometheus.exposition import TextRenderer, format_families, label_pairs
 from redis_stats.prometheus.filters import (
     REPLACED,
@@ -41,13 +43,33 @@ from redis_stats.prometheus.filters import (
 from redis_stats.reader import EngineSlice, StatsReader
 from redis_stats.snapshot import Snapshot
 
-__all__ = ["NAMESPACE_LABEL", "RedisCollector"]
+__all__ = ["NAMESPACE_LABEL", "ReadErrors", "RedisCollector"]
 
 # The label an exporter of several namespaces puts on every series (not ``namespace``: see
 # namespace_info).
 NAMESPACE_LABEL = "redis_stats_namespace"
 
 log = logging.getLogger("redis_stats.collector")
+
+
+class ReadErrors:
+    """Reads of Redis that failed, by kind (thread-safe: scrapes run on several threads at once);
+    one per collector, or shared by the collectors one view makes per request (an endpoint's)."""
+
+    def __init__(self) -> None:
+        self._counts: _Tally[str] = _Tally()
+        self._lock = threading.Lock()
+
+    def count(self, exc: BaseException) -> None:
+        """Count a failed read."""
+        kind = error_kind(exc)
+        with self._lock:
+            self._counts[kind] += 1
+
+    def counts(self) -> list[tuple[str, int]]:
+        """(kind, failed reads) so far, sorted."""
+        with self._lock:
+            return sorted(self._counts.items())
 
 
 class RedisCollector:
@@ -65,7 +87,8 @@ class RedisCollector:
     *renderer*, called with the labels above, makes what :meth:`render_text` turns a read into
     (an object with ``render(decoded) -> str``; default: the plain
     :class:`~redis_stats.prometheus.exposition.TextRenderer`): an endpoint view's
-    (redis_stats/server/views/endpoints.py).
+    (redis_stats/server/views/endpoints.py). *errors* counts its failed reads (shared by
+    collectors made per request).
     """
 
     def __init__(
@@ -76,13 +99,13 @@ class RedisCollector:
         writers: bool = True,
         namespace_label: bool = False,
         renderer: Any = None,
+        errors: ReadErrors | None = None,
     ) -> None:
         self.reader = reader
         self.engines = engines if engines is None or isinstance(engines, EngineSlice) else tuple(engines)
         self.writers = writers
         self.labels = {NAMESPACE_LABEL: reader.config.namespace} if namespace_label else {}
-        self._errors: _Tally[str] = _Tally()
-        self._errors_lock = threading.Lock()  # scrapes run on several threads at once
+        self.errors = errors if errors is not None else ReadErrors()
         # renderer(labels): another text of the same read (an endpoint view's), else the plain one
         self._renderer = TextRenderer(self.labels) if renderer is None else renderer(self.labels)
 
@@ -96,6 +119,7 @@ class RedisCollector:
         snapshot: Snapshot | None = None
         try:
             snapshot = self.reader.snapshot(self.engines)
+            self.read_ok()
         except Exception as exc:  # a scrape must not fail with a traceback
             self.read_failed(exc)
         made = list(families(snapshot)) if snapshot is not None else []  # capped by the decoder
@@ -119,6 +143,7 @@ class RedisCollector:
         try:
             decoded = self.reader.decoded(self.reader.read(self.engines))
             text, shell = self._renderer.render(decoded), decoded.shell
+            self.read_ok()
         except Exception as exc:  # a scrape must not fail with a traceback
             self.read_failed(exc)
         finally:
@@ -135,13 +160,26 @@ class RedisCollector:
         return "".join((text, engines, format_families(own, labels), replaced_text(replaced, labels)))
 
     def read_failed(self, exc: BaseException) -> None:
-        """Count a failed read (and warn on the first of its kind)."""
-        kind = error_kind(exc)
-        with self._errors_lock:
-            first = not self._errors[kind]
-            self._errors[kind] += 1
-        if first:
-            log.warning("reading %s failed (%s: %s)", self.reader.config.safe_url, kind, exc)
+        """Count a failed read; the first of an outage of this reader's reads is logged (a
+        warning), and its end with the first read that works again (``read_ok``)."""
+        self.errors.count(exc)
+        self._outage().failed(error_kind(exc), str(exc))
+
+    def read_ok(self) -> None:
+        """A read worked: ends the outage of this reader's reads, if one was going on."""
+        self._outage().succeeded("scrapes served redis_stats_up 0 meanwhile")
+
+    def _outage(self) -> Outage:
+        config = self.reader.config
+        return shared(
+            self.reader,
+            "reads",
+            lambda: Outage(
+                f"reads of namespace {config.namespace!r} from {config.safe_url}",
+                log,
+                retry="tried again at each scrape (redis_stats_up 0 until then)",
+            ),
+        )
 
     def _self_metrics(
         self, snapshot: Snapshot | None, duration: float, *, engines: bool = True
@@ -153,8 +191,7 @@ class RedisCollector:
         errors = CounterMetricFamily(
             "redis_stats_read_errors", "Reads of Redis that failed, by kind.", labels=["kind"]
         )
-        with self._errors_lock:
-            counts = sorted(self._errors.items())
+        counts = self.errors.counts()
         for kind, n in counts:
             errors.add_metric([kind], n)
         yield errors
@@ -172,6 +209,8 @@ class RedisCollector:
             yield fam
         if self.writers:
             yield from writer_families(snapshot)
+            yield from store_memory(self.reader).families()  # fleet-wide, as the writers' ones
+        yield from endpoint_families(snapshot)
         skipped = GaugeMetricFamily(
             "redis_stats_skipped_fields",
             "Fields of the last read that could not be decoded and were skipped, by reason.",
@@ -191,6 +230,11 @@ ENGINE_SELF_METRICS = (
         lambda e: 1.0 if e.up else 0.0,
     ),
     ("redis_stats_engine_data_age_seconds", "Seconds since the engine's last heartbeat.", lambda e: e.age),
+    (
+        "redis_stats_engine_closed",
+        "1 if the engine is down because every writer of it closed cleanly (stopped on purpose), else 0.",
+        lambda e: 1.0 if e.closed else 0.0,
+    ),
     (
         "redis_stats_engine_conflict",
         "1 if two live instances (owners) claimed this engine within stale_after, else 0.",
@@ -237,6 +281,28 @@ def namespace_info(namespace: str) -> Metric:
     )
     info.add_metric([namespace], 1.0)
     return info
+
+
+def endpoint_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """``redis_stats_endpoint_engines_up{endpoint}``: how many engines of this view behind each
+    endpoint are up, 0 when none is (the endpoint serves nothing a router can use). An endpoint
+    whose every engine closed cleanly is not listed: it was stopped on purpose. A sliced view
+    counts its own engines, so the slices' values add up to the endpoint's (``sum without
+    (slice)``). Nothing when no engine has an endpoint."""
+    ups: dict[str, float] = {}
+    for e in snapshot.engines.values():
+        if e.endpoint is not None and not e.closed:
+            ups[e.endpoint] = ups.get(e.endpoint, 0.0) + (1.0 if e.up else 0.0)
+    if ups:
+        family = GaugeMetricFamily(
+            "redis_stats_endpoint_engines_up",
+            "Engines of this view behind the endpoint that are up (0: none); an endpoint whose "
+            "engines all closed cleanly is not listed.",
+            labels=["endpoint"],
+        )
+        for endpoint, n in sorted(ups.items()):
+            family.add_metric([endpoint], n)
+        yield family
 
 
 WRITER_STATES = ("live", "stale", "closed")

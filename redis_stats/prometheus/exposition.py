@@ -1,4 +1,4 @@
-"""TextRenderer: the decoded form of a read (:class:`~redis_stats._core.decoder.Decoded`) as
+"""TextRenderer: the decoded form of a read (:class:`~redis_stats._core.read.decoder.Decoded`) as
 Prometheus text, for the exporter's ``/metrics``.
 
 prometheus_client's ``generate_latest`` builds a Python object per sample and formats every
@@ -32,9 +32,9 @@ from typing import Any
 
 from prometheus_client.utils import floatToGoString
 
-from redis_stats._core.decoder import Decoded
-from redis_stats._core.groups import Group, Layout
-from redis_stats._core.values import go_floats
+from redis_stats._core.read.decoder import Decoded
+from redis_stats._core.read.groups import Group, Layout
+from redis_stats._core.read.values import go_floats
 from redis_stats.catalog import COUNTER, ENGINE_LABEL, Catalog, MetricSpec
 
 __all__ = [

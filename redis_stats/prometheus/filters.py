@@ -23,7 +23,7 @@ from collections.abc import Iterable
 
 from prometheus_client.core import Metric
 
-from redis_stats._core.groups import KEPT_CHARACTERS, short_label
+from redis_stats._core.read.groups import KEPT_CHARACTERS, short_label
 from redis_stats.prometheus.exposition import label_pairs
 
 __all__ = [

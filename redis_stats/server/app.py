@@ -102,10 +102,11 @@ class App:
         """The state *kind* keeps of the whole server, made with ``kind(self)`` at first use."""
         found = self._states.get(kind)
         if found is None:
+            made = kind(self)  # outside the lock: a state may ask for another one as it is made
             with self._lock:
-                found = self._states.get(kind)
-                if found is None:
-                    found = self._states[kind] = kind(self)
+                found = self._states.setdefault(kind, made)
+            if found is not made:
+                made.close()  # type: ignore[attr-defined]
         return found
 
     def close(self) -> None:

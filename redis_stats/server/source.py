@@ -75,15 +75,14 @@ class Source:
         found = self._states.get(kind)  # type: ignore[call-overload]
         if found is not None:
             return found  # type: ignore[no-any-return]
+        made = kind(self)  # outside the lock: a state may ask for another one as it is made
         with self._lock:
             found = self._states.get(kind)  # type: ignore[call-overload]
-            if found is None:
-                found = kind(self)
-                if self._closed:  # made for a request that raced the source's close: not kept
-                    found.close()
-                else:
-                    self._states[kind] = found  # type: ignore[index]
-            return found  # type: ignore[no-any-return]
+            if found is None and not self._closed:
+                self._states[kind] = found = made  # type: ignore[index]
+        if found is not made:  # another request made it first, or the source closed: not kept
+            made.close()
+        return found if found is not None else made
 
     def kept(self, kind: str, key: Hashable, make: Callable[[], E]) -> E:
         """The server's kept *kind* entry of this namespace for *key* (bounded in bytes, dropped

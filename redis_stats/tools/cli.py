@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import math
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -64,6 +65,7 @@ def _config(redis_url: str | None, namespace: str | None) -> StatsConfig:
 EXIT_REDIS = 1
 EXIT_EMPTY_NAMESPACE = 3
 EXIT_LIVE_WRITERS = 4  # drop-namespace refused: a writer of the namespace is live
+EXIT_FOREIGN_WRITERS = 5  # simulate refused: the namespace holds writers it did not start
 
 # What to do, by error_kind: the second line of a failed command's message.
 _HINTS = {
@@ -103,12 +105,15 @@ def _redis_errors(config: StatsConfig) -> Iterator[None]:
     and a second line saying what to do when the kind of failure says it."""
     import redis
 
+    from redis_stats.errors import StoreUnsupported
     from redis_stats.writer import error_kind
 
     try:
         yield
     except BrokenPipeError:
         raise  # our stdout was closed (`| head`), not Redis' socket (redis-py wraps those)
+    except StoreUnsupported as exc:  # its message names the server, what is missing, the fix
+        raise RedisFailed(redact(str(exc), config.url)) from None
     except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
         kind = error_kind(exc)
         hint = _HINTS.get(kind)
@@ -118,13 +123,18 @@ def _redis_errors(config: StatsConfig) -> Iterator[None]:
         ) from None
 
 
-def _require_namespace(config: StatsConfig, client: object) -> None:
-    """End the command (exit 3) when the namespace holds nothing, naming the ones that do."""
+def _require_namespace(config: StatsConfig, client: object, *, writes: bool = False) -> None:
+    """End the command when the server cannot hold the store (exit 1: the capability check,
+    redis_stats/capability.py; *writes*: the command writes, as gc does) or the namespace holds
+    nothing (exit 3, naming the ones that do)."""
     import redis
 
+    from redis_stats.capability import check_store
     from redis_stats.errors import error_kind
     from redis_stats.ops.namespaces import describe_namespaces, namespace_holds_data, summary
 
+    # First: a server without scripts holds nothing of the store, which is not "empty".
+    check_store(client, config, writes=writes)
     if namespace_holds_data(client, config.namespace):
         return
     where = f"namespace {config.namespace!r} holds nothing at {config.safe_url}"
@@ -227,9 +237,21 @@ namespace_option = click.option(
 )
 
 
+class Finite(click.FloatRange):
+    """A number in a range that is also finite: ``nan`` compares false to both bounds, so
+    ``FloatRange`` let it through (``--period nan`` ended in a traceback), and ``inf`` passes a
+    range without an upper bound."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
 def _seconds_option(name: str, low: float, high: float | None = None, **settings: Any) -> Callable[[F], F]:
     """A duration option: a number of seconds from *low* to *high* (None: no upper limit)."""
-    return click.option(name, type=click.FloatRange(low, high), **settings)
+    return click.option(name, type=Finite(low, high), **settings)
 
 
 class _Main(click.Group):
@@ -313,10 +335,13 @@ def demo(redis_url: str | None, redis_url_file: str | None, **options: Any) -> N
     except NoServerBinary as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
-        port_hint = '--port 0 picks a free one (with make: make demo DEMO_ARGS="--port 0")'
+        if exc.errno == errno.EADDRINUSE:  # what happened, and nothing else: the port is in use
+            raise click.ClickException(
+                f"port {opts.port} on {opts.host} is in use by another program, so the demo started "
+                'nothing: give another --port, or --port 0 for a free one (make demo DEMO_ARGS="--port 0")'
+            ) from None
         raise click.ClickException(
-            f"cannot serve on {opts.host}:{opts.port}: {exc.strerror or exc}\n  "
-            + (f"is the port taken? {port_hint}" if exc.errno == errno.EADDRINUSE else _HOST_HINT)
+            f"cannot serve on {opts.host}:{opts.port}: {exc.strerror or exc}\n  {_HOST_HINT}"
         ) from None
     sys.exit(code)
 
@@ -346,7 +371,7 @@ def demo(redis_url: str | None, redis_url_file: str | None, **options: Any) -> N
 @click.option(
     "--scale",
     default=1.0,
-    type=click.FloatRange(0.001, 100, min_open=False),
+    type=Finite(0.001, 100, min_open=False),
     help="Multiplies every engine's arrival rate (below 1: fewer tokens to simulate per engine).",
 )
 @click.option(
@@ -360,11 +385,34 @@ def demo(redis_url: str | None, redis_url_file: str | None, **options: Any) -> N
 @click.option("--model", default="meta-llama/Llama-3.1-8B-Instruct", help="The model_name label.")
 @click.option("--seed", default=0, type=int, help="Seed of the simulated requests.")
 @_seconds_option("--duration", 1, show_default="until Ctrl-C", help="Stop after this many seconds.")
-def simulate(redis_url: str | None, namespace: str, **options: Any) -> None:
+@click.option(
+    "--engines-per-endpoint",
+    default=0,
+    type=click.IntRange(0, 1024),
+    show_default="no endpoints",
+    help="Engines behind each endpoint (simulate-<i>:8000), as data-parallel engines behind one API "
+    "server's address: the endpoint views (/endpoints, /metrics?endpoint=) then have endpoints to show.",
+)
+@click.option(
+    "--share-namespace",
+    is_flag=True,
+    help="Write into a namespace that holds writers simulate did not start (a real deployment's: "
+    "the simulated counters then stay in its totals for good). Refused without it.",
+)
+def simulate(redis_url: str | None, namespace: str, share_namespace: bool, **options: Any) -> None:
     """Write a simulated vLLM fleet (N engines x M API servers, the full vLLM catalogue, a few
     hot engines) into a Redis, to try the exporter, the live page, Prometheus or a router at size."""
-    from redis_stats.tools.fleet_sim import SimulateOptions, run_simulation
+    from redis_stats.tools.fleet_sim import MAX_WRITERS, SimulateOptions, foreign_writers, run_simulation
 
+    opts = SimulateOptions(**options)
+    writers = opts.engines * opts.api_servers
+    if writers > MAX_WRITERS:
+        raise click.UsageError(
+            f"--engines {opts.engines:,} x --api-servers {opts.api_servers} = {writers:,} writers, more "
+            f"than the {MAX_WRITERS:,} one simulation runs (each holds the full vLLM catalogue in memory "
+            "and flushes every flush interval); lower --engines or --api-servers, or run several "
+            "simulations, each into its own --namespace"
+        )
     config = _config(redis_url, namespace)
     with _redis_errors(config):  # unreachable, a wrong password, a replica: said before anything starts
         from redis_stats.connection import make_client
@@ -372,7 +420,22 @@ def simulate(redis_url: str | None, namespace: str, **options: Any) -> None:
         client = make_client(config)
         client.ping()
         client.close()
-    sys.exit(run_simulation(config, SimulateOptions(**options)))
+        foreign = [] if share_namespace else foreign_writers(config)
+    if foreign:
+        raise ForeignWriters(
+            f"namespace {config.namespace!r} at {config.safe_url} holds {_plural(len(foreign), 'writer')} "
+            f"that simulate did not start ({_writers_summary(foreign)}): a real deployment's, by the "
+            "look of it, and the simulated counters would stay in its totals for good\n  write to "
+            "another --namespace (the default, 'simulate', is meant for it), or give --share-namespace "
+            "to write there anyway"
+        )
+    sys.exit(run_simulation(config, opts))
+
+
+class ForeignWriters(click.ClickException):
+    """simulate refused: the namespace holds writers it did not start (exit code 5)."""
+
+    exit_code = EXIT_FOREIGN_WRITERS
 
 
 @main.command()
@@ -437,7 +500,7 @@ def simulate(redis_url: str | None, namespace: str, **options: Any) -> None:
 @click.option(
     "--window-budget",
     default=64.0,
-    type=click.FloatRange(0, 1_000_000),
+    type=Finite(0, 1_000_000),
     metavar="MB",
     help="Megabytes (MiB) the snapshots behind /snapshot's window may keep (about 5 per snapshot at "
     "1,024 vLLM engines); past it the oldest go and the window is the span that fits.",
@@ -621,7 +684,7 @@ def _print_snapshot_json(config: StatsConfig, window: float) -> None:
 @click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
 @click.option(
     "--retention",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Finite(min=0, min_open=True),
     show_default="REDIS_STATS_RETENTION, 86400",
     help="Seconds of silence after which engines and writers go.",
 )
@@ -638,7 +701,7 @@ def gc(redis_url: str | None, namespace: str | None, dry_run: bool, retention: f
             raise click.UsageError(f"--retention: {exc}") from None
     with _redis_errors(config):
         client = make_client(config)
-        _require_namespace(config, client)
+        _require_namespace(config, client, writes=True)
         result = collect_garbage(config, dry_run=dry_run, client=client)
     verb = "would remove" if dry_run else "removed"
     click.echo(
@@ -681,7 +744,7 @@ def drop_namespace(redis_url: str | None, namespace: str | None, dry_run: bool, 
     where = f"namespace {config.namespace!r} at {config.safe_url}"
     with _redis_errors(config):
         client = make_client(config)
-        _require_namespace(config, client)
+        _require_namespace(config, client, writes=True)
         plan = remove_namespace(config, dry_run=True, client=client)
         _removal_refused(plan, where, config.stale_after)
         shards = f" in {_plural(plan.shards, 'shard')}" if plan.shards > 1 else ""
@@ -710,22 +773,40 @@ def _removal_refused(result: Any, where: str, stale_after: float) -> None:
         first = "; the shards before it were removed" if result.partial else "; nothing was removed"
         raise LiveWriters(
             f"{where} has {_plural(len(result.live_writers), 'live writer')}{first}: "
-            + ", ".join(sorted(result.live_writers))
+            + _writers_summary(result.live_writers)
             + f"\n  stop them (a writer stays live {stale_after:g} s after its last flush unless it "
             "closed) and run it again"
         )
+
+
+WRITERS_SHOWN = 5
+"""Writer ids a message names before it counts the rest (2,048 of them were 50 KB on one line)."""
+
+
+def _writers_summary(writers: Any) -> str:
+    """*writers* (ids ``host:pid[:role]:random``) in a line: how many on how many hosts, and the
+    first :data:`WRITERS_SHOWN` ids (``redis-stats inspect`` lists them all)."""
+    ids = sorted(writers)
+    hosts = {w.split(":", 1)[0] for w in ids}
+    shown = ", ".join(ids[:WRITERS_SHOWN])
+    rest = len(ids) - WRITERS_SHOWN
+    more = f" and {rest:,} more (redis-stats inspect lists them)" if rest > 0 else ""
+    on = f" on {_plural(len(hosts), 'host')}" if len(ids) > 1 else ""
+    return f"{shown}{more}{on}"
 
 
 @main.command()
 @url_option
 def namespaces(redis_url: str | None) -> None:
     """Every namespace in this Redis: engines (up), writers (live), newest heartbeat."""
+    from redis_stats.capability import check_store
     from redis_stats.connection import make_client
     from redis_stats.ops.namespaces import describe_namespaces, scan_namespaces, summary, unusable_line
 
     config = _config(redis_url, None)
     with _redis_errors(config):
         client = make_client(config)
+        check_store(client, config, writes=False)  # a server without scripts holds no store
         scan = scan_namespaces(client)
         infos = describe_namespaces(client, config.stale_after, scan=scan)
     if not infos and not scan.unusable:
@@ -851,6 +932,7 @@ def bridge(
         ]
     except (ValueError, ConfigError) as exc:
         raise click.UsageError(str(exc)) from None
+    _refuse_unsupported_store(config)
     runner = Bridge(bridged, interval=interval)
     for source, start in zip(bridged, starts):
         click.echo(
@@ -954,6 +1036,27 @@ def load_proxy(
         asyncio.run_coroutine_threadsafe(proxy.close(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         serving.join(5)
+
+
+def _refuse_unsupported_store(config: StatsConfig) -> None:
+    """End the bridge (exit 1) when the server answers and cannot hold the store (the capability
+    check). One that does not answer yet is not refused: the bridge starts, as its writers do,
+    and flushes once it answers (they check it again then, and log a refusal)."""
+    import redis
+
+    from redis_stats.capability import check_store
+    from redis_stats.connection import make_client
+    from redis_stats.errors import error_kind
+
+    with _redis_errors(config):
+        client = make_client(config)
+        try:
+            check_store(client, config, writes=True)
+        except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
+            if error_kind(exc) == "unsupported":
+                raise
+        finally:
+            client.close()
 
 
 def _source_urls(sources: tuple[str, ...], source_files: tuple[str, ...]) -> list[str]:

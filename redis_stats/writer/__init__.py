@@ -7,7 +7,7 @@
 
 Every flush interval the thread sends one script call with every change since the last one (one
 per shard it writes to when the namespace is split into shards, see docs/key-schema.md; the
-exactly-once rules are in :mod:`redis_stats._core.protocol`). Start-up does not need Redis;
+exactly-once rules are in :mod:`redis_stats._core.write.protocol`). Start-up does not need Redis;
 while Redis is down, updates keep landing in memory and nothing raises into the caller.
 
 **Fork.** A writer made before ``os.fork()`` (gunicorn ``--preload``, multiprocessing's fork

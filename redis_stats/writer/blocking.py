@@ -23,6 +23,7 @@ from redis.utils import HIREDIS_AVAILABLE
 from redis_stats._core.background import survive
 from redis_stats._core.steps import run
 from redis_stats._scripts import Script, load_script
+from redis_stats.capability import CHECK_STEPS, check_step
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
 from redis_stats.connection import Client, is_cluster, make_client
@@ -179,8 +180,10 @@ class StatsWriter(WriterCore):
                     return False
             return run(self.flush_steps(closing=closing), self._carry_out)
 
-    def _carry_out(self, what: str, arg: tuple[list[str], list[str]]) -> Any:
+    def _carry_out(self, what: str, arg: Any) -> Any:
         """One step of :meth:`WriterCore.flush_steps`, blocking."""
+        if what in CHECK_STEPS:
+            return check_step(self._client, self.config, what, arg)
         if what == "shards":
             return self._shards_script(*arg)
         return self._call(*arg)

@@ -5,7 +5,7 @@ means (applied, already applied, gc removed the writer, the store is behind, cat
 engine conflicts, a ``WAIT`` reply); when a close tries again or gives up. The blocking writer
 (:mod:`redis_stats.writer.blocking`) carries its steps out with a thread, the asyncio one
 (:mod:`redis_stats.aio.writer`) with a task, so the exactly-once protocol
-(:mod:`redis_stats._core.protocol`) is driven by one piece of code.
+(:mod:`redis_stats._core.write.protocol`) is driven by one piece of code.
 """
 
 from __future__ import annotations
@@ -17,13 +17,15 @@ from typing import Any
 
 import redis
 
-from redis_stats._core.accumulator import Accumulator
-from redis_stats._core.liveness import ENDPOINT_FIELD, FLUSH_FIELD, STALE_FIELD
-from redis_stats._core.protocol import CALL_WORDS, DUPLICATE, MAX_CALL_WORDS, FlushProtocol, FlushResult
+from redis_stats._core.outage import Outage
 from redis_stats._core.steps import Steps
+from redis_stats._core.write.accumulator import Accumulator
+from redis_stats._core.write.protocol import CALL_WORDS, DUPLICATE, MAX_CALL_WORDS, FlushProtocol, FlushResult
+from redis_stats.capability import check_steps
 from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, CatalogError, MetricSpec
+from redis_stats.codec import ENDPOINT_FIELD, FLUSH_FIELD, STALE_FIELD
 from redis_stats.config import ConfigError, StatsConfig
-from redis_stats.errors import ReplicationLag, error_kind
+from redis_stats.errors import ReplicationLag, StoreUnsupported, error_kind
 from redis_stats.keys import Keys, shard_of
 from redis_stats.load import LoadMap
 from redis_stats.writer import forking
@@ -41,6 +43,15 @@ a change is sent at the next look, or ``load_interval`` after the lane's last ca
 EXTRA_WORDS = 1_600
 
 __all__ = ["WriterCore"]
+
+# What the end of a flush outage says (redis_stats._core.outage): Redis applied what the writer
+# kept, or found it had lost the writer's keys (restarted empty, an older copy), in which case
+# nothing of that batch was applied and the next flush stores the whole state (absolute totals).
+_RECOVERED = "what was kept meanwhile is confirmed, exactly once: nothing recorded during the outage was lost"
+_REBUILT = (
+    "Redis had lost this writer's keys (the warning above): its whole state goes with the next "
+    "flush, so nothing recorded during the outage is lost"
+)
 
 # The package's name: what hosts configure logging by (warnings of the blocking writer too).
 log = logging.getLogger("redis_stats.writer")
@@ -93,6 +104,11 @@ class WriterCore:
         self._always = tuple(sorted(heartbeat | {self.home}))
         # Whether shard 0's catalogue lists this K (readers configured otherwise find the shards).
         self.shards_noted = k == 1
+        # Whether the server passed the capability check (redis_stats.capability): checked
+        # before the first flush, and again after a flush answered as by a server without
+        # scripting, or one found behind (restarted: maybe as another server).
+        self.store_checked = False
+        self._refusal = ""  # the last refusal logged: logged again only when it changes
         self._acc = Accumulator(
             self.catalog,
             max_label_length=self.config.max_label_length,
@@ -122,6 +138,8 @@ class WriterCore:
         """Least seconds between two flushes that carry self-metrics when only the routine ones
         changed (flush counts and durations, pending series): each flush that carries them
         writes one more hash in Redis. Any other change goes with the next flush."""
+        # Per shard, the outages of its flushes in the log: the start and the end of each.
+        self._outages: dict[int, Outage] = {}
         forking.track(self)
 
     def __repr__(self) -> str:
@@ -207,6 +225,7 @@ class WriterCore:
         """
         self.writer_id = new_writer_id(self._role)
         self.stats = WriterStats()
+        self._outages = {}  # the parent's outages are the parent's to end
         self._stats_stored, self._stats_sent, self._stats_at = {}, [], -math.inf
         self._acc.forget_pending(self.writer_id)
         self._protocol = FlushProtocol(self._acc)
@@ -319,7 +338,7 @@ class WriterCore:
         them (a closing flush sends its last values whatever changed)."""
         fields = self.stats.as_fields(self.drops, self._acc.pending_series(), self.engines, self.owner)
         # Readers judge this writer (and its engines) by its own stale_after and flush interval
-        # (_core/liveness.py), and group its engines by its endpoint (the endpoint views).
+        # (_core/read/liveness.py), and group its engines by its endpoint (the endpoint views).
         fields += (STALE_FIELD, str(int(self.config.stale_after * 1000)))
         fields += (FLUSH_FIELD, str(int(self.config.flush_interval * 1000)))
         if self.config.endpoint is not None:
@@ -332,13 +351,68 @@ class WriterCore:
         self._stats_sent = changed
         return changed
 
+    def _outage(self, shard: int) -> Outage:
+        """The outages of *shard*'s flushes (made at its first failure)."""
+        found = self._outages.get(shard)
+        if found is None:
+            where = f" (shard {shard})" if self.shards > 1 else ""
+            found = self._outages[shard] = Outage(
+                lambda: f"flushes of writer {self._flows[shard].writer_id} to {self.config.safe_url}{where}",
+                log,
+                retry=(
+                    f"retried every {self.config.flush_interval:g} s with the same batch; what is "
+                    "recorded meanwhile waits in memory"
+                ),
+            )
+        return found
+
+    def _outage_over(self, shard: int, result: FlushResult) -> None:
+        """Redis answered *shard*'s flush: the end of its outage, if one was going on, says what
+        became of what the writer kept (applied, or its whole state goes next: Redis lost it)."""
+        outage = self._outages.get(shard)
+        if outage is not None:
+            outage.succeeded(_REBUILT if result.lost or result.store_behind else _RECOVERED)
+
     def flush_failed(self, exc: BaseException, shard: int = 0) -> None:
-        """The flush (of *shard*) did not get an answer: count it; the same batch goes next time."""
+        """The flush (of *shard*) did not get an answer: count it; the same batch goes next time.
+        The first failure of an outage is logged (a warning), the others at DEBUG; the first
+        flush that works again logs its end (:class:`~redis_stats._core.outage.Outage`)."""
         kind = error_kind(exc)
         self.stats.errors[kind] += 1
-        # Warn on the first failure of each kind; the rest go to DEBUG (and the counters).
-        log_fn = log.warning if self.stats.errors[kind] == 1 else log.debug
-        log_fn("flush to %s failed (%s: %s); will retry with the same batch", self.config.safe_url, kind, exc)
+        if kind == "unsupported":  # the check says what is missing, and how to fix it
+            self.store_checked = False
+        log.debug(
+            "flush to %s failed (%s: %s); will retry with the same batch", self.config.safe_url, kind, exc
+        )
+        self._outage(shard).failed(kind, str(exc))
+
+    def store_refused(self, exc: StoreUnsupported) -> None:
+        """The capability check refused the server: nothing is sent (the batch stays pending:
+        recording goes on in memory), counted as a flush error of kind ``unsupported``; one
+        error logged, again only when what is missing changes. Checked again next round."""
+        self.stats.errors["unsupported"] += 1
+        message = str(exc)
+        log_fn = log.error if message != self._refusal else log.debug
+        self._refusal = message
+        log_fn("writer %s sends nothing: %s (checked again at every flush)", self.writer_id, message)
+
+    def check_steps(self) -> Steps[bool]:
+        """The capability check, when due, as steps (:func:`redis_stats.capability.check_steps`):
+        False when the server was refused (:meth:`store_refused`). A server that does not answer
+        is not refused: the flushes that follow fail as they would and are counted, and the
+        check runs again next round."""
+        if self.store_checked:
+            return True
+        try:
+            yield from check_steps(self.config, writes=True)
+        except StoreUnsupported as exc:
+            self.store_refused(exc)
+            return False
+        except Exception as exc:
+            log.debug("the capability check of %s failed (%s); flushing anyway", self.config.safe_url, exc)
+            return True
+        self.store_checked, self._refusal = True, ""
+        return True
 
     def shards_failed(self, exc: BaseException) -> None:
         """Listing this writer's K in shard 0 (``shards.lua``) failed: tried again next round.
@@ -368,6 +442,7 @@ class WriterCore:
             self._store_behind(shard)
         if shard == self.home:  # the self-metrics go to the home shard only
             self._stats_answered(result)
+        self._outage_over(shard, result)
         self.stats.observe_duration(seconds)
         self.stats.last_success = time.time()
         self.stats.flushes += 1
@@ -384,6 +459,7 @@ class WriterCore:
         """Redis lost (some of) *shard*'s data: maybe shard 0's too, and with it the list of K:
         note K again (idempotent, one call). The next batch stores everything."""
         self.shards_noted = self.shards == 1
+        self.store_checked = False
         log.warning(
             "%s holds less of this writer than it confirmed (restarted empty or from an older "
             "copy, or a replica that had not caught up took over%s): storing its whole state "
@@ -472,7 +548,10 @@ class WriterCore:
         fit in one call (its next part, once the one before is confirmed: at most
         :data:`MAX_CALL_WORDS` words a call). Ends with True if Redis confirmed every flush; a
         failure is counted here and that shard's batch goes again next round (the parts after
-        it, with the round after that)."""
+        it, with the round after that). A server that cannot hold the store is refused first
+        (:meth:`check_steps`): the round ends False and sends nothing."""
+        if not (yield from self.check_steps()):
+            return False
         if not self.shards_noted:
             try:
                 yield ("shards", self.shards_call())

@@ -114,10 +114,11 @@ def test_async_writer_never_blocks_the_loop_while_redis_is_stopped(python_env):
     )
     assert result["errors"] > 0  # the outage was real
     assert result["total"] == result["sent"]  # and nothing was lost
-    assert result["p99_ms"] < 10
-    # One wait on the network would stall the loop for the 200 ms connect timeout; a lone spike of
-    # 10-20 ms does happen on this shared two-core machine, without any Redis in play.
-    assert result["max_ms"] < 50
+    # One wait on the network would stall the loop for the 200 ms connect timeout; on a loaded
+    # 2-core machine (another suite beside this one) lone spikes of tens of ms happen without any
+    # Redis in play: the bounds leave that room. The figures: bench/loop_lag.py.
+    assert result["p99_ms"] < 50
+    assert result["max_ms"] < 150
 
 
 async def test_async_lease_and_reporter(config, fake_async):

@@ -4,7 +4,12 @@ chose (``FAKEREDIS_LUA_VERSION``, read when fakeredis is imported), printed as o
 ``/metrics`` text) with the server's clock taken out: two runs under Lua 5.1 and 5.4 must print
 the same (tests/scripts/test_lua_versions.py).
 
-Usage: FAKEREDIS_LUA_VERSION=5.4 python -m tests.helpers.lua_scenario
+With ``FAKE_SERVER_TYPE=dragonfly`` the fake server answers as Dragonfly does, refusing keys a
+script did not declare (tests/dragonfly.py); the document then also lists every such access
+(``undeclared``, none expected) and what the guard answers a script that reads a key it did
+not declare (``guard``: it must refuse it, or the lane proves nothing).
+
+Usage: FAKEREDIS_LUA_VERSION=5.4 [FAKE_SERVER_TYPE=dragonfly] python -m tests.helpers.lua_scenario
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import fakeredis
 from redis_stats import RedisCollector, StatsConfig, StatsReader, StatsWriter
 from redis_stats.keys import Keys
 from redis_stats.ops.retention import collect_garbage
+from tests import dragonfly
 from tests.conftest import sample_catalog
 
 # A server time in ms a script wrote (13 digits: T), or a gauge stamp the writer wrote in Python
@@ -46,7 +52,9 @@ def _dump(client: Any, keys: list[str]) -> dict[str, Any]:
 
 
 def main() -> None:
-    server = fakeredis.FakeServer()
+    server = fakeredis.FakeServer(server_type=dragonfly.SERVER_TYPE)
+    if dragonfly.SERVER_TYPE == "dragonfly":
+        dragonfly.strict_keys()
 
     def client(cls: type = fakeredis.FakeRedis) -> Any:
         return cls(server=server, decode_responses=True)
@@ -97,6 +105,13 @@ def main() -> None:
         # The series, not the self-metrics (durations, ages: they vary by run).
         "text": [line for line in text.splitlines() if not line.startswith(("redis_stats_", "# "))],
     }
+    if dragonfly.SERVER_TYPE == "dragonfly":
+        doc["undeclared"] = [[cmd, key.decode()] for cmd, key in dragonfly.take_undeclared()]
+        try:
+            raw.eval("return redis.call('HGET', KEYS[1] .. 'x', 'f')", 1, keys.meta)
+            doc["guard"] = "not refused"
+        except Exception as exc:
+            doc["guard"] = str(exc)
     print(json.dumps(_clockless(doc), sort_keys=True, default=str, indent=0))
 
 

@@ -121,7 +121,7 @@ def test_exporter_runs_retention_on_a_timer(redis_server, namespace, catalog):
 
 
 def test_gc_folds_a_writer_whose_id_has_characters_that_fields_escape(config, catalog, fake_client):
-    # gc.lua finds a writer's chunks by the escaped id ("@|<id>|"): it must escape as fields.py
+    # gc.lua finds a writer's chunks by the escaped id ("@|<id>|"): it must escape as codec.py
     # does, newline included, or the chunks stay (counted twice once folded by hand) unfolded.
     cfg = config.replace(retention=60)
     keys = Keys(cfg.namespace)

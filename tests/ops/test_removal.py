@@ -152,7 +152,7 @@ def test_a_namespace_split_over_a_cluster_is_removed_from_every_master(namespace
 
 
 def test_a_writer_is_live_for_the_stale_after_it_stored_not_the_removers(redis_server, namespace):
-    """Readers judge a writer by the stale_after it stored (stale_ms, _core/liveness.py): a
+    """Readers judge a writer by the stale_after it stored (stale_ms, _core/read/liveness.py): a
     remover configured shorter must not take a writer every reader calls live for gone."""
     root = redis.Redis.from_url(redis_server.url, decode_responses=True)
     w = StatsWriter(
@@ -189,3 +189,22 @@ def test_the_admin_user_without_scan_removes_a_dead_writers_load_entries_too(
     done = remove_namespace(admin_config(stale_after=0.1))
     assert (done.failed, done.live_writers, done.scanned) == ({}, [], False)
     assert keys_of(root, namespace) == set()
+
+
+def test_a_refusal_for_many_live_writers_summarises_them(redis_server, namespace):
+    """Before: every writer id on one line (50 KB at 2,048 writers). Now how many, on how many
+    hosts, the first five, and where the rest are listed."""
+    cfg = StatsConfig(url=redis_server.url, namespace=namespace)
+    writers = [StatsWriter(cfg, sample_catalog(), engines=[e], start=False) for e in range(40)]
+    for w in writers:
+        w.counter("requests").labels(engine=w.engines[0], reason="stop").inc()
+        assert w.flush()
+    env = {"REDIS_STATS_URL": redis_server.url, "REDIS_STATS_NAMESPACE": namespace}
+    live = CliRunner().invoke(main, ["drop-namespace", "--yes"], env=env)
+    assert live.exit_code == 4, live.output
+    first = sorted(w.writer_id for w in writers)[:5]
+    assert f"40 live writers; nothing was removed: {', '.join(first)} and 35 more" in live.output
+    assert "(redis-stats inspect lists them) on 1 host" in live.output
+    assert len(live.output) < 600, len(live.output)
+    for w in writers:
+        w._closed = True  # the namespace is left to its test

@@ -29,7 +29,9 @@ PROMETHEUS_ACCEPT = (
     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
 )
 # Lines whose value changes on every scrape (how long the read took, how old the data is).
-VOLATILE = re.compile(r"^redis_stats_\w*(duration_seconds|age_seconds)\w*[{ ]", re.M)
+VOLATILE = re.compile(
+    r"^redis_stats_(\w*(duration_seconds|age_seconds)\w*|store_used_memory_bytes)[{ ]", re.M
+)
 
 
 @pytest.fixture

@@ -488,7 +488,7 @@ def test_the_documented_acl_rules_carry_the_feed_and_older_writer_rules_only_los
         # The older rules lack HDEL: the closing writer's entries stay (counted), never counted
         # by a reader (the writer closed: its engine is down at once)
         o.close()
-        assert o.stats.errors["load_response"] == 1  # Redis words a script's NOPERM as an error reply
+        assert o.stats.errors["load_noperm"] == 1  # a script's NOPERM, however the server words it
         view = reader.load()
         assert not view.engines[1].up and view.engines[1].requests_running is None
         assert view.engines[0].requests_running == 3

@@ -83,6 +83,76 @@ def test_top_writes_every_latency_exactly_as_the_page_does(config, fake_client):
     assert page[values.index(79.6)] == "79.6 s"  # top wrote "79600 ms"
 
 
+def _fleet_doc(engines: int, hot: set[int], full: set[int]) -> dict[str, Any]:
+    """A /snapshot document of *engines* engines as a busy simulated fleet gives it: every TTFT p99
+    past 1 s (1.2 to 1.5 s), queues of 0 to 4; the *hot* ones queued (40 waiting, TTFT p99 6 s),
+    the *full* ones' KV cache at 99 %."""
+    ttft, itl = "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds"
+    doc: dict[str, Any] = {"window": {"seconds": 30, "requested_seconds": 30, "engines": {}}, "engines": {}}
+    for e in range(engines):
+        waiting = 40 if e in hot else e % 5
+        kv = 0.99 if e in full else 0.3 + 0.4 * (e % 11) / 11
+        gauges = {
+            "vllm:num_requests_running": [{"labels": {}, "value": 12}],
+            "vllm:num_requests_waiting": [{"labels": {}, "value": waiting}],
+            "vllm:kv_cache_usage_perc": [{"labels": {}, "value": kv}],
+        }
+        doc["engines"][str(e)] = {"up": True, "state": "up", "age_seconds": 0.5, "gauges": gauges}
+        p99 = 6.0 if e in hot else 1.2 + 0.3 * (e % 7) / 7
+        doc["window"]["engines"][str(e)] = {
+            "rates": {},
+            "histograms": {
+                ttft: [{"p50": p99 / 3, "p99": p99}],
+                itl: [{"p50": 0.02, "p99": 0.05 + 0.01 * (e % 3)}],
+            },
+        }
+    return doc
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("query", "flagged"),
+    [
+        ("", "the standouts"),  # thresholds relative to the fleet
+        ("?warn_ttft=1", "every engine"),  # a deployment's own TTFT threshold, used as set
+        ("?warn_ttft=5&warn_waiting=30&warn_kv=0.95&warn_itl=1", "the standouts"),
+    ],
+)
+def test_needs_attention_at_1024_engines_flags_what_stands_out_not_the_whole_fleet(
+    config, fake_client, query, flagged
+):
+    """Before: at 1,024 simulated engines the fixed 1 s TTFT threshold flagged 997 of them, and
+    "needs attention" was noise. By default a threshold is relative to the fleet (twice its median;
+    KV halfway from its median to full; never below 10 waiting, 90 %, 1 s, 0.1 s): the ten queued
+    engines and the two with a full KV cache, nothing else, ranked worst first. A threshold set on
+    the URL is used as set."""
+    if why := browser.missing():
+        pytest.skip(why)
+    hot, full = {3, 100, 200, 300, 400, 517, 600, 700, 800, 1000}, {5, 900}
+    doc = _fleet_doc(1024, hot, full)
+    exporter = Exporter(StatsReader(config, vllm_catalog(), client=fake_client()), port=0).start()
+    b = browser.Browser()
+    try:
+        b.get(exporter.url + "/" + query)
+        got = b.js(
+            f"const rows = engineRows({json.dumps(doc)});"
+            "return [rows.filter(r => r.warns.length).map(r => r.id),"
+            " rows.slice().sort((a, b) => b.attention - a.attention).slice(0, 12).map(r => r.id),"
+            " Object.assign({}, WARN)]"
+        )
+    finally:
+        b.close()
+        exporter.close()
+    warned, top, thresholds = set(got[0]), got[1], got[2]
+    if flagged == "every engine":
+        assert len(warned) == 1024 and thresholds["ttft99"] == 1, thresholds
+        return
+    assert warned == hot | full, (sorted(warned - hot - full), sorted((hot | full) - warned), thresholds)
+    assert set(top) == hot | full  # ranked first: what stands out
+    if query == "":
+        assert 2.4 <= thresholds["ttft99"] <= 3.0 and thresholds["waiting"] == 10, thresholds
+
+
 class Page:
     """A headless Chromium on the live page of an exporter over a simulated fleet."""
 

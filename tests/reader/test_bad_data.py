@@ -30,6 +30,7 @@ VOLATILE = {
     "redis_stats_read_duration_seconds",
     "redis_stats_engine_data_age_seconds",
     "redis_stats_writer_last_flush_age_seconds",
+    "redis_stats_store_used_memory_bytes",
 }
 
 

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from redis_stats import RedisCollector, StatsReader, StatsWriter
-from redis_stats._core import decoder
+from redis_stats._core.read import decoder
 from redis_stats.keys import Keys
 from redis_stats.prometheus.exposition import TextRenderer
 from tests import chunked
@@ -168,7 +168,7 @@ def test_what_a_reader_keeps_follows_the_namespace_not_its_history(config, catal
     client = fake_client()
     reader = StatsReader(config, catalog, client=fake_client())
     collector = RedisCollector(reader)
-    from redis_stats._core import groups
+    from redis_stats._core.read import groups
     from redis_stats.prometheus import exposition
 
     traced = [tracemalloc.Filter(True, m.__file__) for m in (decoder, groups, exposition)]

@@ -11,7 +11,7 @@ import fakeredis
 import pytest
 
 from redis_stats import RedisCollector, StatsReader, StatsWriter
-from redis_stats._core import decoder
+from redis_stats._core.read import decoder
 from tests.conftest import sample_catalog
 from tests.store.test_shards import K, _cfg
 

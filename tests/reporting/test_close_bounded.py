@@ -169,6 +169,6 @@ async def test_a_close_with_no_time_left_still_cancels_the_task(config, fake_ser
     await asyncio.sleep(0.05)
     started = time.monotonic()
     await reporter.close(timeout=0)
-    assert time.monotonic() - started < 0.1
+    assert time.monotonic() - started < 5  # not its 10 s interval: a margin no machine misses
     await asyncio.sleep(0.05)
     assert reporter._task is not None and reporter._task.done()  # not left asleep for 10 s

@@ -19,11 +19,11 @@ import pytest
 from tests.conftest import PYTHON, ROOT
 
 
-def _run(version: str, env: dict[str, str]) -> dict:
+def _run(version: str, env: dict[str, str], server_type: str = "redis") -> dict:
     done = subprocess.run(
         [PYTHON, "-m", "tests.helpers.lua_scenario"],
         cwd=ROOT,
-        env={**env, "FAKEREDIS_LUA_VERSION": version},
+        env={**env, "FAKEREDIS_LUA_VERSION": version, "FAKE_SERVER_TYPE": server_type},
         capture_output=True,
         text=True,
         timeout=300,
@@ -43,3 +43,16 @@ def test_the_scripts_store_and_read_the_same_under_lua_5_1_and_5_4(python_env):
     for part in ("keys", "gc", "scripted", "plain", "text"):
         assert new[part] == old[part], part
     assert old["scripted"] == old["plain"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("lupa.lua54") is None, reason="lupa has no Lua 5.4 runtime here")
+def test_the_scripts_store_and_read_the_same_on_dragonfly_and_touch_no_undeclared_key(python_env):
+    """The Dragonfly lane's scenario (fakeredis' Dragonfly emulation, Lua 5.4, and Dragonfly's
+    refusal of undeclared keys): the same keys, gc and reads as on Redis, no key a call did not
+    declare; and the guard is real (a script reading another key is refused)."""
+    env = {k: v for k, v in python_env.items() if k not in ("FAKEREDIS_LUA_VERSION", "FAKE_SERVER_TYPE")}
+    redis_run, dragonfly_run = _run("5.1", env), _run("5.4", env, "dragonfly")
+    assert dragonfly_run["undeclared"] == []
+    assert "script tried accessing undeclared key" in dragonfly_run["guard"]
+    for part in ("keys", "gc", "scripted", "plain", "text"):
+        assert dragonfly_run[part] == redis_run[part], part

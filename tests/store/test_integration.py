@@ -129,7 +129,9 @@ def test_server_down_then_back_record_never_blocks_and_totals_are_exact(own_core
     while writer.pending() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert writer.close()
-    assert worst < 0.05, f"a record call took {worst * 1000:.1f} ms during the outage"
+    # A call that waited on the network could take the 200 ms timeouts; scheduler noise on a
+    # loaded machine stays well below 150 ms (the calls' own figures: bench/core.py).
+    assert worst < 0.15, f"a record call took {worst * 1000:.1f} ms during the outage"
     snap = StatsReader(StatsConfig(url=server.url, namespace=namespace), sample_catalog()).snapshot()
     assert snap.engines[0].counter("tokens") == sent
 

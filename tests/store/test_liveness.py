@@ -112,7 +112,7 @@ STORED = {
 def test_killed_writers_are_judged_by_their_own_value_or_the_one_default_and_gc_agrees(
     redis_server, namespace, python_env, monkeypatch
 ):
-    from redis_stats._core import liveness
+    from redis_stats._core.read import liveness
     from redis_stats.ops.retention import collect_garbage
     from tests.conftest import PYTHON, ROOT
 

@@ -149,7 +149,7 @@ def test_close_with_one_shard_down_says_what_is_lost_and_where(fake_client, name
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="redis_stats.writer"):
         assert not w.close(timeout=0.3)
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 0.3 + 2.0  # a margin no machine misses
     lost = [r.getMessage() for r in caplog.records if "gave up" in r.getMessage()]
     assert len(lost) == 1
     assert "1 series in the unconfirmed batches and 2 more changed since" in lost[0]
@@ -169,7 +169,7 @@ def test_close_with_a_hung_shard_returns_by_its_deadline(fake_client, namespace)
     hung.fail = ["hang"]
     started = time.monotonic()
     assert not w.close(timeout=0.5)
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < _Hung.hang - 0.5  # not held by the 3 s hang
     time.sleep(_Hung.hang)  # the flusher's attempt ends
     snap = StatsReader(_cfg(namespace), sample_catalog(), client=fake_client()).snapshot()
     assert snap.engines[0].counter("tokens") == 1 and snap.engines[1].counter("tokens") == 2

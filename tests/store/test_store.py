@@ -254,7 +254,8 @@ def test_record_never_touches_the_network_and_never_raises(catalog, namespace):
     t0 = time.perf_counter()
     for _ in range(10000):
         c.inc()
-    assert time.perf_counter() - t0 < 1.0  # 10,000 calls; a single network wait would be 50 ms
+    assert not w.stats.errors  # no attempt was made: recording touched no socket
+    assert time.perf_counter() - t0 < 10.0  # 10,000 calls of ~0.5 us: a margin no machine misses
     assert not w.flush()
     assert w.stats.errors["connection"] == 1
     assert w.pending()

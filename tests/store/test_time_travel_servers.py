@@ -29,6 +29,7 @@ from click.testing import CliRunner
 
 from redis_stats import RedisCollector, StatsConfig, StatsReader, StatsWriter
 from redis_stats.aio import AsyncStatsWriter
+from redis_stats.capability import check_store
 from redis_stats.integrations.vllm.logline import VllmLogLines
 from redis_stats.keys import Keys
 from redis_stats.leader import Rank0Leader
@@ -521,7 +522,10 @@ def test_a_writer_paused_with_a_flush_in_flight_past_twice_the_retention_is_coun
             assert w.flush()
             tokens.inc(10)
         assert w._client is not None
-        w._client.ping()  # connected: the next reply through the proxy is the flush's
+        # Connected and the server checked (redis_stats/capability.py, before a first flush):
+        # the next reply through the proxy is the flush's.
+        w._client.ping()
+        w.store_checked = check_store(w._client, w.config, writes=True) is not None
         proxy.cut_probability = 1.0
         assert not w.flush()  # applied, its reply lost
         proxy.cut_probability = 0.0

@@ -12,13 +12,18 @@ import pytest
 from tests.conftest import PYTHON, ROOT
 
 # In a fresh process: bound_arenas(), then 16 threads that allocate at once, then the number of
-# arenas (heaps) glibc's malloc_info reports. Without a bound glibc makes one per thread here.
+# arenas (heaps) glibc's malloc_info reports. glibc gives a thread's first allocation a new arena
+# while it has fewer than its limit, and hands the arena of a thread that ended to the next one:
+# so every thread holds its blocks at a barrier until all 16 have allocated. Without it a busy
+# machine ran them one after the other, on one arena, and the count said nothing of the limit.
 SCRIPT = """
 import ctypes, tempfile, threading
 from redis_stats.tools.allocator import bound_arenas
 print(bound_arenas())
+all_in = threading.Barrier(16)
 def work():
     blocks = [bytearray(4096) for _ in range(2000)]
+    all_in.wait(timeout=120)
 threads = [threading.Thread(target=work) for _ in range(16)]
 for t in threads:
     t.start()

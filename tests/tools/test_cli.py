@@ -325,3 +325,20 @@ def test_the_exporter_stops_cleanly_on_ctrl_c_and_sigterm(sig, tmp_path):
                 proc.wait()
         assert proc.returncode == 0, err
         assert "Traceback" not in err
+
+
+def test_the_demo_on_a_port_in_use_says_only_that_and_starts_nothing():
+    """Before: "cannot serve on 127.0.0.1:P: Address already in use / is the port taken? ..." and
+    then "demo stopped: every process it started has exited" although it had started nothing."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(main, ["demo", "--port", str(port), "--duration", "1"])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip() == (
+        f"Error: port {port} on 127.0.0.1 is in use by another program, so the demo started nothing: "
+        'give another --port, or --port 0 for a free one (make demo DEMO_ARGS="--port 0")'
+    )

@@ -30,6 +30,8 @@ LAYOUTS = {
     "bridge (SGLang)": KUBE / "bridge",
     "redis": KUBE / "redis",
     "every namespace, one exporter": KUBE / "all-namespaces",
+    "data parallelism in a pod": KUBE / "data-parallel",
+    "exporter highly available": KUBE / "ha",
 }
 MONITOR_LABELS = KUBE / "monitor-labels"
 
@@ -87,6 +89,93 @@ MONITOR_SCHEMA = {
     },
 }
 
+
+_STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
+# The fields of monitoring.coreos.com/v1 PrometheusRule the alerts use (the operator's CRD: groups
+# of rules, each an alert or a record with an expr), no others.
+RULE_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PrometheusRule"},
+        "metadata": {"type": "object", "required": ["name"]},
+        "spec": {
+            "type": "object",
+            "required": ["groups"],
+            "additionalProperties": False,
+            "properties": {
+                "groups": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["name", "rules"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "name": {"type": "string", "minLength": 1},
+                            "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+                            "rules": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "required": ["alert", "expr"],
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "alert": {"type": "string", "minLength": 1},
+                                        "expr": {"type": "string", "minLength": 1},
+                                        "for": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+                                        "labels": _STRINGS,
+                                        "annotations": _STRINGS,
+                                    },
+                                },
+                            },
+                        },
+                    },
+                }
+            },
+        },
+    },
+}
+
+_RELABELINGS = _ENDPOINT["properties"]["relabelings"]
+_ENDPOINT["properties"]["metricRelabelings"] = _RELABELINGS  # the CRD's field, the same items
+# The fields of monitoring.coreos.com/v1alpha1 ScrapeConfig the HA layout uses (static targets,
+# their labels, the scrape's path, interval, timeout and metric relabelings), no others.
+SCRAPE_CONFIG_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1alpha1"},
+        "kind": {"const": "ScrapeConfig"},
+        "metadata": {"type": "object", "required": ["name"]},
+        "spec": {
+            "type": "object",
+            "required": ["staticConfigs"],
+            "additionalProperties": False,
+            "properties": {
+                "staticConfigs": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["targets"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "targets": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                            "labels": _STRINGS,
+                        },
+                    },
+                },
+                "metricsPath": {"type": "string", "pattern": "^/"},
+                "scrapeInterval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+                "scrapeTimeout": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+                "metricRelabelings": _RELABELINGS,
+                "relabelings": _RELABELINGS,
+            },
+        },
+    },
+}
 
 _INT = {"type": "integer", "minimum": 0}
 # The fields of keda.sh/v1alpha1 ScaledObject these manifests use (KEDA 2.x's CRD: required
@@ -233,6 +322,10 @@ def validate(doc: dict, where: str) -> None:
     name = f"{where} {doc['kind']}/{doc['metadata']['name']}"
     for group, schema in (("monitoring.coreos.com/", MONITOR_SCHEMA), ("keda.sh/", KEDA_SCHEMA)):
         if doc["apiVersion"].startswith(group):
+            if doc["kind"] == "PrometheusRule":
+                schema = RULE_SCHEMA
+            elif doc["kind"] == "ScrapeConfig":
+                schema = SCRAPE_CONFIG_SCHEMA
             try:
                 jsonschema.Draft202012Validator(schema).validate(doc)
             except jsonschema.ValidationError as exc:
@@ -316,6 +409,7 @@ def _selects(selector: dict, labels: dict) -> bool:
         "sliced fleet view",
         "bridge (SGLang)",
         "every namespace, one exporter",
+        "data parallelism in a pod",
     ],
 )
 def test_each_layout_scrapes_every_engine_exactly_once(layout):
@@ -481,7 +575,7 @@ def test_every_namespace_a_layout_writes_is_read_by_its_view(layout):
 def _server_pods() -> list[tuple[str, dict, dict]]:
     """(layout, StatefulSet, model server container) of every layout's model servers."""
     out = []
-    for name in ("fleet view (exporter)", "per-pod views", "bridge (SGLang)"):
+    for name in ("fleet view (exporter)", "per-pod views", "bridge (SGLang)", "data parallelism in a pod"):
         (sts,) = [d for d in build(LAYOUTS[name]) if d["kind"] == "StatefulSet"]
         (c,) = [c for c in containers(sts) if (c.get("args") or [""])[0] != "bridge"]
         out.append((name, sts, c))
@@ -660,3 +754,174 @@ def test_the_keda_validator_is_not_vacuous():
     typo["spec"]["pollingIntervall"] = 15
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.Draft202012Validator(KEDA_SCHEMA).validate(typo)
+
+
+def _pod_environ(container: dict, index: int) -> dict[str, str]:
+    """The environment a rendered container gets in pod *index* of its StatefulSet: values as
+    written, the downward API's pod-index label resolved, Secrets as a placeholder."""
+    environ = {}
+    for e in container.get("env", []):
+        if "value" in e:
+            environ[e["name"]] = e["value"]
+        elif "fieldRef" in e.get("valueFrom", {}):
+            path = e["valueFrom"]["fieldRef"]["fieldPath"]
+            environ[e["name"]] = (
+                str(index) if path == "metadata.labels['apps.kubernetes.io/pod-index']" else "x"
+            )
+        else:
+            environ[e["name"]] = "redis://secret.invalid:6379/0"
+    return environ
+
+
+def _engines_of_pods(layout: Path) -> tuple[list[list[int]], dict[str, str]]:
+    """The engine numbers each pod of the layout's vLLM StatefulSet records, derived by the
+    plugin's own config (``plugin_config``) from the rendered pod: its environment in pod i and
+    its ``--data-parallel-size``."""
+    from redis_stats.integrations.vllm.options import plugin_config
+
+    (sts,) = [d for d in build(layout) if d["kind"] == "StatefulSet"]
+    (c,) = containers(sts)
+    args = c["args"]
+    dp = int(args[args.index("--data-parallel-size") + 1]) if "--data-parallel-size" in args else 1
+    pods = []
+    for i in range(sts["spec"]["replicas"]):
+        config = plugin_config("m", _pod_environ(c, i), argv=args, data_parallel_size=dp)
+        pods.append([config.engine_offset + e for e in range(dp)])
+    flags = {a: args[args.index(a) + 1] for a in ("--data-parallel-size", "--api-server-count") if a in args}
+    return pods, flags
+
+
+def test_the_data_parallel_layout_derives_each_pods_engines_from_its_index():
+    """The README's layout: several data-parallel engines and API servers in every pod. No pod
+    sets an offset by hand; each pod's engines come after the previous pods' (pod i: engines
+    i x N .. i x N + N - 1), every engine of the fleet once, whatever the replica count."""
+    pods, flags = _engines_of_pods(LAYOUTS["data parallelism in a pod"])
+    assert int(flags["--data-parallel-size"]) >= 2 and int(flags["--api-server-count"]) >= 2, flags
+    n = int(flags["--data-parallel-size"])
+    assert len(pods) >= 2
+    assert pods == [list(range(i * n, i * n + n)) for i in range(len(pods))], pods
+    (sts,) = [d for d in build(LAYOUTS["data parallelism in a pod"]) if d["kind"] == "StatefulSet"]
+    env = env_of(containers(sts)[0])
+    assert "REDIS_STATS_ENGINE_OFFSET" not in env  # derived, never hand-set beside it
+    assert containers(sts)[0]["resources"]["requests"]["nvidia.com/gpu"] == n  # a GPU per engine
+    # ... and the one-engine-per-pod layout numbers its pods 0, 1, ... as before.
+    single, _ = _engines_of_pods(KUBE)
+    assert single == [[i] for i in range(len(single))]
+
+
+def test_the_docs_state_the_startup_probe_the_manifest_sets():
+    """One number, stated the same way everywhere (it read 10 minutes in docs/autoscaling.md, 20 in
+    docs/kubernetes.md and the manifest)."""
+    (sts,) = [d for d in build(KUBE) if d["kind"] == "StatefulSet"]
+    probe = containers(sts)[0]["startupProbe"]
+    minutes = probe["periodSeconds"] * probe["failureThreshold"] / 60
+    kube = (ROOT / "docs" / "kubernetes.md").read_text()
+    scaling = (ROOT / "docs" / "autoscaling.md").read_text()
+    stated = re.findall(r"startup probe on `/health` allows (\d+) minutes \((\d+) \u00d7 (\d+) s\)", kube)
+    assert stated == [(f"{minutes:g}", str(probe["failureThreshold"]), str(probe["periodSeconds"]))], stated
+    assert re.findall(r"startup probe allows (\d+)\)", scaling) == [f"{minutes:g}"]
+
+
+@pytest.mark.parametrize("recipe", ["load", "prometheus"])
+def test_the_keda_recipes_work_in_any_namespace_set_in_one_place(recipe, tmp_path):
+    """The ScaledObject sits beside the StatefulSet it scales, and the metrics-api trigger reaches
+    the exporter's Service by its full name: one line, `namespace:` of the recipe's kustomization,
+    sets both (they hard-coded `default` before)."""
+    copy = tmp_path / recipe
+    shutil.copytree(KEDA / recipe, copy)
+    text = (copy / "kustomization.yaml").read_text()
+    assert text.count("namespace: default\n") == 1
+    (copy / "kustomization.yaml").write_text(text.replace("namespace: default\n", "namespace: inference\n"))
+    (so,) = build(copy)
+    assert so["metadata"]["namespace"] == "inference"
+    flat = json.dumps(so)
+    assert "default" not in flat, flat
+    if recipe == "load":
+        url = so["spec"]["triggers"][0]["metadata"]["url"]
+        assert url == "http://redis-stats-exporter.inference.svc.cluster.local:9400/load", url
+
+
+PER_PROCESS = (
+    "process_.*|python_.*|redis_stats_exporter_.*|"
+    "redis_stats_background_errors_total|redis_stats_read_errors_total"
+)
+"""The exporter's own process's series (docs/kubernetes.md, "Running it highly available")."""
+
+
+def ha_scrapes(layout: Path = KUBE / "ha") -> tuple[dict, dict, list[dict]]:
+    """The HA layout's ScrapeConfig (the Service address), ServiceMonitor (each replica) and
+    everything it builds."""
+    docs = build(layout)
+    (sc,) = [d for d in docs if d["kind"] == "ScrapeConfig"]
+    (sm,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    return sc, sm, docs
+
+
+def test_the_ha_layout_runs_replicas_and_stores_every_engine_once_whatever_their_count():
+    """Two exporter replicas (a PodDisruptionBudget keeps one through a drain, a spread puts them
+    on two nodes); Prometheus scrapes the Service address once for the store's series and each
+    replica for its own process's series only: the two relabelings are complementary (what one
+    keeps, the other drops), so no series is stored twice and none is lost."""
+    sc, sm, docs = ha_scrapes()
+    (exporter,) = [
+        d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "redis-stats-exporter"
+    ]
+    (service,) = [
+        d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "redis-stats-exporter"
+    ]
+    (pdb,) = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    replicas = exporter["spec"]["replicas"]
+    assert replicas >= 2
+    pod_labels = exporter["spec"]["template"]["metadata"]["labels"]
+    assert _selects(pdb["spec"]["selector"], pod_labels) and 1 <= pdb["spec"]["minAvailable"] < replicas
+    spread = exporter["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert any(
+        c["topologyKey"] == "kubernetes.io/hostname" and _selects(c["labelSelector"], pod_labels)
+        for c in spread
+    )
+    # The store's series: ONE target, the Service's full name and port.
+    (static,) = sc["spec"]["staticConfigs"]
+    port = {p["name"]: p["port"] for p in service["spec"]["ports"]}["metrics"]
+    namespace = service["metadata"]["namespace"]
+    assert static["targets"] == [f"redis-stats-exporter.{namespace}.svc.cluster.local:{port}"]
+    assert static["labels"]["job"] == "redis-stats-exporter"  # the job the alerts and KEDA name
+    (drop,) = sc["spec"]["metricRelabelings"]
+    # Each replica: its own process's series only, under a job of their own.
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert _selects(sm["spec"]["selector"], service["metadata"]["labels"])
+    (keep,) = endpoint["metricRelabelings"]
+    assert (drop["action"], keep["action"]) == ("drop", "keep")
+    assert drop["regex"] == keep["regex"] == PER_PROCESS
+    assert drop["sourceLabels"] == keep["sourceLabels"] == ["__name__"]
+    (job,) = endpoint["relabelings"]
+    assert job == {"targetLabel": "job", "replacement": "redis-stats-exporter-replicas"}
+    # The per-process series are exactly the ones the standalone exporter adds to the store's.
+    for name in (
+        "process_cpu_seconds_total",
+        "python_info",
+        "redis_stats_exporter_scrape_bytes_total",
+        "redis_stats_background_errors_total",
+        "redis_stats_read_errors_total",
+    ):
+        assert re.fullmatch(PER_PROCESS, name), name
+    for name in (
+        "redis_stats_up",
+        "redis_stats_engine_up",
+        "vllm:generation_tokens_total",
+        "redis_stats_writer_flush_errors_total",
+        "redis_stats_store_used_memory_bytes",
+    ):
+        assert not re.fullmatch(PER_PROCESS, name), name
+
+
+def test_the_ha_layouts_service_address_follows_its_namespace(tmp_path):
+    copy = tmp_path / "ha"
+    shutil.copytree(KUBE / "ha", copy)
+    for name in ("base", "exporter", "monitor-labels"):
+        shutil.copytree(KUBE / name, tmp_path / name)
+    text = (copy / "kustomization.yaml").read_text()
+    (copy / "kustomization.yaml").write_text(text.replace("namespace: default\n", "namespace: inference\n"))
+    sc, _, _ = ha_scrapes(copy)
+    assert sc["spec"]["staticConfigs"][0]["targets"] == [
+        "redis-stats-exporter.inference.svc.cluster.local:9400"
+    ]

@@ -73,6 +73,36 @@ def test_the_vllm_plugin_warns_once_about_its_mistyped_variables(fresh_warnings,
     assert warn_mistyped_variables(env, vllm_names=["VLLM_LOGGING_LEVEL"]) == []
 
 
+def test_a_mistyped_prefix_is_named_too_and_other_programs_redis_variables_are_not(fresh_warnings):
+    """REDIS_STAT_URL was silent: the URL fell back to 127.0.0.1:6379 (the vLLM plugin stayed
+    off) with no word of why. Names that are nearly ours but for the prefix are warned about;
+    REDIS_URL, REDIS_HOST, REDIS_TLS_URL (other programs') are not."""
+    env = {
+        "REDIS_STAT_URL": "redis://x",
+        "REDISSTATS_NAMESPACE": "prod",
+        "REDIS_STATUS_VIEW": "local",
+        "REDIS_URL": "redis://cache",
+        "REDIS_HOST": "cache",
+        "REDIS_TLS_URL": "rediss://cache",
+    }
+    result = CliRunner().invoke(main, ["inspect", "--help"], env=env)
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        "warning: REDISSTATS_NAMESPACE is not a variable redis_stats reads (did you mean "
+        "REDIS_STATS_NAMESPACE?); it is ignored",
+        "warning: REDIS_STATUS_VIEW is not a variable redis_stats reads (did you mean "
+        "REDIS_STATS_VIEW?); it is ignored",
+        "warning: REDIS_STAT_URL is not a variable redis_stats reads (did you mean REDIS_STATS_URL?); "
+        "it is ignored",
+    ]
+    # ... and under vLLM, where a mistyped URL leaves the plugin off.
+    config._warned_variables.clear()
+    messages = warn_mistyped_variables({"REDIS_STAT_URL": "redis://x"}, vllm_names=[])
+    assert messages == [
+        "REDIS_STAT_URL is not a variable redis_stats reads (did you mean REDIS_STATS_URL?); it is ignored"
+    ]
+
+
 @pytest.fixture
 def busy_namespace(redis_server, namespace):
     """Two writers, two engines with traffic, in a real Redis; the command's environment."""

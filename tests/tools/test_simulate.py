@@ -201,3 +201,90 @@ def test_a_steady_profile_keeps_the_arrival_rate():
     assert LoadProfile().arrival_factor(123.0) == 1.0
     assert FleetLoad(1024).hot() == list(range(1, 1024, 64))
     assert FleetLoad(2).hot() == [1] and FleetLoad(10).hot() == [1, 9]
+
+
+def _run(
+    redis_url: str, namespace: str, *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REDIS_STATS_")}
+    env.update(REDIS_STATS_URL=redis_url, REDIS_STATS_NAMESPACE=namespace, PYTHONPATH=str(ROOT))
+    return subprocess.run(
+        [PYTHON, "-m", "redis_stats", "simulate", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_simulate_refuses_a_namespace_holding_writers_it_did_not_start(redis_server, namespace):
+    """Before: `simulate --namespace <a live deployment>` wrote into it, and its simulated
+    counters stayed in the deployment's totals for good."""
+    from redis_stats import StatsWriter
+    from tests.conftest import sample_catalog
+
+    real = StatsWriter(
+        StatsConfig(url=redis_server.url, namespace=namespace), sample_catalog(), engines=[0], start=False
+    )
+    real.counter("requests").labels(engine=0, reason="stop").inc()
+    assert real.flush()
+    before = StatsReader(StatsConfig(url=redis_server.url, namespace=namespace), sample_catalog()).snapshot()
+    done = _run(redis_server.url, namespace, "--engines", "2", "--duration", "1")
+    assert done.returncode == 5, done.stdout + done.stderr
+    assert (
+        f"namespace {namespace!r} at {redis_server.url} holds 1 writer that simulate did not start"
+        in done.stderr
+    )
+    assert real.writer_id in done.stderr and "--share-namespace" in done.stderr
+    after = StatsReader(StatsConfig(url=redis_server.url, namespace=namespace), sample_catalog()).snapshot()
+    assert set(after.writers) == set(before.writers)  # nothing written
+    # With the flag, as asked.
+    shared = _run(redis_server.url, namespace, "--engines", "2", "--duration", "1", "--share-namespace")
+    assert shared.returncode == 0, shared.stdout + shared.stderr
+    real._closed = True
+
+
+def test_simulate_runs_again_into_its_own_namespace(redis_server, namespace):
+    """A namespace that holds only an earlier simulation's writers is its own to write into."""
+    for _ in range(2):
+        done = _run(redis_server.url, namespace, "--engines", "2", "--duration", "1", "--processes", "1")
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            ["--engines", "100000", "--api-servers", "64"],
+            "--engines 100,000 x --api-servers 64 = 6,400,000 writers, more than the 8,192 one "
+            "simulation runs",
+        ),
+        (["--engines", "4097", "--api-servers", "2"], "= 8,194 writers, more than the 8,192"),
+        (["--period", "nan"], "Invalid value for '--period': 'nan' is not a finite number"),
+        (["--scale", "inf"], "Invalid value for '--scale'"),
+        (["--duration", "nan"], "'nan' is not a finite number"),
+    ],
+)
+def test_simulate_turns_a_size_past_its_bound_or_a_bad_number_into_a_usage_error(args, said):
+    """Before: 100,000 x 64 grew past 3.6 GB, and --period nan ended in a traceback."""
+    done = _run("redis://127.0.0.1:1/0", "simulate", *args, timeout=30)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert said in done.stderr and "Traceback" not in done.stderr
+
+
+def test_simulated_engines_behind_endpoints_fill_the_endpoint_views(redis_server, namespace):
+    done = _run(
+        redis_server.url, namespace, "--engines", "6", "--engines-per-endpoint", "2", "--duration", "2"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    from redis_stats.server.views.endpoints import endpoints_document
+
+    reader = StatsReader(StatsConfig(url=redis_server.url, namespace=namespace), simulated_catalog())
+    doc = endpoints_document(reader.load())
+    assert {e: sorted(v["engines"]) for e, v in doc["endpoints"].items()} == {
+        "simulate-0:8000": ["0", "1"],
+        "simulate-1:8000": ["2", "3"],
+        "simulate-2:8000": ["4", "5"],
+    }
+    assert doc["unassigned"] == []

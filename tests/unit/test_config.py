@@ -90,7 +90,7 @@ def test_a_retention_that_would_remove_live_data_is_refused_naming_both_values(
     [(3601.0, "3600", "make stale_after at most 3600 s"), (0.05, "0.1", "make stale_after at least 0.1 s")],
 )
 def test_a_stale_after_readers_would_not_take_from_redis_is_refused_naming_the_bound(stale_after, bound, fix):
-    # Readers and gc do not use a stored stale_ms outside 0.1..3600 s (_core/liveness.py): a
+    # Readers and gc do not use a stored stale_ms outside 0.1..3600 s (_core/read/liveness.py): a
     # writer configured so would be judged by the default instead of its own value.
     with pytest.raises(ConfigError) as err:
         StatsConfig(stale_after=stale_after, flush_interval=0.01, retention=10_000)

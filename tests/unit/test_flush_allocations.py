@@ -21,9 +21,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from redis_stats import Catalog
-from redis_stats._core.accumulator import Accumulator
-from redis_stats._core.protocol import FlushProtocol, FlushResult
-from redis_stats._core.series import HistogramChild
+from redis_stats._core.write.accumulator import Accumulator
+from redis_stats._core.write.protocol import FlushProtocol, FlushResult
+from redis_stats._core.write.series import HistogramChild
 from tests.conftest import ROOT
 
 APPLIED = FlushResult(status=1, server_time_ms=0)

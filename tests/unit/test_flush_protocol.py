@@ -5,8 +5,8 @@ import math
 import threading
 
 from redis_stats import Catalog
-from redis_stats._core.accumulator import Accumulator
-from redis_stats._core.protocol import CALL_WORDS, FlushProtocol, FlushResult
+from redis_stats._core.write.accumulator import Accumulator
+from redis_stats._core.write.protocol import CALL_WORDS, FlushProtocol, FlushResult
 from redis_stats.keys import Keys
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import threading
 
 from redis_stats import Catalog
-from redis_stats._core.accumulator import Accumulator
-from redis_stats._core.chunks import Total
-from redis_stats._core.protocol import Batch, FlushProtocol, FlushResult
+from redis_stats._core.write.accumulator import Accumulator
+from redis_stats._core.write.chunks import Total
+from redis_stats._core.write.protocol import Batch, FlushProtocol, FlushResult
 
 APPLIED = FlushResult(status=1, server_time_ms=0)
 

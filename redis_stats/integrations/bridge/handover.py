@@ -35,7 +35,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from redis_stats._core import fields
+from redis_stats import codec
 from redis_stats.catalog import COUNTER, HISTOGRAM
 from redis_stats.config import StatsConfig
 from redis_stats.keys import Keys, shard_of
@@ -176,7 +176,9 @@ def _holdings(
             keys = Keys(config.namespace).shard(shard_of(engine, config.shards), config.shards)
             hashes[engine] = {_text(f): _text(v) for f, v in client.hgetall(keys.counters(engine)).items()}
         for names_text, values_text in _chunks_of(hashes[engine], writer_id):
-            _read_chunk(found, kinds, engine - offset, names_text.split("\n"), values_text.split("\n"))
+            _read_chunk(
+                found, kinds, engine - offset, codec.chunk_lines(names_text), codec.chunk_lines(values_text)
+            )
     return found
 
 
@@ -262,12 +264,12 @@ def forget_earlier(client: Any, config: StatsConfig, writer_id: str, owner: str,
 
 def _chunks_of(stored: dict[str, str], writer_id: str) -> list[tuple[str, str]]:
     """The (names, values) texts of *writer_id*'s chunks among an engine's counter fields."""
-    prefix = fields.chunk_field(writer_id, 0)[: -len("0")]
+    prefix = codec.chunk_field(writer_id, 0)[: -len("0")]
     chunks = []
     for field, values_text in stored.items():
-        if not field.startswith(prefix) or field.endswith(fields.NAMES_SUFFIX):
+        if not field.startswith(prefix) or field.endswith(codec.NAMES_SUFFIX):
             continue
-        names_text = stored.get(field + fields.NAMES_SUFFIX)
+        names_text = stored.get(field + codec.NAMES_SUFFIX)
         if names_text is not None:
             chunks.append((names_text, values_text))
     return chunks
@@ -280,17 +282,12 @@ def _read_chunk(
         return  # not a chunk this version wrote: nothing to continue from
     for name_field, text in zip(names, values):
         try:
-            parts = fields.decode(name_field)
+            parts = codec.decode(name_field)
             kind = kinds.get(parts[0])
             if kind == COUNTER:
-                number = float(text)
-                found.add_counter(
-                    (parts[0], engine, tuple(parts[1:])), int(number) if number.is_integer() else number
-                )
+                found.add_counter((parts[0], engine, tuple(parts[1:])), codec.counter_total(text))
             elif kind == HISTOGRAM:
-                numbers = text.split(" ")
-                cumulative = [int(n) for n in numbers[1:]]
-                counts = [b - a for a, b in zip([0, *cumulative], cumulative)]
-                found.add_histogram((parts[0], engine, tuple(parts[1:-1])), float(numbers[0]), counts)
+                total, counts = codec.histogram_counts(text)
+                found.add_histogram((parts[0], engine, tuple(parts[1:-1])), total, counts)
         except (ValueError, IndexError):
             continue  # one bad line costs that series only

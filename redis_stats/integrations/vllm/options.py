@@ -12,13 +12,14 @@ import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
-from redis_stats.config import EnvVar, StatsConfig, warn_unknown_variables
+from redis_stats.config import ConfigError, EnvVar, StatsConfig, warn_unknown_variables
 from redis_stats.integrations.vllm import namespace_for_model
 
 __all__ = [
     "ADDR",
     "INTERVAL",
     "NAMESPACE",
+    "POD_INDEX",
     "POD_IP",
     "PORT",
     "SWITCH",
@@ -81,7 +82,20 @@ POD_IP = EnvVar(
     "`REDIS_STATS_ENDPOINT`, `<POD_IP>:<--port>`; unset: the host name",
 )
 
-VARIABLES = (SWITCH, NAMESPACE, INTERVAL, PORT, ADDR, VIEW, POD_IP)
+POD_INDEX = EnvVar(
+    "REDIS_STATS_POD_INDEX",
+    "",
+    _PLUGIN,
+    "this pod's index among identical instances (a StatefulSet pod's `apps.kubernetes.io/pod-index` "
+    "label, from the downward API): engine `e` of `vllm serve --data-parallel-size N` is recorded as "
+    "`index x N + e`, the engine offset derived from vLLM's own data-parallel size (data "
+    "parallelism inside each pod); not with `REDIS_STATS_ENGINE_OFFSET`",
+)
+
+VARIABLES = (SWITCH, NAMESPACE, INTERVAL, PORT, ADDR, VIEW, POD_IP, POD_INDEX)
+
+# StatsConfig's own option (engine_offset), looked at here only to refuse it beside POD_INDEX.
+_OFFSET = EnvVar("REDIS_STATS_ENGINE_OFFSET", "", _PLUGIN, "option `engine_offset`")
 
 
 def plugin_enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -121,18 +135,46 @@ def default_endpoint(environ: Mapping[str, str] | None = None, argv: Sequence[st
     return f"{host}:{_port_of(sys.argv if argv is None else argv)}"
 
 
+def pod_offset(data_parallel_size: int, environ: Mapping[str, str] | None = None) -> int | None:
+    """The engine offset ``REDIS_STATS_POD_INDEX`` derives (``index x data_parallel_size``), None
+    when it is unset; :class:`ConfigError` naming the variable for a value that is not an index,
+    or when ``REDIS_STATS_ENGINE_OFFSET`` is set too (two offsets: which one?)."""
+    raw = POD_INDEX.get(environ).strip()
+    if not raw:
+        return None
+    if not (raw.isascii() and raw.isdigit()):
+        raise ConfigError(
+            f"{POD_INDEX.name}={raw!r} is not a pod index (an integer >= 0): set it from the downward "
+            "API, fieldRef metadata.labels['apps.kubernetes.io/pod-index'] (docs/kubernetes.md)"
+        )
+    if _OFFSET.get(environ):
+        raise ConfigError(
+            f"{POD_INDEX.name} and REDIS_STATS_ENGINE_OFFSET are both set: the pod index derives the "
+            "offset (index x the data-parallel size); unset REDIS_STATS_ENGINE_OFFSET"
+        )
+    return int(raw) * max(1, data_parallel_size)
+
+
 def plugin_config(
-    model: str, environ: Mapping[str, str] | None = None, argv: Sequence[str] | None = None
+    model: str,
+    environ: Mapping[str, str] | None = None,
+    argv: Sequence[str] | None = None,
+    *,
+    data_parallel_size: int = 1,
 ) -> StatsConfig:
     """The plugin's config for served model *model*: ``REDIS_STATS_*`` options as
     :meth:`StatsConfig.from_env` reads them, but the namespace defaults to the model's,
-    ``log_interval`` is vLLM's ``VLLM_LOG_STATS_INTERVAL`` and ``endpoint`` defaults to
-    :func:`default_endpoint` (``REDIS_STATS_ENDPOINT`` wins)."""
+    ``log_interval`` is vLLM's ``VLLM_LOG_STATS_INTERVAL``, ``endpoint`` defaults to
+    :func:`default_endpoint` (``REDIS_STATS_ENDPOINT`` wins), and with ``REDIS_STATS_POD_INDEX``
+    the engine offset is that index times *data_parallel_size* (:func:`pod_offset`)."""
     config = StatsConfig.from_env(
         environ,
         namespace=NAMESPACE.get(environ) or namespace_for_model(model),
         log_interval=INTERVAL.number(environ),
     )
+    offset = pod_offset(data_parallel_size, environ)
+    if offset is not None:
+        config = config.replace(engine_offset=offset)
     return config if config.endpoint is not None else config.replace(endpoint=default_endpoint(environ, argv))
 
 

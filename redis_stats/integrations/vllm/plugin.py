@@ -240,7 +240,10 @@ class RedisStatLogger(AggregateStatLoggerBase):
                 log.info("redis_stats: REDIS_STATS_URL is not set; the Redis stat logger does nothing")
                 _warned_inactive = True
             return
-        config = plugin_config(str(vllm_config.model_config.served_model_name))
+        # With REDIS_STATS_POD_INDEX the offset is derived from vLLM's data-parallel size: each
+        # pod of identical instances records its engines after the previous pods' ones.
+        dp_size = getattr(vllm_config.parallel_config, "data_parallel_size", 1) or 1
+        config = plugin_config(str(vllm_config.model_config.served_model_name), data_parallel_size=dp_size)
         catalog = catalog_for(vllm_config)
         rank = getattr(vllm_config.parallel_config, "_api_process_rank", 0)
         # All API servers of one `vllm serve` are children of its main process (or are it, with a

@@ -2,7 +2,7 @@
 
 An **endpoint** is what a router sends requests to: one API server address (``StatsConfig.endpoint``,
 stored by each writer), serving one or several engines (data-parallel ranks). Its engines are those
-whose writers stored that endpoint (redis_stats/_core/liveness.py, ``endpoint_of``).
+whose writers stored that endpoint (redis_stats/_core/read/liveness.py, ``endpoint_of``).
 
 - ``/endpoints``: every endpoint, its engines, each engine's ``state`` (``up``, ``stale``,
   ``down``: the one rule of every view), ``age_seconds`` and ``seq``, and whether the endpoint is
@@ -26,10 +26,12 @@ endpoint asked for is not in it; the engines' series and states come from the vi
 one consistent read of those engines, which decides who is live. The plain ``/metrics`` scrape
 does none of this.
 
-Each endpoint or engine asked for has a reader and a renderer of its own (its plan, caches and
-text), kept by the server as any per-parameter state: bounded in bytes, dropped when idle
-(:mod:`redis_stats.server.kept`). A thousand distinct endpoints asked once cost at most the view
-budget, and nothing a minute later.
+Every endpoint and engine view of a namespace is read by one reader (its plans, one per
+endpoint, a few dozen bytes each, at most ``redis_stats.reader.MAX_PLANS``), which reads the
+endpoint's engines and the writers holding chunks in them only (``SNAPSHOT_LEAN``): never every
+writer of the fleet. Its collector and renderer are made for each request and gone with it:
+nothing is kept per endpoint, so a thousand distinct endpoints asked once cost a request's
+memory each, one at a time.
 """
 
 from __future__ import annotations
@@ -41,14 +43,14 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.utils import floatToGoString
 
-from redis_stats._core.decoder import Decoded
-from redis_stats._core.liveness import DOWN
+from redis_stats._core.read.decoder import Decoded
+from redis_stats._core.read.liveness import DOWN
 from redis_stats.catalog import GAUGE
 from redis_stats.config import is_endpoint, redact
 from redis_stats.endpoints import FamilyRole, Withheld, aggregate
 from redis_stats.errors import error_kind
 from redis_stats.load import LoadView
-from redis_stats.prometheus.collector import RedisCollector
+from redis_stats.prometheus.collector import ReadErrors, RedisCollector
 from redis_stats.prometheus.exposition import TextRenderer, label_pairs
 from redis_stats.prometheus.filters import without_families
 from redis_stats.reader import SNAPSHOT_LEAN, StatsReader
@@ -63,11 +65,11 @@ __all__ = [
     "MAP_TTL",
     "EndpointMap",
     "EndpointRenderer",
+    "EndpointViews",
     "UnknownEndpoint",
     "answer",
     "endpoint_param",
     "endpoints_document",
-    "view_collector",
 ]
 
 ENDPOINT_UP = "redis_stats_endpoint_up"
@@ -90,13 +92,6 @@ again."""
 
 SELF = "self"
 """``?endpoint=self``: the endpoint of the process serving the view (the in-pod view's)."""
-
-# What one view's reader and renderer hold beyond its packed read, and per character of its last
-# text (the renderer's kept heads and text plan, the decoder's layouts): measured with tracemalloc
-# at 4 engines of the vLLM catalogue, ~370 KB for a 156 KB text (tests/server/test_kept_views.py
-# keeps the estimate within 1.5x of the truth, never under it by more than a quarter).
-VIEW_BYTES = 64 * 1024
-VIEW_BYTES_PER_CHARACTER = 2
 
 
 class UnknownEndpoint(LookupError):
@@ -287,47 +282,39 @@ class EndpointMap:
         """Nothing runs."""
 
 
-class _View:
-    """One endpoint's (or engine's) collector, kept by the server: its reader and renderer."""
+class EndpointViews:
+    """What every endpoint and engine view of one namespace shares (a view state): the map, one
+    reader of their engines (:data:`~redis_stats.reader.SNAPSHOT_LEAN`: the engines read and the
+    writers holding chunks in them, a plan per endpoint), and the count of its failed reads."""
 
-    def __init__(
-        self, source: Source, name: str, engines: tuple[int, ...], moved: Callable[[], None]
-    ) -> None:
-        self.reader = reader = source.new_reader()
-        reader.snapshot_fetch = SNAPSHOT_LEAN  # no writer self-metrics shown: read none
-        self.engines = engines
-        self.size = 0
-        roles = source.options.roles
-        self.collector = RedisCollector(
-            reader,
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.map = source.state(EndpointMap.of)
+        self.reader = source.new_reader()
+        self.reader.snapshot_fetch = SNAPSHOT_LEAN
+        self.errors = ReadErrors()
+
+    def collector(self, endpoint: str | None, engine: int | None) -> RedisCollector:
+        """A collector of ``?endpoint=`` or ``?engine=`` for one request (made for it: nothing is
+        kept per endpoint); :class:`UnknownEndpoint` when the namespace has no such one."""
+        if endpoint is not None:
+            name, engines = self.map.resolve(endpoint)
+        else:
+            assert engine is not None
+            self.map.check_engine(engine)
+            name, engines = "", (engine,)
+        roles, forget = self.source.options.roles, self.map.forget
+        return RedisCollector(
+            self.reader,
             engines=engines,
             writers=False,
-            namespace_label=bool(source.labels),
-            renderer=lambda labels: EndpointRenderer(roles, labels, endpoint=name or None, moved=moved),
+            namespace_label=bool(self.source.labels),
+            renderer=lambda labels: EndpointRenderer(roles, labels, endpoint=name or None, moved=forget),
+            errors=self.errors,
         )
 
-    def kept_bytes(self) -> int:
-        """An estimate of its reader's and renderer's bytes, from its last text's size."""
-        return VIEW_BYTES + self.reader.packed_bytes + VIEW_BYTES_PER_CHARACTER * self.size
-
     def close(self) -> None:
-        """Nothing runs (its client is the namespace's: never closed here)."""
-
-
-def view_collector(source: Source, endpoint: str | None, engine: int | None) -> tuple[RedisCollector, Any]:
-    """The collector of ``?endpoint=`` or ``?engine=`` of *source*'s namespace, and the kept
-    entry to tell its text's size (:func:`note_size`); :class:`UnknownEndpoint` when the
-    namespace has no such endpoint or engine."""
-    mapping = source.state(EndpointMap.of)
-    if endpoint is not None:
-        name, engines = mapping.resolve(endpoint)
-        key: tuple[str, str] = ("endpoint", name)
-    else:
-        assert engine is not None
-        mapping.check_engine(engine)
-        name, engines, key = "", (engine,), ("engine", str(engine))
-    kept = source.kept("endpoint_view", (*key, engines), lambda: _View(source, name, engines, mapping.forget))
-    return kept.collector, kept
+        """Nothing runs."""
 
 
 def endpoint_param(value: str | None) -> str | None:

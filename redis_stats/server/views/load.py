@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from redis_stats._core.background import survive, survived
+from redis_stats._core.outage import Outage, shared
 from redis_stats.config import redact
 from redis_stats.errors import error_kind
 from redis_stats.load import LoadView
@@ -262,6 +263,7 @@ class LoadFeed:
             self._failed(exc)
             return
         self.refreshes += 1
+        self._outage().succeeded("/load answered 503 meanwhile")
         with self._lock:
             self._refreshed = view.time
             self._good = time.monotonic()
@@ -273,14 +275,28 @@ class LoadFeed:
             self._generation += 1
             self._whole.kept = (self._generation, body)
 
+    def _outage(self) -> Outage:
+        """The outages of this reader's ``/load`` refreshes (one per reader, whatever the feeds)."""
+        config = self.reader.config
+        return shared(
+            self.reader,
+            "load",
+            lambda: Outage(
+                f"/load refreshes of namespace {config.namespace!r} from {config.safe_url}",
+                log,
+                retry=f"tried again every {self.refresh:g} s (/load answers 503 until then)",
+            ),
+        )
+
     def _failed(self, exc: Exception) -> None:
         """A refresh failed: every answer is a ``503`` saying why until one succeeds. Redis'
         failures are logged at DEBUG (the ``503`` says them); anything else is a background
         error (counted, logged once with its traceback)."""
         self.failures += 1
         kind = error_kind(exc)
-        if kind != "other":
+        if kind != "other":  # Redis: the start and the end of each outage are logged
             log.debug("load refresh failed: %s", exc)
+            self._outage().failed(kind, redact(str(exc), self.reader.config.url))
         else:
             survived("load", exc, log)
         doc = {"error": kind, "detail": redact(str(exc), self.reader.config.url)}

@@ -28,14 +28,14 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
-from redis_stats._core.slices import EngineSlice
+from redis_stats._core.read.slices import EngineSlice
 from redis_stats.prometheus.collector import RedisCollector
 from redis_stats.prometheus.exposition import merge_texts
 from redis_stats.prometheus.filters import select_samples, without_engine_label
 from redis_stats.prometheus.openmetrics import OPENMETRICS_1_0, negotiate, openmetrics_from_text
 from redis_stats.server.http import HTTPError, Request, Response, encode_body
 from redis_stats.server.source import Source
-from redis_stats.server.views.endpoints import UnknownEndpoint, endpoint_param, view_collector
+from redis_stats.server.views.endpoints import EndpointViews, UnknownEndpoint, endpoint_param
 
 if TYPE_CHECKING:
     from redis_stats.server.app import App
@@ -307,10 +307,10 @@ def _endpoint_target(app: App, request: Request, query: ScrapeQuery, several: bo
             "?namespace=NS (GET /namespaces lists them)",
         )
     try:
-        collector, kept = view_collector(app.source(request), query.endpoint, query.engine)
+        collector = app.source(request).state(EndpointViews).collector(query.endpoint, query.engine)
     except UnknownEndpoint as exc:
         raise HTTPError(404, str(exc)) from None
-    return collector, [kept]
+    return collector, []
 
 
 def _text(collector: Any, query: ScrapeQuery, content_type: str, encoder: Any, own: Any) -> tuple[str, int]:

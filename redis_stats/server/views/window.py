@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from redis_stats._core.values import float_mean, float_sum
+from redis_stats._core.read.values import float_mean, float_sum
 from redis_stats.catalog import COUNTER, GAUGE
 from redis_stats.snapshot import EngineSnapshot, HistogramValue, Snapshot, json_number
 

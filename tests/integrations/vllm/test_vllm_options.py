@@ -60,3 +60,25 @@ def test_the_endpoint_defaults_to_the_pods_address_and_vllms_port():
     assert plugin_config("m", {**env, "REDIS_STATS_ENDPOINT": "api-0:9000"}, argv=[]).endpoint == "api-0:9000"
     with pytest.raises(ConfigError, match="endpoint='a b' is not an endpoint id"):
         plugin_config("m", {**env, "REDIS_STATS_ENDPOINT": "a b"}, argv=[])
+
+
+def test_the_pod_index_derives_the_offset_from_vllms_data_parallel_size():
+    env = {"REDIS_STATS_URL": "redis://x", "REDIS_STATS_POD_INDEX": "3"}
+    assert plugin_config("m", env, argv=[], data_parallel_size=4).engine_offset == 12
+    assert plugin_config("m", env, argv=[]).engine_offset == 3  # one engine per pod
+    assert (
+        plugin_config("m", {"REDIS_STATS_URL": "redis://x"}, argv=[], data_parallel_size=4).engine_offset == 0
+    )
+
+
+@pytest.mark.parametrize("index", ["-1", "1.5", "two", "٣"])
+def test_a_pod_index_that_is_not_one_is_refused_naming_the_variable(index):
+    env = {"REDIS_STATS_URL": "redis://x", "REDIS_STATS_POD_INDEX": index}
+    with pytest.raises(ConfigError, match=r"REDIS_STATS_POD_INDEX=.* is not a pod index .*pod-index"):
+        plugin_config("m", env, argv=[], data_parallel_size=2)
+
+
+def test_a_pod_index_beside_a_hand_set_offset_is_refused_naming_both():
+    env = {"REDIS_STATS_URL": "redis://x", "REDIS_STATS_POD_INDEX": "1", "REDIS_STATS_ENGINE_OFFSET": "4"}
+    with pytest.raises(ConfigError, match="REDIS_STATS_POD_INDEX and REDIS_STATS_ENGINE_OFFSET are both set"):
+        plugin_config("m", env, argv=[], data_parallel_size=2)

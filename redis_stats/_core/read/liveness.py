@@ -52,19 +52,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from redis_stats.codec import ENDPOINT_FIELD, FLUSH_FIELD, STALE_FIELD
 from redis_stats.config import DEFAULT_STALE_AFTER, MAX_STALE_AFTER, MIN_STALE_AFTER
-
-STALE_FIELD = "stale_ms"
-"""The field of a writer's stats hash that holds its ``stale_after`` in milliseconds."""
-
-FLUSH_FIELD = "flush_ms"
-"""The field of a writer's stats hash that holds its ``flush_interval`` in milliseconds."""
-
-ENDPOINT_FIELD = "endpoint"
-"""The field of a writer's stats hash that holds its ``endpoint`` (absent: none)."""
-
-LIVENESS_FIELDS = (STALE_FIELD, FLUSH_FIELD, ENDPOINT_FIELD)
-"""The fields of a writer's stats hash the liveness rule and the endpoint views read."""
 
 UP, STALE, DOWN = "up", "stale", "down"
 """An engine's states (:meth:`Liveness.engine_state`)."""

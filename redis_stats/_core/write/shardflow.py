@@ -2,13 +2,13 @@
 
 A writer of a namespace split into K shards (option ``shards``) keeps K of these; an unsharded
 namespace is K = 1, a list of one. Each holds everything the writer knows of its shard: its
-totals and the specs it has yet to store there (:mod:`redis_stats._core.accumulator` fills them),
+totals and the specs it has yet to store there (:mod:`redis_stats._core.write.accumulator` fills them),
 its sequence numbers, the batch in flight and the last one Redis confirmed (the flush protocol,
-:mod:`redis_stats._core.protocol`), its server's clock, and the writer's id there. Nothing here is
+:mod:`redis_stats._core.write.protocol`), its server's clock, and the writer's id there. Nothing here is
 shared between shards, so a shard whose call fails keeps and retries its own batch while the
 others carry on.
 
-Nothing here locks: :class:`~redis_stats._core.accumulator.Accumulator` says which parts it
+Nothing here locks: :class:`~redis_stats._core.write.accumulator.Accumulator` says which parts it
 touches under the record lock (``unsent``) and which only from the collector (everything else).
 """
 
@@ -19,12 +19,12 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from redis_stats._core.chunks import Totals
+from redis_stats._core.write.chunks import Totals
 from redis_stats.catalog import MetricSpec
 from redis_stats.keys import Keys
 
 if TYPE_CHECKING:  # the batch and the answer are the protocol's (protocol.py imports this)
-    from redis_stats._core.protocol import Batch, FlushResult
+    from redis_stats._core.write.protocol import Batch, FlushResult
 
 
 _monotonic = time.monotonic

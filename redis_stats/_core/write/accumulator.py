@@ -3,23 +3,23 @@ that turn what they recorded into batches.
 
 Nothing here touches the network, so the threaded writer (:mod:`redis_stats.writer`) and the
 asyncio writer (:mod:`redis_stats.aio`) share every rule. The series its callers hold are in
-:mod:`redis_stats._core.series` (what a record call does); the batches, the answers and the
-sequence numbers of the exactly-once flush are in :mod:`redis_stats._core.protocol`.
+:mod:`redis_stats._core.write.series` (what a record call does); the batches, the answers and the
+sequence numbers of the exactly-once flush are in :mod:`redis_stats._core.write.protocol`.
 
 - ``child``: the series of a metric for one engine and label values, made on first use (or a
   stand-in that only counts drops: over cardinality, label too long, conflicting definition).
 - ``take_shards``: swaps the dirty list out, adds each child's pending delta into the writer's
-  absolute totals (:mod:`redis_stats._core.chunks`) and makes per shard one
-  :class:`~redis_stats._core.protocol.Batch` of the chunks that changed, as many as one call
+  absolute totals (:mod:`redis_stats._core.write.chunks`) and makes per shard one
+  :class:`~redis_stats._core.write.protocol.Batch` of the chunks that changed, as many as one call
   carries (``take_rest`` takes what did not fit, in the same flush). The record lock is held
   only for that swap (O(1), whatever the number of pending series): it bumps the generation, so
   the children's delta slots of the list just taken belong to the collector alone (see
-  :mod:`redis_stats._core.series`); takes are serialized, so no update is lost or doubled.
+  :mod:`redis_stats._core.write.series`); takes are serialized, so no update is lost or doubled.
   A take allocates no container per series (issue 28): the host's garbage collector is not
   pushed into full collections by the number of series a writer flushes.
 - **Shards** (option ``shards`` = K > 1): engine ``e`` belongs to shard ``e % K``, each shard a
   self-contained namespace with its own sequence numbers. Every shard is one
-  :class:`~redis_stats._core.shardflow.ShardFlow` (its totals, specs to send, sequence, in-flight
+  :class:`~redis_stats._core.write.shardflow.ShardFlow` (its totals, specs to send, sequence, in-flight
   batch; K = 1 is a list of one), so a shard whose call fails keeps and retries its own batch while
   the others carry on. One take feeds them all: its deltas go into each engine's shard's totals
   (also of a shard whose batch is in flight: totals are absolute, its next batch sends the sum).
@@ -32,10 +32,10 @@ import time
 from collections import Counter as _Tally
 from collections.abc import Callable, Iterable
 
-from redis_stats._core import fields
-from redis_stats._core.chunks import UNBOUNDED, Totals
-from redis_stats._core.protocol import SPEC_WORDS, Batch
-from redis_stats._core.series import (
+from redis_stats import codec
+from redis_stats._core.write.chunks import UNBOUNDED, Totals
+from redis_stats._core.write.protocol import SPEC_WORDS, Batch
+from redis_stats._core.write.series import (
     CONFLICT_CLASS,
     Child,
     CounterChild,
@@ -43,7 +43,7 @@ from redis_stats._core.series import (
     GaugeChild,
     HistogramChild,
 )
-from redis_stats._core.shardflow import ShardFlow
+from redis_stats._core.write.shardflow import ShardFlow
 from redis_stats.catalog import COUNTER, GAUGE, Catalog, MetricSpec
 from redis_stats.keys import shard_of
 
@@ -54,7 +54,7 @@ _YIELD_EVERY = 256
 
 class Accumulator:
     """All series of one writer, by metric, engine and label values; the dirty list; drop tallies;
-    and per shard of the namespace a :class:`~redis_stats._core.shardflow.ShardFlow` (``flows``,
+    and per shard of the namespace a :class:`~redis_stats._core.write.shardflow.ShardFlow` (``flows``,
     one for an unsharded namespace) whose totals the takes add to."""
 
     def __init__(
@@ -199,10 +199,10 @@ class Accumulator:
         """A new child of *spec*'s kind (under the record lock)."""
         components = (spec.name, *values)
         if spec.kind == COUNTER:
-            return CounterChild(self, engine, fields.encode(components))
+            return CounterChild(self, engine, codec.encode(components))
         if spec.kind == GAUGE:
             # The writer is named by the chunk holding the series, not by its field.
-            gauge = GaugeChild(self, engine, fields.encode(components))
+            gauge = GaugeChild(self, engine, codec.encode(components))
             self._gauges.append(gauge)
             return gauge
         return HistogramChild(self, engine, spec, components)

@@ -2,7 +2,7 @@
 
 The record path still counts deltas (cheap, under one lock); at each take the collector adds them
 here, into totals that only it touches, and sends the chunks that changed: per engine,
-``@|<writer>|<k>`` holds the values of up to :data:`~redis_stats._core.fields.CHUNK_SIZE` series, one
+``@|<writer>|<k>`` holds the values of up to :data:`~redis_stats.codec.CHUNK_SIZE` series, one
 per line, and ``@|<writer>|<k>|n`` their series fields, one per line, sent only when they changed.
 The flush script just sets those fields: absolute values make a repeated flush harmless, and no
 Lua parses or formats a number (issue 15: that was 90 % of a flush's Redis time).
@@ -25,12 +25,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from itertools import accumulate
 from operator import attrgetter
 from typing import Any, NamedTuple
 
-from redis_stats._core.fields import CHUNK_SIZE, decode
 from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM
+from redis_stats.codec import (
+    CHUNK_SIZE,
+    chunk_lines,
+    chunk_text,
+    counter_text,
+    counter_total,
+    decode,
+    histogram_counts,
+    histogram_text,
+)
 
 _MAX = 1.7976931348623157e308
 _INDEX = attrgetter("index")
@@ -45,20 +53,12 @@ BLOCK_WORDS, CHUNK_WORDS, CHECK_WORDS = 4, 2, 4
 UNBOUNDED = 1 << 62
 
 
-def _number(text: str) -> int | float:
-    """A counter total back from its text (``str`` of an int, ``repr`` of a float): exact."""
-    try:
-        return int(text)
-    except ValueError:
-        return float(text)
-
-
 class Total:
     """One series of one engine as this writer holds it: its field, its total (a counter's number,
     a histogram's ``[sum, per-bucket counts]``; a gauge has only its text), its value text and its
     chunk (None until a take gives it its place, :meth:`Totals.adopt`).
 
-    The children that record series (:mod:`redis_stats._core.series`) are Total objects themselves, so
+    The children that record series (:mod:`redis_stats._core.write.series`) are Total objects themselves, so
     a take makes no object per series (issue 32: a first flush of 100,000 new series made 100,000
     objects the cyclic collector tracks, enough to start a full collection of the host's heap,
     130 ms with the GIL held, in the second that flush ran).
@@ -89,7 +89,7 @@ class Total:
                 return
             total = 0
         self.total = total
-        self.text = str(total) if total.__class__ is int else repr(total)
+        self.text = counter_text(total)
         self.chunk.changed(self)
 
     def add_pending(self, pending: list[float]) -> None:
@@ -110,8 +110,7 @@ class Total:
             if pending[i]:
                 bucket[i] += pending[i]
                 pending[i] = 0
-        # Stored cumulative (the +Inf bucket last: the count), so a reader prints it as it is.
-        self.text = " ".join([repr(total[0]), *map(str, accumulate(bucket))])
+        self.text = histogram_text(total[0], bucket)
         self.chunk.changed(self)
 
     def set_text(self, text: str) -> None:
@@ -122,17 +121,15 @@ class Total:
     def unfold(self, text: str) -> None:
         """Take the value *text* that gc folded into the base fields off this series' total."""
         if self.kind == COUNTER:
-            self.total -= _number(text)
-            self.text = str(self.total) if self.total.__class__ is int else repr(self.total)
+            self.total -= counter_total(text)
+            self.text = counter_text(self.total)
         elif self.kind == HISTOGRAM:
-            parts = text.split(" ")
-            cumulative = [int(x) for x in parts[1:]]
-            folded = [b - a for a, b in zip([0, *cumulative], cumulative)]
+            folded_sum, folded = histogram_counts(text)
             total = self.total
             if len(folded) == len(total[1]):
-                total[0] -= float(parts[0])
+                total[0] -= folded_sum
                 total[1] = [a - b for a, b in zip(total[1], folded)]
-                self.text = " ".join([repr(total[0]), *map(str, accumulate(total[1]))])
+                self.text = histogram_text(total[0], total[1])
 
 
 class Chunk:
@@ -176,12 +173,12 @@ class Chunk:
         """The chunk's series fields, one per line (built once per change of its series)."""
         names = self._names
         if names is None:
-            names = self._names = "\n".join([s.field for s in self.series])
+            names = self._names = chunk_text([s.field for s in self.series])
         return names
 
     def values(self) -> str:
         """The chunk's values, one per line in the order of :meth:`names`."""
-        return "\n".join([s.text for s in self.series])
+        return chunk_text([s.text for s in self.series])
 
     def changed(self, series: Total) -> None:
         """*series* of this chunk changed: the chunk goes with the next take."""
@@ -394,7 +391,7 @@ class Totals:
                 chunk.names_confirmed = chunk.values_confirmed = None
                 if names is None or values is None or not names:
                     continue
-                for field, text in zip(names.split("\n"), values.split("\n")):
+                for field, text in zip(chunk_lines(names), chunk_lines(values)):
                     s = state.series.get(field)
                     if s is not None and s.kind != GAUGE:
                         s.unfold(text)

@@ -10,7 +10,7 @@ so an outage costs memory per series, never per update. A batch holds at most on
 each with its own number, once the one before is confirmed (:meth:`FlushProtocol.next_parts`).
 
 Per shard of the namespace (option ``shards`` = K > 1), one
-:class:`~redis_stats._core.shardflow.ShardFlow` holds the shard's sequence, batch in flight and
+:class:`~redis_stats._core.write.shardflow.ShardFlow` holds the shard's sequence, batch in flight and
 last confirmed batch: a shard whose call fails keeps and retries its own batch while the others
 carry on. Nothing here touches the network: the threaded and the asyncio writer share it.
 """
@@ -21,14 +21,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from redis_stats._core import fields
-from redis_stats._core.chunks import Chunk
-from redis_stats._core.shardflow import ShardFlow
+from redis_stats import codec
+from redis_stats._core.write.chunks import Chunk
+from redis_stats._core.write.shardflow import ShardFlow
 from redis_stats.catalog import MetricSpec
 from redis_stats.keys import SCHEMA_VERSION, Keys
 
 if TYPE_CHECKING:  # what the protocol takes batches from (accumulator.py imports this module)
-    from redis_stats._core.accumulator import Accumulator
+    from redis_stats._core.write.accumulator import Accumulator
 
 
 MAX_CALL_WORDS = 3_999
@@ -45,7 +45,7 @@ SPEC_WORDS = 2
 @dataclass
 class Batch:
     """One flush: catalogue specs to store, and per engine the chunks of the writer's absolute
-    state that changed (see :mod:`redis_stats._core.chunks`).
+    state that changed (see :mod:`redis_stats._core.write.chunks`).
 
     Built once, then sent as-is until Redis confirms it; ``seq`` never changes. It holds no copy
     of the series: the texts it sends are on its chunks, which no other take touches until this
@@ -139,8 +139,8 @@ class Batch:
         args.append(str(len(checked)))
         for engine in checked:
             args += (str(engine), *map(str, held_in[engine]))
-        head = fields.chunk_field(writer_id, 0)[:-1]  # "@|<writer>|": the writer escaped once
-        names_suffix = fields.NAMES_SUFFIX
+        head = codec.chunk_field(writer_id, 0)[:-1]  # "@|<writer>|": the writer escaped once
+        names_suffix = codec.NAMES_SUFFIX
         append = args.append
         for engine in self.block_engines():
             taken = self.chunks.get(engine, ())

@@ -12,7 +12,7 @@ scanner), and added up element by element (``map(add, a, b)``).
 Data the bulk checks do not take (garbage, infinities, a series in two groups, base fields that
 are not whole groups) sends the engine down the line-by-line path, :func:`by_lines`, which skips
 and counts what is bad and yields **the same form**: one :class:`Group` over the series it kept.
-Both follow one rule per value (:mod:`redis_stats._core.values`), and add writers up in the same
+Both read the texts by the codec's rules (:mod:`redis_stats.codec`), and add writers up in the same
 order with the same ``+``, so both give the same numbers (``tests/unit/test_groups.py``).
 """
 
@@ -20,24 +20,24 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Container, Sequence
-from json import JSONDecoder
-from json.scanner import make_scanner
 from math import inf as _INF
-from math import isnan
-from operator import add, itemgetter, methodcaller
+from operator import add, itemgetter
 from typing import Any, NamedTuple
 
-from redis_stats._core import fields
-from redis_stats._core.values import (
-    MAX_DIGITS,
-    NUMBER_CHARS,
+from redis_stats import codec
+from redis_stats._core.read.values import roll_up
+from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, MetricSpec
+from redis_stats.codec import (
+    FLOAT_BOUND,
+    NotClean,
+    counter_column,
     counter_number,
+    gauge_column,
     gauge_parts,
+    histogram_column,
     histogram_numbers,
     number_text,
-    roll_up,
 )
-from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, MetricSpec
 from redis_stats.snapshot import SeriesKey, Skipped
 
 Parsed = tuple[MetricSpec, tuple[str, ...], str, int]
@@ -51,8 +51,8 @@ _Picker = Callable[[Sequence[Any]], tuple[Any, ...]]
 
 
 def spec_bucket_tag(spec: MetricSpec) -> str:
-    """The bucket tag a histogram's fields end with (see :func:`fields.bucket_tag`)."""
-    return fields.bucket_tag((*spec.buckets, _INF))
+    """The bucket tag a histogram's fields end with (see :func:`codec.bucket_tag`)."""
+    return codec.bucket_tag((*spec.buckets, _INF))
 
 
 def short_label(value: str, cap: int) -> str:
@@ -69,7 +69,7 @@ def _series_parts(name: Any, catalog: Catalog) -> tuple[MetricSpec, list[str]] |
     if name.__class__ is not str:
         return "bad_field"
     try:
-        parts = fields.decode(name)
+        parts = codec.decode(name)
     except ValueError:
         return "bad_field"
     spec = catalog.get(parts[0])
@@ -245,20 +245,8 @@ class Group(NamedTuple):
     are (formatting the numbers again cost a busy scrape ~9 % more instructions)."""
 
 
-class _NotClean(Exception):
-    """A value the bulk path does not take: the engine is read line by line instead."""
-
-
-_spaces = methodcaller("count", " ")
 _VALUE = itemgetter(1)  # of a gauge reading (stamp, value, text)
-_bars = methodcaller("count", "|")
-_HISTOGRAM_CHARS = b"0123456789.+eE "
-# Below it, float() of an int the scanner made is float() of its text, the line-by-line read's.
-# From 2**1024 on, float() of an int raises (OverflowError) where float() of the text gives inf:
-# such counts and sums go line by line, such counters are read by counter_number's rule.
-_FLOAT_BOUND = 10**308
-# The C scanner: (value, end) from a string and an index.
-_scan_json: Callable[[str, int], tuple[Any, int]] = make_scanner(JSONDecoder())  # type: ignore[arg-type]
+_NO_GAUGE = codec.gauge_text(0, 0)
 
 
 class Parse(NamedTuple):
@@ -274,84 +262,30 @@ class Parse(NamedTuple):
     """The counter lines' sample texts, and the histogram lines joined by spaces."""
 
 
-def _counters(layout: Layout, values: list[str]) -> tuple[Sequence[Any], bool, Sequence[str]]:
-    """A chunk's counter lines as numbers (by :func:`counter_number`'s rule), whether all are
-    ints, and their sample texts: one JSON scan when they are plain integers below 10**308, as
-    writers store them."""
-    texts = layout.pick_counters(values)
-    if not texts:
-        return (), True, ()
-    joined = "".join(texts)
-    if joined.isdigit() and joined.isascii() and all(texts) and max(map(len, texts)) <= MAX_DIGITS:
-        try:
-            ints: list[int] = _scan_json("[" + ",".join(texts) + "]", 0)[0]
-        except (ValueError, StopIteration):  # "007": int() of each reads it
-            ints = [*map(int, texts)]
-        if max(ints) < _FLOAT_BOUND:
-            return ints, True, texts
-    checked = [number_text(raw) for raw in texts]
-    if None in checked:
-        raise _NotClean
-    numbers = [*map(counter_number, checked)]
-    return numbers, all(n.__class__ is int for n in numbers), checked  # type: ignore[return-value]
-
-
 def _histograms(layout: Layout, values: list[str]) -> tuple[list[float], Sequence[Any], str]:
-    """A chunk's histogram lines as (sums, tokens, the lines joined) by one JSON scan; raises
-    :class:`_NotClean` where the line-by-line rules must decide (negative or non-integer
+    """A chunk's histogram lines as (sums, tokens, the lines joined) by the codec's column read;
+    raises :class:`NotClean` where the line-by-line rules must decide (negative or non-integer
     counts, counts that go down, numbers beyond a float, garbage)."""
-    lines = layout.pick_histograms(values)
-    if [*map(_spaces, lines)] != layout.spaces:  # each line its own number of parts
-        raise _NotClean
-    joined = " ".join(lines)
-    # Only digits, ".", "e", "E", "+" (no "-": a negative sum, rare, or "-0" as a count; no
-    # letters: NaN, infinities, JSON's true/null/strings): what JSON then reads as numbers
-    # exactly as int() and float() read them, or refuses ("007", "1e", "+1").
-    if not joined.isascii() or joined.encode().translate(None, _HISTOGRAM_CHARS):
-        raise _NotClean  # (deleting the allowed bytes: ~20x faster than str.strip)
-    try:
-        numbers = _scan_json("[" + joined.replace(" ", ",") + "]", 0)[0]
-    except (ValueError, StopIteration):  # "", "1e", "007", a count over 4,300 digits
-        raise _NotClean from None
+    numbers, joined = histogram_column(layout.pick_histograms(values), layout.spaces)
     try:
         sums = [*map(float, layout.pick_sums(numbers))]
     except OverflowError:  # a sum of 309+ digits read as an int: float() of its text is inf
-        raise _NotClean from None
+        raise NotClean from None
     series = [*map(numbers.__getitem__, layout.count_slices)]  # a list per series
     if series != [*map(sorted, series)]:  # counts that go down (sorted() of a sorted list: one pass)
-        raise _NotClean
+        raise NotClean
     total = sum(map(sum, series))  # counts are >= 0 here (no "-"): below the bound if the sum is
-    if total.__class__ is not int or total >= _FLOAT_BOUND:  # a count with "." or "e", or huge
-        raise _NotClean
+    if total.__class__ is not int or total >= FLOAT_BOUND:  # a count with "." or "e", or huge
+        raise NotClean
     return sums, numbers, joined
-
-
-def _gauges(layout: Layout, values: list[str]) -> list[tuple[float, float, str]]:
-    """A chunk's gauge lines as ``(stamp, value, value text)``; raises :class:`_NotClean` for
-    anything :func:`gauge_parts` would have to decide."""
-    lines = layout.pick_gauges(values)
-    if [*map(_bars, lines)] != layout.bars:  # each line one "|": "<stamp>|<value>"
-        raise _NotClean
-    parts = "|".join(lines).split("|")
-    value_texts = parts[1::2]
-    if "".join(value_texts).strip(NUMBER_CHARS):  # an infinity or garbage: the line-by-line rules
-        raise _NotClean
-    try:
-        stamps = [*map(float, parts[0::2])]
-        gauge_values = [*map(float, value_texts)]
-    except ValueError:
-        raise _NotClean from None
-    if any(map(isnan, stamps)):
-        raise _NotClean
-    return [*zip(stamps, gauge_values, value_texts)]
 
 
 def parse_chunk(layout: Layout, values: list[str]) -> Parse:
     """One writer's chunk of a clean *layout*, checked and converted in bulk; raises
-    :class:`_NotClean` where the line-by-line rules must decide."""
-    counters, counter_ints, counter_texts = _counters(layout, values)
+    :class:`NotClean` where the line-by-line rules must decide."""
+    counters, counter_ints, counter_texts = counter_column(layout.pick_counters(values))
     sums, counts, joined = _histograms(layout, values) if layout.histograms else ([], [], "")
-    gauges = _gauges(layout, values) if layout.gauges else []
+    gauges = gauge_column(layout.pick_gauges(values), layout.bars) if layout.gauges else []
     return Parse(counters, counter_ints, sums, counts, gauges, (counter_texts, joined))
 
 
@@ -397,7 +331,7 @@ def in_bulk(chunks: list[ChunkRead], base: list[Base], live: Container[str], up:
                 group[1].append(parse)
         if base and not _add_base(base, by_layout):
             return None
-    except _NotClean:
+    except NotClean:
         return None
     groups = []
     for layout, (parses, live_parses) in by_layout.items():
@@ -438,9 +372,9 @@ def _add_base(base: list[Base], by_layout: dict[Layout, tuple[list[Parse], list[
                 return False  # a group partly in the base
             continue
         used += len(found)
-        values = ["0|0"] * len(names)  # gauge lines: never read from the base (it has none)
+        values = [_NO_GAUGE] * len(names)  # gauge lines: never read from the base (it has none)
         for i, raw in zip(layout.summed, found):
-            if "\n" in raw:  # type: ignore[operator]
+            if codec.LINES in raw:  # type: ignore[operator]
                 return False  # a base value with a newline: not one line
             values[i] = raw  # type: ignore[assignment]
         parses.insert(0, parse_chunk(layout, values))
@@ -496,7 +430,7 @@ def _entries(chunks: list[ChunkRead], base: list[Base]) -> list[tuple[Any, Any, 
 
 def _value(spec: MetricSpec, raw: Any) -> Any:
     """A counter's or a histogram's stored value as a number (histogram: ``(sum, counts)``),
-    or None when it is not one: the rule of :mod:`redis_stats._core.values`."""
+    or None when it is not one: the rule of :mod:`redis_stats._core.read.values`."""
     if spec.kind == COUNTER:
         return counter_number(number_text(raw))
     found = histogram_numbers(raw, len(spec.buckets) + 1)

@@ -4,7 +4,7 @@ What a record call does (the hot path: memory only, never raises), and what a ta
 
 - ``record`` side: a child (:class:`CounterChild`, :class:`GaugeChild`, :class:`HistogramChild`)
   adds to its pending delta under the accumulator's record lock; the first change since the last
-  take puts it on the dirty list (:meth:`~redis_stats._core.accumulator.Accumulator.enlist`). No
+  take puts it on the dirty list (:meth:`~redis_stats._core.write.accumulator.Accumulator.enlist`). No
   allocation per update. A value that is not a real number in range is dropped and counted
   (``invalid_value``), never raised.
 - Two delta slots per counter and histogram, one per *generation* (``gen & 1``): recorders
@@ -26,12 +26,13 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from redis_stats._core import fields
-from redis_stats._core.chunks import Total
+from redis_stats import codec
+from redis_stats._core.write.chunks import Total
 from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM, MetricSpec
+from redis_stats.codec import gauge_text
 
 if TYPE_CHECKING:  # the children's owner (accumulator.py imports this module)
-    from redis_stats._core.accumulator import Accumulator
+    from redis_stats._core.write.accumulator import Accumulator
 
 
 _INF = math.inf
@@ -192,7 +193,7 @@ class GaugeChild(Total):
         ms = self._acc.server_ms(self.engine, stamp)
         if self.chunk is None:
             self._acc.bind(self)
-        self.set_text(f"{ms:.3f}|{float(value)!r}")
+        self.set_text(gauge_text(ms, value))
 
 
 class HistogramChild(Total):
@@ -206,7 +207,7 @@ class HistogramChild(Total):
 
     def __init__(self, acc: Accumulator, engine: int, spec: MetricSpec, components: tuple[str, ...]) -> None:
         bounds = (*spec.buckets, _INF)
-        super().__init__(fields.encode((*components, fields.bucket_tag(bounds))), HISTOGRAM)
+        super().__init__(codec.encode((*components, codec.bucket_tag(bounds))), HISTOGRAM)
         self._acc = acc
         self._lock = acc.lock
         self.engine = engine
@@ -353,4 +354,4 @@ CONFLICT_CLASS: dict[type, type] = {
 }
 
 Child = CounterChild | GaugeChild | HistogramChild
-"""One series of one engine, as :meth:`~redis_stats._core.accumulator.Accumulator.child` makes it."""
+"""One series of one engine, as :meth:`~redis_stats._core.write.accumulator.Accumulator.child` makes it."""

@@ -9,7 +9,7 @@ found in two shards, only after K changed, adds both parts up); one shard is a l
 
 :meth:`SnapshotDecoder.decode` gives a :class:`Decoded`: the snapshot's shell (time, catalogue,
 writers, engines' liveness, what was skipped) and per engine its series as
-:class:`~redis_stats._core.groups.Group` s of numbers, writers added up. The snapshot
+:class:`~redis_stats._core.read.groups.Group` s of numbers, writers added up. The snapshot
 (:meth:`Decoded.snapshot`), the collector's families and the ``/metrics`` text
 (:mod:`redis_stats.prometheus.exposition`) are all made from it.
 """
@@ -21,11 +21,20 @@ from collections.abc import Iterable, Sequence
 from operator import attrgetter
 from typing import Any, NamedTuple
 
-from redis_stats._core import fields
-from redis_stats._core.groups import Base, ChunkRead, Group, Layout, by_lines, disjoint, in_bulk, parse_field
-from redis_stats._core.liveness import DOWN, ENDPOINT_FIELD, FLUSH_FIELD, STALE_FIELD, Liveness
-from redis_stats._core.values import number_text
+from redis_stats import codec
+from redis_stats._core.read.groups import (
+    Base,
+    ChunkRead,
+    Group,
+    Layout,
+    by_lines,
+    disjoint,
+    in_bulk,
+    parse_field,
+)
+from redis_stats._core.read.liveness import DOWN, Liveness
 from redis_stats.catalog import Catalog, MetricSpec
+from redis_stats.codec import ENDPOINT_FIELD, FLUSH_FIELD, STALE_FIELD, number_text
 from redis_stats.errors import CatalogError, SchemaMismatch
 from redis_stats.keys import SCHEMA_VERSION, Keys
 from redis_stats.snapshot import EngineSnapshot, HistogramValue, Skipped, Snapshot, WriterInfo
@@ -265,7 +274,7 @@ class SnapshotDecoder:
     immutable, one dictionary store each, and tagged with its catalogue.
     *keys* names the keys of what is skipped (default: a namespace called ``?``). A label value
     longer than *max_label_length* characters (0: no cap) is replaced where its names field is
-    parsed (:func:`~redis_stats._core.groups.short_label`), so every view made from a read shows
+    parsed (:func:`~redis_stats._core.read.groups.short_label`), so every view made from a read shows
     the same shortened value, and counted in the snapshot's ``labels_replaced``.
     """
 
@@ -381,7 +390,7 @@ class SnapshotDecoder:
         found = self._layouts.get(names)
         if found is not None and found.catalog is catalog:
             return found
-        lines = tuple(names.split("\n")) if names else ()
+        lines = tuple(codec.chunk_lines(names))
         tags = self._tags
         cap = self.cap
         layout = Layout(catalog, lines, [parse_field(line, catalog, tags, cap) for line in lines])
@@ -413,6 +422,8 @@ class SnapshotDecoder:
             state = judge.engine_state(beat, owners, live)
             snap = EngineSnapshot(int(name), beat / 1000.0, rule.age(beat), state != DOWN)
             snap.state, snap.endpoint = state, rule.endpoint_of(owners, live)
+            if state == DOWN and owners:  # stopped on purpose, or gone silent (an alert's question)
+                snap.closed = all(w in writers and writers[w].closed for w in owners)
             snap.conflict = conflicts.get(name, ())
             shell.engines[snap.engine] = snap
             groups = self._groups(chunks, base, live, snap.up, catalog, skipped)
@@ -471,7 +482,7 @@ class SnapshotDecoder:
         chunks: list[ChunkRead] = []
         base: list[Base] = []
         owners: set[str] = set()
-        suffix, cut = fields.NAMES_SUFFIX, -len(fields.NAMES_SUFFIX)
+        suffix, cut = codec.NAMES_SUFFIX, -len(codec.NAMES_SUFFIX)
         for at, j in parts:
             shard = shards[at]
             if shard.bases:  # departed writers' totals, in the engine's base hash
@@ -488,7 +499,7 @@ class SnapshotDecoder:
                 continue
             held: dict[str, Any] = {}
             for name, raw in zip(flat[0::2], flat[1::2]):
-                if name.__class__ is str and name.startswith(fields.CHUNK_PREFIX):
+                if name.__class__ is str and name.startswith(codec.CHUNK_PREFIX):
                     held[name] = raw
                 else:
                     base.append(Base(name, raw, key))
@@ -497,7 +508,7 @@ class SnapshotDecoder:
                     if name[:cut] not in held:
                         skipped.note("bad_chunk", key, name)  # names without values
                     continue
-                writer = fields.chunk_writer(name)
+                writer = codec.chunk_writer(name)
                 names = held.get(name + suffix)
                 if writer is not None:
                     owners.add(writer)
@@ -506,7 +517,7 @@ class SnapshotDecoder:
                     continue
                 used.add(names)
                 layout = self.layout(names, catalog)
-                lines = values.split("\n") if values else []
+                lines = codec.chunk_lines(values)
                 if len(layout.fields) != len(lines):
                     skipped.note("bad_chunk", key, name)
                     continue
