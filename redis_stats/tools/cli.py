@@ -983,59 +983,23 @@ def load_proxy(
 ) -> None:
     """Answer /get_load and /v1/loads from Redis in front of vLLM's Rust front end, which runs no
     middleware; pass every other request to it (docs/routers.md, "vllm-rs")."""
-    import asyncio
     import logging
     import threading
-    from urllib.parse import urlsplit
 
-    from redis_stats.integrations.bridge import Bridge, BridgedSource
-    from redis_stats.integrations.vllm import vllm_catalog
-    from redis_stats.integrations.vllm.load import VLLM_LOAD
-    from redis_stats.integrations.vllm.load_proxy import LoadProxy
+    from redis_stats.integrations.vllm.load_proxy import Sidecar
 
     config = _config(redis_url, namespace)
-    where = urlsplit("//" + listen)
-    if not where.hostname or where.port is None:
-        raise click.UsageError(f"--listen {listen!r} is not HOST:PORT")
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        proxy = LoadProxy(config, upstream, host=where.hostname, port=where.port, rank_list=rank_list)
-        runner = (
-            Bridge(
-                [
-                    BridgedSource(
-                        f"http://{upstream}/metrics",
-                        config,
-                        engine_label="engine",
-                        known=vllm_catalog(),
-                        load=VLLM_LOAD,
-                    )
-                ]
-            )
-            if bridge
-            else None
-        )
+        sidecar = Sidecar(config, upstream, listen, rank_list=rank_list, bridge=bridge)
     except (ValueError, ConfigError) as exc:
         raise click.UsageError(str(exc)) from None
     stop = threading.Event()
-    loop = asyncio.new_event_loop()
-    loop.run_until_complete(proxy.start())
-    serving = threading.Thread(target=loop.run_forever, name="redis_stats-load-proxy", daemon=True)
-    serving.start()
-    click.echo(
-        f"load proxy on {where.hostname}:{proxy.port} for endpoint {config.endpoint!r} -> {upstream}"
-        + (f"; bridging http://{upstream}/metrics" if runner else "")
-    )
+    click.echo(sidecar.start())
     with stop_on_signals(stop.set):
-        if runner is not None:
-            runner.start()
         stop.wait(duration)
-        if runner is not None:
-            runner.close()
-        asyncio.run_coroutine_threadsafe(proxy.close(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        serving.join(5)
+        sidecar.close()
 
 
 def _refuse_unsupported_store(config: StatsConfig) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from urllib.parse import urlsplit
 
 from redis_stats.config import StatsConfig
@@ -36,7 +37,7 @@ from redis_stats.integrations.vllm.get_load import (
     SGLangGetLoadMiddleware,
 )
 
-__all__ = ["MAX_HEAD", "LoadProxy"]
+__all__ = ["MAX_HEAD", "LoadProxy", "Sidecar"]
 
 log = logging.getLogger(__name__)
 
@@ -207,3 +208,50 @@ async def _reply(writer: asyncio.StreamWriter, status: int, body: bytes, length:
     )
     writer.write(head.encode("latin-1") + body)
     await writer.drain()
+
+
+class Sidecar:
+    """``redis-stats load-proxy``: a :class:`LoadProxy` on *listen* (``host:port``) in a thread of
+    its own, and (*bridge*) the bridge of *upstream*'s ``/metrics`` into the store under *config*
+    (engine label ``engine``, the vLLM catalogue and load map), every flush interval."""
+
+    def __init__(
+        self, config: StatsConfig, upstream: str, listen: str, *, rank_list: bool, bridge: bool
+    ) -> None:
+        from redis_stats.integrations.bridge import Bridge, BridgedSource
+        from redis_stats.integrations.vllm import vllm_catalog
+        from redis_stats.integrations.vllm.load import VLLM_LOAD
+
+        where = urlsplit("//" + listen)
+        if not where.hostname or where.port is None:
+            raise ValueError(f"--listen {listen!r} is not HOST:PORT")
+        self.upstream = upstream
+        self.proxy = LoadProxy(config, upstream, host=where.hostname, port=where.port, rank_list=rank_list)
+        source = BridgedSource(
+            f"http://{upstream}/metrics", config, engine_label="engine", known=vllm_catalog(), load=VLLM_LOAD
+        )
+        self.bridge = Bridge([source]) if bridge else None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="redis_stats-load-proxy", daemon=True
+        )
+
+    def start(self) -> str:
+        """Listen and bridge; a line saying where."""
+        self._loop.run_until_complete(self.proxy.start())
+        self._thread.start()
+        if self.bridge is not None:
+            self.bridge.start()
+        endpoint = self.proxy.loads.config.endpoint if self.proxy.loads.config else None
+        return (
+            f"load proxy on {self.proxy.host}:{self.proxy.port} for endpoint {endpoint!r} -> {self.upstream}"
+            + (f"; bridging http://{self.upstream}/metrics" if self.bridge is not None else "")
+        )
+
+    def close(self) -> None:
+        """Stop bridging (its writer closed) and serving."""
+        if self.bridge is not None:
+            self.bridge.close()
+        asyncio.run_coroutine_threadsafe(self.proxy.close(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
