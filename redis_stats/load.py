@@ -1,7 +1,8 @@
 """The load feed: what a router or an autoscaler needs of every engine, read without the catalogue.
 
 Per engine: ``up``, ``age_seconds``, requests running and waiting, KV-cache usage and capacity,
-recent prompt and generation tokens per second; per fleet: the sum, mean and max of each over
+the most requests it runs at once, recent prompt and generation tokens per second and prefix-cache
+queries and hits per second; per fleet: the sum, mean and max of each over
 the live engines (``GET /load``, :meth:`redis_stats.reader.StatsReader.load`; the document's
 JSON Schema is ``redis_stats/schemas/load.schema.json``, its stability promise in docs/load.md).
 
@@ -25,10 +26,7 @@ import functools
 import json
 import math
 import operator
-import threading
-import time
-from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -36,7 +34,6 @@ from redis_stats import codec
 from redis_stats._core.read.decoder import ShardReply, judged_by, judges, listed_engines, unreadable
 from redis_stats._core.read.liveness import DOWN, UP, Liveness
 from redis_stats._core.read.values import float_mean, float_sum, roll_up
-from redis_stats.catalog import COUNTER, GAUGE, MetricSpec
 from redis_stats.snapshot import Skipped
 
 __all__ = [
@@ -50,11 +47,11 @@ __all__ = [
     "LoadEntry",
     "LoadMap",
     "LoadSource",
-    "LoadTracker",
     "LoadView",
     "decode_entries",
     "decode_entry",
     "encode_entry",
+    "engine_load",
     "load_view",
     "read_view",
 ]
@@ -63,15 +60,35 @@ __all__ = [
 # within a version and what needs a new one).
 LOAD_SCHEMA_VERSION = 1
 
-# The feed's fields, in the order an entry stores them. Gauges roll up over an engine's live
-# writers by their metric's mode; rates add up.
-GAUGE_FIELDS = ("requests_running", "requests_waiting", "kv_cache_usage", "kv_cache_capacity_tokens")
-RATE_FIELDS = ("prompt_tokens_per_second", "generation_tokens_per_second")
-FIELDS = GAUGE_FIELDS + RATE_FIELDS
+# The feed's fields, in the order an entry stores them. A release only ever APPENDS fields (never
+# reorders or drops one): a reader takes the fields it knows of a newer writer's longer entry and
+# None for the fields an older writer's shorter entry lacks, so during a rolling upgrade (writers
+# and readers of two releases at once) every engine keeps its numbers. Gauges (every field not
+# ``*_per_second``) roll up over an engine's live writers by their metric's mode; rates add up.
+FIELDS = (
+    "requests_running",
+    "requests_waiting",
+    "kv_cache_usage",
+    "kv_cache_capacity_tokens",
+    "prompt_tokens_per_second",
+    "generation_tokens_per_second",
+    # appended in 0.2 (issue 40): SGLang's model gateway reads them per data-parallel rank
+    "max_running_requests",
+    "prefix_cache_queries_per_second",
+    "prefix_cache_hits_per_second",
+)
+RATE_FIELDS = tuple(f for f in FIELDS if f.endswith("_per_second"))
+GAUGE_FIELDS = tuple(f for f in FIELDS if f not in RATE_FIELDS)
 
-# The stored entry's format (its first component); an entry of another version is skipped and
-# counted (``bad_entry``), so a newer writer's entries never turn into wrong numbers here.
+# The stored entry's format (its first component): the version of its layout, not of its field
+# list (fields are appended within a version, above). An entry of another version is skipped and
+# counted (``bad_entry``), so a writer that reorders fields never turns into wrong numbers here.
 ENTRY_VERSION = "1"
+
+# Field index -> its index among the rates (the rate fields' running totals), and the gauge fields'
+# indexes, in FIELDS order.
+_RATE_AT = {FIELDS.index(f): j for j, f in enumerate(RATE_FIELDS)}
+_GAUGE_AT = tuple(i for i in range(len(FIELDS)) if i not in _RATE_AT)
 
 # Seconds over which a writer computes the recent rates it stores.
 RATE_WINDOW = 5.0
@@ -83,11 +100,14 @@ class LoadSource(NamedTuple):
     A gauge's value is the sum of the engine's series of it (one per engine, usually); with
     *labels*, the value is the product of those label values of the engine's series (an info
     gauge such as a cache configuration: ``num_gpu_blocks`` x ``block_size`` tokens). A counter
-    feeds a ``*_per_second`` field: its recent rate.
+    feeds a ``*_per_second`` field: its recent rate. With *constant* (and no *metric*), a gauge
+    field is that number for every engine the writer records: a setting the integration knows
+    and no metric carries (vLLM's ``max_num_seqs``).
     """
 
     metric: str
     labels: tuple[str, ...] = ()
+    constant: float | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +122,27 @@ class LoadMap:
     kv_cache_capacity_tokens: LoadSource | None = None
     prompt_tokens_per_second: LoadSource | None = None
     generation_tokens_per_second: LoadSource | None = None
+    max_running_requests: LoadSource | None = None
+    prefix_cache_queries_per_second: LoadSource | None = None
+    prefix_cache_hits_per_second: LoadSource | None = None
+
+    def __post_init__(self) -> None:
+        for name in FIELDS:
+            source = getattr(self, name)
+            if source is None:
+                continue
+            if not isinstance(source, LoadSource):
+                raise TypeError(f"LoadMap.{name}={source!r} is not a LoadSource (or None)")
+            if source.constant is not None and (
+                name in RATE_FIELDS
+                or source.metric
+                or not isinstance(source.constant, (int, float))
+                or not math.isfinite(source.constant)
+            ):
+                raise ValueError(
+                    f"LoadMap.{name}: a constant source is a finite number with no metric, for a "
+                    f"gauge field (not a *_per_second one); got {source!r}"
+                )
 
     def sources(self) -> dict[str, LoadSource]:
         """Field -> its source, for the fields that have one."""
@@ -118,7 +159,8 @@ class LoadEntry(NamedTuple):
     modes: int
     """Each gauge field's roll-up mode, two bits each (:data:`MODE_CODES`), field 0 lowest."""
     values: tuple[float | None, ...]
-    """One per :data:`FIELDS` (None: not reported by this writer)."""
+    """One per :data:`FIELDS` (None: not reported by this writer, or a field its release did not
+    have yet)."""
 
     def mode(self, i: int) -> str:
         """The roll-up mode of gauge field *i*."""
@@ -148,14 +190,16 @@ def encode_entry(stamp_ms: float, modes: Iterable[str], values: Iterable[float |
 # What a stored entry may hold (digits, signs, exponents, commas, null): anything else (a list,
 # a string, NaN, Infinity) is not read in bulk but entry by entry, and then skipped.
 _PLAIN = str.maketrans("", "", "0123456789.eE+-,nul")
-_WIDTH = 4 + len(FIELDS)
+_HEAD = 4  # stored ms, version, stamp, modes: then the values
+_WIDTH = _HEAD + len(FIELDS)
+_MISSING = (None,) * len(FIELDS)
 _NUMBER = functools.partial(operator.is_not, None)  # x is not None, as a C callable
 _VERSION = int(ENTRY_VERSION)
 
 
 def _checked(row: Any) -> LoadEntry | None:
     """An entry from a parsed row of any JSON, every element checked."""
-    if row.__class__ is not list or len(row) < _WIDTH:
+    if row.__class__ is not list or len(row) < _HEAD:
         return None
     for x in row:
         if x is not None and x.__class__ not in (int, float):
@@ -172,14 +216,17 @@ def _plain(row: list[Any]) -> LoadEntry | None:
     except OverflowError:
         return None
     if (
-        len(row) < _WIDTH
+        len(row) < _HEAD
         or row[1] != _VERSION
         or row[3].__class__ is not int
         or row[0] is None
         or row[2] is None
     ):
-        return None  # a later version appends fields, or changes ENTRY_VERSION to reorder them
-    return LoadEntry(row[0], row[2], row[3], tuple(row[4:_WIDTH]))
+        return None  # another layout (ENTRY_VERSION), or not an entry
+    values = tuple(row[_HEAD:_WIDTH])
+    if len(values) < len(FIELDS):  # an older writer's: the fields appended since are not reported
+        values += _MISSING[len(values) :]
+    return LoadEntry(row[0], row[2], row[3], values)
 
 
 def decode_entry(stored: str) -> LoadEntry | None:
@@ -224,6 +271,9 @@ class EngineLoad:
     kv_cache_capacity_tokens: float | None = None
     prompt_tokens_per_second: float | None = None
     generation_tokens_per_second: float | None = None
+    max_running_requests: float | None = None
+    prefix_cache_queries_per_second: float | None = None
+    prefix_cache_hits_per_second: float | None = None
     writers: int = 0
     """Live writers whose entries make up this engine's numbers."""
     state: str = ""
@@ -234,17 +284,18 @@ class EngineLoad:
     in the seq hash): which flush its numbers come from; None when none is known."""
     endpoint: str | None = None
     """The endpoint its writers are served behind (``StatsConfig.endpoint``), None if none said."""
+    live_writers: frozenset[str] = frozenset()
+    """The writers whose entries count in this engine, by the reader's rule (empty: not judged);
+    what a later read of the load hash alone is rolled up over (:func:`engine_load`)."""
 
     def set_values(self, values: Sequence[float | None]) -> None:
         """Set the fields of :data:`FIELDS`, in their order."""
-        (
-            self.requests_running,
-            self.requests_waiting,
-            self.kv_cache_usage,
-            self.kv_cache_capacity_tokens,
-            self.prompt_tokens_per_second,
-            self.generation_tokens_per_second,
-        ) = values
+        for name, value in zip(FIELDS, values):
+            setattr(self, name, value)
+
+    def values(self) -> tuple[float | None, ...]:
+        """The fields of :data:`FIELDS`, in their order."""
+        return tuple(getattr(self, name) for name in FIELDS)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (``/load``'s ``engines.<index>``)."""
@@ -308,20 +359,7 @@ class LoadView:
     def signature(self) -> str:
         """What a body of this view says but its times (ages, ``time``): equal for equal
         values and ups (``/load``'s ETag is a digest of it)."""
-        rows = [
-            (
-                e,
-                v.up,
-                v.state,
-                v.requests_running,
-                v.requests_waiting,
-                v.kv_cache_usage,
-                v.kv_cache_capacity_tokens,
-                v.prompt_tokens_per_second,
-                v.generation_tokens_per_second,
-            )
-            for e, v in sorted(self.engines.items())
-        ]
+        rows = [(e, v.up, v.state, v.values()) for e, v in sorted(self.engines.items())]
         return repr((rows, sorted(self.skipped.items())))
 
     def to_dict(self, *, namespace: str | None = None) -> dict[str, Any]:
@@ -400,6 +438,7 @@ def read_view(
     for engine, (state, newest, endpoint) in about.items():
         load = view.engines[engine]
         load.state, load.seq, load.endpoint = state, newest, endpoint
+        load.live_writers = frozenset(live_of[engine])
     return view, now_kept
 
 
@@ -472,6 +511,17 @@ def _live_entries(
     return found, bad
 
 
+def engine_load(
+    engine: int, up: bool, beat_age: float, entries: list[LoadEntry], now_ms: float
+) -> EngineLoad:
+    """*engine*'s load from *entries* (its live writers' entries, read at server time *now_ms*), as
+    a read of the whole feed rolls them up; without an entry (or not *up*), its fields are None and
+    its age *beat_age*."""
+    if not up or not entries:
+        return EngineLoad(engine, up, beat_age)
+    return _engine_load(engine, up, beat_age, entries, now_ms)
+
+
 def _engine_load(
     engine: int, up: bool, beat_age: float, entries: list[LoadEntry], now_ms: float
 ) -> EngineLoad:
@@ -482,210 +532,33 @@ def _engine_load(
     if len(entries) == 1:  # one writer: its values are the roll-up of any mode
         load.set_values(entries[0].values)
     else:
-        load.set_values(_rolled_up_gauges(entries) + _summed_rates(entries))
+        load.set_values(_rolled_up(entries))
     return load
 
 
-def _rolled_up_gauges(entries: list[LoadEntry]) -> list[float | None]:
-    """The gauge fields of several writers' entries, each rolled up by its mode."""
+def _rolled_up(entries: list[LoadEntry]) -> list[float | None]:
+    """Every field of several writers' entries: a gauge rolled up by its mode, a rate summed."""
+    values: list[float | None] = [None] * len(FIELDS)
     if entries[0].modes == 0:
-        return _most_recent_gauges(entries)
-    values: list[float | None] = []
-    for i in range(len(GAUGE_FIELDS)):
-        readings = [(e.stamp_ms, v, "") for e in entries if (v := e.values[i]) is not None]
-        values.append(roll_up(entries[0].mode(i), readings) if readings else None)
+        _most_recent_gauges(entries, values)
+    else:
+        for i in _GAUGE_AT:
+            readings = [(e.stamp_ms, v, "") for e in entries if (v := e.values[i]) is not None]
+            values[i] = roll_up(entries[0].mode(i), readings) if readings else None
+    for i in _RATE_AT:
+        rates = [v for e in entries if (v := e.values[i]) is not None]
+        values[i] = float_sum(rates) if rates else None
     return values
 
 
-def _most_recent_gauges(entries: list[LoadEntry]) -> list[float | None]:
-    """Every gauge field mostrecent (vLLM's): the newest entry's, field by field the newest
-    that reports it (roll_up's rule: the first of equal stamps in read order)."""
+def _most_recent_gauges(entries: list[LoadEntry], values: list[float | None]) -> None:
+    """Every gauge field mostrecent (vLLM's) into *values*: the newest entry's, field by field
+    the newest that reports it (roll_up's rule: the first of equal stamps in read order; an older
+    writer's entry, without the fields appended since, reports none of them)."""
     ordered = sorted(entries, key=_stamp, reverse=True)
-    values = list(ordered[0].values[: len(GAUGE_FIELDS)])
-    for i, v in enumerate(values):
-        if v is None:
-            values[i] = next((x for e in ordered[1:] if (x := e.values[i]) is not None), None)
-    return values
-
-
-def _summed_rates(entries: list[LoadEntry]) -> list[float | None]:
-    """The rate fields of several writers' entries: their sums."""
-    values: list[float | None] = []
-    for j in range(len(GAUGE_FIELDS), len(FIELDS)):
-        rates = [v for e in entries if (v := e.values[j]) is not None]
-        values.append(float_sum(rates) if rates else None)
-    return values
+    for i in _GAUGE_AT:
+        values[i] = next((x for e in ordered if (x := e.values[i]) is not None), None)
 
 
 _MAX = 1.7976931348623157e308
 _stamp = operator.attrgetter("stamp_ms")
-
-
-class _Counted:
-    """A counter series that also adds its increments to a :class:`LoadTracker`'s total (what
-    a writer's ``labels()`` returns for a counter that feeds a rate of the load feed)."""
-
-    __slots__ = ("_at", "_child", "_totals", "_tracker")
-
-    def __init__(self, child: Any, totals: list[float], at: int, tracker: LoadTracker) -> None:
-        self._child = child
-        self._totals = totals
-        self._at = at
-        self._tracker = tracker
-
-    def inc(self, amount: int | float = 1) -> None:
-        """The series' ``inc`` (same rules: an invalid amount is dropped and counted there)."""
-        self._child.inc(amount)
-        kind = type(amount)
-        if (kind is int or kind is float) and 0 <= amount <= _MAX:
-            with self._tracker.lock:
-                self._totals[self._at] += amount
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._child, name)
-
-
-class LoadTracker:
-    """A writer's side of the load feed: which of its series feed which field (by the
-    :class:`LoadMap`), and the entry of each engine it records (:meth:`entries`).
-
-    Gauges are read from their series when an entry is made (their last ``set``); counters are
-    counted here as they are incremented (:class:`_Counted`), and their recent rate is the
-    increase over the last :data:`RATE_WINDOW` seconds (monotonic clock) of this process, from
-    the first series bound. Thread-safe: series are bound and counted by the host's threads,
-    entries made by the flusher.
-    """
-
-    def __init__(self, load_map: LoadMap, *, window: float = RATE_WINDOW) -> None:
-        self.window = window
-        self.lock = threading.Lock()  # replaced in a forked child (forked): a thread may hold it
-        self._by_metric: dict[str, list[tuple[int, LoadSource]]] = {}
-        for i, name in enumerate(FIELDS):
-            source = getattr(load_map, name)
-            if source is not None:
-                self._by_metric.setdefault(source.metric, []).append((i, source))
-        self._modes: list[str] = ["mostrecent"] * len(GAUGE_FIELDS)
-        self._state: dict[int, _EngineState] = {}
-
-    def forked(self) -> None:
-        """In a forked child: a new lock (the parent's may be held by a thread not copied)."""
-        self.lock = threading.Lock()
-
-    @property
-    def metrics(self) -> set[str]:
-        """The metrics that feed a field."""
-        return set(self._by_metric)
-
-    def bind(self, spec: MetricSpec, engine: int, values: tuple[str, ...], series: Any) -> Any:
-        """*series* (of *spec*, stored *engine*, label *values*), or what stands in for it when
-        it feeds the load feed (a counter: one that also counts here)."""
-        found = self._by_metric.get(spec.name)
-        if not found:
-            return series
-        with self.lock:
-            for i, source in found:
-                if i >= len(GAUGE_FIELDS):
-                    if spec.kind == COUNTER and hasattr(series, "deltas"):
-                        j = i - len(GAUGE_FIELDS)
-                        state = self._engine(engine)
-                        state.rated[j] = True
-                        return _Counted(series, state.totals, j, self)
-                # A dropped series (label too long, cardinality) has no state: it reads as nothing.
-                elif spec.kind == GAUGE and hasattr(series, "state"):
-                    self._modes[i] = spec.mode
-                    self._engine(engine).gauges[i][id(series)] = (series, _factor(source, spec, values))
-        return series
-
-    def _engine(self, engine: int) -> _EngineState:
-        """*engine*'s state, made on first use (under the lock)."""
-        found = self._state.get(engine)
-        if found is None:
-            found = self._state[engine] = _EngineState(time.monotonic())
-        return found
-
-    def engines(self) -> list[int]:
-        """The engines (stored indexes) with a series that feeds a field."""
-        with self.lock:
-            return sorted(self._state)
-
-    def entries(
-        self, engines: Iterable[int] | None = None, server_ms: Callable[[int, float], float] | None = None
-    ) -> list[str]:
-        """``engine, entry, ...`` (``load.lua``'s arguments) for *engines* (default: every
-        engine with a series that feeds a field; engines without one are left out). A gauge's
-        stamp is monotonic (its ``set``): *server_ms* (engine, stamp) puts it in the engine's
-        server clock, as the writer stamps the gauges it flushes (``Accumulator.server_ms``);
-        without it, the stamps are this process's monotonic milliseconds."""
-        now = time.monotonic()
-        out: list[str] = []
-        with self.lock:
-            wanted = sorted(self._state) if engines is None else [e for e in engines if e in self._state]
-            for engine in wanted:
-                state = self._state[engine]
-                values, stamp = state.gauge_values()
-                values += state.rates(now, self.window)
-                ms = server_ms(engine, stamp) if server_ms is not None and stamp else stamp * 1000.0
-                out += [str(engine), encode_entry(ms, self._modes, values)]
-        return out
-
-
-def _factor(source: LoadSource, spec: MetricSpec, values: tuple[str, ...]) -> float | None:
-    """The product of the *source*'s label values of a series (NaN when one is not a number:
-    the series reports nothing); None for a source without labels (the series' value counts)."""
-    if not source.labels:
-        return None
-    factor = 1.0
-    for label in source.labels:
-        try:
-            factor *= float(values[spec.labels.index(label)])
-        except (ValueError, IndexError):
-            factor = math.nan  # not a number: this series reports nothing
-    return factor
-
-
-class _EngineState:
-    """What a :class:`LoadTracker` holds of one engine."""
-
-    __slots__ = ("gauges", "history", "rated", "totals")
-
-    def __init__(self, started: float) -> None:
-        # per gauge field: {id(series): (series, factor or None)}
-        self.gauges: list[dict[int, tuple[Any, float | None]]] = [{} for _ in GAUGE_FIELDS]
-        self.totals = [0.0] * len(RATE_FIELDS)  # running totals of the counters of each rate field
-        self.rated = [False] * len(RATE_FIELDS)  # whether a counter feeds it
-        self.history: deque[tuple[float, tuple[float, ...]]] = deque([(started, tuple(self.totals))])
-
-    def gauge_values(self) -> tuple[list[float | None], float]:
-        """Each gauge field's value (the sum of its series that were set; None when none was),
-        and the newest stamp of their sets (monotonic seconds, 0.0 when none was set)."""
-        values: list[float | None] = []
-        stamp = 0.0
-        for bound in self.gauges:
-            total: float | None = None
-            for series, factor in bound.values():
-                at, value = series.state  # one tuple: read whole without the record lock
-                if not at:
-                    continue  # never set
-                stamp = max(stamp, at)
-                if factor is not None:
-                    value = factor if value else 0.0
-                total = value if total is None else total + value
-            values.append(total)
-        return values, stamp
-
-    def rates(self, now: float, window: float) -> list[float | None]:
-        """Each rate field's increase per second over the last *window* seconds (None for a
-        field no counter feeds); *now* joins the history."""
-        history = self.history
-        totals = tuple(self.totals)
-        history.append((now, totals))
-        # The oldest sample kept is the newest one at least a window old: the rate is
-        # over the last window (or since the first series was bound, when younger).
-        while len(history) > 2 and history[1][0] <= now - window:
-            history.popleft()
-        then, before = history[0]
-        span = now - then
-        return [
-            (total - before[j]) / span if span > 0 and self.rated[j] else None
-            for j, total in enumerate(totals)
-        ]

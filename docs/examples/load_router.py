@@ -1,8 +1,14 @@
-"""A router's view of the fleet from ``GET /load`` (docs/load.md): pick the engine to send to.
+"""A router's view of the fleet from the exporter (docs/load.md): pick the engine to send to.
 
-    python docs/examples/load_router.py http://127.0.0.1:9400 [--every 0.05] [--count 20]
+    python docs/examples/load_router.py http://127.0.0.1:9400 [--count 20]          # follows /watch
+    python docs/examples/load_router.py http://127.0.0.1:9400 --poll [--every 0.05]  # polls /load
 
-Polls ``/load`` with ``If-None-Match`` (an unchanged fleet costs a ``304`` and no body), keeps the
+By default it follows ``GET /watch`` (:class:`WatchClient`): one long poll at a time, answered as
+soon as an engine changes (its numbers, or its state), each change numbered; a gap (the exporter
+restarted, or the client fell behind) gives the whole state again. So the router's view is a
+change behind Redis by one read of the exporter (20 ms), not by a refresh plus a poll interval,
+and an unchanged fleet costs nothing. With ``--poll``, :class:`LoadClient` polls ``/load`` with
+``If-None-Match`` (an unchanged fleet costs a ``304`` and no body), keeps the
 last document, and picks, among the engines whose ``state`` is ``up`` and whose data is fresh,
 the one with the fewest requests waiting, then the lowest KV-cache usage, then the fewest running.
 It falls back on ``stale`` engines (up, but a flush or more behind) only when no engine is ``up``,
@@ -93,6 +99,56 @@ def pick(doc: dict[str, Any], refreshed: float, stale: float = 2.0) -> int | Non
     return min(found, key=cost)[0] if found else None
 
 
+class WatchClient:
+    """Every engine's state from ``/watch``, kept current by long polls (one at a time)."""
+
+    def __init__(self, base_url: str, wait: float = 10.0) -> None:
+        self.url = base_url.rstrip("/") + "/watch"
+        self.wait = wait
+        self.engines: dict[int, dict[str, Any]] = {}
+        self.seq = 0
+        self.epoch = ""
+        self.gaps = 0
+
+    def _get(self, query: str, timeout: float) -> dict[str, Any]:
+        with urllib.request.urlopen(self.url + query, timeout=timeout) as resp:
+            return dict(json.loads(resp.read()))
+
+    def start(self) -> None:
+        """The whole state now (the first call, and after a gap)."""
+        self._whole(self._get("", 10.0))
+
+    def _whole(self, doc: dict[str, Any]) -> None:
+        self.engines = {int(e): d for e, d in doc["engines"].items()}
+        self.seq, self.epoch = doc["seq"], doc["epoch"]
+
+    def follow(self) -> list[dict[str, Any]]:
+        """Wait for the next changes (at most ``wait`` s) and apply them; the events applied."""
+        if not self.epoch:
+            self.start()
+        doc = self._get(f"?since={self.seq}&epoch={self.epoch}&wait={self.wait}", self.wait + 10.0)
+        if doc.get("gap"):
+            self.gaps += 1
+            self._whole(doc)
+            return []
+        for event in doc["events"]:
+            if event["state"] == "gone":
+                self.engines.pop(event["engine"], None)
+            else:
+                self.engines[event["engine"]] = event
+        self.seq = doc["seq"]
+        return list(doc["events"])
+
+    def pick(self) -> int | None:
+        """The engine to send the next request to (:func:`pick`'s rule on the followed state: an
+        ``up`` engine, else a ``stale`` one, never a ``down`` one), or None."""
+        engines = {
+            str(e): {**d, "age_seconds": 0.0, "up": d["state"] != "down"} for e, d in self.engines.items()
+        }
+        doc = {"time": 0.0, "engines": engines}
+        return pick(doc, 0.0)
+
+
 def main() -> None:
     """Poll, pick, print: ``--count`` times, every ``--every`` seconds."""
     parser = argparse.ArgumentParser(
@@ -104,7 +160,17 @@ def main() -> None:
     parser.add_argument(
         "--stale", type=float, default=2.0, help="seconds after which an engine's data is unknown"
     )
+    parser.add_argument("--poll", action="store_true", help="poll /load instead of following /watch")
     opts = parser.parse_args()
+    if not opts.poll:
+        watch = WatchClient(opts.url)
+        watch.start()
+        for _ in range(opts.count):
+            events = watch.follow()
+            print(
+                f"send to engine {watch.pick()}; {len(events)} changes, at seq {watch.seq}, gaps {watch.gaps}"
+            )
+        return
     client = LoadClient(opts.url)
     for _ in range(opts.count):
         doc = client.poll()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from typing import Any
 
@@ -64,7 +65,6 @@ class AsyncStatsWriter(WriterCore):
         self._client = client
         self._script = AsyncScript(client, load_script("flush"))
         self._shards_script = AsyncScript(client, load_script("shards"))
-        self._load_script = AsyncScript(client, load_script("load"))
 
     def _forked(self) -> None:
         super()._forked()
@@ -81,33 +81,38 @@ class AsyncStatsWriter(WriterCore):
 
     async def _run(self) -> None:
         interval = self.config.flush_interval
-        fast = self.config.load_interval if self.load is not None else 0.0
+        lane = self.config.lane_interval if self.load is not None else 0.0
+        due = time.monotonic() + interval
+        last_lane = -math.inf
         # close() sets _closed before it cancels: the loop ends after the step it is in even
         # when the cancellation never reaches it (redis-py may report one as a timeout).
         while not self._closed:
-            due = time.monotonic() + interval
-            while fast and not self._closed and due - time.monotonic() > fast:  # the load alone
-                await asyncio.sleep(fast)
-                with survive("flusher", log):
-                    await self.flush_load()
-            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            # The load lane as the blocking writer's (StatsWriter._run): a look every LANE_POLL s.
+            await asyncio.sleep(self.lane_sleep(due, lane, last_lane))
             if self._closed:
                 return
+            now = time.monotonic()
             with survive("flusher", log):  # never raises for Redis; anything else is counted
-                await self.flush()
+                if now >= due:
+                    await self.flush()
+                    due = time.monotonic() + interval
+                elif lane and now - last_lane >= lane and await self.flush_load():
+                    last_lane = now
 
-    async def flush_load(self) -> None:
-        """Store the load entries alone (``load_interval``), once the first flush was confirmed;
-        never raises."""
+    async def flush_load(self) -> bool:
+        """The load lane (see StatsWriter.flush_load: the same calls, awaited); True if a call
+        was made; never raises."""
         async with self._flush_lock:
             if self._client is None or not self.stats.flushes:
-                return
-            for keys, args in self.load_calls():
+                return False
+            calls = self.lane_calls()
+            for key, args in calls:
                 try:
-                    result = await self._load_script(keys, args)
-                except Exception as exc:  # counted; the next call or flush tries again
+                    result = await self._client.execute_command("HSET", key, *args)
+                except Exception as exc:  # counted; every entry goes again with the next call
                     result = exc
                 self.load_done(result)
+            return bool(calls)
 
     async def flush(self, *, closing: bool = False) -> bool:
         """Send what is pending now, in one script call per shard written to (one after the

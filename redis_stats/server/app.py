@@ -32,7 +32,10 @@ from redis_stats.server.views import (
     metrics,
     namespaces,
     page,
+    pool,
+    smg,
     snapshot,
+    watch,
 )
 
 __all__ = ["ROUTES", "App"]
@@ -47,6 +50,10 @@ ROUTES: dict[str, View] = {
     "/load": load.answer,
     "/endpoints": endpoints.answer,
     "/get_load": get_load.answer,
+    "/v1/loads": smg.answer,
+    "/loads": smg.fleet_answer,
+    "/pool": pool.answer,
+    "/watch": watch.answer,
     "/healthz": health.answer,
     "/namespaces": namespaces.answer,
 }

@@ -914,6 +914,7 @@ def bridge(
 
     from redis_stats.integrations.bridge import Bridge, BridgedSource
     from redis_stats.integrations.vllm import vllm_catalog
+    from redis_stats.integrations.vllm.load import VLLM_LOAD
 
     config = _config(redis_url, namespace)
     urls = _source_urls(sources, source_files)
@@ -925,7 +926,9 @@ def bridge(
         bridged = [
             # The scrape options (engine_label, include, accept, timeout, max_bytes) are
             # BridgedSource's, by the same names.
-            BridgedSource(url, config.replace(engine_offset=start), known=known, **scrape)
+            # load=: vLLM's families feed the load feed (/load, /get_load, /v1/loads); a source
+            # without them (SGLang, ...) stores no load entry
+            BridgedSource(url, config.replace(engine_offset=start), known=known, load=VLLM_LOAD, **scrape)
             for url, start in zip(urls, starts)
         ]
     except (ValueError, ConfigError) as exc:
@@ -940,6 +943,64 @@ def bridge(
         runner.start()
         runner.wait(duration)
         runner.close()
+
+
+@main.command("load-proxy")
+@url_option
+@namespace_option
+@click.option(
+    "--upstream",
+    required=True,
+    metavar="HOST:PORT",
+    help="The vLLM API server behind the proxy (vLLM's Rust front end), e.g. 127.0.0.1:8000.",
+)
+@click.option(
+    "--listen",
+    default="0.0.0.0:8001",
+    metavar="HOST:PORT",
+    help="Where routers reach the proxy: give them this address as the worker URL, and the same "
+    "one as REDIS_STATS_ENDPOINT (as they reach it: the pod's IP, not 0.0.0.0).",
+)
+@click.option(
+    "--rank-list",
+    is_flag=True,
+    help="Answer /get_load as the rank list sglang-router 0.3.x reads, not vllm-router's {load}.",
+)
+@click.option(
+    "--bridge/--no-bridge",
+    default=True,
+    help="Also bridge the upstream's /metrics into the store (engine label engine, the vLLM "
+    "catalogue and load feed), every REDIS_STATS_FLUSH_INTERVAL: what the answers read.",
+)
+@_seconds_option("--duration", 0.1, show_default="until SIGTERM/Ctrl-C", help="Stop after this many seconds.")
+def load_proxy(
+    redis_url: str | None,
+    namespace: str | None,
+    upstream: str,
+    listen: str,
+    rank_list: bool,
+    bridge: bool,
+    duration: float | None,
+) -> None:
+    """Answer /get_load and /v1/loads from Redis in front of vLLM's Rust front end, which runs no
+    middleware; pass every other request to it (docs/routers.md, "vllm-rs")."""
+    import logging
+    import threading
+
+    from redis_stats.integrations.vllm.load_proxy import Sidecar
+
+    config = _config(redis_url, namespace)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        sidecar = Sidecar(config, upstream, listen, rank_list=rank_list, bridge=bridge)
+    except (ValueError, ConfigError) as exc:
+        raise click.UsageError(str(exc)) from None
+    stop = threading.Event()
+    click.echo(sidecar.start())
+    with stop_on_signals(stop.set):
+        stop.wait(duration)
+        sidecar.close()
 
 
 def _refuse_unsupported_store(config: StatsConfig) -> None:

@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from types import SimpleNamespace
 from typing import Any, TextIO
 
 from redis_stats.catalog import Catalog
@@ -324,7 +325,7 @@ class _Part:
     def __init__(self, config: StatsConfig, opts: SimulateOptions, engines: list[int]) -> None:
         from redis_stats.connection import make_client
         from redis_stats.integrations.vllm import VllmRecorder
-        from redis_stats.integrations.vllm.load import VLLM_LOAD
+        from redis_stats.integrations.vllm.load import load_map_for
         from redis_stats.tools.simulate import FleetLoad, SimulatedEngine
         from redis_stats.writer import StatsWriter
 
@@ -338,6 +339,9 @@ class _Part:
         self.hot: list[SimulatedEngine] = []
         for e in engines:
             recorders = []
+            # As the plugin's: max_running_requests from the engine's max_num_seqs (its profile's).
+            scheduler = SimpleNamespace(max_num_seqs=load.profile(e).max_running)
+            load_map = load_map_for(SimpleNamespace(scheduler_config=scheduler))
             endpoint = opts.endpoint_of(e)
             engine_config = config if endpoint is None else config.replace(endpoint=endpoint)
             for api in range(opts.api_servers):
@@ -350,7 +354,7 @@ class _Part:
                     owner=f"{host}:simulate-{e}",
                     client=client,
                     start=False,
-                    load=VLLM_LOAD,
+                    load=load_map,
                 )
                 recorder = VllmRecorder(writer, opts.model, [e], features=load.features())
                 recorder.record_cache_config(cache)

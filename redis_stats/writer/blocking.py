@@ -11,6 +11,7 @@ import atexit
 # while the parent's flusher is inside that import leaves the module's import lock held for
 # ever in the child, whose first connect then hangs: import it here, before any flusher runs.
 import encodings.idna  # noqa: F401
+import math
 import sys
 import threading
 import time
@@ -91,7 +92,6 @@ class StatsWriter(WriterCore):
         self._client = client
         self._script = Script(client, load_script("flush"))
         self._shards_script = Script(client, load_script("shards"))
-        self._load_script = Script(client, load_script("load"))
         kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
         if self._own_client and HIREDIS_AVAILABLE and isinstance(kwargs, dict):
             kwargs.setdefault("command_packer", SlicedPacker())
@@ -109,21 +109,22 @@ class StatsWriter(WriterCore):
 
     def _run(self) -> None:
         interval = self.config.flush_interval
-        fast = self.config.load_interval if self.load is not None else 0.0
+        lane = self.config.lane_interval if self.load is not None else 0.0
         due = time.monotonic() + interval
-        # With load_interval, the load entries alone between two flushes (load.lua only).
-        while not self._stop.wait(min(fast, max(0.0, due - time.monotonic())) if fast else interval):
-            load_only = fast and time.monotonic() < due
+        last_lane = -math.inf
+        # The load lane (load_interval): every LANE_POLL s a look at the router numbers; those
+        # that changed go to Redis at once, or load_interval after the lane's last call.
+        while not self._stop.wait(self.lane_sleep(due, lane, last_lane)):
+            now = time.monotonic()
             # A flush never raises for Redis; anything else (a bug, a value nobody foresaw) is
             # counted and logged, and the thread goes on: a dead flusher would keep every later
             # record from Redis until close.
             with survive("flusher", log):
-                if load_only:
-                    self.flush_load()
-                else:
+                if now >= due:
                     self.flush()
-            if not load_only:
-                due = time.monotonic() + interval
+                    due = time.monotonic() + interval
+                elif lane and now - last_lane >= lane and self.flush_load():
+                    last_lane = now
         if self._closing.is_set():
             try:
                 with survive("flusher", log):
@@ -209,18 +210,21 @@ class StatsWriter(WriterCore):
             break
         return self.script_and_wait(results[0], results[1])
 
-    def flush_load(self) -> None:
-        """Store the load entries alone (``load_interval``), once the writer's first flush was
-        confirmed (it is in the writers zset then); never raises."""
+    def flush_load(self) -> bool:
+        """The load lane: store the entries of the engines whose router numbers changed since
+        their last entry (:meth:`WriterCore.lane_calls`), once the writer's first flush was
+        confirmed (it is in the writers zset then). True if a call was made; never raises."""
         with self._flush_lock:
             if self._client is None or not self.stats.flushes:
-                return
-            for keys, args in self.load_calls():
+                return False
+            calls = self.lane_calls()
+            for key, args in calls:
                 try:
-                    result = self._load_script(keys, args)
-                except Exception as exc:  # counted; the next call or flush tries again
+                    result = self._client.execute_command("HSET", key, *args)
+                except Exception as exc:  # counted; every entry goes again with the next call
                     result = exc
                 self.load_done(result)
+            return bool(calls)
 
     def close(self, timeout: float | None = None) -> bool:
         """Stop the thread and flush what is left, for at most *timeout* seconds (default

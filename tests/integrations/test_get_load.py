@@ -350,7 +350,9 @@ class StubWorker:
     """A tiny "vLLM": the OpenAI completion route, /health, /v1/models, wrapped in the middleware
     exactly as ``vllm serve --middleware`` wraps vLLM's app, served by uvicorn (what vLLM runs)."""
 
-    def __init__(self, name: str, cfg: StatsConfig) -> None:
+    def __init__(
+        self, name: str, cfg: StatsConfig, middleware: type[GetLoadMiddleware] = GetLoadMiddleware
+    ) -> None:
         import uvicorn
 
         self.name = name
@@ -358,12 +360,14 @@ class StubWorker:
         self.url = f"http://127.0.0.1:{self.port}"
         self.completions = 0
         self.polls = 0  # /get_load answered (counted outside the middleware)
-        wrapped = GetLoadMiddleware(self.app, cfg.replace(endpoint=f"127.0.0.1:{self.port}"))
+        self.paths: collections.Counter[str] = collections.Counter()  # every path asked for
+        wrapped = middleware(self.app, cfg.replace(endpoint=f"127.0.0.1:{self.port}"))
 
         async def app(scope: Any, receive: Any, send: Any) -> None:
             await wrapped(scope, receive, send)
-            if scope["type"] == "http" and scope["path"] == "/get_load":
-                self.polls += 1
+            if scope["type"] == "http":
+                self.paths[scope["path"]] += 1
+                self.polls += scope["path"] == "/get_load"
 
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
         self.server = uvicorn.Server(config)

@@ -1,8 +1,9 @@
 """The endpoint views read as their consumers read them (issue 34 item 1-2).
 
 The endpoint picker (llm-d-router's ``metrics-data-source``) scrapes a URL, parses the Prometheus
-text, keeps the families of its ``families`` list and, of each, ONE series: the last one it
-parsed. Against ``/metrics`` of a data-parallel pod that is one engine's number; against
+text, keeps the families of its ``families`` list and, of each, ONE series (``getLatestMetric``,
+:func:`picker_read`): the one with the newest timestamp, else the FIRST one it parsed. Against
+``/metrics`` of a data-parallel pod that is one engine's number; against
 ``/metrics?endpoint=<id>`` it must be the endpoint's true aggregate over its live engines, while
 engines die and come back. Writers of several endpoints with several engines each, through the
 public API only; parsed by prometheus_client's own parser."""
@@ -37,13 +38,31 @@ FAMILIES = [
 
 
 def picker_read(text: str, families: list[str]) -> dict[str, tuple[dict[str, str], float]]:
-    """What the endpoint picker keeps of a body: per family of *families*, the LAST series."""
+    """What the endpoint picker keeps of a body: per family of *families*, ONE series.
+
+    llm-d-router's rule (``pkg/epp/framework/plugins/datalayer/extractor/metrics/spec.go``,
+    ``Spec.getLatestMetric``): of the family's series, the one whose timestamp is strictly
+    greater than every one before it, a missing timestamp read as 0 (``GetTimestampMs``), so for
+    vLLM's untimestamped lines the FIRST series in the body. The LoRA family has a rule of its own
+    (``loraspec.go``, ``LoRASpec.getLatestMetric``): the series with the strictly greatest VALUE
+    (vLLM's creation time), the first of equal ones. An endpoint view serves one series per
+    family, so what it serves is read alike under this rule and the "last series" one the tests
+    emulated before (``test_the_picker_reads_each_endpoints_true_load_as_engines_die_and_return``
+    checks the one series)."""
     kept: dict[str, tuple[dict[str, str], float]] = {}
+    best: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         if family.name not in families:
             continue
+        by_value = family.name == "vllm:lora_requests_info"
         for sample in family.samples:
-            kept[family.name] = (dict(sample.labels), sample.value)
+            if by_value:
+                rank = sample.value
+            else:  # a Timestamp (OpenMetrics) or seconds; the picker compares milliseconds
+                rank = float(sample.timestamp) * 1000.0 if sample.timestamp is not None else 0.0
+            if family.name not in kept or rank > best[family.name]:  # strictly newer: ties keep the first
+                kept[family.name] = (dict(sample.labels), sample.value)
+                best[family.name] = rank
     return kept
 
 

@@ -40,14 +40,20 @@ def definitions(root: Path) -> dict[str, dict[str, set[str]]]:
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 value = node.value
-                if value.startswith("vllm:") and " " not in value and len(value) > 5:
+                # "vllm::op" is a torch custom op's name (torch.ops.vllm), not a metric
+                if (
+                    value.startswith("vllm:")
+                    and not value.startswith("vllm::")
+                    and " " not in value
+                    and len(value) > 5
+                ):
                     out[value].setdefault(rel, set())
             if isinstance(node, ast.Call):
                 kw = {k.arg: k.value for k in node.keywords if k.arg}
                 name = kw.get("name")
                 if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
                     continue
-                if name.value.startswith("vllm:"):
+                if name.value.startswith("vllm:") and not name.value.startswith("vllm::"):
                     labels = kw.get("labelnames")
                     out[name.value][rel].add(ast.unparse(labels) if labels is not None else "(none)")
     return out

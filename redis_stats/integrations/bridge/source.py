@@ -44,6 +44,7 @@ from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM, Catalog, MetricSpec
 from redis_stats.config import StatsConfig
 from redis_stats.connection import Client, make_client
 from redis_stats.errors import error_kind
+from redis_stats.load import LoadMap
 from redis_stats.writer import StatsWriter, new_writer_id
 
 from .body import Body, BodyError, Family, parse_body
@@ -160,7 +161,10 @@ class BridgedSource:
     a family matches one by name, kind, label names and buckets (the help text and gauge
     roll-up mode then come from it). *include* are shell patterns of family names to store
     (empty: all but :data:`~.body.PROCESS_FAMILIES`, the source's own process). *client* is the
-    Redis client every writer of this source uses (default: one built from *config*).
+    Redis client every writer of this source uses (default: one built from *config*). *load* is
+    the load feed's map (``GET /load``, ``/get_load``, ``/v1/loads``: which family feeds which
+    field, e.g. ``redis_stats.integrations.vllm.load.VLLM_LOAD``); None: the bridged engines have
+    no load entries.
     """
 
     def __init__(
@@ -175,8 +179,10 @@ class BridgedSource:
         timeout: float = 5.0,
         max_bytes: int = DEFAULT_MAX_BYTES,
         client: Client | None = None,
+        load: LoadMap | None = None,
     ) -> None:
         self.source = SourceURL.parse(url)
+        self.load = load
         if accept not in ACCEPT:
             raise ValueError(f"accept={accept!r} must be one of {', '.join(ACCEPT)}")
         if not timeout > 0 or not max_bytes > 0:
@@ -384,6 +390,7 @@ class BridgedSource:
             owner=owner,
             client=self._client,
             start=False,
+            load=self.load,
         )
         log.info("source %s is writer %s (engines %s)", self.safe_url, writer.writer_id, _engines(writer))
         return writer

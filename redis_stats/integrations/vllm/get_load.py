@@ -16,6 +16,11 @@ load feed holds them (``redis_stats.load``: the same per-engine numbers whose su
 view serves as its ``running`` and ``waiting`` series). Every other request passes through
 untouched.
 
+It answers ``GET /v1/loads`` too, from the same read: SGLang's model gateway's load document, one
+entry per data-parallel rank of the endpoint (:mod:`redis_stats.server.views.smg`, which says
+what the gateway does with each answer); the gateway asks every worker for it first, vLLM's
+included.
+
 Cost and freshness: one answer is kept :data:`TTL` seconds, so however many routers poll, one
 process reads Redis at most once per :data:`TTL`: a load-feed read of the endpoint's engines
 (which engines those are: a read of the namespace's load feed at most every
@@ -24,7 +29,8 @@ never on vLLM's event loop; concurrent requests wait for the one read in flight.
 
 What it never answers is a wrong number: Redis unreachable, the endpoint unknown to Redis, no
 engine of it live, or an engine that reports no request counts: ``503`` with a JSON ``error``
-and ``detail``. (vllm-router treats a failed poll as it treats any: its own rule, not ours.)
+and ``detail`` (``/v1/loads``: a rank without counts is left out, below). (vllm-router treats a
+failed poll as it treats any: its own rule, not ours.)
 """
 
 from __future__ import annotations
@@ -36,15 +42,32 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
+from urllib.parse import parse_qs
 
 from redis_stats.config import StatsConfig, redact
 from redis_stats.errors import error_kind
+from redis_stats.load import EngineLoad, LoadView
 from redis_stats.reader import StatsReader
+from redis_stats.server.views import smg
 from redis_stats.server.views.endpoints import EndpointMap, UnknownEndpoint
 from redis_stats.server.views.get_load import PATH, endpoint_answer
 
-__all__ = ["PATH", "TTL", "EndpointLoad", "GetLoadMiddleware", "endpoint_answer", "register_config"]
+__all__ = [
+    "PATH",
+    "SMG_PATH",
+    "TTL",
+    "EndpointLoad",
+    "EndpointRead",
+    "GetLoadMiddleware",
+    "SGLangGetLoadMiddleware",
+    "endpoint_answer",
+    "rank_list_answer",
+    "register_config",
+]
+
+SMG_PATH = smg.PATH
+"""The route SGLang's model gateway asks each worker first (``/v1/loads``)."""
 
 TTL = 1.0
 """Seconds one answer is served again before Redis is read anew (a router polls every 5 s)."""
@@ -64,6 +87,41 @@ def register_config(config: StatsConfig | None) -> None:
     ``/get_load`` reads the namespace and endpoint its writers record."""
     global _registered
     _registered = config
+
+
+class EndpointRead(NamedTuple):
+    """One read of an endpoint's load: its id and engines' loads at Redis time *time*, or
+    (*error* set) the ``503`` document of why there is none."""
+
+    endpoint: str | None
+    engines: tuple[EngineLoad, ...]
+    time: float
+    error: dict[str, Any] | None = None
+
+    def get_load(self) -> tuple[int, dict[str, Any]]:
+        """(status, document) of ``/get_load``."""
+        if self.error is not None or self.endpoint is None:
+            return 503, dict(self.error or {})
+        return endpoint_answer(self.endpoint, list(self.engines))
+
+    def get_load_list(self) -> tuple[int, Any]:
+        """(status, document) of ``/get_load`` as the rank list sglang-router reads."""
+        if self.error is not None or self.endpoint is None:
+            return 503, dict(self.error or {})
+        return rank_list_answer(self.endpoint, list(self.engines))
+
+    def v1_loads(self, query: str = "") -> tuple[int, dict[str, Any]]:
+        """(status, document) of ``/v1/loads?<query>`` (SGLang's model gateway's, by rank)."""
+        if self.error is not None or self.endpoint is None:
+            return 503, dict(self.error or {})
+        params = parse_qs(query, keep_blank_values=True)
+        include, dp_rank = params.get("include", [None])[-1], params.get("dp_rank", [None])[-1]
+        view = LoadView(self.time, {e.engine: e for e in self.engines})
+        return smg.loads_document(view, self.endpoint, include=include, dp_rank=dp_rank)
+
+
+def _failed(doc: dict[str, Any]) -> EndpointRead:
+    return EndpointRead(None, (), 0.0, doc)
 
 
 def _not_configured() -> tuple[int, dict[str, Any]]:
@@ -90,38 +148,82 @@ class EndpointLoad:
 
     def answer(self) -> tuple[int, dict[str, Any]]:
         """``200`` with ``{"load": N, ...}``, or ``503`` with ``error`` and ``detail`` (never raises)."""
+        return self.read().get_load()
+
+    def read(self) -> EndpointRead:
+        """The endpoint's engines' loads, or why there are none (never raises)."""
         try:
             return self._read()
         except UnknownEndpoint as exc:
-            return 503, {"error": "unknown_endpoint", "detail": str(exc)}
+            return _failed({"error": "unknown_endpoint", "detail": str(exc)})
         except Exception as exc:
-            return 503, {"error": error_kind(exc), "detail": redact(str(exc), self.config.url)}
+            return _failed({"error": error_kind(exc), "detail": redact(str(exc), self.config.url)})
 
-    def _read(self) -> tuple[int, dict[str, Any]]:
+    def _read(self) -> EndpointRead:
         if self.views.self_endpoint is None:
-            return 503, {
-                "error": "no_endpoint",
-                "detail": "this process's config names no endpoint (REDIS_STATS_ENDPOINT): "
-                "/get_load answers for the endpoint its own writers store",
-            }
+            return _failed(
+                {
+                    "error": "no_endpoint",
+                    "detail": "this process's config names no endpoint (REDIS_STATS_ENDPOINT): "
+                    "/get_load and /v1/loads answer for the endpoint its own writers store",
+                }
+            )
         endpoint, engines = self.views.resolve("self")
         view = self.reader.load(engines)
-        mine = [view.engines[e] for e in sorted(view.engines) if view.engines[e].endpoint == endpoint]
+        mine = tuple(view.engines[e] for e in sorted(view.engines) if view.engines[e].endpoint == endpoint)
         if len(mine) < len(view.engines):
             self.views.forget()  # an engine is served behind another endpoint now: map it again
-        return endpoint_answer(endpoint, mine)
+        return EndpointRead(endpoint, mine, view.time)
 
 
-def _body(status: int, doc: dict[str, Any]) -> tuple[int, bytes]:
+def rank_list_answer(endpoint: str, mine: list[EngineLoad]) -> tuple[int, Any]:
+    """(HTTP status, document) of ``/get_load`` in the form sglang-router reads (0.3.x: a JSON
+    list, ``num_tokens`` summed over its entries, ``WorkerManager::parse_load_response``): one
+    entry per live rank of *endpoint*, ``{"dp_rank", "num_reqs", "num_waiting_reqs",
+    "num_tokens"}`` as SGLang's own ``/get_load`` (``num_tokens`` the rank's used KV token slots,
+    KV usage x capacity: SGLang adds its waiting prompts' tokens, which vLLM does not count).
+    ``503`` when a live rank's requests or KV capacity are not known."""
+    status, doc = endpoint_answer(endpoint, mine)
+    if status != 200:
+        return status, doc
+    ranks = []
+    for rank, load in enumerate(mine):
+        if not load.up:
+            continue
+        usage, capacity = load.kv_cache_usage, load.kv_cache_capacity_tokens
+        if usage is None or capacity is None or not math.isfinite(usage * capacity):
+            return 503, {
+                "error": "no_tokens",
+                "detail": f"engine {load.engine} of endpoint {endpoint!r} reports no KV usage and capacity "
+                "(vllm:kv_cache_usage_perc, vllm:cache_config_info): its used tokens are not known",
+                "endpoint": endpoint,
+            }
+        running, waiting = round(load.requests_running or 0.0), round(load.requests_waiting or 0.0)
+        ranks.append(
+            {
+                "dp_rank": rank,
+                "num_reqs": running + waiting,
+                "num_waiting_reqs": waiting,
+                "num_tokens": round(usage * capacity),
+            }
+        )
+    return 200, ranks
+
+
+def _body(status: int, doc: Any) -> tuple[int, bytes]:
     return status, json.dumps(doc, separators=(",", ":")).encode()
 
 
 class GetLoadMiddleware:
     """A pure-ASGI middleware: ``GET`` (or ``HEAD``) :data:`PATH` answered with the endpoint's
-    load (module docstring), every other request handed to *app* untouched.
+    load and :data:`SMG_PATH` with its load per rank (module docstring), both from one kept read;
+    every other request handed to *app* untouched.
 
     *config*: whose endpoint (default: the vLLM plugin's of this process,
     :func:`register_config`); *ttl*: seconds an answer is kept (:data:`TTL`)."""
+
+    rank_list = False
+    """Answer ``/get_load`` as sglang-router reads it (:class:`SGLangGetLoadMiddleware`)."""
 
     def __init__(self, app: ASGIApp, config: StatsConfig | None = None, *, ttl: float = TTL) -> None:
         if not (isinstance(ttl, (int, float)) and math.isfinite(ttl) and ttl >= 0):
@@ -132,21 +234,19 @@ class GetLoadMiddleware:
         self.config = config
         self.ttl = float(ttl)
         self._source: EndpointLoad | None = None
-        self._kept: tuple[float, tuple[int, bytes]] | None = None
-        self._pending: asyncio.Future[tuple[int, bytes]] | None = None
+        self._kept: tuple[float, EndpointRead] | None = None
+        self._pending: asyncio.Future[EndpointRead] | None = None
         self._lock = threading.Lock()
         # One thread: at most one read of Redis in flight per middleware, off vLLM's event loop.
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="redis_stats-get_load")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """ASGI: answer :data:`PATH`, pass everything else through."""
-        if not self._mine(scope):
+        """ASGI: answer :data:`PATH` and :data:`SMG_PATH`, pass everything else through."""
+        route = self._route(scope)
+        if route is None:
             await self.app(scope, receive, send)
             return
-        try:
-            status, body = await self.current()
-        except Exception as exc:  # never an exception into vLLM's server
-            status, body = _body(503, {"error": "other", "detail": f"{type(exc).__name__}: {exc}"})
+        status, body = await self.answer(route, scope.get("query_string", b"").decode("latin-1"))
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
@@ -155,16 +255,36 @@ class GetLoadMiddleware:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
 
+    async def answer(self, route: str, query: str = "") -> tuple[int, bytes]:
+        """(status, JSON body) of *route* (:data:`PATH` or :data:`SMG_PATH`) with *query*; never
+        raises (what it cannot answer is a ``503``)."""
+        try:
+            read = await self.current_read()
+            if route == PATH:
+                return _body(*(read.get_load_list() if self.rank_list else read.get_load()))
+            return _body(*read.v1_loads(query))
+        except Exception as exc:  # never an exception into vLLM's server
+            return _body(503, {"error": "other", "detail": f"{type(exc).__name__}: {exc}"})
+
     @staticmethod
-    def _mine(scope: Scope) -> bool:
+    def _route(scope: Scope) -> str | None:
+        """The route of *scope* this middleware answers (None: pass it on)."""
         if scope.get("type") != "http" or scope.get("method") not in ("GET", "HEAD"):
-            return False
+            return None
         path = scope.get("path", "")
-        return bool(path == PATH or path == scope.get("root_path", "") + PATH)
+        root = scope.get("root_path", "")
+        for route in (PATH, SMG_PATH):
+            if path == route or path == root + route:
+                return route
+        return None
 
     async def current(self) -> tuple[int, bytes]:
-        """(status, JSON body) of the current answer: the kept one while younger than the ttl,
-        else the one read in flight (started now if none is)."""
+        """(status, JSON body) of the current ``/get_load`` answer (:meth:`current_read`'s)."""
+        return _body(*(await self.current_read()).get_load())
+
+    async def current_read(self) -> EndpointRead:
+        """The current read: the kept one while younger than the ttl, else the one in flight
+        (started now if none is)."""
         kept = self._kept
         if kept is not None and time.monotonic() - kept[0] < self.ttl:
             return kept[1]
@@ -173,12 +293,12 @@ class GetLoadMiddleware:
             self._pending = asyncio.wrap_future(self._pool.submit(self._refresh), loop=loop)
         return await asyncio.shield(self._pending)
 
-    def _refresh(self) -> tuple[int, bytes]:
-        """Read Redis (in the middleware's thread) and keep the answer."""
+    def _refresh(self) -> EndpointRead:
+        """Read Redis (in the middleware's thread) and keep the read."""
         source = self._endpoint_load()
-        answer = _body(*(source.answer() if source is not None else _not_configured()))
-        self._kept = (time.monotonic(), answer)
-        return answer
+        read = source.read() if source is not None else _failed(_not_configured()[1])
+        self._kept = (time.monotonic(), read)
+        return read
 
     def _endpoint_load(self) -> EndpointLoad | None:
         config = self.config if self.config is not None else _registered
@@ -188,3 +308,14 @@ class GetLoadMiddleware:
             if self._source is None or self._source.config is not config:
                 self._source = EndpointLoad(config)
             return self._source
+
+
+class SGLangGetLoadMiddleware(GetLoadMiddleware):
+    """:class:`GetLoadMiddleware` whose ``/get_load`` is the rank list sglang-router (0.3.x, before
+    it read ``/v1/loads``) sums: :func:`rank_list_answer`. One body cannot serve both routers
+    (vllm-router reads an object, sglang-router a list): pick the class of the router in front::
+
+        vllm serve M --middleware redis_stats.integrations.vllm.get_load.SGLangGetLoadMiddleware
+    """
+
+    rank_list = True

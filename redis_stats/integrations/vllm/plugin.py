@@ -18,7 +18,7 @@ from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 from redis_stats.catalog import Catalog
 from redis_stats.connection import make_client
 from redis_stats.integrations.vllm.catalog import BUCKET_FAMILIES, vllm_catalog
-from redis_stats.integrations.vllm.load import VLLM_LOAD
+from redis_stats.integrations.vllm.load import load_map_for
 from redis_stats.integrations.vllm.logline import VllmLogLines
 from redis_stats.integrations.vllm.options import plugin_config, plugin_enabled, warn_mistyped_variables
 from redis_stats.integrations.vllm.prom import metric_classes
@@ -252,7 +252,12 @@ class RedisStatLogger(AggregateStatLoggerBase):
         owner = f"{socket.gethostname()}:{os.getppid() if api_count > 1 else os.getpid()}"
         # load=: the load feed's entries (GET /load, docs/load.md) beside every flush
         self.writer = StatsWriter(
-            config, catalog, engines=self.engine_indexes, role=f"api{rank}", owner=owner, load=VLLM_LOAD
+            config,
+            catalog,
+            engines=self.engine_indexes,
+            role=f"api{rank}",
+            owner=owner,
+            load=load_map_for(vllm_config),
         )
         self.recording = VllmRecording(vllm_config, self.writer, self.engine_indexes)
         self.recorder = self.recording.recorder

@@ -1,0 +1,262 @@
+"""The watch feed (issue 40): from a change in an engine to a subscriber of ``/watch``, at 1,024
+engines x 2 writers with 100 subscribers, against today's path in the same run.
+
+A private Redis holds a fleet of ``--engines`` x 2 writers: bench/fleet.py's drivers send their
+realistic flushes (load entries in them, one round trip each, 1 s apart), so the load hash holds
+2,048 entries that change every second. ``redis-stats exporter`` runs in its own process
+(``--max-connections 256``). Two probe writers of their own engines (vLLM catalogue and load map,
+flush every 1 s): one with the load lane (the default), one without (``load_interval=0``, the
+writer before this issue). ``--changes`` times, at random moments, both probes ``set()`` a new
+``vllm:num_requests_waiting`` value (the time of each set kept). A subscriber process runs
+``--subscribers`` threads, each following ``/watch`` (long polls, ``docs/examples/load_router.py``'s
+``WatchClient``), and one thread polling ``/load`` every 50 ms with ``If-None-Match`` (today's
+path: a router polling the exporter's 0.25 s refresh); each records when it first saw each value.
+
+Printed: p50 / p99 of set() -> seen, for (a) the lane + ``/watch`` (every subscriber's every
+change), (b) the lane + ``/load`` polled, (c) no lane + ``/load`` polled (before); Redis CPU and
+the exporter process's CPU over the run, with and without the subscribers (the same run, one
+window each).
+
+Usage: python bench/watch_feed.py [--engines 1024] [--subscribers 100] [--changes 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "docs" / "examples"))
+
+import redis  # noqa: E402
+
+from redis_stats import StatsConfig, StatsWriter  # noqa: E402
+from redis_stats.integrations.vllm import vllm_catalog  # noqa: E402
+from redis_stats.integrations.vllm.load import VLLM_LOAD  # noqa: E402
+from redis_stats.tools.embedded import EmbeddedRedis, free_port  # noqa: E402
+
+PROBE_LANE, PROBE_BEFORE = 100_000, 100_001  # the probes' engines (apart from the fleet's)
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of process *pid* so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def subscribers(url: str, n: int, seconds: float, out: Any) -> None:
+    """*n* threads following /watch and one polling /load; each value's first sighting per thread."""
+    from load_router import LoadClient, WatchClient
+
+    stop = time.monotonic() + seconds
+    seen: list[tuple[str, int, int, float]] = []  # (path, engine, value, time seen)
+    lock = threading.Lock()
+
+    def follow(i: int) -> None:
+        client = WatchClient(url, wait=2.0)
+        client.start()
+        firsts: set[tuple[int, int]] = set()
+        while time.monotonic() < stop:
+            try:
+                events = client.follow()
+            except OSError:
+                continue
+            now = time.time()
+            for e in events:
+                key = (e["engine"], int(e["requests_waiting"] or -1))
+                if e["engine"] in (PROBE_LANE, PROBE_BEFORE) and key not in firsts:
+                    firsts.add(key)
+                    with lock:
+                        seen.append(("watch", key[0], key[1], now))
+
+    def poll() -> None:
+        client = LoadClient(url)
+        firsts: set[tuple[int, int]] = set()
+        while time.monotonic() < stop:
+            try:
+                doc = client.poll()
+            except OSError:
+                continue
+            now = time.time()
+            for e in (PROBE_LANE, PROBE_BEFORE):
+                load = doc["engines"].get(str(e))
+                if load and load["requests_waiting"] is not None:
+                    key = (e, int(load["requests_waiting"]))
+                    if key not in firsts:
+                        firsts.add(key)
+                        with lock:
+                            seen.append(("load", key[0], key[1], now))
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=follow, args=(i,), daemon=True) for i in range(n)]
+    threads.append(threading.Thread(target=poll, daemon=True))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(seconds + 30)
+    out.put(seen)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--engines", type=int, default=1024)
+    parser.add_argument("--subscribers", type=int, default=100)
+    parser.add_argument("--changes", type=int, default=30)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "watch_feed.json"))
+    opts = parser.parse_args()
+    from fleet import cpu_seconds, drive
+
+    with EmbeddedRedis() as server:
+        namespace = f"watch{opts.engines}"
+        node = redis.Redis.from_url(server.url)
+        ctx = mp.get_context("spawn")
+        writers = [(e, a) for e in range(opts.engines) for a in range(2)]
+        seconds = 30.0 + opts.changes * 0.7  # the fleet flushes for the whole run
+        start_at = time.time() + 20.0
+        queue: Any = ctx.Queue()
+        drivers = [
+            ctx.Process(
+                target=drive, args=(server.url, namespace, writers[d::2], seconds, start_at, queue, 1, 0.0)
+            )
+            for d in range(2)
+        ]
+        for p in drivers:
+            p.start()
+        port = free_port()
+        exporter = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "redis_stats",
+                "exporter",
+                "--redis-url",
+                server.url,
+                "--namespace",
+                namespace,
+                "--port",
+                str(port),
+                "--max-connections",
+                "256",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=ROOT,
+        )
+        url = f"http://127.0.0.1:{port}"
+        cfg = StatsConfig(url=server.url, namespace=namespace, flush_interval=1.0)
+        probes = {
+            PROBE_LANE: StatsWriter(
+                cfg.replace(endpoint="probe-lane:1"), vllm_catalog(), engines=[PROBE_LANE], load=VLLM_LOAD
+            ),
+            PROBE_BEFORE: StatsWriter(
+                cfg.replace(endpoint="probe-before:1", load_interval=0.0),
+                vllm_catalog(),
+                engines=[PROBE_BEFORE],
+                load=VLLM_LOAD,
+            ),
+        }
+        gauges = {
+            e: w.metric("vllm:num_requests_waiting").labels(e, model_name="m") for e, w in probes.items()
+        }
+        for g in gauges.values():
+            g.set(0)
+        time.sleep(max(0.0, start_at + 3.0 - time.time()))  # the fleet flushing, the exporter up
+        urllib.request.urlopen(url + "/load", timeout=30).read()
+
+        window = 8.0
+        cpu0, ex0 = cpu_seconds(node), proc_cpu(exporter.pid)  # (1) no subscriber: /load alone
+        for _ in range(int(window / 0.05)):
+            urllib.request.urlopen(url + "/load", timeout=30).read()
+            time.sleep(0.05)
+        cpu1, ex1 = cpu_seconds(node), proc_cpu(exporter.pid)
+
+        out: Any = ctx.Queue()
+        follow_for = 6.0 + opts.changes * 0.6
+        subs = ctx.Process(target=subscribers, args=(url, opts.subscribers, follow_for, out))
+        subs.start()
+        time.sleep(4.0)  # every subscriber has its state and waits
+        cpu2, ex2, t2 = cpu_seconds(node), proc_cpu(exporter.pid), time.monotonic()
+        set_at: dict[tuple[int, int], float] = {}
+        for n in range(1, opts.changes + 1):
+            time.sleep(random.uniform(0.2, 0.5))
+            for e, g in gauges.items():
+                set_at[(e, n)] = time.time()
+                g.set(n)
+        time.sleep(1.5)
+        cpu3, ex3, t3 = cpu_seconds(node), proc_cpu(exporter.pid), time.monotonic()
+        seen = out.get()
+        subs.join()
+        for w in probes.values():
+            w.close()
+        exporter.terminate()
+        exporter.wait(10)
+        for _ in drivers:
+            queue.get()  # a driver cannot exit before its results are read
+        for p in drivers:
+            p.join()
+        node.close()
+
+    lat: dict[str, list[float]] = {
+        "lane + /watch": [],
+        "lane + /load polled": [],
+        "no lane + /load polled": [],
+    }
+    for path, engine, value, when in seen:
+        at = set_at.get((engine, value))
+        if at is None:
+            continue
+        if path == "watch" and engine == PROBE_LANE:
+            lat["lane + /watch"].append(when - at)
+        elif path == "load":
+            lat["lane + /load polled" if engine == PROBE_LANE else "no lane + /load polled"].append(when - at)
+    print(
+        f"\nset() -> seen, {opts.engines} engines x 2 writers flushing, {opts.subscribers} subscribers, "
+        f"{opts.changes} changes; ms"
+    )
+    print(f"    {'':<28}{'p50':>8}{'p99':>8}{'max':>8}{'samples':>9}")
+    for name, xs in lat.items():
+        print(
+            f"    {name:<28}{1000 * pct(xs, 0.5):>8.0f}{1000 * pct(xs, 0.99):>8.0f}"
+            f"{1000 * max(xs or [0]):>8.0f}{len(xs):>9}"
+        )
+    redis_idle, redis_watch = (cpu1 - cpu0) / window, (cpu3 - cpu2) / (t3 - t2)
+    ex_idle, ex_watch = (ex1 - ex0) / window, (ex3 - ex2) / (t3 - t2)
+    print(
+        f"    Redis CPU: {redis_idle:.3f} of a core with /load alone, {redis_watch:.3f} with the subscribers"
+    )
+    print(f"    exporter process CPU: {ex_idle:.3f} with /load alone, {ex_watch:.3f} with the subscribers")
+    Path(opts.out).write_text(
+        json.dumps(
+            {
+                "latency_s": lat,
+                "redis_cpu": [redis_idle, redis_watch],
+                "exporter_cpu": [ex_idle, ex_watch],
+                "p50_ms": {k: 1000 * statistics.median(v) for k, v in lat.items() if v},
+            },
+            indent=1,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,286 @@
+"""SGLang's model gateway load document, ``GET /v1/loads``: one entry per data-parallel rank.
+
+SGLang's model gateway (smg-project/smg) asks every backend, vLLM included, for
+``GET <worker URL>/v1/loads?include=core,disagg,queues,memory`` before anything else
+(``model_gateway/src/worker/monitor.rs``, ``fetch_http_load`` and ``probe_native_loads``) and
+decodes the answer as ``WorkerLoadResponse {timestamp, dp_rank_count, loads}``, each entry a
+``SchedulerLoadSnapshot`` (``crates/protocols/src/worker.rs``; ``#[serde(default)]``: a field left
+out reads 0, an unknown one is ignored, a field of the wrong type fails the whole body). What it
+does with each answer, read in that source:
+
+- ``200`` with at least one entry: the load of the worker, rank by rank (its DP-rank cache keeps
+  ``dp_rank -> num_used_tokens`` when some rank has ``max_total_num_tokens > 0``; the load-aware
+  policies read ``token_usage`` as the mean over the entries, the queue as their sums).
+- ``200`` with no entry, or any status but 404/405/501 (a ``503``, a timeout): inconclusive, asked
+  again next tick; that tick it reads the worker's Prometheus ``/metrics`` instead.
+- ``404``, ``405``, ``501``, or a ``200`` that does not decode: "this worker has no /v1/loads",
+  remembered until the worker is replaced: it never asks again. So this document never answers
+  those for a condition that passes (an endpoint not stored yet, Redis down): ``503``.
+
+A rank that is ``down`` (and one that is live but has no request counts yet) is left out of
+``loads``: the gateway picks the least-loaded rank among those it was given, so a rank listed at
+zero would draw every request, while a rank not listed is never picked; the averages it takes are
+over the ranks listed. The document also names the left-out ranks (``ranks_down``,
+``ranks_without_load``), and adds SGLang's own ``aggregate``: keys the gateway ignores.
+
+:func:`loads_document` is pure: a :class:`redis_stats.load.LoadView` (one read of the load feed)
+and an endpoint id in, (HTTP status, document) out; the HTTP view around it belongs to the server.
+It knows no product's metric names: every number is a field of the load feed (docs/routers.md
+maps each one, and says which an integration reports).
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from redis_stats.load import EngineLoad, LoadView
+from redis_stats.server.http import Request, Response, json_response
+from redis_stats.server.views.endpoints import SELF, endpoint_param
+from redis_stats.server.views.load import LoadBody, feed_of
+
+if TYPE_CHECKING:
+    from redis_stats.server.app import App
+
+__all__ = [
+    "FLEET_PATH",
+    "INCLUDE_SECTIONS",
+    "PATH",
+    "answer",
+    "fleet_answer",
+    "fleet_document",
+    "loads_document",
+]
+
+PATH = "/v1/loads"
+"""The route the gateway asks of each worker."""
+
+FLEET_PATH = "/loads"
+"""The gateway's own fleet route (smg #2418): every worker's ranks and an ``aggregate``."""
+
+_NO_STORE = (("Cache-Control", "no-store"),)
+
+INCLUDE_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
+"""The sections ``?include=`` may name (SGLang's ``GetLoadsReqInput.VALID_SECTIONS``); every one
+but ``core`` is a section this store has no numbers for, so none is ever added to an entry."""
+
+_I32 = 2**31 - 1
+
+
+def loads_document(
+    view: LoadView, endpoint: str, *, include: str | None = None, dp_rank: str | None = None
+) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, document) of ``/v1/loads`` for *endpoint* (an id its writers store) from *view*.
+
+    *include* and *dp_rank* are the query's values as sent (None: not given), read as SGLang's
+    ``/v1/loads`` reads them: *include* a comma-separated list of :data:`INCLUDE_SECTIONS` (another
+    name: ``400`` with SGLang's ``detail``); *dp_rank* one rank only (an integer, else ``400``;
+    a rank with nothing to report: an empty ``loads``, as SGLang answers a rank out of range).
+    ``503`` with ``error`` and ``detail`` when the endpoint has no engine in *view*
+    (``unknown_endpoint``) or no rank to report (``endpoint_down``)."""
+    problem = _query_problem(include, dp_rank)
+    if problem is not None:
+        return 400, {"detail": problem}
+    engines = sorted(e for e, load in view.engines.items() if load.endpoint == endpoint)
+    if not engines:
+        return 503, {
+            "error": "unknown_endpoint",
+            "detail": f"no engine of endpoint {endpoint!r} is stored (yet): its load is not known",
+            "endpoint": endpoint,
+        }
+    loads, down, silent = _ranks(view, engines)
+    if not loads:
+        return 503, {
+            "error": "endpoint_down",
+            "detail": f"no rank of endpoint {endpoint!r} is up with request counts (down: {down}, "
+            f"without counts: {silent}): its load is not known",
+            "endpoint": endpoint,
+        }
+    if dp_rank is not None:
+        loads = [entry for entry in loads if entry["dp_rank"] == int(dp_rank)]
+    return 200, {
+        "timestamp": datetime.fromtimestamp(view.time, timezone.utc).isoformat(),
+        "dp_rank_count": len(loads),
+        "loads": loads,
+        "aggregate": _aggregate(loads),
+        "endpoint": endpoint,
+        "ranks_down": down,
+        "ranks_without_load": silent,
+    }
+
+
+def _ranks(view: LoadView, engines: list[int]) -> tuple[list[dict[str, Any]], list[int], list[int]]:
+    """The entries of *engines* (an endpoint's, in engine order: their place is their rank), and
+    the ranks left out: down, and live without request counts."""
+    loads, down, silent = [], [], []
+    for rank, engine in enumerate(engines):
+        load = view.engines[engine]
+        if not load.up:
+            down.append(rank)
+        elif not _counted(load):
+            silent.append(rank)
+        else:
+            loads.append(_snapshot(rank, load))
+    return loads, down, silent
+
+
+def fleet_document(view: LoadView, *, include: str | None = None) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, document) of the fleet: every endpoint's ranks in one ``WorkerLoadResponse``
+    (each entry naming its ``worker``, the endpoint, and ``worker_type``, ``regular``: what smg
+    #2418's gateway-level ``/loads`` serves, so a gateway in front of gateways reads a pool as it
+    reads an engine), and the fleet ``aggregate`` over every entry. Ranks are numbered within
+    their endpoint; engines with no endpoint stored are left out (``unassigned``). ``503`` when
+    no rank of the fleet can be reported."""
+    problem = _query_problem(include, None)
+    if problem is not None:
+        return 400, {"detail": problem}
+    by_endpoint: dict[str, list[int]] = {}
+    unassigned = []
+    for engine in sorted(view.engines):
+        endpoint = view.engines[engine].endpoint
+        if endpoint is None:
+            unassigned.append(engine)
+        else:
+            by_endpoint.setdefault(endpoint, []).append(engine)
+    loads: list[dict[str, Any]] = []
+    down: dict[str, list[int]] = {}
+    for endpoint, engines in sorted(by_endpoint.items()):
+        entries, gone, silent = _ranks(view, engines)
+        loads += [{**entry, "worker": endpoint, "worker_type": "regular"} for entry in entries]
+        if gone or silent:
+            down[endpoint] = gone + silent
+    if not loads:
+        return 503, {
+            "error": "fleet_down",
+            "detail": "no engine of the fleet is up with request counts: its load is not known",
+        }
+    return 200, {
+        "timestamp": datetime.fromtimestamp(view.time, timezone.utc).isoformat(),
+        "dp_rank_count": len(loads),
+        "loads": loads,
+        "aggregate": _aggregate(loads),
+        "workers": len(by_endpoint),
+        "ranks_not_reported": down,
+        "unassigned": unassigned,
+    }
+
+
+def answer(app: App, request: Request) -> Response:
+    """``/v1/loads`` of the request's namespace: ``?endpoint=<id>`` that endpoint's ranks (``self``:
+    the exporter's own endpoint, ``REDIS_STATS_ENDPOINT``), without it the whole pool's (the
+    fleet document: a gateway registering this exporter as a worker reads the pool as one), from
+    the ``/load`` feed's newest read (no Redis read per request)."""
+    source = app.source(request)
+    endpoint = endpoint_param(request.one("endpoint"))
+    include, dp_rank = request.one("include"), request.one("dp_rank")
+    current = source.state(feed_of).current()
+    if isinstance(current, LoadBody):  # the store cannot be read, or the feed is stale: why
+        return Response(current.status, current.body, headers=_NO_STORE)
+    view = current[0]
+    if endpoint is None:
+        if dp_rank is not None:
+            return json_response(
+                400, {"detail": "dp_rank= needs endpoint=: ranks are an endpoint's"}, _NO_STORE
+            )
+        return json_response(*fleet_document(view, include=include), _NO_STORE)
+    if endpoint == SELF:
+        endpoint = source.options.self_endpoint
+        if endpoint is None:
+            doc = {
+                "error": "no_endpoint",
+                "detail": "this exporter has no endpoint of its own (REDIS_STATS_ENDPOINT)",
+            }
+            return json_response(503, doc, _NO_STORE)
+    return json_response(*loads_document(view, endpoint, include=include, dp_rank=dp_rank), _NO_STORE)
+
+
+def fleet_answer(app: App, request: Request) -> Response:
+    """``/loads``: the fleet document (:func:`fleet_document`), as smg #2418's gateway serves it."""
+    source = app.source(request)
+    current = source.state(feed_of).current()
+    if isinstance(current, LoadBody):
+        return Response(current.status, current.body, headers=_NO_STORE)
+    return json_response(*fleet_document(current[0], include=request.one("include")), _NO_STORE)
+
+
+def _query_problem(include: str | None, dp_rank: str | None) -> str | None:
+    """What is wrong with the query's *include* and *dp_rank* (None: nothing)."""
+    if include:  # SGLang: `include.split(",")` when given and not empty, else every section
+        unknown = {s.strip() for s in include.split(",")} - INCLUDE_SECTIONS
+        if unknown:
+            return f"Invalid include sections: {unknown}. Valid options: {sorted(INCLUDE_SECTIONS)}"
+    if dp_rank is not None:
+        text = dp_rank.strip()
+        if not (text.lstrip("-").isdigit() and text.isascii() and len(text) < 12):
+            return f"dp_rank={dp_rank!r} is not an integer (a data-parallel rank of this endpoint)"
+    return None
+
+
+def _counted(load: EngineLoad) -> bool:
+    values = (load.requests_running, load.requests_waiting)
+    return all(v is not None and math.isfinite(v) for v in values)
+
+
+def _snapshot(rank: int, load: EngineLoad) -> dict[str, Any]:
+    """One rank's ``SchedulerLoadSnapshot``: the integers SMG reads as ``i32`` written as JSON
+    integers (a ``5.0`` fails its decoding), the others as numbers; a field the store has no
+    number for is 0, as the gateway reads a missing one."""
+    running, waiting = _i32(load.requests_running), _i32(load.requests_waiting)
+    usage, capacity = load.kv_cache_usage, load.kv_cache_capacity_tokens
+    used = usage * capacity if usage is not None and capacity is not None else None
+    queries, hits = load.prefix_cache_queries_per_second, load.prefix_cache_hits_per_second
+    hit_rate = hits / queries if queries and hits is not None and queries > 0 else 0.0
+    return {
+        "dp_rank": rank,
+        "num_running_reqs": running,
+        "num_waiting_reqs": waiting,
+        "num_waiting_uncached_tokens": 0,
+        "num_total_reqs": _i32((load.requests_running or 0.0) + (load.requests_waiting or 0.0)),
+        "num_used_tokens": _i32(used),
+        "max_total_num_tokens": _i32(capacity),
+        "token_usage": _f64(usage),
+        "gen_throughput": _f64(load.generation_tokens_per_second),
+        "cache_hit_rate": _f64(hit_rate),
+        "utilization": 0.0,
+        "max_running_requests": _i32(load.max_running_requests),
+        "engine": load.engine,
+    }
+
+
+def _i32(value: float | None) -> int:
+    """*value* rounded into SMG's ``i32`` (0 when not known, clamped at its range)."""
+    if value is None or value != value:
+        return 0
+    if math.isinf(value):
+        return _I32 if value > 0 else -_I32 - 1
+    return max(-_I32 - 1, min(_I32, round(value)))
+
+
+def _f64(value: float | None) -> float:
+    """*value* as a finite JSON number (0.0 when not known; past the float range, its limit)."""
+    if value is None or value != value:
+        return 0.0
+    return float(max(-1.7976931348623157e308, min(1.7976931348623157e308, value)))
+
+
+def _aggregate(loads: list[dict[str, Any]]) -> dict[str, Any]:
+    """SGLang's ``aggregate`` of the entries (``_compute_aggregate`` in its ``v1_loads.py``)."""
+    running = sum(d["num_running_reqs"] for d in loads)
+    waiting = sum(d["num_waiting_reqs"] for d in loads)
+    return {
+        "total_running_reqs": running,
+        "total_waiting_reqs": waiting,
+        "total_reqs": running + waiting,
+        "avg_token_usage": _mean(loads, "token_usage", 4),
+        "avg_throughput": _mean(loads, "gen_throughput", 2),
+        "avg_utilization": _mean(loads, "utilization", 4),
+    }
+
+
+def _mean(loads: list[dict[str, Any]], key: str, digits: int) -> float:
+    """The mean of *key* over *loads*, rounded as SGLang rounds it (0.0 for none; finite: strict
+    JSON has no infinity, and a body that does not decode is a body the gateway never asks again)."""
+    if not loads:
+        return 0.0
+    return round(_f64(sum(d[key] for d in loads) / len(loads)), digits)  # inf past the range: clamped

@@ -1,0 +1,235 @@
+"""A body in the shape of vLLM's Rust front end's ``/metrics`` (``vllm-rs`` 0.34, issue 40).
+
+``vllm-rs`` has no CPU build and cannot run here. What its ``/metrics`` looks like, as read in
+its sources and its binary (the ``vllm/vllm-rs`` of the vllm 0.34.0 wheel):
+
+- served by the Rust ``prometheus-client`` crate's OpenMetrics encoder, whatever the request's
+  Accept header says: ``Content-Type: application/openmetrics-text; version=1.0.0;
+  charset=utf-8``, counters as ``<name>_total``, ``# EOF`` at the end;
+- every per-engine family labelled ``model_name`` then ``engine`` (``EngineLabels`` in
+  ``rust/src/metrics/src/scheduler.rs``), a family's own label after them (``reason``, ``stage``,
+  ``sleep_state``, ``status``, ``position``, ``source``: the label structs named in the binary);
+- the four families 0.34 adds to 0.33's (the family names in the two binaries' strings):
+  ``vllm:cache_config_info`` (``Information of the LLMEngine CacheConfig``; its labels the engine
+  core's ``cache_config_info`` map of the handshake, value 1), ``vllm:engine_sleep_state``
+  (``sleep_state``), ``vllm:num_requests_kv_fetch_by_stage`` (``stage``), and the counter
+  ``vllm:watermark_requests`` (``status``);
+- help texts as the binary holds them (some end without the period Python's have).
+
+:func:`body` renders engines' numbers in that shape; :class:`VllmRs` serves them over HTTP with
+the OpenAI completion route, a stand-in for the front end behind a load proxy.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
+
+@dataclass
+class Engine:
+    """One engine's numbers, as vllm-rs exports them."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    num_gpu_blocks: int = 2048
+    block_size: int = 16
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    awake: int = 1
+    kv_fetch: dict[str, int] = field(
+        default_factory=lambda: {"waiting_to_start": 0, "in_progress": 0, "completed_waiting": 0}
+    )
+    watermarked: int = 0
+
+
+def body(engines: dict[int, Engine], model: str = "m") -> str:
+    """The OpenMetrics text vllm-rs 0.34 serves for *engines* (index -> numbers)."""
+    out: list[str] = []
+
+    def family(name: str, kind: str, help_text: str, rows: list[tuple[str, float]]) -> None:
+        out.append(f"# HELP {name} {help_text}")
+        out.append(f"# TYPE {name} {kind}")
+        suffix = "_total" if kind == "counter" else ""
+        out.extend(f"{name}{suffix}{{{labels}}} {value}" for labels, value in rows)
+
+    def each(extra: str = "") -> list[str]:
+        return [f'model_name="{model}",engine="{e}"{extra}' for e in sorted(engines)]
+
+    es = [engines[e] for e in sorted(engines)]
+    family(
+        "vllm:num_requests_running",
+        "gauge",
+        "Number of requests in model execution batches",
+        list(zip(each(), [e.running for e in es])),
+    )
+    family(
+        "vllm:num_requests_waiting",
+        "gauge",
+        "Number of requests waiting to be processed",
+        list(zip(each(), [e.waiting for e in es])),
+    )
+    family(
+        "vllm:num_requests_kv_fetch_by_stage",
+        "gauge",
+        "Number of waiting requests by async KV load stage. Stage labels: 'waiting_to_start' = needs an "
+        "async KV load that has not started; 'in_progress' = load started and not yet reported finished; "
+        "'completed_waiting' = load finished, request not running yet.",
+        [
+            (f'model_name="{model}",engine="{i}",stage="{stage}"', n)
+            for i in sorted(engines)
+            for stage, n in engines[i].kv_fetch.items()
+        ],
+    )
+    family(
+        "vllm:kv_cache_usage_perc",
+        "gauge",
+        "KV-cache usage. 1 means 100 percent usage",
+        list(zip(each(), [e.kv_usage for e in es])),
+    )
+    family(
+        "vllm:engine_sleep_state",
+        "gauge",
+        "Engine sleep state; awake = 0 means engine is sleeping; "
+        "awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 "
+        "means sleep level 2.",
+        [
+            (f'model_name="{model}",engine="{i}",sleep_state="{state}"', value)
+            for i in sorted(engines)
+            for state, value in (
+                ("awake", engines[i].awake),
+                ("weights_offloaded", 1 - engines[i].awake),
+                ("discard_all", 0),
+            )
+        ],
+    )
+    family(
+        "vllm:cache_config_info",
+        "gauge",
+        "Information of the LLMEngine CacheConfig",
+        [
+            (
+                f'engine="{i}",block_size="{engines[i].block_size}",cache_dtype="auto",'
+                f'enable_prefix_caching="True",num_gpu_blocks="{engines[i].num_gpu_blocks}"',
+                1,
+            )
+            for i in sorted(engines)
+        ],
+    )
+    family(
+        "vllm:prefix_cache_queries",
+        "counter",
+        "Prefix cache queries, in terms of number of queried tokens",
+        list(zip(each(), [e.prefix_queries for e in es])),
+    )
+    family(
+        "vllm:prefix_cache_hits",
+        "counter",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        list(zip(each(), [e.prefix_hits for e in es])),
+    )
+    family(
+        "vllm:prompt_tokens",
+        "counter",
+        "Number of prefill tokens processed.",
+        list(zip(each(), [e.prompt_tokens for e in es])),
+    )
+    family(
+        "vllm:generation_tokens",
+        "counter",
+        "Number of generation tokens processed.",
+        list(zip(each(), [e.generation_tokens for e in es])),
+    )
+    family(
+        "vllm:watermark_requests",
+        "counter",
+        "Finished requests by watermark status (only with watermark_config).",
+        [
+            (f'model_name="{model}",engine="{i}",status="{status}"', n)
+            for i in sorted(engines)
+            for status, n in (("watermarked", engines[i].watermarked), ("skipped", 0), ("not_watermarked", 0))
+        ],
+    )
+    out.append("# EOF")
+    return "\n".join(out) + "\n"
+
+
+class VllmRs:
+    """A stand-in for vllm-rs on 127.0.0.1: ``/metrics`` (:func:`body` of :attr:`engines`, as
+    OpenMetrics whatever is asked), ``/v1/completions`` (answers its *name*), ``/health``,
+    ``/v1/models``; no ``/get_load`` (404, as vllm-rs). Counts what it was asked in :attr:`paths`."""
+
+    def __init__(self, name: str, engines: dict[int, Engine]) -> None:
+        self.name = name
+        self.engines = engines
+        self.paths: dict[str, int] = {}
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _send(self, status: int, content_type: str, data: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                outer.paths[path] = outer.paths.get(path, 0) + 1
+                if path == "/metrics":
+                    self._send(200, CONTENT_TYPE, body(outer.engines).encode())
+                elif path in ("/health", "/v1/models"):
+                    doc = (
+                        {}
+                        if path == "/health"
+                        else {"object": "list", "data": [{"id": "m", "object": "model"}]}
+                    )
+                    self._send(200, "application/json", json.dumps(doc).encode())
+                else:
+                    self._send(404, "application/json", b'{"error": "not found"}')
+
+            def do_POST(self) -> None:
+                path = self.path.split("?", 1)[0]
+                outer.paths[path] = outer.paths.get(path, 0) + 1
+                length = int(self.headers.get("Content-Length") or 0)
+                request = json.loads(self.rfile.read(length) or b"{}")
+                doc = {
+                    "id": "cmpl-1",
+                    "object": "text_completion",
+                    "created": int(time.time()),
+                    "model": "m",
+                    "choices": [{"index": 0, "text": outer.name, "finish_reason": "stop", "logprobs": None}],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                    "echo": request.get("prompt"),
+                }
+                self._send(200, "application/json", json.dumps(doc).encode())
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> VllmRs:
+        self.thread.start()
+        return self
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
