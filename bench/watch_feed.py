@@ -8,9 +8,10 @@ realistic flushes (load entries in them, one round trip each, 1 s apart), so the
 flush every 1 s): one with the load lane (the default), one without (``load_interval=0``, the
 writer before this issue). ``--changes`` times, at random moments, both probes ``set()`` a new
 ``vllm:num_requests_waiting`` value (the time of each set kept). A subscriber process runs
-``--subscribers`` threads, each following ``/watch`` (long polls, ``docs/examples/load_router.py``'s
-``WatchClient``), and one thread polling ``/load`` every 50 ms with ``If-None-Match`` (today's
-path: a router polling the exporter's 0.25 s refresh); each records when it first saw each value.
+``--subscribers`` threads, each following ``/watch`` (``docs/examples/load_router.py``'s
+``WatchClient``: Server-Sent Events, one connection each), and one thread polling ``/load``
+every 50 ms with ``If-None-Match`` (today's path: a router polling the exporter's 0.25 s
+refresh); each records when it first saw each value.
 
 Printed: p50 / p99 of set() -> seen, for (a) the lane + ``/watch`` (every subscriber's every
 change), (b) the lane + ``/load`` polled, (c) no lane + ``/load`` polled (before); Redis CPU and
@@ -71,7 +72,7 @@ def subscribers(url: str, n: int, seconds: float, out: Any) -> None:
     lock = threading.Lock()
 
     def follow(i: int) -> None:
-        client = WatchClient(url, wait=2.0)
+        client = WatchClient(url)
         client.start()
         firsts: set[tuple[int, int]] = set()
         while time.monotonic() < stop:

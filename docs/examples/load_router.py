@@ -3,14 +3,15 @@
     python docs/examples/load_router.py http://127.0.0.1:9400 [--count 20]          # follows /watch
     python docs/examples/load_router.py http://127.0.0.1:9400 --poll [--every 0.05]  # polls /load
 
-By default it follows ``GET /watch`` (:class:`WatchClient`): one long poll at a time, answered as
-soon as an engine changes (its numbers, or its state), each change numbered; a gap (the exporter
-restarted, or the client fell behind) gives the whole state again. So the router's view is a
-change behind Redis by one read of the exporter (20 ms), not by a refresh plus a poll interval,
-and an unchanged fleet costs nothing. With ``--poll``, :class:`LoadClient` polls ``/load`` with
-``If-None-Match`` (an unchanged fleet costs a ``304`` and no body), keeps the
-last document, and picks, among the engines whose ``state`` is ``up`` and whose data is fresh,
-the one with the fewest requests waiting, then the lowest KV-cache usage, then the fewest running.
+By default it follows ``GET /watch`` (:class:`WatchClient`) as Server-Sent Events on one
+connection: the whole state, then each change as soon as an engine changes (its numbers, or its
+state), each numbered; a gap (the exporter restarted, or the client fell behind) gives the whole
+state again. So the router's view is a change behind Redis by one read of the exporter (20 ms),
+not by a refresh plus a poll interval, and an unchanged fleet costs nothing. With ``--poll``,
+:class:`LoadClient` polls ``/load`` with ``If-None-Match`` (an unchanged fleet costs a ``304`` and
+no body), keeps the last document, and picks, among the engines whose ``state`` is ``up`` and
+whose data is fresh, the one with the fewest requests waiting, then the lowest KV-cache usage,
+then the fewest running.
 It falls back on ``stale`` engines (up, but a flush or more behind) only when no engine is ``up``,
 and never sends to a ``down`` one: with none left it answers None, and the caller routes by its
 own rule (round robin). An engine whose data is older than ``--stale`` seconds counts as unknown,
@@ -100,44 +101,73 @@ def pick(doc: dict[str, Any], refreshed: float, stale: float = 2.0) -> int | Non
 
 
 class WatchClient:
-    """Every engine's state from ``/watch``, kept current by long polls (one at a time)."""
+    """Every engine's state from ``/watch``, as Server-Sent Events on one connection: the whole
+    state first, then each change as it comes; reconnected with ``Last-Event-ID`` after the
+    connection drops (the feed sends what was missed, or the whole state again after a gap)."""
 
-    def __init__(self, base_url: str, wait: float = 10.0) -> None:
+    def __init__(self, base_url: str, timeout: float = 30.0) -> None:
         self.url = base_url.rstrip("/") + "/watch"
-        self.wait = wait
+        self.timeout = timeout  # > the feed's 15 s keepalive: a silent connection is a dead one
         self.engines: dict[int, dict[str, Any]] = {}
         self.seq = 0
         self.epoch = ""
         self.gaps = 0
+        self.last_id = ""
+        self._stream: Any = None
 
-    def _get(self, query: str, timeout: float) -> dict[str, Any]:
-        with urllib.request.urlopen(self.url + query, timeout=timeout) as resp:
-            return dict(json.loads(resp.read()))
+    def _connect(self) -> None:
+        headers = {"Accept": "text/event-stream"}
+        if self.last_id:
+            headers["Last-Event-ID"] = self.last_id
+        request = urllib.request.Request(self.url, headers=headers)
+        self._stream = urllib.request.urlopen(request, timeout=self.timeout)
+
+    def _next(self) -> tuple[str, dict[str, Any]] | None:
+        """The next event (its kind and data), or None for a keepalive comment."""
+        kind, data = "message", ""
+        while True:
+            line = self._stream.readline()
+            if not line:
+                raise ConnectionError("the feed ended")
+            text = line.decode().rstrip("\n")
+            if not text:
+                return (kind, json.loads(data)) if data else None
+            field, _, value = text.partition(": ")
+            if field == "event":
+                kind = value
+            elif field == "id":
+                self.last_id = value
+            elif field == "data":
+                data = value
 
     def start(self) -> None:
-        """The whole state now (the first call, and after a gap)."""
-        self._whole(self._get("", 10.0))
-
-    def _whole(self, doc: dict[str, Any]) -> None:
-        self.engines = {int(e): d for e, d in doc["engines"].items()}
-        self.seq, self.epoch = doc["seq"], doc["epoch"]
+        """Connect and take the whole state (the first event)."""
+        self._connect()
+        while not self.epoch:
+            self.follow()
 
     def follow(self) -> list[dict[str, Any]]:
-        """Wait for the next changes (at most ``wait`` s) and apply them; the events applied."""
-        if not self.epoch:
-            self.start()
-        doc = self._get(f"?since={self.seq}&epoch={self.epoch}&wait={self.wait}", self.wait + 10.0)
-        if doc.get("gap"):
-            self.gaps += 1
-            self._whole(doc)
+        """Wait for the next change (or a keepalive) and apply it; the events applied. A dropped
+        connection is made again, from the last event seen."""
+        try:
+            got = self._next()
+        except (OSError, ConnectionError):
+            self._connect()
             return []
-        for event in doc["events"]:
-            if event["state"] == "gone":
-                self.engines.pop(event["engine"], None)
-            else:
-                self.engines[event["engine"]] = event
+        if got is None:
+            return []
+        kind, doc = got
+        if kind == "state":
+            self.gaps += 1 if self.epoch else 0
+            self.engines = {int(e): d for e, d in doc["engines"].items()}
+            self.seq, self.epoch = doc["seq"], doc["epoch"]
+            return []
+        if doc["state"] == "gone":
+            self.engines.pop(doc["engine"], None)
+        else:
+            self.engines[doc["engine"]] = doc
         self.seq = doc["seq"]
-        return list(doc["events"])
+        return [doc]
 
     def pick(self) -> int | None:
         """The engine to send the next request to (:func:`pick`'s rule on the followed state: an
@@ -147,6 +177,11 @@ class WatchClient:
         }
         doc = {"time": 0.0, "engines": engines}
         return pick(doc, 0.0)
+
+    def close(self) -> None:
+        """Close the connection."""
+        if self._stream is not None:
+            self._stream.close()
 
 
 def main() -> None:

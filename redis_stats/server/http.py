@@ -28,7 +28,7 @@ import socket
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -136,6 +136,11 @@ class Response:
     vary: str = "Accept-Encoding"
     gzipped: bool = False
     headers: tuple[tuple[str, str], ...] = ()
+    stream: Iterator[bytes] | None = None
+    """A body written a chunk at a time as the iterator gives them (Server-Sent Events): no
+    ``Content-Length``, never gzipped; the answer ends when the iterator does, or the client
+    leaves (then the iterator is closed). It holds its connection, and one of the server's
+    ``max_connections``, meanwhile."""
 
 
 def json_response(status: int, doc: Any, headers: tuple[tuple[str, str], ...] = ()) -> Response:
@@ -397,6 +402,9 @@ def _handler(app: App, request_timeout: float) -> type[BaseHTTPRequestHandler]:
             self._write(request, answer(app, request))
 
         def _write(self, request: Request, response: Response) -> None:
+            if response.stream is not None:
+                self._stream(request, response, response.stream)
+                return
             body, encoding = response.body, "gzip" if response.gzipped else None
             if encoding is None and body and response.status != 304 and request.gzip_ok:
                 body, encoding = gzip.compress(body, compresslevel=GZIP_LEVEL), "gzip"
@@ -413,6 +421,28 @@ def _handler(app: App, request_timeout: float) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             if not request.head and response.status != 304:
                 self.wfile.write(body)
+
+        def _stream(self, request: Request, response: Response, chunks: Iterator[bytes]) -> None:
+            """*chunks* written as they come, each flushed, until they end or the client leaves."""
+            try:
+                self.send_response(response.status)
+                self.send_header("Content-Type", response.content_type)
+                self.send_header("Cache-Control", "no-store")
+                for name, value in response.headers:
+                    self.send_header(name, value)
+                self.end_headers()
+                if request.head:
+                    return
+                for chunk in chunks:
+                    self.wfile.write(chunk)
+                    self.wfile.flush()
+            except OSError:  # the client left (or stopped reading past the request timeout)
+                log.debug("a stream to %s ended with the connection", self.address_string())
+            finally:
+                close = getattr(chunks, "close", None)
+                if close is not None:
+                    close()
+            self.close_connection = True
 
         def log_message(self, fmt: str, *args: Any) -> None:
             """A debug line per request (http.server writes one to stderr)."""

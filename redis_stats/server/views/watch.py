@@ -28,8 +28,14 @@ Answers (JSON):
   the events after ``since`` (empty after ``wait`` seconds, 10 by default, at most 30, without
   one); or the whole state with ``"gap": true``.
 
-A waiting subscriber holds one of the server's connections (``--max-connections``): give it room
-for the subscribers beside the scrapers.
+- ``/watch`` with ``Accept: text/event-stream``: the same as **Server-Sent Events** on one
+  connection for as long as the subscriber stays: the whole state (``event: state``), then every
+  event as it comes (``id: <epoch>-<seq>``; a reconnect's ``Last-Event-ID`` resumes from it, or
+  gets the whole state again), a comment every :data:`KEEPALIVE` seconds without one. No request
+  per change: a subscriber costs a wakeup per read that changed something.
+
+A waiting or streaming subscriber holds one of the server's connections (``--max-connections``):
+give it room for the subscribers beside the scrapers.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from redis_stats._core.background import survive
@@ -51,7 +57,7 @@ from redis_stats.server.views.load import LoadBody, LoadFeed, feed_of, log
 if TYPE_CHECKING:
     from redis_stats.server.app import App
 
-__all__ = ["IDLE", "INTERVAL", "KEEP", "PATH", "WatchFeed", "answer", "watch_of"]
+__all__ = ["IDLE", "INTERVAL", "KEEP", "KEEPALIVE", "PATH", "WatchFeed", "answer", "watch_of"]
 
 PATH = "/watch"
 
@@ -63,6 +69,10 @@ KEEP = 100_000
 
 IDLE = 60.0
 """Seconds without a subscriber after which the feed stops reading."""
+
+KEEPALIVE = 15.0
+"""Seconds a stream waits for an event before it sends a comment (a dead subscriber is found by
+the write, and a proxy does not close a silent connection)."""
 
 MAX_WAIT = 30.0
 DEFAULT_WAIT = 10.0
@@ -115,8 +125,10 @@ class WatchFeed:
         self._starting = threading.Lock()
 
     def close(self) -> None:
-        """Stop the reader thread."""
+        """Stop the reader thread, and end every stream."""
         self._stop.set()
+        with self.changed:
+            self.changed.notify_all()
 
     def ask(self) -> None:
         """A subscriber is here: the reader runs (started now, with one read, if it does not)."""
@@ -219,15 +231,46 @@ class WatchFeed:
                     return json.dumps({**self.snapshot_locked(), "gap": True}, allow_nan=False).encode()
                 left = deadline - time.monotonic()
                 if self.seq > seq or left <= 0:
-                    events = []
-                    for number, event in reversed(self.events):  # the newest few, usually
-                        if number <= seq:
-                            break
-                        events.append(event)
-                    events.reverse()
+                    events = [event for _, event in self._after(seq)]
                     head = f'{{"epoch": "{self.epoch}", "seq": {self.seq}, "events": ['.encode()
                     return head + b", ".join(events) + b"]}"
                 self.changed.wait(left)
+
+    def stream(self, since: int | None, epoch: str) -> Iterator[bytes]:
+        """The feed as Server-Sent Events, for as long as the subscriber stays: the whole state
+        first (an ``event: state``) unless *since* of *epoch* is still held, then every event as
+        it comes (``id: <epoch>-<seq>``, what ``Last-Event-ID`` gives back on a reconnect), a
+        comment every :data:`KEEPALIVE` seconds without one. One subscriber is one connection
+        and one thread, woken once per read that changed something: no request per change."""
+        last, gap = since, since is None
+        while not self._stop.is_set():
+            self.ask()
+            with self.changed:
+                oldest = self.events[0][0] if self.events else self.seq + 1
+                if gap or last is None or epoch != self.epoch or last > self.seq or last < oldest - 1:
+                    state, last, gap, epoch = self.snapshot_locked(), self.seq, False, self.epoch
+                    chunk = _sse(json.dumps(state, allow_nan=False).encode(), f"{epoch}-{last}", "state")
+                else:
+                    if self.seq == last:
+                        self.changed.wait(KEEPALIVE)
+                        if self._stop.is_set():
+                            return  # the exporter closes: the stream ends
+                    events = self._after(last)
+                    chunk = (
+                        b"".join(_sse(event, f"{epoch}-{seq}") for seq, event in events) or b": keepalive\n\n"
+                    )
+                    last = events[-1][0] if events else last
+            yield chunk
+
+    def _after(self, seq: int) -> list[tuple[int, bytes]]:
+        """The events after *seq* (the condition held), oldest first."""
+        out = []
+        for number, event in reversed(self.events):  # the newest few, usually
+            if number <= seq:
+                break
+            out.append((number, event))
+        out.reverse()
+        return out
 
     def snapshot(self) -> dict[str, Any]:
         """The whole state now: every engine's last doc, and the sequence it is at."""
@@ -239,6 +282,12 @@ class WatchFeed:
         """:meth:`snapshot`, the condition held."""
         engines = {str(e): self.state[e] for e in sorted(self.state)}
         return {"epoch": self.epoch, "seq": self.seq, "engines": engines}
+
+
+def _sse(data: bytes, event_id: str, event: str | None = None) -> bytes:
+    """One Server-Sent Event (*data* is one line of JSON: no newline in it)."""
+    head = f"event: {event}\n" if event else ""
+    return f"{head}id: {event_id}\ndata: ".encode() + data + b"\n\n"
 
 
 def _texts(found: Any) -> dict[str, Any]:
@@ -262,6 +311,8 @@ def answer(app: App, request: Request) -> Response:
     feed = source.state(watch_of)
     since, epoch, wait = request.one("since"), request.one("epoch"), request.one("wait")
     headers = (("Cache-Control", "no-store"),)
+    if "text/event-stream" in request.header("Accept"):
+        return _stream(feed, request, since, epoch)
     if since is None:
         return json_response(200, feed.snapshot(), headers)
     if not (since.isascii() and since.isdigit()):
@@ -273,3 +324,15 @@ def answer(app: App, request: Request) -> Response:
     if not 0 <= seconds <= MAX_WAIT:
         raise HTTPError(400, f"wait={wait!r} must be 0 to {MAX_WAIT:g} seconds")
     return Response(200, feed.since(int(since), epoch or "", seconds), headers=headers)
+
+
+def _stream(feed: WatchFeed, request: Request, since: str | None, epoch: str | None) -> Response:
+    """The Server-Sent Events answer: from ``Last-Event-ID`` (``<epoch>-<seq>``, a reconnect) or
+    ``?since=`` and ``?epoch=``, else the whole state first."""
+    resume = request.header("Last-Event-ID")
+    if resume:
+        epoch, _, since = resume.rpartition("-")
+    if since is not None and not (since.isascii() and since.isdigit() and len(since) <= 18):
+        raise HTTPError(400, f"since={since!r} is not a sequence number (the seq of your last event)")
+    start = None if since is None else int(since)
+    return Response(200, content_type="text/event-stream", stream=feed.stream(start, epoch or ""))
