@@ -36,8 +36,10 @@ import redis  # noqa: E402
 from scrape_full import reply_bytes  # noqa: E402  (bench/: the script's own folder)
 
 from redis_stats import StatsConfig, StatsReader, StatsWriter  # noqa: E402
+from redis_stats._core.steps import run  # noqa: E402
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog  # noqa: E402
 from redis_stats.integrations.vllm.load import VLLM_LOAD  # noqa: E402
+from redis_stats.reader import LOAD  # noqa: E402
 from redis_stats.server import Exporter  # noqa: E402
 from redis_stats.server.views.load import LoadFeed  # noqa: E402
 from redis_stats.tools.embedded import EmbeddedRedis  # noqa: E402
@@ -121,9 +123,7 @@ def measure(url: str, engines: int, requests: int) -> dict[str, Any]:
     view = reader.load()
     assert len(view.engines) == engines and all(e.up and e.writers == 2 for e in view.engines.values())
     assert all(e.kv_cache_capacity_tokens == 16 * 4096 for e in view.engines.values())
-    shards = reader.shard_keys
-    k = shards[0]
-    load_reply = reader._load_script([k.engines, k.writers, k.load, k.meta], [k.prefix])
+    load_reply = run(reader.checked_steps(LOAD, None, False), reader._step)  # what load() reads
     snap_reply = reader.read()
     row: dict[str, Any] = {
         "engines": engines,

@@ -435,10 +435,14 @@ def read_view(
         newest = _newest_seq(seqs, parts, owners & here)
         about[int(name)] = (state, newest, rule.endpoint_of(owners, here))
     view = load_view(now_ms, states, live_of, load_flat, skipped)
+    frozen: dict[int, frozenset[str]] = {}  # one copy per set: most engines share their shard's
     for engine, (state, newest, endpoint) in about.items():
         load = view.engines[engine]
         load.state, load.seq, load.endpoint = state, newest, endpoint
-        load.live_writers = frozenset(live_of[engine])
+        here = live_of[engine]
+        if (live := frozen.get(id(here))) is None:
+            live = frozen[id(here)] = frozenset(here)
+        load.live_writers = live
     return view, now_kept
 
 

@@ -228,6 +228,11 @@ def _reply(
     reverse), the reply shows what was both listed and read."""
     results = [flat_reply(r) for r in results]  # a client of the caller's may speak RESP3
     engine_flat, writer_flat, version, listed, own = results[:_FIXED]
+    # The lists in member order, not Redis' (by heartbeat, which a live fleet reorders with every
+    # flush): the plan compares equal while the same engines and writers are listed, so a read
+    # is not made again for an order and its commands stay packed (in a fleet of 2,048 flushing
+    # writers nearly every read was made two or three times: /load's refresh 40 -> 560 ms).
+    engine_flat, writer_flat = _by_member(engine_flat), _by_member(writer_flat)
     version = "" if version is None else version  # no catalogue yet
     if wanted is not None and engine_flat.__class__ is list:
         held = is_among(wanted)
@@ -247,6 +252,14 @@ def _reply(
         keys, now_ms, engine_flat, writer_flat, version, listed, conflicts, load, hashes, bases, stats, seq
     )
     return reply, found
+
+
+def _by_member(flat: Any) -> Any:
+    """A zset's flat ``[member, score, ...]`` reply in member order (anything else as it is)."""
+    if flat.__class__ is not list or len(flat) < 4:
+        return flat
+    pairs = sorted(zip(flat[0::2], flat[1::2]), key=lambda pair: str(pair[0]))
+    return [x for pair in pairs for x in pair]
 
 
 def _found(fetch: Fetch, engine_flat: Any, writer_flat: Any, hashes: list[Any]) -> Plan:
