@@ -49,7 +49,7 @@ __all__ = [
 #: Cluster it runs on the node that holds the namespace, and an ACL user's key rules allow it.
 PROBE = "return 1"
 
-# What each role sends itself or runs in its scripts (docs/operations.md, "Redis-compatible
+# What each role sends itself or runs in its scripts (docs/redis-servers.md, "Redis-compatible
 # stores"); WAIT only with wait_replicas.
 _READER_COMMANDS = (
     "MULTI",
@@ -174,7 +174,7 @@ def _refused_by_what_it_said(info: ServerInfo, config: StatsConfig) -> StoreUnsu
 def _no_scripting(info: ServerInfo, config: StatsConfig) -> StoreUnsupported:
     fix = _LUA_FIX.get(
         info.kind,
-        "use a server that runs Lua scripts (EVALSHA, SCRIPT LOAD): docs/operations.md, "
+        "use a server that runs Lua scripts (EVALSHA, SCRIPT LOAD): docs/redis-servers.md, "
         '"Redis-compatible stores"',
     )
     return StoreUnsupported(
@@ -204,7 +204,7 @@ def missing_commands(reply: Any, wanted: Iterable[str], known: str) -> list[str]
 def _missing_fix(missing: list[str], config: StatsConfig) -> str:
     if "WAIT" in missing and config.wait_replicas:
         return "unset REDIS_STATS_WAIT_REPLICAS (this server cannot wait for replicas), or use one that can"
-    return 'use a server with these commands: docs/operations.md, "Redis-compatible stores"'
+    return 'use a server with these commands: docs/redis-servers.md, "Redis-compatible stores"'
 
 
 def check_steps(config: StatsConfig, *, writes: bool) -> Steps[ServerInfo]:

@@ -122,7 +122,7 @@ class MetricSpec:
             raise CatalogError(
                 f"metric name {self.name!r}: names starting with {RESERVED_PREFIX!r} are reserved for "
                 "redis_stats' own metrics (redis_stats_up, redis_stats_writer_..., see "
-                "docs/operations.md); choose another prefix"
+                "docs/self-metrics.md); choose another prefix"
             )
 
     def _check_labels(self, labels: tuple[str, ...]) -> None:

@@ -76,7 +76,7 @@ class StoreUnsupported(RedisStatsError, redis.RedisError):
 
 
 # The values of the ``kind`` label of ``redis_stats_writer_flush_errors_total`` and
-# ``redis_stats_read_errors_total`` (docs/operations.md lists them with what to do).
+# ``redis_stats_read_errors_total`` (docs/self-metrics.md lists them; docs/runbooks.md says what to do).
 ERROR_KINDS = (
     "auth",
     "noperm",

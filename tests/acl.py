@@ -1,4 +1,4 @@
-"""The documented least-privilege ACL rules (docs/operations.md), as the tests apply them."""
+"""The documented least-privilege ACL rules (docs/acl.md), as the tests apply them."""
 
 # Commands the flush script runs (HDEL: a closing writer's load entries; HEXISTS: its chunk
 # fields still there), plus what redis-py needs to load a script.
@@ -29,6 +29,6 @@ def rules(namespace: str, password: str, commands: str, *, read_only: bool = Fal
 
 def every_namespace_rules(password: str) -> list[str]:
     """ACL SETUSER arguments for a reader of every namespace (``redis-stats exporter
-    --all-namespaces``, docs/operations.md): the reader's commands and ``SCAN`` (to find the
+    --all-namespaces``, docs/acl.md): the reader's commands and ``SCAN`` (to find the
     namespaces), read-only on every key of redis_stats."""
     return ["on", f">{password}", "resetkeys", "%R~rs:{*", "resetchannels", "-@all", *READER.split(), "+scan"]

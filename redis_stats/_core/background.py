@@ -9,7 +9,7 @@ feeds for as long as the process lives (a ``/load`` refresher that died served i
 ``200`` for ever).
 
 The counts are the process's (every component of it adds to one tally): the exporter serves them
-as ``redis_stats_background_errors_total{thread,kind}`` (docs/operations.md, "Self-metrics").
+as ``redis_stats_background_errors_total{thread,kind}`` (docs/self-metrics.md).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ local first = last and 1 or 2
 local n = 0
 for i = first, #KEYS do
   if dry then
-    -- TYPE, not EXISTS: the stats-admin ACL user of docs/operations.md has +type.
+    -- TYPE, not EXISTS: the stats-admin ACL user of docs/acl.md has +type.
     if redis.call('TYPE', KEYS[i]).ok ~= 'none' then n = n + 1 end
   else
     n = n + redis.call('DEL', KEYS[i])

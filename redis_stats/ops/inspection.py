@@ -117,8 +117,9 @@ def _catalogue_line(client: Any, keys: Keys) -> str:
 
 def _memory_lines(client: Any) -> Iterator[str]:
     """The server's maxmemory policy and the keys it evicted so far (``INFO``): the store needs
-    ``noeviction`` or a ``volatile-*`` policy (docs/operations.md, "Redis full"). Said only where
-    the user may run ``INFO`` on one server (a Cluster answers per node: not summed here)."""
+    ``noeviction`` or a ``volatile-*`` policy (docs/redis-servers.md, "Redis memory:
+    maxmemory-policy"). Said only where the user may run ``INFO`` on one server (a Cluster answers
+    per node: not summed here)."""
     try:
         memory, stats = client.info("memory"), client.info("stats")
     except Exception as exc:  # no +info for this user, or a Cluster's per-node answer

@@ -5,7 +5,7 @@ A flush that Redis refuses for ``maxmemory`` is counted only once a later flush 
 (``redis_stats_writer_flush_errors_total{kind="oom"}``), and a key evicted under an ``allkeys-*``
 policy only once its writer notices (``redis_stats_writer_keys_lost_total``): neither warns
 *before*. The server's own figures do, so every fleet-wide view serves them
-(``redis_stats_store_*``, docs/operations.md, "Alerts and runbooks").
+(``redis_stats_store_*``, docs/self-metrics.md; alerts: docs/runbooks.md).
 
 ``INFO`` is asked at most every :data:`EVERY` seconds per reader, whatever the scrapes (each view
 of one reader shares one :class:`StoreMemory`: :func:`store_memory`), and not again for
@@ -82,7 +82,7 @@ class StoreMemory:
                 self._refused.add(kind)
                 log.info(
                     "the store's memory (redis_stats_store_*) is not served: INFO failed (%s: %s); "
-                    "a reader user needs +info (docs/operations.md, Least-privilege ACL users)",
+                    "a reader user needs +info (docs/acl.md)",
                     kind,
                     exc,
                 )

@@ -111,7 +111,7 @@ def scan_namespaces(client: Any) -> NamespaceScan:
 def namespace_holds_data(client: Any, namespace: str) -> bool:
     """True when the namespace has a writer, an engine or a stored catalogue.
 
-    Only commands the least-privilege reader ACL has (docs/operations.md: ``+zrange +hget``, no
+    Only commands the least-privilege reader ACL has (docs/acl.md: ``+zrange +hget``, no
     ``EXISTS``), so a reader can run ``top`` as before.
     """
     keys = Keys(namespace)

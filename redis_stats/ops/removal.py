@@ -84,7 +84,7 @@ def _named_keys(client: Client, shard: Keys, root: bool) -> list[str]:
 
 def _scanned_keys(client: Client, shard: Keys) -> list[str] | None:
     """Every key matching ``rs:{TAG}:*`` (on a Cluster, its slot's master), or None when the
-    user may not SCAN (the least-privilege users of docs/operations.md may not)."""
+    user may not SCAN (the least-privilege users of docs/acl.md may not)."""
     pattern = shard.root + "*"  # a namespace holds no glob character (config checks it)
     try:
         if is_cluster(client):

@@ -5,7 +5,7 @@ freed in one arena serves only that arena's later requests. The exporter answers
 on a thread of its own, and each answer at fleet size allocates tens of megabytes of short-lived
 strings and floats: the freed memory stays spread over many arenas, and the process' resident
 memory grows far past what it holds (at 256 engines under the sliced layout's traffic, 408 MB
-resident for 37 MB of live Python objects; 187 MB with two arenas: docs/operations.md, "Sizing").
+resident for 37 MB of live Python objects; 187 MB with two arenas: docs/sizing.md).
 Two arenas (what ``MALLOC_ARENA_MAX=2`` sets) cost nothing measurable here: the threads hold the
 GIL while they allocate anyway.
 """

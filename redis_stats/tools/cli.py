@@ -74,7 +74,7 @@ _HINTS = {
     "REDIS_STATS_CONNECT_TIMEOUT_MS / REDIS_STATS_SOCKET_TIMEOUT_MS",
     "auth": "check the user and password in the URL (special characters percent-encoded, "
     "docs/configuration.md)",
-    "noperm": "the Redis user lacks a command or key: see the ACL in docs/operations.md",
+    "noperm": "the Redis user lacks a command or key: see the ACL users in docs/acl.md",
     "readonly": "this is a replica: point the URL at the master (or use redis+sentinel://)",
 }
 
@@ -719,7 +719,7 @@ def gc(redis_url: str | None, namespace: str | None, dry_run: bool, retention: f
         raise RedisFailed(
             f"gc of namespace {config.namespace!r} at {config.safe_url} did not collect "
             f"{_plural(len(result.failed), 'shard')} (above): delete or rename the key named, or "
-            "grant the user the stats-admin rules of docs/operations.md"
+            "grant the user the stats-admin rules of docs/acl.md"
         )
 
 
@@ -768,7 +768,7 @@ def _removal_refused(result: Any, where: str, stale_after: float) -> None:
         lines = "\n".join(f"  not removed: keys {p}* ({why})" for p, why in result.failed.items())
         raise RedisFailed(
             f"{where}: Redis refused the removal\n{lines}\n  grant the user the stats-admin rules of "
-            "docs/operations.md"
+            "docs/acl.md"
         )
     if result.live_writers:
         first = "; the shards before it were removed" if result.partial else "; nothing was removed"

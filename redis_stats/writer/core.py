@@ -479,7 +479,7 @@ class WriterCore:
         where = f" (shard {shard})" if self.shards > 1 else ""
         log.warning(
             "keys of writer %s are gone from %s%s: %s (evicted under maxmemory, deleted, or Redis "
-            "went back to a copy without them; see docs/operations.md, maxmemory-policy): %s",
+            "went back to a copy without them; see docs/redis-servers.md, maxmemory-policy): %s",
             self._flows[shard].writer_id,
             self.config.safe_url,
             where,

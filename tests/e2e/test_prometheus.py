@@ -50,7 +50,7 @@ WINDOW = 20
 SNAPSHOT_WINDOW = 30  # the exporter's default /snapshot window
 JOBS = ("redis_stats", "vllm_nodes")
 
-# promtool's lint on the Redis view: only these, all from vLLM's own names (docs/vllm.md lists them):
+# promtool's lint on the Redis view: only these, all from vLLM's own names (docs/vllm-metrics.md lists them):
 # the ':' every vllm:* name has (recording-rule style, vLLM's choice), and a histogram whose name
 # ends in _total (vllm:iteration_tokens_total, named so by vLLM).
 VLLM_LINT = re.compile(

@@ -1,4 +1,4 @@
-"""gc run by a user made with the documented stats-admin ACL rules (docs/operations.md): what it
+"""gc run by a user made with the documented stats-admin ACL rules (docs/acl.md): what it
 needs to fold a departed writer of a live engine and to share heartbeats between shards. Each test
 failed before its fix."""
 
@@ -18,7 +18,7 @@ from tests.store.test_shards import K, _cfg
 
 @pytest.fixture
 def admin_config(redis_server: Any, namespace: str) -> Iterator[Callable[..., Any]]:
-    """Makes the config of a user made with the documented stats-admin rules (docs/operations.md);
+    """Makes the config of a user made with the documented stats-admin rules (docs/acl.md);
     the user is deleted after the test."""
     import redis
 

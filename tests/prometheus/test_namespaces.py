@@ -393,7 +393,7 @@ def test_a_namespace_nobody_asks_for_costs_no_read_and_an_unused_view_is_dropped
 def test_all_namespaces_with_a_reader_user_without_scan_says_why_and_the_given_ones_still_work(own_redis):
     writers = [write(own_redis.url, "a", 1, 1), write(own_redis.url, "b", 1, 2)]
     admin = redis.Redis.from_url(own_redis.url)
-    # The one-namespace reader rules of docs/operations.md, for a and b: no +scan.
+    # The one-namespace reader rules of docs/acl.md, for a and b: no +scan.
     admin.execute_command(
         "ACL",
         "SETUSER",

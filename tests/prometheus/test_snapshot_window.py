@@ -459,7 +459,7 @@ def test_exporter_shows_its_own_process_and_scrapes(fleet):
 
 
 def test_self_metrics_doc_lists_the_exporter_metrics():
-    ops = (ROOT / "docs" / "operations.md").read_text()
+    ops = (ROOT / "docs" / "self-metrics.md").read_text()
     for name in (
         "redis_stats_exporter_scrape_duration_seconds",
         "redis_stats_exporter_scrape_bytes_total",

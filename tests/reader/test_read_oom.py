@@ -35,7 +35,7 @@ def test_reads_work_over_maxmemory_and_stay_one_snapshot(own_redis_server, names
     admin.config_set("maxmemory-policy", "noeviction")
     admin.config_set("maxmemory", 1)
     try:
-        # Redis 7.0 refuses MULTI over maxmemory, Valkey 9 queues it (docs/operations.md).
+        # Redis 7.0 refuses MULTI over maxmemory, Valkey 9 queues it (docs/redis-servers.md).
         scripted = refuses_multi_over_maxmemory(own_redis_server.url, Keys(namespace).counters(0))
         writer.counter("tokens").labels(engine=0).inc(1)
         assert not writer.flush()  # the writers are refused: the server is out of memory

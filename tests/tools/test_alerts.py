@@ -25,8 +25,8 @@ RULES = ROOT / "deploy" / "prometheus" / "redis-stats-alerts.yaml"
 UNIT_TESTS = ROOT / "deploy" / "prometheus" / "redis-stats-alerts.test.yaml"
 LAYOUT = ROOT / "deploy" / "kubernetes" / "alerts"
 RULE_FILE = LAYOUT / "prometheusrule.yaml"
-OPERATIONS = ROOT / "docs" / "operations.md"
-RUNBOOKS = "https://docs.example.invalid/redis_stats/docs/operations.md"
+RUNBOOKS_DOC = ROOT / "docs" / "runbooks.md"
+RUNBOOKS = "https://docs.example.invalid/redis_stats/docs/runbooks.md"
 PROMTOOL = shutil.which("promtool")
 SEVERITIES = {"critical", "warning"}
 DURATION = re.compile(r"^(\d+)(s|m|h)$")
@@ -34,7 +34,7 @@ DURATION = re.compile(r"^(\d+)(s|m|h)$")
 RULE_HEADER = """\
 # Made from deploy/prometheus/redis-stats-alerts.yaml by `python -m tests.tools.test_alerts --write`
 # (tests/tools/test_alerts.py fails when the two differ): edit the rules file, then make this again.
-# Runbook addresses: set `redis-stats/runbooks` in kustomization.yaml (docs/operations.md,
+# Runbook addresses: set `redis-stats/runbooks` in kustomization.yaml (docs/runbooks.md,
 # "Alerts and runbooks").
 """
 
@@ -116,13 +116,13 @@ def _seconds(duration: str) -> int:
 
 def test_every_alert_follows_the_operators_conventions():
     """kube-prometheus mixins' conventions: CamelCase names, a severity, a summary and a
-    description, a runbook_url to its own section of docs/operations.md, a `for:` of at least a
+    description, a runbook_url to its own section of docs/runbooks.md, a `for:` of at least a
     minute (one scrape's noise ridden out)."""
     found = alerts()
     assert len(found) >= 10
     headings = {
         re.sub(r"[^a-z0-9 -]", "", line[4:].strip().lower()).replace(" ", "-")
-        for line in OPERATIONS.read_text().splitlines()
+        for line in RUNBOOKS_DOC.read_text().splitlines()
         if line.startswith("### ")
     }
     names = [a["alert"] for a in found]
@@ -135,7 +135,7 @@ def test_every_alert_follows_the_operators_conventions():
         assert {"summary", "description", "runbook_url"} <= annotations.keys(), name
         base, _, anchor = annotations["runbook_url"].partition("#")
         assert base == RUNBOOKS and anchor == name.lower(), (name, annotations["runbook_url"])
-        assert anchor in headings, f"docs/operations.md has no section '### {name}' for its runbook"
+        assert anchor in headings, f"docs/runbooks.md has no section '### {name}' for its runbook"
         assert _seconds(alert["for"]) >= 60, name
 
 

@@ -90,3 +90,51 @@ def test_the_readme_says_what_it_costs_in_a_small_table_whose_figures_benchmarks
     # Every figure of the table is one docs/benchmarks.md states (the detail lives there).
     for figure in re.findall("\\d[\\d,.]*(?:\u2013\\d[\\d.]*)? ?(?:µs|ms|%|KB|MiB)", "\n".join(rows)):
         assert figure in benchmarks, f"README figure {figure!r} is not in docs/benchmarks.md"
+
+
+def _anchors(markdown: str) -> set[str]:
+    """The anchors GitHub makes for a page's headings: lower case, every character that is not a
+    letter, digit, space, hyphen or underscore dropped, spaces to hyphens; a repeat gets -1, -2."""
+    anchors: set[str] = set()
+    seen: dict[str, int] = {}
+    fence = False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            fence = not fence
+        m = None if fence else re.match(r"#{1,6} (.+)", line)
+        if m:
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            n = seen.get(slug, 0)
+            seen[slug] = n + 1
+            anchors.add(slug if n == 0 else f"{slug}-{n}")
+    return anchors
+
+
+def _links(markdown: str) -> list[str]:
+    """The targets of a page's markdown links, outside code blocks and code spans."""
+    out: list[str] = []
+    fence = False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            fence = not fence
+            continue
+        if not fence:
+            out += re.findall(r"\]\(([^)\s]+)\)", re.sub(r"`[^`]*`", "", line))
+    return out
+
+
+def test_every_relative_link_of_the_readme_and_the_docs_reaches_a_file_and_a_heading():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in _links(page.read_text()):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto: ...
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            where = f"{page.relative_to(ROOT)}: {target}"
+            if not dest.exists():
+                broken.append(f"{where} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest.read_text()):
+                broken.append(f"{where} (no such heading)")
+    assert broken == []

@@ -673,9 +673,9 @@ def test_the_vllm_image_installs_this_checkout_not_a_name_from_an_index():
 
 
 def test_the_vllm_image_is_on_the_vllm_release_the_docs_test():
-    tested = (ROOT / "docs" / "vllm.md").read_text().split("## Versions tested", 1)[1]
+    tested = (ROOT / "docs" / "vllm-metrics.md").read_text().split("## Versions tested", 1)[1]
     version = re.search(r"- vLLM (\d+\.\d+\.\d+) ", tested)
-    assert version, "docs/vllm.md names no tested vLLM version"
+    assert version, "docs/vllm-metrics.md names no tested vLLM version"
     (base,) = [args for word, args in dockerfile_instructions(DOCKERFILE.read_text()) if word == "FROM"]
     assert base == f"vllm/vllm-openai:v{version.group(1)}"
 

@@ -29,7 +29,8 @@ HANDED_CLASSES = (
     "v1/metrics/perf.py",
 )
 # Families a newer vLLM records outside the stat-logger interface, straight into prometheus_client
-# from its API server: vLLM's own /metrics has them, the plugin cannot (docs/vllm.md, "vLLM 0.34").
+# from its API server: vLLM's own /metrics has them, the plugin cannot (docs/vllm-metrics.md,
+# "vLLM 0.33 and 0.34").
 OUTSIDE_THE_STAT_LOGGER = {
     "vllm:request_render_duration_seconds": "renderers/metrics.py",  # 0.34: the online renderer's
 }

@@ -94,7 +94,7 @@ def test_owners_with_different_stale_afters_find_the_conflict_within_the_longer_
 
 
 def test_conflicts_total_counts_each_engine_met_by_a_claiming_flush(config, catalog, fake_client):
-    """docs/operations.md, ``redis_stats_writer_conflicts_total``: one per engine a claiming flush
+    """docs/self-metrics.md, ``redis_stats_writer_conflicts_total``: one per engine a claiming flush
     finds claimed by another live owner; a flush that does not claim counts none."""
     a = StatsWriter(config, catalog, engines=[0, 1], owner="node-a:100", client=fake_client(), start=False)
     b = StatsWriter(config, catalog, engines=[0, 1], owner="node-b:200", client=fake_client(), start=False)

@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # what the protocol takes batches from (accumulator.py import
 
 MAX_CALL_WORDS = 3_999
 """The most words one flush call sends: ``EVALSHA``, its SHA, the key count, the keys and the
-arguments. ElastiCache Serverless refuses a request of more (docs/operations.md); a flush of
+arguments. ElastiCache Serverless refuses a request of more (docs/redis-servers.md); a flush of
 more changes is sent as several batches, each exactly once (:attr:`Batch.cut`)."""
 CALL_WORDS = 3 + 8 + 15
 """The words of every call whatever it carries: ``EVALSHA``, the SHA and the key count, the 8

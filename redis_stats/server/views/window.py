@@ -168,7 +168,7 @@ class SnapshotRing:
             log.warning(
                 "/snapshot's window keeps no snapshot: one of this fleet takes about %.0f MB, more than "
                 "the window's budget of %.0f MB, so no rates or windowed quantiles are reported; raise "
-                "--window-budget (docs/operations.md, Sizing)",
+                "--window-budget (docs/sizing.md)",
                 size / 2**20,
                 self.max_bytes / 2**20,
             )

@@ -275,7 +275,7 @@ def exposition(reader) -> dict:
         for s in fam.samples:
             labels = dict(s.labels)
             if fam.name in NO_ENGINE_LABEL:
-                labels.pop("engine")  # vLLM's has none: see docs/vllm.md
+                labels.pop("engine")  # vLLM's has none: see docs/vllm-metrics.md
             value = 1.0 if fam.name in TIMESTAMP_GAUGES else s.value
             ours[(s.name, tuple(sorted(labels.items())))] = value
     return ours
