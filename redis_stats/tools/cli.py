@@ -983,7 +983,7 @@ def load_proxy(
     duration: float | None,
 ) -> None:
     """Answer /get_load and /v1/loads from Redis in front of vLLM's Rust front end, which runs no
-    middleware; pass every other request to it (docs/routers.md, "vllm-rs")."""
+    middleware; pass every other request to it (docs/routers.md, "vLLM's Rust front end")."""
     import logging
     import threading
 
