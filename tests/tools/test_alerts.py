@@ -162,7 +162,7 @@ def test_every_alert_has_a_unit_test_that_fires_it():
     assert names <= quiet, f"no case where these must stay quiet: {names - quiet}"
 
 
-def test_the_prometheus_rule_says_what_the_rules_file_says():
+def test_the_prometheus_rule_says_what_the_rules_file_says(tmp_path):
     from tests.tools.test_kubernetes import build
 
     assert RULE_FILE.read_text() == RULE_HEADER + yaml.safe_dump(
@@ -177,13 +177,13 @@ def test_the_prometheus_rule_says_what_the_rules_file_says():
     assert built["spec"] == rules()  # the replacement writes the one address into every alert
     # ... and one change of the annotation reaches every runbook_url.
     text = (LAYOUT / "kustomization.yaml").read_text().replace(RUNBOOKS, "https://wiki.internal/ops.md")
-    moved = LAYOUT.parent / "alerts-moved-test"
-    try:
-        shutil.copytree(LAYOUT, moved)
-        (moved / "kustomization.yaml").write_text(text)
-        (elsewhere,) = build(moved)
-    finally:
-        shutil.rmtree(moved, ignore_errors=True)
+    # A copy beside its component, in a directory of its own: one made in deploy/kubernetes/
+    # was a layout that the kubernetes tests running meanwhile found and failed on.
+    moved = tmp_path / LAYOUT.name
+    shutil.copytree(LAYOUT, moved)
+    shutil.copytree(LAYOUT.parent / "monitor-labels", tmp_path / "monitor-labels")
+    (moved / "kustomization.yaml").write_text(text)
+    (elsewhere,) = build(moved)
     urls = [r["annotations"]["runbook_url"] for g in elsewhere["spec"]["groups"] for r in g["rules"]]
     assert urls and all(u.startswith("https://wiki.internal/ops.md#redisstats") for u in urls), urls
 
