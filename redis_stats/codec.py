@@ -14,7 +14,8 @@
   time (:func:`counter_column`, :func:`histogram_column`, :func:`gauge_column`: the fast path of
   every read, which leaves to the line-by-line rules whatever it does not take);
 - **a writer's stats hash**: the fields every reader judges a writer by (:data:`LIVENESS_FIELDS`);
-- **a load entry**: redis_stats/load.py's (its version and fields).
+- **a load entry**: a writer's router numbers for one engine (:func:`encode_entry`,
+  :func:`decode_entries`; its version and :data:`FIELDS`), which redis_stats/load.py rolls up.
 
 The one other place that reads these texts is ``gc.lua``'s fold of a departed writer's totals
 (it adds value lines in Lua). A reader takes what a writer one release older or newer may have
@@ -23,14 +24,18 @@ written: a value line with parts it does not know after the ones it does is read
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
+import math
+import operator
 import re
 from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate, pairwise
 from json import JSONDecoder
 from json.scanner import make_scanner
 from math import isnan
-from typing import Any
+from typing import Any, NamedTuple
 
 SEP = "|"
 _UNESCAPE_RE = re.compile(r"\\(.)")
@@ -370,3 +375,135 @@ def gauge_column(lines: Sequence[str], bars: list[int]) -> list[tuple[float, flo
     if any(map(isnan, stamps)):
         raise NotClean
     return [*zip(stamps, values, value_texts)]
+
+
+# --- a load entry (docs/key-schema.md, the load hash; docs/load.md) ---------------------------
+
+# The feed's fields, in the order an entry stores them. A release only ever APPENDS fields (never
+# reorders or drops one): a reader takes the fields it knows of a newer writer's longer entry and
+# None for the fields an older writer's shorter entry lacks, so during a rolling upgrade (writers
+# and readers of two releases at once) every engine keeps its numbers. Gauges (every field not
+# ``*_per_second``) roll up over an engine's live writers by their metric's mode; rates add up.
+FIELDS = (
+    "requests_running",
+    "requests_waiting",
+    "kv_cache_usage",
+    "kv_cache_capacity_tokens",
+    "prompt_tokens_per_second",
+    "generation_tokens_per_second",
+    # appended in 0.2 (issue 40): SGLang's model gateway reads them per data-parallel rank
+    "max_running_requests",
+    "prefix_cache_queries_per_second",
+    "prefix_cache_hits_per_second",
+)
+
+# The stored entry's format (its first component): the version of its layout, not of its field
+# list (fields are appended within a version, above). An entry of another version is skipped and
+# counted (``bad_entry``), so a writer that reorders fields never turns into wrong numbers here.
+ENTRY_VERSION = "1"
+
+
+class LoadEntry(NamedTuple):
+    """One writer's entry for one engine, as stored (see :func:`encode_entry`)."""
+
+    stored_ms: float
+    """Server time (ms) the entry was stored: its age."""
+    stamp_ms: float
+    """The newest stamp of its gauges' values (server clock, ms): ``mostrecent`` picks the newest."""
+    modes: int
+    """Each gauge field's roll-up mode, two bits each (:data:`MODE_CODES`), field 0 lowest."""
+    values: tuple[float | None, ...]
+    """One per :data:`FIELDS` (None: not reported by this writer, or a field its release did not
+    have yet)."""
+
+    def mode(self, i: int) -> str:
+        """The roll-up mode of gauge field *i*."""
+        return _MODES[(self.modes >> (2 * i)) & 3]
+
+
+# A gauge field's roll-up mode in an entry: its index here.
+_MODES = ("mostrecent", "sum", "max", "min")
+MODE_CODES = {mode: i for i, mode in enumerate(_MODES)}
+
+
+def _text(value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return "null"
+    return repr(float(value))
+
+
+def encode_entry(stamp_ms: float, modes: Iterable[str], values: Iterable[float | None]) -> str:
+    """The entry a writer sends (``load.lua`` puts the server time and a comma in front):
+    ``<version>,<stamp ms>,<modes>,<value>,...`` in :data:`FIELDS` order, ``null`` for a field
+    the writer does not report (or a value that is not finite): with brackets around it, a
+    JSON list, so a reader parses every entry of a read in one call."""
+    code = sum(MODE_CODES.get(m, 0) << (2 * i) for i, m in enumerate(modes))
+    return ",".join([ENTRY_VERSION, f"{stamp_ms:.0f}", str(code), *map(_text, values)])
+
+
+# What a stored entry may hold (digits, signs, exponents, commas, null): anything else (a list,
+# a string, NaN, Infinity) is not read in bulk but entry by entry, and then skipped.
+_PLAIN = str.maketrans("", "", "0123456789.eE+-,nul")
+_HEAD = 4  # stored ms, version, stamp, modes: then the values
+_WIDTH = _HEAD + len(FIELDS)
+_MISSING = (None,) * len(FIELDS)
+_NUMBER = functools.partial(operator.is_not, None)  # x is not None, as a C callable
+_VERSION = int(ENTRY_VERSION)
+
+
+def _checked(row: Any) -> LoadEntry | None:
+    """An entry from a parsed row of any JSON, every element checked."""
+    if row.__class__ is not list or len(row) < _HEAD:
+        return None
+    for x in row:
+        if x is not None and x.__class__ not in (int, float):
+            return None
+    return _plain(row)
+
+
+def _plain(row: list[Any]) -> LoadEntry | None:
+    """An entry from a row known to hold numbers and nulls only (JSON's: an exponent past the
+    float range reads as inf, an integer of hundreds of digits as an int beyond it: refused)."""
+    try:
+        if not all(map(math.isfinite, filter(_NUMBER, row))):  # every number, in C
+            return None
+    except OverflowError:
+        return None
+    if (
+        len(row) < _HEAD
+        or row[1] != _VERSION
+        or row[3].__class__ is not int
+        or row[0] is None
+        or row[2] is None
+    ):
+        return None  # another layout (ENTRY_VERSION), or not an entry
+    values = tuple(row[_HEAD:_WIDTH])
+    if len(values) < len(FIELDS):  # an older writer's: the fields appended since are not reported
+        values += _MISSING[len(values) :]
+    return LoadEntry(row[0], row[2], row[3], values)
+
+
+def decode_entry(stored: str) -> LoadEntry | None:
+    """A stored entry (``<server ms>,`` + :func:`encode_entry`), or None when it is not one this
+    version reads (another entry version, garbage)."""
+    if stored.__class__ is not str:
+        return None
+    try:
+        return _checked(json.loads("[" + stored + "]"))
+    except (ValueError, RecursionError):
+        return None
+
+
+def decode_entries(stored: list[Any]) -> list[LoadEntry | None]:
+    """:func:`decode_entry` of each of *stored*, in one JSON parse when they all look plain (the
+    usual case: numbers and nulls only, checked on the text), else one by one."""
+    if all(s.__class__ is str for s in stored):
+        joined = "],[".join(stored)
+        if not "".join(stored).translate(_PLAIN):
+            try:
+                rows = json.loads("[[" + joined + "]]")
+            except ValueError:
+                rows = None
+            if rows is not None and len(rows) == len(stored):
+                return [_plain(r) if r.__class__ is list else None for r in rows]
+    return [decode_entry(s) for s in stored]
