@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from redis_stats._core.read.fetch import LOAD, SNAPSHOT, SNAPSHOT_LEAN, script_calls
 from redis_stats.keys import Keys
-from redis_stats.reader import LOAD, SNAPSHOT, SNAPSHOT_LEAN, script_calls
 
 
 @pytest.mark.parametrize("fetch", [SNAPSHOT, SNAPSHOT_LEAN, LOAD], ids=lambda f: f.name)

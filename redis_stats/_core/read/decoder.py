@@ -71,7 +71,7 @@ def unreadable(part: Any) -> str | None:
 
 class ShardReply(NamedTuple):
     """One shard's part of a read, as it came off the wire, with the keys it was read from (see
-    :class:`redis_stats.reader.Fetch`). A part that could not be read (a key of the wrong type)
+    :class:`redis_stats._core.read.fetch.Fetch`). A part that could not be read (a key of the wrong type)
     is its error, and costs that key only."""
 
     keys: Keys
