@@ -3,159 +3,35 @@
 from __future__ import annotations
 
 import errno
-import functools
-import math
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
-from click.core import ParameterSource
 
 from redis_stats import __version__
-from redis_stats.config import ConfigError, StatsConfig, redact
+from redis_stats.config import ConfigError, StatsConfig
+from redis_stats.tools.redis_options import (
+    EXIT_FOREIGN_WRITERS,
+    EXIT_LIVE_WRITERS,
+    HOST_HINT,
+    URL_FILE_HELP,
+    Finite,
+    RedisFailed,
+    config_of,
+    namespace_option,
+    redis_errors,
+    require_namespace,
+    resolve_url,
+    seconds_option,
+    url_option,
+)
 from redis_stats.tools.stopping import stop_on_signals
 
 __all__ = ["main"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _read_url_file(path: str) -> str:
-    """The URL held in *path* (stripped). Errors name the file, never its content."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            url = f.read().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-        raise click.BadParameter(f"cannot read {path}: {reason}", param_hint="--redis-url-file") from None
-    if not url:
-        raise click.BadParameter(
-            f"{path} is empty: it should hold the Redis URL", param_hint="--redis-url-file"
-        )
-    return url
-
-
-def _resolve_url(redis_url: str | None, redis_url_file: str | None) -> str | None:
-    """--redis-url-file wins over REDIS_STATS_URL; giving it with --redis-url is an error."""
-    if redis_url_file is None:
-        return redis_url
-    source = click.get_current_context().get_parameter_source("redis_url")
-    if redis_url is not None and source is ParameterSource.COMMANDLINE:
-        raise click.UsageError("give either --redis-url or --redis-url-file, not both")
-    return _read_url_file(redis_url_file)
-
-
-def _config(redis_url: str | None, namespace: str | None) -> StatsConfig:
-    from redis_stats.connection import check_url
-
-    try:
-        config = StatsConfig.from_env(url=redis_url, namespace=namespace)
-        check_url(config)  # e.g. a misspelt query parameter: a usage error, not a traceback
-    except ConfigError as exc:
-        raise click.UsageError(str(exc)) from None
-    return config
-
-
-# Exit codes (docs/cli.md): 0 done; 1 Redis failed (unreachable, refused the password, a
-# command refused), or the exporter's port is taken; 2 a usage error (a bad option or URL: click's
-# own code); 3 the namespace holds nothing (the message lists the ones that do).
-EXIT_REDIS = 1
-EXIT_EMPTY_NAMESPACE = 3
-EXIT_LIVE_WRITERS = 4  # drop-namespace refused: a writer of the namespace is live
-EXIT_FOREIGN_WRITERS = 5  # simulate refused: the namespace holds writers it did not start
-
-# What to do, by error_kind: the second line of a failed command's message.
-_HINTS = {
-    "connection": "is Redis running there? Check the host and port of --redis-url / REDIS_STATS_URL",
-    "timeout": "Redis did not answer in time: check the address, or raise "
-    "REDIS_STATS_CONNECT_TIMEOUT_MS / REDIS_STATS_SOCKET_TIMEOUT_MS",
-    "auth": "check the user and password in the URL (special characters percent-encoded, "
-    "docs/configuration.md)",
-    "noperm": "the Redis user lacks a command or key: see the ACL users in docs/acl.md",
-    "readonly": "this is a replica: point the URL at the master (or use redis+sentinel://)",
-}
-
-
-# A bind that fails for another reason than a taken port: the address (an unknown name, an
-# address of no interface here) or a port below 1024 without the right.
-_HOST_HINT = (
-    "check --host: it must be an address of this host (127.0.0.1, 0.0.0.0 or one of its "
-    "interfaces), and --port one this user may bind (1024 and above, or 0 for any free one)"
-)
-
-
-class RedisFailed(click.ClickException):
-    """Redis failed the command: unreachable, refused the password, refused a command (exit code 1)."""
-
-    exit_code = EXIT_REDIS
-
-
-class EmptyNamespace(click.ClickException):
-    """The namespace given holds nothing in this Redis (exit code 3)."""
-
-    exit_code = EXIT_EMPTY_NAMESPACE
-
-
-@contextmanager
-def _redis_errors(config: StatsConfig) -> Iterator[None]:
-    """A Redis failure ends the command with one line (masked URL, redacted message), no traceback,
-    and a second line saying what to do when the kind of failure says it."""
-    import redis
-
-    from redis_stats.errors import StoreUnsupported
-    from redis_stats.writer import error_kind
-
-    try:
-        yield
-    except BrokenPipeError:
-        raise  # our stdout was closed (`| head`), not Redis' socket (redis-py wraps those)
-    except StoreUnsupported as exc:  # its message names the server, what is missing, the fix
-        raise RedisFailed(redact(str(exc), config.url)) from None
-    except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
-        kind = error_kind(exc)
-        hint = _HINTS.get(kind)
-        raise RedisFailed(
-            f"reading {config.safe_url} failed ({kind}: {redact(str(exc), config.url)})"
-            + (f"\n  {hint}" if hint else "")
-        ) from None
-
-
-def _require_namespace(config: StatsConfig, client: object, *, writes: bool = False) -> None:
-    """End the command when the server cannot hold the store (exit 1: the capability check,
-    redis_stats/capability.py; *writes*: the command writes, as gc does) or the namespace holds
-    nothing (exit 3, naming the ones that do)."""
-    import redis
-
-    from redis_stats.capability import check_store
-    from redis_stats.errors import error_kind
-    from redis_stats.ops.namespaces import describe_namespaces, namespace_holds_data, summary
-
-    # First: a server without scripts holds nothing of the store, which is not "empty".
-    check_store(client, config, writes=writes)
-    if namespace_holds_data(client, config.namespace):
-        return
-    where = f"namespace {config.namespace!r} holds nothing at {config.safe_url}"
-    try:
-        others = describe_namespaces(client, config.stale_after)
-    except redis.RedisError as exc:
-        if error_kind(exc) != "noperm":
-            raise
-        # A least-privilege user (one namespace, no SCAN) cannot see the others: say so.
-        raise EmptyNamespace(
-            f"{where}; this Redis user may not list the others (noperm): ask for the namespace, "
-            "or run `redis-stats namespaces` as a user with +scan"
-        ) from None
-    if not others:
-        raise EmptyNamespace(
-            f"{where}, and no namespace does: nothing has written there yet (check the URL's database number)"
-        )
-    lines = "\n".join(f"  {summary(info)}" for info in others)
-    raise EmptyNamespace(
-        f"{where}; it has:\n{lines}\npass --namespace {others[0].namespace} (or set REDIS_STATS_NAMESPACE)"
-    )
 
 
 def _plural(n: int, word: str) -> str:
@@ -205,55 +81,6 @@ def _engines(text: str | None) -> list[int] | None:
     return engines
 
 
-URL_FILE_HELP = (
-    "Read the Redis URL from this file (content stripped): keeps the password out of the process "
-    "table and shell history."
-)
-
-
-def url_option(func: F) -> F:
-    """--redis-url / --redis-url-file / REDIS_STATS_URL, resolved into one ``redis_url`` argument."""
-
-    @click.option(
-        "--redis-url",
-        envvar="REDIS_STATS_URL",
-        show_default="redis://127.0.0.1:6379/0",
-        help="Redis URL [env: REDIS_STATS_URL]. On a command line the password shows in `ps`: "
-        "prefer the variable or --redis-url-file.",
-    )
-    @click.option("--redis-url-file", type=click.Path(dir_okay=False), help=URL_FILE_HELP)
-    @functools.wraps(func)
-    def wrapper(*args: Any, redis_url: str | None, redis_url_file: str | None, **kwargs: Any) -> Any:
-        return func(*args, redis_url=_resolve_url(redis_url, redis_url_file), **kwargs)
-
-    return wrapper  # type: ignore[return-value]
-
-
-namespace_option = click.option(
-    "--namespace",
-    envvar="REDIS_STATS_NAMESPACE",
-    show_default="default",
-    help="Namespace (one deployment; `redis-stats namespaces` lists them) [env: REDIS_STATS_NAMESPACE].",
-)
-
-
-class Finite(click.FloatRange):
-    """A number in a range that is also finite: ``nan`` compares false to both bounds, so
-    ``FloatRange`` let it through (``--period nan`` ended in a traceback), and ``inf`` passes a
-    range without an upper bound."""
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        number = super().convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
-        return number
-
-
-def _seconds_option(name: str, low: float, high: float | None = None, **settings: Any) -> Callable[[F], F]:
-    """A duration option: a number of seconds from *low* to *high* (None: no upper limit)."""
-    return click.option(name, type=Finite(low, high), **settings)
-
-
 class _Main(click.Group):
     """The command group; a reader of its output that goes away ends the command quietly."""
 
@@ -300,7 +127,7 @@ def main() -> None:
     "--port", default=9400, type=click.IntRange(0, 65535), help="Port of the Redis view (0: any free port)."
 )
 @click.option("--namespace", default="demo", help="Namespace the fleet writes to.")
-@_seconds_option("--log-interval", 0.5, 3600, default=5.0, help="Seconds between periodic log reports.")
+@seconds_option("--log-interval", 0.5, 3600, default=5.0, help="Seconds between periodic log reports.")
 @click.option(
     "--leader",
     type=click.Choice(["rank0", "lease"]),
@@ -308,21 +135,21 @@ def main() -> None:
     help="Who prints the log: API server 0 of node 0 (as vLLM), or the holder of a lease in Redis "
     "(kill it and another process takes over).",
 )
-@_seconds_option(
+@seconds_option(
     "--restart-after",
     0,
     default=20.0,
     help="Seconds after a node process dies (kill it to see the DOWN line) before the demo starts "
     "it again; 0: never.",
 )
-@_seconds_option("--duration", 1, show_default="until Ctrl-C", help="Stop after this many seconds.")
+@seconds_option("--duration", 1, show_default="until Ctrl-C", help="Stop after this many seconds.")
 def demo(redis_url: str | None, redis_url_file: str | None, **options: Any) -> None:
     """Simulate a multi-node vLLM fleet writing to one Redis; print the rank-0 log; serve /metrics."""
     from redis_stats.tools.demo import DemoOptions, run_demo
     from redis_stats.tools.embedded import NoServerBinary
 
     # The other options are DemoOptions' fields, by the same names.
-    opts = DemoOptions(redis_url=_resolve_url(redis_url, redis_url_file), **options)
+    opts = DemoOptions(redis_url=resolve_url(redis_url, redis_url_file), **options)
     if opts.redis_url is not None:
         try:  # a bad URL is a usage error, before anything starts
             from redis_stats.connection import check_url
@@ -341,7 +168,7 @@ def demo(redis_url: str | None, redis_url_file: str | None, **options: Any) -> N
                 'nothing: give another --port, or --port 0 for a free one (make demo DEMO_ARGS="--port 0")'
             ) from None
         raise click.ClickException(
-            f"cannot serve on {opts.host}:{opts.port}: {exc.strerror or exc}\n  {_HOST_HINT}"
+            f"cannot serve on {opts.host}:{opts.port}: {exc.strerror or exc}\n  {HOST_HINT}"
         ) from None
     sys.exit(code)
 
@@ -365,7 +192,7 @@ def demo(redis_url: str | None, redis_url_file: str | None, **options: Any) -> N
     show_default="one per CPU core",
     help="Processes the engines are split into (each flushes its writers in turn).",
 )
-@_seconds_option(
+@seconds_option(
     "--period", 2, 86400, default=60.0, help="Seconds of a hot engine's cycle: its queue rises, then drains."
 )
 @click.option(
@@ -381,10 +208,10 @@ def demo(redis_url: str | None, redis_url_file: str | None, **options: Any) -> N
     show_default="from the fleet's size",
     help="One engine in this many is hot (1: every engine).",
 )
-@_seconds_option("--report-interval", 1, 3600, default=10.0, help="Seconds between two progress lines.")
+@seconds_option("--report-interval", 1, 3600, default=10.0, help="Seconds between two progress lines.")
 @click.option("--model", default="meta-llama/Llama-3.1-8B-Instruct", help="The model_name label.")
 @click.option("--seed", default=0, type=int, help="Seed of the simulated requests.")
-@_seconds_option("--duration", 1, show_default="until Ctrl-C", help="Stop after this many seconds.")
+@seconds_option("--duration", 1, show_default="until Ctrl-C", help="Stop after this many seconds.")
 @click.option(
     "--engines-per-endpoint",
     default=0,
@@ -413,8 +240,8 @@ def simulate(redis_url: str | None, namespace: str, share_namespace: bool, **opt
             "and flushes every flush interval); lower --engines or --api-servers, or run several "
             "simulations, each into its own --namespace"
         )
-    config = _config(redis_url, namespace)
-    with _redis_errors(config):  # unreachable, a wrong password, a replica: said before anything starts
+    config = config_of(redis_url, namespace)
+    with redis_errors(config):  # unreachable, a wrong password, a replica: said before anything starts
         from redis_stats.connection import make_client
 
         client = make_client(config)
@@ -468,10 +295,10 @@ class ForeignWriters(click.ClickException):
 @click.option(
     "--port", default=9400, type=click.IntRange(0, 65535), help="Port to listen on (0: any free port)."
 )
-@_seconds_option(
+@seconds_option(
     "--gc-interval", 0, default=300.0, help="Seconds between retention runs (gc); 0 turns it off."
 )
-@_seconds_option(
+@seconds_option(
     "--request-timeout",
     0.1,
     3600,
@@ -479,7 +306,7 @@ class ForeignWriters(click.ClickException):
     help="Seconds an HTTP connection may stay silent (or take to send a response) before it is "
     "closed, freeing its thread.",
 )
-@_seconds_option(
+@seconds_option(
     "--window", 1, 3600, default=30.0, help="Seconds of recent load behind /snapshot's rates and quantiles."
 )
 @click.option(
@@ -505,7 +332,7 @@ class ForeignWriters(click.ClickException):
     help="Megabytes (MiB) the snapshots behind /snapshot's window may keep (about 5 per snapshot at "
     "1,024 vLLM engines); past it the oldest go and the window is the span that fits.",
 )
-@_seconds_option(
+@seconds_option(
     "--load-refresh",
     0.01,
     60,
@@ -550,7 +377,7 @@ def exporter(
         namespaces = ()  # REDIS_STATS_NAMESPACE set for the other commands: --all-namespaces wins
     several = _several_namespaces(namespaces, all_namespaces, max_namespaces, engines, slice_text)
     # The reader's namespace: the one served, or the first (its client and catalogue serve all).
-    config = _config(redis_url, namespaces[0] if namespaces else "default" if all_namespaces else None)
+    config = config_of(redis_url, namespaces[0] if namespaces else "default" if all_namespaces else None)
     engine_list = _engines(engines)
     part = None
     if slice_text is not None:
@@ -586,7 +413,7 @@ def exporter(
             + (
                 "is another exporter (or the demo) running? Pick another --port, or --port 0 for any free one"
                 if exc.errno == errno.EADDRINUSE
-                else _HOST_HINT
+                else HOST_HINT
             )
         ) from None
     stop = threading.Event()
@@ -610,7 +437,7 @@ def exporter(
 @main.command()
 @url_option
 @namespace_option
-@_seconds_option(
+@seconds_option(
     "--interval",
     0.2,
     3600,
@@ -627,10 +454,10 @@ def top(redis_url: str | None, namespace: str | None, interval: float, once: boo
     from redis_stats.reader import StatsReader
     from redis_stats.tools.top import run_top
 
-    config = _config(redis_url, namespace)
-    with _redis_errors(config):
+    config = config_of(redis_url, namespace)
+    with redis_errors(config):
         client = make_client(config)
-        _require_namespace(config, client)
+        require_namespace(config, client)
         run_top(StatsReader(config, vllm_catalog(), client=client), interval=interval, once=once)
 
 
@@ -638,7 +465,7 @@ def top(redis_url: str | None, namespace: str | None, interval: float, once: boo
 @url_option
 @namespace_option
 @click.option("--json", "as_json", is_flag=True, help="Print /snapshot's JSON document instead.")
-@_seconds_option(
+@seconds_option(
     "--window",
     0,
     3600,
@@ -651,9 +478,9 @@ def inspect(redis_url: str | None, namespace: str | None, as_json: bool, window:
     from redis_stats.integrations.vllm import vllm_catalog
     from redis_stats.ops.inspection import inspect_namespace
 
-    config = _config(redis_url, namespace)
-    with _redis_errors(config):
-        _require_namespace(config, make_client(config))
+    config = config_of(redis_url, namespace)
+    with redis_errors(config):
+        require_namespace(config, make_client(config))
         if as_json:
             _print_snapshot_json(config, window)
             return
@@ -694,15 +521,15 @@ def gc(redis_url: str | None, namespace: str | None, dry_run: bool, retention: f
     from redis_stats.connection import make_client
     from redis_stats.ops.retention import collect_garbage
 
-    config = _config(redis_url, namespace)
+    config = config_of(redis_url, namespace)
     if retention is not None:
         try:  # a retention that would remove live data is refused where it enters: exit 2
             config = config.replace(retention=retention)
         except ConfigError as exc:
             raise click.UsageError(f"--retention: {exc}") from None
-    with _redis_errors(config):
+    with redis_errors(config):
         client = make_client(config)
-        _require_namespace(config, client, writes=True)
+        require_namespace(config, client, writes=True)
         result = collect_garbage(config, dry_run=dry_run, client=client)
     verb = "would remove" if dry_run else "removed"
     click.echo(
@@ -741,11 +568,11 @@ def drop_namespace(redis_url: str | None, namespace: str | None, dry_run: bool, 
 
     if namespace is None:  # never the default by accident
         raise click.UsageError("give the namespace to remove: --namespace NS (or REDIS_STATS_NAMESPACE)")
-    config = _config(redis_url, namespace)
+    config = config_of(redis_url, namespace)
     where = f"namespace {config.namespace!r} at {config.safe_url}"
-    with _redis_errors(config):
+    with redis_errors(config):
         client = make_client(config)
-        _require_namespace(config, client, writes=True)
+        require_namespace(config, client, writes=True)
         plan = remove_namespace(config, dry_run=True, client=client)
         _removal_refused(plan, where, config.stale_after)
         shards = f" in {_plural(plan.shards, 'shard')}" if plan.shards > 1 else ""
@@ -804,8 +631,8 @@ def namespaces(redis_url: str | None) -> None:
     from redis_stats.connection import make_client
     from redis_stats.ops.namespaces import describe_namespaces, scan_namespaces, summary, unusable_line
 
-    config = _config(redis_url, None)
-    with _redis_errors(config):
+    config = config_of(redis_url, None)
+    with redis_errors(config):
         client = make_client(config)
         check_store(client, config, writes=False)  # a server without scripts holds no store
         scan = scan_namespaces(client)
@@ -858,14 +685,14 @@ def namespaces(redis_url: str | None) -> None:
     type=click.IntRange(1),
     help="With one --engine-offset and several sources: engines per source.",
 )
-@_seconds_option(
+@seconds_option(
     "--interval",
     0.05,
     3600,
     show_default="REDIS_STATS_FLUSH_INTERVAL, 1",
     help="Seconds between two scrapes of a source (each scrape is one flush).",
 )
-@_seconds_option(
+@seconds_option(
     "--timeout",
     0.05,
     600,
@@ -896,7 +723,7 @@ def namespaces(redis_url: str | None) -> None:
     "every family but those of the source's own process (process_*, python_*, go_*, promhttp_*), "
     "which a pattern that matches them stores.",
 )
-@_seconds_option("--duration", 0.1, show_default="until SIGTERM/Ctrl-C", help="Stop after this many seconds.")
+@seconds_option("--duration", 0.1, show_default="until SIGTERM/Ctrl-C", help="Stop after this many seconds.")
 def bridge(
     redis_url: str | None,
     namespace: str | None,
@@ -916,7 +743,7 @@ def bridge(
     from redis_stats.integrations.vllm import vllm_catalog
     from redis_stats.integrations.vllm.load import VLLM_LOAD
 
-    config = _config(redis_url, namespace)
+    config = config_of(redis_url, namespace)
     urls = _source_urls(sources, source_files)
     starts = _engine_starts(offsets, engine_stride, len(urls), default=config.engine_offset)
     if not logging.getLogger().handlers:
@@ -972,7 +799,7 @@ def bridge(
     help="Also bridge the upstream's /metrics into the store (engine label engine, the vLLM "
     "catalogue and load feed), every REDIS_STATS_FLUSH_INTERVAL: what the answers read.",
 )
-@_seconds_option("--duration", 0.1, show_default="until SIGTERM/Ctrl-C", help="Stop after this many seconds.")
+@seconds_option("--duration", 0.1, show_default="until SIGTERM/Ctrl-C", help="Stop after this many seconds.")
 def load_proxy(
     redis_url: str | None,
     namespace: str | None,
@@ -989,7 +816,7 @@ def load_proxy(
 
     from redis_stats.integrations.vllm.load_proxy import Sidecar
 
-    config = _config(redis_url, namespace)
+    config = config_of(redis_url, namespace)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -1013,7 +840,7 @@ def _refuse_unsupported_store(config: StatsConfig) -> None:
     from redis_stats.connection import make_client
     from redis_stats.errors import error_kind
 
-    with _redis_errors(config):
+    with redis_errors(config):
         client = make_client(config)
         try:
             check_store(client, config, writes=True)
