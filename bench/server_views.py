@@ -23,8 +23,12 @@ Ratios are to the first checkout's figures. To compare with an older commit::
     git worktree add /tmp/rs-old <commit>
     python bench/server_views.py /tmp/rs-old .
 
+``--only peak`` runs section 2 alone (``--only views``, ``--only attack`` the others), and
+``--repeat R`` runs section 2 R times, the checkouts alternated (its figures are noisy).
+
 Usage: python bench/server_views.py [--engines 1024] [--per-endpoint 4] [--attack 1100]
-       [--rounds 5] [--polls 400] [--seconds 30] [--idle 75] [PATH ...]
+       [--rounds 5] [--polls 400] [--seconds 30] [--idle 75] [--repeat 1]
+       [--only views|peak|attack] [PATH ...]
 """
 
 from __future__ import annotations
@@ -216,16 +220,20 @@ def main() -> None:
     parser.add_argument("--polls", type=int, default=400)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--idle", type=float, default=75.0)
+    parser.add_argument("--repeat", type=int, default=1, help="runs of section 2, checkouts alternated")
+    parser.add_argument("--only", choices=["views", "peak", "attack"], help="one section alone")
     opts = parser.parse_args()
     when = time.strftime("%Y-%m-%d %H:%M")
     print(f"{platform.node()} {os.cpu_count()} cores, Python {platform.python_version()}, {when}")
     server = EmbeddedRedis().start()
     try:
         started = time.monotonic()
-        kept = fill_views(server.url, opts.engines, opts.per_endpoint) + fill_attack(server.url, opts.attack)
+        attack = opts.only in (None, "attack")
+        kept = fill_views(server.url, opts.engines, opts.per_endpoint) if opts.only != "attack" else []
+        kept += fill_attack(server.url, opts.attack) if attack else []
         print(
-            f"filled {opts.engines} engines x 2 writers in pods of {opts.per_endpoint}, and {opts.attack} "
-            f"one-engine pods, in {time.monotonic() - started:.0f} s"
+            f"filled {opts.engines} engines x 2 writers in pods of {opts.per_endpoint}, and "
+            f"{opts.attack if attack else 0} one-engine pods, in {time.monotonic() - started:.0f} s"
         )
         report(opts, server.url)
         for w in kept:
@@ -236,6 +244,15 @@ def main() -> None:
 
 def report(opts: argparse.Namespace, url: str) -> None:
     names = [Path(p).resolve().name for p in opts.paths]
+    if opts.only in (None, "views"):
+        each_view(opts, url, names)
+    if opts.only in (None, "peak"):
+        peak(opts, url, names)
+    if opts.only in (None, "attack"):
+        attack(opts, url, names)
+
+
+def each_view(opts: argparse.Namespace, url: str, names: list[str]) -> None:
     exporters = [Exporter(p, url, "views") for p in opts.paths]
     try:
         rows = timings(exporters, opts.rounds, opts.polls)
@@ -249,16 +266,27 @@ def report(opts: argparse.Namespace, url: str) -> None:
             for k, (a, b) in enumerate(per)
         ]
         print(f"  {view:22s} " + "   ".join(cells))
+
+
+def peak(opts: argparse.Namespace, url: str, names: list[str]) -> None:
     print(f"\n2. peak memory under every view at once for {opts.seconds:.0f} s (VmHWM, MiB)")
-    peaks = []
-    for path in opts.paths:
-        e = Exporter(path, url, "views")
-        try:
-            all_at_once(e, opts.seconds)
-            peaks.append(e.memory("VmHWM"))
-        finally:
-            e.close()
-    print("  " + "   ".join(f"{n}: {p:7.1f} ({p / peaks[0]:4.2f}x)" for n, p in zip(names, peaks)))
+    for run in range(opts.repeat):
+        order = list(range(len(opts.paths)))
+        if run % 2:
+            order.reverse()  # the other checkout first: alternated
+        peaks = [0.0] * len(order)
+        for k in order:
+            e = Exporter(opts.paths[k], url, "views")
+            try:
+                all_at_once(e, opts.seconds)
+                peaks[k] = e.memory("VmHWM")
+            finally:
+                e.close()
+        cells = [f"{n}: {p:7.1f} ({p / peaks[0]:4.2f}x)" for n, p in zip(names, peaks)]
+        print("  " + "   ".join(cells), flush=True)
+
+
+def attack(opts: argparse.Namespace, url: str, names: list[str]) -> None:
     print(f"\n3. {opts.attack} distinct ?endpoint= values, each asked once (VmRSS, MiB)")
     for name, path in zip(names, opts.paths):
         e = Exporter(path, url, "attack")
