@@ -21,6 +21,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -434,6 +436,62 @@ def sent_to(router: str, n: int) -> collections.Counter[str]:
     return collections.Counter(post(router + "/v1/completions") for _ in range(n))
 
 
+class Router:
+    """A real router process (*command*: vllm-router's, or sglang-router's ``launch``) on a free
+    loopback port, routing by ``power_of_two`` over *workers*, its output in *log_path*; stopped
+    by :meth:`close`. Its own Prometheus listener gets a free loopback port too: both routers
+    default to 29000, and two at once (xdist workers) made the second panic on start."""
+
+    def __init__(self, command: list[str], workers: list[str], log_path: Path, log_level: str) -> None:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+        self._log = open(log_path, "w")
+        self.process = subprocess.Popen(
+            [
+                *command,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--policy",
+                "power_of_two",
+                "--worker-urls",
+                *workers,
+                "--worker-startup-check-interval",
+                "1",
+                "--log-level",
+                log_level,
+                "--prometheus-host",
+                "127.0.0.1",
+                "--prometheus-port",
+                str(free_port()),
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def wait_polled(
+        self, polls: Callable[[], Sequence[int]], before: Sequence[int], timeout: float, settle: float
+    ) -> None:
+        """Wait until the router has polled every worker since *before* (their counts, as
+        *polls* gives them), then *settle* s for its answers to reach the policy; the router
+        must stay up meanwhile (else its log is the failure)."""
+        deadline = time.monotonic() + timeout
+        while any(n <= b for n, b in zip(polls(), before)):
+            assert self.process.poll() is None and time.monotonic() < deadline, self.log_path.read_text()
+            time.sleep(0.05)
+        time.sleep(settle)
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self._log.close()
+
+
 @pytest.mark.slow
 def test_vllm_router_power_of_two_sends_to_the_lightly_loaded_endpoint(redis_server, namespace, tmp_path):
     binary = router_binary()
@@ -454,39 +512,12 @@ def test_vllm_router_power_of_two_sends_to_the_lightly_loaded_endpoint(redis_ser
 
     load("light", 5)
     load("heavy", 50)
-    port = free_port()
-    log = open(tmp_path / "router.log", "w")
-    router = subprocess.Popen(
-        [
-            binary,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--policy",
-            "power_of_two",
-            "--worker-urls",
-            light.url,
-            heavy.url,
-            "--worker-startup-check-interval",
-            "1",
-            "--log-level",
-            "warning",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
+    router = Router([binary], [light.url, heavy.url], tmp_path / "router.log", "warning")
+    url = router.url
 
     def polled_after(before: tuple[int, int]) -> None:
         """Wait until the router has read both workers' /get_load since *before*."""
-        deadline = time.monotonic() + 15
-        while light.polls <= before[0] or heavy.polls <= before[1]:
-            assert router.poll() is None and time.monotonic() < deadline, (
-                tmp_path / "router.log"
-            ).read_text()
-            time.sleep(0.05)
-        time.sleep(0.2)  # its answer parsed and handed to the policy
+        router.wait_polled(lambda: (light.polls, heavy.polls), before, timeout=15, settle=0.2)
 
     try:
         polled_after((0, 0))  # it polls every 5 s (measured), the first time at its start
@@ -499,12 +530,7 @@ def test_vllm_router_power_of_two_sends_to_the_lightly_loaded_endpoint(redis_ser
         polled_after((light.polls, heavy.polls))
         assert sent_to(url, 40) == {"heavy": 40}
     finally:
-        router.terminate()
-        try:
-            router.wait(5)
-        except subprocess.TimeoutExpired:
-            router.kill()
-        log.close()
+        router.close()
         light.close()
         heavy.close()
         for pod in pods.values():

@@ -29,7 +29,7 @@ from redis_stats.integrations.vllm.load import VLLM_LOAD
 from redis_stats.integrations.vllm.load_proxy import LoadProxy
 from tests import smg_decode
 from tests.helpers.vllm_rs import Engine, VllmRs
-from tests.integrations.test_get_load import free_port, router_binary, sent_to
+from tests.integrations.test_get_load import Router, free_port, router_binary, sent_to
 
 pytestmark = pytest.mark.redis_server
 
@@ -167,64 +167,28 @@ def test_vllm_router_routes_vllm_rs_pods_by_their_exact_load(cfg, loop, tmp_path
     pods = {"light": Pod(cfg, loop, "light", 0), "heavy": Pod(cfg, loop, "heavy", 2)}
     pods["light"].load(running=4, waiting=1)
     pods["heavy"].load(running=40, waiting=10)
-    port = free_port()
-    log = open(tmp_path / "router.log", "w")
-    router = subprocess.Popen(
-        [
-            binary,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--policy",
-            "power_of_two",
-            "--worker-urls",
-            pods["light"].url,
-            pods["heavy"].url,
-            "--worker-startup-check-interval",
-            "1",
-            "--log-level",
-            "warning",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
+    router = Router([binary], [pods["light"].url, pods["heavy"].url], tmp_path / "router.log", "warning")
+    url = router.url
 
-    def polled_after(before: dict[str, int]) -> None:
-        deadline = time.monotonic() + 20
-        while True:
-            got = {n: _proxy_polls(pods[n]) for n in pods}
-            if all(got[n] > before.get(n, 0) for n in pods):
-                break
-            assert router.poll() is None and time.monotonic() < deadline, (
-                tmp_path / "router.log"
-            ).read_text()
-            time.sleep(0.05)
-        time.sleep(0.3)
+    def polls() -> list[int]:
+        return [pod.proxy.polls for pod in pods.values()]
+
+    def polled_after(before: list[int]) -> None:
+        router.wait_polled(polls, before, timeout=20, settle=0.3)
 
     try:
-        polled_after({})
+        polled_after([0, 0])
         assert sent_to(url, 40) == {"light": 40}
         pods["light"].load(running=40, waiting=10)
         pods["heavy"].load(running=4, waiting=1)
         time.sleep(TTL)  # the proxies' kept answers have aged out
-        polled_after({n: _proxy_polls(pods[n]) for n in pods})
+        polled_after(polls())
         assert sent_to(url, 40) == {"heavy": 40}
         assert all(p.front.paths.get("/get_load", 0) == 0 for p in pods.values())  # never asked of vllm-rs
     finally:
-        router.terminate()
-        try:
-            router.wait(5)
-        except subprocess.TimeoutExpired:
-            router.kill()
-        log.close()
+        router.close()
         for pod in pods.values():
             pod.close()
-
-
-def _proxy_polls(pod: Pod) -> int:
-    return pod.proxy.polls
 
 
 def test_the_command_bridges_and_answers_until_sigterm(cfg, python_env):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import time
 
@@ -24,7 +23,7 @@ from redis_stats import StatsConfig, StatsWriter
 from redis_stats.integrations.vllm import vllm_catalog
 from redis_stats.integrations.vllm.get_load import TTL, SGLangGetLoadMiddleware
 from redis_stats.integrations.vllm.load import VLLM_LOAD
-from tests.integrations.test_get_load import StubWorker, free_port, sent_to
+from tests.integrations.test_get_load import Router, StubWorker, sent_to
 
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
 
@@ -77,39 +76,11 @@ def test_sglang_router_power_of_two_routes_by_each_pods_used_tokens(redis_server
     pods = {"light": Pod(cfg, light, 0), "heavy": Pod(cfg, heavy, 2)}
     pods["light"].used_tokens(4_000)
     pods["heavy"].used_tokens(40_000)
-    port = free_port()
-    log = open(tmp_path / "router.log", "w")
-    router = subprocess.Popen(
-        [
-            binary,
-            "launch",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--policy",
-            "power_of_two",
-            "--worker-urls",
-            light.url,
-            heavy.url,
-            "--worker-startup-check-interval",
-            "1",
-            "--log-level",
-            "warn",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
+    router = Router([binary, "launch"], [light.url, heavy.url], tmp_path / "router.log", "warn")
+    url = router.url
 
     def polled_after(before: tuple[int, int]) -> None:
-        deadline = time.monotonic() + 30
-        while light.polls <= before[0] or heavy.polls <= before[1]:
-            assert router.poll() is None and time.monotonic() < deadline, (
-                tmp_path / "router.log"
-            ).read_text()
-            time.sleep(0.05)
-        time.sleep(0.3)  # its answer parsed and handed to the policy
+        router.wait_polled(lambda: (light.polls, heavy.polls), before, timeout=30, settle=0.3)
 
     try:
         polled_after((0, 0))
@@ -129,12 +100,7 @@ def test_sglang_router_power_of_two_routes_by_each_pods_used_tokens(redis_server
         polled_after((light.polls, heavy.polls))
         assert sent_to(url, 40) == {"heavy": 40}
     finally:
-        router.terminate()
-        try:
-            router.wait(5)
-        except subprocess.TimeoutExpired:
-            router.kill()
-        log.close()
+        router.close()
         light.close()
         heavy.close()
         for pod in pods.values():
