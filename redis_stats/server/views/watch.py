@@ -2,10 +2,11 @@
 
 A router that polls ``/load`` sees a change a refresh (0.25 s) plus its own poll interval after
 Redis does, and asks again and again for a document that has not changed (llm-d-router PR #2067:
-95 % of its polls fetched unchanged state). ``/watch`` is a long poll: the subscriber names the last
-event it has (``?since=<seq>``) and the answer comes as soon as there is a newer one (or after
-``wait`` seconds, empty), so one subscriber costs nothing while nothing changes, and a change
-reaches every subscriber together.
+95 % of its polls fetched unchanged state). ``/watch`` pushes each change instead, as a stream of
+Server-Sent Events on one connection, or as a long poll (the subscriber names the last event it
+has, ``?since=<seq>``, and the answer comes as soon as there is a newer one, or after ``wait``
+seconds, empty): a subscriber costs nothing while nothing changes, and a change reaches every
+subscriber together.
 
 **One read serves every subscriber.** One thread per namespace (:class:`WatchFeed`, started by the
 first subscriber, stopped after :data:`IDLE` seconds without one) reads the load hash alone
