@@ -716,6 +716,12 @@ def test_every_view_over_http_from_a_real_server(redis_server, namespace, monkey
         # Engine 0: each writer's series add up past the float range, which an entry does not store
         assert load["engines"]["0"]["requests_running"] is None
         assert load["fleet"]["requests_running"] == {"sum": 6, "mean": 6, "max": 6, "engines": 1}
+        # /watch's state: the same numbers from the feed's own read, strict JSON too
+        status, body = http_get(exporter.url + "/watch")
+        assert status == 200 and b"NaN" not in body and b"Infinity" not in body, body[:300]
+        watch = json.loads(body)
+        assert watch["engines"]["1"]["requests_running"] == 2 * CONTROL["g"]
+        assert watch["engines"]["0"]["requests_running"] is None
     finally:
         exporter.close()
     env = {"REDIS_STATS_URL": redis_server.url, "REDIS_STATS_NAMESPACE": namespace}
