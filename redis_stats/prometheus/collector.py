@@ -87,7 +87,7 @@ class RedisCollector:
     *renderer*, called with the labels above, makes what :meth:`render_text` turns a read into
     (an object with ``render(decoded) -> str``; default: the plain
     :class:`~redis_stats.prometheus.exposition.TextRenderer`): an endpoint view's
-    (redis_stats/server/views/endpoints.py). *errors* counts its failed reads (shared by
+    (redis_stats/server/states/endpoints.py). *errors* counts its failed reads (shared by
     collectors made per request).
     """
 

@@ -22,7 +22,7 @@ from redis_stats.keys import Keys
 from redis_stats.leader import LeaseLeader, Rank0Leader
 from redis_stats.prometheus.collector import RedisCollector
 from redis_stats.reporting import StatsReporter
-from redis_stats.server.views.load import LoadFeed
+from redis_stats.server.states.load_feed import LoadFeed
 from tests.conftest import sample_catalog
 
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
