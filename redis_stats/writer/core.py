@@ -31,12 +31,9 @@ from redis_stats.load import LoadMap
 from redis_stats.writer import forking
 from redis_stats.writer.handles import CounterSeries, GaugeSeries, HistogramSeries, MetricHandle
 from redis_stats.writer.identity import check_engines, check_identity, new_writer_id
+from redis_stats.writer.lane import LoadLane
 from redis_stats.writer.loadtracker import LoadTracker
 from redis_stats.writer.stats import CLAIMS_PER_STALE, STATS_INTERVAL, WriterStats, routine_stat
-
-LANE_POLL = 0.01
-"""Seconds between two looks of the load lane (``load_interval``) at a writer's router numbers:
-a change is sent at the next look, or ``load_interval`` after the lane's last call."""
 
 # The most words of claims and load entries (one per claimed engine, two per load entry) one flush
 # call carries: a writer of thousands of engines sends the rest with the next parts of its flush.
@@ -79,6 +76,7 @@ class WriterCore:
         self.config = config or StatsConfig.from_env()
         # The load feed's fields (redis_stats/load.py): which series feed them, and their entries.
         self.load = LoadTracker(load) if load is not None else None
+        self.lane: LoadLane | None = None  # their entries, in each flush and between (made below)
         self.catalog = catalog if catalog is not None else Catalog()
         check_identity("role", role)
         check_identity("owner", owner)
@@ -119,6 +117,8 @@ class WriterCore:
         )
         # One flow per shard (its totals, sequence, batch in flight and the writer's id there).
         self._flows = self._acc.flows
+        if self.load is not None:
+            self.lane = LoadLane(self.load, self._acc, self.keys, self.config)
         self._protocol = FlushProtocol(self._acc)
         self._parts: list[int] = []  # shards whose batch just confirmed was cut: their next part goes now
         # Per shard, the claims and load entries of this flush round not sent yet (a call has
@@ -295,7 +295,7 @@ class WriterCore:
                 stale_ms=stale_ms,
                 claims=claims,
                 stats=self._changed_stats(batch.closing) if shard == self.home else (),
-                load=self._load_entries(load, closing),
+                load=self.lane.entries(load, closing) if self.lane is not None else [],
                 held=held,
             )
             calls.append((shard, batch.script_keys(keys, flow.writer_id), args))
@@ -434,8 +434,8 @@ class WriterCore:
         result = FlushResult.from_reply(reply)
         if self._protocol.confirmed(result, shard):
             self._parts.append(shard)
-        if result.load_error:  # the batch was applied; its load entries were refused
-            self.load_done(redis.exceptions.ResponseError(result.load_error))
+        if result.load_error and self.lane is not None:  # the batch was applied, its load entries refused
+            self.lane.done(redis.exceptions.ResponseError(result.load_error), self.stats)
         if result.lost:
             self._keys_lost(result, shard)
         elif result.store_behind:
@@ -573,70 +573,6 @@ class WriterCore:
                 self.flush_succeeded(reply, time.perf_counter() - started, shard)
             calls = self.prepare_flushes(closing=closing, parts=self._parts) if self._parts else []
         return ok
-
-    # -- the load feed (redis_stats/load.py): its entries in each flush, and alone (the lane) ------
-
-    def _load_entries(self, engines: list[int], closing: bool) -> list[str]:
-        """The load entries (``engine, entry`` pairs) of *engines* (this writer's, in one
-        shard), for its flush there (``flush.lua`` stores them with the batch) or alone (the
-        load lane). A closing flush's name the engines only: the script deletes their entries."""
-        if self.load is None or not engines:
-            return []
-        if closing:
-            return [x for e in engines for x in (str(e), "")]
-        return self.load.entries(engines, self._acc.server_ms)
-
-    @staticmethod
-    def lane_sleep(due: float, lane: float, last_lane: float) -> float:
-        """Seconds the flusher sleeps: until the flush *due* (monotonic), and with a load lane
-        (*lane* s between two of its calls, the last at *last_lane*) at most :data:`LANE_POLL`,
-        or until the lane may call again."""
-        now = time.monotonic()
-        wait = max(0.0, due - now)
-        if lane:
-            wait = min(wait, max(LANE_POLL, last_lane + lane - now))
-        return wait
-
-    def lane_calls(self) -> list[tuple[str, list[str]]]:
-        """The load lane's calls: ``HSET <load hash> <field> <value> ...`` of the engines whose
-        gauge fields changed since their last entry (:meth:`LoadTracker.changed`; none: no call),
-        one per shard, or more for a writer of so many engines that one call would exceed
-        :data:`MAX_CALL_WORDS` words. Each value is the entry a flush stores, stamped with this
-        writer's reading of its server's clock (the flush's stamp is the server's own ``TIME``:
-        a plain ``HSET`` costs Redis a third less than a script call, and the lane's calls are
-        the many ones)."""
-        if self.load is None:
-            return []
-        changed = self.load.changed()
-        per_call = (MAX_CALL_WORDS - 2) // 2  # HSET, the key
-        calls = []
-        for shard in sorted({shard_of(e, self.shards) for e in changed}):
-            flow = self._flows[shard]
-            engines = [e for e in changed if shard_of(e, self.shards) == shard]
-            stamp = f"{flow.server_ms(time.monotonic()):.0f},"
-            for i in range(0, len(engines), per_call):
-                entries = self._load_entries(engines[i : i + per_call], False)
-                args = [
-                    x
-                    for engine, entry in zip(entries[0::2], entries[1::2])
-                    for x in (f"{engine}|{flow.writer_id}", stamp + entry)
-                ]
-                calls.append((flow.keys(self.keys, self.shards).load, args))
-        return calls
-
-    def load_done(self, result: Any) -> None:
-        """What storing the load entries came to (the lane's reply, or the error a flush reported
-        for them): a failure is counted (``flush_errors_total`` with kind ``load_<kind>``) and
-        logged once per kind, and every engine's entry is sent again at the lane's next turn
-        (it may not be stored); never raised (the flush is not affected)."""
-        if not isinstance(result, Exception):
-            return
-        if self.load is not None:
-            self.load.resend()
-        kind = "load_" + error_kind(result)
-        self.stats.errors[kind] += 1
-        log_fn = log.warning if self.stats.errors[kind] == 1 else log.debug
-        log_fn("storing the load entries at %s failed (%s: %s)", self.config.safe_url, kind, result)
 
     def shards_call(self) -> tuple[list[str], list[str]]:
         """KEYS and ARGV of ``shards.lua``: list this writer's K in shard 0's catalogue, so that
