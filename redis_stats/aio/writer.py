@@ -18,10 +18,10 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from redis_stats._core.background import survive
 from redis_stats._core.steps import arun
 from redis_stats._scripts import AsyncScript, load_script
 from redis_stats.aio.stopping import CLOSE_GRACE, stop_task, within
+from redis_stats.background import survive
 from redis_stats.capability import CHECK_STEPS, acheck_step
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig

@@ -28,11 +28,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from redis_stats._core.outage import Outage, shared
 from redis_stats._core.read.values import go_floats
 from redis_stats.catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM
 from redis_stats.errors import error_kind
 from redis_stats.ops.memory import store_memory
+from redis_stats.outage import Outage, shared
 from redis_stats.prometheus.exposition import TextRenderer, format_families, label_pairs
 from redis_stats.prometheus.filters import (
     REPLACED,

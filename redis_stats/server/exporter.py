@@ -31,7 +31,7 @@ import logging
 import threading
 from typing import Any
 
-from redis_stats._core.background import survive, survived
+from redis_stats.background import survive, survived
 from redis_stats.errors import error_kind
 from redis_stats.reader import StatsReader
 from redis_stats.server.app import App

@@ -20,9 +20,9 @@ from typing import Any
 import redis
 from redis.utils import HIREDIS_AVAILABLE
 
-from redis_stats._core.background import survive
 from redis_stats._core.steps import run
 from redis_stats._scripts import Script, load_script
+from redis_stats.background import survive
 from redis_stats.capability import CHECK_STEPS, check_step
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig

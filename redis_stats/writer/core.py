@@ -17,7 +17,6 @@ from typing import Any
 
 import redis
 
-from redis_stats._core.outage import Outage
 from redis_stats._core.steps import Steps
 from redis_stats._core.write.accumulator import Accumulator
 from redis_stats._core.write.protocol import CALL_WORDS, DUPLICATE, MAX_CALL_WORDS, FlushProtocol, FlushResult
@@ -33,6 +32,7 @@ from redis_stats.writer.handles import CounterSeries, GaugeSeries, HistogramSeri
 from redis_stats.writer.identity import check_engines, check_identity, new_writer_id
 from redis_stats.writer.lane import LoadLane
 from redis_stats.writer.loadtracker import LoadTracker
+from redis_stats.writer.outages import FlushOutages
 from redis_stats.writer.stats import CLAIMS_PER_STALE, STATS_INTERVAL, WriterStats, routine_stat
 
 # The most words of claims and load entries (one per claimed engine, two per load entry) one flush
@@ -40,15 +40,6 @@ from redis_stats.writer.stats import CLAIMS_PER_STALE, STATS_INTERVAL, WriterSta
 EXTRA_WORDS = 1_600
 
 __all__ = ["WriterCore"]
-
-# What the end of a flush outage says (redis_stats._core.outage): Redis applied what the writer
-# kept, or found it had lost the writer's keys (restarted empty, an older copy), in which case
-# nothing of that batch was applied and the next flush stores the whole state (absolute totals).
-_RECOVERED = "what was kept meanwhile is confirmed, exactly once: nothing recorded during the outage was lost"
-_REBUILT = (
-    "Redis had lost this writer's keys (the warning above): its whole state goes with the next "
-    "flush, so nothing recorded during the outage is lost"
-)
 
 # The package's name: what hosts configure logging by (warnings of the blocking writer too).
 log = logging.getLogger("redis_stats.writer")
@@ -106,7 +97,6 @@ class WriterCore:
         # before the first flush, and again after a flush answered as by a server without
         # scripting, or one found behind (restarted: maybe as another server).
         self.store_checked = False
-        self._refusal = ""  # the last refusal logged: logged again only when it changes
         self._acc = Accumulator(
             self.catalog,
             max_label_length=self.config.max_label_length,
@@ -139,7 +129,7 @@ class WriterCore:
         changed (flush counts and durations, pending series): each flush that carries them
         writes one more hash in Redis. Any other change goes with the next flush."""
         # Per shard, the outages of its flushes in the log: the start and the end of each.
-        self._outages: dict[int, Outage] = {}
+        self.outages = FlushOutages(self.config, lambda shard: self._flows[shard].writer_id)
         forking.track(self)
 
     def __repr__(self) -> str:
@@ -225,7 +215,7 @@ class WriterCore:
         """
         self.writer_id = new_writer_id(self._role)
         self.stats = WriterStats()
-        self._outages = {}  # the parent's outages are the parent's to end
+        self.outages.forked()
         self._stats_stored, self._stats_sent, self._stats_at = {}, [], -math.inf
         self._acc.forget_pending(self.writer_id)
         self._protocol = FlushProtocol(self._acc)
@@ -351,50 +341,22 @@ class WriterCore:
         self._stats_sent = changed
         return changed
 
-    def _outage(self, shard: int) -> Outage:
-        """The outages of *shard*'s flushes (made at its first failure)."""
-        found = self._outages.get(shard)
-        if found is None:
-            where = f" (shard {shard})" if self.shards > 1 else ""
-            found = self._outages[shard] = Outage(
-                lambda: f"flushes of writer {self._flows[shard].writer_id} to {self.config.safe_url}{where}",
-                log,
-                retry=(
-                    f"retried every {self.config.flush_interval:g} s with the same batch; what is "
-                    "recorded meanwhile waits in memory"
-                ),
-            )
-        return found
-
-    def _outage_over(self, shard: int, result: FlushResult) -> None:
-        """Redis answered *shard*'s flush: the end of its outage, if one was going on, says what
-        became of what the writer kept (applied, or its whole state goes next: Redis lost it)."""
-        outage = self._outages.get(shard)
-        if outage is not None:
-            outage.succeeded(_REBUILT if result.lost or result.store_behind else _RECOVERED)
-
     def flush_failed(self, exc: BaseException, shard: int = 0) -> None:
         """The flush (of *shard*) did not get an answer: count it; the same batch goes next time.
         The first failure of an outage is logged (a warning), the others at DEBUG; the first
-        flush that works again logs its end (:class:`~redis_stats._core.outage.Outage`)."""
+        flush that works again logs its end (:class:`~redis_stats.outage.Outage`)."""
         kind = error_kind(exc)
         self.stats.errors[kind] += 1
         if kind == "unsupported":  # the check says what is missing, and how to fix it
             self.store_checked = False
-        log.debug(
-            "flush to %s failed (%s: %s); will retry with the same batch", self.config.safe_url, kind, exc
-        )
-        self._outage(shard).failed(kind, str(exc))
+        self.outages.failed(shard, kind, exc)
 
     def store_refused(self, exc: StoreUnsupported) -> None:
         """The capability check refused the server: nothing is sent (the batch stays pending:
         recording goes on in memory), counted as a flush error of kind ``unsupported``; one
         error logged, again only when what is missing changes. Checked again next round."""
         self.stats.errors["unsupported"] += 1
-        message = str(exc)
-        log_fn = log.error if message != self._refusal else log.debug
-        self._refusal = message
-        log_fn("writer %s sends nothing: %s (checked again at every flush)", self.writer_id, message)
+        self.outages.refused(self.writer_id, exc)
 
     def check_steps(self) -> Steps[bool]:
         """The capability check, when due, as steps (:func:`redis_stats.capability.check_steps`):
@@ -411,7 +373,8 @@ class WriterCore:
         except Exception as exc:
             log.debug("the capability check of %s failed (%s); flushing anyway", self.config.safe_url, exc)
             return True
-        self.store_checked, self._refusal = True, ""
+        self.store_checked = True
+        self.outages.accepted()
         return True
 
     def shards_failed(self, exc: BaseException) -> None:
@@ -442,7 +405,7 @@ class WriterCore:
             self._store_behind(shard)
         if shard == self.home:  # the self-metrics go to the home shard only
             self._stats_answered(result)
-        self._outage_over(shard, result)
+        self.outages.answered(shard, rebuilt=bool(result.lost or result.store_behind))
         self.stats.observe_duration(seconds)
         self.stats.last_success = time.time()
         self.stats.flushes += 1

@@ -167,7 +167,7 @@ def test_an_outage_where_redis_kept_its_data_ends_with_the_batch_confirmed(
 
 
 def test_a_flapping_link_cannot_flood_the_log(redis_server, namespace, caplog):
-    from redis_stats._core.outage import BURST
+    from redis_stats.outage import BURST
     from tests.proxy import CuttingProxy
 
     caplog.set_level(logging.WARNING, logger="redis_stats.writer")

@@ -32,11 +32,11 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from redis_stats._core.background import survive, survived
-from redis_stats._core.outage import Outage, shared
+from redis_stats.background import survive, survived
 from redis_stats.config import redact
 from redis_stats.errors import error_kind
 from redis_stats.load import LoadView
+from redis_stats.outage import Outage, shared
 from redis_stats.reader import EngineSlice, StatsReader
 from redis_stats.server.http import GZIP_LEVEL
 from redis_stats.server.source import Source

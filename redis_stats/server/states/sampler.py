@@ -17,7 +17,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from redis_stats._core.background import survived
+from redis_stats.background import survived
 from redis_stats.config import mask_url, redact
 from redis_stats.errors import error_kind
 from redis_stats.server.source import Source

@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from redis_stats._core.background import survive
+from redis_stats.background import survive
 from redis_stats.load import FIELDS, EngineLoad, LoadView, decode_entries, engine_load
 from redis_stats.server.source import Source
 from redis_stats.server.states.load_feed import LoadBody, LoadFeed, feed_of
