@@ -1,6 +1,6 @@
 """What every ``redis-stats`` command shares: which Redis and namespace (the options, the file a
-URL may come from, the config they make) and how Redis' failures end a command (one or two
-lines, a masked URL, what to do, the exit codes of docs/cli.md)."""
+URL may come from, the config they make), how Redis' failures end a command (one or two lines, a
+masked URL, what to do, the exit codes of docs/cli.md), and how a refusal names writers."""
 
 from __future__ import annotations
 
@@ -22,16 +22,19 @@ __all__ = [
     "EXIT_REDIS",
     "HOST_HINT",
     "URL_FILE_HELP",
+    "WRITERS_SHOWN",
     "EmptyNamespace",
     "Finite",
     "RedisFailed",
     "config_of",
     "namespace_option",
+    "plural",
     "redis_errors",
     "require_namespace",
     "resolve_url",
     "seconds_option",
     "url_option",
+    "writers_summary",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -222,3 +225,24 @@ class Finite(click.FloatRange):
 def seconds_option(name: str, low: float, high: float | None = None, **settings: Any) -> Callable[[F], F]:
     """A duration option: a number of seconds from *low* to *high* (None: no upper limit)."""
     return click.option(name, type=Finite(low, high), **settings)
+
+
+def plural(n: int, word: str) -> str:
+    """*n* *word*, plural when *n* is not 1."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+WRITERS_SHOWN = 5
+"""Writer ids a message names before it counts the rest (2,048 of them were 50 KB on one line)."""
+
+
+def writers_summary(writers: Any) -> str:
+    """*writers* (ids ``host:pid[:role]:random``) in a line: how many on how many hosts, and the
+    first :data:`WRITERS_SHOWN` ids (``redis-stats inspect`` lists them all)."""
+    ids = sorted(writers)
+    hosts = {w.split(":", 1)[0] for w in ids}
+    shown = ", ".join(ids[:WRITERS_SHOWN])
+    rest = len(ids) - WRITERS_SHOWN
+    more = f" and {rest:,} more (redis-stats inspect lists them)" if rest > 0 else ""
+    on = f" on {plural(len(hosts), 'host')}" if len(ids) > 1 else ""
+    return f"{shown}{more}{on}"

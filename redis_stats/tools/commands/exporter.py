@@ -1,0 +1,233 @@
+"""``redis-stats exporter``: serve the views of one or several namespaces over HTTP
+(:mod:`redis_stats.server`)."""
+
+from __future__ import annotations
+
+import errno
+import threading
+from typing import Any
+
+import click
+
+from redis_stats.tools.redis_options import (
+    HOST_HINT,
+    Finite,
+    config_of,
+    seconds_option,
+    url_option,
+)
+from redis_stats.tools.stopping import stop_on_signals
+
+__all__ = ["exporter"]
+
+
+def _several_namespaces(
+    names: tuple[str, ...], every: bool, most: int, engines: str | None, slice_text: str | None
+) -> list[str] | None:
+    """The namespaces an exporter of several serves (None: one, or --all-namespaces), or a usage
+    error for options that cannot go together."""
+    from redis_stats.config import is_namespace
+
+    if every and names:
+        raise click.UsageError("--all-namespaces and --namespace both choose the namespaces: give one")
+    if not every and len(names) <= 1:
+        return None
+    if engines or slice_text:
+        option = "--engines" if engines else "--slice"
+        raise click.UsageError(
+            f"{option} serves part of one namespace: not with several (scrape ?namespace=NS&slice=I/N)"
+        )
+    bad = [n for n in names if not is_namespace(n)]
+    if bad:
+        raise click.BadParameter(
+            f"{bad[0]!r} is not a namespace name (1-128 of A-Z a-z 0-9 . _ - / :)", param_hint="--namespace"
+        )
+    if len(set(names)) > most:
+        raise click.BadParameter(
+            f"{len(set(names))} namespaces given, more than --max-namespaces {most}", param_hint="--namespace"
+        )
+    return None if every else sorted(set(names))
+
+
+def _engines(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        engines = [int(e) for e in text.split(",") if e.strip()]
+    except ValueError:
+        engines = [-1]
+    if any(e < 0 for e in engines):
+        raise click.BadParameter(
+            f"{text!r} is not a comma-separated list of engine indexes (integers >= 0), e.g. 0,1",
+            param_hint="--engines",
+        )
+    return engines
+
+
+@click.command()
+@url_option
+@click.option(
+    "--namespace",
+    "namespaces",
+    multiple=True,
+    envvar="REDIS_STATS_NAMESPACE",
+    show_default="default",
+    help="Namespace (one deployment; `redis-stats namespaces` lists them) [env: REDIS_STATS_NAMESPACE]. "
+    "Give it several times (or several names in the variable, space-separated) to serve each on this "
+    "port: ?namespace=NS, every series labelled redis_stats_namespace.",
+)
+@click.option(
+    "--all-namespaces",
+    is_flag=True,
+    help="Serve every namespace this Redis holds (found again every 30 s; needs +scan), as "
+    "several --namespace.",
+)
+@click.option(
+    "--max-namespaces",
+    default=64,
+    type=click.IntRange(1, 10_000),
+    help="The most namespaces served (--all-namespaces: the first in sorted order; the others are "
+    "logged and counted).",
+)
+@click.option("--engines", show_default="all", help="Only these engines, e.g. 0,1.")
+@click.option("--host", default="127.0.0.1", help="Address to listen on.")
+@click.option(
+    "--port", default=9400, type=click.IntRange(0, 65535), help="Port to listen on (0: any free port)."
+)
+@seconds_option(
+    "--gc-interval", 0, default=300.0, help="Seconds between retention runs (gc); 0 turns it off."
+)
+@seconds_option(
+    "--request-timeout",
+    0.1,
+    3600,
+    default=10.0,
+    help="Seconds an HTTP connection may stay silent (or take to send a response) before it is "
+    "closed, freeing its thread.",
+)
+@seconds_option(
+    "--window", 1, 3600, default=30.0, help="Seconds of recent load behind /snapshot's rates and quantiles."
+)
+@click.option(
+    "--max-connections",
+    default=64,
+    type=click.IntRange(1, 100_000),
+    help="HTTP connections served at once (a thread each); more are answered 503 with Retry-After.",
+)
+@click.option(
+    "--slice",
+    "slice_text",
+    default=None,
+    show_default="every engine",
+    metavar="I/N",
+    help="Serve only the engines e with e % N == I (one of N exporters, each its own Prometheus "
+    "target; the writers' self-metrics in slice 0). Or scrape one exporter with ?slice=I/N.",
+)
+@click.option(
+    "--window-budget",
+    default=64.0,
+    type=Finite(0, 1_000_000),
+    metavar="MB",
+    help="Megabytes (MiB) the snapshots behind /snapshot's window may keep (about 5 per snapshot at "
+    "1,024 vLLM engines); past it the oldest go and the window is the span that fits.",
+)
+@seconds_option(
+    "--load-refresh",
+    0.01,
+    60,
+    default=0.25,
+    help="Seconds between two reads of the load feed (/load), shared by every request.",
+)
+@click.option(
+    "--view-budget",
+    default=256.0,
+    type=click.FloatRange(0, 1_000_000),
+    metavar="MB",
+    help="Megabytes (MiB) the exporter may keep for requests' parameters (each ?slice= and ?endpoint= "
+    "asked: a reader and renderer; /snapshot windows); past it the least recently used go, and "
+    "whatever is unused for a minute.",
+)
+def exporter(
+    redis_url: str | None,
+    namespaces: tuple[str, ...],
+    all_namespaces: bool,
+    max_namespaces: int,
+    engines: str | None,
+    slice_text: str | None,
+    window_budget: float,
+    view_budget: float,
+    **serving: Any,
+) -> None:
+    """Serve /metrics (every engine), /snapshot (JSON), /load (routers) and /healthz from Redis:
+    of one namespace, of several (--namespace A --namespace B) or of all (--all-namespaces)."""
+    from redis_stats.integrations.bridge.roles import BRIDGE_ROLES
+    from redis_stats.integrations.vllm import vllm_catalog
+    from redis_stats.integrations.vllm.roles import VLLM_ROLES
+    from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY, VLLM_PAGE_HISTORY
+    from redis_stats.reader import EngineSlice, StatsReader
+    from redis_stats.server import Exporter
+    from redis_stats.tools.allocator import bound_arenas
+
+    bound_arenas()  # before any thread: a thread per connection spread freed memory over 16 arenas
+    if all_namespaces and click.get_current_context().get_parameter_source("namespaces") in (
+        click.core.ParameterSource.ENVIRONMENT,
+        click.core.ParameterSource.DEFAULT,
+    ):
+        namespaces = ()  # REDIS_STATS_NAMESPACE set for the other commands: --all-namespaces wins
+    several = _several_namespaces(namespaces, all_namespaces, max_namespaces, engines, slice_text)
+    # The reader's namespace: the one served, or the first (its client and catalogue serve all).
+    config = config_of(redis_url, namespaces[0] if namespaces else "default" if all_namespaces else None)
+    engine_list = _engines(engines)
+    part = None
+    if slice_text is not None:
+        try:
+            part = EngineSlice.parse(slice_text)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--slice") from None
+        if engine_list is not None:
+            raise click.UsageError("--slice and --engines both limit the view: give one")
+    # No I/O (a Cluster client too is built at first use): with Redis down the exporter starts
+    # and serves redis_stats_up 0, then the data once Redis answers.
+    reader = StatsReader(config, vllm_catalog())
+    # The other options (host, port, gc_interval, window, ...) are Exporter's, by the same names.
+    try:
+        server = Exporter(
+            reader,
+            engines=engine_list,
+            summary=VLLM_FLEET_SUMMARY,
+            history=VLLM_PAGE_HISTORY,
+            roles=VLLM_ROLES + BRIDGE_ROLES,  # the endpoint views' one series per family
+            self_metrics=True,
+            slice=part,
+            window_budget=int(window_budget * 2**20),
+            view_budget=int(view_budget * 2**20),
+            namespaces=several,
+            all_namespaces=all_namespaces,
+            max_namespaces=max_namespaces,
+            **serving,
+        )
+    except OSError as exc:
+        raise click.ClickException(
+            f"cannot listen on {serving['host']}:{serving['port']}: {exc.strerror or exc}\n  "
+            + (
+                "is another exporter (or the demo) running? Pick another --port, or --port 0 for any free one"
+                if exc.errno == errno.EADDRINUSE
+                else HOST_HINT
+            )
+        ) from None
+    stop = threading.Event()
+    with stop_on_signals(stop.set):
+        server.start()
+        served = (
+            "every namespace"
+            if all_namespaces
+            else f"namespaces {', '.join(several)}"
+            if several is not None
+            else repr(config.namespace)
+        )
+        click.echo(f"serving {served} from {config.safe_url} on {server.url}/metrics")
+        try:
+            while not stop.wait(0.25):
+                pass
+        finally:
+            server.close()
