@@ -96,7 +96,7 @@ browser-deps:
 
 # The live page (the exporter's /) in a real headless Chromium: 2, 10 and 1,024 engines.
 test-browser: $(STAMP) browser-deps
-	$(BIN)/python -m pytest -q tests/prometheus/test_web_page.py
+	$(BIN)/python -m pytest -q tests/server/test_web_page.py
 
 # ruff; mypy (strict on redis_stats/, see [tool.mypy]); the import contracts of [tool.importlinter];
 # then a report of the code's shape (radon): functions above complexity 10, files whose

@@ -30,7 +30,7 @@ from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY, VLLM_PAGE_
 from redis_stats.server import Exporter  # noqa: E402
 from redis_stats.tools.embedded import EmbeddedRedis  # noqa: E402
 from tests import browser, page_fleet  # noqa: E402
-from tests.prometheus import views  # noqa: E402
+from tests.server import states  # noqa: E402
 
 PAGE_METRICS = [
     "vllm:generation_tokens",
@@ -48,7 +48,7 @@ def document(exporter: Exporter, names: list[str] | None, buckets: bool = True) 
     times, size = [], 0
     for _ in range(5):
         started = time.perf_counter()
-        _, doc = views.snapshot_json(exporter, names, buckets)
+        _, doc = states.snapshot_json(exporter, names, buckets)
         body = json.dumps(doc, allow_nan=False).encode()
         times.append(time.perf_counter() - started)
         size = len(body)
@@ -69,7 +69,7 @@ def one(engines: int, polls: int) -> None:
         history=VLLM_PAGE_HISTORY,
     ).start()
     try:
-        views.snapshot_json(exporter)
+        states.snapshot_json(exporter)
         time.sleep(2)
         whole_s, whole_b = document(exporter, None)
         page_s, page_b = document(exporter, PAGE_METRICS, buckets=False)

@@ -44,7 +44,7 @@ from redis_stats.server import Exporter  # noqa: E402
 from redis_stats.server.states.load_feed import LoadFeed  # noqa: E402
 from redis_stats.tools.embedded import EmbeddedRedis  # noqa: E402
 from redis_stats.tools.simulate import SimulatedApiServer  # noqa: E402
-from tests.prometheus import views  # noqa: E402
+from tests.server import states  # noqa: E402
 
 CACHE = {"block_size": "16", "num_gpu_blocks": "4096", "gpu_memory_utilization": "0.9"}
 
@@ -136,25 +136,25 @@ def measure(url: str, engines: int, requests: int) -> dict[str, Any]:
     }
     quiet = Exporter(reader, port=0, load_refresh=3600).start()  # the baseline: no refresh meanwhile
     try:
-        views.load_feed(quiet).answer()
+        states.load_feed(quiet).answer()
         base, _, _ = http_latencies(quiet.port, requests, {"Accept-Encoding": "gzip"})
-        base_etag = views.load_feed(quiet).answer().etag
+        base_etag = states.load_feed(quiet).answer().etag
         base304, _, _ = http_latencies(quiet.port, requests, {"If-None-Match": base_etag})
     finally:
         quiet.close()
     exporter = Exporter(reader, port=0, load_refresh=0.25).start()
     try:
-        views.load_feed(exporter).answer()
+        states.load_feed(exporter).answer()
         answers = []
         for _ in range(20_000):
             t0 = time.perf_counter()
-            views.load_feed(exporter).answer()
+            states.load_feed(exporter).answer()
             answers.append(time.perf_counter() - t0)
         answers.sort()
         lat, status, size = http_latencies(exporter.port, requests, {"Accept-Encoding": "gzip"})
         assert status == 200
-        etag = views.load_feed(exporter).answer().etag
-        body = views.load_feed(exporter).answer().body
+        etag = states.load_feed(exporter).answer().etag
+        body = states.load_feed(exporter).answer().body
         lat304, status304, _ = http_latencies(
             exporter.port, requests, {"Accept-Encoding": "gzip", "If-None-Match": etag}
         )

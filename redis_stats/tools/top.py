@@ -82,7 +82,7 @@ def seconds(value: float | None) -> str:
 
     JavaScript's ``String(Number(x.toPrecision(3)))`` exactly: rounded half up on the float's
     exact value, then the shortest digits that read back as that float, positional from 1e-6 to
-    1e21 (``tests/prometheus/test_web_page.py`` compares both in Chromium)."""
+    1e21 (``tests/server/test_web_page.py`` compares both in Chromium)."""
     if value is None or math.isnan(value):
         return "-"
     if math.isinf(value):

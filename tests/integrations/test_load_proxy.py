@@ -29,7 +29,7 @@ from redis_stats.integrations.vllm.load import VLLM_LOAD
 from redis_stats.integrations.vllm.load_proxy import LoadProxy
 from tests import smg_decode
 from tests.helpers.vllm_rs import Engine, VllmRs
-from tests.integrations.test_get_load import Router, free_port, router_binary, sent_to
+from tests.routers.procs import Router, free_port, router_binary, sent_to
 
 pytestmark = pytest.mark.redis_server
 

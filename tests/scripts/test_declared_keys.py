@@ -28,7 +28,7 @@ from redis_stats.reader import EngineSlice
 from redis_stats.tools.embedded import binary_of_kind
 from tests.conftest import scripted_client
 from tests.keyaudit import KeyAudit
-from tests.prometheus.test_load_feed import LOAD, catalog, record
+from tests.server.test_load_feed import LOAD, catalog, record
 from tests.servers import refuses_multi_over_maxmemory
 
 pytestmark = pytest.mark.redis_server

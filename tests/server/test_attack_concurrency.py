@@ -23,7 +23,7 @@ from redis_stats import StatsConfig, StatsReader
 from redis_stats.integrations.vllm import vllm_catalog
 from redis_stats.integrations.vllm.roles import VLLM_ROLES
 from redis_stats.server import Exporter
-from tests.prometheus.test_concurrent_scrapes import VOLATILE, fast_thread_switches  # noqa: F401
+from tests.server.test_concurrent_scrapes import VOLATILE, fast_thread_switches  # noqa: F401
 from tests.server.test_kept_views import fleet
 
 pytestmark = pytest.mark.redis_server

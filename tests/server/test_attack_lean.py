@@ -22,7 +22,7 @@ from redis_stats.server import Exporter
 from redis_stats.server import exporter as exporter_module
 from redis_stats.server.http import Request, answer
 from redis_stats.server.kept import Kept
-from tests.prometheus.test_background_errors import Failing, _until
+from tests.background.test_background_errors import Failing, _until
 
 MODEL = "m"
 PROTOCOL = {r.family for r in VLLM_ROLES}

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis_stats import Catalog, StatsConfig, StatsReader, StatsWriter
 from redis_stats.server import Exporter
 from redis_stats.tools.cli import main
-from tests.prometheus.test_namespaces import get, own_redis, several, write  # noqa: F401
+from tests.server.test_namespaces import get, own_redis, several, write  # noqa: F401
 
 pytestmark = pytest.mark.redis_server
 

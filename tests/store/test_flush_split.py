@@ -17,8 +17,8 @@ import redis.asyncio
 from redis_stats import StatsConfig, StatsReader, StatsWriter
 from redis_stats._scripts import load_script
 from redis_stats.catalog import Catalog
-from tests.prometheus.test_load_feed import LOAD, record
-from tests.prometheus.test_load_feed import catalog as load_catalog
+from tests.server.test_load_feed import LOAD, record
+from tests.server.test_load_feed import catalog as load_catalog
 
 LIMIT = 3_999
 # 50,000 series, one chunk per engine: before the split one call of ~16,000 words (K = 1), or

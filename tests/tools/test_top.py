@@ -1,6 +1,6 @@
 """``redis-stats top`` at every width: which columns stay, and latencies written as the live page
 writes them (the page's own formatter is run in Chromium against :func:`top.seconds` in
-tests/prometheus/test_web_page.py)."""
+tests/server/test_web_page.py)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ one series per role for SGLang and TensorRT-LLM as it does for vLLM.
 SGLang's names are those of ``python -m sglang.launch_server --enable-metrics``; TensorRT-LLM's
 are the Triton TensorRT-LLM backend's (``nv_trt_llm_*``, series selected by label), as the
 endpoint picker's defaults for that server name them. Neither set is tested against a live
-server here: against families named so, by ``tests/prometheus/test_endpoint_views.py``.
+server here: against families named so, by ``tests/server/test_endpoint_views.py``.
 """
 
 from __future__ import annotations

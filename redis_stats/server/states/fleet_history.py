@@ -46,7 +46,7 @@ first and last included, 301): a short ``--window`` samples more often, and must
 history grow with it."""
 
 # A point is an array of doubles (its time and each figure, NaN for none) and a deque slot; measured
-# with tracemalloc (tests/prometheus/test_fleet_history.py keeps it honest).
+# with tracemalloc (tests/server/test_fleet_history.py keeps it honest).
 POINT_BYTES = 80
 FIGURE_BYTES = 8
 

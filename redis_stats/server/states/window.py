@@ -50,7 +50,7 @@ QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
 # What a kept snapshot costs in memory (CPython 3.11, 64-bit), by part: per engine (its objects and
 # dicts), per counter (a dict slot and its float; the series' key is shared with the reader's
 # plan), per histogram (its HistogramValue, dict slot and array) and per bucket (8 bytes in the
-# array). Measured with tracemalloc (tests/prometheus/test_snapshot_window.py keeps them honest).
+# array). Measured with tracemalloc (tests/server/test_snapshot_window.py keeps them honest).
 ENGINE_BYTES = 600
 COUNTER_BYTES = 60
 HISTOGRAM_BYTES = 200

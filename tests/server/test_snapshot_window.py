@@ -28,7 +28,7 @@ from redis_stats.server import Exporter
 from redis_stats.server.states.window import SnapshotRing, recent_document
 from redis_stats.tools.cli import main
 from tests.conftest import ROOT, sample_catalog
-from tests.prometheus import views
+from tests.server import states
 
 SCHEMA = json.loads((files("redis_stats") / "schemas" / "snapshot.schema.json").read_text())
 OPENMETRICS = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
@@ -295,7 +295,7 @@ def test_concurrent_snapshot_requests_all_valid_and_ring_stays_ordered_and_bound
         validate(doc)
         rate = doc["fleet"]["rates"]["tokens"]
         assert rate is None or rate >= 0  # never a negative rate from snapshots taken out of order
-    ring = views.window(server).ring
+    ring = states.window(server).ring
     times = [s.time for s, _size in ring._ring]
     assert times == sorted(times) and ring.bytes <= ring.max_bytes
     assert times[-1] - times[0] <= ring.keep
@@ -389,7 +389,7 @@ def test_the_window_keeps_one_snapshot_per_sampling_period_not_every_request(fle
     for _ in range(30):  # 3 s of requests every 0.1 s
         snapshot(server)
         time.sleep(0.1)
-    ring = views.window(server).ring
+    ring = states.window(server).ring
     times = [s.time for s, _size in ring._ring]
     gaps = [b - a for a, b in itertools.pairwise(times)]
     assert gaps and min(gaps) >= 0.9 * server.options.window / 6, gaps

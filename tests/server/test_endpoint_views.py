@@ -23,7 +23,7 @@ from redis_stats.integrations.bridge.roles import BRIDGE_ROLES
 from redis_stats.integrations.vllm import vllm_catalog
 from redis_stats.integrations.vllm.roles import VLLM_ROLES
 from redis_stats.server import Exporter
-from tests.prometheus import views
+from tests.server import states
 
 pytestmark = pytest.mark.redis_server
 
@@ -367,7 +367,7 @@ def test_asking_again_and_again_for_an_unknown_endpoint_reads_the_map_at_most_on
     pod.record()
     reader = StatsReader(cfg, catalog())
     exporter = Exporter(reader, port=0, roles=VLLM_ROLES).start()
-    mapping = views.endpoint_map(exporter)
+    mapping = states.endpoint_map(exporter)
     reads = []
     load = mapping.reader.load
     mapping.reader.load = lambda *a, **k: reads.append(1) or load(*a, **k)  # type: ignore[method-assign]

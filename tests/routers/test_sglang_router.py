@@ -12,9 +12,6 @@ to the light one, and follows when they swap."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import sys
 import time
 
 import pytest
@@ -23,15 +20,9 @@ from redis_stats import StatsConfig, StatsWriter
 from redis_stats.integrations.vllm import vllm_catalog
 from redis_stats.integrations.vllm.get_load import TTL, SGLangGetLoadMiddleware
 from redis_stats.integrations.vllm.load import VLLM_LOAD
-from tests.integrations.test_get_load import Router, StubWorker, sent_to
+from tests.routers.procs import Router, StubWorker, router_binary, sent_to
 
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
-
-
-def router_binary() -> str | None:
-    found = shutil.which("sglang-router")
-    here = os.path.join(os.path.dirname(sys.executable), "sglang-router")  # the venv's, not on PATH
-    return found or (here if os.path.exists(here) else None)
 
 
 class Pod:
@@ -67,7 +58,7 @@ class Pod:
 
 
 def test_sglang_router_power_of_two_routes_by_each_pods_used_tokens(redis_server, namespace, tmp_path):
-    binary = router_binary()
+    binary = router_binary("sglang-router")
     if binary is None:
         pytest.skip("sglang-router is not installed (the test extra installs 0.3.2 on Linux x86_64/aarch64)")
     cfg = StatsConfig(url=redis_server.url, namespace=namespace)

@@ -23,7 +23,7 @@ from redis_stats.ops.retention import collect_garbage
 from redis_stats.reader import EngineSlice
 from redis_stats.server import Exporter
 from tests.conftest import ROOT, scripted_client
-from tests.prometheus import views
+from tests.server import states
 
 pytestmark = pytest.mark.redis_server
 
@@ -586,7 +586,7 @@ def test_a_refresh_stuck_on_redis_answers_503_with_its_age_then_recovers(cfg):
     assert w.flush()
     reader = StatsReader(cfg)
     exporter = Exporter(reader, port=0, load_refresh=0.05).start()
-    feed = views.load_feed(exporter)
+    feed = states.load_feed(exporter)
     feed.max_age = 0.5  # (the default: 10 refreshes, at least 2 s)
     real, release = reader.load, threading.Event()
     try:
@@ -630,7 +630,7 @@ def test_a_refresher_nobody_asks_stops_and_the_next_request_waits_for_a_fresh_re
     assert w.flush()
     client = redis.Redis.from_url(cfg.url, decode_responses=True)
     exporter = Exporter(StatsReader(cfg), port=0, load_refresh=0.05).start()
-    feed = views.load_feed(exporter)
+    feed = states.load_feed(exporter)
     feed.idle = 0.5  # (the default: 60 s)
     try:
         first = json.loads(_get(exporter.port, "/load")[2])

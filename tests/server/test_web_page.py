@@ -29,8 +29,8 @@ from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY, VLLM_PAGE_
 from redis_stats.server import Exporter
 from redis_stats.tools.top import seconds
 from tests import browser, page_fleet
-from tests.prometheus import views
-from tests.prometheus.set_fleet import GROWING, growing
+from tests.server import states
+from tests.server.set_fleet import GROWING, growing
 from tests.vllm_shapes import iteration, scheduler
 
 CARDS = ["c-engines", "c-gen", "c-prompt", "c-running", "c-kv", "c-ttft", "c-itl"]
@@ -233,7 +233,7 @@ def fleet_page(redis_server, namespace) -> Iterator[Any]:
         )
         made.append(exporter.start())
         if warm:  # an exporter some client already asks: its window exists when the page opens
-            views.snapshot_json(exporter)
+            states.snapshot_json(exporter)
             time.sleep(3)  # a window of a few seconds (at least a tenth of the 10 s one)
         page = Page(exporter)
         made.append(page)
@@ -407,7 +407,7 @@ def test_on_first_open_the_fleet_charts_are_drawn_from_the_exporters_history(con
     try:
         for i in range(30):  # a router asking every 10 s, the last 10 s ago
             clock[0] = start + 10 * i
-            assert views.snapshot_json(exporter, buckets=False)[0] == 200
+            assert states.snapshot_json(exporter, buckets=False)[0] == 200
         clock[0] = None
         page = Page(exporter)
         page.wait("a first poll", "return (window.__renders || []).length >= 1", 20)

@@ -31,8 +31,8 @@ from redis_stats.server.states.window import recent_document
 from redis_stats.snapshot import Snapshot
 from redis_stats.tools.embedded import EmbeddedRedis
 from tests.conftest import ROOT
-from tests.prometheus import views
-from tests.prometheus.set_fleet import (
+from tests.server import states
+from tests.server.set_fleet import (
     CAT,
     EXPECTED,
     GEN,
@@ -226,7 +226,7 @@ def test_history_counts_in_the_view_budget_and_goes_with_the_window_when_nobody_
     exporter = set_exporter(reads, view_idle=0.5, self_metrics=True)
     for _ in range(3):
         get(exporter, "/snapshot")
-    window = views.window(exporter)
+    window = states.window(exporter)
     assert len(window.history) == 3
     assert exporter.app.kept.bytes_by_kind()["window"] == window.ring.bytes + window.history.bytes
     time.sleep(0.7)

@@ -13,7 +13,7 @@ import time
 from redis_stats import StatsReader
 from redis_stats.server import Exporter
 from tests.conftest import sample_catalog
-from tests.prometheus import views
+from tests.server import states
 
 
 def _exporter(config, fake_client, timeout: float) -> Exporter:
@@ -209,7 +209,7 @@ def test_concurrent_first_snapshot_requests_start_one_sampler(config, fake_clien
 
             def first_request(exporter: Exporter = exporter, barrier: threading.Barrier = barrier) -> None:
                 barrier.wait()
-                views.window(exporter).asked()
+                states.window(exporter).asked()
 
             threads = [threading.Thread(target=first_request) for _ in range(6)]
             for t in threads:

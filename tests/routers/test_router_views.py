@@ -21,7 +21,7 @@ from redis_stats.integrations.vllm import vllm_catalog
 from redis_stats.integrations.vllm.load import load_map_for
 from redis_stats.server import Exporter
 from tests import smg_decode
-from tests.prometheus.test_endpoint_views import picker_read
+from tests.server.test_endpoint_views import picker_read
 
 pytestmark = pytest.mark.redis_server
 

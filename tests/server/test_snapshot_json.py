@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from redis_stats import Catalog, RedisCollector, StatsConfig, StatsReader, StatsWriter
 from redis_stats.server import Exporter
 from redis_stats.snapshot import EngineSnapshot, HistogramValue, Snapshot, WriterInfo
-from tests.prometheus import views
+from tests.server import states
 
 
 def _refuse(constant: str) -> float:
@@ -60,7 +60,7 @@ def _values(doc: dict, kind: str) -> dict:
 def test_snapshot_is_strict_json_with_non_finite_values_as_prometheus_strings(infinite):
     exporter = Exporter(StatsReader(infinite, _catalog()), port=0).start()
     try:
-        status, doc = views.snapshot_json(exporter)
+        status, doc = states.snapshot_json(exporter)
         assert status == 200
         text = json.dumps(doc, allow_nan=False)  # raised ValueError before
         with urllib.request.urlopen(f"{exporter.url}/snapshot", timeout=10) as resp:

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis_stats import StatsConfig, StatsReader, StatsWriter
 from redis_stats.server import Exporter
 from tests.conftest import sample_catalog
-from tests.prometheus import views
+from tests.server import states
 
 ENGINES = range(16)
 SCRAPERS = 4
@@ -133,7 +133,7 @@ def test_concurrent_scrapes_are_complete_and_equal_a_lone_scrape(
             record()
 
     try:
-        reference = views.source(exporter).collector.render_text()
+        reference = states.source(exporter).collector.render_text()
         reference_series = {s for s, _ in series_lines(reference)}
         assert not problems(reference, reference_series)
         writing = threading.Thread(target=keep_writing)
@@ -148,7 +148,7 @@ def test_concurrent_scrapes_are_complete_and_equal_a_lone_scrape(
         assert not bad, bad[0][1][:5]
 
         # The data stands still now: every body equals one scraped alone, byte for byte.
-        alone = static_part(views.source(exporter).collector.render_text())
+        alone = static_part(states.source(exporter).collector.render_text())
         still = scrape_for(exporter.url, 4.0)
         differ = [b for b in still if static_part(b) != alone]
         print(f"static data: {len(differ)} of {len(still)} bodies differ from a lone scrape")

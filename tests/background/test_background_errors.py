@@ -1,7 +1,7 @@
 """No background thread or task dies (issue 32): an exception nobody foresaw in the writer's
 flusher (threaded and asyncio), the lease keeper, the reporter, the exporter's gc and window
 loops is counted (``redis_stats_background_errors_total{thread,kind}``), logged once, and the
-loop goes on with its next round. (The ``/load`` refresher: tests/prometheus/test_load_feed.py.)"""
+loop goes on with its next round. (The ``/load`` refresher: tests/server/test_load_feed.py.)"""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from redis_stats import StatsConfig, StatsReader, StatsWriter
-from redis_stats._core.lease import LeaseState
 from redis_stats.aio import AsyncLeaseLeader, AsyncStatsReader, AsyncStatsReporter, AsyncStatsWriter
 from redis_stats.background import background_errors
 from redis_stats.connection import make_async_client, make_client
@@ -24,7 +23,7 @@ from redis_stats.leader import LeaseLeader
 from redis_stats.reporting import StatsReporter
 from redis_stats.server import Exporter
 from tests.conftest import sample_catalog
-from tests.prometheus import views
+from tests.server import states
 
 pytestmark = pytest.mark.redis_server
 
@@ -99,33 +98,36 @@ async def test_the_asyncio_flusher_task_survives_an_exception_and_goes_on(cfg):
     assert await writer.close()
 
 
-def _failing_renewals(monkeypatch: pytest.MonkeyPatch, exc: type[Exception], times: int) -> None:
-    """The lease's first *times* renewals (every keeper's) raise *exc*."""
-    real, left = LeaseState.renewal, [times]
+def _failing_renewals(leader: type[Any], exc: type[Exception], times: int) -> type[Any]:
+    """*leader* (the lease keeper's class, threaded or asyncio) whose first *times* renewals raise
+    *exc*, as a bug inside the keeper's unit of work would."""
 
-    def renewal(self: LeaseState) -> Any:
-        if left[0] > 0:
-            left[0] -= 1
-            raise exc("injected")
-        return real(self)
+    class FailingRenewals(leader):  # type: ignore[misc, valid-type]
+        left = times
 
-    monkeypatch.setattr(LeaseState, "renewal", renewal)
+        def renew(self) -> Any:
+            if self.left > 0:
+                self.left -= 1
+                raise exc("injected")
+            return super().renew()  # the asyncio keeper's: a coroutine, awaited by its task
+
+    return FailingRenewals
 
 
-def test_the_lease_keeper_survives_an_exception_and_goes_on(cfg, monkeypatch):
+def test_the_lease_keeper_survives_an_exception_and_goes_on(cfg):
     before = _count("lease", "KeyError")
-    _failing_renewals(monkeypatch, KeyError, 2)
-    leader = LeaseLeader(make_client(cfg), Keys(cfg.namespace), "keeper", ttl=0.6)
+    keeper = _failing_renewals(LeaseLeader, KeyError, 2)
+    leader = keeper(make_client(cfg), Keys(cfg.namespace), "keeper", ttl=0.6)
     assert _until(leader.is_leader), "the lease keeper stopped"
     assert leader._thread is not None and leader._thread.is_alive()
     assert _count("lease", "KeyError") == before + 2
     leader.close()
 
 
-async def test_the_asyncio_lease_task_survives_an_exception_and_goes_on(cfg, monkeypatch):
+async def test_the_asyncio_lease_task_survives_an_exception_and_goes_on(cfg):
     before = _count("lease", "IndexError")
-    _failing_renewals(monkeypatch, IndexError, 2)
-    leader = AsyncLeaseLeader(make_async_client(cfg), Keys(cfg.namespace), "keeper", ttl=0.6)
+    keeper = _failing_renewals(AsyncLeaseLeader, IndexError, 2)
+    leader = keeper(make_async_client(cfg), Keys(cfg.namespace), "keeper", ttl=0.6)
     leader.start()
     deadline = time.monotonic() + 5
     while not leader.is_leader() and time.monotonic() < deadline:
@@ -199,7 +201,7 @@ def test_the_exporters_gc_and_window_loops_survive_and_every_error_is_served(cfg
         assert _until(lambda: gc_runs.calls >= 4), "the gc loop stopped"
         samples = Failing(reader.snapshot, AttributeError, times=2)
         reader.snapshot = samples  # type: ignore[method-assign]
-        views.window(exporter).asked()  # a sample every window / 6 = 0.05 s
+        states.window(exporter).asked()  # a sample every window / 6 = 0.05 s
         assert _until(lambda: samples.calls >= 4), "the window loop stopped"
         text = _metrics(exporter.port)
     finally:

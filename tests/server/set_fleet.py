@@ -1,5 +1,5 @@
 """Fleets whose every number is set, as a reader's snapshots: for the exporter's history of the
-live page's charts (tests/prometheus/test_fleet_history.py) and the page drawn from it
+live page's charts (tests/server/test_fleet_history.py) and the page drawn from it
 (test_web_page.py)."""
 
 from __future__ import annotations

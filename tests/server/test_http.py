@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 from redis_stats import StatsReader, StatsWriter
 from redis_stats.server import Exporter
 from tests.conftest import sample_catalog
-from tests.prometheus import views
+from tests.server import states
 
 PATHS = ["/metrics", "/snapshot", "/healthz", "/no-such-path"]
 # What Prometheus 2.x/3.x sends by default: OpenMetrics first.
@@ -132,7 +132,7 @@ def reference_openmetrics(exporter: Exporter) -> str:
     """prometheus_client's own OpenMetrics writer over the collector's collect()."""
     from prometheus_client.openmetrics.exposition import generate_latest
 
-    return generate_latest(views.source(exporter).collector).decode()
+    return generate_latest(states.source(exporter).collector).decode()
 
 
 def same_openmetrics(fast: str, reference: str) -> None:
