@@ -112,13 +112,13 @@ STORED = {
 def test_killed_writers_are_judged_by_their_own_value_or_the_one_default_and_gc_agrees(
     redis_server, namespace, python_env, monkeypatch
 ):
-    from redis_stats._core.read import liveness
+    from redis_stats import config
     from redis_stats.ops.retention import collect_garbage
     from tests.conftest import PYTHON, ROOT
 
     # The default (30 s, stale_after's) shortened for the test; readers and gc read it alike.
     default = 3.0
-    monkeypatch.setattr(liveness, "DEFAULT_MS", default * 1000, raising=False)
+    monkeypatch.setattr(config, "DEFAULT_STALE_AFTER", default)
     victims = [
         subprocess.Popen(
             [PYTHON, "-m", "tests.helpers.killable_writer", redis_server.url, namespace, str(e)],

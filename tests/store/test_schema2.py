@@ -268,10 +268,9 @@ def test_chunks_stay_exact_across_chunk_boundaries_lost_replies_and_writers(
 ):
     """Up to 150 series per engine in chunks of 8, two writers, flushes whose reply is lost (applied,
     then retried) or that fail (not applied, then retried): every count lands exactly once."""
-    from redis_stats import Catalog
-    from redis_stats._core.write import chunks
+    from redis_stats import Catalog, codec
 
-    monkeypatch.setattr(chunks, "CHUNK_SIZE", 8)  # many chunks per engine: boundaries everywhere
+    monkeypatch.setattr(codec, "CHUNK_SIZE", 8)  # many chunks per engine: boundaries everywhere
     client = fake_client()
     client.flushall()
     cat = Catalog()

@@ -16,11 +16,11 @@ What Redis holds is checked as the writer's own config is (:func:`declared`): a 
 that is not a number, or outside what ``StatsConfig`` accepts for ``stale_after``
 (:data:`~redis_stats.config.MIN_STALE_AFTER` to :data:`~redis_stats.config.MAX_STALE_AFTER`), is
 not used; a writer without a usable value (garbage, an older version, its stats hash lost) is
-judged by :data:`DEFAULT_MS`, ``stale_after``'s default — never by another writer's value
-(:func:`judged_ms`). gc (``ops/retention.py``, gc.lua) judges each writer by the same function,
-so gc never removes a writer a reader calls live. An engine none of whose writers is known (the
-writers' list unreadable) is judged by the largest usable value of the read, or the reader's own
-setting when there is none.
+judged by ``stale_after``'s default (:data:`~redis_stats.config.DEFAULT_STALE_AFTER`) — never by
+another writer's value (:func:`judged_ms`). gc (``ops/retention.py``, gc.lua) judges each writer
+by the same function, so gc never removes a writer a reader calls live. An engine none of whose
+writers is known (the writers' list unreadable) is judged by the largest usable value of the
+read, or the reader's own setting when there is none.
 
 A stored ``stale_ms`` below the same writer's stored ``flush_ms`` (its flush interval) is not
 usable either (``StatsConfig`` refuses a ``stale_after`` shorter than ``flush_interval``): such a
@@ -52,16 +52,15 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from redis_stats import config
 from redis_stats.codec import ENDPOINT_FIELD, FLUSH_FIELD, STALE_FIELD
-from redis_stats.config import DEFAULT_STALE_AFTER, MAX_STALE_AFTER, MIN_STALE_AFTER, is_endpoint
+from redis_stats.config import MAX_STALE_AFTER, MIN_STALE_AFTER, is_endpoint
 
 UP, STALE, DOWN = "up", "stale", "down"
 """An engine's states (:meth:`Liveness.engine_state`)."""
 
 MIN_MS = MIN_STALE_AFTER * 1000
 MAX_MS = MAX_STALE_AFTER * 1000
-DEFAULT_MS = DEFAULT_STALE_AFTER * 1000
-"""What a writer without a usable ``stale_ms`` is judged by (ms)."""
 
 DEFAULT_FLUSH_MS = 1000.0
 """The flush interval (ms) a writer that stored no usable ``flush_ms`` is taken to flush at
@@ -100,9 +99,10 @@ def declared(stale_text: Any, flush_text: Any) -> tuple[float | None, float | No
 def judged_ms(declared: float | None) -> float:
     """How long (ms) a writer may stay silent and still be live, given what it declared
     (:func:`declared` of its stored ``stale_ms``; None: nothing usable): that, else
-    :data:`DEFAULT_MS`. Readers (:meth:`Liveness.stale_ms`) and gc
+    ``stale_after``'s default, :data:`~redis_stats.config.DEFAULT_STALE_AFTER` (read here, at each
+    judgement: the one setting readers and gc share). Readers (:meth:`Liveness.stale_ms`) and gc
     (:func:`redis_stats.ops.namespaces.judged_stale`) both judge every writer by this."""
-    return DEFAULT_MS if declared is None else declared
+    return config.DEFAULT_STALE_AFTER * 1000 if declared is None else declared
 
 
 class Liveness:

@@ -28,9 +28,9 @@ from collections.abc import Callable
 from operator import attrgetter
 from typing import Any, NamedTuple
 
+from redis_stats import codec
 from redis_stats.catalog import COUNTER, GAUGE, HISTOGRAM
 from redis_stats.codec import (
-    CHUNK_SIZE,
     chunk_lines,
     chunk_text,
     counter_text,
@@ -246,7 +246,8 @@ class Totals:
         state = self._engines.get(engine)
         if state is None:
             state = self._engines[engine] = _Engine()
-        if not state.chunks or len(state.chunks[-1].series) >= CHUNK_SIZE:
+        # codec.CHUNK_SIZE read here, not bound at import: the stored format's one setting
+        if not state.chunks or len(state.chunks[-1].series) >= codec.CHUNK_SIZE:
             state.chunks.append(Chunk(self, engine, len(state.chunks)))
         chunk = series.chunk = state.chunks[-1]
         state.series[series.field] = series
