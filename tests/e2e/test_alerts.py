@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -35,11 +34,10 @@ import redis
 from redis_stats.tools.embedded import EmbeddedRedis
 
 from ..conftest import ROOT
-from .test_prometheus import Fleet, PromQL, free_port, get, wait_for
+from .prometheus import Fleet, PromQL, free_port, get, needs_prometheus, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis_server, pytest.mark.slow]
 
-PROMETHEUS = shutil.which("prometheus")
 RULES = ROOT / "deploy" / "prometheus" / "redis-stats-alerts.yaml"
 FIRE_WITHIN = 240.0  # the longest for: of the alerts fired here (2m) plus the signal's own delay
 RESOLVE_WITHIN = 60.0
@@ -120,7 +118,7 @@ def wait_until(what: str, check, timeout: float, every: float = 1.0, seen=lambda
         time.sleep(every)
 
 
-@pytest.mark.skipif(PROMETHEUS is None, reason="no prometheus (make test-e2e installs it)")
+@needs_prometheus
 def test_the_shipped_alerts_fire_on_real_faults_and_resolve_when_they_end(python_env, tmp_path):
     fleet = Fleet(tmp_path)
     stores: list[Store] = []
@@ -137,7 +135,6 @@ def test_the_shipped_alerts_fire_on_real_faults_and_resolve_when_they_end(python
         killed.writers[2].send_signal(signal.SIGTERM)  # a scale-in: closed, never an alert
         killed.writers[2].wait(10)
 
-        prom_port = free_port()
         config = {
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(RULES)],
@@ -145,20 +142,7 @@ def test_the_shipped_alerts_fire_on_real_faults_and_resolve_when_they_end(python
                 {"job_name": s.name, "static_configs": [{"targets": [s.target]}]} for s in stores
             ],
         }
-        (tmp_path / "prometheus.yml").write_text(json.dumps(config))
-        prom = fleet.start(
-            [
-                PROMETHEUS,
-                f"--config.file={tmp_path / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{prom_port}",
-                "--log.level=warn",
-            ],
-            dict(os.environ),
-            "prometheus",
-        )
-        wait_for(f"http://127.0.0.1:{prom_port}/-/ready", "prometheus", prom)
-        api = PromQL(f"http://127.0.0.1:{prom_port}")
+        api = fleet.prometheus(config)
         wait_until(
             "every exporter scraped with its engines up",
             lambda: (

@@ -40,7 +40,7 @@ from redis_stats import StatsConfig, StatsReader
 from redis_stats.integrations.vllm import vllm_catalog
 
 from . import grafana
-from .test_prometheus import PROMETHEUS, Fleet, PromQL, free_port, get, wait_for
+from .prometheus import Fleet, PromQL, free_port, get, needs_prometheus, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis_server, pytest.mark.slow]
 
@@ -157,7 +157,7 @@ def _values(result: list, ns: str, by: str | None) -> dict[str, float]:
     return found
 
 
-@pytest.mark.skipif(PROMETHEUS is None, reason="no prometheus (make test-e2e installs it)")
+@needs_prometheus
 def test_every_dashboard_panel_answers_in_every_layout(redis_server, python_env, tmp_path: Path):
     pid = os.getpid()
     ns_a, ns_b = f"e2e.layouts{pid}", f"e2e-other{pid}"  # a '.', which Grafana regex-escapes
@@ -200,21 +200,7 @@ def test_every_dashboard_panel_answers_in_every_layout(redis_server, python_env,
         ports["exporter_a"] = exporter(ns_a)
         ports["several"] = exporter(ns_a, "--namespace", ns_a, "--namespace", ns_b)
         ports["slice_exporters"] = [exporter(ns_a, "--slice", f"{i}/2") for i in range(2)]
-        (tmp_path / "prometheus.yml").write_text(json.dumps(_scrape_config(ports)))
-        prom_port = free_port()
-        prom = fleet.start(
-            [
-                PROMETHEUS,
-                f"--config.file={tmp_path / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{prom_port}",
-                "--log.level=warn",
-            ],
-            dict(os.environ),
-            "prometheus",
-        )
-        api = PromQL(f"http://127.0.0.1:{prom_port}")
-        wait_for(f"{api.base}/-/ready", "prometheus", prom)
+        api = fleet.prometheus(_scrape_config(ports))
         targets = 1 + SLICES + 2 + len(NODES_A) + 1
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

@@ -11,9 +11,7 @@ gets the two jobs of the HA layout, with the metric relabelings read from its re
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -30,12 +28,11 @@ from tests.conftest import sample_catalog
 
 from ..conftest import ROOT
 from ..tools.test_kubernetes import ha_scrapes
+from .prometheus import Fleet, free_port, needs_prometheus, wait_for
 from .test_alerts import wait_until
-from .test_prometheus import Fleet, PromQL, free_port, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis_server, pytest.mark.slow]
 
-PROMETHEUS = shutil.which("prometheus")
 STORE_SERIES = "requests_total"  # the test catalogue's counter, summed over engines
 
 
@@ -93,7 +90,7 @@ class Service:
         self._listener.close()
 
 
-@pytest.mark.skipif(PROMETHEUS is None, reason="no prometheus (make test-e2e installs it)")
+@needs_prometheus
 def test_two_replicas_over_one_store_never_double_a_total(python_env, tmp_path):
     sc, sm, _ = ha_scrapes()
     service_relabel = [
@@ -157,7 +154,6 @@ def test_two_replicas_over_one_store_never_double_a_total(python_env, tmp_path):
 
         wait_until("both replicas' /load the same", etags, 10)
 
-        prom_port = free_port()
         config = {
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
             "scrape_configs": [
@@ -173,20 +169,7 @@ def test_two_replicas_over_one_store_never_double_a_total(python_env, tmp_path):
                 },
             ],
         }
-        (tmp_path / "prometheus.yml").write_text(json.dumps(config))
-        prom = fleet.start(
-            [
-                PROMETHEUS,
-                f"--config.file={tmp_path / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{prom_port}",
-                "--log.level=warn",
-            ],
-            dict(os.environ),
-            "prometheus",
-        )
-        wait_for(f"http://127.0.0.1:{prom_port}/-/ready", "prometheus", prom)
-        api = PromQL(f"http://127.0.0.1:{prom_port}")
+        api = fleet.prometheus(config)
         time.sleep(20)  # twenty scrapes of each job, each Service scrape by one replica or the other
 
         # Each replica answered some of the Service's scrapes: its own count, in its own job.

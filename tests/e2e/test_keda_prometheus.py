@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 import urllib.parse
 from pathlib import Path
@@ -28,7 +27,7 @@ from redis_stats.integrations.vllm.load import VLLM_LOAD
 from redis_stats.server import Exporter
 
 from ..conftest import ROOT
-from .test_prometheus import PROMETHEUS, Fleet, free_port, get, wait_for
+from .prometheus import Fleet, get, needs_prometheus
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis_server, pytest.mark.slow]
 
@@ -84,7 +83,7 @@ def until(what: str, check, timeout: float = 20) -> None:
         time.sleep(0.5)
 
 
-@pytest.mark.skipif(PROMETHEUS is None, reason="no prometheus (make test-e2e installs it)")
+@needs_prometheus
 def test_the_manifests_query_reads_the_fleets_waiting_requests_from_a_real_prometheus(
     redis_server, namespace, tmp_path: Path
 ):
@@ -106,21 +105,7 @@ def test_the_manifests_query_reads_the_fleets_waiting_requests_from_a_real_prome
                 {"job_name": "several", "static_configs": [{"targets": [both.url.removeprefix("http://")]}]},
             ],
         }
-        (tmp_path / "prometheus.yml").write_text(json.dumps(config))
-        port = free_port()
-        prom = fleet.start(
-            [
-                PROMETHEUS,
-                f"--config.file={tmp_path / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-            ],
-            dict(os.environ),
-            "prometheus",
-        )
-        base = f"http://127.0.0.1:{port}"
-        wait_for(f"{base}/-/ready", "prometheus", prom)
+        base = fleet.prometheus(config).base
         until("the fleet's 15 waiting", lambda: keda_query(base, meta) == 15 or keda_query(base, meta))
         assert math.ceil(15 / float(meta["threshold"])) == 4
         dying.close()  # an engine shut down: the next scrape has it out

@@ -20,29 +20,21 @@ import json
 import math
 import os
 import re
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
-from pathlib import Path
 
 import pytest
 
 from redis_stats.integrations.vllm import vllm_catalog
 from redis_stats.snapshot import HistogramValue
 
-from ..conftest import ROOT
 from . import grafana
+from .prometheus import PROMETHEUS, PROMTOOL, Fleet, free_port, get, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis_server, pytest.mark.slow]
 
-PROMETHEUS = shutil.which("prometheus")
-PROMTOOL = shutil.which("promtool")
 LOAD_SECONDS = 36  # > the exporter's 30 s /snapshot window, and the 20 s PromQL window after 13 s
 # PromQL rate window: well inside the scrapes (Prometheus starts a few seconds after the load, and
 # rate() extrapolates only half an interval past the first sample of a window that starts earlier).
@@ -59,86 +51,6 @@ VLLM_LINT = re.compile(
 )
 # promtool's exit codes: 0 clean, 3 lint problems only; anything else is an error (a bad body).
 LINT_ONLY = (0, 3)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def get(url: str, timeout: float = 5) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return resp.read()
-
-
-def wait_for(url: str, what: str, proc: subprocess.Popen, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"{what} exited with {proc.returncode}")
-        try:
-            get(url, timeout=1)
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise AssertionError(f"{what} did not answer {url} within {timeout} s")
-
-
-class Fleet:
-    """The processes of one run; every one stopped by pid."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, args: list[str], env: dict[str, str], name: str) -> subprocess.Popen:
-        log = open(self.tmp / f"{name}.log", "w")
-        proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-        self.procs.append(proc)
-        return proc
-
-    def stop(self) -> None:
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-class PromQL:
-    def __init__(self, base: str) -> None:
-        self.base = base
-
-    def query(self, expr: str, at: float | None = None) -> list[dict]:
-        params = {"query": expr}
-        if at is not None:
-            params["time"] = f"{at:.3f}"
-        try:
-            doc = json.loads(get(f"{self.base}/api/v1/query?{urllib.parse.urlencode(params)}"))
-        except urllib.error.HTTPError as exc:  # a PromQL error: 400 or 422, its message in the body
-            raise AssertionError(f"{expr}: {exc.code} {exc.read().decode(errors='replace')}") from None
-        assert doc["status"] == "success", (expr, doc)
-        return doc["data"]["result"]
-
-    def label_values(self, grafana_query: str) -> set[str]:
-        """What Grafana's ``label_values(selector, label)`` lists, from /api/v1/series."""
-        m = re.fullmatch(r"label_values\((.+), (\w+)\)", grafana_query)
-        assert m, grafana_query
-        url = f"{self.base}/api/v1/series?{urllib.parse.urlencode({'match[]': m.group(1)})}"
-        doc = json.loads(get(url))
-        return {series[m.group(2)] for series in doc["data"] if m.group(2) in series}
-
-    def by(self, expr: str, label: str, at: float | None = None) -> dict[str, float]:
-        return {r["metric"].get(label, ""): float(r["value"][1]) for r in self.query(expr, at)}
-
-    def scalar(self, expr: str, at: float | None = None) -> float:
-        (result,) = self.query(expr, at)
-        return float(result["value"][1])
 
 
 def truth_at(history: list, t: float) -> dict[str, int]:
@@ -209,7 +121,6 @@ def test_real_prometheus_answers_match_the_writers_totals(redis_server, python_e
         first = json.loads(get(snapshot_url))  # starts the exporter's window sampler
         assert first["window"]["seconds"] is None
 
-        prom_port = free_port()
         config = {
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
             "scrape_configs": [
@@ -220,21 +131,7 @@ def test_real_prometheus_answers_match_the_writers_totals(redis_server, python_e
                 },
             ],
         }
-        (tmp_path / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
-        prom = fleet.start(
-            [
-                PROMETHEUS,
-                f"--config.file={tmp_path / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{prom_port}",
-                "--storage.tsdb.retention.time=1h",
-                "--log.level=warn",
-            ],
-            dict(os.environ),
-            "prometheus",
-        )
-        wait_for(f"http://127.0.0.1:{prom_port}/-/ready", "prometheus", prom)
-        api = PromQL(f"http://127.0.0.1:{prom_port}")
+        api = fleet.prometheus(config, "--storage.tsdb.retention.time=1h")
 
         # promtool on a scrape of each view (while the load runs, so every family has samples).
         time.sleep(3)

@@ -26,7 +26,7 @@ from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
 from redis_stats.prometheus.filters import PER_SCRAPE
 from redis_stats.tools.simulate import SimulatedApiServer
 
-from .test_prometheus import PROMETHEUS, Fleet, free_port, get, wait_for
+from .prometheus import Fleet, free_port, get, needs_prometheus, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis_server, pytest.mark.slow]
 
@@ -69,7 +69,7 @@ def _series(api: str, job: str) -> dict[tuple, float]:
     return out
 
 
-@pytest.mark.skipif(PROMETHEUS is None, reason="no prometheus (make test-e2e installs it)")
+@needs_prometheus
 def test_the_slices_scraped_by_prometheus_are_the_whole_view(redis_server, python_env, tmp_path: Path):
     namespace = f"e2e-slices{os.getpid()}"
     writers = _fill(redis_server.url, namespace)
@@ -106,21 +106,7 @@ def test_the_slices_scraped_by_prometheus_are_the_whole_view(redis_server, pytho
                 },
             ],
         }
-        (tmp_path / "prometheus.yml").write_text(json.dumps(config))
-        prom_port = free_port()
-        prom = fleet.start(
-            [
-                PROMETHEUS,
-                f"--config.file={tmp_path / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{prom_port}",
-                "--log.level=warn",
-            ],
-            dict(os.environ),
-            "prometheus",
-        )
-        api = f"http://127.0.0.1:{prom_port}"
-        wait_for(f"{api}/-/ready", "prometheus", prom)
+        api = fleet.prometheus(config).base
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             doc = json.loads(get(f"{api}/api/v1/query?query=up"))
