@@ -57,6 +57,17 @@ def sample_catalog() -> Catalog:
     return cat
 
 
+def four_kinds_catalog() -> Catalog:
+    """A labelled counter ``c``, a float counter ``f``, a summed gauge ``g`` and a histogram ``h``: the
+    smallest catalogue of every kind a flush packs."""
+    cat = Catalog()
+    cat.counter("c", "c", labels=["i"])
+    cat.counter("f", "float counter")
+    cat.gauge("g", "g", mode="sum")
+    cat.histogram("h", "h", buckets=[1.0, 2.0])
+    return cat
+
+
 @pytest.fixture
 def catalog() -> Catalog:
     return sample_catalog()

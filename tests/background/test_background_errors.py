@@ -23,6 +23,7 @@ from redis_stats.leader import LeaseLeader
 from redis_stats.reporting import StatsReporter
 from redis_stats.server import Exporter
 from tests.conftest import sample_catalog
+from tests.probes import until
 from tests.server import states
 
 pytestmark = pytest.mark.redis_server
@@ -35,15 +36,6 @@ def cfg(redis_server, namespace) -> StatsConfig:
 
 def _count(thread: str, kind: str) -> int:
     return background_errors().get((thread, kind), 0)
-
-
-def _until(check: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 class Failing:
@@ -74,7 +66,7 @@ def test_the_flusher_thread_survives_an_exception_and_goes_on(cfg, caplog):
         writer.start()
         writer.counter("tokens").labels(engine=0).inc(5)
         # the old thread died at the first one: nothing recorded after reached Redis
-        assert _until(lambda: _tokens(cfg) == 5), "the flusher stopped"
+        assert until(lambda: _tokens(cfg) == 5), "the flusher stopped"
     assert writer._thread is not None and writer._thread.is_alive()
     assert _count("flusher", "ZeroDivisionError") == before + 3
     logged = [r for r in caplog.records if "background flusher: ZeroDivisionError" in r.getMessage()]
@@ -118,7 +110,7 @@ def test_the_lease_keeper_survives_an_exception_and_goes_on(cfg):
     before = _count("lease", "KeyError")
     keeper = _failing_renewals(LeaseLeader, KeyError, 2)
     leader = keeper(make_client(cfg), Keys(cfg.namespace), "keeper", ttl=0.6)
-    assert _until(leader.is_leader), "the lease keeper stopped"
+    assert until(leader.is_leader), "the lease keeper stopped"
     assert leader._thread is not None and leader._thread.is_alive()
     assert _count("lease", "KeyError") == before + 2
     leader.close()
@@ -158,7 +150,7 @@ def test_the_reporter_thread_survives_an_exception_and_goes_on(cfg, caplog):
     reporter = StatsReporter(StatsReader(cfg, sample_catalog()), Rank0Leader([0]), lines=lines, interval=0.05)
     with caplog.at_level(logging.INFO, "redis_stats.reporter"):
         reporter.start()
-        assert _until(lambda: lines.calls >= 4), "the reporter stopped"
+        assert until(lambda: lines.calls >= 4), "the reporter stopped"
     assert any(r.getMessage() == "interval 3" for r in caplog.records)
     assert _count("reporter", "OverflowError") == before + 2
     reporter.close()
@@ -198,11 +190,11 @@ def test_the_exporters_gc_and_window_loops_survive_and_every_error_is_served(cfg
     reader = StatsReader(cfg, sample_catalog())
     exporter = Exporter(reader, port=0, gc_interval=0.05, window=0.3, self_metrics=True).start()
     try:
-        assert _until(lambda: gc_runs.calls >= 4), "the gc loop stopped"
+        assert until(lambda: gc_runs.calls >= 4), "the gc loop stopped"
         samples = Failing(reader.snapshot, AttributeError, times=2)
         reader.snapshot = samples  # type: ignore[method-assign]
         states.window(exporter).asked()  # a sample every window / 6 = 0.05 s
-        assert _until(lambda: samples.calls >= 4), "the window loop stopped"
+        assert until(lambda: samples.calls >= 4), "the window loop stopped"
         text = _metrics(exporter.port)
     finally:
         exporter.close()

@@ -8,7 +8,6 @@ definitions where the shapes match; and, with the load feed's map, its engines' 
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
@@ -21,6 +20,7 @@ from redis_stats.integrations.vllm import vllm_catalog
 from redis_stats.integrations.vllm.get_load import GetLoadMiddleware
 from redis_stats.integrations.vllm.load import VLLM_LOAD
 from tests import smg_decode
+from tests.asgi import asgi_get
 from tests.helpers.vllm_rs import CONTENT_TYPE, Engine, VllmRs
 
 from .compare import get, source_samples, store_samples, store_text
@@ -105,22 +105,13 @@ def test_its_engines_have_the_load_feed_and_v1_loads_per_rank(cfg, front_end):
             raise AssertionError("answered by the middleware")
 
         app = GetLoadMiddleware(inner, config, ttl=0)
-        sent: list = []
-
-        async def send(message):
-            sent.append(message)
-
-        async def receive():
-            return {"type": "http.request"}
-
-        scope = {"type": "http", "method": "GET", "path": "/v1/loads", "query_string": b"include=core"}
-        asyncio.run(app(scope, receive, send))
-        verdict, response = smg_decode.probe(sent[0]["status"], sent[1]["body"])
+        status, _, body = asgi_get(app, "/v1/loads", "include=core")
+        verdict, response = smg_decode.probe(status, body)
         assert verdict == "available" and response is not None
         assert [(s["dp_rank"], s["num_running_reqs"], s["num_used_tokens"]) for s in response["loads"]] == [
             (0, 3, 2048 * 16 // 4),
             (1, 7, 1024 * 16 // 2),
         ]
-        assert json.loads(sent[1]["body"])["loads"][0]["cache_hit_rate"] == pytest.approx(0.25)
+        assert json.loads(body)["loads"][0]["cache_hit_rate"] == pytest.approx(0.25)
     finally:
         source.close()

@@ -5,14 +5,14 @@ never waits on the network (every call well under 50 ms).
 """
 
 import statistics
-import subprocess
 import threading
 import time
 
 import pytest
 
 from redis_stats import StatsConfig, StatsReader, StatsWriter
-from tests.conftest import PYTHON, ROOT, sample_catalog
+from tests.conftest import sample_catalog
+from tests.helpers import killable_writer
 from tests.proxy import CuttingProxy
 
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
@@ -168,17 +168,7 @@ def test_redis_restarted_without_data_writers_restore_catalogue_and_gauges(own_r
 
 def test_sigkilled_writers_leave_whole_flushes_and_their_gauges_go_stale(redis_server, namespace, python_env):
     stale_after = 1.0
-    victims = [
-        subprocess.Popen(
-            [PYTHON, "-m", "tests.helpers.killable_writer", redis_server.url, namespace, str(e)],
-            cwd=ROOT,
-            env=python_env,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for e in (1, 2)
-    ]
-    ids = [v.stdout.readline().strip() for v in victims]
+    victims, ids = killable_writer.spawn(redis_server.url, namespace, [1, 2], python_env)
     cfg = StatsConfig(url=redis_server.url, namespace=namespace, flush_interval=0.05, stale_after=stale_after)
     survivor = StatsWriter(cfg, sample_catalog(), engines=[0])
     reader = StatsReader(cfg, sample_catalog())

@@ -4,10 +4,30 @@ and sets a gauge; prints its writer id, then runs until killed.
 Usage: python -m tests.helpers.killable_writer URL NAMESPACE ENGINE
 """
 
+import subprocess
 import sys
 
 from redis_stats import StatsConfig, StatsWriter
-from tests.conftest import sample_catalog
+from tests.conftest import PYTHON, ROOT, sample_catalog
+
+
+def spawn(
+    url: str, namespace: str, engines: list[int], env: dict[str, str]
+) -> tuple[list[subprocess.Popen], list[str]]:
+    """One writer process per engine of *engines* (started as the module is run below), and their
+    writer ids (each prints its own once it is made)."""
+    procs = [
+        subprocess.Popen(
+            [PYTHON, "-m", "tests.helpers.killable_writer", url, namespace, str(e)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for e in engines
+    ]
+    assert all(p.stdout is not None for p in procs)
+    return procs, [p.stdout.readline().strip() for p in procs]  # type: ignore[union-attr]
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ from redis_stats import StatsConfig, StatsWriter
 from redis_stats.integrations.vllm import vllm_catalog
 from redis_stats.integrations.vllm.get_load import TTL, GetLoadMiddleware
 from redis_stats.integrations.vllm.load import VLLM_LOAD
+from tests.asgi import asgi_get, asgi_request
 from tests.routers.procs import Router, StubWorker, router_binary, sent_to
 
 pytestmark = pytest.mark.redis_server
@@ -55,35 +56,8 @@ class Endpoint:
             writer.close()
 
 
-async def _asgi_get(app: Any, path: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    scope = {
-        "type": "http",
-        "method": method,
-        "path": path,
-        "root_path": "",
-        "query_string": b"",
-        "headers": [],
-    }
-    await app(scope, receive, send)
-    start = sent[0]
-    headers = {k.decode(): v.decode() for k, v in start.get("headers", [])}
-    return start["status"], headers, b"".join(m.get("body", b"") for m in sent[1:])
-
-
-def get(app: Any, path: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
-    return asyncio.run(_asgi_get(app, path, method))
-
-
 def load_of(app: Any) -> tuple[int, dict[str, Any]]:
-    status, headers, body = get(app, "/get_load")
+    status, headers, body = asgi_get(app, "/get_load")
     assert headers["content-type"] == "application/json"
     return status, json.loads(body)
 
@@ -150,7 +124,7 @@ def test_an_engine_without_request_counts_is_a_503_not_a_zero(redis_server, name
         finally:
             big.close()
         # HEAD: the same status, no body
-        status, headers, body = get(GetLoadMiddleware(inner_app, cfg, ttl=0), "/get_load", "HEAD")
+        status, headers, body = asgi_get(GetLoadMiddleware(inner_app, cfg, ttl=0), "/get_load", method="HEAD")
         assert (status, body) == (503, b"") and int(headers["content-length"]) > 0
     finally:
         writer.close()
@@ -203,7 +177,7 @@ def test_many_concurrent_polls_share_one_read_off_the_event_loop(redis_server, n
 
             ticker = asyncio.ensure_future(tick())
             started = time.monotonic()
-            got = await asyncio.gather(*(_asgi_get(mw, "/get_load") for _ in range(50)))
+            got = await asyncio.gather(*(asgi_request(mw, "/get_load") for _ in range(50)))
             took = time.monotonic() - started
             await asyncio.sleep(0.05)  # the ticker's next tick, late if the loop was held
             ticker.cancel()
@@ -241,7 +215,7 @@ def test_redis_stopped_answers_503_with_the_reason_and_recovers(own_redis_server
         assert status == 503 and doc["error"] == "connection" and "load" not in doc
         assert time.monotonic() - started < 5
         # the rest of vLLM is not held by Redis
-        assert get(mw, "/v1/models")[0] == 200
+        assert asgi_get(mw, "/v1/models")[0] == 200
         own_redis_server.start()
         a.set({0: (3, 0), 1: (3, 0), 2: (3, 0), 3: (3, 0)})
         assert load_of(mw)[1]["load"] == 12
@@ -257,7 +231,7 @@ def test_other_requests_pass_through_untouched(redis_server, namespace):
         ("/get_load/x", "GET"),
         ("/get_load", "POST"),
     ):
-        status, headers, body = get(mw, path, method)
+        status, headers, body = asgi_get(mw, path, method=method)
         assert (status, headers.get("x-inner"), body) == (200, "1", b"inner " + path.encode())
 
     async def lifespan() -> list[str]:
@@ -320,7 +294,7 @@ def test_vllm_adds_it_by_its_import_path(redis_server, namespace):
         get_load.register_config(cfg)
         status, doc = load_of(app)
         assert (status, doc["load"]) == (200, 7)
-        status, _, body = get(app, "/v1/models")
+        status, _, body = asgi_get(app, "/v1/models")
         assert (status, json.loads(body)) == (200, {"object": "list"})
     finally:
         get_load.register_config(None)  # no plugin in this process

@@ -10,8 +10,6 @@ two pods of two API servers x two engines; engines die and come back."""
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from types import SimpleNamespace
 
 import pytest
@@ -21,6 +19,7 @@ from redis_stats.integrations.vllm import vllm_catalog
 from redis_stats.integrations.vllm.load import load_map_for
 from redis_stats.server import Exporter
 from tests import smg_decode
+from tests.probes import fetch
 from tests.server.test_endpoint_views import picker_read
 
 pytestmark = pytest.mark.redis_server
@@ -67,14 +66,6 @@ class Pod:
                 w.close()
 
 
-def get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
 @pytest.fixture
 def cfg(redis_server, namespace):
     return StatsConfig(url=redis_server.url, namespace=namespace)
@@ -87,14 +78,16 @@ def test_v1_loads_per_endpoint_and_for_the_pool_as_the_gateway_reads_them(cfg):
     exporter = Exporter(StatsReader(cfg), port=0, load_refresh=0.05).start()
     try:
         for pod in pods:
-            verdict, response = smg_decode.probe(*get(f"{exporter.url}/v1/loads?endpoint={pod.endpoint}"))
+            verdict, response = smg_decode.probe(
+                *fetch(f"{exporter.url}/v1/loads?endpoint={pod.endpoint}", timeout=10)
+            )
             assert verdict == "available" and response is not None
             assert [
                 (s["dp_rank"], s["num_running_reqs"], s["num_waiting_reqs"]) for s in response["loads"]
             ] == [(r, pod.numbers[e][0], pod.numbers[e][1]) for r, e in enumerate(pod.engines)]
             assert [s["max_running_requests"] for s in response["loads"]] == [128] * 4
         for path in ("/v1/loads?include=core,disagg,queues,memory", "/loads"):
-            status, body = get(exporter.url + path)
+            status, body = fetch(exporter.url + path, timeout=10)
             verdict, response = smg_decode.probe(status, body)
             assert verdict == "available" and response is not None
             doc = json.loads(body)
@@ -110,13 +103,13 @@ def test_v1_loads_per_endpoint_and_for_the_pool_as_the_gateway_reads_them(cfg):
         # one API server of pod 1 closes: its ranks 0 and 1 leave its document and the fleet's
         pods[0].close(0)
         assert _ranks_when(exporter, pods[0].endpoint, [2, 3])
-        doc = json.loads(get(exporter.url + "/loads")[1])
+        doc = json.loads(fetch(exporter.url + "/loads", timeout=10)[1])
         assert doc["ranks_not_reported"] == {pods[0].endpoint: [0, 1]} and doc["dp_rank_count"] == 6
         # unknown endpoint, a bad id, dp_rank without an endpoint: a clear answer, never a 404
-        assert get(f"{exporter.url}/v1/loads?endpoint=10.9.9.9:1")[0] == 503
-        assert get(f"{exporter.url}/v1/loads?endpoint=a%20b")[0] == 400
-        assert get(f"{exporter.url}/v1/loads?dp_rank=1")[0] == 400
-        assert get(f"{exporter.url}/v1/loads?include=bogus")[0] == 400
+        assert fetch(f"{exporter.url}/v1/loads?endpoint=10.9.9.9:1", timeout=10)[0] == 503
+        assert fetch(f"{exporter.url}/v1/loads?endpoint=a%20b", timeout=10)[0] == 400
+        assert fetch(f"{exporter.url}/v1/loads?dp_rank=1", timeout=10)[0] == 400
+        assert fetch(f"{exporter.url}/v1/loads?include=bogus", timeout=10)[0] == 400
     finally:
         exporter.close()
         for pod in pods:
@@ -128,7 +121,7 @@ def _ranks_when(exporter: Exporter, endpoint: str, ranks: list[int]) -> bool:
 
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        _, response = smg_decode.probe(*get(f"{exporter.url}/v1/loads?endpoint={endpoint}"))
+        _, response = smg_decode.probe(*fetch(f"{exporter.url}/v1/loads?endpoint={endpoint}", timeout=10))
         if response is not None and [s["dp_rank"] for s in response["loads"]] == ranks:
             return True
         time.sleep(0.05)
@@ -144,7 +137,7 @@ def test_the_pool_averages_are_the_live_engines_means(cfg):
     exporter = Exporter(StatsReader(cfg), port=0, load_refresh=0.05).start()
 
     def pool() -> dict:
-        status, body = get(exporter.url + "/pool")
+        status, body = fetch(exporter.url + "/pool", timeout=10)
         assert status == 200
         return {k: v[1] for k, v in picker_read(body.decode(), POOL).items()}
 
@@ -183,7 +176,7 @@ def test_a_live_engine_without_a_number_withholds_the_family(cfg):
     assert lone.flush()
     exporter = Exporter(StatsReader(cfg), port=0).start()
     try:
-        text = get(exporter.url + "/pool")[1].decode()
+        text = fetch(exporter.url + "/pool", timeout=10)[1].decode()
         kept = picker_read(text, POOL)
         assert POOL[0] not in kept and POOL[1] in kept  # the mean over every live engine, or none
         assert 'redis_stats_pool_withheld{family="llm_d_epp_average_kv_cache_utilization",engine="99"' in text

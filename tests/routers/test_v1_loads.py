@@ -9,7 +9,6 @@ die (closed, or silent past stale_after) and come back."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from types import SimpleNamespace
@@ -22,6 +21,7 @@ from redis_stats.integrations.vllm import vllm_catalog
 from redis_stats.integrations.vllm.get_load import GetLoadMiddleware
 from redis_stats.integrations.vllm.load import load_map_for
 from tests import smg_decode
+from tests.asgi import asgi_get
 
 pytestmark = pytest.mark.redis_server
 
@@ -87,27 +87,6 @@ class Pod:
             writer.close()
 
 
-async def _asgi(app: Any, path: str, query: str) -> tuple[int, bytes]:
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    scope = {
-        "type": "http",
-        "method": "GET",
-        "path": path,
-        "root_path": "",
-        "query_string": query.encode(),
-        "headers": [],
-    }
-    await app(scope, receive, send)
-    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
-
-
 async def inner_app(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.start", "status": 404, "headers": []})
     await send({"type": "http.response.body", "body": b"not here"})
@@ -116,7 +95,8 @@ async def inner_app(scope: Any, receive: Any, send: Any) -> None:
 def ask(pod: Pod, query: str = QUERY) -> tuple[int, bytes]:
     """``/v1/loads?<query>`` of the middleware of *pod*'s API server (no answer kept)."""
     app = GetLoadMiddleware(inner_app, config=pod.config, ttl=0)
-    return asyncio.run(_asgi(app, "/v1/loads", query))
+    status, _, body = asgi_get(app, "/v1/loads", query)
+    return status, body
 
 
 def gateway_reads(pod: Pod) -> dict[str, Any]:
@@ -223,7 +203,7 @@ def test_the_query_as_sglang_reads_it_and_never_a_404(cfg):
         assert status == 400 and "not an integer" in json.loads(body)["detail"]
         # an endpoint Redis does not know (yet): 503, never the 404 the gateway remembers for good
         stranger = GetLoadMiddleware(inner_app, config=cfg.replace(endpoint="10.9.9.9:8000"), ttl=0)
-        status, body = asyncio.run(_asgi(stranger, "/v1/loads", QUERY))
+        status, _, body = asgi_get(stranger, "/v1/loads", QUERY)
         assert status == 503 and smg_decode.probe(status, body)[0] == "inconclusive"
     finally:
         pod.close()
@@ -241,7 +221,7 @@ def test_bodies_stay_decodable_at_the_limits(cfg):
         writer.metric("vllm:generation_tokens").labels(40, model_name="m").inc(1e300)
         assert writer.flush()
         app = GetLoadMiddleware(inner_app, config=config, ttl=0)
-        status, body = asyncio.run(_asgi(app, "/v1/loads", QUERY))
+        status, _, body = asgi_get(app, "/v1/loads", QUERY)
         verdict, response = smg_decode.probe(status, body)
         assert verdict == "available" and response is not None
         snap = response["loads"][0]

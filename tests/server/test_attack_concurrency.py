@@ -13,8 +13,6 @@ import json
 import random
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -23,18 +21,11 @@ from redis_stats import StatsConfig, StatsReader
 from redis_stats.integrations.vllm import vllm_catalog
 from redis_stats.integrations.vllm.roles import VLLM_ROLES
 from redis_stats.server import Exporter
+from tests.probes import fetch
 from tests.server.test_concurrent_scrapes import VOLATILE, fast_thread_switches  # noqa: F401
 from tests.server.test_kept_views import fleet
 
 pytestmark = pytest.mark.redis_server
-
-
-def fetch(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=30) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
 
 
 def stable(path: str, body: bytes) -> str:

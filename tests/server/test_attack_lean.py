@@ -22,7 +22,8 @@ from redis_stats.server import Exporter
 from redis_stats.server import exporter as exporter_module
 from redis_stats.server.http import Request, answer
 from redis_stats.server.kept import Kept
-from tests.background.test_background_errors import Failing, _until
+from tests.background.test_background_errors import Failing
+from tests.probes import until
 
 MODEL = "m"
 PROTOCOL = {r.family for r in VLLM_ROLES}
@@ -157,7 +158,7 @@ def test_the_upkeep_thread_survives_an_exception_in_the_sweep(redis_server, name
     config = StatsConfig(url=redis_server.url, namespace=namespace)
     exporter = Exporter(StatsReader(config, vllm_catalog()), port=0).start()
     try:
-        assert _until(lambda: sweeps.calls >= 4), "the upkeep thread stopped"
+        assert until(lambda: sweeps.calls >= 4), "the upkeep thread stopped"
     finally:
         exporter.close()
     assert background_errors()[("kept", "RuntimeError")] == before + 2

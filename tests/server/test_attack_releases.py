@@ -10,8 +10,6 @@ import json
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
@@ -22,6 +20,7 @@ from redis_stats.integrations.vllm.roles import VLLM_ROLES
 from redis_stats.server import Exporter
 from redis_stats.tools.embedded import free_port
 from tests.conftest import ROOT
+from tests.probes import fetch
 from tests.store.test_attack_versions import _checkout, _run
 from tests.store.test_release_mix import LAST_RELEASE
 
@@ -46,14 +45,6 @@ for role in ("api0", "api1"):
 """
 
 OLD, NEW = "10.0.0.1:8000", "10.0.0.2:8000"  # the last release's pod (engines 0, 1), this one's (2, 3)
-
-
-def fetch(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=30) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
 
 
 def protocol(text: str) -> dict[str, str]:

@@ -23,6 +23,7 @@ from redis_stats.ops.retention import collect_garbage
 from redis_stats.reader import EngineSlice
 from redis_stats.server import Exporter
 from tests.conftest import ROOT, scripted_client
+from tests.probes import until
 from tests.server import states
 
 pytestmark = pytest.mark.redis_server
@@ -529,15 +530,6 @@ def test_on_a_cluster_with_three_shards_one_round_trip_per_shard(namespace):
 # -- a view that cannot be refreshed says so; a refresher nobody asks for stops (issues 32, 35) ----
 
 
-def _until(check, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def test_a_refresh_that_raises_answers_503_with_why_and_the_refresher_goes_on(cfg, monkeypatch):
     # Two finite values once overflowed the fleet sum in the refresh, outside its try: the thread
     # died and /load served its last body as 200 for ever. Any exception of a refresh now answers
@@ -566,13 +558,13 @@ def test_a_refresh_that_raises_answers_503_with_why_and_the_refresher_goes_on(cf
         monkeypatch.setattr(LoadView, "to_dict", overflowing)
         record(w, 0, 2, 0, 0.1)  # a new value: the refresh builds a new body, and fails
         assert w.flush()
-        assert _until(lambda: _get(exporter.port, "/load")[0] == 503)
+        assert until(lambda: _get(exporter.port, "/load")[0] == 503)
         status, headers, body = _get(exporter.port, "/load")
         assert status == 503 and "ETag" not in headers
         assert json.loads(body) == {"error": "other", "detail": "math range error"}
         assert overflows() > before  # counted, and shown in the exporter's own metrics
         monkeypatch.setattr(LoadView, "to_dict", real)
-        assert _until(lambda: _get(exporter.port, "/load")[0] == 200)
+        assert until(lambda: _get(exporter.port, "/load")[0] == 200)
         assert json.loads(_get(exporter.port, "/load")[2])["engines"]["0"]["requests_running"] == 2
     finally:
         monkeypatch.setattr(LoadView, "to_dict", real)
@@ -599,14 +591,14 @@ def test_a_refresh_stuck_on_redis_answers_503_with_its_age_then_recovers(cfg):
         reader.load = stuck  # type: ignore[method-assign]
         time.sleep(0.3)
         assert _get(exporter.port, "/load")[0] == 200  # younger than max_age: served
-        assert _until(lambda: _get(exporter.port, "/load")[0] == 503, timeout=3)
+        assert until(lambda: _get(exporter.port, "/load")[0] == 503, timeout=3)
         status, headers, body = _get(exporter.port, "/load", If_None_Match="*")
         doc = json.loads(body)
         assert status == 503 and doc["error"] == "stale" and doc["age_seconds"] > 0.5, doc
         assert "ETag" not in headers  # never a 304 that keeps a router on the old body
         reader.load = real  # type: ignore[method-assign]
         release.set()
-        assert _until(lambda: _get(exporter.port, "/load")[0] == 200)
+        assert until(lambda: _get(exporter.port, "/load")[0] == 200)
     finally:
         release.set()
         exporter.close()

@@ -5,7 +5,6 @@ of its own (issue 24). The readers here are configured differently on purpose: t
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 
 import pytest
@@ -114,22 +113,13 @@ def test_killed_writers_are_judged_by_their_own_value_or_the_one_default_and_gc_
 ):
     from redis_stats import config
     from redis_stats.ops.retention import collect_garbage
-    from tests.conftest import PYTHON, ROOT
+    from tests.helpers import killable_writer
 
     # The default (30 s, stale_after's) shortened for the test; readers and gc read it alike.
     default = 3.0
     monkeypatch.setattr(config, "DEFAULT_STALE_AFTER", default)
-    victims = [
-        subprocess.Popen(
-            [PYTHON, "-m", "tests.helpers.killable_writer", redis_server.url, namespace, str(e)],
-            cwd=ROOT,
-            env=python_env,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for e in STORED
-    ]
-    ids = dict(zip(STORED, (v.stdout.readline().strip() for v in victims)))
+    victims, started = killable_writer.spawn(redis_server.url, namespace, list(STORED), python_env)
+    ids = dict(zip(STORED, started))
     cfg = StatsConfig(url=redis_server.url, namespace=namespace, stale_after=30.0)
     reader = StatsReader(cfg, sample_catalog())
     client = redis.Redis.from_url(redis_server.url, decode_responses=True)

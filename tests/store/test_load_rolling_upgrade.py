@@ -10,14 +10,12 @@ fields (the fields appended since: null), a newer writer's give the older reader
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT
-from tests.store.test_attack_versions import _checkout
+from tests.store.test_attack_versions import _checkout, _run
 
 pytestmark = pytest.mark.redis_server
 
@@ -58,19 +56,6 @@ from redis_stats import StatsConfig, StatsReader
 doc = StatsReader(StatsConfig(url=sys.argv[1], namespace=sys.argv[2])).load().to_dict()
 print(json.dumps(doc))
 """
-
-
-def _run(code: str, root: Path, *args: str) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-c", code, *args],
-        cwd=root,
-        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
 
 
 def _read(root: Path, url: str, namespace: str) -> dict:

@@ -12,17 +12,9 @@ from redis_stats import Catalog
 from redis_stats._core.write.accumulator import Accumulator
 from redis_stats._core.write.chunks import Total
 from redis_stats._core.write.protocol import Batch, FlushProtocol, FlushResult
+from tests.conftest import four_kinds_catalog
 
 APPLIED = FlushResult(status=1, server_time_ms=0)
-
-
-def _catalog() -> Catalog:
-    cat = Catalog()
-    cat.counter("c", "c", labels=["i"])
-    cat.counter("f", "float counter")
-    cat.gauge("g", "g", mode="sum")
-    cat.histogram("h", "h", buckets=[1.0, 2.0])
-    return cat
 
 
 def _acc(cat: Catalog) -> Accumulator:
@@ -39,7 +31,7 @@ def _sent(batch: Batch) -> dict[str, str]:
 
 
 def test_a_record_call_completes_while_the_flusher_builds_a_batch(monkeypatch):
-    cat = _catalog()
+    cat = four_kinds_catalog()
     acc = _acc(cat)
     children = [acc.child(cat["c"], 0, (str(i),), "w") for i in range(1000)]
     for c in children:
@@ -71,7 +63,7 @@ def test_a_record_call_completes_while_the_flusher_builds_a_batch(monkeypatch):
 
 
 def test_threads_hammering_every_kind_while_batches_are_taken_exact_totals():
-    cat = _catalog()
+    cat = four_kinds_catalog()
     acc = _acc(cat)
     protocol = FlushProtocol(acc)
     n_threads, n = 4, 20_000

@@ -3,16 +3,7 @@ the bytes redis-py would send, and every total exact through Redis."""
 
 from __future__ import annotations
 
-from redis_stats import Catalog
-
-
-def _catalog() -> Catalog:
-    cat = Catalog()
-    cat.counter("c", "c", labels=["i"])
-    cat.counter("f", "float counter")
-    cat.gauge("g", "g", mode="sum")
-    cat.histogram("h", "h", buckets=[1.0, 2.0])
-    return cat
+from tests.conftest import four_kinds_catalog
 
 
 def test_sliced_packer_sends_the_bytes_redis_py_would():
@@ -29,7 +20,7 @@ def test_sliced_packer_sends_the_bytes_redis_py_would():
 def test_a_flush_of_many_series_in_slices_is_exact(redis_server, namespace):
     from redis_stats import StatsConfig, StatsReader, StatsWriter
 
-    cat = _catalog()
+    cat = four_kinds_catalog()
     cfg = StatsConfig(url=redis_server.url, namespace=namespace, max_series_per_metric=10_000)
     writer = StatsWriter(cfg, cat, engines=[0], start=False)
     for i in range(5000):  # ~80 chunk fields of ~1 KB: several slices
