@@ -1,5 +1,7 @@
 """vLLM-shaped stats objects (the attributes vLLM's SchedulerStats/IterationStats carry)."""
 
+import time
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 
@@ -53,3 +55,26 @@ def iteration(prompt=0, generation=0, ttft=(), itl=(), done=(), preempted=0, cac
         prompt_token_stats=tokens,
         num_corrupted_reqs=0,
     )
+
+
+@contextmanager
+def snapshot_pair(config, fake_client, sched, it):
+    """Two snapshots of engines 0 and 1 of a vLLM fleet 0.2 s apart, *sched* and *it* recorded
+    on each engine between them (what ``top`` renders rates from)."""
+    from redis_stats import StatsReader, StatsWriter
+    from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
+
+    cat = vllm_catalog()
+    writer = StatsWriter(config, cat, engines=[0, 1], client=fake_client(), start=False)
+    recorder = VllmRecorder(writer, "m", [0, 1])
+    reader = StatsReader(config, cat, client=fake_client())
+    writer.flush()
+    before = reader.snapshot()
+    time.sleep(0.2)
+    for e in (0, 1):
+        recorder.record(sched, it, engine_idx=e)
+    writer.flush()
+    try:
+        yield before, reader.snapshot()
+    finally:
+        writer._closed = True

@@ -28,7 +28,7 @@ from redis_stats.tools.embedded import free_port
 from redis_stats.tools.simulate import LoadProfile, SimulatedApiServer
 from redis_stats.tools.top import COLUMNS, render, run_top
 from tests.conftest import PYTHON, ROOT
-from tests.vllm_shapes import iteration, scheduler
+from tests.vllm_shapes import iteration, scheduler, snapshot_pair
 
 
 def invoke(args: list[str], env: dict[str, str] | None = None):
@@ -245,22 +245,10 @@ def test_namespaces_are_found_on_every_cluster_master(namespace):
 
 @pytest.fixture
 def two_snapshots(config, fake_client):
-    cat = vllm_catalog()
-    writer = StatsWriter(config, cat, engines=[0, 1], client=fake_client(), start=False)
-    recorder = VllmRecorder(writer, "m", [0, 1])
-    reader = StatsReader(config, cat, client=fake_client())
-    writer.flush()
-    before = reader.snapshot()
-    time.sleep(0.2)
-    for e in (0, 1):
-        recorder.record(
-            scheduler(running=123, waiting=45, kv=0.5),
-            iteration(prompt=2_234_567, generation=1_234_567, ttft=[0.05] * 10, itl=[0.02] * 100),
-            engine_idx=e,
-        )
-    writer.flush()
-    yield before, reader.snapshot()
-    writer._closed = True
+    sched = scheduler(running=123, waiting=45, kv=0.5)
+    it = iteration(prompt=2_234_567, generation=1_234_567, ttft=[0.05] * 10, itl=[0.02] * 100)
+    with snapshot_pair(config, fake_client, sched, it) as pair:
+        yield pair
 
 
 def rendered(table, width: int) -> str:

@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import io
 import re
-import time
 
 import pytest
 from rich.console import Console
 
-from redis_stats import StatsReader, StatsWriter
-from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
 from redis_stats.tools.top import COLUMNS, render, render_plain
-from tests.vllm_shapes import iteration, scheduler
+from tests.vllm_shapes import iteration, scheduler, snapshot_pair
 
 P99S = ("TTFT p99", "ITL p99")
 # A saturated engine: a queue of 345, a first token after 79.6 s, tokens 42 ms apart.
@@ -23,22 +20,10 @@ TTFT, ITL = 79.6, 0.042
 
 @pytest.fixture
 def saturated(config, fake_client):
-    cat = vllm_catalog()
-    writer = StatsWriter(config, cat, engines=[0, 1], client=fake_client(), start=False)
-    recorder = VllmRecorder(writer, "m", [0, 1])
-    reader = StatsReader(config, cat, client=fake_client())
-    writer.flush()
-    before = reader.snapshot()
-    time.sleep(0.2)
-    for e in (0, 1):
-        recorder.record(
-            scheduler(running=256, waiting=345, kv=0.97),
-            iteration(prompt=1_234_567, generation=234_567, ttft=[TTFT] * 10, itl=[ITL] * 100),
-            engine_idx=e,
-        )
-    writer.flush()
-    yield before, reader.snapshot()
-    writer._closed = True
+    sched = scheduler(running=256, waiting=345, kv=0.97)
+    it = iteration(prompt=1_234_567, generation=234_567, ttft=[TTFT] * 10, itl=[ITL] * 100)
+    with snapshot_pair(config, fake_client, sched, it) as pair:
+        yield pair
 
 
 def _rich(before, after, width: int) -> list[list[str]]:
