@@ -17,10 +17,9 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from redis_stats._core.read.slices import EngineSlice
 from redis_stats.prometheus.collector import ReadErrors, RedisCollector
 from redis_stats.prometheus.exposition import TextRenderer
-from redis_stats.reader import SNAPSHOT_LEAN
+from redis_stats.reader import SNAPSHOT_LEAN, EngineSlice
 from redis_stats.server.source import Source
 
 if TYPE_CHECKING:

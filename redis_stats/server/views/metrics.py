@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
-from redis_stats._core.read.slices import EngineSlice
 from redis_stats.prometheus.collector import RedisCollector
 from redis_stats.prometheus.exposition import merge_texts
 from redis_stats.prometheus.filters import select_samples, without_engine_label
 from redis_stats.prometheus.openmetrics import OPENMETRICS_1_0, negotiate, openmetrics_from_text
+from redis_stats.reader import EngineSlice
 from redis_stats.server.http import HTTPError, Request, Response, encode_body
 from redis_stats.server.source import Source
 from redis_stats.server.states.endpoints import EndpointViews, EngineMoved, UnknownEndpoint, endpoint_param
