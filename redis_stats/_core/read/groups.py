@@ -13,7 +13,7 @@ Data the bulk checks do not take (garbage, infinities, a series in two groups, b
 are not whole groups) sends the engine down the line-by-line path, :func:`by_lines`, which skips
 and counts what is bad and yields **the same form**: one :class:`Group` over the series it kept.
 Both read the texts by the codec's rules (:mod:`redis_stats.codec`), and add writers up in the same
-order with the same ``+``, so both give the same numbers (``tests/unit/test_groups.py``).
+order with the same ``+``, so both give the same numbers (``tests/unit/test_read_paths.py``).
 """
 
 from __future__ import annotations
