@@ -352,6 +352,12 @@ def writer_families(snapshot: Snapshot) -> Iterator[Metric]:
         labels=w,
     )
     flushes = CounterMetricFamily("redis_stats_writer_flushes", "Flushes confirmed by Redis.", labels=w)
+    lane = CounterMetricFamily(
+        "redis_stats_writer_load_lane_calls",
+        "Calls of the load lane (one HSET each, failed ones included): what its errors (flush "
+        "errors of kind load_*) are a share of.",
+        labels=w,
+    )
     # counts a writer stores by kind, as fields "<prefix><kind>" (WriterStats.as_fields)
     by_kind = {
         prefix: CounterMetricFamily(name, help_text, labels=[*w, label])
@@ -384,6 +390,8 @@ def writer_families(snapshot: Snapshot) -> Iterator[Metric]:
         if not st:
             continue
         flushes.add_metric([wid], _num(st, "flushes"))
+        if "lane" in st:  # a writer of an older release stores none
+            lane.add_metric([wid], _num(st, "lane"))
         conflicts.add_metric([wid], _num(st, "conflicts"))
         pending.add_metric([wid], _num(st, "pending"))
         # The writer's heartbeat is set by its last successful flush.
@@ -395,7 +403,7 @@ def writer_families(snapshot: Snapshot) -> Iterator[Metric]:
             prefix = key[: key.find(":") + 1]
             if prefix in by_kind:
                 by_kind[prefix].add_metric([wid, key[len(prefix) :]], _num(st, key))
-    yield from (up, flushes, *by_kind.values(), conflicts, pending, age, duration)
+    yield from (up, flushes, lane, *by_kind.values(), conflicts, pending, age, duration)
 
 
 def _writer_states(snapshot: Snapshot) -> Metric:

@@ -622,6 +622,7 @@ class WriterCore:
                     for x in (f"{engine}|{flow.writer_id}", stamp + entry)
                 ]
                 calls.append((flow.keys(self.keys, self.shards).load, args))
+        self.stats.lane_calls += len(calls)  # each is made at once: the lane's attempts
         return calls
 
     def load_done(self, result: Any) -> None:
