@@ -31,6 +31,7 @@ from prometheus_client.utils import floatToGoString
 from redis_stats._core.outage import Outage, shared
 from redis_stats._core.read.values import go_floats
 from redis_stats.catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM
+from redis_stats.connection import tls_mismatch
 from redis_stats.errors import error_kind
 from redis_stats.ops.memory import store_memory
 from redis_stats.prometheus.exposition import TextRenderer, format_families, label_pairs
@@ -104,6 +105,7 @@ class RedisCollector:
         self.reader = reader
         self.engines = engines if engines is None or isinstance(engines, EngineSlice) else tuple(engines)
         self.writers = writers
+        self._tls: str | None = None  # a TLS mismatch found after a failed read ("" none)
         self.labels = {NAMESPACE_LABEL: reader.config.namespace} if namespace_label else {}
         self.errors = errors if errors is not None else ReadErrors()
         # renderer(labels): another text of the same read (an endpoint view's), else the plain one
@@ -167,7 +169,17 @@ class RedisCollector:
         """Count a failed read; the first of an outage of this reader's reads is logged (a
         warning), and its end with the first read that works again (``read_ok``)."""
         self.errors.count(exc)
-        self._outage().failed(error_kind(exc), str(exc))
+        kind = error_kind(exc)
+        self._outage().failed(kind, str(exc) + self._tls_mismatch(kind))
+
+    def _tls_mismatch(self, kind: str) -> str:
+        """``: <why>`` when the server speaks the other protocol than the URL (a ``rediss://`` read
+        of a plain server times out, a plain one of a TLS server is cut): asked once."""
+        if kind not in ("timeout", "connection"):
+            return ""
+        if self._tls is None:
+            self._tls = tls_mismatch(self.reader.config) or ""
+        return f" ({self._tls})" if self._tls else ""
 
     def read_ok(self) -> None:
         """A read worked: ends the outage of this reader's reads, if one was going on."""
@@ -212,6 +224,7 @@ class RedisCollector:
                 fam.add_metric([str(e.engine)], value(e))
             yield fam
         if self.writers:
+            yield namespace_empty(snapshot)
             yield from writer_families(snapshot)
             yield from store_memory(self.reader).families()  # fleet-wide, as the writers' ones
         yield from endpoint_families(snapshot)
@@ -307,6 +320,17 @@ def endpoint_families(snapshot: Snapshot) -> Iterator[Metric]:
         for endpoint, n in sorted(ups.items()):
             family.add_metric([endpoint], n)
         yield family
+
+
+def namespace_empty(snapshot: Snapshot) -> Metric:
+    """``redis_stats_namespace_empty``: 1 when the namespace holds no engine and no writer."""
+    empty = GaugeMetricFamily(
+        "redis_stats_namespace_empty",
+        "1 when the namespace read holds no engine and no writer (nothing has written there: a "
+        "misspelt namespace, or a fleet gone for longer than the retention), else 0.",
+    )
+    empty.add_metric([], 0.0 if snapshot.engines or snapshot.writers else 1.0)
+    return empty
 
 
 WRITER_STATES = ("live", "stale", "closed")

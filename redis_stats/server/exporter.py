@@ -31,6 +31,7 @@ from redis_stats._core.background import survive, survived
 from redis_stats.errors import error_kind
 from redis_stats.reader import StatsReader
 from redis_stats.server.app import App
+from redis_stats.server.emptiness import EmptyWatch
 from redis_stats.server.http import Server
 from redis_stats.server.options import ServeOptions
 
@@ -123,9 +124,16 @@ class Exporter:
             threading.Thread(target=self._gc_loop, name="redis_stats-gc", daemon=True).start()
 
     def _sweep_loop(self) -> None:
+        # The namespaces it was told to serve (not those --all-namespaces finds: they hold data).
+        options = self.options
+        told = [] if options.all_namespaces else list(options.namespaces or [self.reader.config.namespace])
+        empty = EmptyWatch(self.reader, told)
+        with survive("kept", log):
+            empty.check()  # at start: a misspelt namespace is said at once
         while not self._stop.wait(UPKEEP_EVERY):
             with survive("kept", log):
                 self.app.kept.sweep()
+                empty.check()
 
     def _gc_loop(self) -> None:
         while not self._stop.wait(self.options.gc_interval):
