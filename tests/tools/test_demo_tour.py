@@ -57,8 +57,11 @@ def test_every_router_view_answers_on_the_demo_as_printed(python_env):
         curls = printed_curl_urls(lines)
         paths = {url[len(view) :].split("?")[0] for _, url in curls}
         assert {"/get_load", "/v1/loads", "/loads", "/pool", "/watch", "/load", "/metrics"} <= paths, paths
-        deadline = time.monotonic() + 20  # the first flushes of every node process
-        while fetch(view + "/get_load?endpoint=demo-0:8000")[0] != 200 and time.monotonic() < deadline:
+        deadline = time.monotonic() + 30  # the first flushes of every node process (both engines)
+        while time.monotonic() < deadline:
+            status, body = fetch(view + "/get_load?endpoint=demo-0:8000")
+            if status == 200 and json.loads(body)["engines"] == [0, 1]:
+                break
             time.sleep(0.2)
         for args, url in curls:
             headers = {}
