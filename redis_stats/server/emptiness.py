@@ -1,8 +1,8 @@
 """An exporter serving a namespace that holds nothing says so in its log.
 
 A misspelt ``--namespace`` (or ``REDIS_STATS_NAMESPACE``) used to give an exporter that served
-``redis_stats_up 1`` and no engine, and logged nothing. :class:`EmptyWatch` looks at each
-namespace the exporter was told to serve when it starts and then every few seconds (one
+``redis_stats_up 1`` and no engine, and logged nothing. :class:`EmptyWatch` looks at the
+namespace an exporter of one namespace serves when it starts and then every few seconds (one
 ``ZRANGE``/``HGET`` or two each, the least-privilege reader's commands), and when one has held
 nothing for :data:`GRACE` seconds (a fleet starting beside its exporter, the demo's, a vLLM pod's
 own view, has flushed by then) logs a warning with what this Redis does hold and the namespace

@@ -124,9 +124,10 @@ class Exporter:
             threading.Thread(target=self._gc_loop, name="redis_stats-gc", daemon=True).start()
 
     def _sweep_loop(self) -> None:
-        # The namespaces it was told to serve (not those --all-namespaces finds: they hold data).
-        options = self.options
-        told = [] if options.all_namespaces else list(options.namespaces or [self.reader.config.namespace])
+        # An exporter of one namespace says when it holds nothing. One of several reads a
+        # namespace only when asked for it (server/namespaces.py): there the whole /metrics says
+        # it (redis_stats_namespace_empty{redis_stats_namespace}), and the alert on it.
+        told = [] if self.options.several else [self.reader.config.namespace]
         empty = EmptyWatch(self.reader, told)
         with survive("kept", log):
             empty.check()  # at start: a misspelt namespace is said at once

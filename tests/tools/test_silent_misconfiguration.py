@@ -6,6 +6,7 @@ alphabetically first."""
 from __future__ import annotations
 
 import logging
+import urllib.error
 import urllib.request
 
 import pytest
@@ -99,3 +100,16 @@ def test_an_empty_redis_is_said_to_hold_no_namespace(own_redis_server, caplog):
     assert (
         "and no namespace does: nothing has written to this Redis (check the URL's database number)" in said
     )
+
+
+def test_an_exporter_of_several_names_the_closest_namespace_it_serves(fleet):
+    reader = StatsReader(StatsConfig(url=fleet, namespace="llama"), vllm_catalog())
+    for settings in ({"all_namespaces": True}, {"namespaces": ["llama", "zeta"]}):
+        exporter = Exporter(reader, port=0, **settings).start()
+        try:
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(exporter.url + "/load?namespace=lama", timeout=10)
+            body = err.value.read().decode()
+            assert err.value.code == 404 and "did you mean 'llama'?" in body, body
+        finally:
+            exporter.close()
