@@ -192,8 +192,11 @@ def dev_redis(port: int) -> None:
         code = run_dev_redis(port)
     except NoServerBinary as exc:
         raise click.ClickException(str(exc)) from None
-    except RuntimeError as exc:  # the port given is taken
-        raise click.ClickException(f"{exc}: give another --port, or 0 for a free one") from None
+    except OSError as exc:
+        raise click.ClickException(
+            f"cannot serve on 127.0.0.1:{port}: {exc.strerror or exc}: give another --port, or 0 "
+            "for a free one"
+        ) from None
     sys.exit(code)
 
 

@@ -10,6 +10,7 @@ data. It prints the ``export REDIS_STATS_URL=...`` line a second terminal pastes
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import threading
 from typing import TextIO
@@ -22,8 +23,13 @@ __all__ = ["run_dev_redis"]
 
 def run_dev_redis(port: int = 0, out: TextIO = sys.stdout, stop: threading.Event | None = None) -> int:
     """Serve a throwaway Redis on 127.0.0.1 (*port*, 0: a free one) until *stop* is set, Ctrl-C
-    or SIGTERM; returns a process exit code (1 when the server exited by itself)."""
+    or SIGTERM; returns a process exit code (1 when the server exited by itself). A *port* that
+    cannot be bound raises ``OSError`` before anything starts."""
     stop = stop or threading.Event()
+    if port:  # a taken port is said in one line, before a server starts and fails on it
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", port))
     with stop_on_signals(stop.set), EmbeddedRedis(port=port or None) as server:  # started here
         _say(
             out,

@@ -126,3 +126,21 @@ def test_dev_redis_serves_the_library_until_ctrl_c_then_removes_its_data(python_
     host, port = url.removeprefix("redis://").split("/")[0].split(":")
     with pytest.raises(OSError), socket.create_connection((host, int(port)), timeout=2):
         pass
+
+
+def test_dev_redis_on_a_taken_port_says_so_in_one_line(python_env):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run(
+            [PYTHON, "-m", "redis_stats", "dev-redis", "--port", str(port)],
+            cwd=ROOT, env=python_env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr == (
+        f"Error: cannot serve on 127.0.0.1:{port}: Address already in use: give another --port, or 0 "
+        "for a free one\n"
+    )
