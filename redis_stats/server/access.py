@@ -251,7 +251,7 @@ class Gate:
         ]
         return ", ".join(p for p in parts if p)
 
-    def describe(self) -> str:
+    def summary(self) -> str:
         """What is in force, in words, for the start-up line (never a secret)."""
         return self._describe(self._loaded) if self.enabled else "no access control"
 
@@ -281,10 +281,6 @@ class Gate:
         try:
             conn.settimeout(_left(deadline))
             conn.do_handshake()  # one deadline for the whole call (CPython's _ssl), not per read
-            tls = loaded.web.tls if loaded.web is not None else None
-            if tls is not None and not tls.allows(conn.getpeercert()):
-                self._count("tls", "client_name")
-                raise ssl.SSLError("the client certificate holds no name of client_allowed_sans")
         except TimeoutError:
             self._count("tls", "timeout")
             conn.close()
@@ -296,6 +292,11 @@ class Gate:
         except BaseException:
             conn.close()
             raise
+        tls = loaded.web.tls if loaded.web is not None else None
+        if tls is not None and not tls.allows(conn.getpeercert()):
+            self._count("tls", "client_name")
+            conn.close()
+            raise ConnectionAbortedError("the client certificate holds no name of client_allowed_sans")
         return conn
 
     # -- the request ----------------------------------------------------------------------------
@@ -349,7 +350,7 @@ class Gate:
         with self._count_lock:
             self._counts[what, reason] = self._counts.get((what, reason), 0) + 1
 
-    def describe_metrics(self) -> list[Metric]:
+    def describe(self) -> list[Metric]:
         """Nothing: registering never reads (prometheus_client's ``describe``)."""
         return []
 

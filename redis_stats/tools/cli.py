@@ -487,7 +487,7 @@ def exporter(
             else repr(config.namespace)
         )
         click.echo(
-            f"serving {served} from {config.safe_url} on {server.url}/metrics ({server.app.gate.describe()})"
+            f"serving {served} from {config.safe_url} on {server.url}/metrics ({server.app.gate.summary()})"
         )
         try:
             while not stop.wait(0.25):

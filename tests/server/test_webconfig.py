@@ -79,8 +79,15 @@ def test_relative_paths_are_the_files_directorys_as_in_the_toolkit(tmp_path, cer
     (tmp_path / "tls").mkdir()
     for name in ("server.pem", "server.key"):
         (tmp_path / "tls" / name).write_bytes((certs.dir / name).read_bytes())
-    web = read_web_config(write(tmp_path, "tls_server_config: {cert_file: tls/server.pem, key_file: tls/server.key}"))
+    web = read_web_config(
+        write(tmp_path, "tls_server_config: {cert_file: tls/server.pem, key_file: tls/server.key}")
+    )
     assert web.tls is not None and web.tls.cert_file == str(tmp_path / "tls" / "server.pem")
+
+
+T = "tls_server_config: {cert_file: a, key_file: b, "
+H = "http_server_config: {headers: "
+ANY_HASH = "$2y$04$" + "a" * 53
 
 
 @pytest.mark.parametrize(
@@ -89,38 +96,37 @@ def test_relative_paths_are_the_files_directorys_as_in_the_toolkit(tmp_path, cer
         ("tls_server_confg: {}", "unknown key tls_server_confg (did you mean tls_server_config?)"),
         ("basic_auth_user: {}", "did you mean basic_auth_users?"),
         ("rate_limit: {interval: 1s, burst: 5}", "rate_limit is not served here"),
-        ("tls_server_config: {cert_file: a, key_file: b, client_auth: x}", "did you mean tls_server_config.client_auth_type?"),
-        ("tls_server_config: {cert_file: a, key_file: b, curve_preferences: [X25519]}", "curve_preferences cannot be served"),
+        (T + "client_auth: x}", "did you mean tls_server_config.client_auth_type?"),
+        (T + "curve_preferences: [X25519]}", "curve_preferences cannot be served"),
         ("tls_server_config: {cert: x, key_file: b}", "tls_server_config.cert (a certificate given inline)"),
-        ("tls_server_config: {cert_file: a, key_file: b, client_auth_type: RequireAnyClientCert}",
-         "cannot ask for a client certificate without verifying it"),
-        ("tls_server_config: {cert_file: a, key_file: b, client_auth_type: RequestClientCert}",
-         "RequestClientCert cannot be served"),
-        ("tls_server_config: {cert_file: a, key_file: b, client_auth_type: Sometimes}",
-         "client_auth_type 'Sometimes' is not one of NoClientCert, VerifyClientCertIfGiven"),
+        (T + "client_auth_type: RequireAnyClientCert}", "cannot ask for a client certificate without"),
+        (T + "client_auth_type: RequestClientCert}", "RequestClientCert cannot be served"),
+        (T + "client_auth_type: Sometimes}", "'Sometimes' is not one of NoClientCert, VerifyClient"),
         ("tls_server_config: {cert_file: a}", "needs cert_file and key_file"),
-        ("tls_server_config: {cert_file: a, key_file: b, client_ca_file: c}",
-         "a client CA is given but client_auth_type is NoClientCert"),
-        ("tls_server_config: {cert_file: a, key_file: b, client_auth_type: RequireAndVerifyClientCert}",
-         "needs client_ca_file (or client_ca)"),
-        ("tls_server_config: {cert_file: a, key_file: b, client_auth_type: VerifyClientCertIfGiven, "
-         "client_ca_file: c, client_allowed_sans: [x]}", "client_allowed_sans needs client_auth_type: RequireAndVerifyClientCert"),
-        ("tls_server_config: {cert_file: a, key_file: b, min_version: TLS14}", "min_version 'TLS14' is not one of TLS10"),
-        ("tls_server_config: {cert_file: a, key_file: b, min_version: TLS13, max_version: TLS12}",
-         "min_version TLS13 is above max_version TLS12"),
-        ("tls_server_config: {cert_file: a, key_file: b, cipher_suites: [TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA]}",
-         "unknown cipher 'TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA' (did you mean TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256?)"),
-        ("tls_server_config: {cert_file: a, key_file: b, prefer_server_cipher_suites: maybe}", "must be true or false"),
+        (T + "client_ca_file: c}", "a client CA is given but client_auth_type is NoClientCert"),
+        (T + "client_auth_type: RequireAndVerifyClientCert}", "needs client_ca_file (or client_ca)"),
+        (
+            T + "client_auth_type: VerifyClientCertIfGiven, client_ca_file: c, client_allowed_sans: [x]}",
+            "client_allowed_sans needs client_auth_type: RequireAndVerifyClientCert",
+        ),
+        (T + "min_version: TLS14}", "min_version 'TLS14' is not one of TLS10"),
+        (T + "min_version: TLS13, max_version: TLS12}", "min_version TLS13 is above max_version TLS12"),
+        (
+            T + "cipher_suites: [TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA]}",
+            "unknown cipher 'TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA' (did you mean "
+            "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256?)",
+        ),
+        (T + "prefer_server_cipher_suites: maybe}", "must be true or false"),
         ("tls_server_config: [a]", "tls_server_config must be a mapping (key: value), not a list"),
-        ("http_server_config: {headers: {Server: x}}", "'Server' cannot be configured"),
-        ("http_server_config: {headers: {X-Frame-Options: allow}}", "X-Frame-Options 'allow' is not one of deny, sameorigin"),
-        ('http_server_config: {headers: {Content-Security-Policy: "a\\r\\nSet-Cookie: x"}}', "must be one line of text"),
+        (H + "{Server: x}}", "'Server' cannot be configured"),
+        (H + "{X-Frame-Options: allow}}", "X-Frame-Options 'allow' is not one of deny, sameorigin"),
+        (H + '{Content-Security-Policy: "a\\r\\nSet-Cookie: x"}}', "must be one line of text"),
         ("http_server_config: {http2: sometimes}", "http_server_config.http2 must be true or false"),
-        ("basic_auth_users: {no: $2y$04$abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01}", "quote names YAML reads otherwise"),
+        (f"basic_auth_users: {{no: {ANY_HASH}}}", "quote names YAML reads otherwise"),
         ("basic_auth_users: [alice]", "basic_auth_users must be a mapping"),
         ("- a\n- b", "the file must be a mapping"),
     ],
-)  # fmt: skip
+)
 def test_what_cannot_be_served_is_refused_naming_the_key_and_the_fix(tmp_path, text, said):
     assert said in refused(tmp_path, text)
 
@@ -155,7 +161,9 @@ def test_a_yaml_error_says_where_and_never_quotes_the_text(tmp_path):
 
 
 def test_unreadable_or_broken_tls_files_are_said_with_the_key(tmp_path, certs):
-    missing = refused(tmp_path, f"tls_server_config: {{cert_file: {tmp_path}/none.pem, key_file: {certs.dir}/server.key}}")
+    missing = refused(
+        tmp_path, f"tls_server_config: {{cert_file: {tmp_path}/none.pem, key_file: {certs.dir}/server.key}}"
+    )
     assert "cannot be loaded" in missing and "none.pem" in missing
     # a key that is not the certificate's
     other = Certificates(tmp_path / "other")
@@ -184,7 +192,9 @@ def test_an_encrypted_key_is_refused_instead_of_prompting_on_the_terminal(tmp_pa
          "-out", str(encrypted)],
         check=True, capture_output=True,
     )  # fmt: skip
-    message = refused(tmp_path, f"tls_server_config: {{cert_file: {certs.dir}/server.pem, key_file: {encrypted}}}")
+    message = refused(
+        tmp_path, f"tls_server_config: {{cert_file: {certs.dir}/server.pem, key_file: {encrypted}}}"
+    )
     assert "is encrypted" in message and SECRET not in message
 
 

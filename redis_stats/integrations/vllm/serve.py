@@ -120,7 +120,7 @@ def maybe_serve(config: StatsConfig, catalog: Catalog, own_engines: Sequence[int
         which,
         config.namespace,
         exporter.url,
-        exporter.app.gate.describe(),
+        exporter.app.gate.summary(),
         " (loopback only; set REDIS_STATS_ADDR to serve other hosts)" if addr == DEFAULT_ADDR else "",
     )
     return exporter
