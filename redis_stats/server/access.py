@@ -24,14 +24,15 @@ an unknown user costs a bcrypt check like a known one (no user enumeration by ti
 check costs tens of milliseconds by design, so its result is cached per (user, hash, password)
 digest (the toolkit does too), one check at a time.
 
-**Reloads.** The files are looked at (``stat``) at most once a second, at the next connection or
-request, and read again when one changed: a certificate renewed by cert-manager, a Secret updated
-by Kubernetes (a new symlink target), a user added. ``SIGHUP`` to ``redis-stats exporter`` reloads
-at once. A file that does not read is refused with an error in the log and the last good one is
-kept (``redis_stats_exporter_web_config_last_reload_successful 0``), as is one that would turn TLS
-on or off (set at start) or drop every credential while private views are served. The toolkit reads
-its file on every request and answers ``500`` while it is broken; here a broken file never takes
-the server down.
+**Reloads.** The files are looked at (``stat``) once a second by a thread of their own (never on a
+request's: no request waits for a file to be read), and read again when one changed: a certificate
+renewed by cert-manager, a Secret updated by Kubernetes (a new symlink target), a user added.
+``SIGHUP`` to ``redis-stats exporter`` reloads at once; a refused file is tried again every 10 s
+(a file it names may appear). A file that does not read is refused with an error in the log and
+the last good one is kept (``redis_stats_exporter_web_config_last_reload_successful 0``), as is one
+that would turn TLS on or off (set at start) or drop every credential while private views are
+served. The toolkit reads its file on every request and answers ``500`` while it is broken; here a
+broken file never takes the server down.
 """
 
 from __future__ import annotations
@@ -51,16 +52,20 @@ from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from redis_stats.background import survive
 from redis_stats.errors import WebConfigError
 from redis_stats.server.http import Request, Response, json_response, refuse_plain_http
 from redis_stats.server.webconfig import WebConfig, read_tokens, read_web_config
 
-__all__ = ["CHECK_EVERY", "Gate"]
+__all__ = ["CHECK_EVERY", "RETRY_BROKEN", "Gate"]
 
 log = logging.getLogger("redis_stats.exporter")
 
 CHECK_EVERY = 1.0
 """Seconds between two looks at the files (a ``stat`` each) for a change."""
+
+RETRY_BROKEN = 10.0
+"""Seconds between two reads of files whose last read was refused, when none changed since."""
 
 REALM = "redis_stats"
 # bcrypt results kept (per (user, hash, password) digest), right and wrong apart: a spray of wrong
@@ -149,6 +154,7 @@ class Gate:
         """Whether connections are TLS (set at start: a reload cannot turn it on or off)."""
         self._check(self._loaded)
         self._checked = time.monotonic()
+        self._refused_stats: dict[str, tuple[int, ...] | None] = {}
         self._checking = threading.Lock()
         self._error = ""  # the last reload's error ("" once one succeeds)
         self._verdicts = _Verdicts()
@@ -202,20 +208,33 @@ class Gate:
             )
 
     def current(self) -> _Loaded:
-        """What is in force: read again first when a file changed (looked at most once a
-        :data:`CHECK_EVERY`, by one thread while the others go on with what is in force)."""
-        loaded = self._loaded
-        if not self.enabled or time.monotonic() - self._checked < CHECK_EVERY:
-            return loaded
-        if not self._checking.acquire(blocking=False):
-            return loaded
-        try:
-            self._checked = time.monotonic()
-            if self._error or any(_stat(f) != st for f, st in loaded.stats.items()):
-                self._reload()
-        finally:
-            self._checking.release()
+        """What is in force (no I/O: the files are looked at by :meth:`watch`'s thread)."""
         return self._loaded
+
+    def look(self) -> bool:
+        """Read the files again when one changed since they were read, or, while the last read was
+        refused, every :data:`RETRY_BROKEN` seconds (a file it names may appear since); True when
+        a new configuration was taken. One look: a ``stat`` of each file."""
+        if not self.enabled:
+            return False
+        with self._checking:
+            loaded = self._loaded
+            stats = {f: _stat(f) for f in loaded.stats}
+            changed = stats != loaded.stats and stats != self._refused_stats
+            retry = bool(self._error) and time.monotonic() - self._checked >= RETRY_BROKEN
+            if not (changed or retry):
+                return False
+            self._checked = time.monotonic()
+            self._refused_stats = stats
+            return self._reload()
+
+    def watch(self, stop: threading.Event) -> None:
+        """Look at the files every :data:`CHECK_EVERY` seconds until *stop* is set (the
+        exporter's thread ``redis_stats-web-config``): a reload never runs on a request's thread,
+        so no request waits for a file to be read, however large or broken."""
+        while not stop.wait(CHECK_EVERY):
+            with survive("web_config", log):
+                self.look()
 
     def reload(self) -> bool:
         """Read the files again now (``SIGHUP``): True when they were taken, False when refused (the
@@ -230,7 +249,9 @@ class Gate:
         try:
             loaded = self._load()
             self._check(loaded)
-        except WebConfigError as exc:
+        except Exception as exc:  # whatever a file does, it costs the reload, never a request
+            if not isinstance(exc, WebConfigError):  # a bug of the reading: its kind, not its text
+                exc = WebConfigError("web_config_file", f"could not be read ({type(exc).__name__})")
             if str(exc) != self._error:  # said once per distinct error, not at every look
                 self._error = str(exc)
                 self._count("reload", "failure")

@@ -137,6 +137,10 @@ class Exporter:
 
     def _start_upkeep(self) -> None:
         threading.Thread(target=self._sweep_loop, name="redis_stats-kept", daemon=True).start()
+        if self.app.gate.enabled:  # the access control's files, read again when they change
+            threading.Thread(
+                target=self.app.gate.watch, args=(self._stop,), name="redis_stats-web-config", daemon=True
+            ).start()
         # Retention on a timer: every exporter may run it; the gc lease lets one collect at a time.
         if self.options.gc_interval > 0:
             threading.Thread(target=self._gc_loop, name="redis_stats-gc", daemon=True).start()

@@ -241,6 +241,51 @@ def test_a_reload_may_not_leave_private_routes_without_credentials(serve, monkey
     assert http_get(exporter.port, "/ledger", basic("prometheus", PASSWORD))[0] == 200
 
 
+def test_a_file_the_parser_chokes_on_costs_the_reload_never_a_request(serve, files, caplog):
+    # A key that is a list made PyYAML's loader raise TypeError, deep nesting RecursionError: at a
+    # reload that would have ended the connection that looked, once a second.
+    exporter = serve(web_config_file=str(files["web"]))
+    for text in ("? [a, b]\n: c\n", "basic_auth_users: " + "[" * 5000 + "]" * 5000):
+        _rewrite(files["web"], text)
+        time.sleep(1.1)
+        for _ in range(5):
+            assert http_get(exporter.port, "/metrics", basic("prometheus", PASSWORD))[0] == 200
+    assert caplog.text.count("not reloaded") == 2
+
+
+def test_concurrent_clients_each_get_their_own_answer(serve, files):
+    # The verdicts are cached and shared by every connection's thread: a right password must never
+    # admit a wrong one sent at the same moment, nor the reverse.
+    import threading
+
+    exporter = serve(
+        web_config_file=str(files["web"]), web_token_file=str(files["tokens"]), max_connections=16
+    )
+    cases = [
+        (basic("prometheus", PASSWORD), 200),
+        (basic("prometheus", PASSWORD + "!"), 401),
+        (basic("nobody", PASSWORD), 401),
+        (bearer(TOKEN), 200),
+        (bearer(OTHER_TOKEN + "x"), 401),
+        ({}, 401),
+    ]
+    wrong: list[tuple[int, int]] = []
+
+    def client(i: int) -> None:
+        for n in range(20):
+            headers, expected = cases[(i + n) % len(cases)]
+            status = http_get(exporter.port, "/healthz", headers)[0]
+            if (status == 200) != (expected == 200) and status != 503:
+                wrong.append((i, n))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []
+
+
 def test_a_deleted_file_keeps_the_configuration_in_force(serve, files):
     exporter = serve(web_token_file=str(files["tokens"]))
     files["tokens"].unlink()

@@ -125,6 +125,10 @@ ANY_HASH = "$2y$04$" + "a" * 53
         (f"basic_auth_users: {{no: {ANY_HASH}}}", "quote names YAML reads otherwise"),
         ("basic_auth_users: [alice]", "basic_auth_users must be a mapping"),
         ("- a\n- b", "the file must be a mapping"),
+        ("? [a, b]\n: c\n", "line 1: a key must be a name, not a list"),
+        ("basic_auth_users: &a {x: *a}", "not YAML (found unconstructable recursive node)"),
+        ("tls_server_config: !!python/object:os.system {}", "could not determine a constructor"),
+        ("basic_auth_users: " + "[" * 5000 + "]" * 5000, "not YAML (exceeded maximum nesting depth)"),
     ],
 )
 def test_what_cannot_be_served_is_refused_naming_the_key_and_the_fix(tmp_path, text, said):
