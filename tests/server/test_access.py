@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from redis_stats import StatsReader
 from redis_stats.errors import WebConfigError
@@ -319,3 +321,36 @@ def test_planted_secrets_never_come_out(serve, files, caplog, tmp_path):
     assert "redis_stats_exporter_unauthorized_requests_total" in everything  # /metrics was read
     for secret in secrets:
         assert secret not in everything
+
+
+@pytest.fixture(scope="module")
+def gate(tmp_path_factory):
+    from redis_stats.server.access import Gate
+
+    tmp = tmp_path_factory.mktemp("gate")
+    (tmp / "web.yml").write_text(f"basic_auth_users:\n  prometheus: {bcrypt_hash(PASSWORD)}\n")
+    (tmp / "tokens").write_text(f"{TOKEN}\n")
+    return Gate(str(tmp / "web.yml"), str(tmp / "tokens"))
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    value=st.one_of(
+        st.text(max_size=200),
+        st.builds(
+            lambda s, t: s + t, st.sampled_from(["Basic ", "Bearer ", "basic  "]), st.text(max_size=120)
+        ),
+    )
+)
+def test_any_authorization_header_is_refused_with_a_401_unless_it_is_a_credential(gate, value):
+    from redis_stats.server.http import Request
+
+    answer = gate.check(Request("GET", "/metrics", "", {"Authorization": value}))
+    if answer is None:  # admitted: only the token, or the password, were in it
+        assert TOKEN in value or base64.b64decode(value.split()[1]) == f"prometheus:{PASSWORD}".encode()
+    else:
+        assert answer.status == 401  # the same words whatever was sent: nothing of it echoed
+        assert (
+            answer.body
+            == b'{"error": "unauthorized: this path needs credentials (basic auth or a bearer token)"}'
+        )
