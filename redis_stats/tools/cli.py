@@ -1,7 +1,7 @@
 """The ``redis-stats`` command: the group, and the commands it adds (one module each, in
-:mod:`redis_stats.tools.commands`): demo, simulate, exporter, top, inspect, gc, drop-namespace,
-namespaces, bridge, load-proxy. What they share (which Redis and namespace, how its failures end
-a command) is :mod:`redis_stats.tools.redis_options`."""
+:mod:`redis_stats.tools.commands`): demo, dev-redis, simulate, exporter, top, inspect, gc,
+drop-namespace, namespaces, bridge, load-proxy. What they share (which Redis and namespace, how
+its failures end a command) is :mod:`redis_stats.tools.redis_options`."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import click
 from redis_stats import __version__
 from redis_stats.tools.commands.bridge import bridge
 from redis_stats.tools.commands.demo import demo
+from redis_stats.tools.commands.dev_redis import dev_redis
 from redis_stats.tools.commands.drop_namespace import drop_namespace
 from redis_stats.tools.commands.exporter import exporter
 from redis_stats.tools.commands.gc import gc
@@ -51,5 +52,17 @@ def main() -> None:
     warn_mistyped_variables(emit=lambda message: click.echo(f"warning: {message}", err=True))
 
 
-for command in (demo, simulate, exporter, top, inspect, gc, drop_namespace, namespaces, bridge, load_proxy):
+for command in (
+    demo,
+    dev_redis,
+    simulate,
+    exporter,
+    top,
+    inspect,
+    gc,
+    drop_namespace,
+    namespaces,
+    bridge,
+    load_proxy,
+):
     main.add_command(command)

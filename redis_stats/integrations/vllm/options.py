@@ -25,6 +25,9 @@ __all__ = [
     "SWITCH",
     "VARIABLES",
     "VIEW",
+    "WEB_CONFIG_FILE",
+    "WEB_OPEN",
+    "WEB_TOKEN_FILE",
     "default_endpoint",
     "plugin_config",
     "plugin_enabled",
@@ -74,6 +77,29 @@ VIEW = EnvVar(
     "scrape ONE such view) or `local` (this instance's engines; scrape EVERY node), see docs/vllm.md",
 )
 
+WEB_CONFIG_FILE = EnvVar(
+    "REDIS_STATS_WEB_CONFIG_FILE",
+    "",
+    _PLUGIN,
+    "access control of the view on `REDIS_STATS_PORT`: a Prometheus exporter-toolkit web "
+    "configuration file (TLS, client certificates, headers, `basic_auth_users`), as the exporter's "
+    "`--web-config-file`; unset: none",
+)
+WEB_TOKEN_FILE = EnvVar(
+    "REDIS_STATS_WEB_TOKEN_FILE",
+    "",
+    _PLUGIN,
+    "access control of the view: a file of bearer tokens, one a line, as the exporter's "
+    "`--web-token-file`; unset: none",
+)
+WEB_OPEN = EnvVar(
+    "REDIS_STATS_WEB_OPEN",
+    "",
+    _PLUGIN,
+    "with access control: the paths of the view served without credentials, space-separated "
+    "(e.g. `/healthz`), as the exporter's `--web-open`",
+)
+
 POD_IP = EnvVar(
     "POD_IP",
     "",
@@ -92,7 +118,19 @@ POD_INDEX = EnvVar(
     "parallelism inside each pod); not with `REDIS_STATS_ENGINE_OFFSET`",
 )
 
-VARIABLES = (SWITCH, NAMESPACE, INTERVAL, PORT, ADDR, VIEW, POD_IP, POD_INDEX)
+VARIABLES = (
+    SWITCH,
+    NAMESPACE,
+    INTERVAL,
+    PORT,
+    ADDR,
+    VIEW,
+    WEB_CONFIG_FILE,
+    WEB_TOKEN_FILE,
+    WEB_OPEN,
+    POD_IP,
+    POD_INDEX,
+)
 
 # StatsConfig's own option (engine_offset), looked at here only to refuse it beside POD_INDEX.
 _OFFSET = EnvVar("REDIS_STATS_ENGINE_OFFSET", "", _PLUGIN, "option `engine_offset`")
@@ -178,11 +216,6 @@ def plugin_config(
     return config if config.endpoint is not None else config.replace(endpoint=default_endpoint(environ, argv))
 
 
-# Read by the demo's private server (redis_stats.tools.embedded), not by the plugin: a pod or host
-# may have it set for both.
-_ALSO_READ = ("REDIS_STATS_SERVER_BINARY",)
-
-
 def warn_mistyped_variables(
     environ: Mapping[str, str] | None = None,
     vllm_names: tuple[str, ...] | list[str] | None = None,
@@ -194,7 +227,7 @@ def warn_mistyped_variables(
     ``vllm.envs.environment_variables``) that is close to one the plugin reads (not checked
     when *vllm_names* is None: the ``redis-stats`` command reads no ``VLLM_*`` variable)."""
     ours = [v.name for v in VARIABLES]
-    messages = warn_unknown_variables([*ours, *_ALSO_READ], environ, emit=emit)
+    messages = warn_unknown_variables(ours, environ, emit=emit)
     if vllm_names is None:
         return messages
     vllm_read = [name for name in ours if name.startswith("VLLM_")]

@@ -55,6 +55,13 @@ __all__ = ["demo"]
     help="Seconds after a node process dies (kill it to see the DOWN line) before the demo starts "
     "it again; 0: never.",
 )
+@click.option(
+    "--engines-per-endpoint",
+    default=2,
+    type=click.IntRange(0, 64),
+    help="Engines served behind one endpoint (demo-<i>:8000), which the routers' views "
+    "(/get_load, /v1/loads) answer by; 0: no endpoint stored.",
+)
 @seconds_option("--duration", 1, show_default="until Ctrl-C", help="Stop after this many seconds.")
 def demo(redis_url: str | None, redis_url_file: str | None, **options: Any) -> None:
     """Simulate a multi-node vLLM fleet writing to one Redis; print the rank-0 log; serve /metrics."""
