@@ -12,6 +12,7 @@ from __future__ import annotations
 from redis_stats.server.app import View
 from redis_stats.server.views import (
     endpoints,
+    families,
     get_load,
     health,
     history,
@@ -32,6 +33,7 @@ ROUTES: dict[str, View] = {
     "/metrics": metrics.answer,
     "/snapshot": snapshot.answer,
     "/history": history.answer,
+    "/families": families.answer,
     "/load": load.answer,
     "/endpoints": endpoints.answer,
     "/get_load": get_load.answer,
