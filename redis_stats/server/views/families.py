@@ -2,7 +2,8 @@
 
 The live page's cards and charts are vLLM's figures; a namespace written by the library holds its
 own families (``requests``, ``queue_depth``, ...), which the page showed nothing of. This view is
-the generic one: for each family of the catalogue (name, kind, help, label names) and each engine,
+the generic one: for each family of the catalogue some engine holds series of (name, kind, help,
+label names; not the families a reader was merely given, vLLM's for the exporter) and each engine,
 one number — a counter's total (its series added up), a gauge's current sum (live engines only:
 a down engine's gauges are not current), a histogram's count of observations (and their sum) —
 and over the namespace's window the per-second rate of counters and histogram counts. Columnar:
@@ -53,7 +54,9 @@ def families_document(now: Snapshot, earlier: Snapshot | None) -> dict[str, Any]
     values, before = _per_engine(now), _per_engine(earlier) if earlier is not None else {}
     families = []
     for spec in sorted(now.catalog, key=lambda s: s.name):
-        found = values.get(spec.name, [{}, {}])
+        found = values.get(spec.name)
+        if found is None:  # a family no engine holds a series of (a reader's own catalogue's)
+            continue
         value_of = found[0]
         row: dict[str, Any] = {
             "name": spec.name,
