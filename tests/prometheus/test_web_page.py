@@ -33,6 +33,7 @@ from tests.prometheus import views
 from tests.prometheus.set_fleet import GROWING, growing
 from tests.vllm_shapes import iteration, scheduler
 
+DASH = "\u2013"  # the page's "no value"
 CARDS = ["c-engines", "c-gen", "c-prompt", "c-running", "c-kv", "c-ttft", "c-itl"]
 FLEET_CHARTS = ["ch-tput", "ch-kv", "ch-wait", "ch-ttft", "ch-itl"]
 
@@ -185,8 +186,8 @@ def _itl_doc(p99: float) -> dict[str, Any]:
         (
             {"itl_p99": "relative"},
             [
-                "ITL p99 ≥ 0.1 s (relative: 2 × the fleet median, at least 0.1 s; --page-threshold)",
-                "ITL p99 ≥ 0.12 s (relative: 2 × the fleet median, at least 0.1 s; --page-threshold)",
+                "ITL p99 ≥ 0.1 s (relative: 2 \u00d7 the fleet median, at least 0.1 s; --page-threshold)",
+                "ITL p99 ≥ 0.12 s (relative: 2 \u00d7 the fleet median, at least 0.1 s; --page-threshold)",
             ],
         ),
     ],
@@ -395,11 +396,13 @@ def test_ten_engines_the_down_and_queued_come_first_in_colours_that_do_not_repea
     assert next(r for r in by_queue if r[0] == "7")[3] == "DOWN"
     # The filter takes a pod (or an endpoint): its engines only.
     page.js(
-        "const f = document.getElementById('filter'); f.value = 'vllm-gone'; f.dispatchEvent(new Event('input')); return 1"
+        "const f = document.getElementById('filter'); f.value = 'vllm-gone';"
+        " f.dispatchEvent(new Event('input')); return 1"
     )
     assert [r[0] for r in page.table("rows")] == ["7"]
     page.js(
-        "const f = document.getElementById('filter'); f.value = ''; f.dispatchEvent(new Event('input')); return 1"
+        "const f = document.getElementById('filter'); f.value = '';"
+        " f.dispatchEvent(new Event('input')); return 1"
     )
     page.screenshot("live-page.png")
 
@@ -783,7 +786,8 @@ def test_a_reload_keeps_the_engines_charts_and_the_outages(redis_server, namespa
         outages = page.js(OUTAGE_ROWS)
         oldest = page.js("return [0, 1, 2].map(e => (engHist.get(e) || [[Infinity]])[0][0])")
         drawn = page.js(
-            "return Array.from(document.querySelectorAll('#ch-att path')).map(p => p.getAttribute('d').split('L').length)"
+            "return Array.from(document.querySelectorAll('#ch-att path'))"
+            ".map(p => p.getAttribute('d').split('L').length)"
         )
         polls = len(page.renders())
     finally:
@@ -853,12 +857,15 @@ def test_a_namespace_written_by_the_library_shows_its_own_families(redis_server,
     try:
         families = page.wait(
             "the families",
-            "return document.getElementById('fam').open && document.querySelectorAll('#fam-rows tr.fam').length"
-            " && Array.from(document.querySelectorAll('#fam-rows tr')).map(r => Array.from(r.cells).map(c => c.textContent))",
+            "return document.getElementById('fam').open"
+            " && document.querySelectorAll('#fam-rows tr.fam').length"
+            " && Array.from(document.querySelectorAll('#fam-rows tr'))"
+            ".map(r => Array.from(r.cells).map(c => c.textContent))",
             20,
         )
         cards_shown = page.js(
-            "return Array.from(document.querySelectorAll('.card')).filter(c => c.offsetParent !== null).length"
+            "return Array.from(document.querySelectorAll('.card'))"
+            ".filter(c => c.offsetParent !== null).length"
         )
         charts_shown = page.js("return document.querySelector('.charts').offsetParent !== null")
         page.js("document.querySelector('#fam-rows tr[data-name=requests]').click(); return 1")
@@ -870,9 +877,9 @@ def test_a_namespace_written_by_the_library_shows_its_own_families(redis_server,
         exporter.close()
         writer.close()
     assert [r[:6] for r in families] == [
-        ["latency_seconds", "histogram", "–", "2", "–", "1"],
-        ["queue_depth", "gauge", "–", "3", "–", "1"],
-        ["requests", "counter", "route", "19", "–", "3"],
+        ["latency_seconds", "histogram", DASH, "2", DASH, "1"],
+        ["queue_depth", "gauge", DASH, "3", DASH, "1"],
+        ["requests", "counter", "route", "19", DASH, "3"],
     ], families
     assert families[2][6] == "Requests served."
     assert [r[:4] for r in per_engine] == [
@@ -929,7 +936,8 @@ def test_hostile_values_from_the_store_are_shown_as_text_never_run(redis_server,
     try:
         page.wait("a first poll", "return (window.__renders || []).length >= 2", 20)
         page.js(
-            "document.getElementById('fam').open = true; document.getElementById('fam').dispatchEvent(new Event('toggle')); return 1"
+            "const d = document.getElementById('fam'); d.open = true;"
+            " d.dispatchEvent(new Event('toggle')); return 1"
         )
         page.wait("the families", "return document.querySelectorAll('#fam-rows tr.fam').length > 3", 20)
         page.js("document.querySelector('#fam-rows tr[data-name=requests]').click(); return 1")
@@ -954,7 +962,7 @@ def test_hostile_values_from_the_store_are_shown_as_text_never_run(redis_server,
         library.close()
     assert pwned is None and images == 0, (pwned, images)
     assert hosts == [HOSTILE.format("host")] * 3 + [HOSTILE.format("vllm")], hosts
-    assert endpoints == ["–"] * 4, endpoints  # the hand-written endpoint is no endpoint: not shown
+    assert endpoints == [DASH] * 4, endpoints  # the hand-written endpoint is no endpoint: not shown
     assert HOSTILE.format("help") in helps, helps
     assert model == HOSTILE.format("model")
     assert [r[0] for r in outage] == ["3"] and outage[0][4] == HOSTILE.format("vllm"), outage
