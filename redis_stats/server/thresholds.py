@@ -78,8 +78,18 @@ def _in_range(name: str, value: float) -> bool:
     return value > 0
 
 
+# Names an operator may reach for first: the hint names the threshold they mean.
+_MEANT = {
+    "waiting": "queue",
+    "requests_waiting": "queue",
+    "ttft": "ttft_p99",
+    "itl": "itl_p99",
+    "kv_cache": "kv",
+}
+
+
 def _unknown(name: str) -> str:
-    close = difflib.get_close_matches(name, list(DEFAULTS), n=1)
+    close = [_MEANT[name]] if name in _MEANT else difflib.get_close_matches(name, list(DEFAULTS), n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
     return f"unknown threshold {name!r}{hint}: one of {', '.join(DEFAULTS)}"
 
