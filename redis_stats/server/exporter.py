@@ -39,6 +39,7 @@ from redis_stats.server.emptiness import EmptyWatch
 from redis_stats.server.http import Server
 from redis_stats.server.options import ServeOptions
 from redis_stats.server.routes import ROUTES
+from redis_stats.server.states.sampler import window_of
 
 __all__ = ["Exporter"]
 
@@ -124,6 +125,11 @@ class Exporter:
 
     def _start_upkeep(self) -> None:
         threading.Thread(target=self._sweep_loop, name="redis_stats-kept", daemon=True).start()
+        # The live page's window measured from the exporter's start (an exporter of one namespace
+        # with the page's figures): a page opened in its first minute has rates from its first
+        # poll. Nobody asking, the sampler stops after a minute, as after any last request.
+        if not self.options.several and self.options.history:
+            window_of(self.app.sources.one(None)).asked()
         # Retention on a timer: every exporter may run it; the gc lease lets one collect at a time.
         if self.options.gc_interval > 0:
             threading.Thread(target=self._gc_loop, name="redis_stats-gc", daemon=True).start()

@@ -284,7 +284,9 @@ def fleet_page(redis_server, namespace) -> Iterator[Any]:
         pytest.skip(why)
     made: list[Any] = []
 
-    def open_(engines: int, *, warm: bool, stale_after: float = 3.0, **options: Any) -> Page:
+    def open_(
+        engines: int, *, warm: bool, stale_after: float = 3.0, wait: float = 0.0, **options: Any
+    ) -> Page:
         proc = page_fleet.spawn(redis_server.url, namespace, engines, stale_after=stale_after, **options)
         made.append(proc)
         config = StatsConfig(url=redis_server.url, namespace=namespace, stale_after=stale_after)
@@ -299,6 +301,7 @@ def fleet_page(redis_server, namespace) -> Iterator[Any]:
         if warm:  # an exporter some client already asks: its window exists when the page opens
             views.snapshot_json(exporter)
             time.sleep(3)  # a window of a few seconds (at least a tenth of the 10 s one)
+        time.sleep(wait)  # the page opened that long after the exporter started
         page = Page(exporter)
         made.append(page)
         return page
@@ -356,8 +359,6 @@ def test_ten_engines_the_down_and_queued_come_first_in_colours_that_do_not_repea
     first = page.renders()[0]
     if first["window"] is None:  # a cold exporter: rates say when they come, never a bare dash
         assert first["blank"] == [], first
-    # Nobody asked this exporter before: no history, the charts start with the page's polls.
-    assert page.js("return window.__seeded") == 0
     page.wait(
         "engine 7 down and both queued engines past the threshold",
         "const r = Array.from(document.querySelectorAll('#att-rows tr'));"
@@ -876,11 +877,13 @@ def test_a_namespace_written_by_the_library_shows_its_own_families(redis_server,
         page.close()
         exporter.close()
         writer.close()
-    assert [r[:6] for r in families] == [
-        ["latency_seconds", "histogram", DASH, "2", DASH, "1"],
-        ["queue_depth", "gauge", DASH, "3", DASH, "1"],
-        ["requests", "counter", "route", "19", DASH, "3"],
+    assert [r[:4] + r[5:6] for r in families] == [
+        ["latency_seconds", "histogram", DASH, "2", "1"],
+        ["queue_depth", "gauge", DASH, "3", "1"],
+        ["requests", "counter", "route", "19", "3"],
     ], families
+    # Per second over the window (nothing new: 0), or none yet; a gauge has no rate.
+    assert families[0][4] in {DASH, "0"} and families[1][4] == DASH and families[2][4] in {DASH, "0"}
     assert families[2][6] == "Requests served."
     assert [r[:4] for r in per_engine] == [
         ["1", "up", "api-0.shop:8080 · " + rows[0][2], "11"],
@@ -967,3 +970,75 @@ def test_hostile_values_from_the_store_are_shown_as_text_never_run(redis_server,
     assert model == HOSTILE.format("model")
     assert [r[0] for r in outage] == ["3"] and outage[0][4] == HOSTILE.format("vllm"), outage
     assert where[0] == host_id, where
+
+
+@pytest.mark.redis_server
+@pytest.mark.slow
+def test_a_fresh_exporters_window_is_measured_from_its_start(fleet_page):
+    """Before, a page opened a few seconds after the exporter started said "measuring…" on its
+    first poll whatever the fleet's age: the window started with the page's first request. The
+    exporter of one namespace starts measuring when it starts: the first poll has rates."""
+    page = fleet_page(2, warm=False, wait=3.0)
+    page.wait("a first poll", "return (window.__renders || []).length >= 1", 20)
+    first = page.renders()[0]
+    assert first["window"] is not None and first["blank"] == [], first
+    assert not page.js("return document.getElementById('c-gen').classList.contains('measuring')")
+    assert page.js("return window.__seeded") >= 1  # and the charts start from its first reads
+
+
+@pytest.mark.slow
+def test_while_the_window_measures_latencies_show_at_once_and_the_page_says_when_rates_come(
+    config, fake_client
+):
+    """An exporter whose window was dropped (nobody asked for a minute) reads the fleet anew: until
+    a second read, no rate. What the store already holds is shown at once — each engine's TTFT and
+    ITL p99 since it started, said so — and the page says precisely what it waits for."""
+    if why := browser.missing():
+        pytest.skip(why)
+    t0 = 1_800_000_000.0
+    histogram = {
+        "vllm:time_to_first_token_seconds": [{"labels": {}, "value": {"p50": 0.2, "p99": 0.9}}],
+        "vllm:inter_token_latency_seconds": [{"labels": {}, "value": {"p50": 0.02, "p99": 0.04}}],
+    }
+    doc: dict[str, Any] = {
+        "time": t0 + 1,
+        "window": {
+            "seconds": None,
+            "requested_seconds": 30,
+            "first_read": t0,
+            "min_seconds": 3,
+            "engines": {},
+        },
+        "engines": {},
+    }
+    for e in range(2):
+        doc["engines"][str(e)] = {
+            "up": True,
+            "state": "up",
+            "age_seconds": 0.5,
+            "gauges": {},
+            "histograms": histogram,
+        }
+        doc["window"]["engines"][str(e)] = {"seconds": None, "rates": {}, "histograms": {}}
+    exporter = Exporter(StatsReader(config, vllm_catalog(), client=fake_client()), port=0).start()
+    b = browser.Browser()
+    try:
+        b.get(exporter.url + "/?namespace=elsewhere")  # its own polls fail: only this document
+        got = b.js(
+            f"update({json.dumps(doc)}); return ['c-gen', 'c-ttft', 'c-itl', 'k-ttft', 'measuring-note']"
+            f".map(id => $(id).textContent).concat([clock({t0 + 3}), clock({t0})])"
+        )
+        cells = b.js(
+            "return Array.from(document.querySelectorAll('#rows tr')[0].cells)"
+            ".map(c => [c.textContent, c.className])"
+        )
+    finally:
+        b.close()
+        exporter.close()
+    gen, ttft, itl, label, note, ready, first = got
+    assert gen == "measuring…" and ttft == "0.9 s" and itl == "0.04 s" and label == " · since start", got
+    assert (
+        f"tokens/s over the window from {ready}" in note
+        and f"first read of this fleet was at {first}" in note
+    )
+    assert cells[11] == ["0.9 s", "vllm since"], cells  # TTFT p99: dim, "since the engine started"
