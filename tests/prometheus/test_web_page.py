@@ -4,8 +4,9 @@ the fleet charts have a time axis, the engines that need attention come first in
 not repeat, the full table is sorted and paged, and a poll of 1,024 engines renders in under a
 second of browser time (``performance.now()`` in the page: parse, render and layout).
 
-``REDIS_STATS_SCREENSHOT_DIR=docs/img`` writes the screenshots of docs/img/ (live-page*.png).
-"""
+``LIVE_PAGE_SCREENSHOTS=docs/img`` writes the screenshots of docs/img/ (live-page*.png), after
+``LIVE_PAGE_SECONDS`` (120 for the docs) of history. Not ``REDIS_STATS_*`` names: the suite clears
+those (tests/conftest.py), and the package warns of one it does not know."""
 
 from __future__ import annotations
 
@@ -264,10 +265,10 @@ class Page:
         )
 
     def screenshot(self, name: str) -> bytes:
-        where = os.environ.get("REDIS_STATS_SCREENSHOT_DIR")
-        if where:  # how docs/img/live-page*.png are made (with REDIS_STATS_PAGE_SECONDS=120 of history)
-            time.sleep(float(os.environ.get("REDIS_STATS_PAGE_SECONDS", "0")))
-            self.b.resize(1280, min(1600, 140 + int(self.js("return document.documentElement.scrollHeight"))))
+        where = os.environ.get("LIVE_PAGE_SCREENSHOTS")
+        if where:  # how docs/img/live-page*.png are made (with LIVE_PAGE_SECONDS=120 of history)
+            time.sleep(float(os.environ.get("LIVE_PAGE_SECONDS", "0")))
+            self.b.resize(1280, min(2000, 140 + int(self.js("return document.documentElement.scrollHeight"))))
         png = self.b.screenshot()
         if where:
             Path(where, name).write_bytes(png)

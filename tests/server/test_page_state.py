@@ -297,3 +297,54 @@ def test_families_rates_over_the_window_and_values_past_the_float_range():
     assert gen["total"] == "+Inf" and gen["values"] == [1.7e308, 1.7e308] and gen["rates"] == [None, None]
     assert json.loads(json.dumps(families_document(big, None), allow_nan=False))
     assert not math.isnan(gen["values"][0])
+
+
+def test_history_and_outages_taken_from_several_threads_at_once_stay_whole():
+    """The window's sampler and every /snapshot request add to one history and one trace at once
+    (reads finishing out of order): the points stay in order, their bytes add up, nothing raises."""
+    import threading
+
+    history = FleetHistory(VLLM_PAGE_HISTORY, spacing=0.5, max_bytes=200_000)
+    trace = OutageTrace(600.0)
+    fleets = [_fleet(64, 0.0), snap(0.0, *(engine(e, up=e % 3 != 0) for e in range(64)))]
+    errors: list[BaseException] = []
+
+    def run(offset: int) -> None:
+        try:
+            for i in range(300):
+                t = 1000.0 + i + offset * 0.25
+                now = snap(t, *fleets[i % 2].engines.values())
+                history.add(now, fleets[0])
+                trace.see(now)
+        except BaseException as exc:  # pragma: no cover - the assertion below says it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    times = history.columns()["time"]
+    assert times == sorted(times) and all(b - a >= 0.5 for a, b in zip(times, times[1:]))
+    points = list(history._points)
+    assert history.bytes == sum(p.size for p in points) <= 200_000
+    doc = trace.document()
+    assert doc and all(o["to"] is None or o["to"] >= o["from"] for o in doc)
+    assert len({o["engine"] for o in doc if o["to"] is None}) == sum(1 for o in doc if o["to"] is None)
+
+
+def test_families_say_when_redis_cannot_be_read(config):
+    from redis_stats.tools.embedded import free_port
+
+    down = StatsConfig(
+        url=f"redis://127.0.0.1:{free_port()}/0", namespace=config.namespace, connect_timeout_ms=200
+    )
+    exporter = Exporter(StatsReader(down, CAT), port=0, history=VLLM_PAGE_HISTORY).start()
+    try:
+        status, doc = _get(exporter.url + "/families")
+        history_status = _get(exporter.url + "/history")[0]
+    finally:
+        exporter.close()
+    assert status == 503 and doc["error"] == "connection", doc
+    assert history_status == 200  # from memory
