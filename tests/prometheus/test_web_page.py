@@ -286,7 +286,13 @@ def fleet_page(redis_server, namespace) -> Iterator[Any]:
     made: list[Any] = []
 
     def open_(
-        engines: int, *, warm: bool, stale_after: float = 3.0, wait: float = 0.0, **options: Any
+        engines: int,
+        *,
+        warm: bool,
+        stale_after: float = 3.0,
+        wait: float = 0.0,
+        thresholds: dict[str, Any] | None = None,
+        **options: Any,
     ) -> Page:
         proc = page_fleet.spawn(redis_server.url, namespace, engines, stale_after=stale_after, **options)
         made.append(proc)
@@ -297,6 +303,7 @@ def fleet_page(redis_server, namespace) -> Iterator[Any]:
             window=10,
             summary=VLLM_FLEET_SUMMARY,
             history=VLLM_PAGE_HISTORY,
+            page_thresholds=thresholds or {},
         )
         made.append(exporter.start())
         if warm:  # an exporter some client already asks: its window exists when the page opens
@@ -414,8 +421,16 @@ def test_ten_engines_the_down_and_queued_come_first_in_colours_that_do_not_repea
 def test_1024_engines_render_in_under_a_second_paged_with_bounded_lines(fleet_page):
     # stale_after 30 s: on a loaded 2-core machine the simulation of 1,024 engines can fall a few
     # seconds behind, and its engines must not look down for that (the 10-engine test covers down).
+    # The operator's TTFT threshold: every simulated engine's p99 is past the default 1 s.
     page = fleet_page(
-        1024, warm=False, interval=2.0, stale_after=30.0, load=0.3, queued=(3, 100, 517), full=(5, 900)
+        1024,
+        warm=False,
+        interval=2.0,
+        stale_after=30.0,
+        load=0.3,
+        queued=(3, 100, 517),
+        full=(5, 900),
+        thresholds={"ttft_p99": 30.0},
     )
     page.wait(
         "two polls with a window", "return window.__renders.filter(x => x.window !== null).length >= 2", 90

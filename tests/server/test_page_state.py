@@ -6,6 +6,7 @@ namespace, and where each engine runs in ``/snapshot``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import urllib.error
@@ -326,7 +327,7 @@ def test_history_and_outages_taken_from_several_threads_at_once_stay_whole():
         th.join()
     assert not errors, errors
     times = history.columns()["time"]
-    assert times == sorted(times) and all(b - a >= 0.5 for a, b in zip(times, times[1:]))
+    assert times == sorted(times) and all(b - a >= 0.5 for a, b in itertools.pairwise(times))
     points = list(history._points)
     assert history.bytes == sum(p.size for p in points) <= 200_000
     doc = trace.document()
