@@ -349,3 +349,16 @@ def test_families_say_when_redis_cannot_be_read(config):
         exporter.close()
     assert status == 503 and doc["error"] == "connection", doc
     assert history_status == 200  # from memory
+
+
+def test_an_engine_index_past_64_bits_costs_its_own_chart_only():
+    """A writer may be given any engine index (``engines=[10**20]`` flushes fine). Kept in the
+    engines' arrays it failed every point: /snapshot and /families answered 500. Now that engine has
+    no chart of its own; the fleet's figures count it, every other engine keeps its chart."""
+    huge = 10**20
+    now = snap(1000.0, engine(0, gauges={(WAITING, "m"): 2}), engine(huge, gauges={(WAITING, "m"): 5}))
+    history = FleetHistory(VLLM_PAGE_HISTORY, spacing=2.0)
+    history.add(now, None)
+    assert history.columns()["requests_waiting"] == [7.0]
+    assert history.engine_series([0])["0"]["engine_requests_waiting"] == [2.0]
+    assert history.engines_held() == 1

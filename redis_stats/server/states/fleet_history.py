@@ -65,6 +65,7 @@ ENGINE_ID_BYTES = 8
 ENGINE_FIGURE_BYTES = 4
 
 Key = tuple[str, str]  # (metric, per-engine kind)
+MAX_ENGINE_ID = 2**63 - 1  # what an engine's index takes in the arrays
 
 
 class _Point(NamedTuple):
@@ -253,8 +254,11 @@ class FleetHistory:
             ],
         )
         per_engine = [columns[spec[n][0], spec[n][1]] for n in self.engine_figures]
-        values = array("f", [_nan(column[i]) for i in range(len(ids)) for column in per_engine])
-        id_array = array("q", ids if per_engine else ())
+        # An engine index past 64 bits (a writer may be given any int) is kept out of the engines'
+        # part, not allowed to fail the point: one odd engine costs its own chart only.
+        kept = [i for i, e in enumerate(ids) if e <= MAX_ENGINE_ID] if per_engine else []
+        values = array("f", [_nan(column[i]) for i in kept for column in per_engine])
+        id_array = array("q", [ids[i] for i in kept])
         size = POINT_BYTES + ARRAY_BYTES + FIGURE_BYTES * len(fleet)
         size += ARRAY_BYTES + ENGINE_FIGURE_BYTES * len(values) + self._ids_bytes(id_array)
         if size > self.max_bytes:  # one point's engines past the whole budget: the fleet's only
