@@ -746,6 +746,12 @@ def test_an_exporter_of_several_namespaces_gets_a_picker_and_each_namespace_its_
             proc.wait(30)
 
 
+def _page_exporter(config: StatsConfig) -> Exporter:
+    """An exporter of *config*'s namespace as ``redis-stats exporter`` serves the page (a 10 s window)."""
+    reader = StatsReader(config, vllm_catalog())
+    return Exporter(reader, port=0, window=10, summary=VLLM_FLEET_SUMMARY, history=VLLM_PAGE_HISTORY).start()
+
+
 def _recording_writer(
     config: StatsConfig, engines: list[int], role: str, *, start: bool = True
 ) -> StatsWriter:
@@ -776,13 +782,7 @@ def test_a_reload_keeps_the_engines_charts_and_the_outages(redis_server, namespa
     config = StatsConfig(url=redis_server.url, namespace=namespace, flush_interval=0.25, stale_after=2.0)
     writers = [_recording_writer(config, [0, 1], "live")]
     first = _recording_writer(config, [2], "before")
-    exporter = Exporter(
-        StatsReader(config, vllm_catalog()),
-        port=0,
-        window=10,
-        summary=VLLM_FLEET_SUMMARY,
-        history=VLLM_PAGE_HISTORY,
-    ).start()
+    exporter = _page_exporter(config)
     page = Page(exporter)
     try:
         page.wait("a first poll", "return (window.__renders || []).length >= 1", 20)
@@ -863,13 +863,7 @@ def test_a_namespace_written_by_the_library_shows_its_own_families(redis_server,
         pytest.skip(why)
     config = StatsConfig(url=redis_server.url, namespace=namespace, endpoint="api-0.shop:8080")
     writer = _library_fleet(config, start=True)
-    exporter = Exporter(
-        StatsReader(config, vllm_catalog()),
-        port=0,
-        window=10,
-        summary=VLLM_FLEET_SUMMARY,
-        history=VLLM_PAGE_HISTORY,
-    ).start()
+    exporter = _page_exporter(config)
     page = Page(exporter)
     try:
         families = page.wait(
@@ -944,13 +938,7 @@ def test_hostile_values_from_the_store_are_shown_as_text_never_run(redis_server,
     client.hset(Keys(namespace).writer_stats(host_id), "endpoint", HOSTILE.format("endpoint"))
     client.close()
     vllm.close()  # engine 3 goes down: an outage whose host is hostile too
-    exporter = Exporter(
-        StatsReader(config, vllm_catalog()),
-        port=0,
-        window=10,
-        summary=VLLM_FLEET_SUMMARY,
-        history=VLLM_PAGE_HISTORY,
-    ).start()
+    exporter = _page_exporter(config)
     page = Page(exporter)
     try:
         page.wait("a first poll", "return (window.__renders || []).length >= 2", 20)

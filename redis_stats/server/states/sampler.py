@@ -6,8 +6,10 @@ A :class:`Window` keeps the snapshots its namespace's ``/snapshot`` requests rea
 ``window_budget`` bytes (:class:`~redis_stats.server.states.window.SnapshotRing`); the server
 keeps it as any per-parameter state (bounded in bytes, dropped when idle: :func:`window_of`). A
 window shorter than a tenth of *window* is not reported. Each of those snapshots also gives a
-point of the fleet's history (:class:`~redis_stats.server.states.fleet_history.FleetHistory`,
-``GET /history``).
+point of the fleet's and the engines' history (:class:`~redis_stats.server.states.fleet_history.
+FleetHistory`, ``GET /history``) and is traced for engines going down (:class:`~redis_stats.server.
+states.outages.OutageTrace`). An exporter of one namespace given the page's figures starts the
+sampler when it starts (the window measured from its start).
 """
 
 from __future__ import annotations
