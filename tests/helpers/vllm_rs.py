@@ -308,8 +308,13 @@ class VllmRs:
                 path, _ = self._seen()
                 if path == "/metrics":
                     self._send(200, CONTENT_TYPE, body(outer.engines).encode())
-                elif path == "/ws" and (self.headers.get("Upgrade") or "").lower() == "websocket":
-                    self._echo()
+                elif path == "/ws":
+                    # A handshake needs both headers (RFC 6455, 4.2.1), as vllm-rs' server checks.
+                    tokens = {t.strip().lower() for t in (self.headers.get("Connection") or "").split(",")}
+                    if (self.headers.get("Upgrade") or "").lower() == "websocket" and "upgrade" in tokens:
+                        self._echo()
+                    else:
+                        self._send(400, "text/plain", b"not a WebSocket handshake")
                 elif path in ("/health", "/v1/models"):
                     doc = (
                         {}

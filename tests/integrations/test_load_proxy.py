@@ -573,3 +573,16 @@ def test_the_load_proxy_command_is_retired_with_directions(python_env):
     ):
         assert words in done.stderr, done.stderr
     assert os.path.exists(Path(__file__).resolve().parents[2] / "deploy" / "nginx" / "vllm-rs.conf")
+
+
+def test_a_missing_proxy_binary_skips_here_and_fails_under_ci(monkeypatch):
+    from tests.helpers import front_proxy
+
+    monkeypatch.setattr(front_proxy.shutil, "which", lambda name: None)
+    monkeypatch.setattr(front_proxy.os, "access", lambda path, mode: False)
+    monkeypatch.delenv("CI_REQUIRE_PROXIES", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="install-proxies"):
+        front_proxy.need("nginx")
+    monkeypatch.setenv("CI_REQUIRE_PROXIES", "1")
+    with pytest.raises(RuntimeError, match="CI_REQUIRE_PROXIES=1 but nginx is not installed"):
+        front_proxy.need("nginx")
