@@ -183,7 +183,7 @@ class HAProxy(FrontProxy):
 
     kind = "haproxy"
 
-    def __init__(self, workdir: Path, port: int, vllm_rs: str, views: str) -> None:
+    def __init__(self, workdir: Path, port: int, vllm_rs: str, views: str, *, threads: int = 0) -> None:
         super().__init__(workdir, port, vllm_rs, views)
         site = set_values(
             HAPROXY_CFG.read_text(),
@@ -194,7 +194,10 @@ class HAProxy(FrontProxy):
             ],
         )
         (workdir / "vllm-rs.cfg").write_text(site)
-        (workdir / "global.cfg").write_text(f"global\n    maxconn 4096\n    pidfile {workdir}/haproxy.pid\n")
+        nbthread = f"    nbthread {threads}\n" if threads else ""  # 0: one per CPU, HAProxy's default
+        (workdir / "global.cfg").write_text(
+            f"global\n    maxconn 4096\n{nbthread}    pidfile {workdir}/haproxy.pid\n"
+        )
 
     def command(self) -> list[str]:
         haproxy = need("haproxy")

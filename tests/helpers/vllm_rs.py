@@ -30,6 +30,7 @@ import json
 import os
 import socket
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -234,7 +235,8 @@ class VllmRs:
 
     What a proxy in front passed on is kept: :attr:`paths` (requests by path), :attr:`received`
     (each request whole, chunked bodies decoded), :attr:`connections` (connections accepted),
-    :attr:`raw` (every byte read, per connection)."""
+    :attr:`raw` (every byte read, per connection), :attr:`sent_at` (when each streamed token was
+    written)."""
 
     def __init__(self, name: str, engines: dict[int, Engine], *, token_interval: float = 0.01) -> None:
         self.name = name
@@ -242,6 +244,7 @@ class VllmRs:
         self.token_interval = token_interval
         self.paths: dict[str, int] = {}
         self.received: list[Seen] = []
+        self.sent_at: list[float] = []  # time.monotonic() of each streamed event's write
         self.connections = 0
         self.raw: list[bytearray] = []
         outer = self
@@ -266,6 +269,9 @@ class VllmRs:
 
             def setup(self) -> None:
                 super().setup()
+                # Each write goes out at once (a streamed token is one small write), as a server
+                # that streams does; without it Nagle holds a token behind the head's ACK.
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 outer.connections += 1
                 kept = bytearray()
                 outer.raw.append(kept)
@@ -357,6 +363,7 @@ class VllmRs:
                     choice = {"index": 0, "text": f"t{i}", "logprobs": None, "finish_reason": None}
                     doc = {"id": "cmpl-1", "object": "text_completion", "model": "m", "choices": [choice]}
                     self._chunk(b"data: " + json.dumps(doc).encode() + b"\n\n")
+                    outer.sent_at.append(time.monotonic())
                     time.sleep(outer.token_interval)
                 self._chunk(b"data: [DONE]\n\n")
                 self.wfile.write(b"0\r\n\r\n")
@@ -387,6 +394,12 @@ class VllmRs:
 
         class Server(ThreadingHTTPServer):
             request_queue_size = 256  # a benchmark's many connections at once
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                # A proxy closing a kept connection it no longer needs is routine; anything else
+                # is printed (socketserver's default).
+                if not isinstance(sys.exc_info()[1], OSError):
+                    super().handle_error(request, client_address)
 
         self.server = Server(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
