@@ -24,6 +24,7 @@ behind a proxy, keeping what the proxy passed on.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import io
 import json
@@ -238,13 +239,16 @@ class VllmRs:
     :attr:`raw` (every byte read, per connection), :attr:`sent_at` (when each streamed token was
     written)."""
 
-    def __init__(self, name: str, engines: dict[int, Engine], *, token_interval: float = 0.01) -> None:
+    def __init__(
+        self, name: str, engines: dict[int, Engine], *, token_interval: float = 0.01, port: int = 0
+    ) -> None:
         self.name = name
         self.engines = engines
         self.token_interval = token_interval
         self.paths: dict[str, int] = {}
         self.received: list[Seen] = []
         self.sent_at: list[float] = []  # time.monotonic() of each streamed event's write
+        self.open: set[socket.socket] = set()  # connections accepted (closed ones too)
         self.connections = 0
         self.raw: list[bytearray] = []
         outer = self
@@ -273,6 +277,7 @@ class VllmRs:
                 # that streams does; without it Nagle holds a token behind the head's ACK.
                 self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 outer.connections += 1
+                outer.open.add(self.connection)
                 kept = bytearray()
                 outer.raw.append(kept)
                 self.rfile = io.BufferedReader(Recorder(self.connection, kept))
@@ -401,7 +406,7 @@ class VllmRs:
                 if not isinstance(sys.exc_info()[1], OSError):
                     super().handle_error(request, client_address)
 
-        self.server = Server(("127.0.0.1", 0), Handler)
+        self.server = Server(("127.0.0.1", port), Handler)  # port 0: a free one
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -414,5 +419,10 @@ class VllmRs:
         return self
 
     def close(self) -> None:
+        """Stop as a process that ends does: the port closed, and every connection with it."""
         self.server.shutdown()
         self.server.server_close()
+        for conn in list(self.open):
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            conn.close()

@@ -351,6 +351,37 @@ def test_the_views_down_is_a_503_that_says_so(pod, exporter):
     assert get(pod.port, "/v1/models")[0] == 200  # inference unharmed
 
 
+def test_each_side_restarted_twice_is_served_again_at_once(pod, exporter):
+    """vllm-rs restarted twice (the proxy's kept connections to it die with it): the first
+    completion after each restart is answered, never a 502 from a dead kept connection; the
+    exporter restarted twice on its port: the load routes answer 503 while it is gone, the load
+    at once when it is back."""
+    conn = http.client.HTTPConnection("127.0.0.1", pod.port, timeout=10)
+    for _ in range(2):
+        for _ in range(3):  # kept connections to the front end, pooled by the proxy
+            conn.request("POST", "/v1/completions", body=completion())
+            assert conn.getresponse().read()
+        port, engines = pod.front.port, pod.front.engines
+        pod.front.close()
+        pod.front = VllmRs(pod.front.name, engines, port=port).start()
+        for _ in range(3):
+            conn.request("POST", "/v1/completions", body=completion("after"))
+            resp = conn.getresponse()
+            assert resp.status == 200 and json.loads(resp.read())["echo"] == "after"
+    conn.close()
+    current, port = exporter, exporter.port
+    try:
+        for _ in range(2):
+            current.close()
+            assert get(pod.port, "/get_load")[0] == 503
+            reader = StatsReader(pod.bridge.config, vllm_catalog())
+            current = Exporter(reader, port=port, host="127.0.0.1", load_refresh=0.05).start()
+            pod.load(running=6, waiting=3)
+            fresh_views(pod)
+    finally:
+        current.close()
+
+
 # (b) Framing: every case that broke `redis-stats load-proxy`, as the exact bytes.
 
 
