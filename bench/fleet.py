@@ -58,7 +58,7 @@ from redis_stats._scripts import load_script  # noqa: E402  (flush.lua)
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog  # noqa: E402
 from redis_stats.integrations.vllm.load import VLLM_LOAD  # noqa: E402
 from redis_stats.keys import Keys  # noqa: E402
-from redis_stats.server.views.load import LoadFeed  # noqa: E402
+from redis_stats.server.states.load_feed import LoadFeed  # noqa: E402
 from redis_stats.tools.embedded import EmbeddedRedis  # noqa: E402
 from redis_stats.tools.simulate import SimulatedApiServer  # noqa: E402
 

@@ -4,8 +4,8 @@ bench/load_feed.py measures a refresh over a still store; in a live fleet the li
 from (``engines``, ``writers``, ordered by heartbeat) change order with every flush, which a
 still store never shows. Here ``bench/fleet.py``'s drivers send 1,024 engines x 2 writers'
 realistic flushes (load entries in each, one a second per writer) to a private Redis while, in
-this process, a :class:`~redis_stats.server.views.load.LoadFeed` refreshes and a
-:class:`~redis_stats.server.views.watch.WatchFeed` reads as the exporter's threads do: printed,
+this process, a :class:`~redis_stats.server.states.load_feed.LoadFeed` refreshes and a
+:class:`~redis_stats.server.states.watch_feed.WatchFeed` reads as the exporter's threads do: printed,
 the CPU (``time.process_time``) per refresh and per feed read, and the events a feed read makes.
 
 Usage: python bench/live_refresh.py [--engines 1024] [--seconds 10]
@@ -28,8 +28,8 @@ from fleet import drive  # noqa: E402
 
 from redis_stats import StatsConfig, StatsReader  # noqa: E402
 from redis_stats.integrations.vllm import vllm_catalog  # noqa: E402
-from redis_stats.server.views.load import LoadFeed  # noqa: E402
-from redis_stats.server.views.watch import WatchFeed  # noqa: E402
+from redis_stats.server.states.load_feed import LoadFeed  # noqa: E402
+from redis_stats.server.states.watch_feed import WatchFeed  # noqa: E402
 from redis_stats.tools.embedded import EmbeddedRedis  # noqa: E402
 
 

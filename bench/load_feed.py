@@ -41,7 +41,7 @@ from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog  # noqa: E4
 from redis_stats.integrations.vllm.load import VLLM_LOAD  # noqa: E402
 from redis_stats.reader import LOAD  # noqa: E402
 from redis_stats.server import Exporter  # noqa: E402
-from redis_stats.server.views.load import LoadFeed  # noqa: E402
+from redis_stats.server.states.load_feed import LoadFeed  # noqa: E402
 from redis_stats.tools.embedded import EmbeddedRedis  # noqa: E402
 from redis_stats.tools.simulate import SimulatedApiServer  # noqa: E402
 from tests.prometheus import views  # noqa: E402

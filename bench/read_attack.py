@@ -414,7 +414,7 @@ def section_fork(fleet: Fleet) -> None:
 def section_ring(fleet: Fleet) -> None:
     """What the exporter's /snapshot window holds: a decoded Snapshot per sample and request,
     kept for twice the window (60 s), at most SnapshotRing's maxlen (256)."""
-    from redis_stats.server.views.window import SnapshotRing
+    from redis_stats.server.states.window import SnapshotRing
 
     print("\n== ring: the memory of one decoded snapshot, as /snapshot's window keeps them ==")
     reader = fleet.reader()

@@ -3,7 +3,7 @@
 A router such as the Gateway API inference extension's endpoint picker (llm-d-router) scrapes
 each endpoint's ``/metrics`` for a few families and keeps **one series per family**: with several
 data-parallel engines behind one API server it keeps whichever series came last and ignores the
-others. An endpoint view (``/metrics?endpoint=<id>``, redis_stats/server/views/endpoints.py) serves
+others. An endpoint view (``/metrics?endpoint=<id>``, redis_stats/server/states/endpoints.py) serves
 each of those families as exactly one series, aggregated over the endpoint's live engines by the
 rule of the family's **role**:
 

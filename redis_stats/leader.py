@@ -14,9 +14,9 @@ import contextlib
 import threading
 from typing import TYPE_CHECKING, Protocol
 
-from redis_stats._core.background import survive
 from redis_stats._core.lease import LeaseHolder, LeaseState, log
 from redis_stats._scripts import Script, load_script
+from redis_stats.background import survive
 from redis_stats.keys import Keys
 
 if TYPE_CHECKING:

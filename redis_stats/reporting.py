@@ -17,11 +17,11 @@ import threading
 import time
 from typing import Any, Generic, Protocol, TypeVar
 
-from redis_stats._core.background import survive
-from redis_stats._core.outage import Outage
+from redis_stats.background import survive
 from redis_stats.config import StatsConfig
 from redis_stats.errors import error_kind
 from redis_stats.leader import Leader
+from redis_stats.outage import Outage
 from redis_stats.reader import StatsReader
 from redis_stats.snapshot import Snapshot
 

@@ -25,9 +25,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from redis_stats._core.outage import Outage
 from redis_stats.errors import error_kind
 from redis_stats.keys import Keys
+from redis_stats.outage import Outage
 
 # The logger of the lease, named as when this lived in leader.py (filters keep working).
 log = logging.getLogger("redis_stats.leader")

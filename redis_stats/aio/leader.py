@@ -7,10 +7,10 @@ import contextlib
 import time
 from typing import Any
 
-from redis_stats._core.background import survive
 from redis_stats._core.lease import LeaseHolder, LeaseState, log
 from redis_stats._scripts import AsyncScript, load_script
 from redis_stats.aio.stopping import stop_task, within
+from redis_stats.background import survive
 from redis_stats.keys import Keys
 
 __all__ = ["AsyncLeaseLeader"]

@@ -6,9 +6,9 @@ import asyncio
 import logging
 import time
 
-from redis_stats._core.background import survive
 from redis_stats.aio.reader import AsyncStatsReader
 from redis_stats.aio.stopping import stop_task, within
+from redis_stats.background import survive
 from redis_stats.leader import Leader
 from redis_stats.reporting import LogLines, ReportCore
 

@@ -18,16 +18,17 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from redis_stats._core.background import survive
 from redis_stats._core.steps import arun
 from redis_stats._scripts import AsyncScript, load_script
 from redis_stats.aio.stopping import CLOSE_GRACE, stop_task, within
+from redis_stats.background import survive
 from redis_stats.capability import CHECK_STEPS, acheck_step
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
 from redis_stats.connection import AsyncClient, is_cluster, make_async_client
 from redis_stats.load import LoadMap
 from redis_stats.writer import WriterCore
+from redis_stats.writer.lane import lane_sleep
 
 __all__ = ["AsyncStatsWriter"]
 
@@ -88,7 +89,7 @@ class AsyncStatsWriter(WriterCore):
         # when the cancellation never reaches it (redis-py may report one as a timeout).
         while not self._closed:
             # The load lane as the blocking writer's (StatsWriter._run): a look every LANE_POLL s.
-            await asyncio.sleep(self.lane_sleep(due, lane, last_lane))
+            await asyncio.sleep(lane_sleep(due, lane, last_lane))
             if self._closed:
                 return
             now = time.monotonic()
@@ -103,15 +104,15 @@ class AsyncStatsWriter(WriterCore):
         """The load lane (see StatsWriter.flush_load: the same calls, awaited); True if a call
         was made; never raises."""
         async with self._flush_lock:
-            if self._client is None or not self.stats.flushes:
+            if self._client is None or not self.stats.flushes or self.lane is None:
                 return False
-            calls = self.lane_calls()
+            calls = self.lane.calls()
             for key, args in calls:
                 try:
                     result = await self._client.execute_command("HSET", key, *args)
                 except Exception as exc:  # counted; every entry goes again with the next call
                     result = exc
-                self.load_done(result)
+                self.lane.done(result, self.stats)
             return bool(calls)
 
     async def flush(self, *, closing: bool = False) -> bool:

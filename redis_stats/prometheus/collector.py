@@ -28,11 +28,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from redis_stats._core.outage import Outage, shared
 from redis_stats._core.read.values import go_floats
 from redis_stats.catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM
 from redis_stats.errors import error_kind
 from redis_stats.ops.memory import store_memory
+from redis_stats.outage import Outage, shared
 from redis_stats.prometheus.exposition import TextRenderer, format_families, label_pairs
 from redis_stats.prometheus.filters import (
     REPLACED,
@@ -87,7 +87,7 @@ class RedisCollector:
     *renderer*, called with the labels above, makes what :meth:`render_text` turns a read into
     (an object with ``render(decoded) -> str``; default: the plain
     :class:`~redis_stats.prometheus.exposition.TextRenderer`): an endpoint view's
-    (redis_stats/server/views/endpoints.py). *errors* counts its failed reads (shared by
+    (redis_stats/server/states/endpoints.py). *errors* counts its failed reads (shared by
     collectors made per request).
     """
 

@@ -1,17 +1,17 @@
-"""The route table: which view answers which path, and what every view may ask of the server.
+"""App: what every view may ask of the server, and the route table it answers by.
 
 A view is a module of :mod:`redis_stats.server.views` with one function ``answer(app, request)``
 (:class:`~redis_stats.server.http.Request` in, :class:`~redis_stats.server.http.Response` out, or
-an :class:`~redis_stats.server.http.HTTPError`). It asks :class:`App` for the namespace the
-request names (:meth:`App.source`: a source, a ``400`` or a ``404``), the state it keeps of the
-whole server (:meth:`App.state`), the lock of one body at a time and the exporter's own metrics.
-Adding a view is adding a module and a line to :data:`ROUTES`.
+an :class:`~redis_stats.server.http.HTTPError`); the route table, given to :class:`App`, is
+:data:`redis_stats.server.routes.ROUTES`. A view asks :class:`App` for the namespace the request
+names (:meth:`App.source`: a source, a ``400`` or a ``404``), the state it keeps of the whole
+server (:meth:`App.state`), the lock of one body at a time and the exporter's own metrics.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
@@ -23,41 +23,11 @@ from redis_stats.server.namespaces import Sources, namespace_param
 from redis_stats.server.options import ServeOptions
 from redis_stats.server.own import own_registry
 from redis_stats.server.source import Source
-from redis_stats.server.views import (
-    endpoints,
-    get_load,
-    health,
-    history,
-    load,
-    metrics,
-    namespaces,
-    page,
-    pool,
-    smg,
-    snapshot,
-    watch,
-)
 
-__all__ = ["ROUTES", "App"]
+__all__ = ["App", "View"]
 
 View = Callable[["App", Request], Response]
-
-ROUTES: dict[str, View] = {
-    "/": page.answer,
-    "/metrics": metrics.answer,
-    "/snapshot": snapshot.answer,
-    "/history": history.answer,
-    "/load": load.answer,
-    "/endpoints": endpoints.answer,
-    "/get_load": get_load.answer,
-    "/v1/loads": smg.answer,
-    "/loads": smg.fleet_answer,
-    "/pool": pool.answer,
-    "/watch": watch.answer,
-    "/healthz": health.answer,
-    "/namespaces": namespaces.answer,
-}
-"""Path -> the view answering it (``GET`` and ``HEAD``)."""
+"""A view: the answer to a request (:mod:`redis_stats.server.routes` says which path each answers)."""
 
 S = TypeVar("S")
 
@@ -65,10 +35,12 @@ S = TypeVar("S")
 class App:
     """What the views of one exporter share: its namespaces (:attr:`sources`), what it keeps per
     request parameter (:attr:`kept`, bounded by *options*' ``view_budget``), the states views keep
-    of the whole server, and its own metrics (with *options*' ``self_metrics``)."""
+    of the whole server, and its own metrics (with *options*' ``self_metrics``); *routes* says
+    which view answers each path."""
 
-    def __init__(self, reader: StatsReader, options: ServeOptions) -> None:
+    def __init__(self, reader: StatsReader, options: ServeOptions, routes: Mapping[str, View]) -> None:
         self.options = options
+        self.routes = routes
         self.kept = Kept(options.view_budget, idle=options.view_idle)
         self.building = threading.Lock()  # one body at a time in the process (Source.building)
         self.sources = Sources(reader, options, self.kept, self.building)
@@ -83,9 +55,9 @@ class App:
 
     def __call__(self, request: Request) -> Response:
         """The answer of the view of *request*'s path (a ``404`` listing the paths)."""
-        view = ROUTES.get(request.path)
+        view = self.routes.get(request.path)
         if view is None:
-            raise HTTPError(404, "not found", paths=list(ROUTES))
+            raise HTTPError(404, "not found", paths=list(self.routes))
         return view(self, request)
 
     def source(self, request: Request) -> Source:

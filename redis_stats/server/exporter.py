@@ -7,12 +7,16 @@
     GET /load           every engine's load for routers (refreshed, ETag / If-None-Match -> 304)
     GET /endpoints      every endpoint and its engines' states
     GET /get_load       one endpoint's load as vllm-router polls it (?endpoint=<id>)
+    GET /v1/loads       SGLang's model gateway's load document, by rank (?endpoint=<id>)
+    GET /loads          the same over every endpoint of the fleet
+    GET /pool           the pool's averages, in llm-d-router's multi-cluster families
+    GET /watch          every change of every engine's load, pushed (a stream or a long poll)
     GET /healthz        200 when Redis answers, 503 with the reason otherwise
     GET /namespaces     the namespaces served (one, or several: ?namespace= on every path)
     GET /               the live page
 
 Each path is a view module of :mod:`redis_stats.server.views` (the route table is
-:data:`redis_stats.server.app.ROUTES`); the HTTP machinery (one deadline per request, a bound on
+:data:`redis_stats.server.routes.ROUTES`); the HTTP machinery (one deadline per request, a bound on
 connections, gzip, ``HEAD``) is :mod:`redis_stats.server.http`. Every answer is a function of the
 store's state, so any number of exporters over one store give the same (``/load``'s ``seq`` and
 ``ETag``, the endpoint views): run several behind one Service (docs/kubernetes.md, "Running it
@@ -27,12 +31,13 @@ import logging
 import threading
 from typing import Any
 
-from redis_stats._core.background import survive, survived
+from redis_stats.background import survive, survived
 from redis_stats.errors import error_kind
 from redis_stats.reader import StatsReader
 from redis_stats.server.app import App
 from redis_stats.server.http import Server
 from redis_stats.server.options import ServeOptions
+from redis_stats.server.routes import ROUTES
 
 __all__ = ["Exporter"]
 
@@ -58,7 +63,7 @@ class Exporter:
             raise ValueError(f"give options= or settings ({', '.join(settings)}), not both")
         self.options = options if options is not None else ServeOptions(**settings)
         self.reader = reader
-        self.app = App(reader, self.options)
+        self.app = App(reader, self.options, ROUTES)
         try:
             self._server = Server(
                 (self.options.host, self.options.port),

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from redis_stats.config import is_namespace
 from redis_stats.endpoints import FamilyRole
 from redis_stats.reader import EngineSlice
-from redis_stats.server.views.fleet_history import HistorySpec, history_problems
-from redis_stats.server.views.window import WINDOW_BUDGET, FleetSummary, summary_problems
 
-__all__ = ["MAX_NAMESPACES", "VIEW_BUDGET", "VIEW_IDLE", "ServeOptions"]
+__all__ = [
+    "ENGINE_KINDS",
+    "FLEET_KINDS",
+    "MAX_NAMESPACES",
+    "SUMMARY_KINDS",
+    "VIEW_BUDGET",
+    "VIEW_IDLE",
+    "WINDOW_BUDGET",
+    "FleetSummary",
+    "HistorySpec",
+    "ServeOptions",
+]
 
 MAX_NAMESPACES = 64
 """The most namespaces one exporter serves by default (``--max-namespaces``)."""
@@ -26,6 +35,52 @@ VIEW_IDLE = 60.0
 
 LOAD_IDLE = 60.0
 """Seconds without a request after which the ``/load`` refresher stops (the next starts it)."""
+
+
+#: The default budget of the window's kept snapshots, in bytes (``--window-budget``).
+WINDOW_BUDGET = 64 * 2**20
+
+#: A named fleet figure -> (kind, metric name). Kinds: ``rate`` (a counter's per-second increase
+#: over the window, summed over engines and labels), ``sum`` / ``mean`` / ``max`` (a gauge over live
+#: engines, summed over labels per engine first).
+FleetSummary = Mapping[str, tuple[str, str]]
+SUMMARY_KINDS = ("rate", "sum", "mean", "max")
+
+#: A figure's name -> (metric, per engine, over engines). Per engine (each up engine's series of the
+#: metric): ``rate`` a counter's per-second increase over the window, summed (0 without a series);
+#: ``sum`` / ``max`` a gauge's values summed / the largest; ``p99`` the largest of a histogram's
+#: p99 over the window (``rate`` and ``p99``: none for an engine the window does not measure). Over
+#: engines: ``sum`` (an engine without a value counts 0; none when no engine has one), ``mean``,
+#: ``max``, ``median`` (the lower one) of the finite values.
+HistorySpec = Mapping[str, tuple[str, str, str]]
+ENGINE_KINDS = ("rate", "sum", "max", "p99")
+FLEET_KINDS = ("sum", "mean", "max", "median")
+
+
+def summary_problems(summary: FleetSummary) -> list[str]:
+    """What is wrong with a summary mapping (empty when it is usable)."""
+    return [
+        f"fleet summary {name!r}: kind {kind!r} is not one of {', '.join(SUMMARY_KINDS)}"
+        for name, (kind, _metric) in summary.items()
+        if kind not in SUMMARY_KINDS
+    ]
+
+
+def history_problems(spec: HistorySpec) -> list[str]:
+    """What is wrong with a history spec (empty when it is usable)."""
+    problems = []
+    for name, (metric, engine, fleet) in spec.items():
+        if engine not in ENGINE_KINDS:
+            problems.append(
+                f"history figure {name!r} ({metric}): per engine {engine!r} is not one of "
+                f"{', '.join(ENGINE_KINDS)}"
+            )
+        if fleet not in FLEET_KINDS:
+            problems.append(
+                f"history figure {name!r} ({metric}): over engines {fleet!r} is not one of "
+                f"{', '.join(FLEET_KINDS)}"
+            )
+    return problems
 
 
 def _whole(name: str, value: Any, least: int, why: str, unit: str = "") -> None:

@@ -13,14 +13,14 @@ from typing import Any
 from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, Metric
 
-from redis_stats._core.background import background_errors
+from redis_stats.background import background_errors
 
 __all__ = ["background_family", "own_registry"]
 
 
 def background_family() -> Metric:
     """``redis_stats_background_errors_total{thread,kind}``: the exceptions this process's
-    background threads and tasks survived (:mod:`redis_stats._core.background`)."""
+    background threads and tasks survived (:mod:`redis_stats.background`)."""
     fam = CounterMetricFamily(
         "redis_stats_background_errors",
         "Exceptions a background thread or task of this process survived (it went on), by thread "

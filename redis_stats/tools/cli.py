@@ -495,7 +495,7 @@ def _print_snapshot_json(config: StatsConfig, window: float) -> None:
     from redis_stats.integrations.vllm import vllm_catalog
     from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
     from redis_stats.reader import StatsReader
-    from redis_stats.server.views.window import snapshot_document
+    from redis_stats.server.states.window import snapshot_document
 
     reader = StatsReader(config, vllm_catalog())
     earlier = None

@@ -409,7 +409,7 @@ class _Part:
 class _FirstWarnings(logging.Filter):
     """The first few writer warnings of a process: a thousand writers each log the same outage
     (the progress lines and the last line count failed and lost flushes). The end of an outage
-    whose start was shown is shown too (redis_stats/_core/outage.py: a start logged gets its end)."""
+    whose start was shown is shown too (redis_stats/outage.py: a start logged gets its end)."""
 
     SHOWN = 3
 

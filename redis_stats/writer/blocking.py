@@ -20,15 +20,16 @@ from typing import Any
 import redis
 from redis.utils import HIREDIS_AVAILABLE
 
-from redis_stats._core.background import survive
 from redis_stats._core.steps import run
 from redis_stats._scripts import Script, load_script
+from redis_stats.background import survive
 from redis_stats.capability import CHECK_STEPS, check_step
 from redis_stats.catalog import Catalog
 from redis_stats.config import StatsConfig
 from redis_stats.connection import Client, is_cluster, make_client
 from redis_stats.load import LoadMap
 from redis_stats.writer.core import WriterCore, log
+from redis_stats.writer.lane import lane_sleep
 from redis_stats.writer.packing import SlicedPacker
 
 __all__ = ["StatsWriter"]
@@ -114,7 +115,7 @@ class StatsWriter(WriterCore):
         last_lane = -math.inf
         # The load lane (load_interval): every LANE_POLL s a look at the router numbers; those
         # that changed go to Redis at once, or load_interval after the lane's last call.
-        while not self._stop.wait(self.lane_sleep(due, lane, last_lane)):
+        while not self._stop.wait(lane_sleep(due, lane, last_lane)):
             now = time.monotonic()
             # A flush never raises for Redis; anything else (a bug, a value nobody foresaw) is
             # counted and logged, and the thread goes on: a dead flusher would keep every later
@@ -212,18 +213,19 @@ class StatsWriter(WriterCore):
 
     def flush_load(self) -> bool:
         """The load lane: store the entries of the engines whose router numbers changed since
-        their last entry (:meth:`WriterCore.lane_calls`), once the writer's first flush was
-        confirmed (it is in the writers zset then). True if a call was made; never raises."""
+        their last entry (:meth:`redis_stats.writer.lane.LoadLane.calls`), once the writer's first
+        flush was confirmed (it is in the writers zset then). True if a call was made; never
+        raises."""
         with self._flush_lock:
-            if self._client is None or not self.stats.flushes:
+            if self._client is None or not self.stats.flushes or self.lane is None:
                 return False
-            calls = self.lane_calls()
+            calls = self.lane.calls()
             for key, args in calls:
                 try:
                     result = self._client.execute_command("HSET", key, *args)
                 except Exception as exc:  # counted; every entry goes again with the next call
                     result = exc
-                self.load_done(result)
+                self.lane.done(result, self.stats)
             return bool(calls)
 
     def close(self, timeout: float | None = None) -> bool:

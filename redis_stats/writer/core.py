@@ -17,7 +17,6 @@ from typing import Any
 
 import redis
 
-from redis_stats._core.outage import Outage
 from redis_stats._core.steps import Steps
 from redis_stats._core.write.accumulator import Accumulator
 from redis_stats._core.write.protocol import CALL_WORDS, DUPLICATE, MAX_CALL_WORDS, FlushProtocol, FlushResult
@@ -31,27 +30,16 @@ from redis_stats.load import LoadMap
 from redis_stats.writer import forking
 from redis_stats.writer.handles import CounterSeries, GaugeSeries, HistogramSeries, MetricHandle
 from redis_stats.writer.identity import check_engines, check_identity, new_writer_id
+from redis_stats.writer.lane import LoadLane
 from redis_stats.writer.loadtracker import LoadTracker
+from redis_stats.writer.outages import FlushOutages
 from redis_stats.writer.stats import CLAIMS_PER_STALE, STATS_INTERVAL, WriterStats, routine_stat
-
-LANE_POLL = 0.01
-"""Seconds between two looks of the load lane (``load_interval``) at a writer's router numbers:
-a change is sent at the next look, or ``load_interval`` after the lane's last call."""
 
 # The most words of claims and load entries (one per claimed engine, two per load entry) one flush
 # call carries: a writer of thousands of engines sends the rest with the next parts of its flush.
 EXTRA_WORDS = 1_600
 
 __all__ = ["WriterCore"]
-
-# What the end of a flush outage says (redis_stats._core.outage): Redis applied what the writer
-# kept, or found it had lost the writer's keys (restarted empty, an older copy), in which case
-# nothing of that batch was applied and the next flush stores the whole state (absolute totals).
-_RECOVERED = "what was kept meanwhile is confirmed, exactly once: nothing recorded during the outage was lost"
-_REBUILT = (
-    "Redis had lost this writer's keys (the warning above): its whole state goes with the next "
-    "flush, so nothing recorded during the outage is lost"
-)
 
 # The package's name: what hosts configure logging by (warnings of the blocking writer too).
 log = logging.getLogger("redis_stats.writer")
@@ -79,6 +67,7 @@ class WriterCore:
         self.config = config or StatsConfig.from_env()
         # The load feed's fields (redis_stats/load.py): which series feed them, and their entries.
         self.load = LoadTracker(load) if load is not None else None
+        self.lane: LoadLane | None = None  # their entries, in each flush and between (made below)
         self.catalog = catalog if catalog is not None else Catalog()
         check_identity("role", role)
         check_identity("owner", owner)
@@ -108,7 +97,6 @@ class WriterCore:
         # before the first flush, and again after a flush answered as by a server without
         # scripting, or one found behind (restarted: maybe as another server).
         self.store_checked = False
-        self._refusal = ""  # the last refusal logged: logged again only when it changes
         self._acc = Accumulator(
             self.catalog,
             max_label_length=self.config.max_label_length,
@@ -119,6 +107,8 @@ class WriterCore:
         )
         # One flow per shard (its totals, sequence, batch in flight and the writer's id there).
         self._flows = self._acc.flows
+        if self.load is not None:
+            self.lane = LoadLane(self.load, self._acc, self.keys, self.config)
         self._protocol = FlushProtocol(self._acc)
         self._parts: list[int] = []  # shards whose batch just confirmed was cut: their next part goes now
         # Per shard, the claims and load entries of this flush round not sent yet (a call has
@@ -139,7 +129,7 @@ class WriterCore:
         changed (flush counts and durations, pending series): each flush that carries them
         writes one more hash in Redis. Any other change goes with the next flush."""
         # Per shard, the outages of its flushes in the log: the start and the end of each.
-        self._outages: dict[int, Outage] = {}
+        self.outages = FlushOutages(self.config, lambda shard: self._flows[shard].writer_id)
         forking.track(self)
 
     def __repr__(self) -> str:
@@ -225,7 +215,7 @@ class WriterCore:
         """
         self.writer_id = new_writer_id(self._role)
         self.stats = WriterStats()
-        self._outages = {}  # the parent's outages are the parent's to end
+        self.outages.forked()
         self._stats_stored, self._stats_sent, self._stats_at = {}, [], -math.inf
         self._acc.forget_pending(self.writer_id)
         self._protocol = FlushProtocol(self._acc)
@@ -295,7 +285,7 @@ class WriterCore:
                 stale_ms=stale_ms,
                 claims=claims,
                 stats=self._changed_stats(batch.closing) if shard == self.home else (),
-                load=self._load_entries(load, closing),
+                load=self.lane.entries(load, closing) if self.lane is not None else [],
                 held=held,
             )
             calls.append((shard, batch.script_keys(keys, flow.writer_id), args))
@@ -351,50 +341,22 @@ class WriterCore:
         self._stats_sent = changed
         return changed
 
-    def _outage(self, shard: int) -> Outage:
-        """The outages of *shard*'s flushes (made at its first failure)."""
-        found = self._outages.get(shard)
-        if found is None:
-            where = f" (shard {shard})" if self.shards > 1 else ""
-            found = self._outages[shard] = Outage(
-                lambda: f"flushes of writer {self._flows[shard].writer_id} to {self.config.safe_url}{where}",
-                log,
-                retry=(
-                    f"retried every {self.config.flush_interval:g} s with the same batch; what is "
-                    "recorded meanwhile waits in memory"
-                ),
-            )
-        return found
-
-    def _outage_over(self, shard: int, result: FlushResult) -> None:
-        """Redis answered *shard*'s flush: the end of its outage, if one was going on, says what
-        became of what the writer kept (applied, or its whole state goes next: Redis lost it)."""
-        outage = self._outages.get(shard)
-        if outage is not None:
-            outage.succeeded(_REBUILT if result.lost or result.store_behind else _RECOVERED)
-
     def flush_failed(self, exc: BaseException, shard: int = 0) -> None:
         """The flush (of *shard*) did not get an answer: count it; the same batch goes next time.
         The first failure of an outage is logged (a warning), the others at DEBUG; the first
-        flush that works again logs its end (:class:`~redis_stats._core.outage.Outage`)."""
+        flush that works again logs its end (:class:`~redis_stats.outage.Outage`)."""
         kind = error_kind(exc)
         self.stats.errors[kind] += 1
         if kind == "unsupported":  # the check says what is missing, and how to fix it
             self.store_checked = False
-        log.debug(
-            "flush to %s failed (%s: %s); will retry with the same batch", self.config.safe_url, kind, exc
-        )
-        self._outage(shard).failed(kind, str(exc))
+        self.outages.failed(shard, kind, exc)
 
     def store_refused(self, exc: StoreUnsupported) -> None:
         """The capability check refused the server: nothing is sent (the batch stays pending:
         recording goes on in memory), counted as a flush error of kind ``unsupported``; one
         error logged, again only when what is missing changes. Checked again next round."""
         self.stats.errors["unsupported"] += 1
-        message = str(exc)
-        log_fn = log.error if message != self._refusal else log.debug
-        self._refusal = message
-        log_fn("writer %s sends nothing: %s (checked again at every flush)", self.writer_id, message)
+        self.outages.refused(self.writer_id, exc)
 
     def check_steps(self) -> Steps[bool]:
         """The capability check, when due, as steps (:func:`redis_stats.capability.check_steps`):
@@ -411,7 +373,8 @@ class WriterCore:
         except Exception as exc:
             log.debug("the capability check of %s failed (%s); flushing anyway", self.config.safe_url, exc)
             return True
-        self.store_checked, self._refusal = True, ""
+        self.store_checked = True
+        self.outages.accepted()
         return True
 
     def shards_failed(self, exc: BaseException) -> None:
@@ -434,15 +397,15 @@ class WriterCore:
         result = FlushResult.from_reply(reply)
         if self._protocol.confirmed(result, shard):
             self._parts.append(shard)
-        if result.load_error:  # the batch was applied; its load entries were refused
-            self.load_done(redis.exceptions.ResponseError(result.load_error))
+        if result.load_error and self.lane is not None:  # the batch was applied, its load entries refused
+            self.lane.done(redis.exceptions.ResponseError(result.load_error), self.stats)
         if result.lost:
             self._keys_lost(result, shard)
         elif result.store_behind:
             self._store_behind(shard)
         if shard == self.home:  # the self-metrics go to the home shard only
             self._stats_answered(result)
-        self._outage_over(shard, result)
+        self.outages.answered(shard, rebuilt=bool(result.lost or result.store_behind))
         self.stats.observe_duration(seconds)
         self.stats.last_success = time.time()
         self.stats.flushes += 1
@@ -573,70 +536,6 @@ class WriterCore:
                 self.flush_succeeded(reply, time.perf_counter() - started, shard)
             calls = self.prepare_flushes(closing=closing, parts=self._parts) if self._parts else []
         return ok
-
-    # -- the load feed (redis_stats/load.py): its entries in each flush, and alone (the lane) ------
-
-    def _load_entries(self, engines: list[int], closing: bool) -> list[str]:
-        """The load entries (``engine, entry`` pairs) of *engines* (this writer's, in one
-        shard), for its flush there (``flush.lua`` stores them with the batch) or alone (the
-        load lane). A closing flush's name the engines only: the script deletes their entries."""
-        if self.load is None or not engines:
-            return []
-        if closing:
-            return [x for e in engines for x in (str(e), "")]
-        return self.load.entries(engines, self._acc.server_ms)
-
-    @staticmethod
-    def lane_sleep(due: float, lane: float, last_lane: float) -> float:
-        """Seconds the flusher sleeps: until the flush *due* (monotonic), and with a load lane
-        (*lane* s between two of its calls, the last at *last_lane*) at most :data:`LANE_POLL`,
-        or until the lane may call again."""
-        now = time.monotonic()
-        wait = max(0.0, due - now)
-        if lane:
-            wait = min(wait, max(LANE_POLL, last_lane + lane - now))
-        return wait
-
-    def lane_calls(self) -> list[tuple[str, list[str]]]:
-        """The load lane's calls: ``HSET <load hash> <field> <value> ...`` of the engines whose
-        gauge fields changed since their last entry (:meth:`LoadTracker.changed`; none: no call),
-        one per shard, or more for a writer of so many engines that one call would exceed
-        :data:`MAX_CALL_WORDS` words. Each value is the entry a flush stores, stamped with this
-        writer's reading of its server's clock (the flush's stamp is the server's own ``TIME``:
-        a plain ``HSET`` costs Redis a third less than a script call, and the lane's calls are
-        the many ones)."""
-        if self.load is None:
-            return []
-        changed = self.load.changed()
-        per_call = (MAX_CALL_WORDS - 2) // 2  # HSET, the key
-        calls = []
-        for shard in sorted({shard_of(e, self.shards) for e in changed}):
-            flow = self._flows[shard]
-            engines = [e for e in changed if shard_of(e, self.shards) == shard]
-            stamp = f"{flow.server_ms(time.monotonic()):.0f},"
-            for i in range(0, len(engines), per_call):
-                entries = self._load_entries(engines[i : i + per_call], False)
-                args = [
-                    x
-                    for engine, entry in zip(entries[0::2], entries[1::2])
-                    for x in (f"{engine}|{flow.writer_id}", stamp + entry)
-                ]
-                calls.append((flow.keys(self.keys, self.shards).load, args))
-        return calls
-
-    def load_done(self, result: Any) -> None:
-        """What storing the load entries came to (the lane's reply, or the error a flush reported
-        for them): a failure is counted (``flush_errors_total`` with kind ``load_<kind>``) and
-        logged once per kind, and every engine's entry is sent again at the lane's next turn
-        (it may not be stored); never raised (the flush is not affected)."""
-        if not isinstance(result, Exception):
-            return
-        if self.load is not None:
-            self.load.resend()
-        kind = "load_" + error_kind(result)
-        self.stats.errors[kind] += 1
-        log_fn = log.warning if self.stats.errors[kind] == 1 else log.debug
-        log_fn("storing the load entries at %s failed (%s: %s)", self.config.safe_url, kind, result)
 
     def shards_call(self) -> tuple[list[str], list[str]]:
         """KEYS and ARGV of ``shards.lua``: list this writer's K in shard 0's catalogue, so that

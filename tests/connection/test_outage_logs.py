@@ -22,7 +22,7 @@ from redis_stats.keys import Keys
 from redis_stats.leader import LeaseLeader, Rank0Leader
 from redis_stats.prometheus.collector import RedisCollector
 from redis_stats.reporting import StatsReporter
-from redis_stats.server.views.load import LoadFeed
+from redis_stats.server.states.load_feed import LoadFeed
 from tests.conftest import sample_catalog
 
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
@@ -167,7 +167,7 @@ def test_an_outage_where_redis_kept_its_data_ends_with_the_batch_confirmed(
 
 
 def test_a_flapping_link_cannot_flood_the_log(redis_server, namespace, caplog):
-    from redis_stats._core.outage import BURST
+    from redis_stats.outage import BURST
     from tests.proxy import CuttingProxy
 
     caplog.set_level(logging.WARNING, logger="redis_stats.writer")

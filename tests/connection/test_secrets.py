@@ -473,7 +473,7 @@ def test_a_redis_failure_in_the_cli_is_one_clean_line(cmd):
 
 @pytest.mark.parametrize("name", [*forms(6390), *MALFORMED])
 def test_the_redis_address_a_page_header_shows_has_no_secret_and_no_user(name):
-    from redis_stats.server.views.snapshot import redis_address
+    from redis_stats.server.states.sampler import redis_address
 
     url = {**forms(6390), **MALFORMED}[name]
     shown = redis_address(url)

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from redis_stats import StatsConfig, StatsReader, StatsWriter
-from redis_stats._core.background import background_errors
 from redis_stats._core.lease import LeaseState
 from redis_stats.aio import AsyncLeaseLeader, AsyncStatsReader, AsyncStatsReporter, AsyncStatsWriter
+from redis_stats.background import background_errors
 from redis_stats.connection import make_async_client, make_client
 from redis_stats.keys import Keys
 from redis_stats.leader import LeaseLeader

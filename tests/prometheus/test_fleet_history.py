@@ -26,8 +26,8 @@ import pytest
 from redis_stats import StatsConfig, StatsReader, StatsWriter
 from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY, VLLM_PAGE_HISTORY
 from redis_stats.server import Exporter
-from redis_stats.server.views.fleet_history import MAX_POINTS, FleetHistory, fleet_point
-from redis_stats.server.views.window import recent_document
+from redis_stats.server.states.fleet_history import MAX_POINTS, FleetHistory, fleet_point
+from redis_stats.server.states.window import recent_document
 from redis_stats.snapshot import Snapshot
 from redis_stats.tools.embedded import EmbeddedRedis
 from tests.conftest import ROOT

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis_stats import Catalog, StatsConfig, StatsReader, StatsWriter
 from redis_stats.ops.removal import remove_namespace
 from redis_stats.server import Exporter
-from redis_stats.server.views import snapshot as exporter_module
+from redis_stats.server.states import sampler
 from redis_stats.tools.embedded import EmbeddedRedis
 from tests import acl
 from tests.conftest import sample_catalog
@@ -357,8 +357,8 @@ def _commands_on(client: redis.Redis, seconds: float, act) -> list[str]:
 
 def test_a_namespace_nobody_asks_for_costs_no_read_and_an_unused_view_is_dropped(own_redis, monkeypatch):
     writers = [write(own_redis.url, "a", 2, 1), write(own_redis.url, "b", 2, 2)]
-    monkeypatch.setattr(exporter_module, "SAMPLER_IDLE", 0.5)
-    monkeypatch.setattr(exporter_module, "SAMPLER_IDLE_WINDOWS", 1)
+    monkeypatch.setattr(sampler, "SAMPLER_IDLE", 0.5)
+    monkeypatch.setattr(sampler, "SAMPLER_IDLE_WINDOWS", 1)
     exporter = several(own_redis.url, namespaces=["a", "b"], load_refresh=0.05, load_idle=0.5, window=1.0)
     assert exporter.app.sources.several
     client = redis.Redis.from_url(own_redis.url, decode_responses=True)

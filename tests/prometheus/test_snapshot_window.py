@@ -25,7 +25,7 @@ from redis_stats import HistogramValue, StatsConfig, StatsReader, StatsWriter
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
 from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY
 from redis_stats.server import Exporter
-from redis_stats.server.views.window import SnapshotRing, recent_document
+from redis_stats.server.states.window import SnapshotRing, recent_document
 from redis_stats.tools.cli import main
 from tests.conftest import ROOT, sample_catalog
 from tests.prometheus import views
@@ -131,10 +131,10 @@ def test_fleet_summary_is_injected_and_the_core_knows_no_vllm_name(redis_server,
     assert summary["generation_tokens_per_second"] is None  # no window yet
     from redis_stats import reporting as reporter
     from redis_stats.ops import inspection as inspect
+    from redis_stats.server.states import sampler, window
     from redis_stats.server.views import snapshot as snapshot_view
-    from redis_stats.server.views import window as window_view
 
-    for module in (window_view, snapshot_view, reporter, inspect):  # by module, wherever the layout puts it
+    for module in (window, sampler, snapshot_view, reporter, inspect):  # by module, wherever they are
         assert "vllm:" not in Path(module.__file__).read_text()  # no metric name in the core
 
 
@@ -347,7 +347,7 @@ def test_the_window_keeps_what_fits_its_byte_budget_oldest_dropped_first(redis_s
     import tracemalloc
     from dataclasses import replace
 
-    from redis_stats.server.views.window import window_copy
+    from redis_stats.server.states.window import window_copy
 
     snap = _busy_snapshot(StatsConfig(url=redis_server.url, namespace=namespace), 16)
     gc.collect()
@@ -504,7 +504,7 @@ floats = st.floats(allow_nan=True, allow_infinity=True)
     gauges=st.lists(floats, min_size=1, max_size=4),
 )
 def test_any_values_give_a_strict_json_document_valid_against_the_schema(before, after, gauges):
-    from redis_stats.server.views.window import snapshot_document
+    from redis_stats.server.states.window import snapshot_document
 
     n = min(len(before), len(after), len(gauges))
     earlier = _engine_snap(100.0, before[:n], gauges[:n])

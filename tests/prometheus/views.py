@@ -6,9 +6,9 @@ from typing import Any
 
 from redis_stats.server import Exporter
 from redis_stats.server.source import Source
-from redis_stats.server.views.endpoints import EndpointMap
-from redis_stats.server.views.load import LoadFeed, feed_of
-from redis_stats.server.views.snapshot import Window
+from redis_stats.server.states.endpoints import EndpointMap
+from redis_stats.server.states.load_feed import LoadFeed, feed_of
+from redis_stats.server.states.sampler import Window, window_of
 
 
 def source(exporter: Exporter, namespace: str | None = None) -> Source:
@@ -18,8 +18,7 @@ def source(exporter: Exporter, namespace: str | None = None) -> Source:
 
 def window(exporter: Exporter, namespace: str | None = None) -> Window:
     """The /snapshot window of *namespace*, as the view makes it."""
-    found = source(exporter, namespace)
-    return found.kept("window", None, lambda: Window(found))
+    return window_of(source(exporter, namespace))
 
 
 def load_feed(exporter: Exporter, namespace: str | None = None) -> LoadFeed:

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from redis_stats import StatsConfig, StatsReader, StatsWriter
-from redis_stats._core.background import background_errors
+from redis_stats.background import background_errors
 from redis_stats.integrations.vllm import vllm_catalog
 from redis_stats.integrations.vllm.roles import VLLM_ROLES
 from redis_stats.ops.retention import collect_garbage

@@ -45,7 +45,7 @@ from redis_stats.ops import inspection
 from redis_stats.prometheus.exposition import escape_label_value
 from redis_stats.prometheus.openmetrics import openmetrics_from_text
 from redis_stats.server import Exporter
-from redis_stats.server.views.window import snapshot_document
+from redis_stats.server.states.window import snapshot_document
 from redis_stats.tools.cli import main
 from redis_stats.tools.top import render_plain
 from tests.bridge.compare import get, source_samples, store_samples

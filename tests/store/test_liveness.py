@@ -15,7 +15,7 @@ from redis_stats import RedisCollector, StatsConfig, StatsReader, StatsWriter
 from redis_stats.keys import Keys
 from redis_stats.ops.inspection import inspect_namespace
 from redis_stats.ops.namespaces import describe_namespaces
-from redis_stats.server.views.window import snapshot_document
+from redis_stats.server.states.window import snapshot_document
 from tests.conftest import sample_catalog
 
 pytestmark = pytest.mark.redis_server

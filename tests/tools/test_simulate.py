@@ -278,7 +278,7 @@ def test_simulated_engines_behind_endpoints_fill_the_endpoint_views(redis_server
         redis_server.url, namespace, "--engines", "6", "--engines-per-endpoint", "2", "--duration", "2"
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    from redis_stats.server.views.endpoints import endpoints_document
+    from redis_stats.server.states.endpoints import endpoints_document
 
     reader = StatsReader(StatsConfig(url=redis_server.url, namespace=namespace), simulated_catalog())
     doc = endpoints_document(reader.load())

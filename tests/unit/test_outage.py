@@ -1,4 +1,4 @@
-"""redis_stats/_core/outage.py: each outage's start and end in the log, at one level, for every
+"""redis_stats/outage.py: each outage's start and end in the log, at one level, for every
 outage of a lifetime, and a flapping link that cannot flood the log (a clock of the test's own)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from redis_stats._core.outage import BURST, REFILL, Outage
+from redis_stats.outage import BURST, REFILL, Outage
 
 
 class Clock:

@@ -18,20 +18,6 @@ from redis_stats._core.read.slices import is_among
 from redis_stats.codec import LIVENESS_FIELDS, chunk_writer
 from redis_stats.keys import Keys
 
-__all__ = [
-    "LOAD",
-    "MAX_SCRIPT_WORDS",
-    "SNAPSHOT",
-    "SNAPSHOT_LEAN",
-    "Fetch",
-    "KeyRead",
-    "Plan",
-    "script_calls",
-    "shard_reply",
-    "time_ms",
-    "transaction",
-]
-
 Plan = tuple[tuple[str, ...], tuple[str, ...]]
 """The engines and writers of one shard a read asks for: those its last read found."""
 

@@ -17,14 +17,14 @@ view serves as its ``running`` and ``waiting`` series). Every other request pass
 untouched.
 
 It answers ``GET /v1/loads`` too, from the same read: SGLang's model gateway's load document, one
-entry per data-parallel rank of the endpoint (:mod:`redis_stats.server.views.smg`, which says
+entry per data-parallel rank of the endpoint (:mod:`redis_stats.routers.smg`, which says
 what the gateway does with each answer); the gateway asks every worker for it first, vLLM's
 included.
 
 Cost and freshness: one answer is kept :data:`TTL` seconds, so however many routers poll, one
 process reads Redis at most once per :data:`TTL`: a load-feed read of the endpoint's engines
 (which engines those are: a read of the namespace's load feed at most every
-``redis_stats.server.views.endpoints.MAP_TTL`` seconds). The read runs in a thread of its own,
+``redis_stats.server.states.endpoints.MAP_TTL`` seconds). The read runs in a thread of its own,
 never on vLLM's event loop; concurrent requests wait for the one read in flight.
 
 What it never answers is a wrong number: Redis unreachable, the endpoint unknown to Redis, no
@@ -49,9 +49,9 @@ from redis_stats.config import StatsConfig, redact
 from redis_stats.errors import error_kind
 from redis_stats.load import EngineLoad, LoadView
 from redis_stats.reader import StatsReader
-from redis_stats.server.views import smg
-from redis_stats.server.views.endpoints import EndpointMap, UnknownEndpoint
-from redis_stats.server.views.get_load import PATH, endpoint_answer
+from redis_stats.routers import smg
+from redis_stats.routers.get_load import PATH, endpoint_answer, engines_of, rank_list_answer
+from redis_stats.server.states.endpoints import EndpointMap, UnknownEndpoint
 
 __all__ = [
     "PATH",
@@ -61,8 +61,6 @@ __all__ = [
     "EndpointRead",
     "GetLoadMiddleware",
     "SGLangGetLoadMiddleware",
-    "endpoint_answer",
-    "rank_list_answer",
     "register_config",
 ]
 
@@ -170,44 +168,10 @@ class EndpointLoad:
             )
         endpoint, engines = self.views.resolve("self")
         view = self.reader.load(engines)
-        mine = tuple(view.engines[e] for e in sorted(view.engines) if view.engines[e].endpoint == endpoint)
+        mine = tuple(engines_of(view, endpoint))
         if len(mine) < len(view.engines):
             self.views.forget()  # an engine is served behind another endpoint now: map it again
         return EndpointRead(endpoint, mine, view.time)
-
-
-def rank_list_answer(endpoint: str, mine: list[EngineLoad]) -> tuple[int, Any]:
-    """(HTTP status, document) of ``/get_load`` in the form sglang-router reads (0.3.x: a JSON
-    list, ``num_tokens`` summed over its entries, ``WorkerManager::parse_load_response``): one
-    entry per live rank of *endpoint*, ``{"dp_rank", "num_reqs", "num_waiting_reqs",
-    "num_tokens"}`` as SGLang's own ``/get_load`` (``num_tokens`` the rank's used KV token slots,
-    KV usage x capacity: SGLang adds its waiting prompts' tokens, which vLLM does not count).
-    ``503`` when a live rank's requests or KV capacity are not known."""
-    status, doc = endpoint_answer(endpoint, mine)
-    if status != 200:
-        return status, doc
-    ranks = []
-    for rank, load in enumerate(mine):
-        if not load.up:
-            continue
-        usage, capacity = load.kv_cache_usage, load.kv_cache_capacity_tokens
-        if usage is None or capacity is None or not math.isfinite(usage * capacity):
-            return 503, {
-                "error": "no_tokens",
-                "detail": f"engine {load.engine} of endpoint {endpoint!r} reports no KV usage and capacity "
-                "(vllm:kv_cache_usage_perc, vllm:cache_config_info): its used tokens are not known",
-                "endpoint": endpoint,
-            }
-        running, waiting = round(load.requests_running or 0.0), round(load.requests_waiting or 0.0)
-        ranks.append(
-            {
-                "dp_rank": rank,
-                "num_reqs": running + waiting,
-                "num_waiting_reqs": waiting,
-                "num_tokens": round(usage * capacity),
-            }
-        )
-    return 200, ranks
 
 
 def _body(status: int, doc: Any) -> tuple[int, bytes]:
@@ -312,8 +276,9 @@ class GetLoadMiddleware:
 
 class SGLangGetLoadMiddleware(GetLoadMiddleware):
     """:class:`GetLoadMiddleware` whose ``/get_load`` is the rank list sglang-router (0.3.x, before
-    it read ``/v1/loads``) sums: :func:`rank_list_answer`. One body cannot serve both routers
-    (vllm-router reads an object, sglang-router a list): pick the class of the router in front::
+    it read ``/v1/loads``) sums: :func:`redis_stats.routers.get_load.rank_list_answer`. One body
+    cannot serve both routers (vllm-router reads an object, sglang-router a list): pick the class
+    of the router in front::
 
         vllm serve M --middleware redis_stats.integrations.vllm.get_load.SGLangGetLoadMiddleware
     """

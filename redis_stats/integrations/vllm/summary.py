@@ -7,8 +7,7 @@ the core knows no vLLM name.
 
 from __future__ import annotations
 
-from redis_stats.server.views.fleet_history import HistorySpec
-from redis_stats.server.views.window import FleetSummary
+from redis_stats.server.options import FleetSummary, HistorySpec
 
 __all__ = ["VLLM_FLEET_SUMMARY", "VLLM_PAGE_HISTORY"]
 

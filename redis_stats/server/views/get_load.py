@@ -1,13 +1,10 @@
-"""``GET /get_load``: one endpoint's true load, in the shape vllm-router and sglang-router poll.
+"""``GET /get_load?endpoint=<id>``: one endpoint's true load, as vllm-router polls it.
 
-vllm-router (``--policy power_of_two``) polls ``GET <worker URL>/get_load`` and reads
-``{"load": N}`` (an integer: its source reads it with serde_json's ``as_i64``). The load is the
-requests running plus waiting summed over the endpoint's **live** engines (``up`` or ``stale``,
-the one rule of every view; a ``down`` engine is left out), as the load feed holds them
-(``redis_stats.load``). The vLLM plugin serves it on vLLM's own port
-(``redis_stats.integrations.vllm.get_load``); the exporter serves it too, for any endpoint of its
-namespace (``/get_load?endpoint=<id>``; without it, or with ``self``, the exporter's own
-endpoint), from its ``/load`` feed's newest read (no Redis read per request).
+The document is :func:`redis_stats.routers.get_load.endpoint_answer`'s (``{"load": N}``: the
+requests running plus waiting over the endpoint's live engines); the exporter makes it for any
+endpoint of its namespace (without ``?endpoint=``, or with ``self``, its own endpoint) from its
+``/load`` feed's newest read (no Redis read per request). The vLLM middleware serves the same
+document on vLLM's own port (``redis_stats.integrations.vllm.get_load``).
 
 What it never answers is a wrong number: Redis unreachable, the endpoint unknown, no engine of it
 live, or an engine that reports no request counts: ``503`` with a JSON ``error`` and ``detail``.
@@ -15,67 +12,19 @@ live, or an engine that reports no request counts: ``503`` with a JSON ``error``
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from redis_stats.load import EngineLoad, LoadView
+from redis_stats.routers.get_load import endpoint_answer, engines_of
 from redis_stats.server.http import Request, Response, json_response
-from redis_stats.server.views.endpoints import SELF, endpoint_param
-from redis_stats.server.views.load import LoadBody, feed_of
+from redis_stats.server.states.endpoints import SELF, endpoint_param
+from redis_stats.server.states.load_feed import LoadBody, feed_of
 
 if TYPE_CHECKING:
     from redis_stats.server.app import App
 
-__all__ = ["PATH", "answer", "endpoint_answer", "engines_of"]
-
-PATH = "/get_load"
-"""The route vllm-router and sglang-router poll on each worker."""
+__all__ = ["answer"]
 
 _NO_STORE = (("Cache-Control", "no-store"),)
-
-
-def engines_of(view: LoadView, endpoint: str) -> list[EngineLoad]:
-    """The engines of *view* served behind *endpoint*, in engine order."""
-    return [view.engines[e] for e in sorted(view.engines) if view.engines[e].endpoint == endpoint]
-
-
-def endpoint_answer(endpoint: str, mine: list[EngineLoad]) -> tuple[int, dict[str, Any]]:
-    """(HTTP status, document) of ``/get_load`` for *endpoint* whose engines' loads are *mine*."""
-    live = [e for e in mine if e.up]
-    down = [e.engine for e in mine if not e.up]
-    if not live:
-        return 503, {
-            "error": "endpoint_down",
-            "detail": f"no engine of endpoint {endpoint!r} is up (engines {down} are down): "
-            "its load is not known",
-            "endpoint": endpoint,
-        }
-    silent = [e.engine for e in live if not _counted(e)]
-    running = sum(e.requests_running or 0.0 for e in live)
-    waiting = sum(e.requests_waiting or 0.0 for e in live)
-    if silent or not math.isfinite(running + waiting):  # counts past the float range: none
-        return 503, {
-            "error": "no_load",
-            "detail": f"engines {silent or [e.engine for e in live]} of endpoint {endpoint!r} report "
-            "no finite requests running or waiting (a writer without the load feed, or no step "
-            "recorded yet)",
-            "endpoint": endpoint,
-        }
-    return 200, {
-        # An integer: vllm-router reads it with as_i64, which reads 5.0 as nothing.
-        "load": round(running + waiting),
-        "running": round(running),
-        "waiting": round(waiting),
-        "endpoint": endpoint,
-        "engines": [e.engine for e in live],
-        "engines_down": down,
-        "age_seconds": round(max(e.age_seconds for e in live), 3),
-    }
-
-
-def _counted(load: EngineLoad) -> bool:
-    values = (load.requests_running, load.requests_waiting)
-    return all(v is not None and math.isfinite(v) for v in values)
 
 
 def answer(app: App, request: Request) -> Response:

@@ -1,6 +1,6 @@
 """``GET /history``: the fleet's recent history of one namespace, for the live page's first open.
 
-What this namespace's ``/snapshot`` window kept of the fleet (:class:`~redis_stats.server.views.
+What this namespace's ``/snapshot`` window kept of the fleet (:class:`~redis_stats.server.states.
 fleet_history.FleetHistory`): a point per snapshot the window took, the figures the exporter was
 given (``ServeOptions.history``; the vLLM ones are the page's charts). Answered from memory: it
 reads nothing of the fleet from Redis and starts no sampler, so it answers while Redis is down,
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from redis_stats.server.http import Request, Response, json_response
-from redis_stats.server.views.snapshot import Window, redis_address
+from redis_stats.server.states.sampler import Window, redis_address, window_of
 
 if TYPE_CHECKING:
     from redis_stats.server.app import App
@@ -41,7 +41,7 @@ def history_document(window: Window) -> dict[str, Any]:
 def answer(app: App, request: Request) -> Response:
     """``/history`` of the request's namespace."""
     source = app.source(request)
-    # The window's entry (made empty when there is none: no read, no sampler); asking for it counts
-    # as a use, as a /snapshot does, so the history a page is about to extend is not dropped.
-    window = source.kept("window", None, lambda: Window(source))
+    # Asking for the window counts as a use, as a /snapshot does, so the history a page is about to
+    # extend is not dropped.
+    window = window_of(source)
     return json_response(200, history_document(window))  # gzipped by the server when accepted

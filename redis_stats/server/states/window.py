@@ -6,9 +6,9 @@ safe: the exporter serves requests on threads), and :func:`recent_document` turn
 the oldest one within the window into the ``window`` and ``fleet`` blocks of ``/snapshot``.
 
 Fleet totals are generic over the catalogue (every counter's summed rate, every gauge's sum, mean
-and max over live engines). A :data:`FleetSummary` names a few of them for a product (the vLLM
-integration injects ``running``, ``waiting``, mean KV usage and token throughput); this module
-knows no product's metric names.
+and max over live engines). A :data:`~redis_stats.server.options.FleetSummary` names a few of them
+for a product (the vLLM integration injects ``running``, ``waiting``, mean KV usage and token
+throughput); this module knows no product's metric names.
 """
 
 from __future__ import annotations
@@ -23,29 +23,20 @@ from typing import Any
 
 from redis_stats._core.read.values import float_mean, float_sum
 from redis_stats.catalog import COUNTER, GAUGE
+from redis_stats.server.options import WINDOW_BUDGET, FleetSummary
 from redis_stats.snapshot import EngineSnapshot, HistogramValue, Snapshot, json_number
 
 __all__ = [
     "SCHEMA_VERSION",
-    "SUMMARY_KINDS",
-    "WINDOW_BUDGET",
-    "FleetSummary",
     "SnapshotRing",
     "increase",
     "recent_document",
     "since",
     "snapshot_document",
-    "summary_problems",
     "window_copy",
 ]
 
 log = logging.getLogger("redis_stats.exporter")
-
-#: A named fleet figure -> (kind, metric name). Kinds: ``rate`` (a counter's per-second increase
-#: over the window, summed over engines and labels), ``sum`` / ``mean`` / ``max`` (a gauge over live
-#: engines, summed over labels per engine first).
-FleetSummary = Mapping[str, tuple[str, str]]
-SUMMARY_KINDS = ("rate", "sum", "mean", "max")
 
 #: The ``schema_version`` of the ``/snapshot`` document (docs/snapshot.md, "Stability"). Version 1
 #: (documents without the key) listed each engine's series as ``[{"name", "labels", ...}]``; version
@@ -56,15 +47,6 @@ SCHEMA_VERSION = 2
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
 
 
-def summary_problems(summary: FleetSummary) -> list[str]:
-    """What is wrong with a summary mapping (empty when it is usable)."""
-    return [
-        f"fleet summary {name!r}: kind {kind!r} is not one of {', '.join(SUMMARY_KINDS)}"
-        for name, (kind, _metric) in summary.items()
-        if kind not in SUMMARY_KINDS
-    ]
-
-
 # What a kept snapshot costs in memory (CPython 3.11, 64-bit), by part: per engine (its objects and
 # dicts), per counter (a dict slot and its float; the series' key is shared with the reader's
 # plan), per histogram (its HistogramValue, dict slot and array) and per bucket (8 bytes in the
@@ -73,9 +55,6 @@ ENGINE_BYTES = 600
 COUNTER_BYTES = 60
 HISTOGRAM_BYTES = 200
 BUCKET_BYTES = 8
-
-#: The default budget of the window's kept snapshots, in bytes (``--window-budget``).
-WINDOW_BUDGET = 64 * 2**20
 
 
 def window_copy(snap: Snapshot) -> tuple[Snapshot, int]:

@@ -24,7 +24,9 @@ over the ranks listed. The document also names the left-out ranks (``ranks_down`
 ``ranks_without_load``), and adds SGLang's own ``aggregate``: keys the gateway ignores.
 
 :func:`loads_document` is pure: a :class:`redis_stats.load.LoadView` (one read of the load feed)
-and an endpoint id in, (HTTP status, document) out; the HTTP view around it belongs to the server.
+and an endpoint id in, (HTTP status, document) out: the exporter's views
+(:mod:`redis_stats.server.views.loads`) and the vLLM middleware
+(:mod:`redis_stats.integrations.vllm.get_load`) serve the same documents.
 It knows no product's metric names: every number is a field of the load feed (docs/routers.md
 maps each one, and says which an integration reports).
 """
@@ -33,22 +35,14 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from redis_stats.load import EngineLoad, LoadView
-from redis_stats.server.http import Request, Response, json_response
-from redis_stats.server.views.endpoints import SELF, endpoint_param
-from redis_stats.server.views.load import LoadBody, feed_of
-
-if TYPE_CHECKING:
-    from redis_stats.server.app import App
 
 __all__ = [
     "FLEET_PATH",
     "INCLUDE_SECTIONS",
     "PATH",
-    "answer",
-    "fleet_answer",
     "fleet_document",
     "loads_document",
 ]
@@ -58,8 +52,6 @@ PATH = "/v1/loads"
 
 FLEET_PATH = "/loads"
 """The gateway's own fleet route (smg #2418): every worker's ranks and an ``aggregate``."""
-
-_NO_STORE = (("Cache-Control", "no-store"),)
 
 INCLUDE_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
 """The sections ``?include=`` may name (SGLang's ``GetLoadsReqInput.VALID_SECTIONS``); every one
@@ -164,44 +156,6 @@ def fleet_document(view: LoadView, *, include: str | None = None) -> tuple[int, 
         "ranks_not_reported": down,
         "unassigned": unassigned,
     }
-
-
-def answer(app: App, request: Request) -> Response:
-    """``/v1/loads`` of the request's namespace: ``?endpoint=<id>`` that endpoint's ranks (``self``:
-    the exporter's own endpoint, ``REDIS_STATS_ENDPOINT``), without it the whole pool's (the
-    fleet document: a gateway registering this exporter as a worker reads the pool as one), from
-    the ``/load`` feed's newest read (no Redis read per request)."""
-    source = app.source(request)
-    endpoint = endpoint_param(request.one("endpoint"))
-    include, dp_rank = request.one("include"), request.one("dp_rank")
-    current = source.state(feed_of).current()
-    if isinstance(current, LoadBody):  # the store cannot be read, or the feed is stale: why
-        return Response(current.status, current.body, headers=_NO_STORE)
-    view = current[0]
-    if endpoint is None:
-        if dp_rank is not None:
-            return json_response(
-                400, {"detail": "dp_rank= needs endpoint=: ranks are an endpoint's"}, _NO_STORE
-            )
-        return json_response(*fleet_document(view, include=include), _NO_STORE)
-    if endpoint == SELF:
-        endpoint = source.options.self_endpoint
-        if endpoint is None:
-            doc = {
-                "error": "no_endpoint",
-                "detail": "this exporter has no endpoint of its own (REDIS_STATS_ENDPOINT)",
-            }
-            return json_response(503, doc, _NO_STORE)
-    return json_response(*loads_document(view, endpoint, include=include, dp_rank=dp_rank), _NO_STORE)
-
-
-def fleet_answer(app: App, request: Request) -> Response:
-    """``/loads``: the fleet document (:func:`fleet_document`), as smg #2418's gateway serves it."""
-    source = app.source(request)
-    current = source.state(feed_of).current()
-    if isinstance(current, LoadBody):
-        return Response(current.status, current.body, headers=_NO_STORE)
-    return json_response(*fleet_document(current[0], include=request.one("include")), _NO_STORE)
 
 
 def _query_problem(include: str | None, dp_rank: str | None) -> str | None:

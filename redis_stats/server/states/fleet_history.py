@@ -8,10 +8,11 @@ window takes (its sampler's and each ``/snapshot`` request's; never a read of it
 every *spacing* seconds over :data:`HISTORY_SECONDS`: a few floats per point, at most
 :data:`MAX_POINTS` points, whatever the fleet's size.
 
-Which figures is a :data:`HistorySpec` the integration injects (the vLLM one names the page's
-charts), so this module knows no product's metric names. Each figure is computed by the rules the
-page applies to a ``/snapshot`` document, over the engines up in the newest snapshot, so that a
-point kept here and the one a page computes from the same read are the same numbers.
+Which figures is a :data:`~redis_stats.server.options.HistorySpec` the integration injects (the
+vLLM one names the page's charts), so this module knows no product's metric names. Each figure is
+computed by the rules the page applies to a ``/snapshot`` document, over the engines up in the
+newest snapshot, so that a point kept here and the one a page computes from the same read are the
+same numbers.
 """
 
 from __future__ import annotations
@@ -23,29 +24,17 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from redis_stats.server.views.window import increase, since
+from redis_stats.server.options import HistorySpec
+from redis_stats.server.states.window import increase, since
 from redis_stats.snapshot import EngineSnapshot, Snapshot, json_number
 
 __all__ = [
-    "ENGINE_KINDS",
-    "FLEET_KINDS",
     "HISTORY_SECONDS",
     "MAX_POINTS",
     "FleetHistory",
-    "HistorySpec",
     "fleet_point",
-    "history_problems",
 ]
 
-#: A figure's name -> (metric, per engine, over engines). Per engine (each up engine's series of the
-#: metric): ``rate`` a counter's per-second increase over the window, summed (0 without a series);
-#: ``sum`` / ``max`` a gauge's values summed / the largest; ``p99`` the largest of a histogram's
-#: p99 over the window (``rate`` and ``p99``: none for an engine the window does not measure). Over
-#: engines: ``sum`` (an engine without a value counts 0; none when no engine has one), ``mean``,
-#: ``max``, ``median`` (the lower one) of the finite values.
-HistorySpec = Mapping[str, tuple[str, str, str]]
-ENGINE_KINDS = ("rate", "sum", "max", "p99")
-FLEET_KINDS = ("sum", "mean", "max", "median")
 WINDOWED = ("rate", "p99")  # engine kinds that need a window: None without one
 
 HISTORY_SECONDS = 600.0
@@ -60,23 +49,6 @@ history grow with it."""
 # with tracemalloc (tests/prometheus/test_fleet_history.py keeps it honest).
 POINT_BYTES = 80
 FIGURE_BYTES = 8
-
-
-def history_problems(spec: HistorySpec) -> list[str]:
-    """What is wrong with a history spec (empty when it is usable)."""
-    problems = []
-    for name, (metric, engine, fleet) in spec.items():
-        if engine not in ENGINE_KINDS:
-            problems.append(
-                f"history figure {name!r} ({metric}): per engine {engine!r} is not one of "
-                f"{', '.join(ENGINE_KINDS)}"
-            )
-        if fleet not in FLEET_KINDS:
-            problems.append(
-                f"history figure {name!r} ({metric}): over engines {fleet!r} is not one of "
-                f"{', '.join(FLEET_KINDS)}"
-            )
-    return problems
 
 
 def fleet_point(now: Snapshot, earlier: Snapshot | None, spec: HistorySpec) -> list[float | None]:

@@ -1,0 +1,45 @@
+"""The route table: which view answers which path.
+
+A view is a module of :mod:`redis_stats.server.views` with one function ``answer(app, request)``
+(:class:`~redis_stats.server.app.App` and :class:`~redis_stats.server.http.Request` in,
+:class:`~redis_stats.server.http.Response` out, or an :class:`~redis_stats.server.http.HTTPError`).
+Adding a view is adding a module and a line to :data:`ROUTES`; the exporter gives the table to
+its :class:`~redis_stats.server.app.App`.
+"""
+
+from __future__ import annotations
+
+from redis_stats.server.app import View
+from redis_stats.server.views import (
+    endpoints,
+    get_load,
+    health,
+    history,
+    load,
+    loads,
+    metrics,
+    namespaces,
+    page,
+    pool,
+    snapshot,
+    watch,
+)
+
+__all__ = ["ROUTES"]
+
+ROUTES: dict[str, View] = {
+    "/": page.answer,
+    "/metrics": metrics.answer,
+    "/snapshot": snapshot.answer,
+    "/history": history.answer,
+    "/load": load.answer,
+    "/endpoints": endpoints.answer,
+    "/get_load": get_load.answer,
+    "/v1/loads": loads.answer,
+    "/loads": loads.fleet_answer,
+    "/pool": pool.answer,
+    "/watch": watch.answer,
+    "/healthz": health.answer,
+    "/namespaces": namespaces.answer,
+}
+"""Path -> the view answering it (``GET`` and ``HEAD``)."""
