@@ -343,7 +343,11 @@ class VllmRs:
                 if path != "/v1/completions":
                     self._send(404, "application/json", b'{"error": "not found"}')
                     return
-                request = json.loads(data or b"{}")
+                try:
+                    request = json.loads(data or b"{}")
+                except ValueError:
+                    self._send(400, "application/json", b'{"error": "the body is not JSON"}')
+                    return
                 if request.get("stream"):
                     self._stream(int(request.get("max_tokens") or 16))
                     return
