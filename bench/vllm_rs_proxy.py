@@ -482,6 +482,7 @@ def main() -> None:
     for tool in ("nginx", "haproxy", "wrk"):
         if not (shutil.which(tool) or os.access(f"/usr/sbin/{tool}", os.X_OK)):
             sys.exit(f"{tool} is needed (apt-get install nginx haproxy wrk)")
+    load_before = os.getloadavg()
     root = Path(tempfile.mkdtemp(prefix="vllm-rs-proxy-"))
     server = EmbeddedRedis().start()
     setup = None
@@ -494,7 +495,7 @@ def main() -> None:
         results = {
             "date": time.strftime("%Y-%m-%d"),
             "cpus": os.cpu_count(),
-            "load_average": os.getloadavg(),
+            "load_average": {"before": load_before, "after": os.getloadavg()},  # 1, 5, 15 min
             "before": args.before,
             "args": {k: str(v) for k, v in vars(args).items()},
             "rows": rows,
