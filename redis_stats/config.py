@@ -218,7 +218,27 @@ def url_problem(url: object) -> str | None:
     if not isinstance(url, str):
         return f"the Redis URL is a {type(url).__name__}, not a string"
     parts = _cut(url)
-    return _scheme_problem(parts.prefix) or _ambiguity_problem(parts) or _port_problem(parts.hosts)
+    return (
+        _scheme_problem(parts.prefix)
+        or _ambiguity_problem(parts)
+        or _port_problem(parts.hosts)
+        or _database_problem(parts)
+    )
+
+
+def _database_problem(parts: _UrlParts) -> str | None:
+    """A ``redis://`` or ``rediss://`` path that is no database number: redis-py reads
+    ``/abc`` (and ``/0/x``) as database 0, so a typo would write to another database in silence."""
+    if parts.prefix.lower() not in ("redis://", "rediss://"):
+        return None  # unix: the path is the socket's; Sentinel's is checked with its service
+    db = parts.path[1:] if parts.path.startswith("/") else parts.path
+    if db == "" or (db.isascii() and db.isdigit()):
+        return None
+    shown = repr(db[:20]) + ("..." if len(db) > 20 else "")
+    return (
+        f"its path {shown} is not a database number: write a number >= 0 after the host "
+        "(redis://host:6379/0, /1, ...), or no path for database 0"
+    )
 
 
 def _scheme_problem(prefix: str) -> str | None:
@@ -463,9 +483,13 @@ class StatsConfig:
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> StatsConfig:
         """Build a config from ``REDIS_STATS_*`` variables; keyword *overrides* win.
 
-        A variable that does not parse raises :class:`ConfigError` naming the variable.
+        A variable that does not parse raises :class:`ConfigError` naming the variable; one that
+        no part of redis_stats reads (a misspelt name: ``REDIS_STATS_NAMESPCE``) is warned about
+        once per process, naming the closest one (:func:`warn_unknown_variables`), never ignored
+        in silence.
         """
         env = os.environ if environ is None else environ
+        warn_unknown_variables(environ=env)
         values: dict[str, Any] = {}
         for opt in _options().values():
             raw = env.get(opt.env)
@@ -684,6 +708,21 @@ def env_markdown(variables: list[EnvVar] | tuple[EnvVar, ...]) -> str:
     return "\n".join(rows)
 
 
+READ_ELSEWHERE = frozenset(
+    {
+        "REDIS_STATS_PORT",
+        "REDIS_STATS_ADDR",
+        "REDIS_STATS_VIEW",
+        "REDIS_STATS_POD_INDEX",
+        "REDIS_STATS_SERVER_BINARY",
+    }
+)
+"""The ``REDIS_STATS_*`` variables read outside :class:`StatsConfig`'s options by other parts of
+this distribution (the vLLM plugin's view and pod index, the private server's binary), by name
+only: so that :func:`warn_unknown_variables` knows them in a process that imported none of those
+parts (the library's :meth:`StatsConfig.from_env`). ``tests/unit/test_misconfiguration.py`` keeps
+it equal to the :class:`EnvVar` declarations."""
+
 PREFIX_CUTOFF = 0.88
 """How alike (``difflib`` ratio) a variable without our prefix must be to one of our names to be
 warned about as a mistyped prefix: ``REDIS_STAT_URL`` (0.97) and ``REDIS_STATUS_URL`` (0.94) are;
@@ -707,7 +746,7 @@ def unknown_variables(
     *suggest*, a name that does not start with *prefix* but is nearly one of ours (the prefix
     mistyped: ``REDIS_STAT_URL``) is reported with it (:data:`PREFIX_CUTOFF`)."""
     env = os.environ if environ is None else environ
-    names = {o.env for o in _options().values()} | set(known)
+    names = {o.env for o in _options().values()} | READ_ELSEWHERE | set(known)
     candidates = _unprefixed(names if suggest is None else suggest, prefix)
     found: dict[str, str | None] = {}
     if suggest is None:
@@ -747,7 +786,7 @@ def _closest(name: str, candidates: Mapping[str, str]) -> str | None:
 
 
 def warn_unknown_variables(
-    known: Iterable[str],
+    known: Iterable[str] = (),
     environ: Mapping[str, str] | None = None,
     *,
     prefix: str = ENV_PREFIX,
@@ -756,9 +795,11 @@ def warn_unknown_variables(
 ) -> list[str]:
     """Log ONE warning per process for each variable :func:`unknown_variables` finds (a
     mistyped name is otherwise ignored in silence: the setting it meant keeps its default).
-    Returns the messages logged by this call. The entry points call it with every name they
-    read: the ``redis-stats`` command and the vLLM plugin. *emit* replaces the logger (the
-    command prints to stderr)."""
+    Returns the messages logged by this call. Every entry point that reads the environment calls
+    it: :meth:`StatsConfig.from_env` (the library, and through it the plugin), the
+    ``redis-stats`` command (at its start, before any option is read) and the vLLM plugin (with
+    vLLM's names too). *known*: names read besides the options and :data:`READ_ELSEWHERE`.
+    *emit* replaces the logger (the command prints to stderr)."""
     messages = []
     for name, close in unknown_variables(known, environ, prefix=prefix, suggest=suggest).items():
         if name in _warned_variables:

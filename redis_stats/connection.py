@@ -24,6 +24,8 @@ client built here has ``Retry(NoBackoff(), 0)``: each caller retries itself wher
 
 from __future__ import annotations
 
+import socket
+import ssl
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -56,6 +58,7 @@ __all__ = [
     "is_cluster",
     "make_async_client",
     "make_client",
+    "tls_mismatch",
 ]
 
 
@@ -308,3 +311,53 @@ def _sentinel_path(path: str, url: str) -> tuple[str, int]:
     except ValueError:
         raise ConfigError(f"database {pieces[1]!r} in {mask_url(url)} is not an integer") from None
     return pieces[0], db
+
+
+def tls_mismatch(config: StatsConfig, timeout: float = 1.0) -> str | None:
+    """Why a ``redis://`` or ``rediss://`` URL cannot reach its server, when the server speaks
+    the other protocol; None when it does not (or cannot be asked, or the URL has another scheme).
+
+    A ``rediss://`` client's TLS hello to a plain server waits for an answer that never comes
+    (redis-py says "Timeout connecting to server"), and a plain client's command to a TLS server
+    is dropped ("Connection closed by server"): neither says TLS. So, after such a failure, ask
+    the server itself, each way at most *timeout* seconds: a plain ``PING`` answered by a Redis
+    reply (``+PONG``, ``-NOAUTH``...) is a plain server; a TLS handshake that completes, or ends in
+    a TLS alert, is a TLS server. Nothing is sent but ``PING`` and a hello; no certificate is
+    trusted or sent."""
+    scheme, parts = _parse(config)
+    if scheme not in ("redis", "rediss") or not parts.hostname:
+        return None
+    host, port = parts.hostname, parts.port or 6379
+    where = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
+    try:
+        if scheme == "rediss" and _speaks_plain(host, port, timeout):
+            return (
+                f"the server at {where} speaks plain Redis, not TLS: use redis:// (or turn TLS on "
+                "in the server: tls-port)"
+            )
+        if scheme == "redis" and _speaks_tls(host, port, timeout):
+            return f"the server at {where} speaks TLS: use rediss:// (with ssl_ca_certs=... to verify it)"
+    except OSError:
+        return None  # unreachable, refused: not a mismatch (the failure says what it is)
+    return None
+
+
+def _speaks_plain(host: str, port: int, timeout: float) -> bool:
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(b"PING\r\n")
+        reply = sock.recv(64)
+    return reply[:1] in (b"+", b"-")
+
+
+def _speaks_tls(host: str, port: int, timeout: float) -> bool:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # asking which protocol it speaks, not trusting it
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        try:
+            with context.wrap_socket(sock, server_hostname=host):
+                return True
+        except ssl.SSLError as exc:
+            # A TLS server that refuses us (a client certificate required) still speaks TLS; a
+            # plain one answers the hello with bytes that are no TLS record at all.
+            return "ALERT" in (exc.reason or "").upper()

@@ -236,6 +236,36 @@ class LoadView:
             }
         return out
 
+    def by_endpoint(self) -> tuple[dict[str, list[int]], list[int]]:
+        """The engines behind each endpoint stored (in engine order), and the engines that store
+        none (their writers were given no ``endpoint``)."""
+        behind: dict[str, list[int]] = {}
+        unassigned = []
+        for engine in sorted(self.engines):
+            endpoint = self.engines[engine].endpoint
+            if endpoint is None:
+                unassigned.append(engine)
+            else:
+                behind.setdefault(endpoint, []).append(engine)
+        return behind, unassigned
+
+    def why_no_engine_behind(self, endpoint: str) -> str:
+        """Why no engine of this view is served behind *endpoint*, as an answer that has no load
+        to give says it: nothing stored at all, no engine storing an endpoint, or other endpoints."""
+        behind, unassigned = self.by_endpoint()
+        where = f"no engine is served behind endpoint {endpoint!r}"
+        if not self.engines:
+            return (
+                f"{where}: this namespace holds no engine's load (nothing has written here with the "
+                "load feed: check the namespace, and that the writers run)"
+            )
+        if not behind:
+            return (
+                f"{where}: no engine of this namespace stores an endpoint (engines {_few(unassigned)} "
+                "have none: give their writers one, REDIS_STATS_ENDPOINT or endpoint=)"
+            )
+        return f"{where}; the endpoints stored are {_few(sorted(behind))} (GET /endpoints lists them)"
+
     def signature(self) -> str:
         """What a body of this view says but its times (ages, ``time``): equal for equal
         values and ups (``/load``'s ETag is a digest of it)."""
@@ -446,3 +476,9 @@ def _most_recent_gauges(entries: list[LoadEntry], values: list[float | None]) ->
 
 _MAX = 1.7976931348623157e308
 _stamp = operator.attrgetter("stamp_ms")
+
+
+def _few(items: list[Any], shown: int = 10) -> str:
+    """*items* in a message: the first *shown*, and how many more."""
+    text = ", ".join(map(str, items[:shown]))
+    return text + (f" and {len(items) - shown} more" if len(items) > shown else "")

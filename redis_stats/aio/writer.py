@@ -107,6 +107,7 @@ class AsyncStatsWriter(WriterCore):
             if self._client is None or not self.stats.flushes or self.lane is None:
                 return False
             calls = self.lane.calls()
+            self.stats.lane_calls += len(calls)  # the lane's attempts, what its errors are a share of
             for key, args in calls:
                 try:
                     result = await self._client.execute_command("HSET", key, *args)

@@ -10,6 +10,7 @@ namespace that holds nothing.
 
 from __future__ import annotations
 
+import difflib
 import shlex
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ from redis_stats.keys import SCHEMA_VERSION, Keys, parse_shard_counts
 __all__ = [
     "NamespaceInfo",
     "NamespaceScan",
+    "closest_live",
     "describe_namespaces",
     "find_namespaces",
     "namespace_holds_data",
@@ -291,3 +293,17 @@ def summary(info: NamespaceInfo) -> str:
         f"{info.namespace}: {_plural(info.engines, 'engine')} ({info.engines_up} up), "
         f"{_plural(info.writers, 'writer')} ({info.writers_live} live), {beat}"
     )
+
+
+def closest_live(wanted: str, infos: list[NamespaceInfo]) -> NamespaceInfo | None:
+    """The namespace of *infos* (other than *wanted*) whose name is most like *wanted*
+    (``difflib``'s ratio), among those with an engine up; among every readable one when none has
+    one up; None when there is none. What a hint for a misspelt namespace names: ``lama`` is
+    ``llama`` (2 engines up), not the alphabetically first namespace with nothing live."""
+    readable = sorted(
+        (i for i in infos if i.problem is None and i.namespace != wanted), key=lambda i: i.namespace
+    )
+    pool = [i for i in readable if i.engines_up] or readable
+    if not pool:
+        return None
+    return max(pool, key=lambda i: difflib.SequenceMatcher(None, wanted, i.namespace).ratio())

@@ -30,6 +30,7 @@ from prometheus_client.utils import floatToGoString
 
 from redis_stats._core.read.values import go_floats
 from redis_stats.catalog import COUNTER, ENGINE_LABEL, GAUGE, HISTOGRAM
+from redis_stats.connection import tls_mismatch
 from redis_stats.errors import error_kind
 from redis_stats.ops.memory import store_memory
 from redis_stats.outage import Outage, shared
@@ -104,6 +105,7 @@ class RedisCollector:
         self.reader = reader
         self.engines = engines if engines is None or isinstance(engines, EngineSlice) else tuple(engines)
         self.writers = writers
+        self._tls: str | None = None  # a TLS mismatch found after a failed read ("" none)
         self.labels = {NAMESPACE_LABEL: reader.config.namespace} if namespace_label else {}
         self.errors = errors if errors is not None else ReadErrors()
         # renderer(labels): another text of the same read (an endpoint view's), else the plain one
@@ -167,7 +169,17 @@ class RedisCollector:
         """Count a failed read; the first of an outage of this reader's reads is logged (a
         warning), and its end with the first read that works again (``read_ok``)."""
         self.errors.count(exc)
-        self._outage().failed(error_kind(exc), str(exc))
+        kind = error_kind(exc)
+        self._outage().failed(kind, str(exc) + self._tls_mismatch(kind))
+
+    def _tls_mismatch(self, kind: str) -> str:
+        """``: <why>`` when the server speaks the other protocol than the URL (a ``rediss://`` read
+        of a plain server times out, a plain one of a TLS server is cut): asked once."""
+        if kind not in ("timeout", "connection"):
+            return ""
+        if self._tls is None:
+            self._tls = tls_mismatch(self.reader.config) or ""
+        return f" ({self._tls})" if self._tls else ""
 
     def read_ok(self) -> None:
         """A read worked: ends the outage of this reader's reads, if one was going on."""
@@ -212,6 +224,7 @@ class RedisCollector:
                 fam.add_metric([str(e.engine)], value(e))
             yield fam
         if self.writers:
+            yield namespace_empty(snapshot)
             yield from writer_families(snapshot)
             yield from store_memory(self.reader).families()  # fleet-wide, as the writers' ones
         yield from endpoint_families(snapshot)
@@ -309,6 +322,17 @@ def endpoint_families(snapshot: Snapshot) -> Iterator[Metric]:
         yield family
 
 
+def namespace_empty(snapshot: Snapshot) -> Metric:
+    """``redis_stats_namespace_empty``: 1 when the namespace holds no engine and no writer."""
+    empty = GaugeMetricFamily(
+        "redis_stats_namespace_empty",
+        "1 when the namespace read holds no engine and no writer (nothing has written there: a "
+        "misspelt namespace, or a fleet gone for longer than the retention), else 0.",
+    )
+    empty.add_metric([], 0.0 if snapshot.engines or snapshot.writers else 1.0)
+    return empty
+
+
 WRITER_STATES = ("live", "stale", "closed")
 
 # A writer's counts by kind: (its fields' prefix, family, help, the kind's label).
@@ -352,6 +376,12 @@ def writer_families(snapshot: Snapshot) -> Iterator[Metric]:
         labels=w,
     )
     flushes = CounterMetricFamily("redis_stats_writer_flushes", "Flushes confirmed by Redis.", labels=w)
+    lane = CounterMetricFamily(
+        "redis_stats_writer_load_lane_calls",
+        "Calls of the load lane (one HSET each, failed ones included): what its errors (flush "
+        "errors of kind load_*) are a share of.",
+        labels=w,
+    )
     # counts a writer stores by kind, as fields "<prefix><kind>" (WriterStats.as_fields)
     by_kind = {
         prefix: CounterMetricFamily(name, help_text, labels=[*w, label])
@@ -384,6 +414,8 @@ def writer_families(snapshot: Snapshot) -> Iterator[Metric]:
         if not st:
             continue
         flushes.add_metric([wid], _num(st, "flushes"))
+        if "lane" in st:  # a writer of an older release stores none
+            lane.add_metric([wid], _num(st, "lane"))
         conflicts.add_metric([wid], _num(st, "conflicts"))
         pending.add_metric([wid], _num(st, "pending"))
         # The writer's heartbeat is set by its last successful flush.
@@ -395,7 +427,7 @@ def writer_families(snapshot: Snapshot) -> Iterator[Metric]:
             prefix = key[: key.find(":") + 1]
             if prefix in by_kind:
                 by_kind[prefix].add_metric([wid, key[len(prefix) :]], _num(st, key))
-    yield from (up, flushes, *by_kind.values(), conflicts, pending, age, duration)
+    yield from (up, flushes, lane, *by_kind.values(), conflicts, pending, age, duration)
 
 
 def _writer_states(snapshot: Snapshot) -> Metric:

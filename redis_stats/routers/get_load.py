@@ -48,12 +48,18 @@ def endpoint_answer(endpoint: str, mine: list[EngineLoad]) -> tuple[int, dict[st
     silent = [e.engine for e in live if not _counted(e)]
     running = sum(e.requests_running or 0.0 for e in live)
     waiting = sum(e.requests_waiting or 0.0 for e in live)
-    if silent or not math.isfinite(running + waiting):  # counts past the float range: none
+    if silent:
         return 503, {
             "error": "no_load",
-            "detail": f"engines {silent or [e.engine for e in live]} of endpoint {endpoint!r} report "
-            "no finite requests running or waiting (a writer without the load feed, or no step "
-            "recorded yet)",
+            "detail": f"engines {silent} of endpoint {endpoint!r} report no finite requests running "
+            "or waiting (a writer without the load feed, or no step recorded yet)",
+            "endpoint": endpoint,
+        }
+    if not math.isfinite(running + waiting):  # every count finite, their sum past the float range
+        return 503, {
+            "error": "no_load",
+            "detail": f"the requests of engines {[e.engine for e in live]} of endpoint {endpoint!r} "
+            "add up past the float range: no load to serve",
             "endpoint": endpoint,
         }
     return 200, {

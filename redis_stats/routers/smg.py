@@ -78,7 +78,7 @@ def loads_document(
     if not engines:
         return 503, {
             "error": "unknown_endpoint",
-            "detail": f"no engine of endpoint {endpoint!r} is stored (yet): its load is not known",
+            "detail": f"{view.why_no_engine_behind(endpoint)}: its load is not known",
             "endpoint": endpoint,
         }
     loads, down, silent = _ranks(view, engines)
@@ -127,14 +127,7 @@ def fleet_document(view: LoadView, *, include: str | None = None) -> tuple[int, 
     problem = _query_problem(include, None)
     if problem is not None:
         return 400, {"detail": problem}
-    by_endpoint: dict[str, list[int]] = {}
-    unassigned = []
-    for engine in sorted(view.engines):
-        endpoint = view.engines[engine].endpoint
-        if endpoint is None:
-            unassigned.append(engine)
-        else:
-            by_endpoint.setdefault(endpoint, []).append(engine)
+    by_endpoint, unassigned = view.by_endpoint()
     loads: list[dict[str, Any]] = []
     down: dict[str, list[int]] = {}
     for endpoint, engines in sorted(by_endpoint.items()):
@@ -143,10 +136,7 @@ def fleet_document(view: LoadView, *, include: str | None = None) -> tuple[int, 
         if gone or silent:
             down[endpoint] = gone + silent
     if not loads:
-        return 503, {
-            "error": "fleet_down",
-            "detail": "no engine of the fleet is up with request counts: its load is not known",
-        }
+        return 503, _why_no_rank(view, by_endpoint, unassigned)
     return 200, {
         "timestamp": datetime.fromtimestamp(view.time, timezone.utc).isoformat(),
         "dp_rank_count": len(loads),
@@ -154,6 +144,35 @@ def fleet_document(view: LoadView, *, include: str | None = None) -> tuple[int, 
         "aggregate": _aggregate(loads),
         "workers": len(by_endpoint),
         "ranks_not_reported": down,
+        "unassigned": unassigned,
+    }
+
+
+def _why_no_rank(view: LoadView, by_endpoint: dict[str, list[int]], unassigned: list[int]) -> dict[str, Any]:
+    """The ``503`` document of a fleet with no rank to list, naming the true cause: no engine
+    stored, no engine storing an endpoint (ranks are an endpoint's), or every endpoint's ranks
+    down or without request counts."""
+    if not view.engines:
+        return {
+            "error": "no_engines",
+            "detail": "this namespace holds no engine's load (nothing has written here with the load "
+            "feed: check the namespace, and that the writers run)",
+        }
+    if not by_endpoint:
+        return {
+            "error": "no_endpoints",
+            "detail": f"no engine stores an endpoint (engines {unassigned[:10]}"
+            f"{' ...' if len(unassigned) > 10 else ''} have none), and ranks are an endpoint's: give "
+            "their writers one (REDIS_STATS_ENDPOINT, or endpoint=); GET /load lists every engine",
+            "unassigned": unassigned,
+        }
+    ranks = {endpoint: list(range(len(engines))) for endpoint, engines in sorted(by_endpoint.items())}
+    return {
+        "error": "fleet_down",
+        "detail": "no rank of any endpoint is up with request counts (down, or live without "
+        "counts yet): the fleet's load is not known"
+        + (f"; engines {unassigned[:10]} store no endpoint" if unassigned else ""),
+        "ranks_not_reported": ranks,
         "unassigned": unassigned,
     }
 

@@ -35,6 +35,7 @@ from redis_stats.background import survive, survived
 from redis_stats.errors import error_kind
 from redis_stats.reader import StatsReader
 from redis_stats.server.app import App
+from redis_stats.server.emptiness import EmptyWatch
 from redis_stats.server.http import Server
 from redis_stats.server.options import ServeOptions
 from redis_stats.server.routes import ROUTES
@@ -128,9 +129,17 @@ class Exporter:
             threading.Thread(target=self._gc_loop, name="redis_stats-gc", daemon=True).start()
 
     def _sweep_loop(self) -> None:
+        # An exporter of one namespace says when it holds nothing. One of several reads a
+        # namespace only when asked for it (server/namespaces.py): there the whole /metrics says
+        # it (redis_stats_namespace_empty{redis_stats_namespace}), and the alert on it.
+        told = [] if self.options.several else [self.reader.config.namespace]
+        empty = EmptyWatch(self.reader, told)
+        with survive("kept", log):
+            empty.check()  # at start: a misspelt namespace is said at once
         while not self._stop.wait(UPKEEP_EVERY):
             with survive("kept", log):
                 self.app.kept.sweep()
+                empty.check()
 
     def _gc_loop(self) -> None:
         while not self._stop.wait(self.options.gc_interval):

@@ -18,6 +18,7 @@ reader and reads nothing.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import threading
 import time
@@ -188,9 +189,17 @@ class Sources:
         if self.every:
             return (
                 f"namespace {namespace!r} holds nothing in this Redis (found at the last scan, "
-                f"{time.monotonic() - self._scanned:.0f} s ago): GET /namespaces lists the ones served"
+                f"{time.monotonic() - self._scanned:.0f} s ago){self._closest(namespace)}: GET "
+                "/namespaces lists the ones served"
             )
-        return f"this exporter serves namespaces {self._served} (--namespace), not {namespace!r}"
+        closest = self._closest(namespace)
+        return f"this exporter serves namespaces {self._served} (--namespace), not {namespace!r}{closest}"
+
+    def _closest(self, namespace: str) -> str:
+        """``; did you mean 'llama'?`` for the served namespace whose name is closest (``""``: none
+        is close)."""
+        close = difflib.get_close_matches(namespace, self._served, n=1, cutoff=0.6)
+        return f"; did you mean {close[0]!r}?" if close else ""
 
     def _discover(self) -> None:
         with self._scanning:

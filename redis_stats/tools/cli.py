@@ -142,6 +142,13 @@ def main() -> None:
     help="Seconds after a node process dies (kill it to see the DOWN line) before the demo starts "
     "it again; 0: never.",
 )
+@click.option(
+    "--engines-per-endpoint",
+    default=2,
+    type=click.IntRange(0, 64),
+    help="Engines served behind one endpoint (demo-<i>:8000), which the routers' views "
+    "(/get_load, /v1/loads) answer by; 0: no endpoint stored.",
+)
 @seconds_option("--duration", 1, show_default="until Ctrl-C", help="Stop after this many seconds.")
 def demo(redis_url: str | None, redis_url_file: str | None, **options: Any) -> None:
     """Simulate a multi-node vLLM fleet writing to one Redis; print the rank-0 log; serve /metrics."""
@@ -169,6 +176,26 @@ def demo(redis_url: str | None, redis_url_file: str | None, **options: Any) -> N
             ) from None
         raise click.ClickException(
             f"cannot serve on {opts.host}:{opts.port}: {exc.strerror or exc}\n  {HOST_HINT}"
+        ) from None
+    sys.exit(code)
+
+
+@main.command("dev-redis")
+@click.option("--port", default=0, type=click.IntRange(0, 65535), help="Port on 127.0.0.1 (0: any free one).")
+def dev_redis(port: int) -> None:
+    """A throwaway Redis to try the library against: prints the URL to export; Ctrl-C stops it
+    and removes its data (docs/library.md)."""
+    from redis_stats.tools.dev_redis import run_dev_redis
+    from redis_stats.tools.embedded import NoServerBinary
+
+    try:
+        code = run_dev_redis(port)
+    except NoServerBinary as exc:
+        raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(
+            f"cannot serve on 127.0.0.1:{port}: {exc.strerror or exc}: give another --port, or 0 "
+            "for a free one"
         ) from None
     sys.exit(code)
 

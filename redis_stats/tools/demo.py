@@ -2,10 +2,13 @@
 
 The demo starts (unless given ``--redis-url``) a private Redis on a free loopback port with its
 data in a temp dir, then N "nodes" in external-LB style — node R serves engine rank R — each with
-several API-server processes that record vLLM-shaped load through the real vLLM recorder. Every
-API server runs a reporter; only API server 0 of the node with engine 0 prints. The demo itself
-serves the Redis view (``/metrics``, ``/snapshot``, ``/healthz``). Ctrl-C stops every process it
-started and removes its temp dir.
+several API-server processes that record vLLM-shaped load through the real vLLM recorder. The
+engines are served two by two behind one endpoint (``demo-<R // 2>:8000``, as the writers of a
+data-parallel pair behind one API server address store it; ``--engines-per-endpoint``), so every
+router view has something to answer. Every API server runs a reporter; only API server 0 of the
+node with engine 0 prints. The demo itself serves the Redis view (``/metrics``, ``/snapshot``,
+``/load``, the routers' views, the live page). Ctrl-C stops every process it started and removes
+its temp dir.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TextIO
 
 from redis_stats.config import ENV_PREFIX, StatsConfig, mask_url
@@ -56,6 +60,19 @@ class DemoOptions:
     leader: str = "rank0"
     restart_after: float = 20.0
     """Seconds after a node process dies before the demo starts it again (0: never)."""
+    engines_per_endpoint: int = 2
+    """Engines served behind one endpoint (``demo-<i>:8000``): what the routers' views
+    (``/get_load``, ``/v1/loads``) answer by; 0: no endpoint stored."""
+
+    def endpoint_of(self, engine: int) -> str | None:
+        """The endpoint engine *engine*'s writers store (None with ``engines_per_endpoint`` 0)."""
+        n = self.engines_per_endpoint
+        return f"demo-{engine // n}:8000" if n else None
+
+    def endpoints(self) -> list[str]:
+        """Every endpoint of the demo's engines, in order."""
+        engines = range(self.first_engine, self.first_engine + self.nodes)
+        return sorted({e for e in map(self.endpoint_of, engines) if e is not None})
 
 
 def run_demo(
@@ -135,19 +152,65 @@ def _demo_config(opts: DemoOptions, url: str) -> StatsConfig:
 
 
 def _usage(opts: DemoOptions, view: str, url: str) -> str:
-    """What to try once the fleet runs: the Redis view's URLs and the commands of a new shell."""
+    """What to try once the fleet runs: the Redis view's URLs, what routers read (each view with
+    an endpoint of this fleet), and the commands of a new shell."""
     return (
         f"Redis view of every engine: {view}/metrics\n"
         f"  try: curl -s {view}/metrics"
         " | grep -E '^vllm:(generation_tokens_total|num_requests_running)'\n"
         f"       curl -s {view}/snapshot | python3 -m json.tool | head -40\n"
         f"  live page: {view}/\n"
+        f"{_router_usage(opts, view)}"
         f"  in another terminal (the URL by environment, not on the command line{_own(url)}):\n"
         f"       export REDIS_STATS_URL='{mask_url(url)}' REDIS_STATS_NAMESPACE={opts.namespace}\n"
         f"       {command_line()} top\n"
         f"       {command_line()} inspect\n"
         f"periodic log lines ({_printer(opts)}) every {opts.log_interval:g} s; Ctrl-C stops"
     )
+
+
+def _router_usage(opts: DemoOptions, view: str) -> str:
+    """The routers' views on this fleet (docs/routers.md), one command each."""
+    lines = [
+        f"curl -s {view}/load | python3 -m json.tool | head -30   # every engine's load",
+        f"curl -N -H 'Accept: text/event-stream' {view}/watch   # each change as it comes",
+        f"curl -s {view}/pool   # llm-d's pool averages",
+    ]
+    endpoints = opts.endpoints()
+    if endpoints:
+        first = endpoints[0]
+        engines = [
+            e
+            for e in range(opts.first_engine, opts.first_engine + opts.nodes)
+            if opts.endpoint_of(e) == first
+        ]
+        head = (
+            f"  what routers read (engines {', '.join(map(str, engines))} behind endpoint {first}; "
+            f"endpoints: {' '.join(endpoints)}):\n"
+        )
+        lines[:0] = [
+            f"curl -s '{view}/get_load?endpoint={first}'   # vllm-router's {{\"load\": N}}",
+            f"curl -s '{view}/v1/loads?endpoint={first}'   # SGLang's gateway: one entry per rank",
+            f"curl -s {view}/loads   # every endpoint's ranks",
+        ]
+    else:
+        head = "  what routers read (no endpoint stored: --engines-per-endpoint 0):\n"
+    example = _example_router()
+    if example is not None:
+        lines.append(f"python3 {example} {view}   # a router following /watch")
+    return head + "".join(f"       {line}\n" for line in lines)
+
+
+def _example_router() -> str | None:
+    """Where docs/examples/load_router.py is (a checkout's; a wheel does not ship it): relative
+    to the working directory when under it."""
+    path = Path(__file__).resolve().parents[2] / "docs" / "examples" / "load_router.py"
+    if not path.is_file():
+        return None
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 class _Fleet:
@@ -306,6 +369,7 @@ def _spawn_node(config: StatsConfig, opts: DemoOptions, node: int, api: int) -> 
         config.leader,
         str(opts.api_servers),
         str(opts.first_engine + opts.nodes),
+        opts.endpoint_of(node) or "",
     ]
     # Own process group: a Ctrl-C in the terminal reaches the demo, which then stops its children
     # in order (flushing their last updates) instead of all of them dying at once; and tied to
@@ -332,8 +396,10 @@ def run_node(
     leader_mode: str = "rank0",
     api_servers: int = 1,
     fleet_size: int = 1,
+    endpoint: str | None = None,
 ) -> None:
-    """One simulated API server of node *node* (engine rank *node*), until SIGTERM."""
+    """One simulated API server of node *node* (engine rank *node*, served behind *endpoint*),
+    until SIGTERM."""
     from redis_stats.connection import make_client
     from redis_stats.integrations.vllm import VllmRecorder
     from redis_stats.integrations.vllm.logline import VllmLogLines
@@ -358,6 +424,7 @@ def run_node(
         log_interval=log_interval,
         stale_after=stale_after,
         leader=leader_mode,
+        endpoint=endpoint or None,
     )
     catalog = simulated_catalog()
     writer = StatsWriter(config, catalog, engines=[node], role=f"node{node}-api{api}", load=VLLM_LOAD)
@@ -400,4 +467,5 @@ if __name__ == "__main__":
         sys.argv[7] if len(sys.argv) > 7 else "rank0",
         int(sys.argv[8]) if len(sys.argv) > 8 else 1,
         int(sys.argv[9]) if len(sys.argv) > 9 else 1,
+        sys.argv[10] if len(sys.argv) > 10 else None,
     )

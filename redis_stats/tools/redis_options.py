@@ -121,6 +121,7 @@ def redis_errors(config: StatsConfig) -> Iterator[None]:
     and a second line saying what to do when the kind of failure says it."""
     import redis
 
+    from redis_stats.connection import tls_mismatch
     from redis_stats.errors import StoreUnsupported
     from redis_stats.writer import error_kind
 
@@ -132,7 +133,9 @@ def redis_errors(config: StatsConfig) -> Iterator[None]:
         raise RedisFailed(redact(str(exc), config.url)) from None
     except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
         kind = error_kind(exc)
-        hint = _HINTS.get(kind)
+        # A TLS mismatch fails as a timeout (rediss:// to a plain server) or a closed connection
+        # (redis:// to a TLS one): the server is asked which it speaks before a hint is given.
+        hint = (tls_mismatch(config) if kind in ("timeout", "connection") else None) or _HINTS.get(kind)
         raise RedisFailed(
             f"reading {config.safe_url} failed ({kind}: {redact(str(exc), config.url)})"
             + (f"\n  {hint}" if hint else "")
@@ -147,7 +150,7 @@ def require_namespace(config: StatsConfig, client: object, *, writes: bool = Fal
 
     from redis_stats.capability import check_store
     from redis_stats.errors import error_kind
-    from redis_stats.ops.namespaces import describe_namespaces, namespace_holds_data, summary
+    from redis_stats.ops.namespaces import closest_live, describe_namespaces, namespace_holds_data, summary
 
     # First: a server without scripts holds nothing of the store, which is not "empty".
     check_store(client, config, writes=writes)
@@ -169,8 +172,9 @@ def require_namespace(config: StatsConfig, client: object, *, writes: bool = Fal
             f"{where}, and no namespace does: nothing has written there yet (check the URL's database number)"
         )
     lines = "\n".join(f"  {summary(info)}" for info in others)
+    closest = closest_live(config.namespace, others) or others[0]
     raise EmptyNamespace(
-        f"{where}; it has:\n{lines}\npass --namespace {others[0].namespace} (or set REDIS_STATS_NAMESPACE)"
+        f"{where}; it has:\n{lines}\npass --namespace {closest.namespace} (or set REDIS_STATS_NAMESPACE)"
     )
 
 

@@ -220,6 +220,7 @@ class StatsWriter(WriterCore):
             if self._client is None or not self.stats.flushes or self.lane is None:
                 return False
             calls = self.lane.calls()
+            self.stats.lane_calls += len(calls)  # the lane's attempts, what its errors are a share of
             for key, args in calls:
                 try:
                     result = self._client.execute_command("HSET", key, *args)

@@ -27,7 +27,7 @@ STATS_INTERVAL = 5.0
 # found within Sa/4 plus a flush interval.
 CLAIMS_PER_STALE = 4
 
-_ROUTINE = frozenset({"flushes", "dur_sum", "pending"})
+_ROUTINE = frozenset({"flushes", "lane", "dur_sum", "pending"})
 
 
 def routine_stat(name: str) -> bool:
@@ -42,6 +42,10 @@ class WriterStats:
     """What a writer has done so far (the source of its self-metrics, stored with every flush)."""
 
     flushes: int = 0
+    # Calls of the load lane (one HSET each, failed ones included): the attempts its errors
+    # (``errors["load_<kind>"]``) are a share of. Stored as ``lane``
+    # (redis_stats_writer_load_lane_calls_total), with the routine fields.
+    lane_calls: int = 0
     duplicates: int = 0
     errors: _Tally[str] = field(default_factory=_Tally)
     # Failed listings of K in shard 0 (shards.lua), by kind: not flush attempts, so kept out of
@@ -66,11 +70,11 @@ class WriterStats:
         self.duration_counts[bisect_left(FLUSH_DURATION_BUCKETS, seconds)] += 1
 
     def field_count(self, drops: dict[str, int]) -> int:
-        """How many fields a flush call may carry of them: the 7 fixed ones of :meth:`as_fields`,
+        """How many fields a flush call may carry of them: the 8 fixed ones of :meth:`as_fields`,
         its tallies and duration buckets, the 3 the writer core adds (``stale_ms``, ``flush_ms``,
         ``endpoint``), and room for 8 more drop reasons counted meanwhile."""
         tallies = len(self.errors) + len(self.shards_errors) + len(drops) + len(self.lost)
-        return 7 + 3 + tallies + len(self.duration_counts) + 8
+        return 8 + 3 + tallies + len(self.duration_counts) + 8
 
     def as_fields(
         self, drops: dict[str, int], pending: int, engines: tuple[int, ...], owner: str
@@ -79,6 +83,8 @@ class WriterStats:
         out = [
             "flushes",
             str(self.flushes),
+            "lane",
+            str(self.lane_calls),
             "duplicates",
             str(self.duplicates),
             "conflicts",

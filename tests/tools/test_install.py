@@ -55,3 +55,23 @@ def test_the_wheel_installs_into_a_clean_virtualenv_with_scripts_page_and_entry_
     assert where.startswith(str(venv))
     assert plugins == "['redis_stats.integrations.vllm.plugin:RedisStatLogger']"
     assert loaded == "True True"
+
+
+@pytest.mark.slow
+def test_make_demo_installs_what_the_demo_needs_and_not_the_test_tools(tmp_path):
+    # `make demo` on a fresh checkout: the package and its runtime dependencies (about 49 MB of
+    # .venv), not the test extras (504 MB: pytest, mypy, the routers' binaries); the demo runs.
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "Makefile"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "redis_stats", src / "redis_stats", ignore=shutil.ignore_patterns("__pycache__"))
+    run(["make", "--no-print-directory", ".venv/.installed-demo", f"PYTHON={sys.executable}"], src)
+    listed = run([str(src / ".venv" / "bin" / "python"), "-m", "pip", "list", "--format=freeze"], src)
+    installed = {line.split("==")[0].lower().replace("_", "-") for line in listed.split()}
+    assert {"redis", "prometheus-client", "click", "rich"} <= installed, installed
+    assert not installed & {"pytest", "mypy", "vllm-router", "sglang-router", "fakeredis", "ruff"}, installed
+    size = sum(f.stat().st_size for f in (src / ".venv").rglob("*") if f.is_file() and not f.is_symlink())
+    assert size < 120 * 2**20, size  # 504 MB with the test extras
+    help_text = run([str(src / ".venv" / "bin" / "redis-stats"), "demo", "--help"], src)
+    assert "--engines-per-endpoint" in help_text

@@ -47,7 +47,17 @@ _INF = float("inf")
 # holds a number. Unknown fields (a newer writer's) are kept as they are: nothing reads them.
 _WRITER_TEXT_FIELDS = frozenset({"engines", "owner", ENDPOINT_FIELD})
 _WRITER_NUMBER_FIELDS = frozenset(
-    {"flushes", "duplicates", "conflicts", "pending", "dur_sum", "last_ok_ms", STALE_FIELD, FLUSH_FIELD}
+    {
+        "flushes",
+        "lane",
+        "duplicates",
+        "conflicts",
+        "pending",
+        "dur_sum",
+        "last_ok_ms",
+        STALE_FIELD,
+        FLUSH_FIELD,
+    }
 )
 
 

@@ -178,11 +178,6 @@ def plugin_config(
     return config if config.endpoint is not None else config.replace(endpoint=default_endpoint(environ, argv))
 
 
-# Read by the demo's private server (redis_stats.tools.embedded), not by the plugin: a pod or host
-# may have it set for both.
-_ALSO_READ = ("REDIS_STATS_SERVER_BINARY",)
-
-
 def warn_mistyped_variables(
     environ: Mapping[str, str] | None = None,
     vllm_names: tuple[str, ...] | list[str] | None = None,
@@ -194,7 +189,7 @@ def warn_mistyped_variables(
     ``vllm.envs.environment_variables``) that is close to one the plugin reads (not checked
     when *vllm_names* is None: the ``redis-stats`` command reads no ``VLLM_*`` variable)."""
     ours = [v.name for v in VARIABLES]
-    messages = warn_unknown_variables([*ours, *_ALSO_READ], environ, emit=emit)
+    messages = warn_unknown_variables(ours, environ, emit=emit)
     if vllm_names is None:
         return messages
     vllm_read = [name for name in ours if name.startswith("VLLM_")]

@@ -47,7 +47,7 @@ def answer(app: App, request: Request) -> Response:
     if not mine:
         doc = {
             "error": "unknown_endpoint",
-            "detail": f"no engine is served behind endpoint {endpoint!r} (GET /endpoints lists them)",
+            "detail": current[0].why_no_engine_behind(endpoint),
             "endpoint": endpoint,
         }
         return json_response(503, doc, _NO_STORE)
