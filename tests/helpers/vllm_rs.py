@@ -182,6 +182,8 @@ class Seen:
     version: str
     headers: list[tuple[str, str]]
     body: bytes
+    connection: int = 0
+    """The connection it came on (its index in :attr:`VllmRs.raw`)."""
 
     def header(self, name: str) -> list[str]:
         """Every value of header *name* (any case)."""
@@ -279,6 +281,7 @@ class VllmRs:
                 outer.connections += 1
                 outer.open.add(self.connection)
                 kept = bytearray()
+                self.index = len(outer.raw)
                 outer.raw.append(kept)
                 self.rfile = io.BufferedReader(Recorder(self.connection, kept))
 
@@ -311,7 +314,14 @@ class VllmRs:
                 outer.paths[path] = outer.paths.get(path, 0) + 1
                 data = self._body()
                 outer.received.append(
-                    Seen(self.command, self.path, self.request_version, list(self.headers.items()), data)
+                    Seen(
+                        self.command,
+                        self.path,
+                        self.request_version,
+                        list(self.headers.items()),
+                        data,
+                        self.index,
+                    )
                 )
                 return path, data
 
