@@ -382,6 +382,39 @@ def test_each_side_restarted_twice_is_served_again_at_once(pod, exporter):
         current.close()
 
 
+@pytest.mark.parametrize("kind", sorted(PROXIES))
+def test_a_store_outage_is_a_503_through_the_proxy_and_inference_goes_on(kind, own_redis_server, tmp_path):
+    """Redis stopped, twice (the second time restarted empty): the load routes answer the
+    exporter's 503 with its reason (never nginx's page, never a number), completions pass all the
+    while, and the load is back once the bridge has stored it again."""
+    cfg = StatsConfig(url=own_redis_server.url, namespace="outage")
+    exporter = Exporter(StatsReader(cfg, vllm_catalog()), port=0, host="127.0.0.1", load_refresh=0.05).start()
+    pod = Pod(kind, cfg, exporter, tmp_path / kind)
+    try:
+        for keep_data in (True, False):
+            pod.load(running=6, waiting=3)
+            pod.load(running=6, waiting=3)
+            fresh_views(pod)
+            own_redis_server.stop(keep_data=keep_data)
+            deadline = time.monotonic() + 10
+            while (answer := get(pod.port, "/get_load"))[0] == 200:
+                assert time.monotonic() < deadline, answer
+                time.sleep(0.1)
+            status, body, _ = answer
+            assert status == 503 and json.loads(body)["error"] not in ("views_unreachable", None), body
+            assert get(pod.port, "/v1/loads")[0] == 503
+            assert get(pod.port, "/v1/completions", "POST", completion())[0] == 200
+            own_redis_server.start()
+        # The bridge's first scrape after the empty restart finds its keys gone and stores its
+        # whole state with the next (docs/operations.md), as it would a second later.
+        pod.load(running=6, waiting=3)
+        pod.load(running=6, waiting=3)
+        fresh_views(pod)
+    finally:
+        pod.close()
+        exporter.close()
+
+
 # (b) Framing: every case that broke `redis-stats load-proxy`, as the exact bytes.
 
 
