@@ -250,6 +250,30 @@ def test_the_views_answer_for_the_pods_endpoint_only(pod):
     assert get(pod.port, "/v1/loads?include=bogus")[0] == 400  # the exporter's own check
 
 
+@pytest.mark.parametrize(
+    "query",
+    [
+        "endpoint%3D10.9.9.9:1",
+        "%26endpoint=10.9.9.9:1",
+        ";endpoint=10.9.9.9:1",
+        "include=core&include=memory",
+        "dp_rank=99999999999999999999",
+        "dp_rank=-1",
+        "include=%00",
+        "namespace=other",
+        "include=" + "core," * 1500,
+    ],
+)
+def test_a_hostile_query_on_v1_loads_never_reaches_another_endpoint(pod, query):
+    """Whatever a client puts in the query the gateway's ``/v1/loads`` passes on: an answer for
+    the pod's endpoint, or a 4xx saying why (the exporter's; another namespace: its 404, for that
+    request only; or nginx's 414), never a 500."""
+    status, body, _ = get(pod.port, "/v1/loads?" + query)
+    assert status in (200, 400, 404, 414, 503), (status, body[:300])
+    if status == 200:
+        assert json.loads(body)["endpoint"] == pod.endpoint
+
+
 def test_a_streamed_completion_arrives_token_by_token(pod):
     """Server-Sent Events pass as they are written: each token reaches the client within a few
     milliseconds of the front end's write, never held for the next one (or for the stream's end)."""
