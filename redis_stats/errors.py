@@ -25,6 +25,7 @@ __all__ = [
     "ReplicationLag",
     "SchemaMismatch",
     "StoreUnsupported",
+    "WebConfigError",
     "error_kind",
 ]
 
@@ -35,6 +36,22 @@ class RedisStatsError(Exception):
 
 class ConfigError(RedisStatsError, ValueError):
     """A setting has a value redis_stats cannot use; the message names it and says what to do."""
+
+
+class WebConfigError(ConfigError):
+    """The exporter's access control cannot be set up as given: its web configuration file
+    (``--web-config-file``), its bearer token file (``--web-token-file``) or its open paths
+    (``--web-open``). The message names the file, the key and the fix, and never a secret (a
+    password hash, a token, a key); :attr:`option` names the setting (``web_config_file``,
+    ``web_token_file``, ``web_open``), so a command or the vLLM plugin can name its own flag or
+    variable."""
+
+    def __init__(self, option: str, message: str) -> None:
+        self.option = option
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.option, str(self)))
 
 
 class CatalogError(RedisStatsError, ValueError):

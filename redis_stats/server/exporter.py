@@ -17,10 +17,13 @@
 
 Each path is a view module of :mod:`redis_stats.server.views` (the route table is
 :data:`redis_stats.server.routes.ROUTES`); the HTTP machinery (one deadline per request, a bound on
-connections, gzip, ``HEAD``) is :mod:`redis_stats.server.http`. Every answer is a function of the
-store's state, so any number of exporters over one store give the same (``/load``'s ``seq`` and
-``ETag``, the endpoint views): run several behind one Service (docs/kubernetes.md, "Running it
-highly available"). ``/history`` alone is the process's own record of what it read.
+connections, gzip, ``HEAD``, TLS) is :mod:`redis_stats.server.http`; who may read which path
+(off by default: TLS, basic auth, bearer tokens, client certificates, from the Prometheus
+exporter-toolkit's web configuration file) is :mod:`redis_stats.server.access`. Every answer is a
+function of the store's state, so any number of exporters over one store give the same
+(``/load``'s ``seq`` and ``ETag``, the endpoint views): run several behind one Service
+(docs/kubernetes.md, "Running it highly available"). ``/history`` alone is the process's own
+record of what it read.
 
 Run it standalone (``redis-stats exporter``) or inside any process (:class:`Exporter`).
 """
@@ -56,7 +59,10 @@ class Exporter:
     *all_namespaces* several; *request_timeout* bounds a connection's request and each write of
     its answer; at most *max_connections* are served at once (more get ``503`` with
     ``Retry-After: 1``); *gc_interval* > 0 runs retention (``redis_stats.ops.retention``) that
-    often; *self_metrics* adds the exporter's own process and views to ``/metrics``.
+    often; *self_metrics* adds the exporter's own process and views to ``/metrics``;
+    *web_config_file*, *web_token_file*, *web_open* and *insecure_private_views* set its access
+    control (:mod:`redis_stats.server.access`; :class:`~redis_stats.errors.WebConfigError` when it
+    cannot be used).
     """
 
     def __init__(self, reader: StatsReader, options: ServeOptions | None = None, **settings: Any) -> None:
@@ -71,6 +77,7 @@ class Exporter:
                 self.app,
                 max_connections=self.options.max_connections,
                 request_timeout=self.options.request_timeout,
+                guard=self.app.gate if self.app.gate.enabled else None,
             )
         except BaseException:
             self.app.close()
@@ -91,7 +98,13 @@ class Exporter:
         host = self._server.server_address[0]
         if isinstance(host, bytes):  # typeshed's type for any family; AF_INET gives str
             host = host.decode()
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.app.gate.tls else 'http'}://{host}:{self.port}"
+
+    def reload_web_config(self) -> bool:
+        """Read the access control's files again now (``SIGHUP``; a change is also picked up by
+        itself within a second): True when taken, False when refused (logged; the configuration
+        in force kept)."""
+        return self.app.gate.reload()
 
     def start(self) -> Exporter:
         """Serve from a daemon thread."""
@@ -124,6 +137,10 @@ class Exporter:
 
     def _start_upkeep(self) -> None:
         threading.Thread(target=self._sweep_loop, name="redis_stats-kept", daemon=True).start()
+        if self.app.gate.enabled:  # the access control's files, read again when they change
+            threading.Thread(
+                target=self.app.gate.watch, args=(self._stop,), name="redis_stats-web-config", daemon=True
+            ).start()
         # Retention on a timer: every exporter may run it; the gc lease lets one collect at a time.
         if self.options.gc_interval > 0:
             threading.Thread(target=self._gc_loop, name="redis_stats-gc", daemon=True).start()

@@ -13,7 +13,11 @@ It is hardened as prometheus_client's own server is not:
   sending a byte per socket timeout (slowloris) is closed when the deadline passes;
 - **a bound on connections served at once** (:class:`Server`): past it a connection is answered
   ``503`` with ``Retry-After`` by one responder thread (:class:`_BusyResponder`) and closed, so
-  the clients being served keep their threads and a scraper sees a clear answer, not a timeout.
+  the clients being served keep their threads and a scraper sees a clear answer, not a timeout;
+- **TLS inside both** when a :class:`Guard` secures connections (:mod:`redis_stats.server.access`):
+  the handshake runs on the connection's own thread, after its slot is taken and before its
+  request, under the same deadline (a client that opens TCP and never says hello holds its
+  thread no longer than one that never sends a request line), never in the accept loop.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import json
 import logging
 import queue
 import socket
+import ssl
 import threading
 import time
 import zlib
@@ -32,19 +37,21 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs
 
 from prometheus_client.exposition import gzip_accepted
 
 __all__ = [
     "GZIP_LEVEL",
+    "Guard",
     "HTTPError",
     "Request",
     "Response",
     "Server",
     "encode_body",
     "json_response",
+    "refuse_plain_http",
 ]
 
 log = logging.getLogger("redis_stats.exporter")
@@ -97,6 +104,9 @@ class Request:
     query: str = ""
     headers: Any = field(default_factory=dict)
     """The request's headers (an ``email.message.Message`` off the socket; a dict in tests)."""
+    client_cert: bool = False
+    """Whether the connection presented a client certificate that TLS verified (against the web
+    configuration's client CA)."""
 
     @property
     def head(self) -> bool:
@@ -151,6 +161,18 @@ def json_response(status: int, doc: Any, headers: tuple[tuple[str, str], ...] = 
 App = Callable[[Request], Response]
 
 
+class Guard(Protocol):
+    """What secures the connections of a :class:`Server` (:class:`redis_stats.server.access.Gate`)."""
+
+    def secure(self, sock: socket.socket, deadline: float) -> socket.socket:
+        """The connection to serve *sock* on (its TLS connection, handshake done by *deadline*, or
+        *sock* itself); raises ``OSError`` (``ssl.SSLError``, ``TimeoutError``...) when it must be
+        closed, having closed what it opened."""
+
+    def headers(self) -> tuple[tuple[str, str], ...]:
+        """Headers every answer carries (the web configuration's ``http_server_config.headers``)."""
+
+
 class _RequestReader(io.RawIOBase):
     """A connection's input with one deadline for the whole request (line and headers).
 
@@ -192,6 +214,21 @@ _BUSY_BYTES = 1 << 20
 _BUSY_QUEUE = 128
 
 
+_PLAIN_BODY = b'{"error": "this port serves HTTPS (TLS): use https://"}'
+_PLAIN = (
+    b"HTTP/1.0 400 Bad Request\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    b"Content-Length: %d\r\n\r\n%s" % (len(_PLAIN_BODY), _PLAIN_BODY)
+)
+
+
+def refuse_plain_http(sock: socket.socket) -> None:
+    """Answer a plain-HTTP request sent to a TLS port with a ``400`` saying so (what Go's servers,
+    the toolkit's included, answer), instead of a handshake error the client shows as garbage.
+    Read, answered and drained as a refused connection is (:class:`_BusyResponder`)."""
+    with contextlib.suppress(OSError):
+        _BusyResponder.answer_with(sock, _PLAIN)
+
+
 class _BusyResponder:
     """One daemon thread that answers connections over the cap with the 503.
 
@@ -203,7 +240,8 @@ class _BusyResponder:
     is full the socket is closed at once, so a flood never blocks accepting.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, guard: Guard | None = None) -> None:
+        self._guard = guard
         self._queue: queue.Queue[socket.socket | None] = queue.Queue(_BUSY_QUEUE)
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -253,11 +291,15 @@ class _BusyResponder:
 
     def _run(self) -> None:
         while not self._stopping.is_set() and (sock := self._queue.get()) is not None:
+            conn = sock
             try:
-                self._answer(sock)
+                if self._guard is not None:  # a TLS client reads the 503 only through TLS
+                    conn = self._guard.secure(sock, time.monotonic() + _BUSY_WAIT)
+                self.answer_with(conn, _BUSY)
             except OSError:
                 pass
             finally:
+                conn.close()
                 sock.close()
 
     @staticmethod
@@ -282,13 +324,15 @@ class _BusyResponder:
                 if b"\r\n\r\n" in tail:
                     return
 
-    def _answer(self, sock: socket.socket) -> None:
-        self._read(sock, until_end_of_headers=True)
+    @classmethod
+    def answer_with(cls, sock: socket.socket, answer: bytes) -> None:
+        """Read the request, write *answer*, and drain the connection until the client hangs up."""
+        cls._read(sock, until_end_of_headers=True)
         sock.settimeout(_BUSY_WAIT)
-        sock.sendall(_BUSY)
+        sock.sendall(answer)
         sock.shutdown(socket.SHUT_WR)
         # Whatever still arrives (a request body) is read, so the close is not a reset.
-        self._read(sock, until_end_of_headers=False)
+        cls._read(sock, until_end_of_headers=False)
 
 
 class Server(ThreadingHTTPServer):
@@ -298,22 +342,29 @@ class Server(ThreadingHTTPServer):
     server too): a burst of clients, or many slow ones each held up to the request timeout, would
     grow threads and memory without limit. Past the cap a connection gets a 503 with
     ``Retry-After`` from one responder thread (:class:`_BusyResponder`) and is closed.
-    *request_timeout* bounds the whole request (line and headers) and each write of the answer.
+    *request_timeout* bounds the whole request (TLS handshake, line and headers) and each write of
+    the answer; *guard* secures each connection (TLS) and adds headers to every answer.
     """
 
     daemon_threads = True
 
     def __init__(
-        self, address: tuple[str, int], app: App, *, max_connections: int, request_timeout: float
+        self,
+        address: tuple[str, int],
+        app: App,
+        *,
+        max_connections: int,
+        request_timeout: float,
+        guard: Guard | None = None,
     ) -> None:
         self._slots = threading.BoundedSemaphore(max_connections)
         # socketserver listens with a backlog of 5: a burst of more clients at once had its
         # connection attempts dropped by the kernel and retried by TCP a second or more later,
         # under the cap. Room for every connection served and every one refused.
         self.request_queue_size = max_connections + _BUSY_QUEUE
-        self._busy = _BusyResponder()
+        self._busy = _BusyResponder(guard)
         self.refused = 0  # connections refused for the cap, answered 503 or not (a self-metric)
-        super().__init__(address, _handler(app, request_timeout))
+        super().__init__(address, _handler(app, request_timeout, guard))
 
     def serve_forever(self, poll_interval: float = 0.5) -> None:
         """Serve until shutdown (the responder of refused connections with it)."""
@@ -367,18 +418,40 @@ def answer(app: App, request: Request) -> Response:
         return _INTERNAL
 
 
-def _handler(app: App, request_timeout: float) -> type[BaseHTTPRequestHandler]:
+def _handler(app: App, request_timeout: float, guard: Guard | None) -> type[BaseHTTPRequestHandler]:
+    extra: Callable[[], tuple[tuple[str, str], ...]] = guard.headers if guard is not None else tuple
+
     class Handler(BaseHTTPRequestHandler):
         # Socket timeout of each connection (read by StreamRequestHandler.setup): a client that
         # connects and stays silent gets its connection closed instead of holding a thread.
         timeout = request_timeout
 
         def setup(self) -> None:
-            """The connection's input, with one deadline for the whole request."""
+            """The connection (secured by the guard), with one deadline for the whole request."""
+            # The whole request must arrive within the timeout, not each byte of it: the TLS
+            # handshake included (a client that never says hello is a slowloris too).
+            deadline = time.monotonic() + request_timeout
+            self._secured: socket.socket | None = None
+            if guard is not None:
+                # socketserver closes the socket it accepted; a TLS connection replaces it (its
+                # file descriptor taken over), so finish() closes that one.
+                self.request = self._secured = guard.secure(self.request, deadline)
             super().setup()
-            # The whole request must arrive within the timeout, not each byte of it.
-            self._reader = _RequestReader(self.connection, time.monotonic() + request_timeout)
+            self._reader = _RequestReader(self.connection, deadline)
             self.rfile = io.BufferedReader(self._reader)
+            self._client_cert = isinstance(self.connection, ssl.SSLSocket) and bool(
+                self.connection.getpeercert()
+            )
+
+        def finish(self) -> None:
+            """Flush the answer; close the TLS connection (socketserver closes the plain one)."""
+            try:
+                super().finish()
+            finally:
+                if self._secured is not None:
+                    with contextlib.suppress(OSError):
+                        self._secured.shutdown(socket.SHUT_WR)
+                    self._secured.close()
 
         def parse_request(self) -> bool:
             """The request line and headers (under the deadline); then a full timeout per write."""
@@ -398,7 +471,7 @@ def _handler(app: App, request_timeout: float) -> type[BaseHTTPRequestHandler]:
 
         def _serve(self) -> None:
             path, _, query = self.path.partition("?")
-            request = Request(self.command, path, query, self.headers)
+            request = Request(self.command, path, query, self.headers, self._client_cert)
             self._write(request, answer(app, request))
 
         def _write(self, request: Request, response: Response) -> None:
@@ -413,7 +486,7 @@ def _handler(app: App, request_timeout: float) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Content-Type", response.content_type)
             if encoding:
                 self.send_header("Content-Encoding", encoding)
-            for name, value in response.headers:
+            for name, value in (*response.headers, *extra()):
                 self.send_header(name, value)
             self.send_header("Vary", response.vary)
             if response.status != 304:
@@ -428,7 +501,7 @@ def _handler(app: App, request_timeout: float) -> type[BaseHTTPRequestHandler]:
                 self.send_response(response.status)
                 self.send_header("Content-Type", response.content_type)
                 self.send_header("Cache-Control", "no-store")
-                for name, value in response.headers:
+                for name, value in (*response.headers, *extra()):
                     self.send_header(name, value)
                 self.end_headers()
                 if request.head:

@@ -102,6 +102,12 @@ class ServeOptions:
     series per family; *self_endpoint* is what ``?endpoint=self`` names; *summary* names fleet
     figures of ``/snapshot``, *history* those ``/history`` keeps for the live page's charts.
     *self_metrics* adds the exporter's own process to ``/metrics``.
+
+    Access control (off by default; :mod:`redis_stats.server.access`): *web_config_file*, the
+    Prometheus exporter-toolkit's web configuration file (TLS, client certificates, headers,
+    basic-auth users); *web_token_file*, bearer tokens, one a line; *web_open*, the paths served
+    without credentials (``["/healthz"]`` for a kubelet's probe); *insecure_private_views*, serve
+    private views (per-tenant usage) without credentials all the same.
     """
 
     engines: Sequence[int] | None = None
@@ -125,6 +131,10 @@ class ServeOptions:
     max_namespaces: int = MAX_NAMESPACES
     roles: Sequence[FamilyRole] = ()
     self_endpoint: str | None = None
+    web_config_file: str | None = None
+    web_token_file: str | None = None
+    web_open: Sequence[str] = ()
+    insecure_private_views: bool = False
 
     def __post_init__(self) -> None:
         _seconds("request_timeout", self.request_timeout, "a connection's time to send its request")
@@ -147,6 +157,10 @@ class ServeOptions:
         problems = summary_problems(self.summary) + history_problems(self.history)
         if problems:
             raise ValueError("; ".join(problems))
+        if isinstance(self.web_open, str) or any(
+            not isinstance(p, str) or not p.startswith("/") for p in self.web_open
+        ):
+            raise ValueError(f"web_open={self.web_open!r} must be a list of paths, e.g. ['/healthz']")
         self._check_parts()
 
     def _check_parts(self) -> None:

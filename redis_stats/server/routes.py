@@ -5,11 +5,17 @@ A view is a module of :mod:`redis_stats.server.views` with one function ``answer
 :class:`~redis_stats.server.http.Response` out, or an :class:`~redis_stats.server.http.HTTPError`).
 Adding a view is adding a module and a line to :data:`ROUTES`; the exporter gives the table to
 its :class:`~redis_stats.server.app.App`.
+
+A line is a view, or a :class:`~redis_stats.server.app.Route` that says more of it: ``private``
+for business data (per-tenant usage), which the exporter never serves without credentials unless
+its operator says ``--insecure-private-views`` (an exporter asked to serve one without either
+refuses to start). Who may read what is this data, never a check in a view
+(:mod:`redis_stats.server.access`).
 """
 
 from __future__ import annotations
 
-from redis_stats.server.app import View
+from redis_stats.server.app import Route, View
 from redis_stats.server.views import (
     endpoints,
     get_load,
@@ -27,7 +33,7 @@ from redis_stats.server.views import (
 
 __all__ = ["ROUTES"]
 
-ROUTES: dict[str, View] = {
+ROUTES: dict[str, View | Route] = {
     "/": page.answer,
     "/metrics": metrics.answer,
     "/snapshot": snapshot.answer,

@@ -27,7 +27,7 @@ from redis_stats.tools.redis_options import (
     seconds_option,
     url_option,
 )
-from redis_stats.tools.stopping import stop_on_signals
+from redis_stats.tools.stopping import on_sighup, stop_on_signals
 
 __all__ = ["main"]
 
@@ -375,6 +375,36 @@ class ForeignWriters(click.ClickException):
     "asked: a reader and renderer; /snapshot windows); past it the least recently used go, and "
     "whatever is unused for a minute.",
 )
+@click.option(
+    "--web-config-file",
+    type=click.Path(dir_okay=False),
+    envvar="REDIS_STATS_WEB_CONFIG_FILE",
+    help="Access control: a Prometheus exporter-toolkit web configuration file (TLS, client "
+    "certificates, headers, basic_auth_users with bcrypt hashes), as node_exporter's "
+    "--web.config.file; read again when it changes or on SIGHUP (docs/configuration.md, "
+    '"Access control") [env: REDIS_STATS_WEB_CONFIG_FILE].',
+)
+@click.option(
+    "--web-token-file",
+    type=click.Path(dir_okay=False),
+    envvar="REDIS_STATS_WEB_TOKEN_FILE",
+    help="Access control: a file of bearer tokens, one a line (Authorization: Bearer <token>, as "
+    "Prometheus' authorization and KEDA's authModes: bearer send) [env: REDIS_STATS_WEB_TOKEN_FILE].",
+)
+@click.option(
+    "--web-open",
+    multiple=True,
+    metavar="PATH",
+    help="A path served without credentials when access control is on (repeat: --web-open /healthz "
+    "--web-open /metrics); every other path needs them.",
+)
+@click.option(
+    "--insecure-private-views",
+    is_flag=True,
+    help="Serve private views (per-tenant usage: business data) without credentials: anyone who "
+    "reaches the port reads them. Without it, an exporter asked to serve them with no access "
+    "control refuses to start.",
+)
 def exporter(
     redis_url: str | None,
     namespaces: tuple[str, ...],
@@ -388,6 +418,7 @@ def exporter(
 ) -> None:
     """Serve /metrics (every engine), /snapshot (JSON), /load (routers) and /healthz from Redis:
     of one namespace, of several (--namespace A --namespace B) or of all (--all-namespaces)."""
+    from redis_stats.errors import WebConfigError
     from redis_stats.integrations.bridge.roles import BRIDGE_ROLES
     from redis_stats.integrations.vllm import vllm_catalog
     from redis_stats.integrations.vllm.roles import VLLM_ROLES
@@ -434,6 +465,8 @@ def exporter(
             max_namespaces=max_namespaces,
             **serving,
         )
+    except WebConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint=f"--{exc.option.replace('_', '-')}") from None
     except OSError as exc:
         raise click.ClickException(
             f"cannot listen on {serving['host']}:{serving['port']}: {exc.strerror or exc}\n  "
@@ -443,8 +476,8 @@ def exporter(
                 else HOST_HINT
             )
         ) from None
-    stop = threading.Event()
-    with stop_on_signals(stop.set):
+    stop, reload = threading.Event(), threading.Event()
+    with stop_on_signals(stop.set), on_sighup(reload.set):
         server.start()
         served = (
             "every namespace"
@@ -453,10 +486,14 @@ def exporter(
             if several is not None
             else repr(config.namespace)
         )
-        click.echo(f"serving {served} from {config.safe_url} on {server.url}/metrics")
+        click.echo(
+            f"serving {served} from {config.safe_url} on {server.url}/metrics ({server.app.gate.summary()})"
+        )
         try:
             while not stop.wait(0.25):
-                pass
+                if reload.is_set():
+                    reload.clear()
+                    server.reload_web_config()  # logged either way; a broken file keeps the old
         finally:
             server.close()
 

@@ -1,4 +1,5 @@
-"""How a long-running command stops: Ctrl-C and SIGTERM both call one function of its own."""
+"""How a long-running command stops: Ctrl-C and SIGTERM both call one function of its own; and
+how it is told to read its files again: SIGHUP (``systemctl reload``, ``kill -HUP``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-__all__ = ["stop_on_signals"]
+__all__ = ["on_sighup", "stop_on_signals"]
 
 
 @contextmanager
@@ -26,3 +27,15 @@ def stop_on_signals(stop: Callable[[], object]) -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+@contextmanager
+def on_sighup(call: Callable[[], object]) -> Iterator[None]:
+    """While inside, SIGHUP calls *call* (signal-safe, as *stop* above: set an Event and act on
+    it in the main loop) instead of ending the process, SIGHUP's default; the previous handler
+    comes back on the way out."""
+    previous = signal.signal(signal.SIGHUP, lambda *_: call())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, previous)

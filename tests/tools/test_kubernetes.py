@@ -249,9 +249,46 @@ KEDA_SCHEMA = {
                             "useCachedMetrics": {"type": "boolean"},
                             "name": {"type": "string"},
                             "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+                            "authenticationRef": {
+                                "type": "object",
+                                "required": ["name"],
+                                "additionalProperties": False,
+                                "properties": {"name": {"minLength": 1}, "kind": {"type": "string"}},
+                            },
                         },
                     },
                 },
+            },
+        },
+    },
+}
+# keda.sh/v1alpha1 TriggerAuthentication, the fields used: parameters from Secrets' keys.
+TRIGGER_AUTH_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "kind": {"const": "TriggerAuthentication"},
+        "metadata": {"type": "object", "required": ["name"]},
+        "spec": {
+            "type": "object",
+            "required": ["secretTargetRef"],
+            "additionalProperties": False,
+            "properties": {
+                "secretTargetRef": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["parameter", "name", "key"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "parameter": {"minLength": 1},
+                            "name": {"minLength": 1},
+                            "key": {"minLength": 1},
+                        },
+                    },
+                }
             },
         },
     },
@@ -325,6 +362,8 @@ def validate(doc: dict, where: str) -> None:
         if doc["apiVersion"].startswith(group):
             if doc["kind"] == "PrometheusRule":
                 schema = RULE_SCHEMA
+            elif doc["kind"] == "TriggerAuthentication":
+                schema = TRIGGER_AUTH_SCHEMA
             elif doc["kind"] == "ScrapeConfig":
                 schema = SCRAPE_CONFIG_SCHEMA
             try:
@@ -710,12 +749,11 @@ def test_every_variable_the_manifests_set_is_one_redis_stats_reads():
 
 
 def scaled_objects() -> dict[str, dict]:
-    """The ScaledObject of each KEDA layout (deploy/kubernetes/keda/<trigger>), by its trigger."""
+    """The ScaledObject of each KEDA layout (deploy/kubernetes/keda/<recipe>), by its recipe."""
     out = {}
     for layout in sorted(p for p in KEDA.iterdir() if p.is_dir()):
         (so,) = [d for d in build(layout) if d["kind"] == "ScaledObject"]
-        (trigger,) = so["spec"]["triggers"]
-        out[trigger["type"]] = so
+        out[layout.name] = so
     return out
 
 
@@ -725,7 +763,11 @@ def test_the_keda_recipes_scale_the_vllm_pods_on_what_the_fleet_layout_serves():
     pod by the Service's full name), the fleet ServiceMonitor's job (prometheus); numbers as KEDA
     takes them (strings), a fallback KEDA accepts (AverageValue only)."""
     found = scaled_objects()
-    assert set(found) == {"metrics-api", "prometheus"}
+    assert {r: so["spec"]["triggers"][0]["type"] for r, so in found.items()} == {
+        "load": "metrics-api",
+        "load-secured": "metrics-api",
+        "prometheus": "prometheus",
+    }
     fleet = build(KUBE)
     (sts,) = [d for d in fleet if d["kind"] == "StatefulSet"]
     (service,) = [
@@ -744,9 +786,10 @@ def test_the_keda_recipes_scale_the_vllm_pods_on_what_the_fleet_layout_serves():
         (trigger,) = spec["triggers"]
         assert trigger["metricType"] == "AverageValue"  # KEDA refuses a fallback for any other
         float(trigger["metadata"].get("targetValue") or trigger["metadata"]["threshold"])
-    url = found["metrics-api"]["spec"]["triggers"][0]["metadata"]["url"]
-    m = re.fullmatch(r"http://([a-z0-9-]+)\.([a-z0-9-]+)\.svc\.cluster\.local:(\d+)(/load)", url)
-    assert m and m.group(1) == service["metadata"]["name"] and int(m.group(3)) == port, url
+    for recipe, scheme in (("load", "http"), ("load-secured", "https")):
+        url = found[recipe]["spec"]["triggers"][0]["metadata"]["url"]
+        m = re.fullmatch(scheme + r"://([a-z0-9-]+)\.([a-z0-9-]+)\.svc\.cluster\.local:(\d+)(/load)", url)
+        assert m and m.group(1) == service["metadata"]["name"] and int(m.group(3)) == port, url
     query = found["prometheus"]["spec"]["triggers"][0]["metadata"]["query"]
     job = service["metadata"]["labels"][monitor["spec"]["jobLabel"]]
     assert query.startswith("sum(") and f'job="{job}"' in query, query
@@ -830,7 +873,32 @@ def test_the_docs_state_the_startup_probe_the_manifest_sets():
     assert re.findall(r"startup probe allows (\d+)\)", scaling) == [f"{minutes:g}"]
 
 
-@pytest.mark.parametrize("recipe", ["load", "prometheus"])
+def test_the_secured_keda_recipe_sends_a_bearer_token_from_a_secret_over_https():
+    """keda/load-secured: ../load's trigger with KEDA's bearer mode, its TriggerAuthentication in the
+    same layout, reading a parameter KEDA's metrics-api takes (bearerToken) from a Secret key, and
+    nothing else changed (the trigger is ../load's but for the scheme and the authentication)."""
+    docs = build(KEDA / "load-secured")
+    (so,) = [d for d in docs if d["kind"] == "ScaledObject"]
+    (auth,) = [d for d in docs if d["kind"] == "TriggerAuthentication"]
+    (trigger,) = so["spec"]["triggers"]
+    assert trigger["metadata"]["authModes"] == "bearer"
+    assert trigger["authenticationRef"] == {"name": auth["metadata"]["name"]}
+    assert auth["metadata"]["namespace"] == so["metadata"]["namespace"]  # KEDA looks it up there
+    assert auth["spec"]["secretTargetRef"] == [
+        {"parameter": "bearerToken", "name": "redis-stats-web", "key": "token"}
+    ]
+    plain = scaled_objects()["load"]
+    (plain_trigger,) = plain["spec"]["triggers"]
+    same = json.loads(json.dumps(trigger))
+    del same["authenticationRef"], same["metadata"]["authModes"]
+    same["metadata"]["url"] = same["metadata"]["url"].replace("https://", "http://")
+    assert same == plain_trigger
+    assert {k: v for k, v in so["spec"].items() if k != "triggers"} == {
+        k: v for k, v in plain["spec"].items() if k != "triggers"
+    }
+
+
+@pytest.mark.parametrize("recipe", ["load", "load-secured", "prometheus"])
 def test_the_keda_recipes_work_in_any_namespace_set_in_one_place(recipe, tmp_path):
     """The ScaledObject sits beside the StatefulSet it scales, and the metrics-api trigger reaches
     the exporter's Service by its full name: one line, `namespace:` of the recipe's kustomization,
@@ -840,13 +908,14 @@ def test_the_keda_recipes_work_in_any_namespace_set_in_one_place(recipe, tmp_pat
     text = (copy / "kustomization.yaml").read_text()
     assert text.count("namespace: default\n") == 1
     (copy / "kustomization.yaml").write_text(text.replace("namespace: default\n", "namespace: inference\n"))
-    (so,) = build(copy)
+    (so,) = [d for d in build(copy) if d["kind"] == "ScaledObject"]
     assert so["metadata"]["namespace"] == "inference"
     flat = json.dumps(so)
     assert "default" not in flat, flat
-    if recipe == "load":
+    if recipe.startswith("load"):
         url = so["spec"]["triggers"][0]["metadata"]["url"]
-        assert url == "http://redis-stats-exporter.inference.svc.cluster.local:9400/load", url
+        scheme = "https" if recipe == "load-secured" else "http"
+        assert url == f"{scheme}://redis-stats-exporter.inference.svc.cluster.local:9400/load", url
 
 
 PER_PROCESS = (

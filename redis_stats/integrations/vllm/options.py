@@ -25,6 +25,9 @@ __all__ = [
     "SWITCH",
     "VARIABLES",
     "VIEW",
+    "WEB_CONFIG_FILE",
+    "WEB_OPEN",
+    "WEB_TOKEN_FILE",
     "default_endpoint",
     "plugin_config",
     "plugin_enabled",
@@ -74,6 +77,29 @@ VIEW = EnvVar(
     "scrape ONE such view) or `local` (this instance's engines; scrape EVERY node), see docs/vllm.md",
 )
 
+WEB_CONFIG_FILE = EnvVar(
+    "REDIS_STATS_WEB_CONFIG_FILE",
+    "",
+    _PLUGIN,
+    "access control of the view on `REDIS_STATS_PORT`: a Prometheus exporter-toolkit web "
+    "configuration file (TLS, client certificates, headers, `basic_auth_users`), as the exporter's "
+    "`--web-config-file`; unset: none",
+)
+WEB_TOKEN_FILE = EnvVar(
+    "REDIS_STATS_WEB_TOKEN_FILE",
+    "",
+    _PLUGIN,
+    "access control of the view: a file of bearer tokens, one a line, as the exporter's "
+    "`--web-token-file`; unset: none",
+)
+WEB_OPEN = EnvVar(
+    "REDIS_STATS_WEB_OPEN",
+    "",
+    _PLUGIN,
+    "with access control: the paths of the view served without credentials, space-separated "
+    "(e.g. `/healthz`), as the exporter's `--web-open`",
+)
+
 POD_IP = EnvVar(
     "POD_IP",
     "",
@@ -92,7 +118,19 @@ POD_INDEX = EnvVar(
     "parallelism inside each pod); not with `REDIS_STATS_ENGINE_OFFSET`",
 )
 
-VARIABLES = (SWITCH, NAMESPACE, INTERVAL, PORT, ADDR, VIEW, POD_IP, POD_INDEX)
+VARIABLES = (
+    SWITCH,
+    NAMESPACE,
+    INTERVAL,
+    PORT,
+    ADDR,
+    VIEW,
+    WEB_CONFIG_FILE,
+    WEB_TOKEN_FILE,
+    WEB_OPEN,
+    POD_IP,
+    POD_INDEX,
+)
 
 # StatsConfig's own option (engine_offset), looked at here only to refuse it beside POD_INDEX.
 _OFFSET = EnvVar("REDIS_STATS_ENGINE_OFFSET", "", _PLUGIN, "option `engine_offset`")

@@ -13,7 +13,10 @@ stay quiet.
 
 The view is served on loopback unless ``REDIS_STATS_ADDR`` says otherwise: it shows every engine
 of the deployment (every node's), so putting it on a network interface is the operator's choice,
-made as explicitly as vLLM's own ``--host``.
+made as explicitly as vLLM's own ``--host``. Its access control is the exporter's, off by default:
+``REDIS_STATS_WEB_CONFIG_FILE`` (TLS, client certificates, basic auth), ``REDIS_STATS_WEB_TOKEN_FILE``
+(bearer tokens) and ``REDIS_STATS_WEB_OPEN`` (paths left open), read when the view starts: a file
+that cannot be used stops the plugin with an error naming the variable.
 """
 
 from __future__ import annotations
@@ -25,7 +28,15 @@ from typing import TYPE_CHECKING
 
 from redis_stats.catalog import Catalog
 from redis_stats.config import ConfigError, StatsConfig
-from redis_stats.integrations.vllm.options import ADDR, PORT, VIEW
+from redis_stats.errors import WebConfigError
+from redis_stats.integrations.vllm.options import (
+    ADDR,
+    PORT,
+    VIEW,
+    WEB_CONFIG_FILE,
+    WEB_OPEN,
+    WEB_TOKEN_FILE,
+)
 from redis_stats.integrations.vllm.roles import VLLM_ROLES
 from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY, VLLM_PAGE_HISTORY
 
@@ -82,7 +93,15 @@ def maybe_serve(config: StatsConfig, catalog: Catalog, own_engines: Sequence[int
             history=VLLM_PAGE_HISTORY,
             roles=VLLM_ROLES,
             self_endpoint=config.endpoint,  # /metrics?endpoint=self: this pod's engines
+            web_config_file=WEB_CONFIG_FILE.get().strip() or None,
+            web_token_file=WEB_TOKEN_FILE.get().strip() or None,
+            web_open=tuple(WEB_OPEN.get().split()),
         )
+    except WebConfigError as exc:
+        variable = {"web_token_file": WEB_TOKEN_FILE, "web_open": WEB_OPEN}.get(exc.option, WEB_CONFIG_FILE)
+        raise ConfigError(f"{variable.name}: {exc}; fix it, or unset {variable.name}") from None
+    except ValueError as exc:  # web_open paths that are no paths
+        raise ConfigError(f"{WEB_OPEN.name}: {exc}") from None
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             log.debug("redis_stats: port %s taken; another process on this host serves the Redis view", port)
@@ -97,10 +116,11 @@ def maybe_serve(config: StatsConfig, catalog: Catalog, own_engines: Sequence[int
     exporter.start()
     which = "every engine" if engines is None else f"engines {engines}"
     log.info(
-        "redis_stats: serving %s of %r on %s/metrics%s",
+        "redis_stats: serving %s of %r on %s/metrics (%s)%s",
         which,
         config.namespace,
         exporter.url,
+        exporter.app.gate.summary(),
         " (loopback only; set REDIS_STATS_ADDR to serve other hosts)" if addr == DEFAULT_ADDR else "",
     )
     return exporter
