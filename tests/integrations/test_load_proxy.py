@@ -439,6 +439,33 @@ def test_a_store_outage_is_a_503_through_the_proxy_and_inference_goes_on(kind, o
         exporter.close()
 
 
+@pytest.mark.parametrize("kind", sorted(PROXIES))
+def test_an_exporter_behind_access_control_opens_the_two_routes_to_the_proxy(kind, cfg, tmp_path):
+    """An exporter with bearer tokens (docs/configuration.md, "Access control") and
+    ``--web-open /get_load --web-open /v1/loads`` (docs/vllm-rs.md): the proxy's polls are
+    answered while every other path still needs the token."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("0123456789abcdef0123456789abcdef\n")
+    reader = StatsReader(cfg, vllm_catalog())
+    exporter = Exporter(
+        reader,
+        port=0,
+        host="127.0.0.1",
+        load_refresh=0.05,
+        web_token_file=str(tokens),
+        web_open=["/get_load", "/v1/loads"],
+    ).start()
+    pod = Pod(kind, cfg, exporter, tmp_path / kind)
+    try:
+        pod.load(running=6, waiting=3)
+        fresh_views(pod)
+        assert get(pod.port, "/v1/loads?include=core")[0] == 200
+        assert get(exporter.port, "/load")[0] == 401  # the rest stays closed
+    finally:
+        pod.close()
+        exporter.close()
+
+
 # (b) Framing: every case that broke `redis-stats load-proxy`, as the exact bytes.
 
 
