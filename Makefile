@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: image-vllm test test-dragonfly test-fast test-e2e test-vllm test-browser browser-deps prometheus-deps vllm-next-diff bench-vllm lint demo bench clean
+.PHONY: image-vllm test test-dragonfly test-fast test-e2e test-vllm test-browser browser-deps prometheus-deps proxy-deps vllm-next-diff bench-vllm lint demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 PYTEST_WORKERS ?= auto
 PYTEST_PARALLEL := -n $(PYTEST_WORKERS)
 
-test: lint browser-deps prometheus-deps
+test: lint browser-deps prometheus-deps proxy-deps
 	$(BIN)/python -m pytest -q -m "not e2e" $(PYTEST_PARALLEL)
 	$(MAKE) --no-print-directory test-dragonfly
 
@@ -41,6 +41,15 @@ test-dragonfly: $(STAMP)
 prometheus-deps:
 	@command -v promtool >/dev/null || bash .ci/install-prometheus || \
 		echo "could not install prometheus (not root?): the alerts' promtool tests will skip"
+
+# nginx and haproxy (Debian's packages, their services never started) for the shipped proxy
+# configurations in front of vLLM's Rust front end, tests/integrations/test_load_proxy.py:
+# installed when missing; elsewhere said, and those tests skip unless CI_REQUIRE_PROXIES=1
+# (.ci/run) makes a missing binary a failure.
+proxy-deps:
+	@{ command -v nginx || test -x /usr/sbin/nginx; } >/dev/null && \
+		{ command -v haproxy || test -x /usr/sbin/haproxy; } >/dev/null || bash .ci/install-proxies || \
+		echo "could not install nginx and haproxy (not root?): the proxy tests will skip"
 
 # The I/O-free core alone (fields, accumulator and flush protocol, snapshot decoding, catalogue,
 # config): no server, no socket, a few seconds.

@@ -147,6 +147,10 @@ class EngineSnapshot:
     judged (an engine made by hand)."""
     endpoint: str | None = None
     """The endpoint its writers are served behind (``StatsConfig.endpoint``), None if none said."""
+    writers: tuple[str, ...] = ()
+    """The writers it runs in (their ids, ``host:pid[:role]:random``): the live ones holding chunks
+    in it, or, when none is live, every one that does (where a down engine ran); newest heartbeat
+    first."""
     closed: bool = False
     """Down because every writer holding chunks in it closed cleanly (a stop on purpose: a
     scale-in, a rolling restart), not because they went silent (killed, frozen, cut off)."""
@@ -244,6 +248,7 @@ class Snapshot:
                     "up": e.up,
                     "state": e.state or ("up" if e.up else "down"),
                     "endpoint": e.endpoint,
+                    "writers": list(e.writers),
                     "age_seconds": json_number(e.age),
                     "counters": series(e.counters, spec_of),
                     "gauges": series(e.gauges, spec_of),

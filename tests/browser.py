@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -76,8 +77,12 @@ class Browser:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.base + path, data=data, method=method)
         req.add_header("Content-Type", "application/json")
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return json.loads(resp.read())
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as exc:  # the driver's own words (a script's exception)
+            detail = json.loads(exc.read() or b"{}").get("value", {})
+            raise AssertionError(f"WebDriver {method} {path}: {detail.get('message', exc)}") from None
 
     def get(self, url: str) -> None:
         """Load *url* (returns when the page has loaded)."""

@@ -9,11 +9,17 @@ flushing after its first flush (stale after ``stale_after``).
 
 Steps are coarse (one per flush, ``interval`` seconds of simulated time): at 1,024 engines a
 finer step would take this 2-core machine's time from the browser under test.
+
+Each writer stands for a pod: its id's host part is the pod's name (``vllm-0``, ``vllm-1``; the
+stopped one ``vllm-gone``) and it stores the pod's endpoint (``vllm-0.vllm:8000``), as the vLLM
+plugin does on Kubernetes (the host name is the pod's, the endpoint its address).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import subprocess
 import sys
 import threading
@@ -25,6 +31,13 @@ from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
 from redis_stats.tools.simulate import LoadProfile, SimulatedApiServer
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def pod(name: str) -> tuple[str, str]:
+    """(writer id, endpoint) of a writer in pod *name*: ``name:pid:role:random``, ``name.vllm:8000``."""
+    return f"{name}:{os.getpid()}:{name.rsplit('-', 1)[-1]}:{secrets.token_hex(3)}", f"{name}.vllm:8000"
+
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -51,18 +64,28 @@ class PageFleet:
         self.load = load  # scales the healthy engines' arrivals (a thousand engines: less to simulate)
         self.dead: StatsWriter | None = None
         if down:  # first: their staleness runs while the rest starts
-            self.dead = StatsWriter(self.config, vllm_catalog(), engines=list(down), start=False, role="gone")
+            wid, where = pod("vllm-gone")
+            self.dead = StatsWriter(
+                self.config.replace(endpoint=where),
+                vllm_catalog(),
+                engines=list(down),
+                start=False,
+                writer_id=wid,
+            )
             recorder = VllmRecorder(self.dead, MODEL, list(down))
             for e in down:
                 SimulatedApiServer(recorder, e, seed=e).step()
             assert self.dead.flush()
         live = [e for e in range(engines) if e not in down]
         halves = [live[0::2], live[1::2]]
-        self.writers = [
-            StatsWriter(self.config, vllm_catalog(), engines=part, start=False, role=f"api{i}")
-            for i, part in enumerate(halves)
-            if part
-        ]
+        self.writers = []
+        for i, part in enumerate(halves):
+            if part:
+                wid, where = pod(f"vllm-{i}")
+                config = self.config.replace(endpoint=where)
+                self.writers.append(
+                    StatsWriter(config, vllm_catalog(), engines=part, start=False, writer_id=wid)
+                )
         self.sims: list[SimulatedApiServer] = []
         for writer in self.writers:
             recorder = VllmRecorder(writer, MODEL, list(writer.engines))

@@ -42,6 +42,7 @@ from redis_stats.server.emptiness import EmptyWatch
 from redis_stats.server.http import Server
 from redis_stats.server.options import ServeOptions
 from redis_stats.server.routes import ROUTES
+from redis_stats.server.states.sampler import window_of
 
 __all__ = ["Exporter"]
 
@@ -141,6 +142,11 @@ class Exporter:
             threading.Thread(
                 target=self.app.gate.watch, args=(self._stop,), name="redis_stats-web-config", daemon=True
             ).start()
+        # The live page's window measured from the exporter's start (an exporter of one namespace
+        # with the page's figures): a page opened in its first minute has rates from its first
+        # poll. Nobody asking, the sampler stops after a minute, as after any last request.
+        if not self.options.several and self.options.history:
+            window_of(self.app.sources.one(None)).asked()
         # Retention on a timer: every exporter may run it; the gc lease lets one collect at a time.
         if self.options.gc_interval > 0:
             threading.Thread(target=self._gc_loop, name="redis_stats-gc", daemon=True).start()

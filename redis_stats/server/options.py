@@ -9,11 +9,14 @@ from typing import Any
 from redis_stats.config import is_namespace
 from redis_stats.endpoints import FamilyRole
 from redis_stats.reader import EngineSlice
+from redis_stats.server.thresholds import Threshold, threshold_problems
 
 __all__ = [
     "ENGINE_KINDS",
     "FLEET_KINDS",
+    "HISTORY_BUDGET",
     "MAX_NAMESPACES",
+    "PER_ENGINE",
     "SUMMARY_KINDS",
     "VIEW_BUDGET",
     "VIEW_IDLE",
@@ -51,10 +54,17 @@ SUMMARY_KINDS = ("rate", "sum", "mean", "max")
 #: ``sum`` / ``max`` a gauge's values summed / the largest; ``p99`` the largest of a histogram's
 #: p99 over the window (``rate`` and ``p99``: none for an engine the window does not measure). Over
 #: engines: ``sum`` (an engine without a value counts 0; none when no engine has one), ``mean``,
-#: ``max``, ``median`` (the lower one) of the finite values.
+#: ``max``, ``median`` (the lower one) of the finite values; or ``per_engine``: kept for each up
+#: engine (``/history?engine=N``, the page's charts of the engines that need attention).
 HistorySpec = Mapping[str, tuple[str, str, str]]
 ENGINE_KINDS = ("rate", "sum", "max", "p99")
-FLEET_KINDS = ("sum", "mean", "max", "median")
+PER_ENGINE = "per_engine"
+FLEET_KINDS = ("sum", "mean", "max", "median", PER_ENGINE)
+
+#: The default bytes (estimated) of one namespace's history (``--history-budget``): the fleet's
+#: figures and each engine's, 10 minutes of them (3.7 MB at 1,024 vLLM engines); past it the oldest
+#: points go. Counted with its window in the view budget (``redis_stats_exporter_kept_bytes``).
+HISTORY_BUDGET = 16 * 2**20
 
 
 def summary_problems(summary: FleetSummary) -> list[str]:
@@ -100,7 +110,9 @@ class ServeOptions:
     *engines* or *slice* limit it to part of one namespace; *namespaces* or *all_namespaces*
     make it serve several (``?namespace=`` picks one). *roles* declare the endpoint views' one
     series per family; *self_endpoint* is what ``?endpoint=self`` names; *summary* names fleet
-    figures of ``/snapshot``, *history* those ``/history`` keeps for the live page's charts.
+    figures of ``/snapshot``, *history* those ``/history`` keeps for the live page's charts (in
+    *history_budget* bytes per namespace), *page_thresholds* the page's warning thresholds
+    (:mod:`redis_stats.server.thresholds`).
     *self_metrics* adds the exporter's own process to ``/metrics``.
 
     Access control (off by default; :mod:`redis_stats.server.access`): *web_config_file*, the
@@ -119,10 +131,12 @@ class ServeOptions:
     max_connections: int = 64
     window: float = 30.0
     window_budget: int = WINDOW_BUDGET
+    history_budget: int = HISTORY_BUDGET
     view_budget: int = VIEW_BUDGET
     view_idle: float = VIEW_IDLE
     summary: FleetSummary = field(default_factory=dict)
     history: HistorySpec = field(default_factory=dict)
+    page_thresholds: Mapping[str, Threshold] = field(default_factory=dict)
     self_metrics: bool = False
     load_refresh: float = 0.25
     load_idle: float = LOAD_IDLE
@@ -150,11 +164,19 @@ class ServeOptions:
             "the /snapshot window's; 0 keeps none: no rates",
             " of bytes",
         )
+        _whole(
+            "history_budget",
+            self.history_budget,
+            0,
+            "the live page's history, fleet and engines",
+            " of bytes",
+        )
         _whole("view_budget", self.view_budget, 0, "kept for requests' slices and endpoints", " of bytes")
         _whole("max_namespaces", self.max_namespaces, 1, "namespaces served at most")
         if not self.gc_interval >= 0:
             raise ValueError(f"gc_interval={self.gc_interval!r} must be a number of seconds >= 0 (0: no gc)")
         problems = summary_problems(self.summary) + history_problems(self.history)
+        problems += threshold_problems(self.page_thresholds)
         if problems:
             raise ValueError("; ".join(problems))
         if isinstance(self.web_open, str) or any(

@@ -18,6 +18,7 @@ from __future__ import annotations
 from redis_stats.server.app import Route, View
 from redis_stats.server.views import (
     endpoints,
+    families,
     get_load,
     health,
     history,
@@ -38,6 +39,7 @@ ROUTES: dict[str, View | Route] = {
     "/metrics": metrics.answer,
     "/snapshot": snapshot.answer,
     "/history": history.answer,
+    "/families": families.answer,
     "/load": load.answer,
     "/endpoints": endpoints.answer,
     "/get_load": get_load.answer,

@@ -1,7 +1,7 @@
 """The ``redis-stats`` command: the group, and the commands it adds (one module each, in
 :mod:`redis_stats.tools.commands`): demo, dev-redis, simulate, exporter, top, inspect, gc,
-drop-namespace, namespaces, bridge, load-proxy. What they share (which Redis and namespace, how
-its failures end a command) is :mod:`redis_stats.tools.redis_options`."""
+drop-namespace, namespaces, bridge, load-proxy (retired). What they share (which Redis and
+namespace, how its failures end a command) is :mod:`redis_stats.tools.redis_options`."""
 
 from __future__ import annotations
 

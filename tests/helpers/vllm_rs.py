@@ -17,14 +17,24 @@ its sources and its binary (the ``vllm/vllm-rs`` of the vllm 0.34.0 wheel):
 - help texts as the binary holds them (some end without the period Python's have).
 
 :func:`body` renders engines' numbers in that shape; :class:`VllmRs` serves them over HTTP with
-the OpenAI completion route, a stand-in for the front end behind a load proxy.
+the OpenAI completion route (streamed too) and a WebSocket echo, a stand-in for the front end
+behind a proxy, keeping what the proxy passed on.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import hashlib
+import io
 import json
+import os
+import socket
+import struct
+import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -163,19 +173,117 @@ def body(engines: dict[int, Engine], model: str = "m") -> str:
     return "\n".join(out) + "\n"
 
 
+@dataclass
+class Seen:
+    """One request as the stand-in received it: what a proxy in front passed on."""
+
+    method: str
+    target: str
+    version: str
+    headers: list[tuple[str, str]]
+    body: bytes
+    connection: int = 0
+    """The connection it came on (its index in :attr:`VllmRs.raw`)."""
+
+    def header(self, name: str) -> list[str]:
+        """Every value of header *name* (any case)."""
+        return [v for k, v in self.headers if k.lower() == name.lower()]
+
+
+WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC11B65"
+
+
+def ws_accept(key: str) -> str:
+    """The ``Sec-WebSocket-Accept`` answering *key* (RFC 6455, 4.2.2)."""
+    return base64.b64encode(hashlib.sha1((key + WS_GUID).encode()).digest()).decode()
+
+
+def ws_frame(payload: bytes, opcode: int = 1, mask: bool = False) -> bytes:
+    """One final WebSocket frame (a client's is masked)."""
+    head = bytes([0x80 | opcode])
+    n = len(payload)
+    bit = 0x80 if mask else 0
+    if n < 126:
+        head += bytes([bit | n])
+    elif n < 1 << 16:
+        head += bytes([bit | 126]) + struct.pack("!H", n)
+    else:
+        head += bytes([bit | 127]) + struct.pack("!Q", n)
+    if not mask:
+        return head + payload
+    key = os.urandom(4)
+    return head + key + bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+
+
+def ws_read(read: Callable[[int], bytes]) -> tuple[int, bytes]:
+    """(opcode, payload) of the next frame, *read* giving exactly n bytes."""
+    first, second = read(2)
+    n = second & 0x7F
+    if n == 126:
+        (n,) = struct.unpack("!H", read(2))
+    elif n == 127:
+        (n,) = struct.unpack("!Q", read(8))
+    key = read(4) if second & 0x80 else b""
+    payload = read(n)
+    if key:
+        payload = bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+    return first & 0x0F, payload
+
+
 class VllmRs:
     """A stand-in for vllm-rs on 127.0.0.1: ``/metrics`` (:func:`body` of :attr:`engines`, as
-    OpenMetrics whatever is asked), ``/v1/completions`` (answers its *name*), ``/health``,
-    ``/v1/models``; no ``/get_load`` (404, as vllm-rs). Counts what it was asked in :attr:`paths`."""
+    OpenMetrics whatever is asked), ``/v1/completions`` (answers its *name*; with ``"stream":
+    true``, ``max_tokens`` Server-Sent Events *token_interval* s apart, as vLLM streams them),
+    ``/health``, ``/v1/models``, a WebSocket echo on ``/ws``; no ``/get_load`` (404, as vllm-rs).
 
-    def __init__(self, name: str, engines: dict[int, Engine]) -> None:
+    What a proxy in front passed on is kept: :attr:`paths` (requests by path), :attr:`received`
+    (each request whole, chunked bodies decoded), :attr:`connections` (connections accepted),
+    :attr:`raw` (every byte read, per connection), :attr:`sent_at` (when each streamed token was
+    written)."""
+
+    def __init__(
+        self, name: str, engines: dict[int, Engine], *, token_interval: float = 0.01, port: int = 0
+    ) -> None:
         self.name = name
         self.engines = engines
+        self.token_interval = token_interval
         self.paths: dict[str, int] = {}
+        self.received: list[Seen] = []
+        self.sent_at: list[float] = []  # time.monotonic() of each streamed event's write
+        self.open: set[socket.socket] = set()  # connections accepted (closed ones too)
+        self.connections = 0
+        self.raw: list[bytearray] = []
         outer = self
+
+        class Recorder(io.RawIOBase):
+            """The connection's input, every byte kept in :attr:`VllmRs.raw`."""
+
+            def __init__(self, sock: socket.socket, kept: bytearray) -> None:
+                self.sock, self.kept = sock, kept
+
+            def readable(self) -> bool:
+                return True
+
+            def readinto(self, buffer: Any) -> int:
+                data = self.sock.recv(len(buffer))
+                self.kept += data
+                buffer[: len(data)] = data
+                return len(data)
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                super().setup()
+                # Each write goes out at once (a streamed token is one small write), as a server
+                # that streams does; without it Nagle holds a token behind the head's ACK.
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                outer.connections += 1
+                outer.open.add(self.connection)
+                kept = bytearray()
+                self.index = len(outer.raw)
+                outer.raw.append(kept)
+                self.rfile = io.BufferedReader(Recorder(self.connection, kept))
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -185,13 +293,49 @@ class VllmRs:
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                if self.command != "HEAD":
+                    self.wfile.write(data)
 
-            def do_GET(self) -> None:
+            def _body(self) -> bytes:
+                if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+                    out = bytearray()
+                    while True:
+                        size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+                        if size == 0:
+                            while self.rfile.readline().strip():  # trailers, then the blank line
+                                pass
+                            return bytes(out)
+                        out += self.rfile.read(size)
+                        self.rfile.readline()
+                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+            def _seen(self) -> tuple[str, bytes]:
                 path = self.path.split("?", 1)[0]
                 outer.paths[path] = outer.paths.get(path, 0) + 1
+                data = self._body()
+                outer.received.append(
+                    Seen(
+                        self.command,
+                        self.path,
+                        self.request_version,
+                        list(self.headers.items()),
+                        data,
+                        self.index,
+                    )
+                )
+                return path, data
+
+            def do_GET(self) -> None:
+                path, _ = self._seen()
                 if path == "/metrics":
                     self._send(200, CONTENT_TYPE, body(outer.engines).encode())
+                elif path == "/ws":
+                    # A handshake needs both headers (RFC 6455, 4.2.1), as vllm-rs' server checks.
+                    tokens = {t.strip().lower() for t in (self.headers.get("Connection") or "").split(",")}
+                    if (self.headers.get("Upgrade") or "").lower() == "websocket" and "upgrade" in tokens:
+                        self._echo()
+                    else:
+                        self._send(400, "text/plain", b"not a WebSocket handshake")
                 elif path in ("/health", "/v1/models"):
                     doc = (
                         {}
@@ -202,11 +346,21 @@ class VllmRs:
                 else:
                     self._send(404, "application/json", b'{"error": "not found"}')
 
+            do_HEAD = do_GET
+
             def do_POST(self) -> None:
-                path = self.path.split("?", 1)[0]
-                outer.paths[path] = outer.paths.get(path, 0) + 1
-                length = int(self.headers.get("Content-Length") or 0)
-                request = json.loads(self.rfile.read(length) or b"{}")
+                path, data = self._seen()
+                if path != "/v1/completions":
+                    self._send(404, "application/json", b'{"error": "not found"}')
+                    return
+                try:
+                    request = json.loads(data or b"{}")
+                except ValueError:
+                    self._send(400, "application/json", b'{"error": "the body is not JSON"}')
+                    return
+                if request.get("stream"):
+                    self._stream(int(request.get("max_tokens") or 16))
+                    return
                 doc = {
                     "id": "cmpl-1",
                     "object": "text_completion",
@@ -218,7 +372,55 @@ class VllmRs:
                 }
                 self._send(200, "application/json", json.dumps(doc).encode())
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+            def _stream(self, tokens: int) -> None:
+                """vLLM's streamed completion: one event per token, then ``[DONE]``, chunked."""
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for i in range(tokens):
+                    choice = {"index": 0, "text": f"t{i}", "logprobs": None, "finish_reason": None}
+                    doc = {"id": "cmpl-1", "object": "text_completion", "model": "m", "choices": [choice]}
+                    self._chunk(b"data: " + json.dumps(doc).encode() + b"\n\n")
+                    outer.sent_at.append(time.monotonic())
+                    time.sleep(outer.token_interval)
+                self._chunk(b"data: [DONE]\n\n")
+                self.wfile.write(b"0\r\n\r\n")
+
+            def _chunk(self, data: bytes) -> None:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+
+            def _echo(self) -> None:
+                """A WebSocket echo: every text or binary frame back, until a close frame."""
+                self.send_response(101, "Switching Protocols")
+                self.send_header("Upgrade", "websocket")
+                self.send_header("Connection", "Upgrade")
+                self.send_header("Sec-WebSocket-Accept", ws_accept(self.headers["Sec-WebSocket-Key"]))
+                self.end_headers()
+                self.wfile.flush()
+                try:
+                    while True:
+                        opcode, payload = ws_read(self.rfile.read)
+                        if opcode == 8:
+                            self.wfile.write(ws_frame(payload, opcode=8))
+                            break
+                        self.wfile.write(ws_frame(payload, opcode=opcode))
+                        self.wfile.flush()
+                except (OSError, ValueError):
+                    pass
+                self.close_connection = True
+
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 256  # a benchmark's many connections at once
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                # A proxy closing a kept connection it no longer needs is routine; anything else
+                # is printed (socketserver's default).
+                if not isinstance(sys.exc_info()[1], OSError):
+                    super().handle_error(request, client_address)
+
+        self.server = Server(("127.0.0.1", port), Handler)  # port 0: a free one
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -231,5 +433,10 @@ class VllmRs:
         return self
 
     def close(self) -> None:
+        """Stop as a process that ends does: the port closed, and every connection with it."""
         self.server.shutdown()
         self.server.server_close()
+        for conn in list(self.open):
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            conn.close()

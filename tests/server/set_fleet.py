@@ -12,6 +12,7 @@ import pytest
 from redis_stats import HistogramValue
 from redis_stats.integrations.vllm import vllm_catalog
 from redis_stats.integrations.vllm.summary import VLLM_PAGE_HISTORY
+from redis_stats.server.options import PER_ENGINE
 from redis_stats.snapshot import EngineSnapshot, Snapshot
 
 CAT = vllm_catalog()
@@ -19,7 +20,7 @@ GEN, PROMPT = "vllm:generation_tokens", "vllm:prompt_tokens"
 WAITING, KV = "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"
 TTFT, ITL = "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds"
 BOUNDS = (0.1, 0.5, 1.0, math.inf)
-NAMES = list(VLLM_PAGE_HISTORY)
+NAMES = [n for n, (_m, _e, over) in VLLM_PAGE_HISTORY.items() if over != PER_ENGINE]  # the fleet's
 
 
 def hist(*cumulative: float) -> HistogramValue:

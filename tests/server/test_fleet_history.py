@@ -26,6 +26,7 @@ import pytest
 from redis_stats import StatsConfig, StatsReader, StatsWriter
 from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY, VLLM_PAGE_HISTORY
 from redis_stats.server import Exporter
+from redis_stats.server.options import PER_ENGINE
 from redis_stats.server.states.fleet_history import MAX_POINTS, FleetHistory, fleet_point
 from redis_stats.server.states.window import recent_document
 from redis_stats.snapshot import Snapshot
@@ -211,14 +212,15 @@ def test_history_is_bounded_in_points_and_bytes_whatever_the_window_and_the_flee
         tracemalloc.stop()
     assert len(full) == MAX_POINTS + 1 and 0.7 * held <= full.bytes <= 1.4 * held, (full.bytes, held)
 
-    # 1,024 engines: the same few floats a point.
+    # 1,024 engines: the fleet's few floats a point, and each engine's three float32 figures.
     thousand = [engine(e, counters={(GEN, "m"): 10.0 * e}, gauges={(WAITING, "m"): 1}) for e in range(1024)]
-    big, few = (FleetHistory(VLLM_PAGE_HISTORY, spacing=0.05) for _ in range(2))
+    fleet_only = {n: f for n, f in VLLM_PAGE_HISTORY.items() if f[2] != PER_ENGINE}
+    big, few = (FleetHistory(fleet_only, spacing=0.05) for _ in range(2))
     for i in range(10):
         big.add(snap(1000.0 + 2 * i, *thousand), snap(999.0, *thousand))
         few.add(snap(1000.0 + 2 * i, *thousand[:2]), snap(999.0, *thousand[:2]))
     assert len(big) == len(few) == 10 and big.bytes == few.bytes
-    assert full.bytes < 64 * 1024  # per namespace: 64 namespaces keep under 4 MiB
+    assert full.bytes < 160 * 1024  # per namespace: 64 namespaces of 3 engines keep under 10 MiB
 
 
 def test_history_counts_in_the_view_budget_and_goes_with_the_window_when_nobody_asks(set_exporter):
@@ -228,7 +230,10 @@ def test_history_counts_in_the_view_budget_and_goes_with_the_window_when_nobody_
         get(exporter, "/snapshot")
     window = states.window(exporter)
     assert len(window.history) == 3
-    assert exporter.app.kept.bytes_by_kind()["window"] == window.ring.bytes + window.history.bytes
+    assert (
+        exporter.app.kept.bytes_by_kind()["window"]
+        == window.ring.bytes + window.history.bytes + window.outages.bytes
+    )
     time.sleep(0.7)
     exporter.app.kept.sweep()  # the exporter's upkeep, every 10 s
     status, doc = get(exporter, "/history")

@@ -4,8 +4,9 @@ the fleet charts have a time axis, the engines that need attention come first in
 not repeat, the full table is sorted and paged, and a poll of 1,024 engines renders in under a
 second of browser time (``performance.now()`` in the page: parse, render and layout).
 
-``REDIS_STATS_SCREENSHOT_DIR=docs/img`` writes the screenshots of docs/img/ (live-page*.png).
-"""
+``LIVE_PAGE_SCREENSHOTS=docs/img`` writes the screenshots of docs/img/ (live-page*.png), after
+``LIVE_PAGE_SECONDS`` (120 for the docs) of history. Not ``REDIS_STATS_*`` names: the suite clears
+those (tests/conftest.py), and the package warns of one it does not know."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from redis_stats import StatsConfig, StatsReader, StatsWriter
+from redis_stats import Catalog, Keys, StatsConfig, StatsReader, StatsWriter
 from redis_stats.integrations.vllm import VllmRecorder, vllm_catalog
 from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY, VLLM_PAGE_HISTORY
 from redis_stats.server import Exporter
@@ -33,6 +34,7 @@ from tests.server import states
 from tests.server.set_fleet import GROWING, growing
 from tests.vllm_shapes import iteration, scheduler
 
+DASH = "\u2013"  # the page's "no value"
 CARDS = ["c-engines", "c-gen", "c-prompt", "c-running", "c-kv", "c-ttft", "c-itl"]
 FLEET_CHARTS = ["ch-tput", "ch-kv", "ch-wait", "ch-ttft", "ch-itl"]
 
@@ -110,28 +112,34 @@ def _fleet_doc(engines: int, hot: set[int], full: set[int]) -> dict[str, Any]:
     return doc
 
 
+RELATIVE_ALL = dict.fromkeys(("queue", "kv", "ttft_p99", "itl_p99"), "relative")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("query", "flagged"),
+    ("query", "thresholds", "flagged"),
     [
-        ("", "the standouts"),  # thresholds relative to the fleet
-        ("?warn_ttft=1", "every engine"),  # a deployment's own TTFT threshold, used as set
-        ("?warn_ttft=5&warn_waiting=30&warn_kv=0.95&warn_itl=1", "the standouts"),
+        ("", {}, "every engine"),  # the defaults, fixed: 1 s of TTFT p99 flags this slow fleet whole
+        ("", RELATIVE_ALL, "the standouts"),  # --page-threshold NAME=relative: relative to the fleet
+        ("?warn_ttft=1", RELATIVE_ALL, "every engine"),  # a viewer's own on the URL, used as set
+        ("", {"ttft_p99": 5.0, "queue": 30.0, "kv": 0.95, "itl_p99": 1.0}, "the standouts"),  # the operator's
     ],
 )
-def test_needs_attention_at_1024_engines_flags_what_stands_out_not_the_whole_fleet(
-    config, fake_client, query, flagged
+def test_needs_attention_at_1024_engines_flags_past_the_thresholds_set(
+    config, fake_client, query, thresholds, flagged
 ):
-    """Before: at 1,024 simulated engines the fixed 1 s TTFT threshold flagged 997 of them, and
-    "needs attention" was noise. By default a threshold is relative to the fleet (twice its median;
-    KV halfway from its median to full; never below 10 waiting, 90 %, 1 s, 0.1 s): the ten queued
-    engines and the two with a full KV cache, nothing else, ranked worst first. A threshold set on
-    the URL is used as set."""
+    """At 1,024 simulated engines whose every TTFT p99 is past 1 s: the default thresholds are
+    fixed, so all are flagged; the operator's own (``--page-threshold``) flag what passes them;
+    ``relative`` ones (twice the fleet's median; KV halfway from its median to full; never below
+    the default) flag the ten queued engines and the two with a full KV cache, nothing else, ranked
+    worst first. A threshold set on the page's URL is used as set."""
     if why := browser.missing():
         pytest.skip(why)
     hot, full = {3, 100, 200, 300, 400, 517, 600, 700, 800, 1000}, {5, 900}
     doc = _fleet_doc(1024, hot, full)
-    exporter = Exporter(StatsReader(config, vllm_catalog(), client=fake_client()), port=0).start()
+    exporter = Exporter(
+        StatsReader(config, vllm_catalog(), client=fake_client()), port=0, page_thresholds=thresholds
+    ).start()
     b = browser.Browser()
     try:
         b.get(exporter.url + "/" + query)
@@ -144,14 +152,71 @@ def test_needs_attention_at_1024_engines_flags_what_stands_out_not_the_whole_fle
     finally:
         b.close()
         exporter.close()
-    warned, top, thresholds = set(got[0]), got[1], got[2]
+    warned, top, shown = set(got[0]), got[1], got[2]
     if flagged == "every engine":
-        assert len(warned) == 1024 and thresholds["ttft99"] == 1, thresholds
+        assert len(warned) == 1024 and shown["ttft99"] == 1, shown
         return
-    assert warned == hot | full, (sorted(warned - hot - full), sorted((hot | full) - warned), thresholds)
+    assert warned == hot | full, (sorted(warned - hot - full), sorted((hot | full) - warned), shown)
     assert set(top) == hot | full  # ranked first: what stands out
-    if query == "":
-        assert 2.4 <= thresholds["ttft99"] <= 3.0 and thresholds["waiting"] == 10, thresholds
+    if thresholds == RELATIVE_ALL:
+        assert 2.4 <= shown["ttft99"] <= 3.0 and shown["waiting"] == 10, shown
+
+
+def _itl_doc(p99: float) -> dict[str, Any]:
+    """Ten up engines whose ITL p99 is *p99* (the fleet's median)."""
+    doc: dict[str, Any] = {
+        "time": time.time(),
+        "window": {"seconds": 30, "requested_seconds": 30, "engines": {}},
+        "engines": {},
+        "fleet": {"gauges": {"vllm:num_requests_running": {}}, "rates": {}},
+    }
+    for e in range(10):
+        doc["engines"][str(e)] = {"up": True, "state": "up", "age_seconds": 0.5, "gauges": {}}
+        itl = [{"p50": p99 / 2, "p99": p99}]
+        doc["window"]["engines"][str(e)] = {"seconds": 30, "rates": {}, "histograms": {
+            "vllm:inter_token_latency_seconds": itl}}  # fmt: skip
+    return doc
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("thresholds", "shown"),
+    [
+        ({}, ["ITL p99 ≥ 0.1 s (default)", "ITL p99 ≥ 0.1 s (default)"]),
+        ({"itl_p99": 0.25}, ["ITL p99 ≥ 0.25 s (--page-threshold)"] * 2),
+        (
+            {"itl_p99": "relative"},
+            [
+                "ITL p99 ≥ 0.1 s (relative: 2 \u00d7 the fleet median, at least 0.1 s; --page-threshold)",
+                "ITL p99 ≥ 0.12 s (relative: 2 \u00d7 the fleet median, at least 0.1 s; --page-threshold)",
+            ],
+        ),
+    ],
+)
+def test_the_thresholds_the_operator_sets_are_shown_and_do_not_move_with_the_fleet(
+    config, fake_client, thresholds, shown
+):
+    """Before, every threshold moved with the fleet's median: ITL p99 0.1 s on one load, 0.12 s on
+    the next, and the page did not say which it used. Now the page shows each threshold and where
+    it comes from; a default or an operator's own stays put from one load to the next; a relative
+    one (asked for) moves, and says so."""
+    if why := browser.missing():
+        pytest.skip(why)
+    exporter = Exporter(
+        StatsReader(config, vllm_catalog(), client=fake_client()), port=0, page_thresholds=thresholds
+    ).start()
+    b = browser.Browser()
+    try:
+        b.get(exporter.url + "/?namespace=elsewhere")  # its own polls fail: only these documents
+        texts = []
+        for p99 in (0.05, 0.06):
+            b.js(f"update({json.dumps(_itl_doc(p99))}); return 1")
+            texts.append(b.js("return document.getElementById('thresholds').textContent"))
+    finally:
+        b.close()
+        exporter.close()
+    assert [next(part for part in t.split(" · ") if part.startswith("ITL")) for t in texts] == shown, texts
+    assert texts[0].startswith("thresholds: queue ≥ 10 ")
 
 
 class Page:
@@ -195,15 +260,15 @@ class Page:
         return dict(
             self.js(
                 f"return Array.from(document.querySelectorAll('#{tbody} tr')).filter(r => r.cells.length > 1)"
-                f".map(r => [r.cells[0].textContent, r.cells[{column}].className === 'warn'])"
+                f".map(r => [r.cells[0].textContent, r.cells[{column}].classList.contains('warn')])"
             )
         )
 
     def screenshot(self, name: str) -> bytes:
-        where = os.environ.get("REDIS_STATS_SCREENSHOT_DIR")
-        if where:  # how docs/img/live-page*.png are made (with REDIS_STATS_PAGE_SECONDS=120 of history)
-            time.sleep(float(os.environ.get("REDIS_STATS_PAGE_SECONDS", "0")))
-            self.b.resize(1280, min(1600, 140 + int(self.js("return document.documentElement.scrollHeight"))))
+        where = os.environ.get("LIVE_PAGE_SCREENSHOTS")
+        if where:  # how docs/img/live-page*.png are made (with LIVE_PAGE_SECONDS=120 of history)
+            time.sleep(float(os.environ.get("LIVE_PAGE_SECONDS", "0")))
+            self.b.resize(1280, min(2000, 140 + int(self.js("return document.documentElement.scrollHeight"))))
         png = self.b.screenshot()
         if where:
             Path(where, name).write_bytes(png)
@@ -220,7 +285,15 @@ def fleet_page(redis_server, namespace) -> Iterator[Any]:
         pytest.skip(why)
     made: list[Any] = []
 
-    def open_(engines: int, *, warm: bool, stale_after: float = 3.0, **options: Any) -> Page:
+    def open_(
+        engines: int,
+        *,
+        warm: bool,
+        stale_after: float = 3.0,
+        wait: float = 0.0,
+        thresholds: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> Page:
         proc = page_fleet.spawn(redis_server.url, namespace, engines, stale_after=stale_after, **options)
         made.append(proc)
         config = StatsConfig(url=redis_server.url, namespace=namespace, stale_after=stale_after)
@@ -230,11 +303,13 @@ def fleet_page(redis_server, namespace) -> Iterator[Any]:
             window=10,
             summary=VLLM_FLEET_SUMMARY,
             history=VLLM_PAGE_HISTORY,
+            page_thresholds=thresholds or {},
         )
         made.append(exporter.start())
         if warm:  # an exporter some client already asks: its window exists when the page opens
             states.snapshot_json(exporter)
             time.sleep(3)  # a window of a few seconds (at least a tenth of the 10 s one)
+        time.sleep(wait)  # the page opened that long after the exporter started
         page = Page(exporter)
         made.append(page)
         return page
@@ -265,9 +340,11 @@ def test_two_engines_header_cards_from_the_first_poll_time_axes_and_seconds(
     assert page.text("h-redis") == redis_server.url  # scheme, host, port, db: nothing else
     assert float(page.text("c-gen").replace("k", "")) > 0
     rows = page.table("rows")
-    assert [r[:2] for r in rows] == [["0", "up"], ["1", "up"]], rows
+    assert [[r[0], r[3]] for r in rows] == [["0", "up"], ["1", "up"]], rows
+    # Where each runs, beside it: its endpoint and its writers' host (the pod), as they stored them.
+    assert [r[1:3] for r in rows] == [["vllm-0.vllm:8000", "vllm-0"], ["vllm-1.vllm:8000", "vllm-1"]], rows
     for row in rows:  # TTFT p50/p99, ITL p50/p99 and age: seconds, written as seconds
-        assert all(re.fullmatch(r"[\d.]+ s", cell) for cell in (row[2], *row[8:12])), row
+        assert all(re.fullmatch(r"[\d.]+ s", cell) for cell in (row[4], *row[10:14])), row
     # Fleet charts: lines through several polls, and a time axis of clock times.
     for chart in FLEET_CHARTS:
         paths = page.js(
@@ -290,23 +367,25 @@ def test_ten_engines_the_down_and_queued_come_first_in_colours_that_do_not_repea
     first = page.renders()[0]
     if first["window"] is None:  # a cold exporter: rates say when they come, never a bare dash
         assert first["blank"] == [], first
-    # Nobody asked this exporter before: no history, the charts start with the page's polls.
-    assert page.js("return window.__seeded") == 0
     page.wait(
         "engine 7 down and both queued engines past the threshold",
         "const r = Array.from(document.querySelectorAll('#att-rows tr'));"
-        "const warned = r.filter(x => x.cells[2].className === 'warn').map(x => x.cells[0].textContent);"
-        "return r.length >= 3 && r[0].cells[0].textContent === '7' && r[1].cells[2].className === 'warn'"
+        "const warned = r.filter(x => x.cells[3].className === 'warn').map(x => x.cells[0].textContent);"
+        "return r.length >= 3 && r[0].cells[0].textContent === '7' && r[1].cells[3].className === 'warn'"
         " && warned.includes('3') && warned.includes('8')"
         " && window.__renders.filter(x => x.window !== null).length >= 3",
         40,
     )
     attention = page.table("att-rows")
-    assert attention[0][1].startswith("down"), attention
+    assert attention[0][2].startswith("down"), attention
     assert {attention[1][0], attention[2][0]} <= {"3", "5", "8"}, attention
-    queued = page.warned("att-rows", 2)
+    # Where each runs, beside it: the down one in the pod that stopped, the others in theirs.
+    assert attention[0][1] == "vllm-gone.vllm:8000 · vllm-gone", attention
+    pod_of = {str(e): f"vllm-{i % 2}" for i, e in enumerate(e for e in range(10) if e != 7)}  # the halves
+    assert all(r[1] == f"{pod_of[r[0]]}.vllm:8000 · {pod_of[r[0]]}" for r in attention[1:]), attention
+    queued = page.warned("att-rows", 3)
     assert queued["3"] and queued["8"], attention  # their queue in the warning colour
-    full_table = page.warned("rows", 6)
+    full_table = page.warned("rows", 8)
     assert full_table["3"] and full_table["8"] and not full_table["0"], full_table
     # Each engine drawn has its own colour: the swatch in the list and its line in the chart.
     swatches = page.js(
@@ -322,8 +401,18 @@ def test_ten_engines_the_down_and_queued_come_first_in_colours_that_do_not_repea
     # The full table sorts by a column (a click: descending first).
     page.js("document.querySelector('#table th[data-key=waiting]').click(); return 1")
     by_queue = page.table("rows")
-    assert by_queue[0][0] in {"3", "8"} and int(by_queue[0][6]) >= int(by_queue[1][6]), by_queue
-    assert next(r for r in by_queue if r[0] == "7")[1] == "DOWN"
+    assert by_queue[0][0] in {"3", "8"} and int(by_queue[0][8]) >= int(by_queue[1][8]), by_queue
+    assert next(r for r in by_queue if r[0] == "7")[3] == "DOWN"
+    # The filter takes a pod (or an endpoint): its engines only.
+    page.js(
+        "const f = document.getElementById('filter'); f.value = 'vllm-gone';"
+        " f.dispatchEvent(new Event('input')); return 1"
+    )
+    assert [r[0] for r in page.table("rows")] == ["7"]
+    page.js(
+        "const f = document.getElementById('filter'); f.value = '';"
+        " f.dispatchEvent(new Event('input')); return 1"
+    )
     page.screenshot("live-page.png")
 
 
@@ -332,8 +421,16 @@ def test_ten_engines_the_down_and_queued_come_first_in_colours_that_do_not_repea
 def test_1024_engines_render_in_under_a_second_paged_with_bounded_lines(fleet_page):
     # stale_after 30 s: on a loaded 2-core machine the simulation of 1,024 engines can fall a few
     # seconds behind, and its engines must not look down for that (the 10-engine test covers down).
+    # The operator's TTFT threshold: every simulated engine's p99 is past the default 1 s.
     page = fleet_page(
-        1024, warm=False, interval=2.0, stale_after=30.0, load=0.3, queued=(3, 100, 517), full=(5, 900)
+        1024,
+        warm=False,
+        interval=2.0,
+        stale_after=30.0,
+        load=0.3,
+        queued=(3, 100, 517),
+        full=(5, 900),
+        thresholds={"ttft_p99": 30.0},
     )
     page.wait(
         "two polls with a window", "return window.__renders.filter(x => x.window !== null).length >= 2", 90
@@ -359,15 +456,16 @@ def test_1024_engines_render_in_under_a_second_paged_with_bounded_lines(fleet_pa
         "the three queued engines past the threshold",
         "const r = Array.from(document.querySelectorAll('#att-rows tr'));"
         "return ['3', '100', '517'].every(e => r.some(x => x.cells[0].textContent === e"
-        " && x.cells[1].textContent.startsWith('queue')))",
+        " && x.cells[2].textContent.startsWith('queue')))",
         60,
     )
     attention = page.table("att-rows")
     assert queued <= {r[0] for r in attention}, attention
-    assert all(r[1].startswith("queue") for r in attention if r[0] in queued), attention
+    assert all(r[2].startswith("queue") for r in attention if r[0] in queued), attention
+    assert all(r[1] == f"vllm-{int(r[0]) % 2}.vllm:8000 · vllm-{int(r[0]) % 2}" for r in attention), attention
     page.js("document.querySelector('#table th[data-key=kv]').click(); return 1")  # KV, highest first
     assert {r[0] for r in page.table("rows")[:2]} == {"5", "900"}  # the engines with long prompts
-    assert page.warned("rows", 7)["5"] and page.warned("rows", 7)["900"]
+    assert page.warned("rows", 9)["5"] and page.warned("rows", 9)["900"]
     page.js("document.querySelector('#table th[data-key=id]').click(); return 1")
     page.screenshot("live-page-1024.png")
 
@@ -521,7 +619,7 @@ def test_the_page_keeps_a_trace_of_engines_that_went_down_and_came_back(redis_se
         went = time.time()
         first.close()  # a clean exit: DOWN at once
         script = (
-            "return Array.from(document.querySelectorAll('#out-rows tr')).filter(r => r.cells.length === 4)"
+            "return Array.from(document.querySelectorAll('#out-rows tr')).filter(r => r.cells.length === 5)"
             ".map(r => Array.from(r.cells).map(c => c.textContent))"
         )
         engine_2 = script.replace("return ", "const rows = ") + "; return rows.some(r => r[0] === '2' && "
@@ -646,3 +744,305 @@ def test_an_exporter_of_several_namespaces_gets_a_picker_and_each_namespace_its_
             assert proc.stdin is not None
             proc.stdin.close()
             proc.wait(30)
+
+
+def _page_exporter(config: StatsConfig) -> Exporter:
+    """An exporter of *config*'s namespace as ``redis-stats exporter`` serves the page (a 10 s window)."""
+    reader = StatsReader(config, vllm_catalog())
+    return Exporter(reader, port=0, window=10, summary=VLLM_FLEET_SUMMARY, history=VLLM_PAGE_HISTORY).start()
+
+
+def _recording_writer(
+    config: StatsConfig, engines: list[int], role: str, *, start: bool = True
+) -> StatsWriter:
+    """A writer of *engines*, each with a queue of 1 and KV 30 %, flushed once."""
+    w = StatsWriter(config, vllm_catalog(), engines=engines, role=role, start=start)
+    recorder = VllmRecorder(w, page_fleet.MODEL, engines)
+    for e in engines:
+        recorder.record(scheduler(running=2, waiting=1, kv=0.3), iteration(generation=10), engine_idx=e)
+    assert w.flush()
+    return w
+
+
+OUTAGE_ROWS = (
+    "return Array.from(document.querySelectorAll('#out-rows tr')).filter(r => r.cells.length === 5)"
+    ".map(r => Array.from(r.cells).map(c => c.textContent))"
+)
+
+
+@pytest.mark.redis_server
+@pytest.mark.slow
+def test_a_reload_keeps_the_engines_charts_and_the_outages(redis_server, namespace):
+    """Before, the engines' charts under "needs attention" and the list of outages were the page's
+    own: a reload started both again, and an engine that went down and came back before the reload
+    left the list. The exporter keeps them from its reads (``/history``): right after a reload each
+    engine drawn has its chart from before the reload, and the outage is listed with its times."""
+    if why := browser.missing():
+        pytest.skip(why)
+    config = StatsConfig(url=redis_server.url, namespace=namespace, flush_interval=0.25, stale_after=2.0)
+    writers = [_recording_writer(config, [0, 1], "live")]
+    first = _recording_writer(config, [2], "before")
+    exporter = _page_exporter(config)
+    page = Page(exporter)
+    try:
+        page.wait("a first poll", "return (window.__renders || []).length >= 1", 20)
+        time.sleep(6)  # a few points of history (one every 2 s)
+        went = time.time()
+        first.close()  # a clean exit: DOWN at once
+        page.wait("engine 2 down", OUTAGE_ROWS + ".some(r => r[0] === '2')", 20)
+        time.sleep(3)
+        writers.append(_recording_writer(config, [2], "after"))
+        page.wait("engine 2 back", OUTAGE_ROWS + ".some(r => r[0] === '2' && r[2] !== 'still down')", 20)
+        reloaded = time.time()
+        page.b.get(exporter.url + "/")
+        page.wait(
+            "the first render after the reload, its engines' history asked",
+            "return (window.__renders || []).length >= 1 && window.__engineSeeded >= 3",
+            10,
+        )
+        outages = page.js(OUTAGE_ROWS)
+        oldest = page.js("return [0, 1, 2].map(e => (engHist.get(e) || [[Infinity]])[0][0])")
+        drawn = page.js(
+            "return Array.from(document.querySelectorAll('#ch-att path'))"
+            ".map(p => p.getAttribute('d').split('L').length)"
+        )
+        polls = len(page.renders())
+    finally:
+        page.close()
+        exporter.close()
+        for w in writers:
+            w.close()
+    two = next((r for r in outages if r[0] == "2"), None)
+    assert two is not None and two[2] != "still down", outages  # listed, with when it was back
+    assert abs(_clock_seconds(two[1]) - _clock_seconds(went)) <= 1, (two, went)
+    # Each engine's chart starts before the reload: the exporter's points, then the page's polls.
+    assert all(t < reloaded - 5 for t in oldest), (oldest, reloaded)
+    assert polls <= 3 and len(drawn) == 3 and min(drawn) >= 5, (polls, drawn)
+
+
+def _library_catalog(help_text: str = "Requests served.") -> Catalog:
+    """A namespace's own families, as an application using the library defines them."""
+    cat = Catalog()
+    cat.counter("requests", help_text, labels=["route"])
+    cat.gauge("queue_depth", "Requests queued now.")
+    cat.histogram("latency_seconds", "Time to serve a request.", buckets=[0.1, 0.5, 1.0])
+    return cat
+
+
+def _library_fleet(config: StatsConfig, route: str = "/a", **kw: Any) -> StatsWriter:
+    """Engines 0-2 of a library namespace: requests 7, 11 and 1 (engine 0's over two routes), engine
+    0's queue 3 and two latencies (0.2 s and 0.4 s)."""
+    writer = StatsWriter(
+        config,
+        kw.pop("catalog", None) or _library_catalog(),
+        engines=[0, 1, 2],
+        start=kw.pop("start", False),
+        **kw,
+    )
+    requests = writer.metric("requests")
+    requests.labels(0, route=route).inc(5)
+    requests.labels(0, route="/b").inc(2)
+    requests.labels(1, route="/b").inc(11)
+    requests.labels(2, route="/b").inc(1)
+    writer.metric("queue_depth").labels(0).set(3)
+    for v in (0.2, 0.4):
+        writer.metric("latency_seconds").labels(0).observe(v)
+    assert writer.flush()
+    return writer
+
+
+@pytest.mark.redis_server
+@pytest.mark.slow
+def test_a_namespace_written_by_the_library_shows_its_own_families(redis_server, namespace):
+    """Before, a namespace written by the library (not vLLM) showed nothing of its own families:
+    vLLM's cards said "measuring…" for ever and the table was dashes. Its catalogue's families are
+    listed now, each with its kind, labels, help and total (a counter's series added up, a gauge's
+    current sum, a histogram's observations), and per engine; the vLLM cards and charts are not
+    shown for it."""
+    if why := browser.missing():
+        pytest.skip(why)
+    config = StatsConfig(url=redis_server.url, namespace=namespace, endpoint="api-0.shop:8080")
+    writer = _library_fleet(config, start=True)
+    exporter = _page_exporter(config)
+    page = Page(exporter)
+    try:
+        families = page.wait(
+            "the families",
+            "return document.getElementById('fam').open"
+            " && document.querySelectorAll('#fam-rows tr.fam').length"
+            " && Array.from(document.querySelectorAll('#fam-rows tr'))"
+            ".map(r => Array.from(r.cells).map(c => c.textContent))",
+            20,
+        )
+        cards_shown = page.js(
+            "return Array.from(document.querySelectorAll('.card'))"
+            ".filter(c => c.offsetParent !== null).length"
+        )
+        charts_shown = page.js("return document.querySelector('.charts').offsetParent !== null")
+        page.js("document.querySelector('#fam-rows tr[data-name=requests]').click(); return 1")
+        per_engine = page.table("fam-engine-rows")
+        rows = page.table("rows")
+        page.screenshot("live-page-library.png")
+    finally:
+        page.close()
+        exporter.close()
+        writer.close()
+    assert [r[:4] + r[5:6] for r in families] == [
+        ["latency_seconds", "histogram", DASH, "2", "1"],
+        ["queue_depth", "gauge", DASH, "3", "1"],
+        ["requests", "counter", "route", "19", "3"],
+    ], families
+    # Per second over the window (nothing new: 0), or none yet; a gauge has no rate.
+    assert families[0][4] in {DASH, "0"} and families[1][4] == DASH and families[2][4] in {DASH, "0"}
+    assert families[2][6] == "Requests served."
+    assert [r[:4] for r in per_engine] == [
+        ["1", "up", "api-0.shop:8080 · " + rows[0][2], "11"],
+        ["0", "up", "api-0.shop:8080 · " + rows[0][2], "7"],
+        ["2", "up", "api-0.shop:8080 · " + rows[0][2], "1"],
+    ], per_engine
+    assert cards_shown == 1 and not charts_shown  # engines up / total; no vLLM figure
+    assert [r[:4] for r in rows] == [[str(e), "api-0.shop:8080", rows[0][2], "up"] for e in range(3)], rows
+
+
+HOSTILE = "<img src=x onerror=\"window.__pwned='{}'\">"
+
+
+@pytest.mark.redis_server
+@pytest.mark.slow
+def test_hostile_values_from_the_store_are_shown_as_text_never_run(redis_server, namespace):
+    """Whatever the writers stored — a writer id (the host the page shows), a label value, a help
+    text, an endpoint written by hand into a writer's hash — the page shows it as text: no element
+    made of it, no script run (the page writes every such value escaped or as textContent)."""
+    if why := browser.missing():
+        pytest.skip(why)
+    config = StatsConfig(url=redis_server.url, namespace=namespace, flush_interval=0.25, stale_after=2.0)
+    host_id = HOSTILE.format("host") + ":1:api:ab12cd"
+    library = _library_fleet(
+        config,
+        route=HOSTILE.format("label"),
+        catalog=_library_catalog(HOSTILE.format("help")),
+        writer_id=host_id,
+        start=True,  # flushing: up for the whole test
+    )
+    vllm = StatsWriter(
+        config, vllm_catalog(), engines=[3], start=False, writer_id=HOSTILE.format("vllm") + ":2:x:ef"
+    )
+    VllmRecorder(vllm, HOSTILE.format("model"), [3]).record(
+        scheduler(running=1, waiting=1, kv=0.2), iteration(generation=5), engine_idx=3
+    )
+    assert vllm.flush()
+    # An endpoint no config accepts, written by hand: not served (a reader drops it), never run.
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url)
+    client.hset(Keys(namespace).writer_stats(host_id), "endpoint", HOSTILE.format("endpoint"))
+    client.close()
+    vllm.close()  # engine 3 goes down: an outage whose host is hostile too
+    exporter = _page_exporter(config)
+    page = Page(exporter)
+    try:
+        page.wait("a first poll", "return (window.__renders || []).length >= 2", 20)
+        page.js(
+            "const d = document.getElementById('fam'); d.open = true;"
+            " d.dispatchEvent(new Event('toggle')); return 1"
+        )
+        page.wait("the families", "return document.querySelectorAll('#fam-rows tr.fam').length > 3", 20)
+        page.js("document.querySelector('#fam-rows tr[data-name=requests]').click(); return 1")
+        time.sleep(1)
+        pwned = page.js("return window.__pwned === undefined ? null : window.__pwned")
+        images = page.js("return document.querySelectorAll('img').length")
+        hosts = page.js(
+            "return Array.from(document.querySelectorAll('#rows td.host')).map(c => c.textContent)"
+        )
+        endpoints = page.js(
+            "return Array.from(document.querySelectorAll('#rows td.ep')).map(c => c.textContent)"
+        )
+        helps = page.js(
+            "return Array.from(document.querySelectorAll('#fam-rows td.help')).map(c => c.textContent)"
+        )
+        model = page.text("h-model")
+        outage = page.js(OUTAGE_ROWS)
+        where = page.js("return Array.from(document.querySelectorAll('#rows td.host')).map(c => c.title)")
+    finally:
+        page.close()
+        exporter.close()
+        library.close()
+    assert pwned is None and images == 0, (pwned, images)
+    assert hosts == [HOSTILE.format("host")] * 3 + [HOSTILE.format("vllm")], hosts
+    assert endpoints == [DASH] * 4, endpoints  # the hand-written endpoint is no endpoint: not shown
+    assert HOSTILE.format("help") in helps, helps
+    assert model == HOSTILE.format("model")
+    assert [r[0] for r in outage] == ["3"] and outage[0][4] == HOSTILE.format("vllm"), outage
+    assert where[0] == host_id, where
+
+
+@pytest.mark.redis_server
+@pytest.mark.slow
+def test_a_fresh_exporters_window_is_measured_from_its_start(fleet_page):
+    """Before, a page opened a few seconds after the exporter started said "measuring…" on its
+    first poll whatever the fleet's age: the window started with the page's first request. The
+    exporter of one namespace starts measuring when it starts: the first poll has rates."""
+    page = fleet_page(2, warm=False, wait=3.0)
+    page.wait("a first poll", "return (window.__renders || []).length >= 1", 20)
+    first = page.renders()[0]
+    assert first["window"] is not None and first["blank"] == [], first
+    assert not page.js("return document.getElementById('c-gen').classList.contains('measuring')")
+    assert page.js("return window.__seeded") >= 1  # and the charts start from its first reads
+
+
+@pytest.mark.slow
+def test_while_the_window_measures_latencies_show_at_once_and_the_page_says_when_rates_come(
+    config, fake_client
+):
+    """An exporter whose window was dropped (nobody asked for a minute) reads the fleet anew: until
+    a second read, no rate. What the store already holds is shown at once — each engine's TTFT and
+    ITL p99 since it started, said so — and the page says precisely what it waits for."""
+    if why := browser.missing():
+        pytest.skip(why)
+    t0 = 1_800_000_000.0
+    histogram = {
+        "vllm:time_to_first_token_seconds": [{"labels": {}, "value": {"p50": 0.2, "p99": 0.9}}],
+        "vllm:inter_token_latency_seconds": [{"labels": {}, "value": {"p50": 0.02, "p99": 0.04}}],
+    }
+    doc: dict[str, Any] = {
+        "time": t0 + 1,
+        "window": {
+            "seconds": None,
+            "requested_seconds": 30,
+            "first_read": t0,
+            "min_seconds": 3,
+            "engines": {},
+        },
+        "engines": {},
+    }
+    for e in range(2):
+        doc["engines"][str(e)] = {
+            "up": True,
+            "state": "up",
+            "age_seconds": 0.5,
+            "gauges": {},
+            "histograms": histogram,
+        }
+        doc["window"]["engines"][str(e)] = {"seconds": None, "rates": {}, "histograms": {}}
+    exporter = Exporter(StatsReader(config, vllm_catalog(), client=fake_client()), port=0).start()
+    b = browser.Browser()
+    try:
+        b.get(exporter.url + "/?namespace=elsewhere")  # its own polls fail: only this document
+        got = b.js(
+            f"update({json.dumps(doc)}); return ['c-gen', 'c-ttft', 'c-itl', 'k-ttft', 'measuring-note']"
+            f".map(id => $(id).textContent).concat([clock({t0 + 3}), clock({t0})])"
+        )
+        cells = b.js(
+            "return Array.from(document.querySelectorAll('#rows tr')[0].cells)"
+            ".map(c => [c.textContent, c.className])"
+        )
+    finally:
+        b.close()
+        exporter.close()
+    gen, ttft, itl, label, note, ready, first = got
+    assert gen == "measuring…" and ttft == "0.9 s" and itl == "0.04 s" and label == " · since start", got
+    assert (
+        f"tokens/s over the window from {ready}" in note
+        and f"first read of this fleet was at {first}" in note
+    )
+    assert cells[11] == ["0.9 s", "vllm since"], cells  # TTFT p99: dim, "since the engine started"

@@ -32,6 +32,7 @@ LAYOUTS = {
     "every namespace, one exporter": KUBE / "all-namespaces",
     "data parallelism in a pod": KUBE / "data-parallel",
     "exporter highly available": KUBE / "ha",
+    "vLLM's Rust front end behind nginx": KUBE / "vllm-rs",
 }
 MONITOR_LABELS = KUBE / "monitor-labels"
 
@@ -449,6 +450,7 @@ def _selects(selector: dict, labels: dict) -> bool:
         "bridge (SGLang)",
         "every namespace, one exporter",
         "data parallelism in a pod",
+        "vLLM's Rust front end behind nginx",
     ],
 )
 def test_each_layout_scrapes_every_engine_exactly_once(layout):
@@ -614,9 +616,15 @@ def test_every_namespace_a_layout_writes_is_read_by_its_view(layout):
 def _server_pods() -> list[tuple[str, dict, dict]]:
     """(layout, StatefulSet, model server container) of every layout's model servers."""
     out = []
-    for name in ("fleet view (exporter)", "per-pod views", "bridge (SGLang)", "data parallelism in a pod"):
+    for name in (
+        "fleet view (exporter)",
+        "per-pod views",
+        "bridge (SGLang)",
+        "data parallelism in a pod",
+        "vLLM's Rust front end behind nginx",
+    ):
         (sts,) = [d for d in build(LAYOUTS[name]) if d["kind"] == "StatefulSet"]
-        (c,) = [c for c in containers(sts) if (c.get("args") or [""])[0] != "bridge"]
+        (c,) = [c for c in containers(sts) if (c.get("args") or [""])[0] != "bridge" and c["name"] != "proxy"]
         out.append((name, sts, c))
     return out
 
@@ -994,3 +1002,67 @@ def test_the_ha_layouts_service_address_follows_its_namespace(tmp_path):
     assert sc["spec"]["staticConfigs"][0]["targets"] == [
         "redis-stats-exporter.inference.svc.cluster.local:9400"
     ]
+
+
+NGINX_CONF = ROOT / "deploy" / "nginx" / "vllm-rs.conf"
+
+
+def test_the_vllm_rs_layout_runs_the_shipped_nginx_in_front_of_vllm_and_feeds_it():
+    """deploy/kubernetes/vllm-rs: the ConfigMap nginx reads is deploy/nginx/vllm-rs.conf with only
+    its second value set (the exporter: this layout's Service, on its port); nginx listens on the
+    port the pod's Service sends routers to, and its first value is vLLM's port in the pod; the
+    bridge scrapes that vLLM and stores the engines under the endpoint nginx answers for (the pod
+    IP and nginx's port: $server_addr:$server_port), vLLM runs its Rust front end."""
+    docs = build(LAYOUTS["vLLM's Rust front end behind nginx"])
+    (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
+    (conf_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    pod = sts["spec"]["template"]["spec"]
+    by_name = {c["name"]: c for c in pod["containers"]}
+    vllm, proxy, bridge = by_name["vllm"], by_name["proxy"], by_name["bridge"]
+    # The ConfigMap is the shipped file, the exporter's address apart.
+    conf = conf_map["data"]["vllm-rs.conf"]
+    shipped = NGINX_CONF.read_text()
+    views = re.search(r"upstream redis_stats_views \{\s*server ([^;]+);", conf)
+    assert views, conf
+    (exporter_service,) = [
+        d for d in docs if d["kind"] == "Service" and d["metadata"]["name"].startswith("redis-stats-exporter")
+    ]
+    exporter_port = {p["name"]: p["port"] for p in exporter_service["spec"]["ports"]}["metrics"]
+    assert views.group(1) == f"{exporter_service['metadata']['name']}:{exporter_port}"
+    differing = [(a, b) for a, b in zip(shipped.splitlines(), conf.splitlines()) if a != b]
+    assert len(shipped.splitlines()) == len(conf.splitlines()) and len(differing) == 1, differing
+    assert "server 127.0.0.1:9400;" in differing[0][0]
+    # nginx reads it where the image's nginx.conf includes it, and listens where routers are sent.
+    (mount,) = [m for m in proxy["volumeMounts"] if m["mountPath"] == "/etc/nginx/conf.d"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["configMap"]["name"] == conf_map["metadata"]["name"]
+    listen = int(re.search(r"^\s*listen (\d+);", conf, re.M).group(1))
+    proxy_ports = {p["name"]: p["containerPort"] for p in proxy["ports"]}
+    (service,) = [
+        d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == sts["spec"]["serviceName"]
+    ]
+    (http,) = service["spec"]["ports"]
+    assert proxy_ports[http["targetPort"]] == listen == http["port"]
+    # Its first value is vLLM in the pod, which runs the Rust front end on that port.
+    upstream = re.search(r"upstream redis_stats_vllm_rs \{\s*server 127\.0\.0\.1:(\d+);", conf)
+    assert upstream and vllm["args"][vllm["args"].index("--port") + 1] == upstream.group(1)
+    assert {p["containerPort"] for p in vllm["ports"]} == {int(upstream.group(1))}
+    assert vllm["command"] == ["vllm", "serve"] and env_of(vllm)["VLLM_USE_RUST_FRONTEND"]["value"] == "1"
+    assert not any(e["name"].startswith("REDIS_STATS_") for e in vllm.get("env", []))  # nothing Python loads
+    # The bridge: that vLLM's /metrics, stored under the endpoint nginx answers for.
+    args = bridge["args"]
+    assert (
+        args[0] == "bridge"
+        and args[args.index("--source") + 1] == f"http://127.0.0.1:{upstream.group(1)}/metrics"
+    )
+    assert args[args.index("--engine-label") + 1] == "engine"
+    env = [e["name"] for e in bridge["env"]]
+    # $(POD_IP) expands only from a variable defined before it (Kubernetes' dependent variables).
+    assert env.index("POD_IP") < env.index("REDIS_STATS_ENDPOINT")
+    assert env_of(bridge)["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env_of(bridge)["REDIS_STATS_ENDPOINT"]["value"] == f"$(POD_IP):{listen}"
+    assert "set $redis_stats_endpoint $server_addr:$server_port;" in conf
+    # The probes that restart vLLM never go through nginx (a restart of nginx is not one of vLLM).
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert vllm[probe]["httpGet"]["port"] in {p["name"] for p in vllm["ports"]}
+    assert proxy["readinessProbe"]["httpGet"]["path"] != "/get_load"

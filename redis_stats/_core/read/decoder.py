@@ -432,6 +432,7 @@ class SnapshotDecoder:
             state = judge.engine_state(beat, owners, live)
             snap = EngineSnapshot(int(name), beat / 1000.0, rule.age(beat), state != DOWN)
             snap.state, snap.endpoint = state, rule.endpoint_of(owners, live)
+            snap.writers = rule.newest_first(owners, live)
             if state == DOWN and owners:  # stopped on purpose, or gone silent (an alert's question)
                 snap.closed = all(w in writers and writers[w].closed for w in owners)
             snap.conflict = conflicts.get(name, ())

@@ -233,6 +233,14 @@ class Liveness:
         # fresh while at most max(2 x flush, flush + 1 s) old (module docstring), within the limit
         return UP if age_ms <= min(max(2.0 * every, every + FRESH_SLACK_MS), limit) else STALE
 
+    def newest_first(self, owners: Iterable[str], live: set[str]) -> tuple[str, ...]:
+        """The writers an engine runs in: those of *owners* (holding chunks in it) that are live,
+        or all of them when none is (a down engine: where it ran), newest heartbeat first, then by
+        id. Their ids are ``host:pid[:role]:random``: the page shows the host (the pod)."""
+        chosen = [w for w in owners if w in live] or list(owners)
+        beats = self.beats
+        return tuple(sorted(chosen, key=lambda w: (-abs(beats.get(w, 0.0)), w)))
+
     def endpoint_of(self, owners: Iterable[str], live: set[str] | None = None) -> str | None:
         """The endpoint an engine is served behind: that of the writer holding chunks in it
         (*owners*) with the newest heartbeat, among the live ones (*live*) when any stored one

@@ -7,7 +7,7 @@ the core knows no vLLM name.
 
 from __future__ import annotations
 
-from redis_stats.server.options import FleetSummary, HistorySpec
+from redis_stats.server.options import PER_ENGINE, FleetSummary, HistorySpec
 
 __all__ = ["VLLM_FLEET_SUMMARY", "VLLM_PAGE_HISTORY"]
 
@@ -34,7 +34,11 @@ VLLM_PAGE_HISTORY: HistorySpec = {
     "ttft_p99_median": (_TTFT, "p99", "median"),
     "itl_p99_worst": (_ITL, "p99", "max"),
     "itl_p99_median": (_ITL, "p99", "median"),
+    "engine_requests_waiting": ("vllm:num_requests_waiting", "sum", PER_ENGINE),
+    "engine_kv_cache_usage": ("vllm:kv_cache_usage_perc", "max", PER_ENGINE),
+    "engine_ttft_p99": (_TTFT, "p99", PER_ENGINE),
 }
 """The live page's five fleet charts, each line computed as the page computes it from a
 ``/snapshot`` (``redis_stats/server/web/index.html``, ``update``): an engine's KV usage is the
-largest of its series, its queue their sum, its p99 the largest of its series'."""
+largest of its series, its queue their sum, its p99 the largest of its series'; and each engine's
+queue, KV usage and TTFT p99, the lines of its chart under "needs attention"."""

@@ -6,8 +6,10 @@ A :class:`Window` keeps the snapshots its namespace's ``/snapshot`` requests rea
 ``window_budget`` bytes (:class:`~redis_stats.server.states.window.SnapshotRing`); the server
 keeps it as any per-parameter state (bounded in bytes, dropped when idle: :func:`window_of`). A
 window shorter than a tenth of *window* is not reported. Each of those snapshots also gives a
-point of the fleet's history (:class:`~redis_stats.server.states.fleet_history.FleetHistory`,
-``GET /history``).
+point of the fleet's and the engines' history (:class:`~redis_stats.server.states.fleet_history.
+FleetHistory`, ``GET /history``) and is traced for engines going down (:class:`~redis_stats.server.
+states.outages.OutageTrace`). An exporter of one namespace given the page's figures starts the
+sampler when it starts (the window measured from its start).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from redis_stats.config import mask_url, redact
 from redis_stats.errors import error_kind
 from redis_stats.server.source import Source
 from redis_stats.server.states.fleet_history import FleetHistory
+from redis_stats.server.states.outages import OutageTrace
 from redis_stats.server.states.window import SnapshotRing, snapshot_document
 
 if TYPE_CHECKING:
@@ -72,7 +75,8 @@ class Window:
         self.ring = SnapshotRing(
             keep=self.window + 2 * spacing, max_bytes=options.window_budget, spacing=spacing * 0.9
         )
-        self.history = FleetHistory(options.history, spacing=spacing * 0.9)
+        self.history = FleetHistory(options.history, spacing=spacing * 0.9, max_bytes=options.history_budget)
+        self.outages = OutageTrace(self.history.seconds)
         self._lock = threading.Lock()
         self._sampling = False
         self._asked = 0.0  # monotonic time of the last request (the sampler's idling)
@@ -117,6 +121,7 @@ class Window:
         """Keep *snap* (the ring, a point of the history); the baseline of its window (None: none)."""
         earlier = self.ring.baseline(snap, self.window, min_span=self.window * MIN_SPAN)
         self.history.add(snap, earlier)
+        self.outages.see(snap)
         self.ring.add(snap)
         return earlier
 
@@ -131,7 +136,7 @@ class Window:
             return 503, {"error": error_kind(exc), "detail": redact(str(exc), reader.config.url)}
         earlier = self.keep(snap)
         source = {"namespace": self.source.namespace, "redis": redis_address(reader.config.url)}
-        return 200, snapshot_document(
+        doc = snapshot_document(
             snap,
             earlier,
             requested=self.window,
@@ -140,10 +145,14 @@ class Window:
             names=names,
             buckets=buckets,
         )
+        # What a window still measuring waits for: a read min_seconds after its first one.
+        doc["window"]["first_read"] = self.ring.oldest()
+        doc["window"]["min_seconds"] = self.window * MIN_SPAN
+        return 200, doc
 
     def kept_bytes(self) -> int:
-        """The bytes of the kept snapshots and history (estimated)."""
-        return self.ring.bytes + self.history.bytes
+        """The bytes of the kept snapshots, history and outages (estimated)."""
+        return self.ring.bytes + self.history.bytes + self.outages.bytes
 
     def close(self) -> None:
         """Stop the sampler."""

@@ -152,6 +152,11 @@ class SnapshotRing:
                 self.max_bytes / 2**20,
             )
 
+    def oldest(self) -> float | None:
+        """The time of the oldest kept snapshot (None: none kept)."""
+        with self._lock:
+            return self._ring[0][0].time if self._ring else None
+
     def baseline(self, now: Snapshot, window: float, min_span: float = 0.0) -> Snapshot | None:
         """The oldest kept snapshot at most *window* and at least *min_span* seconds before *now*.
 
@@ -419,6 +424,7 @@ def snapshot_document(
             "up": e.up,
             "state": e.state or ("up" if e.up else "down"),
             "endpoint": e.endpoint,
+            "writers": list(e.writers),
             "age_seconds": json_number(e.age),
             "counters": _keyed(now, e.counters, keep),
             "gauges": _keyed(now, e.gauges, keep),

@@ -148,6 +148,23 @@ def _engines(text: str | None) -> list[int] | None:
     "whatever is unused for a minute.",
 )
 @click.option(
+    "--history-budget",
+    default=16.0,
+    type=Finite(0, 1_000_000),
+    metavar="MB",
+    help="Megabytes (MiB) the live page's history of one namespace may keep (the fleet's figures and "
+    "each engine's: 3.7 MB for 10 minutes of 1,024 vLLM engines); past it the oldest points go.",
+)
+@click.option(
+    "--page-threshold",
+    "page_threshold",
+    multiple=True,
+    metavar="NAME=VALUE,...",
+    help="The live page's warning thresholds: queue (requests waiting), kv (0 to 1, or 90%), ttft_p99 "
+    "and itl_p99 (2s, 500ms), each a value or 'relative' (twice the fleet's median, at least the "
+    "default); e.g. queue=10,ttft_p99=2s,kv=0.9. Defaults: queue=10,kv=0.9,ttft_p99=1s,itl_p99=100ms.",
+)
+@click.option(
     "--web-config-file",
     type=click.Path(dir_okay=False),
     envvar="REDIS_STATS_WEB_CONFIG_FILE",
@@ -186,6 +203,8 @@ def exporter(
     slice_text: str | None,
     window_budget: float,
     view_budget: float,
+    history_budget: float,
+    page_threshold: tuple[str, ...],
     **serving: Any,
 ) -> None:
     """Serve /metrics (every engine), /snapshot (JSON), /load (routers) and /healthz from Redis:
@@ -197,8 +216,13 @@ def exporter(
     from redis_stats.integrations.vllm.summary import VLLM_FLEET_SUMMARY, VLLM_PAGE_HISTORY
     from redis_stats.reader import EngineSlice, StatsReader
     from redis_stats.server import Exporter
+    from redis_stats.server.thresholds import parse_thresholds
     from redis_stats.tools.allocator import bound_arenas
 
+    try:
+        thresholds = parse_thresholds(page_threshold)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--page-threshold") from None
     bound_arenas()  # before any thread: a thread per connection spread freed memory over 16 arenas
     if all_namespaces and click.get_current_context().get_parameter_source("namespaces") in (
         click.core.ParameterSource.ENVIRONMENT,
@@ -232,6 +256,8 @@ def exporter(
             slice=part,
             window_budget=int(window_budget * 2**20),
             view_budget=int(view_budget * 2**20),
+            history_budget=int(history_budget * 2**20),
+            page_thresholds=thresholds,
             namespaces=several,
             all_namespaces=all_namespaces,
             max_namespaces=max_namespaces,

@@ -1,75 +1,35 @@
-"""``redis-stats load-proxy``: answer ``/get_load`` and ``/v1/loads`` in front of vLLM's Rust front
-end, which runs no middleware (docs/routers.md)."""
+"""``redis-stats load-proxy``, retired (docs/vllm-rs.md): hidden, it exits 2 saying what runs instead."""
 
 from __future__ import annotations
 
 import click
 
-from redis_stats.config import ConfigError
-from redis_stats.tools.redis_options import (
-    config_of,
-    namespace_option,
-    seconds_option,
-    url_option,
-)
-from redis_stats.tools.stopping import stop_on_signals
-
 __all__ = ["load_proxy"]
 
+LOAD_PROXY_RETIRED = """\
+redis-stats load-proxy was retired: it sat in the path of every inference request and parsed
+HTTP by hand (a body on GET /get_load became a second request to vLLM: request smuggling; one new
+connection to vLLM per request). The address routers poll is now a proxy operators already run,
+configured by a file this project ships and tests with the real binaries:
 
-@click.command("load-proxy")
-@url_option
-@namespace_option
-@click.option(
-    "--upstream",
-    required=True,
-    metavar="HOST:PORT",
-    help="The vLLM API server behind the proxy (vLLM's Rust front end), e.g. 127.0.0.1:8000.",
-)
-@click.option(
-    "--listen",
-    default="0.0.0.0:8001",
-    metavar="HOST:PORT",
-    help="Where routers reach the proxy: give them this address as the worker URL, and the same "
-    "one as REDIS_STATS_ENDPOINT (as they reach it: the pod's IP, not 0.0.0.0).",
-)
-@click.option(
-    "--rank-list",
-    is_flag=True,
-    help="Answer /get_load as the rank list sglang-router 0.3.x reads, not vllm-router's {load}.",
-)
-@click.option(
-    "--bridge/--no-bridge",
-    default=True,
-    help="Also bridge the upstream's /metrics into the store (engine label engine, the vLLM "
-    "catalogue and load feed), every REDIS_STATS_FLUSH_INTERVAL: what the answers read.",
-)
-@seconds_option("--duration", 0.1, show_default="until SIGTERM/Ctrl-C", help="Stop after this many seconds.")
-def load_proxy(
-    redis_url: str | None,
-    namespace: str | None,
-    upstream: str,
-    listen: str,
-    rank_list: bool,
-    bridge: bool,
-    duration: float | None,
-) -> None:
-    """Answer /get_load and /v1/loads from Redis in front of vLLM's Rust front end, which runs no
-    middleware; pass every other request to it (docs/routers.md, "vLLM's Rust front end")."""
-    import logging
-    import threading
+  nginx:   deploy/nginx/vllm-rs.conf    (HAProxy: deploy/haproxy/vllm-rs.cfg; Kubernetes:
+           deploy/kubernetes/vllm-rs, the same nginx as a sidecar)
+           GET /get_load and /v1/loads -> redis-stats exporter's view of the pod's endpoint,
+           everything else -> vLLM's Rust front end
+  numbers: redis-stats bridge --source http://127.0.0.1:8000/metrics --engine-label engine \\
+             --family 'vllm:*'    with REDIS_STATS_ENDPOINT=<the proxy's address, as routers reach it>
+  views:   redis-stats exporter   (the fleet's, or one on loopback)
 
-    from redis_stats.integrations.vllm.load_proxy import Sidecar
+What to run, and what it costs in the data path: docs/vllm-rs.md."""
 
-    config = config_of(redis_url, namespace)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        sidecar = Sidecar(config, upstream, listen, rank_list=rank_list, bridge=bridge)
-    except (ValueError, ConfigError) as exc:
-        raise click.UsageError(str(exc)) from None
-    stop = threading.Event()
-    click.echo(sidecar.start())
-    with stop_on_signals(stop.set):
-        stop.wait(duration)
-        sidecar.close()
+
+@click.command(
+    "load-proxy",
+    hidden=True,
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
+)
+@click.pass_context
+def load_proxy(ctx: click.Context) -> None:
+    """Retired (docs/vllm-rs.md): exits 2 saying what runs instead."""
+    click.echo(LOAD_PROXY_RETIRED, err=True)
+    ctx.exit(2)
