@@ -24,6 +24,7 @@ from redis_stats.integrations.vllm.load import VLLM_LOAD
 from redis_stats.load import EngineLoad, LoadView
 from redis_stats.server import Exporter
 from redis_stats.server.states.watch_feed import FeedUnknown, WatchFeed, watch_of
+from tests.conftest import ROOT
 from tests.server.test_watch import _events, _subscribe, get
 
 pytestmark = pytest.mark.redis_server
@@ -241,3 +242,63 @@ def test_the_state_changes_under_the_lock_it_is_read_under(monkeypatch):
             t.join(10)
         sys.setswitchinterval(old)
     assert errors == []
+
+
+def test_the_example_router_stops_routing_on_what_the_feed_no_longer_vouches_for(fleet):
+    sys.path.insert(0, str(ROOT / "docs" / "examples"))
+    try:
+        import load_router
+    finally:
+        sys.path.pop(0)
+    client = load_router.WatchClient(fleet.exporter.url)
+    client.start()
+    deadline = time.monotonic() + 5
+    while client.pick() is None:
+        assert time.monotonic() < deadline
+        client.follow()
+    fleet.server.stop(keep_data=True)
+    deadline = time.monotonic() + 5
+    while client.pick() is not None:  # the feed says unknown: it routes on nothing it held
+        assert time.monotonic() < deadline
+        client.follow()
+    assert client.unknown is not None and client.unknown["load"] == "unknown"
+    poller = load_router.LoadClient(fleet.exporter.url)
+    while poller.poll()["engines"]:
+        assert time.monotonic() < deadline
+    assert load_router.pick(poller.poll(), 0.0) is None and poller.unknown is not None
+    fleet.server.start()
+    deadline = time.monotonic() + 10
+    while client.pick() is None:  # the whole state again: it routes
+        assert time.monotonic() < deadline
+        client.follow()
+    client.close()
+    # an engine without counts (null is not 0) and one with a negative count are never picked
+    doc = {
+        "time": 0.0,
+        "engines": {
+            "0": {
+                "up": True,
+                "state": "up",
+                "age_seconds": 0,
+                "requests_waiting": None,
+                "requests_running": None,
+            },
+            "1": {
+                "up": True,
+                "state": "up",
+                "age_seconds": 0,
+                "kv_cache_usage": 0.1,
+                "requests_waiting": -5,
+                "requests_running": 0,
+            },
+            "2": {
+                "up": True,
+                "state": "up",
+                "age_seconds": 0,
+                "kv_cache_usage": 0.1,
+                "requests_waiting": 3,
+                "requests_running": 1,
+            },
+        },
+    }
+    assert load_router.pick(doc, 0.0) == 2
