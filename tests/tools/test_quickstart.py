@@ -65,7 +65,7 @@ def test_every_block_is_run_or_checked():
     for above, _ in blocks():
         m = re.fullmatch(
             r"<!-- (?:sample: (fleet|empty)(?: run .+)?|quickstart: (install|cluster)) -->", above
-        )  # noqa: E501
+        )
         assert m, f"a block of docs/quickstart.md that no test runs or checks (above it: {above!r})"
         kinds.append(m.group(1) or m.group(2))
     assert kinds.count("install") == 1 and kinds.count("cluster") >= 6
