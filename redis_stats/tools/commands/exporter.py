@@ -115,6 +115,14 @@ def _engines(text: str | None) -> list[int] | None:
     help="HTTP connections served at once (a thread each); more are answered 503 with Retry-After.",
 )
 @click.option(
+    "--max-streams",
+    default=256,
+    type=click.IntRange(1, 100_000),
+    help="Streams and long polls (/watch subscribers) open at once, a thread each, apart from "
+    "--max-connections: subscribers at their limit get 503, and never keep /metrics, /load or "
+    "/healthz from answering.",
+)
+@click.option(
     "--slice",
     "slice_text",
     default=None,
