@@ -308,16 +308,22 @@ def table(kind: str, results: dict[str, dict[str, float]]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seconds", type=float, default=12.0, help="seconds of Poisson arrivals per mode")
     parser.add_argument("--bursts", type=int, default=3, help="bursts of 512 requests per mode")
     parser.add_argument("--load", type=float, default=0.9, help="the Poisson rate, a share of capacity")
     parser.add_argument("--slots", type=int, default=4, help="requests an engine serves at once")
     parser.add_argument("--service", type=float, default=0.2, help="mean service time (s)")
     parser.add_argument("--replicas", type=int, default=4)
-    parser.add_argument("--view", type=float, default=0.02, help="seconds between a replica's reads of the feed")
+    parser.add_argument(
+        "--view", type=float, default=0.02, help="seconds between a replica's reads of the feed"
+    )
     parser.add_argument("--modes", default="i,ii,iii,iv")
-    parser.add_argument("--seed", type=int, default=1, help="the Poisson arrivals' seed (every mode the same)")
+    parser.add_argument(
+        "--seed", type=int, default=1, help="the Poisson arrivals' seed (every mode the same)"
+    )
     opts = parser.parse_args()
     plan = vars(opts)
     server = EmbeddedRedis().start()

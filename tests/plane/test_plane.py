@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 
@@ -49,7 +48,7 @@ def test_arrivals_are_counted_once_summed_over_processes_and_leave_when_they_end
     b, arrivals_b = front_end(cfg, "b")
     reader = StatsReader(cfg)
     try:
-        assert until(lambda: (l := engine(reader)) is not None and l.in_flight == 0)
+        assert until(lambda: (got := engine(reader)) is not None and got.in_flight == 0)
         first = arrivals_a.begin(request_id="r1")
         second = arrivals_a.begin(rank="0")
         third = arrivals_b.begin(rank=7)  # a rank this process does not serve: its engine's
@@ -75,7 +74,7 @@ def test_a_peer_sees_a_booking_and_it_ends_with_the_arrival_that_counts_it(redis
     reader = StatsReader(cfg)
     router = Bookings(cfg, router="r1", bound=30.0)
     try:
-        assert until(lambda: (l := engine(reader)) is not None and l.in_flight == 0)
+        assert until(lambda: (got := engine(reader)) is not None and got.in_flight == 0)
         booking = router.book(0, "req-7")
         seen = engine(reader)  # a peer's next read: no wait
         assert (seen.booked, seen.in_flight, seen.expected_in_flight) == (1, 0, 1)
@@ -214,7 +213,7 @@ def test_arrivals_and_bookings_come_back_after_redis_restarts_empty(own_redis_se
     try:
         held = [arrivals.begin(), arrivals.begin()]
         router.book(0, "open")
-        assert until(lambda: (l := engine(reader)) is not None and (l.in_flight, l.booked) == (2, 1))
+        assert until(lambda: (got := engine(reader)) is not None and (got.in_flight, got.booked) == (2, 1))
         own_redis_server.stop()
         own_redis_server.start()  # empty: no persistence
         assert until(
@@ -295,7 +294,7 @@ def test_an_engine_without_a_front_end_counting_reports_no_in_flight(redis_serve
     record(writer, 0, 3, 1, 0.1)
     reader = StatsReader(cfg)
     try:
-        assert until(lambda: (l := engine(reader)) is not None and l.requests_running == 3)
+        assert until(lambda: (got := engine(reader)) is not None and got.requests_running == 3)
         load = engine(reader)
         assert load.in_flight is None  # nothing counts: not "0 requests"
         assert load.expected_in_flight == 4  # running + waiting, without bookings

@@ -86,8 +86,8 @@ class ArrivalsMiddleware:
     def _counted(scope: Scope) -> bool:
         if scope.get("type") != "http" or scope.get("method") != "POST":
             return False
-        path = scope.get("path", "")
-        root = scope.get("root_path", "")
+        path = str(scope.get("path", ""))
+        root = str(scope.get("root_path", ""))
         if root and path.startswith(root):
             path = path[len(root) :]
         return path.startswith(COUNTED)
