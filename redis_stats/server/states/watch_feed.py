@@ -66,7 +66,7 @@ def _same(a: dict[str, Any] | None, b: dict[str, Any]) -> bool:
     """Whether two state docs say the same (their ages aside)."""
     if a is None:
         return False
-    return all(a.get(k) == b.get(k) for k in ("state", "endpoint", *FIELDS))
+    return all(a.get(k) == b.get(k) for k in ("state", "endpoint", "booked", *FIELDS))
 
 
 class WatchFeed:
@@ -161,6 +161,10 @@ class WatchFeed:
         touched |= {self._engine_of(f) for f in old.keys() - raw.keys()}
         touched |= set(view.engines) ^ set(self.state)
         touched |= {e for e, load in view.engines.items() if self.state.get(e, {}).get("state") != load.state}
+        # routers' bookings: from the /load feed's read (redis_stats.bookings), not the load hashes
+        touched |= {
+            e for e, load in view.engines.items() if self.state.get(e, {}).get("booked") != load.booked
+        }
         return sorted(x for x in touched if x is not None)
 
     def _changed(
@@ -178,7 +182,7 @@ class WatchFeed:
         values = [v for writer, v in stored if writer in load.live_writers]
         entries = [e for e in decode_entries(values) if e is not None]
         fresh = engine_load(engine, load.up, load.age_seconds, entries, now_ms)
-        fresh.state, fresh.endpoint = load.state, load.endpoint
+        fresh.state, fresh.endpoint, fresh.booked = load.state, load.endpoint, load.booked
         doc = _doc(fresh)
         return None if _same(self.state.get(engine), doc) else doc
 
