@@ -48,7 +48,16 @@ from redis_stats.connection import Client, make_client
 from redis_stats.errors import error_kind
 from redis_stats.keys import Keys, shard_of
 
-__all__ = ["BOUND", "LEASE", "Booking", "Bookings"]
+__all__ = [
+    "BOUND",
+    "LEASE",
+    "Booking",
+    "BookingStore",
+    "Bookings",
+    "check_engine",
+    "check_request_id",
+    "check_router",
+]
 
 LEASE = 2.0
 """Seconds a router's lease lasts without a renewal: its bookings stop counting that long after
@@ -88,6 +97,55 @@ def check_engine(engine: Any) -> int:
     if isinstance(engine, bool) or not isinstance(engine, int) or not 0 <= engine < 10**9:
         raise ValueError(f"engine={engine!r} is not an engine index (an int from 0)")
     return engine
+
+
+def check_router(router: Any) -> str:
+    """*router* (a router's id: printable, without ``|``, at most :data:`MAX_ID` bytes);
+    ValueError saying why otherwise."""
+    if not isinstance(router, str) or not router or "|" in router or not router.isprintable():
+        raise ValueError(f"router={router!r}: give the router's id, printable and without '|'")
+    if len(router.encode("utf-8", "surrogatepass")) > MAX_ID:
+        raise ValueError(f"router id of {len(router)} characters: at most {MAX_ID} bytes")
+    return router
+
+
+class BookingStore:
+    """The store's side of bookings, without state of its own: each call one script or command
+    on the shard of the engine (*config*'s namespace and ``shards``), for :class:`Bookings` and
+    the exporter's ``POST /bookings`` (routers not in Python) alike."""
+
+    def __init__(self, config: StatsConfig, client: Client) -> None:
+        self.config = config
+        self.client = client
+        self._book = Script(client, load_script("book"))
+        self._lease = Script(client, load_script("router_lease"))
+        self._keys = Keys(config.namespace)
+
+    def shard_keys(self, engine: int) -> Keys:
+        """The keys of *engine*'s shard."""
+        k = self.config.shards
+        return self._keys.shard(shard_of(engine, k), k)
+
+    def book(self, router: str, lease: float, bound: float, request_id: str, engine: int) -> bool:
+        """Book *request_id* on *engine* for *bound* seconds and extend *router*'s lease to
+        *lease* seconds; whether the store had lost the lease (or never had it)."""
+        keys = self.shard_keys(engine)
+        args = [router, int(lease * 1000), max(1, int(bound * 1000)), request_id, engine]
+        return bool(int(self._book([keys.bookings, keys.routers], args)[1]))
+
+    def end(self, engine: int, request_id: str) -> bool:
+        """End the booking of *request_id* on *engine*; whether it was still stored."""
+        return bool(self.client.execute_command("HDEL", self.shard_keys(engine).bookings, request_id))
+
+    def lease(self, router: str, lease: float, op: str) -> bool:
+        """Renew (*op* ``renew``) or release (``release``) *router*'s lease in every shard, and
+        drop the bookings that no longer count; whether a shard had lost the lease."""
+        lost = False
+        for shard in range(self.config.shards):
+            keys = self._keys.shard(shard, self.config.shards)
+            reply = self._lease([keys.bookings, keys.routers], [router, int(lease * 1000), op])
+            lost |= bool(int(reply[1]))
+        return lost
 
 
 class Booking:
@@ -135,13 +193,9 @@ class Bookings:
         self.config = config
         self.lease = _seconds("lease", lease, 0.1, 3600.0)
         self.bound = _seconds("bound", bound, 0.01, 3600.0)
-        self.router = router or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        if "|" in self.router or not self.router.isprintable():
-            raise ValueError(f"router={self.router!r}: an id without '|' and unprintable characters")
+        self.router = check_router(router or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
         self.client: Client = client if client is not None else make_client(config)
-        self._book = Script(self.client, load_script("book"))
-        self._lease = Script(self.client, load_script("router_lease"))
-        self._keys = Keys(config.namespace)
+        self.store = BookingStore(config, self.client)
         self._open: dict[str, Booking] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -151,15 +205,6 @@ class Bookings:
         if start:
             self._thread = threading.Thread(target=self._run, name="redis_stats-bookings", daemon=True)
             self._thread.start()
-
-    def _shard_keys(self, engine: int) -> Keys:
-        k = self.config.shards
-        return self._keys.shard(shard_of(engine, k), k)
-
-    def _call(self, script: Script, keys: Keys, args: list[Any]) -> bool:
-        """Run *script* on *keys*' bookings; whether the store had lost this router's lease."""
-        reply = script([keys.bookings, keys.routers], [self.router, int(self.lease * 1000), *args])
-        return bool(int(reply[1]))
 
     def book(self, engine: int, request_id: str | None = None) -> Booking:
         """Book a request on *engine* (its index as the load feed shows it) now; *request_id*:
@@ -173,9 +218,7 @@ class Bookings:
         with self._lock:
             self._open[request_id] = booking
         try:
-            lost = self._call(
-                self._book, self._shard_keys(engine), [int(self.bound * 1000), request_id, engine]
-            )
+            lost = self.store.book(self.router, self.lease, self.bound, request_id, engine)
         except Exception as exc:
             self._failed(exc)
         else:
@@ -190,48 +233,38 @@ class Bookings:
                 return
             del self._open[booking.request_id]
         try:
-            self.client.execute_command("HDEL", self._shard_keys(booking.engine).bookings, booking.request_id)
+            self.store.end(booking.engine, booking.request_id)
         except Exception as exc:
             self._failed(exc)
 
     def open(self) -> list[Booking]:
         """The bookings this router holds (not ended here, not past their bound)."""
-        self._expire()
-        with self._lock:
-            return list(self._open.values())
-
-    def _expire(self) -> None:
         oldest = time.monotonic() - self.bound
         with self._lock:
             for request_id in [r for r, b in self._open.items() if b.booked_at <= oldest]:
                 del self._open[request_id]
+            return list(self._open.values())
 
     def renew(self) -> None:
         """Extend the lease (in every shard) and drop the bookings that no longer count; book the
         open ones again where the store lost them. Never raises (counted in :attr:`errors`)."""
-        lost = False
-        for shard in range(self.config.shards):
-            try:
-                lost |= self._call(self._lease, self._keys.shard(shard, self.config.shards), ["renew"])
-            except Exception as exc:
-                self._failed(exc)
-                return
+        try:
+            lost = self.store.lease(self.router, self.lease, "renew")
+        except Exception as exc:
+            self._failed(exc)
+            return
         if lost:
             self._rebook()
 
     def _rebook(self) -> None:
-        """Book every open booking again (the store lost them: restarted, flushed, failed over),
-        each with what is left of its bound."""
+        """Book every open booking again (the store lost them: restarted empty, flushed, failed
+        over to a replica behind), each for what is left of its bound."""
         for booking in self.open():
             left = self.bound - (time.monotonic() - booking.booked_at)
             if left <= 0:
                 continue
             try:
-                self._call(
-                    self._book,
-                    self._shard_keys(booking.engine),
-                    [int(left * 1000), booking.request_id, booking.engine],
-                )
+                self.store.book(self.router, self.lease, left, booking.request_id, booking.engine)
             except Exception as exc:
                 self._failed(exc)
                 return
@@ -245,7 +278,7 @@ class Bookings:
     def _run(self) -> None:
         while not self._stop.wait(self.lease / 3):
             self.renew()
-            self._expire()
+            self.open()  # forget the bookings past their bound
 
     def close(self) -> None:
         """End the lease and every booking of this router at once (call it on shutdown)."""
@@ -254,11 +287,10 @@ class Bookings:
             self._thread.join(timeout=self.lease)
         with self._lock:
             self._open.clear()
-        for shard in range(self.config.shards):
-            try:
-                self._call(self._lease, self._keys.shard(shard, self.config.shards), ["release"])
-            except Exception as exc:
-                self._failed(exc)
+        try:
+            self.store.lease(self.router, self.lease, "release")
+        except Exception as exc:
+            self._failed(exc)
 
     def __enter__(self) -> Bookings:
         return self
