@@ -57,6 +57,8 @@ __all__ = [  # the load entry's codec (redis_stats/codec.py) too: where callers 
     "LoadMap",
     "LoadSource",
     "LoadView",
+    "add_bookings",
+    "count_bookings",
     "decode_entries",
     "decode_entry",
     "encode_entry",
@@ -430,13 +432,26 @@ def count_bookings(replies: list[ShardReply], now_ms: float, skipped: Skipped) -
             continue
         flat = reply.routers or []
         leases = {r: float(end) for r, end in zip(flat[0::2], flat[1::2])}
-        for stored in (reply.bookings or [])[1::2]:
-            booking = codec.decode_booking(stored)
-            if booking is None:
-                skipped.note("bad_booking", reply.keys.bookings)
-            elif booking.ends_ms > now_ms and leases.get(booking.router, 0.0) > now_ms:
-                counts[booking.engine] = counts.get(booking.engine, 0) + 1
+        bad = add_bookings(counts, (reply.bookings or [])[1::2], leases, now_ms)
+        for _ in range(bad):
+            skipped.note("bad_booking", reply.keys.bookings)
     return counts
+
+
+def add_bookings(
+    counts: dict[int, int], stored: Iterable[Any], leases: Mapping[str, float], now_ms: float
+) -> int:
+    """Add to *counts* (engine -> bookings) the *stored* bookings (the values of a bookings hash)
+    that count at server time *now_ms*: not past their bound, of a router whose lease (*leases*:
+    router -> its end, ms) has not ended; how many could not be read."""
+    bad = 0
+    for text in stored:
+        booking = codec.decode_booking(text)
+        if booking is None:
+            bad += 1
+        elif booking.ends_ms > now_ms and leases.get(booking.router, 0.0) > now_ms:
+            counts[booking.engine] = counts.get(booking.engine, 0) + 1
+    return bad
 
 
 def load_view(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import time
+import urllib.request
 
 import pytest
 
@@ -103,3 +105,30 @@ def test_an_exporter_taking_bookings_without_credentials_refuses_to_start(redis_
         assert status == 404 and "--bookings" in doc["error"]
     finally:
         plain.close()
+
+
+def test_watch_carries_a_peers_booking_in_tens_of_milliseconds(setup):  # type: ignore[no-untyped-def]
+    from redis_stats.bookings import Bookings
+
+    _, reader = setup
+    # the /load refresh slower than the bound below: the feed's own 20 ms reads carry bookings
+    exporter = Exporter(StatsReader(reader.config), port=0, load_refresh=4.0).start()
+    snap = get_json(exporter.url + "/watch")
+    assert snap["engines"]["0"]["booked"] == 0
+    router = Bookings(reader.config, router="peer", bound=30.0)
+    try:
+        booked_at = time.monotonic()
+        router.book(0, "w-1")
+        answer = get_json(f"{exporter.url}/watch?since={snap['seq']}&epoch={snap['epoch']}&wait=5")
+        took = time.monotonic() - booked_at
+        event = answer["events"][0]
+        assert (event["engine"], event["booked"], event["expected_in_flight"]) == (0, 1, 1)
+        assert took < 1.0  # the feed's 20 ms read, not the /load refresh (bench: tens of ms)
+    finally:
+        router.close()
+        exporter.close()
+
+
+def get_json(url: str) -> dict:  # type: ignore[type-arg]
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return json.loads(resp.read())  # type: ignore[no-any-return]

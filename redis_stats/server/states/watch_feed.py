@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from redis_stats.background import survive
-from redis_stats.load import FIELDS, EngineLoad, LoadView, decode_entries, engine_load
+from redis_stats.load import FIELDS, EngineLoad, LoadView, add_bookings, decode_entries, engine_load
 from redis_stats.server.source import Source
 from redis_stats.server.states.load_feed import LoadBody, LoadFeed, feed_of
 
@@ -96,6 +96,7 @@ class WatchFeed:
         self.state: dict[int, dict[str, Any]] = {}
         self.reads = 0
         self._raw: dict[str, Any] = {}
+        self._booked: dict[int, int] = {}  # routers' bookings by engine, as of the last read
         self._asked = 0.0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -133,16 +134,16 @@ class WatchFeed:
         if isinstance(current, LoadBody):
             return  # no full read to judge liveness by: nothing is claimed (the /load 503 says why)
         view = current[0]
-        now_ms, raw = self._read_hashes()
+        now_ms, raw, booked = self._read_hashes()
         self.reads += 1
-        engines = self._touched(view, raw)
-        self._raw = raw
+        engines = self._touched(view, raw, booked)
+        self._raw, self._booked = raw, booked
         by_engine: dict[int, list[tuple[str, Any]]] = {e: [] for e in engines}
         for field, value in raw.items():  # one pass over the entries, not one per touched engine
             engine = self._engine_of(field)
             if engine is not None and engine in by_engine:
                 by_engine[engine].append((field.partition("|")[2], value))
-        docs = [d for e in engines if (d := self._changed(e, view, by_engine[e], now_ms))]
+        docs = [d for e in engines if (d := self._changed(e, view, by_engine[e], now_ms, booked))]
         if docs:
             with self.changed:
                 for doc in docs:
@@ -153,25 +154,27 @@ class WatchFeed:
                     self.events.append((self.seq, event, _sse(event, f"{self.epoch}-{self.seq}")))
                 self.changed.notify_all()
 
-    def _touched(self, view: LoadView, raw: dict[str, Any]) -> list[int]:
-        """The engines whose entries changed since the last read, or whose state did (or that came
-        or went) since the last events."""
+    def _touched(self, view: LoadView, raw: dict[str, Any], booked: dict[int, int]) -> list[int]:
+        """The engines whose entries or bookings changed since the last read, or whose state did
+        (or that came or went) since the last events."""
         old = self._raw
         touched = {self._engine_of(f) for f, v in raw.items() if old.get(f) != v}
         touched |= {self._engine_of(f) for f in old.keys() - raw.keys()}
         touched |= set(view.engines) ^ set(self.state)
         touched |= {e for e, load in view.engines.items() if self.state.get(e, {}).get("state") != load.state}
-        # routers' bookings: from the /load feed's read (redis_stats.bookings), not the load hashes
-        touched |= {
-            e for e, load in view.engines.items() if self.state.get(e, {}).get("booked") != load.booked
-        }
+        touched |= {e for e in booked.keys() | self._booked.keys() if booked.get(e) != self._booked.get(e)}
         return sorted(x for x in touched if x is not None)
 
     def _changed(
-        self, engine: int, view: LoadView, stored: list[tuple[str, Any]], now_ms: float
+        self,
+        engine: int,
+        view: LoadView,
+        stored: list[tuple[str, Any]],
+        now_ms: float,
+        booked: dict[int, int],
     ) -> dict[str, Any] | None:
-        """*engine*'s new state doc (from its *stored* entries: (writer, entry) pairs), or None
-        when it says what the last one said."""
+        """*engine*'s new state doc (from its *stored* entries: (writer, entry) pairs, and the
+        routers' *booked* requests by engine), or None when it says what the last one said."""
         load = view.engines.get(engine)
         if load is None:
             if engine not in self.state:
@@ -182,7 +185,8 @@ class WatchFeed:
         values = [v for writer, v in stored if writer in load.live_writers]
         entries = [e for e in decode_entries(values) if e is not None]
         fresh = engine_load(engine, load.up, load.age_seconds, entries, now_ms)
-        fresh.state, fresh.endpoint, fresh.booked = load.state, load.endpoint, load.booked
+        fresh.state, fresh.endpoint = load.state, load.endpoint
+        fresh.booked = booked.get(engine, 0) if load.up else None
         doc = _doc(fresh)
         return None if _same(self.state.get(engine), doc) else doc
 
@@ -191,20 +195,27 @@ class WatchFeed:
         engine, sep, _ = field.partition("|")
         return int(engine) if sep and engine.isascii() and engine.isdigit() else None
 
-    def _read_hashes(self) -> tuple[float, dict[str, Any]]:
-        """(Redis' time in ms, every shard's load hash: field -> stored entry), in one pipeline
-        (no transaction: each hash is whole, and the entries are absolute values)."""
+    def _read_hashes(self) -> tuple[float, dict[str, Any], dict[int, int]]:
+        """(Redis' time in ms, every shard's load hash: field -> stored entry, the routers'
+        bookings that count by engine), in one pipeline (no transaction: each hash is whole, and
+        the entries are absolute values; a booking and its router's lease are read together)."""
         pipe = self.reader.client.pipeline(transaction=False)
         pipe.time()
         for keys in self.reader.shard_keys:
             pipe.hgetall(keys.load)
+            pipe.hgetall(keys.bookings)
+            pipe.zrange(keys.routers, 0, -1, withscores=True)
         replies = pipe.execute(raise_on_error=False)
         now = replies[0]
         now_ms = now[0] * 1000.0 + now[1] / 1000.0 if isinstance(now, (list, tuple)) else time.time() * 1000.0
         out: dict[str, Any] = {}
-        for found in replies[1:]:
+        booked: dict[int, int] = {}
+        for found, bookings, routers in zip(replies[1::3], replies[2::3], replies[3::3]):
             out.update(_texts(found))
-        return now_ms, out
+            if isinstance(routers, list):  # a key of the wrong type: no booking of that shard counts
+                leases = {_text(router): float(end) for router, end in routers}
+                add_bookings(booked, _texts(bookings).values(), leases, now_ms)
+        return now_ms, out, booked
 
     def since(self, seq: int, epoch: str, wait: float) -> bytes:
         """The answer (JSON) to a subscriber that has everything up to *seq* of *epoch*: the
@@ -273,6 +284,10 @@ def _sse(data: bytes, event_id: str, event: str | None = None) -> bytes:
     """One Server-Sent Event (*data* is one line of JSON: no newline in it)."""
     head = f"event: {event}\n" if event else ""
     return f"{head}id: {event_id}\ndata: ".encode() + data + b"\n\n"
+
+
+def _text(value: Any) -> Any:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _texts(found: Any) -> dict[str, Any]:
