@@ -6,6 +6,7 @@ import http.client
 import json
 import socket
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -132,3 +133,44 @@ def test_watch_carries_a_peers_booking_in_tens_of_milliseconds(setup):  # type: 
 def get_json(url: str) -> dict:  # type: ignore[type-arg]
     with urllib.request.urlopen(url, timeout=10) as resp:
         return json.loads(resp.read())  # type: ignore[no-any-return]
+
+
+def test_get_load_and_v1_loads_carry_arrivals_and_bookings(redis_server, namespace):
+    from redis_stats.bookings import Bookings
+    from redis_stats.writer import Arrivals
+
+    cfg = StatsConfig(url=redis_server.url, namespace=namespace, flush_interval=0.2, stale_after=5.0)
+    writer = StatsWriter(
+        cfg.replace(endpoint="10.0.0.1:8000"), catalog(), engines=[0, 1], role="fe", load=LOAD
+    )
+    record(writer, 0, 2, 1, 0.1)  # running 2, waiting 1: what the engines' schedulers say
+    record(writer, 1, 0, 0, 0.1)
+    arrivals = Arrivals(writer)
+    exporter = Exporter(StatsReader(cfg), port=0, load_refresh=0.05).start()
+    router = Bookings(cfg, router="peer", bound=30.0)
+    try:
+        held = [arrivals.begin(rank=0) for _ in range(4)]  # the front end holds 4 for engine 0
+        router.book(1, "not-yet")
+        url = exporter.url + "/get_load?endpoint=10.0.0.1:8000"
+        assert until(lambda: answered(url).get("load") == 5)  # 4 in flight + 1 booked, not 2 + 1
+        doc = get_json(url)
+        assert (doc["running"], doc["waiting"], doc["in_flight"], doc["booked"]) == (2, 1, 4, 1)
+        ranks = get_json(exporter.url + "/v1/loads?endpoint=10.0.0.1:8000")["loads"]
+        assert [(r["in_flight"], r["booked"], r["expected_in_flight"]) for r in ranks] == [
+            (4, 0, 4),
+            (0, 1, 1),
+        ]
+        for arrival in held:
+            arrival.end()
+    finally:
+        router.close()
+        exporter.close()
+        writer.close()
+
+
+def answered(url: str) -> dict:  # type: ignore[type-arg]
+    """The document at *url*, or {} while it answers an error (the feed's first read)."""
+    try:
+        return get_json(url)
+    except urllib.error.HTTPError:
+        return {}
