@@ -18,8 +18,11 @@ once (split over the routers), 3 s apart. Modes:
 
 Every replica reads the feed itself (``StatsReader.load()``) every ``--view`` s and adds its own
 dispatches made since that read began (what it knows that the view cannot show yet). Measured at
-the engines: imbalance, the time-weighted mean over 10 ms samples of max/mean requests held per
-engine (samples with any held), and the p99 (and p50) queue wait, from arrival to service start.
+the engines: imbalance, the most requests held by one engine over the mean per engine, summed
+over 10 ms samples (so weighted by load: a drain's last few requests weigh little), and the p99
+(and p50) queue wait, from arrival to service start; and the engines' event-loop lag (how late
+a 10 ms sleep wakes: the machine keeping up). ``--rounds`` runs every mode that many times, in
+alternating order, and reports the medians.
 """
 
 from __future__ import annotations
@@ -127,16 +130,18 @@ def engines_main(url: str, namespace: str, ports: list[int], slots: int, service
                 break
             for e in engines:
                 e.waits.clear()
-            ratios: list[float] = []
+            most = total = lag = 0.0
+            samples = 0
             while not conn.poll():
                 held = [e.held() for e in engines]
-                mean = sum(held) / len(held)
-                if mean > 0:
-                    ratios.append(max(held) / mean)
+                most, total = most + max(held), total + sum(held) / len(held)
+                asked = time.monotonic()
                 await asyncio.sleep(0.01)
+                lag += time.monotonic() - asked - 0.01
+                samples += 1
             conn.recv()  # "end"
             waits = sorted(w for e in engines for w in e.waits)
-            conn.send((ratios, waits))
+            conn.send((most / total if total else float("nan"), waits, lag / max(samples, 1)))
         for e in engines:
             e.writer.close()
 
@@ -280,11 +285,12 @@ def run_mode(
     for pipe in pipes:
         pipe.recv()
     engines_conn.send("end")
-    ratios, waits = engines_conn.recv()
+    imbalance, waits, lag = engines_conn.recv()
     for proc in procs:
         proc.join(timeout=10)
     return {
-        "imbalance": statistics.fmean(ratios) if ratios else float("nan"),
+        "imbalance": imbalance,
+        "lag_ms": 1000 * lag,
         "p99_wait_ms": 1000 * waits[int(0.99 * (len(waits) - 1))] if waits else float("nan"),
         "p50_wait_ms": 1000 * waits[len(waits) // 2] if waits else float("nan"),
         "requests": len(waits),
@@ -296,13 +302,15 @@ def table(kind: str, results: dict[str, dict[str, float]]) -> None:
     ideal = results.get("iv")
     if not ideal:
         return
-    print(f"\n{kind}:\n\n| view | imbalance (max/mean) | vs (iv) | p99 queue wait | vs (iv) | p50 |")
-    print("|---|---|---|---|---|---|")
+    print(
+        f"\n{kind}:\n\n| view | imbalance (max/mean) | vs (iv) | p99 queue wait | vs (iv) | p50 | loop lag |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for mode, r in results.items():
         print(
             f"| ({mode}) {MODES[mode]} | {r['imbalance']:.3f} | {r['imbalance'] / ideal['imbalance']:.2f}x "
             f"| {r['p99_wait_ms']:.0f} ms | {r['p99_wait_ms'] / max(ideal['p99_wait_ms'], 1e-9):.2f}x "
-            f"| {r['p50_wait_ms']:.0f} ms |"
+            f"| {r['p50_wait_ms']:.0f} ms | {r['lag_ms']:.1f} ms |"
         )
     print(flush=True)
 
@@ -321,6 +329,7 @@ def main() -> None:
         "--view", type=float, default=0.02, help="seconds between a replica's reads of the feed"
     )
     parser.add_argument("--modes", default="i,ii,iii,iv")
+    parser.add_argument("--rounds", type=int, default=2, help="runs of every mode (medians reported)")
     parser.add_argument(
         "--seed", type=int, default=1, help="the Poisson arrivals' seed (every mode the same)"
     )
@@ -337,17 +346,22 @@ def main() -> None:
     try:
         mine.recv()
         time.sleep(1.5)  # every writer's first flush
+        modes = opts.modes.split(",")
         for kind in ("poisson", "burst"):
-            results = {}
-            for mode in opts.modes.split(","):
-                results[mode] = r = run_mode(server.url, ports, mine, mode, kind, plan)
-                print(
-                    f"{kind} ({mode}) {MODES[mode]}: imbalance {r['imbalance']:.3f}, queue wait p50 "
-                    f"{r['p50_wait_ms']:.1f} ms, p99 {r['p99_wait_ms']:.1f} ms ({r['requests']} requests)",
-                    flush=True,
-                )
-                time.sleep(1.0)
-            table(kind, results)
+            runs: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
+            for r in range(opts.rounds):
+                for mode in modes if r % 2 == 0 else modes[::-1]:
+                    runs[mode].append(got := run_mode(server.url, ports, mine, mode, kind, plan))
+                    print(
+                        f"{kind} ({mode}) {MODES[mode]}: imbalance {got['imbalance']:.3f}, queue wait p50 "
+                        f"{got['p50_wait_ms']:.1f} ms, p99 {got['p99_wait_ms']:.1f} ms ({got['requests']} "
+                        f"requests, engines' loop lag {got['lag_ms']:.1f} ms)",
+                        flush=True,
+                    )
+                    time.sleep(1.0)
+            table(
+                kind, {m: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for m, rs in runs.items()}
+            )
         mine.send("stop")
         engines.join(timeout=10)
     finally:
