@@ -19,7 +19,20 @@ pytestmark = pytest.mark.redis_server
 
 @pytest.mark.parametrize(
     "stored",
-    ["", "x", "1", "1|2", "1|2|", "-1|2|r", "\u0661|2|r", "1|nan|r", "1|1e400|r", "1|inf|r", "12345678901|2|r", 5],
+    [
+        "",
+        "x",
+        "1",
+        "1|2",
+        "1|2|",
+        "-1|2|r",
+        "\u0661|2|r",
+        "1|nan|r",
+        "1|1e400|r",
+        "1|inf|r",
+        "12345678901|2|r",
+        5,
+    ],
 )
 def test_a_stored_booking_that_is_not_one_is_not_read(stored):
     assert decode_booking(stored) is None
