@@ -39,6 +39,7 @@ import socket
 import threading
 import time
 import uuid
+import weakref
 from types import TracebackType
 from typing import Any
 
@@ -202,9 +203,24 @@ class Bookings:
         self.errors = 0
         """Calls to Redis that failed (a booking not stored counts nowhere: the router routes on)."""
         self._thread: threading.Thread | None = None
+        self._named = router is not None
         if start:
-            self._thread = threading.Thread(target=self._run, name="redis_stats-bookings", daemon=True)
-            self._thread.start()
+            self._start()
+        _LIVE.add(self)
+
+    def _start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="redis_stats-bookings", daemon=True)
+        self._thread.start()
+
+    def _forked(self) -> None:
+        """In a forked child: a router of its own (the parent's lease and bookings are the
+        parent's: it renews and ends them), with a new lock and its own renewal thread."""
+        self._lock = threading.Lock()
+        self._open = {}
+        if not self._named:
+            self.router = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        if self._thread is not None and not self._stop.is_set():
+            self._start()
 
     def book(self, engine: int, request_id: str | None = None) -> Booking:
         """Book a request on *engine* (its index as the load feed shows it) now; *request_id*:
@@ -299,3 +315,15 @@ class Bookings:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+_LIVE: weakref.WeakSet[Bookings] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    for bookings in list(_LIVE):
+        bookings._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)

@@ -302,3 +302,31 @@ def test_an_engine_without_a_front_end_counting_reports_no_in_flight(redis_serve
         assert (doc["in_flight"], doc["booked"], doc["expected_in_flight"]) == (None, 0, 4)
     finally:
         writer.close()
+
+
+def test_a_forked_router_is_a_router_of_its_own(redis_server, namespace):
+    cfg = cfg_of(redis_server.url, namespace)
+    writer, _ = front_end(cfg, "fe")
+    reader = StatsReader(cfg)
+    router = Bookings(cfg, lease=0.6, bound=60.0)  # made before the fork (gunicorn --preload)
+    try:
+        router.book(0, "parent")
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: books under its own lease, renewed by its own thread
+            try:
+                router.book(0, "child")
+                os.write(write, router.router.encode())
+                time.sleep(3.0)
+            finally:
+                os._exit(0)
+        child_id = os.read(read, 200).decode()
+        assert child_id != router.router
+        time.sleep(1.5)  # past two leases: both renewed
+        assert engine(reader).booked == 2
+        router.close()  # the parent's lease ends: the child's booking stays
+        assert engine(reader).booked == 1
+        os.waitpid(pid, 0)
+    finally:
+        router.close()
+        writer.close()
