@@ -1,11 +1,12 @@
 """Router replicas on one load plane (issue 47): imbalance and queue wait, four views, one run.
 
-    python bench/router_replicas.py [--seconds 12] [--bursts 3] [--load 0.9]
+    python bench/router_replicas.py [--seconds 20] [--bursts 3] [--load 0.8] [--rounds 3]
 
 16 stand-in engines (one process: each a queue with ``--slots`` requests served at once, an
 exponential service time of mean ``--service`` s, reporting ``requests_running`` and
-``requests_waiting`` through a real :class:`~redis_stats.StatsWriter` each, its load lane on, and
-counting arrivals with :class:`~redis_stats.writer.Arrivals`), a private redis-server, and router
+``requests_waiting`` through a real :class:`~redis_stats.StatsWriter`, the 16 engines' one, as an
+API server of 16 data-parallel ranks, its load lane on, and counting arrivals with
+:class:`~redis_stats.writer.Arrivals` by rank), a private redis-server, and router
 processes running the example router's rule (``docs/examples/load_router.py``: ``pick_least``,
 fewest expected requests, ties at random). Each mode runs the same traffic: Poisson arrivals at
 ``--load`` x the fleet's capacity for ``--seconds``, then ``--bursts`` bursts of 512 requests at
@@ -69,14 +70,16 @@ def catalog() -> Catalog:
 
 
 class Engine:
-    """A queue with *slots* served at once, exponential service times, a real writer."""
+    """A queue with *slots* served at once, exponential service times, reporting through *writer*
+    (the engines' one writer, as one API server of 16 data-parallel ranks) and counting arrivals."""
 
-    def __init__(self, index: int, cfg: StatsConfig, slots: int, service: float) -> None:
+    def __init__(
+        self, index: int, writer: StatsWriter, arrivals: Arrivals, slots: int, service: float
+    ) -> None:
         self.index, self.slots, self.service = index, slots, service
-        self.writer = StatsWriter(cfg, catalog(), engines=[index], role=f"engine{index}", load=LOAD)
-        self.running_g = self.writer.metric("running").labels(index)
-        self.waiting_g = self.writer.metric("waiting").labels(index)
-        self.arrivals = Arrivals(self.writer)
+        self.running_g = writer.metric("running").labels(index)
+        self.waiting_g = writer.metric("waiting").labels(index)
+        self.arrivals = arrivals
         self.running = 0
         self.queue: asyncio.Queue[asyncio.Future[float]] = asyncio.Queue()
         self.waits: list[float] = []
@@ -93,7 +96,7 @@ class Engine:
         line = await reader.readline()
         request_id = line.decode().strip() or None
         arrived = time.monotonic()
-        with self.arrivals.begin(request_id=request_id):
+        with self.arrivals.begin(rank=self.index, request_id=request_id):
             started: asyncio.Future[float] = asyncio.get_running_loop().create_future()
             self.queue.put_nowait(started)
             self._report()
@@ -119,7 +122,9 @@ def engines_main(url: str, namespace: str, ports: list[int], slots: int, service
     cfg = StatsConfig(url=url, namespace=namespace, flush_interval=1.0, stale_after=10.0)
 
     async def run() -> None:
-        engines = [Engine(i, cfg, slots, service) for i in range(ENGINES)]
+        writer = StatsWriter(cfg, catalog(), engines=list(range(ENGINES)), role="engines", load=LOAD)
+        arrivals = Arrivals(writer)
+        engines = [Engine(i, writer, arrivals, slots, service) for i in range(ENGINES)]
         for engine, port in zip(engines, ports):
             await asyncio.start_server(engine.serve, "127.0.0.1", port, backlog=1024)
         conn.send("ready")
@@ -142,8 +147,7 @@ def engines_main(url: str, namespace: str, ports: list[int], slots: int, service
             conn.recv()  # "end"
             waits = sorted(w for e in engines for w in e.waits)
             conn.send((most / total if total else float("nan"), waits, lag / max(samples, 1)))
-        for e in engines:
-            e.writer.close()
+        writer.close()
 
     asyncio.run(run())
 
@@ -319,9 +323,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--seconds", type=float, default=12.0, help="seconds of Poisson arrivals per mode")
+    parser.add_argument("--seconds", type=float, default=20.0, help="seconds of Poisson arrivals per mode")
     parser.add_argument("--bursts", type=int, default=3, help="bursts of 512 requests per mode")
-    parser.add_argument("--load", type=float, default=0.9, help="the Poisson rate, a share of capacity")
+    parser.add_argument("--load", type=float, default=0.8, help="the Poisson rate, a share of capacity")
     parser.add_argument("--slots", type=int, default=4, help="requests an engine serves at once")
     parser.add_argument("--service", type=float, default=0.2, help="mean service time (s)")
     parser.add_argument("--replicas", type=int, default=4)
@@ -329,7 +333,7 @@ def main() -> None:
         "--view", type=float, default=0.02, help="seconds between a replica's reads of the feed"
     )
     parser.add_argument("--modes", default="i,ii,iii,iv")
-    parser.add_argument("--rounds", type=int, default=2, help="runs of every mode (medians reported)")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of every mode (medians reported)")
     parser.add_argument(
         "--seed", type=int, default=1, help="the Poisson arrivals' seed (every mode the same)"
     )
