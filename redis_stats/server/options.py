@@ -150,6 +150,10 @@ class ServeOptions:
     web_token_file: str | None = None
     web_open: Sequence[str] = ()
     insecure_private_views: bool = False
+    bookings: bool = False
+    """Serve ``POST /bookings``: routers not written in Python book their dispatches through the
+    exporter (it writes Redis: a private route, never served without credentials unless
+    *insecure_private_views*; docs/routers.md, "Router replicas")."""
 
     def __post_init__(self) -> None:
         _seconds("request_timeout", self.request_timeout, "a connection's time to send its request")

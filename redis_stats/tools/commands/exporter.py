@@ -202,6 +202,13 @@ def _engines(text: str | None) -> list[int] | None:
     "reaches the port reads them. Without it, an exporter asked to serve them with no access "
     "control refuses to start.",
 )
+@click.option(
+    "--bookings",
+    is_flag=True,
+    help="Take routers' bookings over HTTP (POST /bookings, for routers not in Python; "
+    "docs/routers.md): it writes Redis, so it is a private route (credentials, or "
+    "--insecure-private-views).",
+)
 def exporter(
     redis_url: str | None,
     namespaces: tuple[str, ...],
