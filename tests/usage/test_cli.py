@@ -31,7 +31,9 @@ def ledger(redis_server, namespace):
                 generation_tokens=10 * i,
             )
         )
-    rec.record(Usage(tenant="[bold]x[/]\x1b[31m", adapter=None, model="llama", prompt_tokens=1, generation_tokens=1))
+    rec.record(
+        Usage(tenant="[bold]x[/]\x1b[31m", adapter=None, model="llama", prompt_tokens=1, generation_tokens=1)
+    )
     assert writer.flush()
     yield ["--redis-url", redis_server.url, "--namespace", namespace]
     writer.close()
@@ -57,6 +59,8 @@ def test_json_csv_and_table_agree(ledger):
 
 def test_one_tenant_alone_and_a_bad_window(ledger):
     doc = json.loads(_run([*ledger, "--tenant", "team-1", "--format", "json"]))
-    assert doc["total"]["requests"] == 2 and doc["total"]["prompt_tokens"] == 500 and doc["hour"] == doc["total"]
+    assert (
+        doc["total"]["requests"] == 2 and doc["total"]["prompt_tokens"] == 500 and doc["hour"] == doc["total"]
+    )
     result = CliRunner().invoke(main, ["usage", *ledger, "--since", "last tuesday"])
     assert result.exit_code == 2 and "not understood" in result.output
