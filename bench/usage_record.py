@@ -1,0 +1,168 @@
+"""Cost of recording one finished request's usage, on the serving hot path (memory only), against
+prometheus_client's ``Counter.inc`` measured in the same run.
+
+Timed per finished request, best of several rounds (the machine is shared):
+
+- baseline ``Counter.inc()`` (one unlabelled counter: the cheapest metric call there is);
+- ``Counter.labels(tenant).inc()`` x 4 (per-tenant counters in Prometheus: requests, prompt,
+  cached, generation — what the ledger replaces; 1,000 tenants);
+- ``UsageRecorder.record(usage)`` (a ``Usage`` already made);
+- ``Usage(...)`` made and recorded (what any Python server's call costs);
+- the vLLM join: ``UsageJoin.open`` + ``finished`` (a FinishedRequestStats) + ``close`` per request
+  (the middleware's entry and the stat logger's record, without the ASGI plumbing);
+- the LiteLLM callback's ``log_usage`` of one success event's payload.
+
+Also the GC collections each variant causes (the host's count, gc.get_stats()).
+
+Usage: python bench/usage_record.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import timeit
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from prometheus_client import CollectorRegistry, Counter
+
+from redis_stats import StatsConfig, StatsWriter
+from redis_stats.integrations.litellm.usage import usage_of_event
+from redis_stats.integrations.vllm.usage_join import UsageJoin
+from redis_stats.usage import Usage, UsageRecorder
+
+TENANTS = [f"tenant-{i}" for i in range(1000)]
+
+
+def _gc_collections() -> int:
+    return sum(s["collections"] for s in gc.get_stats())
+
+
+def variants() -> dict[str, object]:
+    registry = CollectorRegistry()
+    plain = Counter("requests", "finished requests", registry=registry)
+    labelled = [
+        Counter(name, name, ["tenant"], registry=registry)
+        for name in ("tenant_requests", "tenant_prompt_tokens", "tenant_cached_tokens", "tenant_gen_tokens")
+    ]
+    writer = StatsWriter(StatsConfig(url="redis://127.0.0.1:1/0", namespace="bench"), start=False)
+    recorder = UsageRecorder(writer)
+    made = [
+        Usage(
+            tenant=t,
+            adapter=None,
+            model="llama",
+            prompt_tokens=812,
+            cached_prompt_tokens=512,
+            generation_tokens=96,
+        )
+        for t in TENANTS
+    ]
+    join = UsageJoin(recorder, "llama", tenant_header="x-tenant-id")
+    stats = [
+        SimpleNamespace(
+            finished_requests=[
+                SimpleNamespace(
+                    request_id=f"chatcmpl-req{i}",
+                    finish_reason="stop",
+                    num_prompt_tokens=812,
+                    num_cached_tokens=512,
+                    num_generation_tokens=96,
+                )
+            ]
+        )
+        for i in range(len(TENANTS))
+    ]
+    events = [
+        (
+            {
+                "standard_logging_object": {
+                    "model_group": "llama",
+                    "prompt_tokens": 812,
+                    "completion_tokens": 96,
+                    "metadata": {"user_api_key_team_id": t, "user_api_key_hash": "h" + t},
+                }
+            },
+            None,
+        )
+        for t in TENANTS
+    ]
+    state = {"i": 0}
+
+    def nxt() -> int:
+        i = state["i"] = (state["i"] + 1) % len(TENANTS)
+        return i
+
+    def counter_inc() -> None:
+        plain.inc()
+
+    def labelled_inc() -> None:
+        t = TENANTS[nxt()]
+        labelled[0].labels(t).inc()
+        labelled[1].labels(t).inc(812)
+        labelled[2].labels(t).inc(512)
+        labelled[3].labels(t).inc(96)
+
+    def record_made() -> None:
+        recorder.record(made[nxt()])
+
+    def make_and_record() -> None:
+        t = TENANTS[nxt()]
+        recorder.record(
+            Usage(
+                tenant=t,
+                adapter=None,
+                model="llama",
+                prompt_tokens=812,
+                cached_prompt_tokens=512,
+                generation_tokens=96,
+                outcome="stop",
+            )
+        )
+
+    def vllm_join() -> None:
+        i = nxt()
+        key = join.open(f"req{i}", TENANTS[i], None)
+        join.finished_stats(stats[i])
+        join.close(key or "", 200)
+
+    def litellm_event() -> None:
+        kwargs, response = events[nxt()]
+        recorder.record(usage_of_event(kwargs, response, "team", "stop"))
+
+    return {
+        "Counter.inc() (baseline)": counter_inc,
+        "Counter.labels(tenant).inc() x 4": labelled_inc,
+        "UsageRecorder.record(usage)": record_made,
+        "Usage(...) + record": make_and_record,
+        "vLLM: UsageJoin open + finished + close": vllm_join,
+        "LiteLLM: usage_of_event + record": litellm_event,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    args = parser.parse_args()
+    number, rounds = (20_000, 3) if args.quick else (100_000, 7)
+    table = variants()
+    results: dict[str, tuple[float, int]] = {}
+    for name, fn in table.items():
+        fn()  # warm
+        before = _gc_collections()
+        best = min(timeit.repeat(fn, number=number, repeat=rounds)) / number
+        results[name] = (best, _gc_collections() - before)
+    base = results["Counter.inc() (baseline)"][0]
+    print(f"per finished request, best of {rounds} x {number:,} ({sys.version.split()[0]})")
+    print(f"| variant | ns per request | x Counter.inc | GC collections per {rounds * number:,} |")
+    print("|---|---:|---:|---:|")
+    for name, (sec, collections) in results.items():
+        print(f"| {name} | {sec * 1e9:,.0f} | {sec / base:.1f} | {collections} |")
+
+
+if __name__ == "__main__":
+    main()
