@@ -130,3 +130,18 @@ def test_the_tenant_variable_names_one_identity():
     with pytest.raises(ConfigError, match="REDIS_STATS_LITELLM_TENANT='tenant' is not one of"):
         tenant_field({"REDIS_STATS_LITELLM_TENANT": "tenant"})
     assert RedisUsageLogger(environ={}).recorder is None  # no REDIS_STATS_URL: records nothing
+
+
+def test_the_proxy_finds_the_callback_its_config_names(tmp_path):
+    """`litellm_settings: callbacks: redis_stats.integrations.litellm.callback.usage_callback`, as
+    the proxy resolves it (beside a config.yaml that has no such file next to it)."""
+    from litellm.proxy.types_utils.utils import get_instance_fn
+
+    from redis_stats.integrations.litellm import callback
+
+    found = get_instance_fn(
+        "redis_stats.integrations.litellm.callback.usage_callback", str(tmp_path / "config.yaml")
+    )
+    assert found is callback.usage_callback and isinstance(
+        found, litellm.integrations.custom_logger.CustomLogger
+    )
