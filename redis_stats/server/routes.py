@@ -29,6 +29,7 @@ from redis_stats.server.views import (
     page,
     pool,
     snapshot,
+    usage,
     watch,
 )
 
@@ -36,7 +37,7 @@ __all__ = ["ROUTES"]
 
 ROUTES: dict[str, View | Route] = {
     "/": page.answer,
-    "/metrics": metrics.answer,
+    "/metrics": Route(metrics.answer, private=lambda o: o.usage and o.usage_top > 0),
     "/snapshot": snapshot.answer,
     "/history": history.answer,
     "/families": families.answer,
@@ -49,5 +50,7 @@ ROUTES: dict[str, View | Route] = {
     "/watch": watch.answer,
     "/healthz": health.answer,
     "/namespaces": namespaces.answer,
+    # Business data (per-tenant usage): private with --usage (the view answers 404 without it).
+    "/usage": Route(usage.answer, private=lambda o: o.usage),
 }
 """Path -> the view answering it (``GET`` and ``HEAD``)."""

@@ -152,6 +152,10 @@ class UsageReader:
         self._counts: set[int] = {config.shards}
         self._counts_at = -1e9
 
+    def now(self) -> float:
+        """The reader's clock (unix seconds): what relative times (``24h``) count from."""
+        return self._clock()
+
     # -- which shards ---------------------------------------------------------------------------
     def shard_counts(self) -> set[int]:
         """Every K the namespace's writers used (shard 0's catalogue lists them), read again at
@@ -202,14 +206,18 @@ class UsageReader:
             days += [int(d)] if d is not None and _text(d).isdigit() else []
         return min(hours, default=DEFAULT_HOURS), min(days, default=DEFAULT_DAYS)
 
+    def window(self, since: int, until: int | None) -> tuple[int, int]:
+        """The window ``[since, until)`` (unix seconds; *until* None: now) as the ledger holds it:
+        widened to whole UTC hours (*since* down, *until* up)."""
+        if until is None:
+            until = int(self._clock())
+        return since - since % 3600, until + (-until) % 3600
+
     def buckets(self, since: int, until: int) -> tuple[list[int], list[int]]:
         """The (hours, days) whose buckets add up to the window ``[since, until)`` (unix seconds,
-        whole UTC hours): whole days by their day bucket, the rest by hour. Raises
-        :class:`UsageQueryError` for a window not on whole hours, reversed, or reaching a bucket
+        whole UTC hours: :meth:`window`): whole days by their day bucket, the rest by hour.
+        Raises :class:`UsageQueryError` for a window reversed, too long, or reaching a bucket
         the retention has dropped."""
-        for what, t in (("since", since), ("until", until)):
-            if t % 3600:
-                raise UsageQueryError(f"{what}={t}: usage is kept by the UTC hour; give a whole hour")
         if until <= since:
             raise UsageQueryError(f"until={until} is not after since={since}")
         now_hour = hour_of(self._clock())
@@ -269,6 +277,8 @@ class UsageReader:
             clean_name(adapter, NO_ADAPTER) if adapter is not None else None,
             clean_name(model, "(unknown)") if model is not None else None,
         )
+        if since is not None:
+            since, until = self.window(since, until)
         by_tenant_only = by == ("tenant",) and want[1] is None and want[2] is None
         keys, names = self._keys_of(since, until, by_tenant_only)
         groups: dict[tuple[str, ...], Totals] = {}
@@ -297,11 +307,9 @@ class UsageReader:
         shards = self._all()
         if since is None and until is None:
             return [uk.tenants if tenants else uk.totals for uk in shards], ["all"]
-        now = self._clock()
-        start = since if since is not None else 0
         if since is None:
             raise UsageQueryError("until= needs since= (a window has a start)")
-        hours, days = self.buckets(start, until if until is not None else (hour_of(now) + 1) * 3600)
+        hours, days = self.buckets(*self.window(since, until))
         keys = []
         for uk in shards:
             keys += [uk.tenant_hour(h) if tenants else uk.entity_hour(h) for h in hours]
@@ -319,6 +327,14 @@ class UsageReader:
             # A key of another type (garbage) reads as nothing, never as a failed query.
             out.append({_text(k): v for k, v in reply.items()} if isinstance(reply, dict) else {})
         return out
+
+    def tenant_count(self) -> int:
+        """How many tenants the ledger holds (every shard's, added: a tenant is in one shard
+        unless the namespace's K changed)."""
+        pipe = self.client.pipeline(transaction=False)
+        for uk in self._all():
+            pipe.hlen(uk.tenants)
+        return sum(n for n in pipe.execute(raise_on_error=False) if isinstance(n, int))
 
     # -- the top tenants ------------------------------------------------------------------------
     def top(self, n: int) -> tuple[list[tuple[str, Totals]], Totals]:
