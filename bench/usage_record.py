@@ -10,7 +10,12 @@ Timed per finished request, best of several rounds (the machine is shared):
 - ``Usage(...)`` made and recorded (what any Python server's call costs);
 - the vLLM join: ``UsageJoin.open`` + ``finished`` (a FinishedRequestStats) + ``close`` per request
   (the middleware's entry and the stat logger's record, without the ASGI plumbing);
-- the LiteLLM callback's ``log_usage`` of one success event's payload.
+- the LiteLLM callback's ``log_usage`` of one success event's payload;
+- for scale, what vLLM's own Prometheus logger does per finished request (a Counter.inc and 11
+  Histogram.observe: e2e, queue, prefill, inference, decode, preemptions, prompt, generation,
+  max_tokens, computed prefill, time per output token);
+- the UsageMiddleware around an ASGI app, per request (a 2 KB chat body read, parsed and handed
+  on; the entry opened and closed), less the same app alone: N requests awaited in one loop.
 
 Also the GC collections each variant causes (the host's count, gc.get_stats()).
 
@@ -28,11 +33,16 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from prometheus_client import CollectorRegistry, Counter
+import asyncio
+import json
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from redis_stats import StatsConfig, StatsWriter
 from redis_stats.integrations.litellm.usage import usage_of_event
 from redis_stats.integrations.vllm.usage_join import UsageJoin
+from redis_stats.integrations.vllm.usage_middleware import UsageMiddleware
 from redis_stats.usage import Usage, UsageRecorder
 
 TENANTS = [f"tenant-{i}" for i in range(1000)]
@@ -97,8 +107,15 @@ def variants() -> dict[str, object]:
         i = state["i"] = (state["i"] + 1) % len(TENANTS)
         return i
 
+    histograms = [Histogram(f"h{i}", "vLLM's per-request histograms", registry=registry) for i in range(11)]
+
     def counter_inc() -> None:
         plain.inc()
+
+    def vllm_own() -> None:
+        plain.inc()
+        for h in histograms:
+            h.observe(0.5)
 
     def labelled_inc() -> None:
         t = TENANTS[nxt()]
@@ -140,8 +157,49 @@ def variants() -> dict[str, object]:
         "UsageRecorder.record(usage)": record_made,
         "Usage(...) + record": make_and_record,
         "vLLM: UsageJoin open + finished + close": vllm_join,
+        "(scale) vLLM's own Prometheus work per finished request": vllm_own,
         "LiteLLM: usage_of_event + record": litellm_event,
     }
+
+
+async def _asgi_requests(app: object, n: int) -> float:
+    """Seconds for *n* chat requests through *app*, awaited one after the other."""
+    body = json.dumps(
+        {"model": "llama", "messages": [{"role": "user", "content": "x" * 2000}], "max_tokens": 64}
+    ).encode()
+    headers = [(b"content-type", b"application/json"), (b"x-tenant-id", b"acme")]
+
+    async def send(message: object) -> None:
+        return None
+
+    start = time.perf_counter()
+    for _ in range(n):
+        sent = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive(sent: list[dict[str, object]] = sent) -> dict[str, object]:
+            return sent.pop() if sent else {"type": "http.disconnect"}
+
+        scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": headers}
+        await app(scope, receive, send)  # type: ignore[operator]
+    return time.perf_counter() - start
+
+
+def middleware_cost(n: int, rounds: int) -> tuple[float, float]:
+    """(app alone, middleware + app) seconds per request, best of *rounds*."""
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        message = await receive()  # type: ignore[operator]
+        await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
+        await send({"type": "http.response.body", "body": message["body"][:10]})  # type: ignore[operator]
+
+    writer = StatsWriter(StatsConfig(url="redis://127.0.0.1:1/0", namespace="bench"), start=False)
+    join = UsageJoin(UsageRecorder(writer), "llama", tenant_header="x-tenant-id", grace=0.0)
+    wrapped = UsageMiddleware(app, join)
+    alone, joined = [], []
+    for _ in range(rounds):
+        alone.append(asyncio.run(_asgi_requests(app, n)) / n)
+        joined.append(asyncio.run(_asgi_requests(wrapped, n)) / n)
+    return min(alone), min(joined)
 
 
 def main() -> None:
@@ -162,6 +220,11 @@ def main() -> None:
     print("|---|---:|---:|---:|")
     for name, (sec, collections) in results.items():
         print(f"| {name} | {sec * 1e9:,.0f} | {sec / base:.1f} | {collections} |")
+    alone, joined = middleware_cost(number // 10, rounds)
+    print(
+        f"| UsageMiddleware per request (2 KB body), less the app alone | {(joined - alone) * 1e9:,.0f} "
+        f"| {(joined - alone) / base:.1f} | |"
+    )
 
 
 if __name__ == "__main__":
