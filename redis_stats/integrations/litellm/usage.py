@@ -16,7 +16,7 @@ from typing import Any
 from redis_stats.config import ConfigError, EnvVar
 from redis_stats.usage import Usage
 
-__all__ = ["TENANT", "TENANT_FIELDS", "URL", "tenant_field", "usage_of_event"]
+__all__ = ["TENANT", "TENANT_FIELDS", "URL", "VARIABLES", "tenant_field", "usage_of_event"]
 
 _CALLBACK = "the LiteLLM callback"
 
@@ -46,6 +46,10 @@ TENANT = EnvVar(
     "which identity of LiteLLM's proxy is the tenant: "
     + ", ".join(f"`{k}` ({v})" for k, v in TENANT_FIELDS.items()),
 )
+
+
+VARIABLES = (URL, TENANT)
+"""The callback's own variables (every other option through ``StatsConfig.from_env()``)."""
 
 
 def tenant_field(environ: Mapping[str, str] | None = None) -> str:
