@@ -39,8 +39,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
-from collections.abc import Callable
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -49,6 +49,7 @@ from redis_stats.usage import Usage
 __all__ = [
     "DECODE",
     "GRACE",
+    "MAX_ENDED",
     "MAX_PENDING",
     "PREFILL",
     "WHOLE",
@@ -72,13 +73,20 @@ MAX_PENDING = 100_000
 request is not joined (its records go to the ``(none)`` tenant, counted all the same), so a flood
 cannot grow the process's memory without bound."""
 
+MAX_ENDED = 10_000
+"""Ended entries remembered (the latest): an engine record later than :data:`GRACE` still joins
+its request (and adds no second request) rather than land under ``(none)``."""
+
 _OUTCOMES = {"stop": "stop", "length": "length", "abort": "abort", "error": "error", "repetition": "stop"}
 
 
 def outcome_of(finish_reason: object) -> str:
     """The ledger's outcome of a vLLM ``FinishReason`` (its ``str()`` is ``stop``, ``length``,
     ``abort``, ``error``, ``repetition``): a repetition stop is a stop; an unknown one too."""
-    return _OUTCOMES.get(str(finish_reason).lower(), "stop")
+    try:
+        return _OUTCOMES.get(str(finish_reason).lower(), "stop")
+    except Exception:
+        return "stop"
 
 
 class UsageSink(Protocol):
@@ -114,6 +122,7 @@ class _Totals:
     aborted: int = 0
     failed: int = 0
     unaccounted: int = 0
+    failures: int = 0
 
 
 class UsageJoin:
@@ -141,6 +150,7 @@ class UsageJoin:
         self.clock = clock
         self.totals = _Totals()
         self._entries: dict[str, _Entry] = {}
+        self._ended: OrderedDict[str, _Entry] = OrderedDict()
         self._closed: deque[_Entry] = deque()
         self._lock = threading.Lock()
         self._serial = 0
@@ -194,8 +204,13 @@ class UsageJoin:
         self._record(request_id, outcome_of(finish_reason), prompt, cached, generation)
 
     def finished_stats(self, iteration_stats: Any) -> None:
-        """Every finished request of one engine step (``IterationStats.finished_requests``)."""
-        for fin in getattr(iteration_stats, "finished_requests", None) or ():
+        """Every finished request of one engine step (``IterationStats.finished_requests``);
+        never raises (the stat logger calls it on vLLM's output handler)."""
+        try:
+            finished = list(getattr(iteration_stats, "finished_requests", None) or ())
+        except Exception:
+            finished = []
+        for fin in finished:
             request_id = getattr(fin, "request_id", None)
             if request_id is None:
                 self._warn_once(
@@ -221,9 +236,14 @@ class UsageJoin:
     # --- inside ----------------------------------------------------------------------------
 
     def _find(self, request_id: str) -> _Entry | None:
-        """The entry of engine id *request_id*: ``<prefix>-<key>`` or ``<prefix>-<key>-<i>`` (a
-        completion's i-th prompt), the prefix being vLLM's (``chatcmpl``, ``cmpl``, ...)."""
-        entries = self._entries
+        """The entry of engine id *request_id*, open or recently ended."""
+        return self._find_in(self._entries, request_id) or self._find_in(self._ended, request_id)
+
+    @staticmethod
+    def _find_in(entries: Mapping[str, _Entry], request_id: str) -> _Entry | None:
+        """The entry in *entries* of engine id *request_id*: ``<prefix>-<key>`` or
+        ``<prefix>-<key>-<i>`` (a completion's i-th prompt), the prefix being vLLM's (``chatcmpl``,
+        ``cmpl``, ...)."""
         start = request_id.find("-")
         while start >= 0:
             rest = request_id[start + 1 :]
@@ -239,6 +259,15 @@ class UsageJoin:
         return None
 
     def _record(self, request_id: object, outcome: str, prompt: int, cached: int, generation: int) -> None:
+        try:
+            self._record_one(request_id, outcome, prompt, cached, generation)
+        except Exception as exc:  # never an exception into vLLM's output handler
+            self.totals.failures += 1
+            self._warn_once("failed", f"a request's usage is not recorded: {type(exc).__name__}: {exc}")
+
+    def _record_one(
+        self, request_id: object, outcome: str, prompt: int, cached: int, generation: int
+    ) -> None:
         with self._lock:
             rid = request_id if isinstance(request_id, str) else ""
             entry = self._find(rid) if rid else None
@@ -311,8 +340,12 @@ class UsageJoin:
         count not known (an ``abort`` request without tokens, when the abort watch is not on)."""
         if self._entries.get(entry.key) is entry:
             del self._entries[entry.key]
+        self._ended[entry.key] = entry
+        if len(self._ended) > MAX_ENDED:
+            self._ended.popitem(last=False)
         if entry.records or entry.leg == PREFILL:
             return
+        entry.counted = True  # a late engine record joins it without a second request
         if entry.disconnected:
             outcome = "abort"
         elif entry.status is None or entry.status >= 400:
@@ -328,18 +361,22 @@ class UsageJoin:
             )
             outcome = "stop"
         # The adapter named in the body is not known to be one vLLM accepted: the base model.
-        self.sink.record(
-            Usage(
-                tenant=entry.tenant,
-                adapter=None,
-                model=self.model,
-                requests=1,
-                prompt_tokens=0,
-                cached_prompt_tokens=0,
-                generation_tokens=0,
-                outcome=outcome,
+        try:
+            self.sink.record(
+                Usage(
+                    tenant=entry.tenant,
+                    adapter=None,
+                    model=self.model,
+                    requests=1,
+                    prompt_tokens=0,
+                    cached_prompt_tokens=0,
+                    generation_tokens=0,
+                    outcome=outcome,
+                )
             )
-        )
+        except Exception as exc:  # never into the middleware's close or the loop's timer
+            self.totals.failures += 1
+            self._warn_once("failed", f"a request's usage is not recorded: {type(exc).__name__}: {exc}")
 
     def pending(self) -> int:
         """Entries kept now (requests in flight and ended ones within the grace)."""
@@ -358,5 +395,5 @@ def _complete(entry: _Entry) -> bool:
 
 
 def _count(value: object) -> int:
-    """A token count from vLLM's stats (an int >= 0; anything else 0)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+    """A token count from vLLM's stats (an int from 0 to 2**53 - 1; anything else 0)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**53 else 0

@@ -168,29 +168,19 @@ class UsageMiddleware:
     async def _joined(self, join: UsageJoin, scope: Scope, receive: Receive, send: Send) -> None:
         messages, body = await _read_body(receive)
         try:
-            parsed: Any = json.loads(body) if body else None
-        except ValueError:
-            parsed = None  # vLLM answers 400; the request is counted as an error
-        headers = list(scope.get("headers") or ())
-        tenant = _header(headers, join.tenant_header.encode("latin-1"))
-        rid = _header(headers, _REQUEST_ID) or uuid.uuid4().hex
-        key = join.open(
-            rid,
-            tenant,
-            _adapter(scope, parsed, join.model),
-            leg=legs(parsed),
-            expected=_expected(parsed, scope["path"]),
-        )
-        if key is None:  # the table is full: not joined
+            key, scope = _open(join, scope, body)
+        except Exception as exc:  # never a failed request for the ledger's sake
+            key = None
+            log.warning("redis_stats: a request is not joined to its tenant: %s: %s", type(exc).__name__, exc)
+        if key is None:  # the table is full (or the entry failed): not joined
             await self.app(scope, _replay(messages, receive), send)
             return
-        if key != _header(headers, _REQUEST_ID):
-            headers = [(k, v) for k, v in headers if k.lower() != _REQUEST_ID]
-            headers.append((_REQUEST_ID, key.encode("latin-1")))
-            scope = dict(scope, headers=headers)
-        state: dict[str, Any] = {"status": None, "done": False, "gone": False}
-        # a disconnect seen while the body was read
-        state["gone"] = any(m.get("type") == "http.disconnect" for m in messages)
+        # a disconnect seen while the body was read counts as one
+        state: dict[str, Any] = {
+            "status": None,
+            "done": False,
+            "gone": any(m.get("type") == "http.disconnect" for m in messages),
+        }
 
         async def watched_receive() -> Message:
             message = await _replay(messages, receive)()
@@ -215,11 +205,39 @@ class UsageMiddleware:
             state["gone"] = state["gone"] or state["status"] is not None
             raise
         finally:
-            join.close(key, state["status"], disconnected=bool(state["gone"] and not state["done"]))
-            try:
-                asyncio.get_running_loop().call_later(join.grace + 0.1, join.sweep)
-            except RuntimeError:
-                pass
+            _close(join, key, state["status"], bool(state["gone"] and not state["done"]))
+
+
+def _open(join: UsageJoin, scope: Scope, body: bytes) -> tuple[str | None, Scope]:
+    """Open *scope*'s entry in *join*: (its key, the scope to hand on, with the key as its
+    ``X-Request-Id``), or (None, *scope*) when the table is full."""
+    try:
+        parsed: Any = json.loads(body) if body else None
+    except ValueError:
+        parsed = None  # vLLM answers 400; the request is counted as an error
+    headers = list(scope.get("headers") or ())
+    sent_id = _header(headers, _REQUEST_ID)
+    key = join.open(
+        sent_id or uuid.uuid4().hex,
+        _header(headers, join.tenant_header.encode("latin-1")),
+        _adapter(scope, parsed, join.model),
+        leg=legs(parsed),
+        expected=_expected(parsed, scope["path"]),
+    )
+    if key is None or key == sent_id:
+        return key, scope
+    headers = [(k, v) for k, v in headers if k.lower() != _REQUEST_ID]
+    headers.append((_REQUEST_ID, key.encode("latin-1")))
+    return key, dict(scope, headers=headers)
+
+
+def _close(join: UsageJoin, key: str, status: int | None, disconnected: bool) -> None:
+    """Close *key*'s entry and have the join swept once its grace has passed (never raises)."""
+    try:
+        join.close(key, status, disconnected=disconnected)
+        asyncio.get_running_loop().call_later(join.grace + 0.1, join.sweep)
+    except Exception as exc:
+        log.warning("redis_stats: a request's entry did not close: %s: %s", type(exc).__name__, exc)
 
 
 async def _read_body(receive: Receive) -> tuple[list[Message], bytes]:

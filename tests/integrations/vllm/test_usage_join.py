@@ -363,3 +363,81 @@ def test_the_tenant_header_variable_is_checked_and_known():
     messages = warn_mistyped_variables({"REDIS_STATS_TENANT_HEADR": "x"}, emit=lambda m: None)
     assert any("did you mean REDIS_STATS_TENANT_HEADER" in m for m in messages)
     assert not warn_mistyped_variables({"REDIS_STATS_TENANT_HEADER": "x"}, emit=lambda m: None)
+
+
+# --- attacks: hostile bodies and headers, a failing ledger, a late record ----------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b"[1, 2, 3]",
+        b'{"model": 123, "n": "3", "max_tokens": 2, "messages": []}',
+        b'{"model": "base-model", "n": 1000000000, "max_tokens": 2}',
+        b'{"model": "base-model", "max_tokens": 2, "kv_transfer_params": "x", "prompt": [[1, 2], [3]]}',
+        b'{"model": "base-model", "max_tokens": 2, "n": null, "kv_transfer_params": {"do_remote_decode": 0}}',
+    ],
+)
+def test_a_hostile_body_is_handed_on_unchanged_and_the_request_counted_once(body):
+    join, sink, clock = _join()
+    seen: list[bytes] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        message = await receive()
+        seen.append(message["body"])
+        await send({"type": "http.response.start", "status": 400, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body}
+
+    async def send(message: Any) -> None:
+        return None
+
+    headers = [(b"x-tenant", "t\u00ff\x01".encode("latin-1") * 100)]
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": headers}
+    asyncio.run(UsageMiddleware(app, join)(scope, receive, send))
+    assert seen == [body]
+    clock.now += join.grace + 1
+    join.sweep()
+    assert sink.totals() == {
+        "requests": 1,
+        "prompt_tokens": 0,
+        "cached_prompt_tokens": 0,
+        "generation_tokens": 0,
+        "error": 1,
+    }
+    assert len(sink.records[0].names()[0].encode()) <= 128  # the ledger bounds the tenant
+
+
+def test_a_failing_ledger_never_fails_a_request_nor_vllms_output_handler():
+    class Broken:
+        def record(self, usage: Usage) -> None:
+            raise RuntimeError("ledger down")
+
+    join = UsageJoin(Broken(), MODEL, tenant_header="x-tenant", grace=0.0)
+    inner = FakeVllm(join)
+    app = UsageMiddleware(inner, join)
+    app.inner = inner  # type: ignore[attr-defined]
+    body = {"model": MODEL, "max_tokens": 2, "messages": []}
+    assert asyncio.run(_call(app, body, {"x-tenant": "acme"})) == 200  # the stat logger's call inside
+    join.finished_stats(SimpleNamespace(finished_requests=[_fin("chatcmpl-x", prompt=2**60)]))
+    join.finished_stats(object())
+    assert join.totals.failures >= 1
+
+
+def test_an_engine_record_later_than_the_grace_joins_its_request_without_a_second_one():
+    join, sink, clock = _join()
+    key = join.open("slow", "acme", None)
+    join.close(key, 200)
+    clock.now += join.grace + 1
+    join.sweep()  # no record yet: counted as one request without tokens (and warned)
+    join.finished("chatcmpl-slow", "stop", 9, 0, 4)
+    assert sink.totals("acme") == {
+        "requests": 1,
+        "prompt_tokens": 9,
+        "cached_prompt_tokens": 0,
+        "generation_tokens": 4,
+        "stop": 1,
+    }
