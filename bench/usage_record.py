@@ -164,9 +164,7 @@ def variants() -> dict[str, object]:
 
 async def _asgi_requests(app: object, n: int) -> float:
     """Seconds for *n* chat requests through *app*, awaited one after the other."""
-    body = json.dumps(
-        {"model": "llama", "messages": [{"role": "user", "content": "x" * 2000}], "max_tokens": 64}
-    ).encode()
+    body = BODY
     headers = [(b"content-type", b"application/json"), (b"x-tenant-id", b"acme")]
 
     async def send(message: object) -> None:
@@ -184,8 +182,13 @@ async def _asgi_requests(app: object, n: int) -> float:
     return time.perf_counter() - start
 
 
-def middleware_cost(n: int, rounds: int) -> tuple[float, float]:
-    """(app alone, middleware + app) seconds per request, best of *rounds*."""
+BODY = json.dumps(
+    {"model": "llama", "messages": [{"role": "user", "content": "x" * 2000}], "max_tokens": 64}
+).encode()
+
+
+def middleware_cost(n: int, rounds: int) -> tuple[float, float, float]:
+    """(app alone, middleware + app, json.loads of the body) seconds per request, best of *rounds*."""
 
     async def app(scope: object, receive: object, send: object) -> None:
         message = await receive()  # type: ignore[operator]
@@ -195,11 +198,12 @@ def middleware_cost(n: int, rounds: int) -> tuple[float, float]:
     writer = StatsWriter(StatsConfig(url="redis://127.0.0.1:1/0", namespace="bench"), start=False)
     join = UsageJoin(UsageRecorder(writer), "llama", tenant_header="x-tenant-id", grace=0.0)
     wrapped = UsageMiddleware(app, join)
-    alone, joined = [], []
+    alone, joined, parse = [], [], []
     for _ in range(rounds):
         alone.append(asyncio.run(_asgi_requests(app, n)) / n)
         joined.append(asyncio.run(_asgi_requests(wrapped, n)) / n)
-    return min(alone), min(joined)
+        parse.append(timeit.timeit(lambda: json.loads(BODY), number=n) / n)
+    return min(alone), min(joined), min(parse)
 
 
 def main() -> None:
@@ -226,10 +230,29 @@ def main() -> None:
     print("|---|---:|---:|---:|")
     for name, (sec, collections) in results.items():
         print(f"| {name} | {sec * 1e9:,.0f} | {sec / base:.1f} | {collections} |")
-    alone, joined = middleware_cost(number // 10, rounds)
+    alone, joined, parse = middleware_cost(number // 10, rounds)
     print(
         f"| UsageMiddleware per request (2 KB body), less the app alone | {(joined - alone) * 1e9:,.0f} "
         f"| {(joined - alone) / base:.1f} | |"
+    )
+    print(f"| (part of it) json.loads of that body | {parse * 1e9:,.0f} | {parse / base:.1f} | |")
+    vllm_parse = vllm_request_parse(number // 10, rounds)
+    if vllm_parse is not None:
+        print(
+            f"| (scale) vLLM parsing that body into its ChatCompletionRequest | {vllm_parse * 1e9:,.0f} "
+            f"| {vllm_parse / base:.1f} | |"
+        )
+
+
+def vllm_request_parse(n: int, rounds: int) -> float | None:
+    """Seconds vLLM's own request model takes to parse the body (None without vLLM)."""
+    try:
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    except ImportError:
+        return None
+    return (
+        min(timeit.repeat(lambda: ChatCompletionRequest.model_validate_json(BODY), number=n, repeat=rounds))
+        / n
     )
 
 

@@ -175,20 +175,22 @@ class UsageJoin:
             self._entries[key] = _Entry(key, tenant or None, adapter or None, leg, expected)
             return key
 
-    def close(self, key: str, status: int | None, *, disconnected: bool = False) -> None:
+    def close(self, key: str, status: int | None, *, disconnected: bool = False) -> bool:
         """The HTTP request under *key* ended with *status* (None: no response was started);
         *disconnected*: the client left before the end. The entry waits :data:`GRACE` seconds
-        for records still on their way, or goes now if all it expects have arrived."""
+        for records still on their way, or goes now if all it expects have arrived. True when
+        it waits: the caller has :meth:`sweep` called after the grace."""
         with self._lock:
             entry = self._entries.get(key)
             if entry is None or entry.closed_at is not None:
-                return
+                return False
             entry.status, entry.disconnected = status, disconnected
             entry.closed_at = self.clock()
             if _complete(entry):
                 self._end_locked(entry)
-            else:
-                self._closed.append(entry)
+                return False
+            self._closed.append(entry)
+            return True
 
     def sweep(self) -> None:
         """End the entries whose grace has passed (the middleware schedules it after a close)."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import uuid
+import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -183,7 +183,7 @@ class UsageMiddleware:
         }
 
         async def watched_receive() -> Message:
-            message = await _replay(messages, receive)()
+            message = messages.pop(0) if messages else await receive()
             if message.get("type") == "http.disconnect" and not state["done"]:
                 state["gone"] = True
             return message
@@ -216,10 +216,10 @@ def _open(join: UsageJoin, scope: Scope, body: bytes) -> tuple[str | None, Scope
     except ValueError:
         parsed = None  # vLLM answers 400; the request is counted as an error
     headers = list(scope.get("headers") or ())
-    sent_id = _header(headers, _REQUEST_ID)
+    sent_id, tenant = _headers(headers, join.tenant_header.encode("latin-1"))
     key = join.open(
-        sent_id or uuid.uuid4().hex,
-        _header(headers, join.tenant_header.encode("latin-1")),
+        sent_id or os.urandom(16).hex(),
+        tenant,
         _adapter(scope, parsed, join.model),
         leg=legs(parsed),
         expected=_expected(parsed, scope["path"]),
@@ -234,8 +234,8 @@ def _open(join: UsageJoin, scope: Scope, body: bytes) -> tuple[str | None, Scope
 def _close(join: UsageJoin, key: str, status: int | None, disconnected: bool) -> None:
     """Close *key*'s entry and have the join swept once its grace has passed (never raises)."""
     try:
-        join.close(key, status, disconnected=disconnected)
-        asyncio.get_running_loop().call_later(join.grace + 0.1, join.sweep)
+        if join.close(key, status, disconnected=disconnected):
+            asyncio.get_running_loop().call_later(join.grace + 0.1, join.sweep)
     except Exception as exc:
         log.warning("redis_stats: a request's entry did not close: %s: %s", type(exc).__name__, exc)
 
@@ -266,15 +266,15 @@ def _replay(messages: list[Message], receive: Receive) -> Receive:
     return replayed
 
 
-def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
-    """The first value of header *name* (lower case), or None when absent or empty."""
-    if not name:
-        return None
+def _headers(headers: list[tuple[bytes, bytes]], tenant: bytes) -> tuple[str | None, str | None]:
+    """The first ``X-Request-Id`` and the first *tenant* header (lower case) of *headers*, each
+    None when absent or empty, in one pass."""
+    found: dict[bytes, str | None] = {}
     for key, value in headers:
-        if key.lower() == name:
-            text = value.decode("latin-1").strip()
-            return text or None
-    return None
+        name = key.lower()
+        if (name == _REQUEST_ID or name == tenant) and name not in found:
+            found[name] = value.decode("latin-1").strip() or None
+    return found.get(_REQUEST_ID), found.get(tenant) if tenant else None
 
 
 def _adapter(scope: Scope, body: Any, base: str) -> str | None:
