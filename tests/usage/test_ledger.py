@@ -128,3 +128,16 @@ def test_hostile_tenant_names_are_bounded_distinct_and_stay_in_their_namespace(r
     assert reader.tenant("x" * 10_000).total.get("requests") == 1
     json.dumps([r.names for r in rows])
     writer.close()
+
+
+def test_a_writer_that_records_only_usage_flushes_quietly(redis_server, namespace, caplog):
+    """A writer of no metrics (a gateway's, recording usage only) was found "behind" (no
+    catalogue) by every other flush: a warning and a whole-state resend each time."""
+    writer, rec, reader = _setup(redis_server.url, namespace)
+    for _ in range(4):
+        rec.record(_use("acme"))
+        assert writer.flush()
+    assert not [r for r in caplog.records if r.levelname == "WARNING"], caplog.text
+    assert sum(writer.stats.lost.values()) == 0
+    assert reader.tenant("acme").total.get("requests") == 4
+    writer.close()
