@@ -27,7 +27,8 @@ What is counted, once per HTTP request (what vLLM's own ``usage`` object says fo
   leg (``do_remote_decode``) is folded in: it adds only its own prefix-cache hits as cached prompt
   tokens (requests, prompt and its one generated token: 0).
 - A request that failed before the engine had it (a 4xx or 5xx and no engine record) is one
-  ``error`` request with no tokens, under the base model (the body's ``model`` was not accepted).
+  ``error`` request with no tokens, under the base model (the body's ``model`` was not accepted);
+  one refused as unauthenticated (401, 403) is not counted.
 - A request no middleware saw (no ``--middleware``, or an endpoint whose ids carry no
   ``X-Request-Id``) is counted under tenant None, the ``(none)`` bucket, never dropped.
 
@@ -51,6 +52,7 @@ __all__ = [
     "GRACE",
     "MAX_ENDED",
     "MAX_PENDING",
+    "UNAUTHENTICATED",
     "PREFILL",
     "WHOLE",
     "UsageJoin",
@@ -76,6 +78,11 @@ cannot grow the process's memory without bound."""
 MAX_ENDED = 10_000
 """Ended entries remembered (the latest): an engine record later than :data:`GRACE` still joins
 its request (and adds no second request) rather than land under ``(none)``."""
+
+UNAUTHENTICATED = frozenset({401, 403})
+"""Statuses of a request refused before anyone vouched for it (vLLM's ``--api-key`` check runs
+inside the middleware): not counted, or anyone reaching the port could fill the ledger with
+tenants of their choosing."""
 
 _OUTCOMES = {"stop": "stop", "length": "length", "abort": "abort", "error": "error", "repetition": "stop"}
 
@@ -348,6 +355,8 @@ class UsageJoin:
         if entry.records or entry.leg == PREFILL:
             return
         entry.counted = True  # a late engine record joins it without a second request
+        if entry.status in UNAUTHENTICATED:
+            return  # refused by vLLM's --api-key: its tenant header is nobody's word
         if entry.disconnected:
             outcome = "abort"
         elif entry.status is None or entry.status >= 400:

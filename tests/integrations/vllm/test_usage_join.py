@@ -441,3 +441,12 @@ def test_an_engine_record_later_than_the_grace_joins_its_request_without_a_secon
         "generation_tokens": 4,
         "stop": 1,
     }
+
+
+def test_a_request_refused_as_unauthenticated_adds_no_tenant():
+    join, sink, clock = _join()
+    for i, status in enumerate((401, 403, 429)):
+        join.close(join.open(f"r{i}", f"made-up-{status}", None) or "", status)
+    clock.now += join.grace + 1
+    join.sweep()
+    assert [(u.tenant, u.outcome) for u in sink.records] == [("made-up-429", "error")]
