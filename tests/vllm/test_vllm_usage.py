@@ -161,3 +161,43 @@ def test_usage_per_tenant_through_a_real_vllm_serve(tiny_model, tmp_path):
     # Exact: every token vLLM counted is in the ledger once (the aborted stream's included), but
     # the prefill leg's one token, which the decode leg generates again.
     assert sum(g["generation_tokens"] for g in got.values()) == vllm_generated - 1
+
+
+def test_usage_with_two_api_servers_joins_each_request_in_its_own_process(tiny_model, tmp_path):
+    """`--data-parallel-size 2`: two API-server processes, each with its own middleware, output
+    processor and stat logger; requests land on either, each joined where it was served."""
+    with EmbeddedRedis() as redis:
+        env = {
+            "REDIS_STATS_URL": redis.url,
+            "REDIS_STATS_NAMESPACE": NAMESPACE,
+            "REDIS_STATS_FLUSH_INTERVAL": "0.2",
+            "REDIS_STATS_TENANT_HEADER": "x-tenant-id",
+        }
+        args = ["--data-parallel-size", "2", "--middleware", MIDDLEWARE]
+        server = VllmServe(tiny_model, tmp_path / "dp2-usage.log", env, args)
+        expected: dict[str, dict[str, int]] = {}
+        try:
+            server.wait_ready(400)
+            for i in range(8):
+                tenant = f"t{i % 3}"
+                body = {"prompt": f"request number {i}", "max_tokens": 2 + i % 3, "ignore_eos": True}
+                status, answer = _post(server, body, {"x-tenant-id": tenant})
+                assert status == 200
+                used = expected.setdefault(
+                    tenant, {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0}
+                )
+                used["requests"] += 1
+                used["prompt_tokens"] += answer["usage"]["prompt_tokens"]
+                used["generation_tokens"] += answer["usage"]["completion_tokens"]
+            time.sleep(2)
+        finally:
+            server.stop()
+        reader = UsageReader(StatsConfig(url=redis.url, namespace=NAMESPACE))
+        got = {t: {k: reader.tenant(t).total.get(k) for k in used} for t, used in expected.items()}
+        writers = {
+            line
+            for line in (tmp_path / "dp2-usage.log").read_text().splitlines()
+            if "recording usage per tenant" in line
+        }
+    assert got == expected
+    assert len(writers) == 2, writers  # both API servers recorded usage
