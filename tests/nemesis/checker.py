@@ -71,6 +71,7 @@ class Report:
     faults: Counter[str]
     start: float
     fault_windows: list[tuple[float, float, str]]
+    finals: dict[str, tuple[float, int, int]] = field(default_factory=dict)
 
     def around(self, t: float, margin: float = 5.0) -> list[str]:
         return [
@@ -89,6 +90,10 @@ class Report:
         lines += [f"  {kind}: {n}" for kind, n in sorted((injected or self.faults).items())]
         lines.append("reads and events checked:")
         lines += [f"  {kind}: {n}" for kind, n in sorted(self.checked.items())]
+        lines.append(
+            "the end state (the library's read, after the writers closed): value, acknowledged, recorded"
+        )
+        lines += [f"  {s}: {v:g}, {low}, {high}" for s, (v, low, high) in sorted(self.finals.items())]
         lines.append(f"anomalies: {len(self.new)} new, {len(self.anomalies) - len(self.new)} known")
         shown: Counter[str] = Counter()
         for a in self.anomalies:
@@ -200,6 +205,7 @@ class _Checker:
         self.max_token = (0, "")
         self.watch: dict[str, tuple[Any, int]] = {}
         self.load_states: dict[tuple[int, str], tuple[float, str]] = {}
+        self.finals: dict[str, tuple[float, int, int]] = {}
         self._scan_windows()
 
     def flag(self, what: str, at: float, *reads: dict[str, Any]) -> None:
@@ -297,6 +303,8 @@ class _Checker:
     def _final_value(self, s: str, what: str, value: float, e: dict[str, Any], i: int) -> None:
         self.checked[f"final {what}s"] += 1
         low, high = self.bounds.lower(s)[i], self.bounds.upper(s, e["t"])[i]
+        if e["k"] == "final":
+            self.finals[f"{what} {s}"] = (value, low, high)
         if not low - 1e-6 <= value <= high + 1e-6:
             self.flag(
                 f"final {what} {s} = {value:g}: acknowledged {low}, recorded {high} "
@@ -417,7 +425,7 @@ def check_events(events: list[dict[str, Any]], seed: int, directory: Path | None
     c.run()
     if directory is not None:
         c.logs(directory)
-    return Report(seed, c.anomalies, c.checked, c.faults, c.start, c.windows)
+    return Report(seed, c.anomalies, c.checked, c.faults, c.start, c.windows, c.finals)
 
 
 def check(directory: str | Path, seed: int) -> Report:
