@@ -252,10 +252,11 @@ class _Checker:
             "watch_poll": self._watch_poll,
             "print": self._print,
             "travel": lambda e: self.bounds.travel(e["taken"], e["t"]),
+            "failover": lambda e: self.bounds.travel(e["taken"], e["t"]),
             "evict_end": self._evict_end,
         }
         for e in self.events:
-            if e["k"] == "fault" and e["phase"] == "start" and e["kind"] == "redis-travel":
+            if e["k"] == "loss":  # Redis is killed to come back older (a time travel, a failover)
                 self.bounds.last_loss = e["t"]
             if e["k"] == "evict" and e.get("lru"):
                 self.lru = True

@@ -26,8 +26,9 @@ __all__ = ["Processes", "Server"]
 class Server:
     """One redis-server on a port kept across restarts, in *directory*."""
 
-    def __init__(self, directory: Path, rec: Recorder) -> None:
+    def __init__(self, directory: Path, rec: Recorder, replica_of: int | None = None) -> None:
         self.dir = directory
+        self.replica_of = replica_of  # the master's port, while this one is a replica
         self.dir.mkdir(parents=True, exist_ok=True)
         self.snapshots: list[tuple[float, Path]] = []  # (when the RDB was taken, its copy)
         self.port = free_port()
@@ -53,13 +54,17 @@ class Server:
             "--appendonly", "yes" if aof else "no",
             "--appendfsync", "always",
             "--logfile", str(self.dir / "server.log"),
+            "--repl-diskless-sync-delay", "0",
         ]  # fmt: skip
+        if self.replica_of:
+            args += ["--replicaof", "127.0.0.1", str(self.replica_of)]
         self.process = subprocess.Popen(args, start_new_session=True, preexec_fn=tied_to_me())
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
                 if self.client().ping():
-                    self.rec("redis_up", pid=self.process.pid)
+                    if not self.replica_of:
+                        self.rec("redis_up", pid=self.process.pid)
                     return
             except redis.exceptions.BusyLoadingError:
                 pass
@@ -78,7 +83,8 @@ class Server:
         self.process.kill()
         self.process.wait()
         self.process = None
-        self.rec("redis_down")
+        if not self.replica_of:
+            self.rec("redis_down")
 
     def restart_from_older(self, index: int) -> float | None:
         """Start again from a snapshot taken earlier (the *index*-th from the newest, modulo): the
@@ -117,24 +123,50 @@ class Server:
         self.snapshots.append((taken, copy))
         self.rec("rdb", taken=taken)
 
+    def in_sync(self, replica: Server) -> bool:
+        """Whether *replica* has applied everything this master sent (offsets equal): then it
+        holds every flush acknowledged so far."""
+        try:
+            info = self.client().info("replication")
+            mine = replica.client().info("replication")
+        except redis.exceptions.RedisError:
+            return False
+        return mine.get("master_link_status") == "up" and info.get("master_repl_offset") == mine.get(
+            "slave_repl_offset"
+        )
+
+    def promote(self) -> None:
+        """This replica becomes the master (``REPLICAOF NO ONE``)."""
+        self.client().replicaof("NO", "ONE")
+        self.replica_of = None
+
+    def follow(self, master: Server) -> None:
+        """Start again as a replica of *master* (this one's data given up: a full sync)."""
+        shutil.rmtree(self.dir / "appendonlydir", ignore_errors=True)
+        (self.dir / "dump.rdb").unlink(missing_ok=True)
+        self.replica_of = master.port
+        self.start()
+
     def freeze(self, on: bool) -> None:
         if self.process is None or self.frozen == on:
             return
         os.kill(self.process.pid, signal.SIGSTOP if on else signal.SIGCONT)
         self.frozen = on
-        self.rec("redis_frozen" if on else "redis_thawed")
+        if not self.replica_of:  # a frozen replica is a lagging one, not an outage
+            self.rec("redis_frozen" if on else "redis_thawed")
 
-    def squeeze(self, on: bool, lru: bool) -> None:
-        """``maxmemory`` just under what is used (evicting, or refusing writes), or off."""
+    def squeeze(self, on: bool, policy: str) -> None:
+        """``maxmemory`` just under what is used, under *policy* (refusing writes, evicting keys
+        with a TTL, or evicting any), or off."""
         if self.process is None or self.frozen:
             return
         try:
             c = self.client()
             if on:
                 used = int(c.info("memory")["used_memory"])
-                c.config_set("maxmemory-policy", "allkeys-lru" if lru else "noeviction")
+                c.config_set("maxmemory-policy", policy)
                 c.config_set("maxmemory", str(max(1, int(used * 0.8))))
-                self.rec("evict", lru=lru)
+                self.rec("evict", policy=policy, lru=policy.startswith("allkeys"))
             else:
                 c.config_set("maxmemory", "0")
                 self.rec("evict_end")
@@ -159,6 +191,7 @@ class Processes:
         self.namespace = namespace
         self.seed = seed
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.old_release: Path | None = None  # a tree of the previous release's redis_stats
         self.incarnation: dict[str, int] = {}
         self.argv: dict[str, tuple[str, list[str]]] = {}  # slot -> (kind, extra args)
         self.urls: dict[str, str] = {}
@@ -180,10 +213,14 @@ class Processes:
                 "--redis-url", self.urls[slot], "--namespace", self.namespace, *extra,
             ]  # fmt: skip
         else:
-            argv = [PYTHON, "-m", "tests.nemesis.workers", kind, str(self.dir), name, self.urls[slot],
-                    self.namespace, str(self.seed * 100 + n), *extra]  # fmt: skip
+            argv = [PYTHON, "-m", "tests.nemesis.workers", kind.removesuffix("-old"), str(self.dir), name,
+                    self.urls[slot], self.namespace, str(self.seed * 100 + n), *extra]  # fmt: skip
+        root = ROOT
+        if kind.endswith("-old") and self.old_release is not None:
+            root = self.old_release
+            env["PYTHONPATH"] = str(root)
         self.procs[slot] = subprocess.Popen(
-            argv, cwd=ROOT, env=env, stdout=log, stderr=log, preexec_fn=tied_to_me()
+            argv, cwd=root, env=env, stdout=log, stderr=log, preexec_fn=tied_to_me()
         )
         log.close()
         self.stopped.discard(slot)
@@ -227,6 +264,26 @@ class Processes:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def previous_release(commit: str, into: Path) -> Path | None:
+    """A tree with *commit*'s ``redis_stats`` and this checkout's nemesis workers (what a writer
+    of the previous release runs here), or None without that commit in the git history."""
+    try:
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", commit, "redis_stats"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    (into / "tests" / "nemesis").mkdir(parents=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True, timeout=60)
+    (into / "tests" / "__init__.py").write_text("")
+    for name in ("__init__.py", "history.py", "workers.py"):
+        shutil.copy(ROOT / "tests" / "nemesis" / name, into / "tests" / "nemesis" / name)
+    return into
 
 
 def wait_port(port: int, timeout: float = 30.0) -> None:

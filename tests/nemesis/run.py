@@ -23,12 +23,13 @@ from typing import Any
 
 from redis_stats.tools.embedded import free_port
 from tests.nemesis import checker
-from tests.nemesis.cluster import Processes, Server, wait_port
+from tests.nemesis.cluster import Processes, Server, previous_release, wait_port
 from tests.nemesis.history import Recorder
-from tests.nemesis.schedule import PROCESS_SLOTS, Fault, make_schedule
+from tests.nemesis.schedule import EVICTION_POLICIES, PROCESS_SLOTS, Fault, make_schedule
 from tests.proxy import CuttingProxy
+from tests.store.test_load_rolling_upgrade import LAST_RELEASE
 
-WRITER_KINDS = ("sync", "asyncio", "fork")
+WRITER_KINDS = ("sync", "sync-old", "asyncio", "fork")
 SNAPSHOT_EVERY = 8.0  # seconds between two RDBs kept for time travel
 
 
@@ -43,11 +44,17 @@ class Nemesis:
         self.namespace = f"nemesis{seed}"
         self.server = Server(directory / "redis", self.rec)
         self.server.start()
+        # A replica, promoted by a failover (the master's snapshots are the pair's).
+        self.replica = Server(directory / "replica", self.rec, replica_of=self.server.port)
+        self.replica.snapshots = self.server.snapshots
+        self.replica.start()
+        self.synced_at: float | None = None
         self.proxies = {
             "w": CuttingProxy(self.server.port, seed=seed),
             "r": CuttingProxy(self.server.port, seed=seed + 1),
         }
         self.procs = Processes(directory, self.rec, self.namespace, seed)
+        self.procs.old_release = previous_release(LAST_RELEASE, directory / "previous-release")
         self.exporter_ports = {"exp0": free_port(), "exp1": free_port()}
         self.injected: Counter[str] = Counter()
         self.t0 = time.monotonic()
@@ -64,6 +71,11 @@ class Nemesis:
         self.procs.add("watch1", "watch", r, [str(self.exporter_ports["exp1"])])
         self.procs.add("observer", "observe", r, [str(p) for p in self.exporter_ports.values()])
         for slot in [*PROCESS_SLOTS, "observer"]:
+            if slot == "old0" and self.procs.old_release is None:
+                print(
+                    f"nemesis: no {LAST_RELEASE} in the git history here: no writer of the previous release"
+                )
+                continue
             self.procs.start(slot)
         for port in self.exporter_ports.values():
             wait_port(port)
@@ -93,11 +105,14 @@ class Nemesis:
             "redis-kill": self._redis_kill,
             "redis-travel": self._redis_travel,
             "redis-freeze": lambda f, on: self.server.freeze(on),
-            "evict": lambda f, on: self.server.squeeze(on, lru=bool(f.param)),
+            "evict": lambda f, on: self.server.squeeze(on, EVICTION_POLICIES[int(f.param)]),
+            "failover": self._failover,
             "kill": self._kill,
             "pause": lambda f, on: self.procs.pause(f.target, on),
         }
         action = actions.get(fault.kind)
+        if fault.target in PROCESS_SLOTS and fault.target not in self.procs.argv:
+            return  # a slot this run has not (no previous release here)
         if action is not None:
             action(fault, on)
         else:
@@ -109,8 +124,31 @@ class Nemesis:
         elif self.server.process is None:
             self.server.start()
 
+    def _failover(self, fault: Fault, on: bool) -> None:
+        """Start: the replica stops applying (once it holds everything); end: the master is killed,
+        the lagging replica promoted, the clients sent to it, the old master its replica."""
+        if on:
+            self.synced_at = time.monotonic() if self.server.in_sync(self.replica) else None
+            if self.synced_at is not None:
+                self.rec("replica_synced", taken=self.synced_at)
+                self.replica.freeze(True)
+            return
+        if self.synced_at is None or self.server.process is None:
+            return
+        self.rec("loss")
+        self.server.kill()
+        self.replica.freeze(False)
+        self.replica.promote()
+        old, self.server, self.replica = self.server, self.replica, self.server
+        for proxy in self.proxies.values():
+            proxy.retarget(self.server.port)
+        self.rec("failover", taken=self.synced_at)
+        self.rec("redis_up", pid=self.server.process.pid if self.server.process else None)
+        old.follow(self.server)
+
     def _redis_travel(self, fault: Fault, on: bool) -> None:
         if on:
+            self.rec("loss")
             self.server.kill()
         elif self.server.process is None:
             self.server.restart_from_older(int(fault.seconds * 10))
@@ -201,6 +239,7 @@ class Nemesis:
         for proxy in self.proxies.values():
             proxy.close()
         self.server.stop()
+        self.replica.stop()
 
 
 def final_read(url: str, namespace: str, rec: Recorder) -> None:

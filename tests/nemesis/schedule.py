@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-__all__ = ["PROCESS_SLOTS", "Fault", "make_schedule"]
+__all__ = ["EVICTION_POLICIES", "PROCESS_SLOTS", "QUIET", "Fault", "make_schedule"]
 
 # The processes of the deployment, by slot (a slot's process is restarted under the same slot).
 PROCESS_SLOTS = {
@@ -15,6 +15,7 @@ PROCESS_SLOTS = {
     "sync1": "sync",
     "aio0": "asyncio",
     "fork0": "fork",
+    "old0": "sync-old",  # a writer of the previous release beside the current ones
     "exp0": "exporter",
     "exp1": "exporter",
     "lease0": "lease",
@@ -25,7 +26,12 @@ PROCESS_SLOTS = {
 }
 
 # Faults of Redis itself, one at a time (a frozen server cannot also be killed).
-REDIS_FAULTS = ("redis-kill", "redis-travel", "redis-freeze", "evict")
+# "failover": the replica stops applying (frozen) for the fault's seconds, then the master is
+# killed and the lagging replica promoted behind the same address (both proxies retargeted).
+REDIS_FAULTS = ("redis-kill", "redis-travel", "redis-freeze", "evict", "failover")
+# maxmemory-policy of an "evict" fault: the two docs/redis-servers.md asks for (the store stays
+# exact), and one that evicts any key (departed writers' data lost for good, as documented).
+EVICTION_POLICIES = ("noeviction", "volatile-lru", "allkeys-lru")
 # Faults of a proxy between clients and Redis: "w" is the writers' and lease holders', "r" the
 # exporters'.
 PROXY_FAULTS = ("delay", "cut", "reset", "partition", "server-clock")
@@ -48,6 +54,8 @@ class Fault:
     param: float = 0.0
 
     def describe(self) -> str:
+        if self.kind == "evict":
+            return f"evict ({EVICTION_POLICIES[int(self.param)]}) at {self.at:.1f}s for {self.seconds:.1f}s"
         extra = f" ({self.param:g})" if self.param else ""
         return f"{self.kind} {self.target}{extra} at {self.at:.1f}s for {self.seconds:.1f}s"
 
@@ -71,7 +79,7 @@ def _process_fault(rng: random.Random, at: float, seconds: float, free: list[str
     target = rng.choice(free)
     kind = rng.choice(PROCESS_FAULTS)
     skew = 0.0
-    if kind == "kill" and PROCESS_SLOTS[target] in ("sync", "asyncio", "fork"):
+    if kind == "kill" and PROCESS_SLOTS[target] in ("sync", "sync-old", "asyncio", "fork"):
         skew = rng.choice((0.0, 0.0, -90.0, -2.0, 2.0, 90.0))  # the restarted writer's host clock
     return Fault(at, kind, target, seconds, skew)
 
@@ -93,7 +101,8 @@ def make_schedule(seed: int, duration: float) -> list[Fault]:
         if roll < 0.25:
             kind = rng.choice(REDIS_FAULTS)
             target = "redis"
-            param = rng.choice((0.0, 1.0)) if kind == "evict" else 0.0  # evict: 1 = allkeys-lru
+            # evict: the policy, an index of EVICTION_POLICIES (the supported ones more often)
+            param = float(rng.choice((0, 0, 1, 1, 2))) if kind == "evict" else 0.0
             fault = Fault(at, kind, target, seconds, param)
         elif roll < 0.5:
             fault = _proxy_fault(rng, at, seconds)

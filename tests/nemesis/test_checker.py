@@ -71,7 +71,7 @@ def test_a_killed_writers_unflushed_records_may_be_lost_and_no_more():
 def test_a_time_travel_takes_back_what_was_acknowledged_after_the_snapshot_and_nothing_before():
     h = History().rec("w.0", 70).ack("w.0", 70).add("rdb", taken=2.5).rec("w.0", 140).ack("w.0", 140)
     h.add("killed", slot="w")  # dead: nobody stores its 140 again
-    h.add("fault", phase="start", what="travel", kind="redis-travel", target="redis")
+    h.add("loss")
     h.add("travel", taken=2.5).add("writers_closed")
     h.add("final", c={S: 70}, h={}, g={})
     assert h.check() == []
