@@ -32,7 +32,7 @@ import bisect
 import json
 import math
 import re
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,16 +140,23 @@ class _Bounds:
     """Per process, what it had recorded (``rec``) and what the store must hold of it (``ack``,
     lowered by a time travel or an eviction), over time."""
 
+    KEEP = 120.0  # seconds of floor changes kept to look back from (an RDB is noted once it is written)
+
     def __init__(self) -> None:
         self.series: dict[str, str] = {}  # process -> series
+        self.of_series: dict[str, list[str]] = defaultdict(list)  # series -> its processes
         self.recorded: dict[str, tuple[list[float], list[tuple[int, int]]]] = defaultdict(lambda: ([], []))
         self.floor: dict[str, tuple[int, int]] = {}  # process -> (c, h) the store must hold now
-        self.floors: list[tuple[float, dict[str, tuple[int, int]]]] = [(-math.inf, {})]
-        self.closed_ok: set[str] = set()
+        # Recent changes of the floor, (when, process, its value before), and the floors saved at
+        # the moments Redis may go back to (an RDB taken, a replica last in sync).
+        self.changes: deque[tuple[float, str, tuple[int, int] | None]] = deque()
+        self.saved: dict[float, dict[str, tuple[int, int]]] = {}
         self.last_loss = -math.inf  # when acknowledged data last went away by design
 
     def rec(self, e: dict[str, Any]) -> None:
-        self.series[e["p"]] = e["s"]
+        if e["p"] not in self.series:
+            self.series[e["p"]] = e["s"]
+            self.of_series[e["s"]].append(e["p"])
         times, values = self.recorded[e["p"]]
         times.append(e["t"])
         values.append((e["c"], e["h"]))
@@ -157,23 +164,42 @@ class _Bounds:
     def ack(self, e: dict[str, Any]) -> None:
         if e.get("t0", -math.inf) < self.last_loss:
             return  # sent before data went away, answered after: not known to hold
-        self.floor[e["p"]] = (e["c"], e["h"])
-        self.floors.append((e["t"], dict(self.floor)))
+        self._set(e["t"], e["p"], (e["c"], e["h"]))
+
+    def _set(self, t: float, p: str, value: tuple[int, int] | None) -> None:
+        self.changes.append((t, p, self.floor.get(p)))
+        if value is None:
+            self.floor.pop(p, None)
+        else:
+            self.floor[p] = value
+        while self.changes and self.changes[0][0] < t - self.KEEP:
+            self.changes.popleft()
+
+    def save(self, taken: float) -> None:
+        """The floor as it was at *taken* (a copy Redis may be sent back to)."""
+        floor = dict(self.floor)
+        for t, p, before in reversed(self.changes):
+            if t <= taken:
+                break
+            if before is None:
+                floor.pop(p, None)
+            else:
+                floor[p] = before
+        self.saved[taken] = floor
 
     def travel(self, taken: float, now: float) -> None:
-        i = bisect.bisect_right([t for t, _ in self.floors], taken) - 1
-        self.floor = dict(self.floors[i][1])
-        self.floors.append((now, dict(self.floor)))
+        for p in list(self.floor):
+            self._set(now, p, None)
+        for p, value in self.saved.get(taken, {}).items():
+            self._set(now, p, value)
 
     def evicted(self, now: float) -> None:
-        self.floor = {}
-        self.floors.append((now, {}))
+        for p in list(self.floor):
+            self._set(now, p, None)
 
     def upper(self, series: str, t: float) -> tuple[int, int]:
         c = h = 0
-        for p, s in self.series.items():
-            if s != series:
-                continue
+        for p in self.of_series.get(series, ()):
             times, values = self.recorded[p]
             i = bisect.bisect_right(times, t) - 1
             if i >= 0:
@@ -182,9 +208,9 @@ class _Bounds:
 
     def lower(self, series: str) -> tuple[int, int]:
         c = h = 0
-        for p, (pc, ph) in self.floor.items():
-            if self.series.get(p) == series:
-                c, h = c + pc, h + ph
+        for p in self.of_series.get(series, ()):
+            pc, ph = self.floor.get(p, (0, 0))
+            c, h = c + pc, h + ph
         return c, h
 
 
@@ -253,6 +279,8 @@ class _Checker:
             "print": self._print,
             "travel": lambda e: self.bounds.travel(e["taken"], e["t"]),
             "failover": lambda e: self.bounds.travel(e["taken"], e["t"]),
+            "rdb": lambda e: self.bounds.save(e["taken"]),
+            "replica_synced": lambda e: self.bounds.save(e["taken"]),
             "evict_end": self._evict_end,
         }
         for e in self.events:

@@ -93,7 +93,7 @@ class Server:
         if not self.snapshots:
             self.start()
             return None
-        taken, path = self.snapshots[-1 - index % len(self.snapshots)]
+        taken, path = self.snapshots[-1 - index % min(8, len(self.snapshots))]  # up to ~a minute back
         shutil.rmtree(self.dir / "appendonlydir", ignore_errors=True)
         shutil.copy(path, self.dir / "dump.rdb")
         self.start(aof=False)
@@ -268,10 +268,11 @@ class Processes:
 
 def previous_release(commit: str, into: Path) -> Path | None:
     """A tree with *commit*'s ``redis_stats`` and this checkout's nemesis workers (what a writer
-    of the previous release runs here), or None without that commit in the git history."""
+    of the previous release runs here), or None without that commit in the git history (of this
+    checkout, or of ``NEMESIS_GIT``: a run from a copy of the tree names the repository)."""
     try:
         archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", commit, "redis_stats"],
+            ["git", "-C", os.environ.get("NEMESIS_GIT") or str(ROOT), "archive", commit, "redis_stats"],
             check=True,
             capture_output=True,
             timeout=60,

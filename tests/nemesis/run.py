@@ -132,6 +132,9 @@ class Nemesis:
             if self.synced_at is not None:
                 self.rec("replica_synced", taken=self.synced_at)
                 self.replica.freeze(True)
+            else:  # still syncing (after a restart or the last failover): no failover this time
+                self.rec("failover_skipped")
+                self.injected["failover skipped (replica not in sync)"] += 1
             return
         if self.synced_at is None or self.server.process is None:
             return
