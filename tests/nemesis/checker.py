@@ -47,6 +47,15 @@ GRACE = 3.0
 
 STATES = {"up", "stale", "down", "gone", "unknown"}
 
+KILL_SLACK = 1.5
+"""Seconds of records a writer killed while Redis answered may lose: docs/operations.md says less
+than a flush interval (0.25 s here); the rest is the loaded machine's (a flush's round trip, a
+flusher thread waiting for the GIL)."""
+
+KILL_CLEAR = 5.0
+"""Seconds before a kill without a fault in the way of the writer's flushes (Redis, the writers'
+proxy, a pause of that writer) for :data:`KILL_SLACK` to be the bound."""
+
 KNOWN = {
     "/watch answered 200 with engines": "issue 46 item 1 (the feed helper's): /watch's whole state "
     "answers 200 with every engine up while the store cannot be read",
@@ -175,6 +184,9 @@ class _Bounds:
         while self.changes and self.changes[0][0] < t - self.KEEP:
             self.changes.popleft()
 
+    def raise_floor(self, t: float, p: str, value: tuple[int, int]) -> None:
+        self._set(t, p, value)
+
     def save(self, taken: float) -> None:
         """The floor as it was at *taken* (a copy Redis may be sent back to)."""
         floor = dict(self.floor)
@@ -232,6 +244,8 @@ class _Checker:
         self.watch: dict[str, tuple[Any, int]] = {}
         self.load_states: dict[tuple[int, str], tuple[float, str]] = {}
         self.finals: dict[str, tuple[float, int, int]] = {}
+        self.flush_faults: list[tuple[float, float, str]] = []
+        self.incarnation: dict[str, str] = {}  # slot -> its process now
         self._scan_windows()
 
     def flag(self, what: str, at: float, *reads: dict[str, Any]) -> None:
@@ -250,6 +264,10 @@ class _Checker:
                     self.faults[f"{e['kind']} {of}" if of else e["kind"]] += 1
                 else:
                     self.windows.append((open_faults.pop(e["what"], e["t"]), e["t"], e["what"]))
+                    if e["target"] in ("redis", "w") or e["kind"] == "pause":
+                        # In the way of a writer's flushes (a pause: of that process only).
+                        who = e["target"] if e["kind"] == "pause" else ""
+                        self.flush_faults.append((self.windows[-1][0], e["t"], who))
                     if e["kind"] == "partition" and e["target"] == "r":
                         self.outages.append((self.windows[-1][0], e["t"]))
             elif k in ("redis_down", "redis_frozen") and down_since is None:
@@ -282,6 +300,8 @@ class _Checker:
             "rdb": lambda e: self.bounds.save(e["taken"]),
             "replica_synced": lambda e: self.bounds.save(e["taken"]),
             "evict_end": self._evict_end,
+            "spawn": lambda e: self.incarnation.__setitem__(e["slot"], e["name"]),
+            "killed": self._killed,
         }
         for e in self.events:
             if e["k"] == "loss":  # Redis is killed to come back older (a time travel, a failover)
@@ -291,6 +311,22 @@ class _Checker:
             handler = handlers.get(e["k"])
             if handler is not None:
                 handler(e)
+
+    def _killed(self, e: dict[str, Any]) -> None:
+        """A writer killed while its flushes went through loses less than a flush interval of
+        records (docs/operations.md): its floor is what it had recorded :data:`KILL_SLACK` s
+        before, unless a fault stood in the way of its flushes in the :data:`KILL_CLEAR` s before."""
+        slot, k = e["slot"], e["t"]
+        name = self.incarnation.get(slot)
+        if name is None or name not in self.bounds.series:
+            return
+        if any(a <= k and b >= k - KILL_CLEAR and who in ("", slot) for a, b, who in self.flush_faults):
+            return
+        times, values = self.bounds.recorded[name]
+        i = bisect.bisect_right(times, k - KILL_SLACK) - 1
+        if i >= 0 and values[i] > self.bounds.floor.get(name, (0, 0)):
+            self.checked["writers killed with their flushes going through"] += 1
+            self.bounds.raise_floor(k, name, values[i])
 
     def _evict_end(self, e: dict[str, Any]) -> None:
         if getattr(self, "lru", False):

@@ -128,3 +128,20 @@ def test_the_schedule_is_a_function_of_the_seed():
     assert all(f.at + f.seconds <= 300 - QUIET for f in faults)
     overlapping = sum(1 for a in faults for b in faults if a is not b and a.at <= b.at < a.at + a.seconds)
     assert overlapping > len(faults) / 2
+
+
+def test_a_writer_killed_while_redis_answered_loses_less_than_a_flush_interval():
+    def run(fault: bool) -> list[str]:
+        h = History().add("spawn", slot="w", name="w.0").rec("w.0", 70).ack("w.0", 70)
+        if fault:
+            h.add("fault", phase="start", what="freeze", kind="redis-freeze", target="redis")
+            h.add("fault", phase="end", what="freeze", kind="redis-freeze", target="redis")
+        for c in (140, 210, 280, 350):  # recorded, one a second, never acknowledged
+            h.rec("w.0", c)
+        h.add("killed", slot="w").add("writers_closed")
+        h.add("final", c={S: 140}, h={}, g={})
+        return h.check()
+
+    # 280 recorded 2 s before the kill: flushed by then unless something stood in the way
+    assert run(fault=False) == ["final counter 0|sync0 = 140: acknowledged 280, recorded 350 (lost 140)"]
+    assert run(fault=True) == []
