@@ -28,6 +28,7 @@ is stopped then.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -35,6 +36,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -266,6 +268,12 @@ def _command(sample: Sample, step: Step, view: str | None) -> str:
 _LOAD_SAID = re.compile(r"process \d+ \(engines \d+\.\.\d+\) is behind: ")
 
 
+def _end(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL *proc*'s process group, if it still runs."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 def run_step(command: str, want: list[str], env: dict[str, str], timeout: float = 60) -> list[str]:
     """Run *command* (bash) and read what it prints (stdout then stderr, as a terminal shows an
     error); stop it once it printed what the sample shows (a ``^C`` line: SIGINT there)."""
@@ -279,7 +287,10 @@ def run_step(command: str, want: list[str], env: dict[str, str], timeout: float 
     )  # fmt: skip
     assert proc.stdout is not None
     printed: list[str] = []
-    deadline = time.monotonic() + timeout
+    # A command that prints less than the sample and never ends (a server, a stream that stalled)
+    # is ended at the deadline, which ends the read below: a silent hang never hangs the suite.
+    watchdog = threading.Timer(timeout, _end, (proc,))
+    watchdog.start()
     stream = is_json(want) and want and want[0].startswith(("event:", "id:", "data:"))
     data_wanted = sum(1 for line in want if line.startswith("data:"))
     try:
@@ -291,13 +302,12 @@ def run_step(command: str, want: list[str], env: dict[str, str], timeout: float 
                 break
             if needed is not None and len(printed) >= needed:
                 break
-            if time.monotonic() > deadline:
-                break
         if interrupt_at is not None:
             os.killpg(proc.pid, signal.SIGINT)
             rest, _ = proc.communicate(timeout=timeout)
             printed += rest.splitlines()
     finally:
+        watchdog.cancel()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
