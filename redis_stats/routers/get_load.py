@@ -3,9 +3,12 @@
 vllm-router (``--policy power_of_two``) polls ``GET <worker URL>/get_load`` and reads
 ``{"load": N}`` (an integer: its source reads it with serde_json's ``as_i64``): :func:`endpoint_answer`.
 sglang-router (0.3.x, before it read ``/v1/loads``) reads a JSON list of ranks and sums them:
-:func:`rank_list_answer`. The load is the requests running plus waiting summed over the
-endpoint's **live** engines (``up`` or ``stale``, the one rule of every view; a ``down`` engine
-is left out), as the load feed holds them (``redis_stats.load``).
+:func:`rank_list_answer`. The load is summed over the endpoint's **live** engines (``up`` or
+``stale``, the one rule of every view; a ``down`` engine is left out), as the load feed holds
+them (``redis_stats.load``): each engine's ``expected_in_flight``, its requests in flight where its
+front end counts them (``in_flight``, else running plus waiting) plus the routers' bookings not
+yet counted (``booked``): so a router that only polls ``/get_load`` sees every replica's
+dispatches once they land, with no change to it (docs/routers.md, "Router replicas").
 
 Both are pure: an endpoint id and its engines' loads (one read of the load feed) in, (HTTP
 status, document) out. The exporter serves them (``/get_load?endpoint=<id>``,
@@ -23,7 +26,7 @@ from typing import Any
 
 from redis_stats.load import EngineLoad, LoadView
 from redis_stats.routers.ranks import ranks_of
-from redis_stats.routers.vouch import describe, withheld
+from redis_stats.routers.vouch import NOT_REPORTED, describe, impossible, withheld
 
 __all__ = ["PATH", "endpoint_answer", "engines_of", "rank_list_answer"]
 
@@ -47,9 +50,12 @@ def endpoint_answer(endpoint: str, mine: list[EngineLoad]) -> tuple[int, dict[st
             "its load is not known",
             "endpoint": endpoint,
         }
-    silent = {e.engine: why for e in live if (why := withheld(e))}
+    silent = {e.engine: why for e in live if (why := withheld(e)) and not _counts_arrivals(e, why)}
     running = sum(e.requests_running or 0.0 for e in live)
     waiting = sum(e.requests_waiting or 0.0 for e in live)
+    in_flight = [e.in_flight for e in live if e.in_flight is not None]
+    booked = sum(e.booked or 0 for e in live)
+    load = sum(e.expected_in_flight or 0.0 for e in live)
     if silent:
         return 503, {
             "error": "no_load",
@@ -59,7 +65,7 @@ def endpoint_answer(endpoint: str, mine: list[EngineLoad]) -> tuple[int, dict[st
             "endpoint": endpoint,
             "withheld": {str(e): w for e, w in sorted(silent.items())},
         }
-    if not math.isfinite(running + waiting):  # every count finite, their sum past the float range
+    if not math.isfinite(running + waiting + load):  # every count finite, their sum past the float range
         return 503, {
             "error": "no_load",
             "detail": f"the requests of engines {[e.engine for e in live]} of endpoint {endpoint!r} "
@@ -68,14 +74,24 @@ def endpoint_answer(endpoint: str, mine: list[EngineLoad]) -> tuple[int, dict[st
         }
     return 200, {
         # An integer: vllm-router reads it with as_i64, which reads 5.0 as nothing.
-        "load": round(running + waiting),
+        "load": round(load),
         "running": round(running),
         "waiting": round(waiting),
+        # requests counted where they landed (null: no front end of the endpoint counts them)
+        "in_flight": round(sum(in_flight)) if in_flight else None,
+        "booked": booked,
         "endpoint": endpoint,
         "engines": [e.engine for e in live],
         "engines_down": down,
         "age_seconds": round(max(e.age_seconds for e in live), 3),
     }
+
+
+def _counts_arrivals(load: EngineLoad, why: dict[str, str]) -> bool:
+    """Whether *load*'s engine has a load without running and waiting counts of its own: its
+    front end counts its requests in flight, and it reports no count (one it reports that no
+    engine can have is still withheld)."""
+    return impossible("in_flight", load.in_flight) is None and set(why.values()) == {NOT_REPORTED}
 
 
 def rank_list_answer(endpoint: str, mine: list[EngineLoad]) -> tuple[int, Any]:

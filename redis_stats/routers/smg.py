@@ -240,6 +240,11 @@ def _snapshot(rank: int, load: EngineLoad) -> dict[str, Any]:
         "utilization": 0.0,
         "max_running_requests": _i32(load.max_running_requests),
         "engine": load.engine,
+        # keys the gateway ignores: requests counted where they landed, routers' bookings not yet
+        # counted, their sum (docs/routers.md, "Router replicas"; null: not counted)
+        "in_flight": None if load.in_flight is None else _i32(load.in_flight),
+        "booked": load.booked,
+        "expected_in_flight": None if load.expected_in_flight is None else _i32(load.expected_in_flight),
     }
 
 

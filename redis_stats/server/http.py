@@ -501,6 +501,19 @@ def _handler(
             """The view's answer."""
             self._serve()
 
+        def do_POST(self) -> None:
+            """A route that writes (``Route(writes=True)``): its parameters are in the query; a
+            request with a body is refused and the connection closed (no body is ever read, so
+            none can be taken for a next request)."""
+            length = self.headers.get("Content-Length", "0").strip()
+            if self.headers.get("Transfer-Encoding") or length not in ("", "0"):
+                self.close_connection = True
+                doc = {"error": "give the parameters in the query string: a POST here carries no body"}
+                path, _, query = self.path.partition("?")
+                self._write(Request("POST", path, query, self.headers), json_response(413, doc))
+                return
+            self._serve()
+
         def do_HEAD(self) -> None:
             """The view's answer, headers only."""
             # The same work and headers as GET (Content-Length included), without the body.

@@ -120,6 +120,9 @@ class ServeOptions:
     basic-auth users); *web_token_file*, bearer tokens, one a line; *web_open*, the paths served
     without credentials (``["/healthz"]`` for a kubelet's probe); *insecure_private_views*, serve
     private views (per-tenant usage) without credentials all the same.
+
+    Usage (docs/usage.md): *usage* serves ``GET /usage`` and puts the *usage_top* tenants (and
+    one ``(other)`` series) in ``/metrics``: business data, so both then need credentials.
     """
 
     engines: Sequence[int] | None = None
@@ -150,6 +153,12 @@ class ServeOptions:
     web_token_file: str | None = None
     web_open: Sequence[str] = ()
     insecure_private_views: bool = False
+    bookings: bool = False
+    """Serve ``POST /bookings``: routers not written in Python book their dispatches through the
+    exporter (it writes Redis: a private route, never served without credentials unless
+    *insecure_private_views*; docs/routers.md, "Router replicas")."""
+    usage: bool = False
+    usage_top: int = 10
 
     def __post_init__(self) -> None:
         _seconds("request_timeout", self.request_timeout, "a connection's time to send its request")
@@ -175,6 +184,9 @@ class ServeOptions:
         )
         _whole("view_budget", self.view_budget, 0, "kept for requests' slices and endpoints", " of bytes")
         _whole("max_namespaces", self.max_namespaces, 1, "namespaces served at most")
+        _whole("usage_top", self.usage_top, 0, "tenants in /metrics with --usage; the rest is (other)")
+        if self.usage_top > 1000:
+            raise ValueError(f"usage_top={self.usage_top!r}: at most 1000 tenants in /metrics (bounded)")
         if not self.gc_interval >= 0:
             raise ValueError(f"gc_interval={self.gc_interval!r} must be a number of seconds >= 0 (0: no gc)")
         problems = summary_problems(self.summary) + history_problems(self.history)

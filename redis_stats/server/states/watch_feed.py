@@ -51,7 +51,7 @@ from typing import Any
 from redis_stats.background import survive, survived
 from redis_stats.config import redact
 from redis_stats.errors import error_kind
-from redis_stats.load import FIELDS, EngineLoad, LoadView, decode_entries, engine_load
+from redis_stats.load import FIELDS, EngineLoad, LoadView, add_bookings, decode_entries, engine_load
 from redis_stats.routers.vouch import engine_state, unknown_document
 from redis_stats.server.kept import release_memory
 from redis_stats.server.source import Source
@@ -102,7 +102,7 @@ def _same(a: dict[str, Any] | None, b: dict[str, Any]) -> bool:
     """Whether two state docs say the same (their ages aside)."""
     if a is None:
         return False
-    return all(a.get(k) == b.get(k) for k in ("state", "endpoint", *FIELDS))
+    return all(a.get(k) == b.get(k) for k in ("state", "endpoint", "booked", *FIELDS))
 
 
 class _History:
@@ -154,6 +154,7 @@ class WatchFeed:
         self.reads = 0
         self._raw: dict[str, Any] = {}
         self._good = time.monotonic()  # the last read that succeeded (or the start)
+        self._booked: dict[int, int] = {}  # routers' bookings by engine, as of the last read
         self._asked = 0.0
         self._registered = 0.0
         self._whole = True  # the next read builds the whole state anew (a new epoch)
@@ -221,7 +222,7 @@ class WatchFeed:
             return
         view = current[0]
         try:
-            now_ms, raw = self._read_hashes()
+            now_ms, raw, booked = self._read_hashes()
         except Exception as exc:
             kind = error_kind(exc)
             self._not_known({"error": kind, "detail": redact(str(exc), self.reader.config.url)})
@@ -230,11 +231,11 @@ class WatchFeed:
             return
         self.reads += 1
         if self.unknown is not None or self._whole:
-            self._restart(view, raw, now_ms)
+            self._restart(view, raw, booked, now_ms)
             return
-        engines = self._touched(view, raw)
-        self._raw = raw
-        docs = self._docs(engines, view, raw, now_ms)
+        engines = self._touched(view, raw, booked)
+        self._raw, self._booked = raw, booked
+        docs = self._docs(engines, view, raw, booked, now_ms)
         with self.changed:
             self._good = time.monotonic()
             for doc in docs:
@@ -246,10 +247,10 @@ class WatchFeed:
             if docs:
                 self.changed.notify_all()
 
-    def _restart(self, view: LoadView, raw: dict[str, Any], now_ms: float) -> None:
+    def _restart(self, view: LoadView, raw: dict[str, Any], booked: dict[int, int], now_ms: float) -> None:
         """The whole state from this read, in a new epoch (the feed was unknown, or starts)."""
-        self._raw = raw
-        docs = self._docs(sorted(view.engines), view, raw, now_ms, fresh=True)
+        self._raw, self._booked = raw, booked
+        docs = self._docs(sorted(view.engines), view, raw, booked, now_ms, fresh=True)
         with self.changed:
             self._good = time.monotonic()
             self.unknown = None
@@ -311,31 +312,47 @@ class WatchFeed:
         return self.unknown
 
     def _docs(
-        self, engines: list[int], view: LoadView, raw: dict[str, Any], now_ms: float, *, fresh: bool = False
+        self,
+        engines: list[int],
+        view: LoadView,
+        raw: dict[str, Any],
+        booked: dict[int, int],
+        now_ms: float,
+        *,
+        fresh: bool = False,
     ) -> list[dict[str, Any]]:
-        """The new state docs of *engines* (all of them when *fresh*, else only those that changed)."""
+        """The new state docs of *engines* (all of them when *fresh*, else only those that changed),
+        with the routers' *booked* requests by engine."""
         by_engine: dict[int, list[tuple[str, Any]]] = {e: [] for e in engines}
         for field, value in raw.items():  # one pass over the entries, not one per touched engine
             engine = self._engine_of(field)
             if engine is not None and engine in by_engine:
                 by_engine[engine].append((field.partition("|")[2], value))
-        return [d for e in engines if (d := self._changed(e, view, by_engine[e], now_ms, fresh))]
+        return [d for e in engines if (d := self._changed(e, view, by_engine[e], booked, now_ms, fresh))]
 
-    def _touched(self, view: LoadView, raw: dict[str, Any]) -> list[int]:
-        """The engines whose entries changed since the last read, or whose state did (or that came
-        or went) since the last events."""
+    def _touched(self, view: LoadView, raw: dict[str, Any], booked: dict[int, int]) -> list[int]:
+        """The engines whose entries or bookings changed since the last read, or whose state did
+        (or that came or went) since the last events."""
         old = self._raw
         touched = {self._engine_of(f) for f, v in raw.items() if old.get(f) != v}
         touched |= {self._engine_of(f) for f in old.keys() - raw.keys()}
+        touched |= {e for e in booked.keys() | self._booked.keys() if booked.get(e) != self._booked.get(e)}
         touched |= set(view.engines) ^ set(self.state)
         touched |= {e for e, load in view.engines.items() if self.state.get(e, {}).get("state") != load.state}
         return sorted(x for x in touched if x is not None)
 
     def _changed(
-        self, engine: int, view: LoadView, stored: list[tuple[str, Any]], now_ms: float, fresh: bool
+        self,
+        engine: int,
+        view: LoadView,
+        stored: list[tuple[str, Any]],
+        booked: dict[int, int],
+        now_ms: float,
+        fresh: bool,
     ) -> dict[str, Any] | None:
-        """*engine*'s new state doc (from its *stored* entries: (writer, entry) pairs), or None
-        when it says what the last one said (read only: the state changes under the lock)."""
+        """*engine*'s new state doc (from its *stored* entries: (writer, entry) pairs, and the
+        routers' *booked* requests by engine), or None when it says what the last one said (read
+        only: the state changes under the lock)."""
         load = view.engines.get(engine)
         if load is None:
             return (
@@ -349,6 +366,7 @@ class WatchFeed:
         now.state, now.endpoint = load.state, load.endpoint
         # Its live writers' entries gone since the full read counted them: they closed.
         now.state = engine_state(now, entries_gone=load.up and load.writers > 0 and not entries)
+        now.booked = booked.get(engine, 0) if load.up else None
         doc = _doc(now)
         return doc if fresh or not _same(self.state.get(engine), doc) else None
 
@@ -357,13 +375,16 @@ class WatchFeed:
         engine, sep, _ = field.partition("|")
         return int(engine) if sep and engine.isascii() and engine.isdigit() else None
 
-    def _read_hashes(self) -> tuple[float, dict[str, Any]]:
-        """(Redis' time in ms, every shard's load hash: field -> stored entry), in one pipeline
-        (no transaction: each hash is whole, and the entries are absolute values)."""
+    def _read_hashes(self) -> tuple[float, dict[str, Any], dict[int, int]]:
+        """(Redis' time in ms, every shard's load hash: field -> stored entry, the routers'
+        bookings that count by engine), in one pipeline (no transaction: each hash is whole, and
+        the entries are absolute values; a booking and its router's lease are read together)."""
         pipe = self.reader.client.pipeline(transaction=False)
         pipe.time()
         for keys in self.reader.shard_keys:
             pipe.hgetall(keys.load)
+            pipe.hgetall(keys.bookings)
+            pipe.zrange(keys.routers, 0, -1, withscores=True)
         replies = pipe.execute(raise_on_error=False)
         for reply in replies:
             if isinstance(reply, Exception) and not str(reply).startswith("WRONGTYPE"):
@@ -371,9 +392,13 @@ class WatchFeed:
         now = replies[0]
         now_ms = now[0] * 1000.0 + now[1] / 1000.0 if isinstance(now, (list, tuple)) else time.time() * 1000.0
         out: dict[str, Any] = {}
-        for found in replies[1:]:
+        booked: dict[int, int] = {}
+        for found, bookings, routers in zip(replies[1::3], replies[2::3], replies[3::3]):
             out.update(_texts(found))
-        return now_ms, out
+            if isinstance(routers, list):  # a key of the wrong type: no booking of that shard counts
+                leases = {_text(router): float(end) for router, end in routers}
+                add_bookings(booked, _texts(bookings).values(), leases, now_ms)
+        return now_ms, out, booked
 
     def since(self, seq: int, epoch: str, wait: float) -> bytes:
         """The answer (JSON) to a subscriber that has everything up to *seq* of *epoch*: the
@@ -457,6 +482,10 @@ def _sse(data: bytes, event_id: str, event: str | None = None) -> bytes:
     head = f"event: {event}\n" if event else ""
     ident = f"id: {event_id}\n" if event_id else ""
     return f"{head}{ident}data: ".encode() + data + b"\n\n"
+
+
+def _text(value: Any) -> Any:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _texts(found: Any) -> dict[str, Any]:
