@@ -376,6 +376,7 @@ class Server(ThreadingHTTPServer):
         self.max_streams = max_streams
         self._held = threading.local()  # .stream: this connection's thread holds a stream slot
         self.streams_refused = 0  # long-lived answers refused for max_streams (a self-metric)
+        self.streams_open = 0  # connections holding a stream slot now (a self-metric; GIL-atomic +=)
         # socketserver listens with a backlog of 5: a burst of more clients at once had its
         # connection attempts dropped by the kernel and retried by TCP a second or more later,
         # under the cap. Room for every connection served and every one refused.
@@ -413,7 +414,11 @@ class Server(ThreadingHTTPServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
-            (self._streams if self._held.stream else self._slots).release()
+            if self._held.stream:
+                self.streams_open -= 1
+                self._streams.release()
+            else:
+                self._slots.release()
 
     def hold_stream(self) -> None:
         """Move this connection (the calling thread's) to a stream slot for the rest of its life
@@ -429,6 +434,7 @@ class Server(ThreadingHTTPServer):
                 retry_after=1,
             )
         self._held.stream = True
+        self.streams_open += 1
         self._slots.release()  # the request's slot goes back to the requests
 
     def handle_error(self, request: Any, client_address: Any) -> None:

@@ -60,7 +60,13 @@ def fleet(own_redis_server, namespace):
     for e in (0, 1):
         writer(e)
     exporter = Exporter(
-        StatsReader(cfg), port=0, load_refresh=0.1, max_connections=4, max_streams=6, request_timeout=5.0
+        StatsReader(cfg),
+        port=0,
+        load_refresh=0.1,
+        max_connections=4,
+        max_streams=6,
+        request_timeout=5.0,
+        self_metrics=True,
     ).start()
     yield SimpleNamespace(cfg=cfg, writers=writers, writer=writer, exporter=exporter, server=own_redis_server)
     exporter.close()
@@ -133,11 +139,16 @@ def test_streams_at_their_limit_never_starve_the_scrapes(fleet):
         with urllib.request.urlopen(url + path, timeout=5) as r:
             assert r.status == 200, path
         assert time.monotonic() - start < 5.0
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    assert "redis_stats_exporter_streams_open 6.0" in text  # the feed full, said; the scrape answered
     status, doc = answer(f"{url}/watch?since=0&epoch=x&wait=5")  # one long poll more: refused, said why
     assert status == 503 and "--max-streams" in doc["error"]
     with pytest.raises(urllib.error.HTTPError) as refused:
         _subscribe(url)
     assert refused.value.code == 503
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        assert "redis_stats_exporter_streams_refused_total 2.0" in r.read().decode()
     for s in streams:
         s.close()
     deadline = time.monotonic() + 10  # their slots come back when they leave (found by a write)
