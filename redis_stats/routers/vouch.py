@@ -124,6 +124,6 @@ def describe(problems: dict[str, str]) -> str:
 
 
 def unknown_document(error: str, detail: str, **extra: Any) -> dict[str, Any]:
-    """The document of an answer that has no load to give: ``load: unknown``, the *error* kind
+    """The document of an answer that has no load to give: ``feed: unknown``, the *error* kind
     (``connection``, ``stale``, ...) and a *detail* a person can act on."""
-    return {"load": UNKNOWN, "error": error, "detail": detail, **extra}
+    return {"feed": UNKNOWN, "error": error, "detail": detail, **extra}

@@ -85,14 +85,14 @@ def test_a_store_outage_is_said_by_every_form_of_the_feed_and_the_whole_state_fo
     stopped = time.monotonic()
     ((kind, ident, doc),) = _events(stream, 1)  # no keepalives for as long as it lasts: an event
     took = time.monotonic() - stopped
-    assert kind == "unknown" and doc["load"] == "unknown" and doc["error"] and doc["detail"]
+    assert kind == "unknown" and doc["feed"] == "unknown" and doc["error"] and doc["detail"]
     assert took < 3.0  # /load's bound: 503 from its first failed refresh (0.1 s), at most 2 s stale
     while answer(url + "/load")[0] != 503:  # /load says so too, within the same bound
         assert time.monotonic() - stopped < 3.0
         time.sleep(0.05)
     for path in ("/watch", f"/watch?since={snap['seq']}&epoch={snap['epoch']}&wait=1"):
         status, doc = answer(url + path)
-        assert status == 503 and doc.get("load") == "unknown", (path, doc)  # never a frozen 200
+        assert status == 503 and doc.get("feed") == "unknown", (path, doc)  # never a frozen 200
     fleet.server.start()
     for w in fleet.writers:
         w.metric("vllm:num_requests_waiting").labels(w.engines[0], model_name="m").set(5)
@@ -272,7 +272,7 @@ def test_the_example_router_stops_routing_on_what_the_feed_no_longer_vouches_for
     while client.pick() is not None:  # the feed says unknown: it routes on nothing it held
         assert time.monotonic() < deadline
         client.follow()
-    assert client.unknown is not None and client.unknown["load"] == "unknown"
+    assert client.unknown is not None and client.unknown["feed"] == "unknown"
     poller = load_router.LoadClient(fleet.exporter.url)
     while poller.poll()["engines"]:
         assert time.monotonic() < deadline

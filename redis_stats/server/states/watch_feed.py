@@ -17,7 +17,7 @@ instead, and continues from there.
 reads follows). While the store cannot be read — the feed's own read fails, the ``/load`` feed
 it judges liveness by answers ``503``, or the last good read is older than the ``/load`` feed's
 bound (a read stuck on a frozen Redis) — the feed is **unknown**: one event says so
-(``{"load": "unknown", "error", "detail"}``, an ``event: unknown`` on a stream), and a long poll
+(``{"feed": "unknown", "error", "detail"}``, an ``event: unknown`` on a stream), and a long poll
 or the whole state answers ``503`` with the reason instead of the last numbers. When a read
 succeeds again the feed starts a new ``epoch`` from the whole state read then: a stream gets an
 ``event: state``, a long poll a gap and the whole state. An engine is ``up``/``stale`` only with
