@@ -31,6 +31,7 @@ import io
 import json
 import logging
 import queue
+import select
 import socket
 import ssl
 import threading
@@ -459,6 +460,19 @@ def answer(app: App, request: Request) -> Response:
         return _INTERNAL
 
 
+def _client_left(sock: socket.socket) -> bool:
+    """Whether the client of *sock* closed its end (a read would give the end of the stream),
+    found without writing; a TLS connection is not asked (its records cannot be peeked): its
+    departure is found by the next write."""
+    if isinstance(sock, ssl.SSLSocket):
+        return False
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
+
+
 def _handler(
     app: App, request_timeout: float, guard: Guard | None, hold: Callable[[], None] | None = None
 ) -> type[BaseHTTPRequestHandler]:
@@ -563,6 +577,10 @@ def _handler(
                 if request.head:
                     return
                 for chunk in chunks:
+                    if not chunk:  # nothing to send: has the client left? (its slot comes back)
+                        if _client_left(self.connection):
+                            break
+                        continue
                     self.wfile.write(chunk)
                     self.wfile.flush()
             except OSError:  # the client left (or stopped reading past the request timeout)

@@ -202,15 +202,13 @@ class WatchFeed:
         """Drop the history and the state (nobody watches, or the budget needs the room): a
         subscriber that comes back gets the whole state of a new epoch; memory goes back."""
         with self.changed:
-            dropped = self.history_bytes
             self.events.clear()
             self.history_bytes = 0
             self.state, self._raw = {}, {}
             self.epoch = secrets.token_hex(6)
             self._whole = True
             self.changed.notify_all()
-        if dropped:
-            release_memory()
+        release_memory()  # the history's, and what the subscribers' threads left in the heap
 
     def _read_once(self) -> None:
         """One read of the load hashes; an event for each engine whose state or numbers changed
@@ -425,7 +423,9 @@ class WatchFeed:
         first (an ``event: state``) unless *since* of *epoch* is still held, then every event as
         it comes (``id: <epoch>-<seq>``, what ``Last-Event-ID`` gives back on a reconnect), a
         comment every :data:`KEEPALIVE` seconds without one; an ``event: unknown`` while the load
-        is not known, and the whole state again once it is. One subscriber is one connection
+        is not known, and the whole state again once it is. An empty chunk now and then (every
+        ``max_age`` s without an event): the server writes nothing and checks the subscriber has
+        not left, so a gone subscriber's slot comes back without waiting for a write to fail. One subscriber is one connection
         and one thread, woken once per read that changed something: no request per change."""
         last, gap = since, since is None
         quiet = time.monotonic()
@@ -446,10 +446,12 @@ class WatchFeed:
                     chunk, last = b"".join(framed for _, _, framed in events), events[-1][0]
                 elif time.monotonic() - quiet >= KEEPALIVE:
                     chunk = b": keepalive\n\n"
-                else:  # woken by a change (looked at from the top), the store's bound, or the keepalive
-                    self.changed.wait(min(KEEPALIVE - (time.monotonic() - quiet), self.max_age))
-                    continue
-            quiet = time.monotonic()
+                elif self.changed.wait(min(KEEPALIVE - (time.monotonic() - quiet), self.max_age)):
+                    continue  # woken by a change: looked at from the top
+                else:  # nothing for a while: an empty chunk, on which the server checks the
+                    chunk = b""  # subscriber is still there (it is written nothing)
+            if chunk:
+                quiet = time.monotonic()
             yield chunk
 
     def _after(self, seq: int) -> list[tuple[int, bytes, bytes]]:
