@@ -425,8 +425,9 @@ class WatchFeed:
         comment every :data:`KEEPALIVE` seconds without one; an ``event: unknown`` while the load
         is not known, and the whole state again once it is. An empty chunk now and then (every
         ``max_age`` s without an event): the server writes nothing and checks the subscriber has
-        not left, so a gone subscriber's slot comes back without waiting for a write to fail. One subscriber is one connection
-        and one thread, woken once per read that changed something: no request per change."""
+        not left, so a gone subscriber's slot comes back without waiting for a write to fail.
+        One subscriber is one connection and one thread, woken once per read that changed
+        something: no request per change."""
         last, gap = since, since is None
         quiet = time.monotonic()
         while not self._stop.is_set():
