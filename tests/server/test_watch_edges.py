@@ -81,24 +81,37 @@ def test_a_store_outage_is_said_by_every_form_of_the_feed_and_the_whole_state_fo
     stream = _subscribe(url)
     ((kind, _, _),) = _events(stream, 1)
     assert kind == "state"
-    fleet.server.stop(keep_data=True)
-    stopped = time.monotonic()
-    ((kind, ident, doc),) = _events(stream, 1)  # no keepalives for as long as it lasts: an event
-    took = time.monotonic() - stopped
-    assert kind == "unknown" and doc["feed"] == "unknown" and doc["error"] and doc["detail"]
-    assert took < 3.0  # /load's bound: 503 from its first failed refresh (0.1 s), at most 2 s stale
-    while answer(url + "/load")[0] != 503:  # /load says so too, within the same bound
-        assert time.monotonic() - stopped < 3.0
-        time.sleep(0.05)
-    for path in ("/watch", f"/watch?since={snap['seq']}&epoch={snap['epoch']}&wait=1"):
-        status, doc = answer(url + path)
-        assert status == 503 and doc.get("feed") == "unknown", (path, doc)  # never a frozen 200
-    fleet.server.start()
-    for w in fleet.writers:
-        w.metric("vllm:num_requests_waiting").labels(w.engines[0], model_name="m").set(5)
-    ((kind, ident, state),) = _events(stream, 1)  # known again: the whole state, a new epoch
-    assert kind == "state" and state["epoch"] != snap["epoch"] and ident == f"{state['epoch']}-{state['seq']}"
-    assert set(state["engines"]) == {"0", "1"}
+    epochs = [snap["epoch"]]
+    for keep in (True, False):  # restarted twice: with its data, then empty
+        fleet.server.stop(keep_data=keep)
+        stopped = time.monotonic()
+        ((kind, ident, doc),) = _events(stream, 1)  # no keepalives for as long as it lasts: an event
+        took = time.monotonic() - stopped
+        assert kind == "unknown" and doc["feed"] == "unknown" and doc["error"] and doc["detail"]
+        assert took < 3.0  # /load's bound: 503 from its first failed refresh (0.1 s), at most 2 s stale
+        while answer(url + "/load")[0] != 503:  # /load says so too, within the same bound
+            assert time.monotonic() - stopped < 3.0
+            time.sleep(0.05)
+        for path in ("/watch", f"/watch?since={snap['seq']}&epoch={snap['epoch']}&wait=1"):
+            status, doc = answer(url + path)
+            assert status == 503 and doc.get("feed") == "unknown", (path, doc)  # never a frozen 200
+        fleet.server.start()
+        value = 5 if keep else 6
+        for w in fleet.writers:
+            w.metric("vllm:num_requests_waiting").labels(w.engines[0], model_name="m").set(value)
+        ((kind, ident, state),) = _events(stream, 1)  # known again: the whole state, a new epoch
+        assert (
+            kind == "state" and state["epoch"] not in epochs and ident == f"{state['epoch']}-{state['seq']}"
+        )
+        epochs.append(state["epoch"])
+        engines = state["engines"]
+        deadline = time.monotonic() + 15  # (empty: the writers store everything again)
+        while {e: d.get("requests_waiting") for e, d in engines.items()} != {"0": value, "1": value}:
+            assert time.monotonic() < deadline, engines
+            ((kind, _, event),) = _events(stream, 1)
+            assert kind == "message"
+            engines[str(event["engine"])] = event
+        assert {d["state"] for d in engines.values()} == {"up"}
     stream.close()
     status, doc = answer(f"{url}/watch?since={snap['seq']}&epoch={snap['epoch']}&wait=0")
     assert status == 200 and doc["gap"] is True  # the long poll: the whole state, not "nothing changed"
