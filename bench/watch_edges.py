@@ -20,6 +20,7 @@ writer is the same on both sides) change ``vllm:num_requests_waiting`` every ``-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -103,12 +104,21 @@ class Follower(threading.Thread):
         super().__init__(daemon=True)
         self.url = url
         self.events: list[tuple[float, str, dict[str, Any]]] = []
+        self.stopped = False
+        self.stream: Any = None
+
+    def stop(self) -> None:
+        """Leave the feed (the memory phase measures an exporter nobody follows any more)."""
+        self.stopped = True
+        with contextlib.suppress(AttributeError, OSError):  # the response's socket (CPython's)
+            self.stream.fp.raw._sock.shutdown(socket.SHUT_RDWR)
 
     def run(self) -> None:
-        while True:
+        while not self.stopped:
             try:
                 request = urllib.request.Request(self.url + "/watch", headers={"Accept": "text/event-stream"})
                 with urllib.request.urlopen(request, timeout=60) as stream:
+                    self.stream = stream
                     kind, data = "message", ""
                     for raw in stream:
                         line = raw.decode().rstrip("\n")
@@ -163,8 +173,8 @@ def outage(
     for name, f in followers.items():
         lat = latencies(sets, f)
         result[name]["before_outage_ms"] = (1000 * pct(lat, 0.5), 1000 * pct(lat, 0.99), len(lat), len(sets))
+    stopped = time.monotonic()  # (before: the exporter may see it go while stop() saves the data)
     server.stop(keep_data=True)
-    stopped = time.monotonic()
     answers: dict[str, set[int]] = {x.name: set() for x in exporters}
     while time.monotonic() - stopped < opts.outage:
         for x in exporters:
@@ -184,6 +194,8 @@ def outage(
         result[name]["to_first_new_value_s"] = None if first_new is None else first_new - started
         lat = latencies(sets, f)
         result[name]["after_outage_ms"] = (1000 * pct(lat, 0.5), 1000 * pct(lat, 0.99), len(lat), len(sets))
+    for f in followers.values():
+        f.stop()
     return result
 
 
