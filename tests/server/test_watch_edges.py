@@ -8,6 +8,7 @@ router runs them (a stream, a long poll, the whole state)."""
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import threading
 import time
@@ -324,3 +325,57 @@ def test_the_example_router_stops_routing_on_what_the_feed_no_longer_vouches_for
         },
     }
     assert load_router.pick(doc, 0.0) == 2
+
+
+def test_a_slow_subscriber_is_dropped_and_never_holds_the_others_back(redis_server, namespace):
+    """A subscriber that stops reading fills its socket; its write times out (``request_timeout``)
+    and its stream ends, its slot back; meanwhile a subscriber that reads gets every change."""
+    cfg = StatsConfig(url=redis_server.url, namespace=namespace, flush_interval=0.5)
+    writers = [StatsWriter(cfg, vllm_catalog(), engines=[e], role=f"w{e}", load=VLLM_LOAD) for e in range(64)]
+    exporter = Exporter(StatsReader(cfg), port=0, request_timeout=2.0, self_metrics=True).start()
+    try:
+        for e, w in enumerate(writers):
+            w.metric("vllm:num_requests_waiting").labels(e, model_name="m").set(0)
+            assert w.flush()
+        slow = socket.socket()
+        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        slow.connect(("127.0.0.1", exporter.port))
+        slow.sendall(b"GET /watch HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n")
+        seen: dict[int, float] = {}
+
+        def follow() -> None:
+            with _subscribe(exporter.url) as stream:
+                for raw in stream:
+                    line = raw.decode()
+                    if line.startswith('data: {"engine": 0,'):  # engine 0's events (not the state)
+                        seen.setdefault(json.loads(line[6:])["requests_waiting"], time.monotonic())
+
+        threading.Thread(target=follow, daemon=True).start()
+        time.sleep(1.0)
+
+        def streams_open() -> str:
+            with urllib.request.urlopen(exporter.url + "/metrics", timeout=10) as r:
+                return next(
+                    x
+                    for x in r.read().decode().splitlines()
+                    if x.startswith("redis_stats_exporter_streams_open")
+                )
+
+        assert streams_open().endswith(" 2.0")
+        set_at: dict[int, float] = {}
+        i, end = 0, time.monotonic() + 40  # ~400 KB of events a second: past what the kernel buffers
+        while time.monotonic() < end and (i % 20 or not streams_open().endswith(" 1.0")):
+            i += 1
+            for e, w in enumerate(writers):
+                w.metric("vllm:num_requests_waiting").labels(e, model_name="m").set(i)
+            set_at[i] = time.monotonic()
+            time.sleep(0.05)
+        assert streams_open().endswith(" 1.0")  # the slow one ended, its slot back
+        time.sleep(1.0)
+        late = [seen[v] - at for v, at in set_at.items() if v in seen]
+        assert len(late) > len(set_at) / 3 and max(late) < 3.0  # the reader kept up meanwhile
+        slow.close()
+    finally:
+        exporter.close()
+        for w in writers:
+            w.close()
