@@ -49,7 +49,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from redis_stats.tools.embedded import EmbeddedRedis, free_port
+from redis_stats.tools.embedded import EmbeddedRedis, free_port, tied_to_me
 from tests.conftest import ROOT
 from tests.servers import valkey91_binary
 
@@ -238,11 +238,11 @@ def fleet():
     port = free_port()
     simulate = subprocess.Popen(
         ["redis-stats", "simulate", "--engines", "4", "--engines-per-endpoint", "2", "--processes", "1"],
-        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=tied_to_me(),
     )  # fmt: skip
     exporter = subprocess.Popen(
         ["redis-stats", "exporter", "--namespace", "simulate", "--port", str(port)],
-        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=tied_to_me(),
     )  # fmt: skip
     try:
         view = f"http://127.0.0.1:{port}"
@@ -290,7 +290,7 @@ def run_answering(command: str, want: list[str], env: dict[str, str], timeout: f
     master, slave = pty.openpty()
     proc = subprocess.Popen(
         ["bash", "-c", command], cwd=ROOT, env=env, stdin=slave, stdout=slave, stderr=slave,
-        start_new_session=True,
+        start_new_session=True, preexec_fn=tied_to_me(),  # never outlives the suite, however it ends
     )  # fmt: skip
     os.close(slave)
     out, deadline = b"", time.monotonic() + timeout
@@ -327,7 +327,7 @@ def run_step(command: str, want: list[str], env: dict[str, str], timeout: float 
     proc = subprocess.Popen(
         ["bash", "-c", command],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
+        start_new_session=True, preexec_fn=tied_to_me(),  # never outlives the suite, however it ends
     )  # fmt: skip
     assert proc.stdout is not None
     printed: list[str] = []
