@@ -100,6 +100,16 @@ def test_every_layout_it_applies_builds_and_is_valid():
     layouts = applied()
     names = {p.relative_to(KUBE).as_posix() for p, _ in layouts}
     assert {".", "redis", "router", "alerts", "dashboard"} <= names, names
+    # ... and every layout it names to apply instead (data-parallel, ha, vllm-rs, bridge, keda)
+    named = set(re.findall(r"`deploy/kubernetes/([\w/-]+?)/?`", PAGE.read_text())) - names
+    assert {"data-parallel", "ha", "vllm-rs", "bridge", "keda"} <= named, named
+    for name in sorted(named):
+        path = KUBE / name
+        assert path.is_dir(), f"docs/quickstart.md names deploy/kubernetes/{name}, which does not exist"
+        if (path / "kustomization.yaml").exists():
+            layouts.append((path, build(path)))
+        else:  # a directory of recipes (keda/): each one
+            layouts += [(k.parent, build(k.parent)) for k in sorted(path.glob("*/kustomization.yaml"))]
     with pytest.MonkeyPatch.context() as mp:
         _block_network(mp)
         for path, docs in layouts:
