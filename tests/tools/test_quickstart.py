@@ -196,7 +196,10 @@ def test_the_dashboard_it_applies_is_the_shipped_one():
     shipped = (ROOT / "compose" / "grafana" / "dashboards" / "redis_stats_fleet.json").read_text()
     (configmap,) = build(KUBE / "dashboard")
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
-    assert json.loads(configmap["data"]["redis_stats_fleet.json"]) == json.loads(shipped)
+    assert json.loads(configmap["data"]["redis_stats_fleet.json"]) == json.loads(shipped), (
+        "cp compose/grafana/dashboards/redis_stats_fleet.json deploy/kubernetes/dashboard/ (kustomize "
+        "reads no file outside its directory)"
+    )
 
 
 def test_what_the_page_says_of_alerts_and_labels_is_what_the_files_hold():
