@@ -196,6 +196,8 @@ def test_the_dashboard_it_applies_is_the_shipped_one():
     shipped = (ROOT / "compose" / "grafana" / "dashboards" / "redis_stats_fleet.json").read_text()
     (configmap,) = build(KUBE / "dashboard")
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    # `kubectl apply` keeps the whole object in an annotation, which Kubernetes bounds at 256 KiB
+    assert len(json.dumps(configmap)) < 200_000, "apply it with --server-side, and say so on the page"
     assert json.loads(configmap["data"]["redis_stats_fleet.json"]) == json.loads(shipped), (
         "cp compose/grafana/dashboards/redis_stats_fleet.json deploy/kubernetes/dashboard/ (kustomize "
         "reads no file outside its directory)"
