@@ -173,6 +173,6 @@ def test_the_docs_stay_readable_in_length():
         words = readme + len((ROOT / "docs" / page).read_text().split())
         assert words < 5000, f"README.md and docs/{page}: {words} words"
     total = sum(len(p.read_text().split()) for p in (ROOT / "docs").glob("*.md"))
-    # 74.4k before docs/quickstart.md; 80.9k once usage.md, reliability.md and router replicas
-    # landed beside it (round 7): a new page is fine, a second book is not.
-    assert total <= 85_000, f"docs/ holds {total:,} words"
+    # 74.4k words at round 7's start; 82.9k once quickstart.md, usage.md, reliability.md and the
+    # router replicas landed: a new page is fine, a second book is not.
+    assert total <= 88_000, f"docs/ holds {total:,} words"
