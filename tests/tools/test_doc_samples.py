@@ -170,7 +170,9 @@ def keys_of(value: object) -> set[str]:
 
 def is_json(output: list[str]) -> bool:
     first = next((line for line in output if line.strip()), "")
-    return bool(re.match(r'\s*(?:[{\["]|-?\d|data: |event: |id: )', first))
+    # a number alone is a JSON document (jq's); a line that starts with one (a clock time) is text
+    framed = re.match(r'\s*(?:[{\["]|data: |event: |id: )', first)
+    return bool(framed or re.fullmatch(r"\s*-?[\d.eE+-]+\s*", first))
 
 
 def compare(step: Step, printed: list[str]) -> None:
