@@ -10,7 +10,7 @@ API server of 16 data-parallel ranks, its load lane on, and counting arrivals wi
 processes running the example router's rule (``docs/examples/load_router.py``: ``pick_least``,
 fewest expected requests, ties at random). Each mode runs the same traffic: Poisson arrivals at
 ``--load`` x the fleet's capacity for ``--seconds``, then ``--bursts`` bursts of 512 requests at
-once (split over the routers), 3 s apart. Modes:
+once (split over the routers), each drained before the next (1.5 x 512 x service / slots). Modes:
 
 (i)   4 replicas, each on its own view: the engines' running + waiting from the feed;
 (ii)  4 replicas, with arrivals: the feed's ``in_flight`` (counted where requests land);
@@ -250,7 +250,7 @@ def router_main(
                 go()
         else:
             for b in range(plan["bursts"]):
-                await asyncio.sleep(max(0.0, start + 3.0 * b - time.time()))
+                await asyncio.sleep(max(0.0, start + plan["gap"] * b - time.time()))
                 for _ in range(int(BURST * share)):
                     go()
         while tasks:
@@ -327,7 +327,7 @@ def main() -> None:
     parser.add_argument("--bursts", type=int, default=3, help="bursts of 512 requests per mode")
     parser.add_argument("--load", type=float, default=0.8, help="the Poisson rate, a share of capacity")
     parser.add_argument("--slots", type=int, default=4, help="requests an engine serves at once")
-    parser.add_argument("--service", type=float, default=0.2, help="mean service time (s)")
+    parser.add_argument("--service", type=float, default=0.5, help="mean service time (s)")
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument(
         "--view", type=float, default=0.02, help="seconds between a replica's reads of the feed"
@@ -339,6 +339,8 @@ def main() -> None:
     )
     opts = parser.parse_args()
     plan = vars(opts)
+    # seconds between two bursts: one burst drains (512 requests over every slot) well before the next
+    plan["gap"] = max(3.0, 1.5 * BURST * opts.service / (ENGINES * opts.slots))
     server = EmbeddedRedis().start()
     ports = [free_port() for _ in range(ENGINES)]
     ctx = mp.get_context("spawn")
