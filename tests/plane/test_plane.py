@@ -330,3 +330,27 @@ def test_a_forked_router_is_a_router_of_its_own(redis_server, namespace):
     finally:
         router.close()
         writer.close()
+
+
+@pytest.mark.asyncio
+async def test_the_asyncio_writer_counts_arrivals_and_ends_bookings_too(redis_server, namespace):
+    from redis_stats.aio import AsyncStatsReader, AsyncStatsWriter
+
+    cfg = cfg_of(redis_server.url, namespace)
+    writer = AsyncStatsWriter(cfg, catalog(), engines=[0], load=LOAD)
+    record(writer, 0, 0, 0, 0.1)  # type: ignore[arg-type]
+    arrivals = Arrivals(writer)
+    router = Bookings(cfg, router="r", bound=30.0)
+    reader = AsyncStatsReader(cfg)
+    try:
+        assert await writer.flush()
+        router.book(0, "aio-1")
+        held = arrivals.begin(request_id="aio-1")
+        assert await writer.flush_load()  # the lane's call: the count, then the booking ended
+        load = (await reader.load()).engines[0]
+        assert (load.in_flight, load.booked) == (1, 0)
+        held.end()
+    finally:
+        router.close()
+        await reader.close()
+        await writer.close()
