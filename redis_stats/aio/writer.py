@@ -66,6 +66,7 @@ class AsyncStatsWriter(WriterCore):
         self._client = client
         self._script = AsyncScript(client, load_script("flush"))
         self._shards_script = AsyncScript(client, load_script("shards"))
+        self._named: dict[str, AsyncScript] = {}  # scripts of the attached parts, by name
 
     def _forked(self) -> None:
         super()._forked()
@@ -137,6 +138,11 @@ class AsyncStatsWriter(WriterCore):
             return await acheck_step(self._client, self.config, what, arg)
         if what == "shards":
             return await self._shards_script(*arg)
+        if what == "script":  # an attached part's (the usage ledger's)
+            name, keys, args = arg
+            if name not in self._named:
+                self._named[name] = AsyncScript(self._client, load_script(name))
+            return await self._named[name](keys, args)
         return await self._call(*arg)
 
     async def _call(self, keys: list[str], args: list[str]) -> Any:

@@ -2,8 +2,8 @@
 while any writer of it is live.
 
 Which keys: each shard's data keys by name (docs/key-schema.md: ``meta``, ``engines``,
-``writers``, ``seq``, ``claims``, ``conflicts``, ``load``, ``bridges``, ``bookings``, ``routers``, each listed engine's
-hashes, each listed writer's self-metrics) and shard 0's lease keys (``leader``,
+``writers``, ``seq``, ``claims``, ``conflicts``, ``load``, ``bridges``, ``bookings``, ``routers``,
+each listed engine's hashes, each listed writer's self-metrics) and shard 0's lease keys (``leader``,
 ``leader_epoch``, ``gc``); and, where the user may ``SCAN``, whatever else matches the shard's
 prefix ``rs:{TAG}:*`` (schema 1 keys, an engine hash whose engine left the list). Each shard
 is removed by ``drop.lua``, which checks in the same atomic call that no writer of that shard is

@@ -25,6 +25,8 @@ import math
 from typing import Any
 
 from redis_stats.load import EngineLoad, LoadView
+from redis_stats.routers.ranks import ranks_of
+from redis_stats.routers.vouch import NOT_REPORTED, describe, impossible, withheld
 
 __all__ = ["PATH", "endpoint_answer", "engines_of", "rank_list_answer"]
 
@@ -48,7 +50,7 @@ def endpoint_answer(endpoint: str, mine: list[EngineLoad]) -> tuple[int, dict[st
             "its load is not known",
             "endpoint": endpoint,
         }
-    silent = [e.engine for e in live if not _counted(e) and not _finite(e.in_flight)]
+    silent = {e.engine: why for e in live if (why := withheld(e)) and not _counts_arrivals(e, why)}
     running = sum(e.requests_running or 0.0 for e in live)
     waiting = sum(e.requests_waiting or 0.0 for e in live)
     in_flight = [e.in_flight for e in live if e.in_flight is not None]
@@ -57,9 +59,11 @@ def endpoint_answer(endpoint: str, mine: list[EngineLoad]) -> tuple[int, dict[st
     if silent:
         return 503, {
             "error": "no_load",
-            "detail": f"engines {silent} of endpoint {endpoint!r} report no finite requests running "
-            "or waiting (a writer without the load feed, or no step recorded yet)",
+            "detail": f"engines {sorted(silent)} of endpoint {endpoint!r} report no request counts an "
+            f"engine can have ({'; '.join(f'{e}: {describe(w)}' for e, w in sorted(silent.items()))}): "
+            "a writer without the load feed, no step recorded yet, or a bad gauge",
             "endpoint": endpoint,
+            "withheld": {str(e): w for e, w in sorted(silent.items())},
         }
     if not math.isfinite(running + waiting + load):  # every count finite, their sum past the float range
         return 503, {
@@ -83,13 +87,11 @@ def endpoint_answer(endpoint: str, mine: list[EngineLoad]) -> tuple[int, dict[st
     }
 
 
-def _counted(load: EngineLoad) -> bool:
-    values = (load.requests_running, load.requests_waiting)
-    return all(v is not None and math.isfinite(v) for v in values)
-
-
-def _finite(value: float | None) -> bool:
-    return value is not None and math.isfinite(value)
+def _counts_arrivals(load: EngineLoad, why: dict[str, str]) -> bool:
+    """Whether *load*'s engine has a load without running and waiting counts of its own: its
+    front end counts its requests in flight, and it reports no count (one it reports that no
+    engine can have is still withheld)."""
+    return impossible("in_flight", load.in_flight) is None and set(why.values()) == {NOT_REPORTED}
 
 
 def rank_list_answer(endpoint: str, mine: list[EngineLoad]) -> tuple[int, Any]:
@@ -103,11 +105,15 @@ def rank_list_answer(endpoint: str, mine: list[EngineLoad]) -> tuple[int, Any]:
     if status != 200:
         return status, doc
     ranks = []
-    for rank, load in enumerate(mine):
+    place = ranks_of(e.engine for e in mine)
+    for load in mine:
+        rank = place[load.engine]
         if not load.up:
             continue
         usage, capacity = load.kv_cache_usage, load.kv_cache_capacity_tokens
-        if usage is None or capacity is None or not math.isfinite(usage * capacity):
+        bad = withheld(load, ("kv_cache_usage", "kv_cache_capacity_tokens"))
+        tokens = None if bad or usage is None or capacity is None else usage * capacity
+        if tokens is None or not math.isfinite(tokens):
             return 503, {
                 "error": "no_tokens",
                 "detail": f"engine {load.engine} of endpoint {endpoint!r} reports no KV usage and capacity "
@@ -120,7 +126,7 @@ def rank_list_answer(endpoint: str, mine: list[EngineLoad]) -> tuple[int, Any]:
                 "dp_rank": rank,
                 "num_reqs": running + waiting,
                 "num_waiting_reqs": waiting,
-                "num_tokens": round(usage * capacity),
+                "num_tokens": round(tokens),
             }
         )
     return 200, ranks

@@ -27,6 +27,7 @@ from redis_stats.ops.removal import remove_namespace
 from redis_stats.ops.retention import collect_garbage
 from redis_stats.reader import EngineSlice
 from redis_stats.tools.embedded import binary_of_kind
+from redis_stats.usage import Usage, UsageReader, UsageRecorder
 from redis_stats.writer import Arrivals
 from tests.conftest import scripted_client
 from tests.keyaudit import KeyAudit
@@ -35,7 +36,7 @@ from tests.servers import refuses_multi_over_maxmemory
 
 pytestmark = pytest.mark.redis_server
 
-EVERY_SCRIPT = {"flush", "read", "gc", "lease", "shards", "drop", "book", "router_lease"}
+EVERY_SCRIPT = {"flush", "read", "gc", "lease", "shards", "drop", "book", "router_lease", "usage"}
 
 
 def _fleet(url: str, namespace: str, shards: int, *, cluster: bool) -> set[str]:
@@ -60,7 +61,15 @@ def _fleet(url: str, namespace: str, shards: int, *, cluster: bool) -> set[str]:
     for e in range(5):
         record(stay, e, e, 1, 0.25)
         stay.metric("other").labels(e, k="b").inc(e + 1)
+    # The usage ledger (usage.lua): tenants spread over the shards, two hours, a retried batch.
+    usage = UsageRecorder(stay, clock=lambda: 1_796_000_000.0)
+    for i in range(20):
+        usage.record(Usage(tenant=f"t{i}", adapter=None, model="m", prompt_tokens=i, generation_tokens=1))
     assert gone.flush() and stay.flush() and stay.flush()
+    usage._clock = lambda: 1_796_003_600.0  # the next hour
+    usage.record(Usage(tenant="t1", adapter="a", model="m", prompt_tokens=1, generation_tokens=1))
+    assert stay.flush()
+    assert UsageReader(cfg).query().total.get("requests") == 21
     stay.flush_load()  # the load lane: a plain HSET, no script (nothing changed since the flush: no call)
     # routers' bookings (book.lua, router_lease.lua) on engines of every shard; an arrival that
     # confirms one (the lane's HSET, then its HDEL: plain commands)
