@@ -1,6 +1,6 @@
 """Router replicas on one load plane (issue 47): imbalance and queue wait, four views, one run.
 
-    python bench/router_replicas.py [--seconds 20] [--bursts 3] [--load 0.8] [--rounds 3]
+    python bench/router_replicas.py [--seconds 20] [--bursts 2] [--load 0.8] [--rounds 3]
 
 16 stand-in engines (one process: each a queue with ``--slots`` requests served at once, an
 exponential service time of mean ``--service`` s, reporting ``requests_running`` and
@@ -324,13 +324,13 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seconds", type=float, default=20.0, help="seconds of Poisson arrivals per mode")
-    parser.add_argument("--bursts", type=int, default=3, help="bursts of 512 requests per mode")
+    parser.add_argument("--bursts", type=int, default=2, help="bursts of 512 requests per mode")
     parser.add_argument("--load", type=float, default=0.8, help="the Poisson rate, a share of capacity")
     parser.add_argument("--slots", type=int, default=4, help="requests an engine serves at once")
-    parser.add_argument("--service", type=float, default=0.5, help="mean service time (s)")
+    parser.add_argument("--service", type=float, default=1.0, help="mean service time (s)")
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument(
-        "--view", type=float, default=0.02, help="seconds between a replica's reads of the feed"
+        "--view", type=float, default=0.05, help="seconds between a replica's reads of the feed"
     )
     parser.add_argument("--modes", default="i,ii,iii,iv")
     parser.add_argument("--rounds", type=int, default=3, help="runs of every mode (medians reported)")
