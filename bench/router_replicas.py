@@ -118,8 +118,10 @@ class Engine:
         self._report()
 
 
-def engines_main(url: str, namespace: str, ports: list[int], slots: int, service: float, conn: Any) -> None:
-    cfg = StatsConfig(url=url, namespace=namespace, flush_interval=1.0, stale_after=10.0)
+def engines_main(
+    url: str, namespace: str, ports: list[int], slots: int, service: float, lane: float, conn: Any
+) -> None:
+    cfg = StatsConfig(url=url, namespace=namespace, flush_interval=1.0, stale_after=10.0, load_interval=lane)
 
     async def run() -> None:
         writer = StatsWriter(cfg, catalog(), engines=list(range(ENGINES)), role="engines", load=LOAD)
@@ -334,6 +336,8 @@ def main() -> None:
     )
     parser.add_argument("--modes", default="i,ii,iii,iv")
     parser.add_argument("--rounds", type=int, default=3, help="runs of every mode (medians reported)")
+    parser.add_argument("--lane", type=float, default=0.08, help="the engines' writer's load_interval (s)")
+    parser.add_argument("--kinds", default="poisson,burst", help="the traffic: poisson, burst or both")
     parser.add_argument(
         "--seed", type=int, default=1, help="the Poisson arrivals' seed (every mode the same)"
     )
@@ -346,14 +350,16 @@ def main() -> None:
     ctx = mp.get_context("spawn")
     mine, theirs = ctx.Pipe()
     engines = ctx.Process(
-        target=engines_main, args=(server.url, "bench", ports, opts.slots, opts.service, theirs), daemon=True
+        target=engines_main,
+        args=(server.url, "bench", ports, opts.slots, opts.service, opts.lane, theirs),
+        daemon=True,
     )
     engines.start()
     try:
         mine.recv()
         time.sleep(1.5)  # every writer's first flush
         modes = opts.modes.split(",")
-        for kind in ("poisson", "burst"):
+        for kind in opts.kinds.split(","):
             runs: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
             for r in range(opts.rounds):
                 for mode in modes if r % 2 == 0 else modes[::-1]:
