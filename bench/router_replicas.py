@@ -17,8 +17,9 @@ once (split over the routers), each drained before the next (1.5 x 512 x service
 (iii) 4 replicas, with bookings too: ``expected_in_flight`` (in_flight + every replica's bookings);
 (iv)  1 router alone (the ideal): its own exact count of what it sent and what came back.
 
-Every replica reads the feed itself (``StatsReader.load()``) every ``--view`` s and adds its own
-dispatches made since that read began (what it knows that the view cannot show yet). Measured at
+Every replica reads the feed itself (``StatsReader.load()``) every ``--view`` s, adds its own
+dispatches made since that read began and takes off its own completions since a lane interval
+before it (what it knows that the view cannot show yet). Measured at
 the engines: imbalance, the most requests held by one engine over the mean per engine, summed
 over 10 ms samples (so weighted by load: a drain's last few requests weigh little), and the p99
 (and p50) queue wait, from arrival to service start; and the engines' event-loop lag (how late
@@ -198,6 +199,7 @@ def router_main(
     view = View(cfg, plan["view"]) if mode != "iv" else None
     bookings = Bookings(cfg, bound=5.0) if mode == "iii" else None
     sent: list[tuple[float, int]] = []  # (time, engine) of this replica's dispatches
+    done: list[tuple[float, int]] = []  # (time, engine) of their completions
     outstanding = [0] * ENGINES  # the ideal's exact count (mode iv)
     rng = random.Random(os.getpid())
 
@@ -210,6 +212,11 @@ def router_main(
             if at < view.read_at:
                 break
             newer[e] += 1
+        # its own completions the view may not show yet: since a lane interval before the read
+        for at, e in reversed(done):
+            if at < view.read_at - plan["lane"]:
+                break
+            newer[e] -= 1
         engine = pick_least(view.doc, FIELD[mode], newer, rng)
         return engine if engine is not None else rng.randrange(ENGINES)
 
@@ -227,6 +234,7 @@ def router_main(
             writer.close()
         finally:
             outstanding[engine] -= 1
+            done.append((time.monotonic(), engine))
             if booking is not None:
                 booking.end()
 
