@@ -31,6 +31,17 @@ local confirmed_ms, prune_ms = tonumber(ARGV[4]), tonumber(ARGV[5])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
+-- Every key's type first: a script is not rolled back when a command fails, so a key of the wrong
+-- type met half-way would leave the batch half applied (and its retry would add that half again).
+local want = {'hash', 'zset', 'hash', 'hash', 'hash', 'zset', 'string'}
+for j = 1, #KEYS do
+  local kind = redis.call('TYPE', KEYS[j])['ok']
+  if kind ~= 'none' and kind ~= (want[j] or 'hash') then
+    return redis.error_reply('usage: key ' .. KEYS[j] .. ' is a ' .. kind .. ', not a ' .. (want[j] or 'hash') ..
+      '; nothing was applied: delete it (DEL) and the batch goes again')
+  end
+end
+
 local stored = tonumber(redis.call('HGET', KEYS[1], writer) or '')
 if stored and stored >= seq then return {0, now} end
 local status = 1
