@@ -65,7 +65,7 @@ FLUSH = 0.05
 
 def _config(url: str) -> StatsConfig:
     return StatsConfig(
-        url=url, namespace=NAMESPACE, flush_interval=FLUSH, socket_timeout_ms=TIMEOUT_MS, close_timeout=30.0
+        url=url, namespace=NAMESPACE, flush_interval=FLUSH, socket_timeout_ms=TIMEOUT_MS, close_timeout=900.0
     )
 
 
