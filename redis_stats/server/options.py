@@ -132,6 +132,7 @@ class ServeOptions:
     gc_interval: float = 0.0
     request_timeout: float = 10.0
     max_connections: int = 64
+    max_streams: int = 256
     window: float = 30.0
     window_budget: int = WINDOW_BUDGET
     history_budget: int = HISTORY_BUDGET
@@ -152,6 +153,10 @@ class ServeOptions:
     web_token_file: str | None = None
     web_open: Sequence[str] = ()
     insecure_private_views: bool = False
+    bookings: bool = False
+    """Serve ``POST /bookings``: routers not written in Python book their dispatches through the
+    exporter (it writes Redis: a private route, never served without credentials unless
+    *insecure_private_views*; docs/routers.md, "Router replicas")."""
     usage: bool = False
     usage_top: int = 10
 
@@ -162,6 +167,7 @@ class ServeOptions:
         _seconds("load_idle", self.load_idle, "the /load refresher's idle time")
         _seconds("view_idle", self.view_idle, "how long a slice's or endpoint's reader is kept unused")
         _whole("max_connections", self.max_connections, 1, "connections served at once; more get 503")
+        _whole("max_streams", self.max_streams, 1, "streams and long polls open at once, apart from requests")
         _whole(
             "window_budget",
             self.window_budget,

@@ -68,6 +68,10 @@ class Usage:
     outcome: str = "stop"
 
     def __post_init__(self) -> None:
+        counts = (self.prompt_tokens, self.generation_tokens, self.cached_prompt_tokens, self.requests)
+        if all(type(x) is int and 0 <= x < 2**53 for x in counts) and self.outcome in OUTCOMES:
+            if isinstance(self.model, str):
+                return  # the common case, checked in one pass (this runs per finished request)
         for what in ("prompt_tokens", "generation_tokens", "cached_prompt_tokens", "requests"):
             _count(what, getattr(self, what))
         if self.outcome not in OUTCOMES:

@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
+from operator import add
 from typing import Any, Protocol
 
 from redis_stats.keys import Keys
@@ -40,6 +41,11 @@ log = logging.getLogger("redis_stats.usage")
 
 MAX_CALL_WORDS = 3_999
 """Words of one script call at most (a managed store may cap them; see docs/key-schema.md)."""
+
+MAX_ENTRIES = 256
+"""Entries (tenant, adapter, model and hour) one call adds at most: each costs Redis about 13
+commands (~10 us on a quiet core), so a call stays a few milliseconds, far inside the client's
+timeout even on a loaded machine, and a batch resent after a timeout is a small one."""
 
 PARTS_PER_FLUSH = 64
 """Batches one shard sends in one flush round at most (each once the one before is confirmed):
@@ -127,22 +133,32 @@ class UsageRecorder:
     # -- the hot path ---------------------------------------------------------------------------
     def record(self, usage: Usage) -> None:
         """Add *usage* to what the next flush sends (memory only; thread-safe)."""
-        tenant, adapter, model = usage.names()
+        names = usage.names()
         values = usage.values()
-        entry = (hour_of(self._clock()), tenant, adapter, model)
-        shard = self._shards[tenant_shard(tenant, self._k)]
+        entry: Entry = (hour_of(self._clock()), *names)
+        shard = self._shards[tenant_shard(names[0], self._k) if self._k > 1 else 0]
         with self._lock:
             sums = shard.pending.get(entry)
             if sums is None:
                 shard.pending[entry] = values
             else:
-                for i, v in enumerate(values):
-                    sums[i] += v
+                sums[:] = map(add, sums, values)
 
     # -- the writer's flush round ---------------------------------------------------------------
     def pending(self) -> bool:
         """Whether anything recorded is not confirmed by Redis yet."""
         return any(s.pending or s.in_flight is not None for s in self._shards)
+
+    def lost_summary(self) -> str:
+        """What is not confirmed yet, in words (a close that gives up logs it as lost)."""
+        with self._lock:
+            batches = [s.in_flight for s in self._shards if s.in_flight is not None]
+            sums = [v for s in self._shards for v in s.pending.values()]
+        sent = sum(v[0] for b in batches for v in b.entries.values())
+        return (
+            f"usage of {sent} requests in {len(batches)} unconfirmed batches (applied once or not at all) "
+            f"and of {sum(v[0] for v in sums)} more requests recorded since"
+        )
 
     def forked(self, writer_id: str) -> None:
         """In a child after fork(): a new recorder under *writer_id*, nothing pending (the
@@ -181,7 +197,7 @@ class UsageRecorder:
             hours: set[int] = set()
             for entry in list(shard.pending):
                 cost = 3 + (0 if entry[0] in hours else 4 + 8 + 5)  # a new hour: 4 keys, 4 expiries, a group
-                if words + cost > MAX_CALL_WORDS:
+                if words + cost > MAX_CALL_WORDS or len(entries) == MAX_ENTRIES:
                     break
                 words += cost
                 hours.add(entry[0])

@@ -298,6 +298,9 @@ class RedisStatLogger(AggregateStatLoggerBase):
         from redis_stats.integrations.vllm.serve import maybe_serve
 
         register_config(config)  # `--middleware ...get_load.GetLoadMiddleware` answers for this endpoint
+        from redis_stats.integrations.vllm.arrivals import register_writer
+
+        register_writer(self.writer)  # `--middleware ...arrivals.ArrivalsMiddleware` counts in it
 
         recorded = [e + config.engine_offset for e in self.engine_indexes]
         maybe_serve(config, catalog, recorded)
