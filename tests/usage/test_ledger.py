@@ -170,3 +170,32 @@ def test_a_close_that_gives_up_says_what_usage_it_lost(namespace, caplog):
     writer.close(timeout=0.3)
     assert "usage of 3 requests in 1 unconfirmed batches" in caplog.text
     assert "and of 1 more requests recorded since" in caplog.text
+
+
+def test_redis_restarted_empty_is_told_and_the_next_batches_still_count_once(redis_server, namespace, caplog):
+    writer, rec, reader = _setup(redis_server.url, namespace)
+    rec.record(_use("acme", p=100))
+    assert writer.flush()
+    client = redis.Redis.from_url(redis_server.url)
+    for key in client.scan_iter(match=f"rs:{{{namespace}}}:*"):
+        client.delete(key)  # what a restart from nothing leaves of this namespace
+    rec.record(_use("acme", p=7))
+    assert writer.flush() and writer.flush()
+    rec.record(_use("acme", p=1))
+    assert writer.flush()
+    assert rec.stats["behind"] == 1 and "had lost writer" in caplog.text
+    assert reader.tenant("acme").total.get("prompt_tokens") == 8  # the lost batch is not resent
+
+
+def test_a_key_of_the_wrong_type_stops_only_usage_and_says_which(redis_server, namespace, caplog):
+    writer, rec, reader = _setup(redis_server.url, namespace)
+    client = redis.Redis.from_url(redis_server.url)
+    client.set(Keys(namespace).usage("t"), "not a hash")
+    rec.record(_use("acme"))
+    assert not writer.flush()
+    assert rec.pending() and "is a string, not a hash; nothing was applied" in caplog.text
+    assert reader.tenant("acme").total.get("requests") == 0  # read as nothing, never a failure
+    assert reader.query(["model"]).total.get("requests") == 0  # nothing half applied
+    client.delete(Keys(namespace).usage("t"))
+    assert writer.flush() and reader.tenant("acme").total.get("requests") == 1  # kept, then applied once
+    assert reader.query(["model"]).total.get("requests") == 1
