@@ -88,12 +88,9 @@ class Nemesis:
     # -- faults: each a start and an end ----------------------------------------------------
 
     def begin(self, fault: Fault) -> None:
-        self.rec("fault", phase="start", what=fault.describe(), kind=fault.kind, target=fault.target)
-        self.injected[
-            fault.kind
-            if fault.target in ("redis", "w", "r")
-            else f"{fault.kind} {PROCESS_SLOTS[fault.target]}"
-        ] += 1
+        of = PROCESS_SLOTS.get(fault.target)
+        self.rec("fault", phase="start", what=fault.describe(), kind=fault.kind, target=fault.target, of=of)
+        self.injected[f"{fault.kind} {of}" if of else fault.kind] += 1
         self._apply(fault, on=True)
 
     def end(self, fault: Fault) -> None:
@@ -128,7 +125,7 @@ class Nemesis:
         """Start: the replica stops applying (once it holds everything); end: the master is killed,
         the lagging replica promoted, the clients sent to it, the old master its replica."""
         if on:
-            self.synced_at = time.monotonic() if self.server.in_sync(self.replica) else None
+            self.synced_at = self.server.in_sync()
             if self.synced_at is not None:
                 self.rec("replica_synced", taken=self.synced_at)
                 self.replica.freeze(True)
