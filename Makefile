@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: nemesis image-vllm test test-dragonfly test-fast test-e2e test-vllm test-browser browser-deps prometheus-deps proxy-deps vllm-next-diff bench-vllm lint demo bench clean
+.PHONY: nemesis image-vllm test test-dragonfly test-fast test-e2e test-vllm test-litellm test-browser browser-deps prometheus-deps proxy-deps vllm-next-diff bench-vllm lint demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -86,6 +86,19 @@ $(VLLM_VENV)/.installed: pyproject.toml
 
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/integrations/vllm/test_vllm_conformance.py tests/vllm
+
+# LiteLLM's callback (redis_stats.integrations.litellm) against the real litellm from PyPI, in its
+# own virtualenv (litellm brings ~60 packages the project does not need): pinned, so the version
+# docs/usage.md says is tested is the one installed. Several processes ("pods") into one store.
+LITELLM_VENV := .venv-litellm
+LITELLM_VERSION ?= 1.110.2
+$(LITELLM_VENV)/.installed: pyproject.toml
+	test -x $(LITELLM_VENV)/bin/python || $(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/python -m pip install --quiet 'litellm==$(LITELLM_VERSION)' -e '.[test]'
+	touch $@
+
+test-litellm: $(LITELLM_VENV)/.installed
+	$(LITELLM_VENV)/bin/python -m pytest -q -m litellm tests/integrations/litellm
 
 # vLLM's next releases have no CPU build: a wheel (240-340 MB, no dependencies) is unpacked into
 # .vllm-next/ (Python files only) and its vllm:* families compared with the installed vLLM's.

@@ -142,6 +142,11 @@ class Keys:
     """Integer: the last fencing token handed out with the log lease."""
     gc_lock: str = field(init=False, repr=False, compare=False)
     """String with a TTL: the process currently collecting garbage."""
+    bookings: str = field(init=False, repr=False, compare=False)
+    """Hash: ``<request id>`` -> ``<engine>|<ends ms>|<router>``, a router's booking of a request
+    on an engine of this shard not yet confirmed by the engine's front end (redis_stats.bookings)."""
+    routers: str = field(init=False, repr=False, compare=False)
+    """Zset: router id -> the end of its lease (server ms): its bookings count until then."""
     bridges: str = field(init=False, repr=False, compare=False)
     """Hash: ``<owner digest>|<writer id>`` -> a bridge writer's handover record (JSON: what
     the writers before it held of its source; redis_stats/integrations/bridge/handover.py)."""
@@ -151,7 +156,8 @@ class Keys:
         prefix = f"{root}v{SCHEMA_VERSION}:"
         names = {"root": root, "prefix": prefix, "leader": root + "leader"}
         names |= {"leader_epoch": root + "leader_epoch", "gc_lock": root + "gc"}
-        kept = ("meta", "engines", "writers", "seq", "claims", "conflicts", "load", "bridges")
+        kept: tuple[str, ...] = ("meta", "engines", "writers", "seq", "claims", "conflicts", "load")
+        kept += ("bridges", "bookings", "routers")
         names |= {k: prefix + k for k in kept}
         for name, value in names.items():
             object.__setattr__(self, name, value)  # frozen: set once, here
