@@ -63,6 +63,7 @@ KNOWN = {
 """Anomalies already filed, by the start of their text, with where: printed, not counted as new
 (the run fails only on a new one). Remove an entry when its fix lands."""
 LATENCY = 0.3
+USAGE_FIELDS = ("requests", "prompt tokens", "cached prompt tokens", "generation tokens")
 
 
 @dataclass
@@ -154,28 +155,39 @@ class _Bounds:
     def __init__(self) -> None:
         self.series: dict[str, str] = {}  # process -> series
         self.of_series: dict[str, list[str]] = defaultdict(list)  # series -> its processes
-        self.recorded: dict[str, tuple[list[float], list[tuple[int, int]]]] = defaultdict(lambda: ([], []))
-        self.floor: dict[str, tuple[int, int]] = {}  # process -> (c, h) the store must hold now
+        self.recorded: dict[str, tuple[list[float], list[tuple[int, ...]]]] = defaultdict(lambda: ([], []))
+        self.floor: dict[str, tuple[int, ...]] = {}  # process -> the values the store must hold now
         # Recent changes of the floor, (when, process, its value before), and the floors saved at
         # the moments Redis may go back to (an RDB taken, a replica last in sync).
-        self.changes: deque[tuple[float, str, tuple[int, int] | None]] = deque()
-        self.saved: dict[float, dict[str, tuple[int, int]]] = {}
+        self.changes: deque[tuple[float, str, tuple[int, ...] | None]] = deque()
+        self.saved: dict[float, dict[str, tuple[int, ...]]] = {}
         self.last_loss = -math.inf  # when acknowledged data last went away by design
 
+    @staticmethod
+    def parts(e: dict[str, Any]) -> list[tuple[str, str, tuple[int, ...]]]:
+        """(process, series, values) of a ``rec`` or ``ack`` line: the writer's series (prompt
+        tokens, observations), and each tenant's usage as a series of its own (``usage|<tenant>``,
+        requests, prompt, cached and generation tokens) under a process ``<p>#<tenant>``."""
+        out = [(e["p"], e["s"], (e["c"], e["h"]))]
+        out += [(f"{e['p']}#{t}", f"usage|{t}", tuple(v)) for t, v in (e.get("u") or {}).items()]
+        return out
+
     def rec(self, e: dict[str, Any]) -> None:
-        if e["p"] not in self.series:
-            self.series[e["p"]] = e["s"]
-            self.of_series[e["s"]].append(e["p"])
-        times, values = self.recorded[e["p"]]
-        times.append(e["t"])
-        values.append((e["c"], e["h"]))
+        for p, s, values in self.parts(e):
+            if p not in self.series:
+                self.series[p] = s
+                self.of_series[s].append(p)
+            times, recorded = self.recorded[p]
+            times.append(e["t"])
+            recorded.append(values)
 
     def ack(self, e: dict[str, Any]) -> None:
         if e.get("t0", -math.inf) < self.last_loss:
             return  # sent before data went away, answered after: not known to hold
-        self._set(e["t"], e["p"], (e["c"], e["h"]))
+        for p, _, values in self.parts(e):
+            self._set(e["t"], p, values)
 
-    def _set(self, t: float, p: str, value: tuple[int, int] | None) -> None:
+    def _set(self, t: float, p: str, value: tuple[int, ...] | None) -> None:
         self.changes.append((t, p, self.floor.get(p)))
         if value is None:
             self.floor.pop(p, None)
@@ -184,7 +196,7 @@ class _Bounds:
         while self.changes and self.changes[0][0] < t - self.KEEP:
             self.changes.popleft()
 
-    def raise_floor(self, t: float, p: str, value: tuple[int, int]) -> None:
+    def raise_floor(self, t: float, p: str, value: tuple[int, ...]) -> None:
         self._set(t, p, value)
 
     def save(self, taken: float) -> None:
@@ -209,21 +221,20 @@ class _Bounds:
         for p in list(self.floor):
             self._set(now, p, None)
 
-    def upper(self, series: str, t: float) -> tuple[int, int]:
-        c = h = 0
+    def upper(self, series: str, t: float) -> tuple[int, ...]:
+        total = [0, 0, 0, 0]
         for p in self.of_series.get(series, ()):
             times, values = self.recorded[p]
             i = bisect.bisect_right(times, t) - 1
             if i >= 0:
-                c, h = c + values[i][0], h + values[i][1]
-        return c, h
+                total = [a + b for a, b in zip(total, (*values[i], 0, 0))]
+        return tuple(total)
 
-    def lower(self, series: str) -> tuple[int, int]:
-        c = h = 0
+    def lower(self, series: str) -> tuple[int, ...]:
+        total = [0, 0, 0, 0]
         for p in self.of_series.get(series, ()):
-            pc, ph = self.floor.get(p, (0, 0))
-            c, h = c + pc, h + ph
-        return c, h
+            total = [a + b for a, b in zip(total, (*self.floor.get(p, ()), 0, 0, 0, 0))]
+        return tuple(total)
 
 
 class _Checker:
@@ -300,6 +311,8 @@ class _Checker:
             "rdb": lambda e: self.bounds.save(e["taken"]),
             "replica_synced": lambda e: self.bounds.save(e["taken"]),
             "evict_end": self._evict_end,
+            "usage": self._usage,
+            "drained": self._drained,
             "spawn": lambda e: self.incarnation.__setitem__(e["slot"], e["name"]),
             "killed": self._killed,
         }
@@ -322,11 +335,12 @@ class _Checker:
             return
         if any(a <= k and b >= k - KILL_CLEAR and who in ("", slot) for a, b, who in self.flush_faults):
             return
-        times, values = self.bounds.recorded[name]
-        i = bisect.bisect_right(times, k - KILL_SLACK) - 1
-        if i >= 0 and values[i] > self.bounds.floor.get(name, (0, 0)):
-            self.checked["writers killed with their flushes going through"] += 1
-            self.bounds.raise_floor(k, name, values[i])
+        self.checked["writers killed with their flushes going through"] += 1
+        for p in [p for p in self.bounds.series if p == name or p.startswith(name + "#")]:
+            times, values = self.bounds.recorded[p]
+            i = bisect.bisect_right(times, k - KILL_SLACK) - 1
+            if i >= 0 and values[i] > self.bounds.floor.get(p, ()):
+                self.bounds.raise_floor(k, p, values[i])
 
     def _evict_end(self, e: dict[str, Any]) -> None:
         if getattr(self, "lru", False):
@@ -347,12 +361,42 @@ class _Checker:
     def _final(self, e: dict[str, Any]) -> None:
         self.checked["final reads (library)"] += 1
         self._series(e, final=True)
+        for tenant, values in (e.get("u") or {}).items():
+            for i, what in enumerate(USAGE_FIELDS):
+                self._final_value(f"usage|{tenant}", f"ledger {what}", values[i], e, i)
+
+    def _usage(self, e: dict[str, Any]) -> None:
+        """A read of the ledger while faults run: never above what was recorded."""
+        for tenant, values in (e.get("u") or {}).items():
+            self.checked["ledger values"] += 4
+            high = self.bounds.upper(f"usage|{tenant}", e["t"])
+            for i, what in enumerate(USAGE_FIELDS):
+                if values[i] > high[i]:
+                    self.flag(
+                        f"ledger {what} of {tenant} = {values[i]} above what was recorded ({high[i]})",
+                        e["t"],
+                        e,
+                    )
+
+    def _drained(self, e: dict[str, Any]) -> None:
+        """After every front end's requests and router's bookings ended: 0 in flight, 0 booked."""
+        self.checked["/load reads after the drain"] += 1
+        if e.get("status") != 200:
+            self.flag(
+                f"/load of port {e['port']} answered {e.get('status')} after the faults stopped", e["t"], e
+            )
+            return
+        for engine, st in (e.get("states") or {}).items():
+            state, _, in_flight, booked = (*st, None, None, None)[:4]
+            if (state == "up" and (in_flight or 0) != 0) or (booked or 0) != 0:
+                what = f"engine {engine} {state} with in_flight {in_flight}, booked {booked} after the drain"
+                self.flag(what, e["t"], e)
 
     def _series(self, e: dict[str, Any], final: bool) -> None:
         t = e["t"]
         for s, value in e.get("c", {}).items():
             self.checked["counter values"] += 1
-            up_c, _ = self.bounds.upper(s, t)
+            up_c = self.bounds.upper(s, t)[0]
             if value > up_c + 1e-6:
                 self.flag(f"counter {s} = {value:g} above what was recorded ({up_c})", t, e)
             if final:
@@ -391,7 +435,7 @@ class _Checker:
         if torn:
             self.flag(f"histogram {s} torn: count {count}, +Inf {inf}, sum {h.get('sum')}", t, e)
             return
-        _, up_h = self.bounds.upper(s, t)
+        up_h = self.bounds.upper(s, t)[1]
         if count > up_h:
             self.flag(f"histogram {s} count {count:g} above what was observed ({up_h})", t, e)
         if final:
@@ -406,8 +450,13 @@ class _Checker:
                 self.flag(
                     f"/load answered 200 with engines {up} up while the store could not be read", e["t"], e
                 )
-        for engine, (state, running) in (states or {}).items():
+        for engine, st in (states or {}).items():
+            state, running, in_flight, booked = (*st, None, None, None)[:4]
             self._state(f"/load of port {e['port']}", int(engine), state, e)
+            if (in_flight or 0) < 0 or (booked or 0) < 0:
+                self.flag(
+                    f"/load engine {engine}: in_flight {in_flight}, booked {booked} (negative)", e["t"], e
+                )
             if running is not None and float(running) not in self.engine_gauges[engine]:
                 self.flag(
                     f"/load engine {engine} requests_running {running}, a value no writer set", e["t"], e

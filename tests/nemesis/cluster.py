@@ -287,7 +287,7 @@ def previous_release(commit: str, into: Path) -> Path | None:
     return into
 
 
-def wait_port(port: int, timeout: float = 30.0) -> None:
+def wait_port(port: int, timeout: float = 300.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
