@@ -57,6 +57,10 @@ KILL_CLEAR = 5.0
 proxy, a pause of that writer) for :data:`KILL_SLACK` to be the bound."""
 
 KNOWN = {
+    "ledger not restored:": "found by this run (issue 48), for the ledger's owner (issue 49): "
+    "tests/usage/test_ledger_time_travel.py (strict xfail); the usage ledger stores increments, so "
+    "usage Redis acknowledged and then lost going back (an older RDB, a lagging "
+    "replica promoted, allkeys eviction) is gone for good; the stats are restored by their writers",
     "/watch answered 200 with engines": "issue 46 item 1 (the feed helper's): /watch's whole state "
     "answers 200 with every engine up while the store cannot be read",
 }
@@ -152,7 +156,11 @@ class _Bounds:
 
     KEEP = 120.0  # seconds of floor changes kept to look back from (an RDB is noted once it is written)
 
-    def __init__(self) -> None:
+    def __init__(self, increments: bool = False) -> None:
+        # increments: the floor of a store of increments (the usage ledger), which a Redis gone
+        # back loses for good: a live writer's next flushes add to what is left, never restore it.
+        self.increments = increments
+        self.lost: dict[str, tuple[int, ...]] = {}  # process -> what Redis going back took of it
         self.series: dict[str, str] = {}  # process -> series
         self.of_series: dict[str, list[str]] = defaultdict(list)  # series -> its processes
         self.recorded: dict[str, tuple[list[float], list[tuple[int, ...]]]] = defaultdict(lambda: ([], []))
@@ -185,7 +193,8 @@ class _Bounds:
         if e.get("t0", -math.inf) < self.last_loss:
             return  # sent before data went away, answered after: not known to hold
         for p, _, values in self.parts(e):
-            self._set(e["t"], p, values)
+            lost = self.lost.get(p, ())
+            self._set(e["t"], p, tuple(v - (lost[i] if i < len(lost) else 0) for i, v in enumerate(values)))
 
     def _set(self, t: float, p: str, value: tuple[int, ...] | None) -> None:
         self.changes.append((t, p, self.floor.get(p)))
@@ -197,7 +206,10 @@ class _Bounds:
             self.changes.popleft()
 
     def raise_floor(self, t: float, p: str, value: tuple[int, ...]) -> None:
-        self._set(t, p, value)
+        lost = self.lost.get(p, ())
+        value = tuple(v - (lost[i] if i < len(lost) else 0) for i, v in enumerate(value))
+        if value > self.floor.get(p, ()):
+            self._set(t, p, value)
 
     def save(self, taken: float) -> None:
         """The floor as it was at *taken* (a copy Redis may be sent back to)."""
@@ -212,14 +224,23 @@ class _Bounds:
         self.saved[taken] = floor
 
     def travel(self, taken: float, now: float) -> None:
+        saved = self.saved.get(taken, {})
         for p in list(self.floor):
+            self._went_back(p, self.floor[p], saved.get(p, ()))
             self._set(now, p, None)
-        for p, value in self.saved.get(taken, {}).items():
+        for p, value in saved.items():
             self._set(now, p, value)
 
     def evicted(self, now: float) -> None:
         for p in list(self.floor):
+            self._went_back(p, self.floor[p], ())
             self._set(now, p, None)
+
+    def _went_back(self, p: str, before: tuple[int, ...], after: tuple[int, ...]) -> None:
+        if self.increments:
+            after = (*after, 0, 0, 0, 0)[: len(before)]
+            lost = (*self.lost.get(p, ()), 0, 0, 0, 0)[: len(before)]
+            self.lost[p] = tuple(x + b - a for x, b, a in zip(lost, before, after))
 
     def upper(self, series: str, t: float) -> tuple[int, ...]:
         total = [0, 0, 0, 0]
@@ -244,6 +265,8 @@ class _Checker:
         self.anomalies: list[Anomaly] = []
         self.checked: Counter[str] = Counter()
         self.bounds = _Bounds()
+        self.inc = _Bounds(increments=True)  # the ledger's floor, as a store of increments
+        self.both = (self.bounds, self.inc)
         self.gauges: dict[str, set[float]] = defaultdict(set)
         self.engine_gauges: dict[str, set[float]] = defaultdict(set)
         self.outages: list[tuple[float, float]] = []
@@ -297,8 +320,8 @@ class _Checker:
 
     def run(self) -> None:
         handlers = {
-            "rec": self.bounds.rec,
-            "ack": self.bounds.ack,
+            "rec": lambda e: [b.rec(e) for b in self.both],
+            "ack": lambda e: [b.ack(e) for b in self.both],
             "gauge": self._gauge,
             "metrics": self._metrics,
             "final": self._final,
@@ -306,10 +329,10 @@ class _Checker:
             "watch_state": self._watch_state,
             "watch_poll": self._watch_poll,
             "print": self._print,
-            "travel": lambda e: self.bounds.travel(e["taken"], e["t"]),
-            "failover": lambda e: self.bounds.travel(e["taken"], e["t"]),
-            "rdb": lambda e: self.bounds.save(e["taken"]),
-            "replica_synced": lambda e: self.bounds.save(e["taken"]),
+            "travel": lambda e: [b.travel(e["taken"], e["t"]) for b in self.both],
+            "failover": lambda e: [b.travel(e["taken"], e["t"]) for b in self.both],
+            "rdb": lambda e: [b.save(e["taken"]) for b in self.both],
+            "replica_synced": lambda e: [b.save(e["taken"]) for b in self.both],
             "evict_end": self._evict_end,
             "usage": self._usage,
             "drained": self._drained,
@@ -318,7 +341,8 @@ class _Checker:
         }
         for e in self.events:
             if e["k"] == "loss":  # Redis is killed to come back older (a time travel, a failover)
-                self.bounds.last_loss = e["t"]
+                for b in self.both:
+                    b.last_loss = e["t"]
             if e["k"] == "evict" and e.get("lru"):
                 self.lru = True
             handler = handlers.get(e["k"])
@@ -339,13 +363,15 @@ class _Checker:
         for p in [p for p in self.bounds.series if p == name or p.startswith(name + "#")]:
             times, values = self.bounds.recorded[p]
             i = bisect.bisect_right(times, k - KILL_SLACK) - 1
-            if i >= 0 and values[i] > self.bounds.floor.get(p, ()):
-                self.bounds.raise_floor(k, p, values[i])
+            if i >= 0:
+                for b in self.both:
+                    b.raise_floor(k, p, values[i])
 
     def _evict_end(self, e: dict[str, Any]) -> None:
         if getattr(self, "lru", False):
-            self.bounds.last_loss = e["t"]
-            self.bounds.evicted(e["t"])
+            for b in self.both:
+                b.last_loss = e["t"]
+                b.evicted(e["t"])
             self.lru = False
 
     def _gauge(self, e: dict[str, Any]) -> None:
@@ -363,7 +389,16 @@ class _Checker:
         self._series(e, final=True)
         for tenant, values in (e.get("u") or {}).items():
             for i, what in enumerate(USAGE_FIELDS):
-                self._final_value(f"usage|{tenant}", f"ledger {what}", values[i], e, i)
+                s = f"usage|{tenant}"
+                if values[i] < self.inc.lower(s)[i] or values[i] < self.bounds.lower(s)[i] - 1e-6:
+                    self._final_value(s, f"ledger {what}", values[i], e, i, self.inc)
+                if self.inc.lower(s)[i] <= values[i] < self.bounds.lower(s)[i]:
+                    acked = self.bounds.lower(s)[i]
+                    what = (
+                        f"ledger not restored: {what} of {tenant} = {values[i]:g}, {acked} acknowledged, "
+                        f"{acked - values[i]:g} of it taken by Redis going back"
+                    )
+                    self.flag(what, e["t"], e)
 
     def _usage(self, e: dict[str, Any]) -> None:
         """A read of the ledger while faults run: never above what was recorded."""
@@ -409,9 +444,11 @@ class _Checker:
             if float(value) not in self.gauges[s]:
                 self.flag(f"gauge {s} = {value:g}, a value no writer set", t, e)
 
-    def _final_value(self, s: str, what: str, value: float, e: dict[str, Any], i: int) -> None:
-        self.checked[f"final {what}s"] += 1
-        low, high = self.bounds.lower(s)[i], self.bounds.upper(s, e["t"])[i]
+    def _final_value(
+        self, s: str, what: str, value: float, e: dict[str, Any], i: int, bounds: _Bounds | None = None
+    ) -> None:
+        self.checked[f"final {what} values"] += 1
+        low, high = (bounds or self.bounds).lower(s)[i], self.bounds.upper(s, e["t"])[i]
         if e["k"] == "final":
             self.finals[f"{what} {s}"] = (value, low, high)
         if not low - 1e-6 <= value <= high + 1e-6:
@@ -422,7 +459,7 @@ class _Checker:
                 e,
             )
         elif low == high:
-            self.checked[f"final {what}s exact"] += 1
+            self.checked[f"final {what} values exact"] += 1
 
     def _histogram(self, s: str, h: dict[str, Any], e: dict[str, Any], final: bool) -> None:
         t = e["t"]

@@ -55,6 +55,8 @@ def _usage_recorder(writer: Any) -> Any:
         from redis_stats.usage import UsageRecorder
     except ImportError:
         return None
+    if not hasattr(writer, "attach"):  # a previous release's writer (the module found elsewhere)
+        return None
     return UsageRecorder(writer)
 
 
@@ -63,6 +65,8 @@ def _arrivals(writer: Any) -> Any:
     try:
         from redis_stats.writer.arrivals import Arrivals
     except ImportError:
+        return None
+    if not hasattr(writer.load, "count_arrivals"):  # a previous release's writer
         return None
     return Arrivals(writer)
 
