@@ -61,8 +61,6 @@ KNOWN = {
     "tests/usage/test_ledger_time_travel.py (strict xfail); the usage ledger stores increments, so "
     "usage Redis acknowledged and then lost going back (an older RDB, a lagging "
     "replica promoted, allkeys eviction) is gone for good; the stats are restored by their writers",
-    "/watch answered 200 with engines": "issue 46 item 1 (the feed helper's): /watch's whole state "
-    "answers 200 with every engine up while the store cannot be read",
 }
 """Anomalies already filed, by the start of their text, with where: printed, not counted as new
 (the run fails only on a new one). Remove an entry when its fix lands."""
