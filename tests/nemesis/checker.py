@@ -188,11 +188,15 @@ class _Bounds:
             recorded.append(values)
 
     def ack(self, e: dict[str, Any]) -> None:
-        if e.get("t0", -math.inf) < self.last_loss:
-            return  # sent before data went away, answered after: not known to hold
+        straddles = e.get("t0", -math.inf) < self.last_loss  # sent before data went away, answered after
         for p, _, values in self.parts(e):
-            lost = self.lost.get(p, ())
-            self._set(e["t"], p, tuple(v - (lost[i] if i < len(lost) else 0) for i, v in enumerate(values)))
+            lost = (*self.lost.get(p, ()), 0, 0, 0, 0)[: len(values)]
+            floor = (*self.floor.get(p, ()), 0, 0, 0, 0)[: len(values)]
+            value = tuple(v - x for v, x in zip(values, lost))
+            if not straddles:
+                self._set(e["t"], p, value)
+            elif self.increments:  # what it added may be gone for good: never counted on
+                self.lost[p] = tuple(x + max(0, v - f) for x, v, f in zip(lost, value, floor))
 
     def _set(self, t: float, p: str, value: tuple[int, ...] | None) -> None:
         self.changes.append((t, p, self.floor.get(p)))

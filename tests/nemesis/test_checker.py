@@ -171,3 +171,19 @@ def test_in_flight_and_bookings_come_back_to_zero_once_drained():
         "engine 0 up with in_flight 1, booked 0 after the drain",
         "engine 1 down with in_flight None, booked 2 after the drain",
     ]
+
+
+def test_the_ledger_may_lose_what_an_ack_straddling_an_eviction_confirmed_and_no_more():
+    h = History().add("rec", "w.0", s=S, c=0, h=0, u={"acme": [1, 70, 10, 20]})
+    h.add("ack", "w.0", s=S, c=0, h=0, t0=h.t, u={"acme": [1, 70, 10, 20]})
+    h.add("evict", policy="allkeys-lru", lru=True).add(
+        "rec", "w.0", s=S, c=0, h=0, u={"acme": [2, 140, 20, 40]}
+    )
+    h.add("evict_end")  # keys evicted meanwhile: the first request, and maybe the second
+    h.add("ack", "w.0", s=S, c=0, h=0, t0=h.t - 2.5, u={"acme": [2, 140, 20, 40]})  # sent before the end
+    h.add("rec", "w.0", s=S, c=0, h=0, u={"acme": [3, 210, 30, 60]})
+    h.add("ack", "w.0", s=S, c=0, h=0, t0=h.t, u={"acme": [3, 210, 30, 60]}).add("writers_closed")
+    h.add("final", c={}, h={}, g={}, u={"acme": [1, 70, 10, 20]})  # only the third is sure to be there
+    assert [a.split(":")[0] for a in h.check()] == ["ledger not restored"] * 4
+    h.add("final", c={}, h={}, g={}, u={"acme": [0, 0, 0, 0]})
+    assert "final ledger requests usage|acme = 0: acknowledged 1, recorded 3 (lost 1)" in h.check()
