@@ -26,6 +26,7 @@ from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 __all__ = [
     "MAX_LISTED_SHARDS",
     "SCHEMA_VERSION",
+    "USAGE_FIXED",
     "Keys",
     "parse_shard_counts",
     "shard_of",
@@ -38,6 +39,9 @@ __all__ = [
 # 1: deltas merged into one field per series by the flush script, gauges in their own hash.
 SCHEMA_VERSION = "2"
 
+
+USAGE_FIXED = ("seq", "seen", "conf", "e", "t", "rank", "sum")
+"""The usage ledger's keys of fixed names under ``<prefix>u:`` (docs/key-schema.md, "Usage")."""
 
 # How many salts a shard's tag is chosen from (the one whose slot is nearest the shard's target):
 # 4,096 tries land within ~2 slots of it, and cost ~1 ms per shard, once per process.
@@ -176,6 +180,15 @@ class Keys:
     def shard(self, shard: int, shards: int) -> Keys:
         """The keys of *shard* of this namespace split into *shards* (shard 0: these keys)."""
         return self if shard == 0 else Keys(self.namespace, shard_tag(self.namespace, shard, shards))
+
+    def usage(self, name: str) -> str:
+        """A key of the usage ledger (docs/usage.md): ``<prefix>u:<name>``."""
+        return f"{self.prefix}u:{name}"
+
+    def usage_fixed(self) -> list[str]:
+        """The usage ledger's keys of fixed names (its bucket keys expire by themselves):
+        KEYS[1..7] of ``usage.lua``, in that order."""
+        return [self.usage(x) for x in USAGE_FIXED]
 
     def writer_stats(self, writer_id: str) -> str:
         """Hash: one writer's self-metrics (flushes, errors, drops, flush durations, ...)."""

@@ -115,11 +115,11 @@ class UsageKeys:
     @property
     def base(self) -> str:
         """The start of every usage key of the shard."""
-        return self.keys.prefix + "u:"
+        return self.keys.usage("")
 
     def fixed(self) -> list[str]:
         """KEYS[1..7] of ``usage.lua``: seq, seen, conf, totals, tenants, rank, sum."""
-        return [self.base + x for x in ("seq", "seen", "conf", "e", "t", "rank", "sum")]
+        return self.keys.usage_fixed()
 
     @property
     def conf(self) -> str:

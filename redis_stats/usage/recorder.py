@@ -149,6 +149,17 @@ class UsageRecorder:
         """Whether anything recorded is not confirmed by Redis yet."""
         return any(s.pending or s.in_flight is not None for s in self._shards)
 
+    def lost_summary(self) -> str:
+        """What is not confirmed yet, in words (a close that gives up logs it as lost)."""
+        with self._lock:
+            batches = [s.in_flight for s in self._shards if s.in_flight is not None]
+            sums = [v for s in self._shards for v in s.pending.values()]
+        sent = sum(v[0] for b in batches for v in b.entries.values())
+        return (
+            f"usage of {sent} requests in {len(batches)} unconfirmed batches (applied once or not at all) "
+            f"and of {sum(v[0] for v in sums)} more requests recorded since"
+        )
+
     def forked(self, writer_id: str) -> None:
         """In a child after fork(): a new recorder under *writer_id*, nothing pending (the
         parent's sums are the parent's)."""

@@ -233,6 +233,12 @@ class WriterCore:
             part.forked(self.writer_id)
 
     def lost_summary(self) -> str:
+        """What is not confirmed by Redis yet, in words (for the line logged when it is given
+        up): the writer's series, then each attached part's (the usage ledger's)."""
+        parts = "".join(f"; {p.lost_summary()}" for p in self._parts_attached if p.pending())
+        return self._series_lost() + parts
+
+    def _series_lost(self) -> str:
         """What is not confirmed by Redis yet, in words (for the line logged when it is given up)."""
         series, pending = self._protocol.in_flight_series(), self._acc.pending_series()
         if self.shards == 1:

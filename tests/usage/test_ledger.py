@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from redis_stats import StatsConfig, StatsWriter
+from redis_stats.keys import Keys
 from redis_stats.usage import Usage, UsageReader, UsageRecorder
 
 pytestmark = pytest.mark.redis_server
@@ -141,3 +142,31 @@ def test_a_writer_that_records_only_usage_flushes_quietly(redis_server, namespac
     assert sum(writer.stats.lost.values()) == 0
     assert reader.tenant("acme").total.get("requests") == 4
     writer.close()
+
+
+def test_drop_namespace_removes_the_ledger_even_without_scan(redis_server, namespace):
+    from redis_stats.ops.removal import _named_keys, remove_namespace
+
+    writer, rec, _reader = _setup(redis_server.url, namespace)
+    rec.record(_use("acme"))
+    assert writer.flush()
+    writer.close()
+    keys = Keys(namespace)
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    named = set(_named_keys(client, keys, True))
+    assert set(keys.usage_fixed()) <= named  # found by name: a user without SCAN removes them too
+    cfg = StatsConfig(url=redis_server.url, namespace=namespace)  # the writer closed: not live
+    assert not remove_namespace(cfg).live_writers
+    assert not client.keys(f"rs:{{{namespace}}}:*")
+
+
+def test_a_close_that_gives_up_says_what_usage_it_lost(namespace, caplog):
+    writer = StatsWriter(StatsConfig(url="redis://127.0.0.1:1/0", namespace=namespace), start=False)
+    rec = UsageRecorder(writer)
+    for _ in range(3):
+        rec.record(_use("acme"))
+    writer.flush()
+    rec.record(_use("acme"))
+    writer.close(timeout=0.3)
+    assert "usage of 3 requests in 1 unconfirmed batches" in caplog.text
+    assert "and of 1 more requests recorded since" in caplog.text
