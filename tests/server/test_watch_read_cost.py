@@ -88,3 +88,42 @@ def test_a_state_change_with_the_same_entries_is_an_event(redis_server, namespac
         assert feed.snapshot()["engines"]["0"]["requests_waiting"] == 2
     finally:
         w.close()
+
+
+@pytest.mark.slow
+def test_the_feed_follows_a_cluster_of_three_shards(namespace):
+    """(Before: every read raised on a Cluster, redis-py refusing TIME in a Cluster pipeline: a
+    /watch subscriber got the state and then nothing, for ever.)"""
+    from tests.servers import Cluster
+
+    cluster = Cluster().start()
+    try:
+        cfg = StatsConfig(url=cluster.url, namespace=namespace, shards=3, flush_interval=1.0)
+        writers = [
+            StatsWriter(cfg, vllm_catalog(), engines=[e], role=f"api{e}", start=False, load=VLLM_LOAD)
+            for e in range(3)
+        ]
+        gauges = [
+            w.metric("vllm:num_requests_waiting").labels(e, model_name="m") for e, w in enumerate(writers)
+        ]
+        for g, w in zip(gauges, writers):
+            g.set(0)
+            assert w.flush()
+        feed, _ = feed_of(cfg)
+        feed._read_once()
+        assert feed.seq == 3
+        seq = feed.seq
+        for e, (g, w) in enumerate(zip(gauges, writers)):  # one change in each shard
+            g.set(10 + e)
+            assert w.flush_load()
+        feed._read_once()
+        assert sorted((d["engine"], d["requests_waiting"]) for d in events(feed, seq)) == [
+            (0, 10),
+            (1, 11),
+            (2, 12),
+        ]
+        assert all(0 <= d["age_seconds"] < 5 for d in feed.snapshot()["engines"].values())
+        for w in writers:
+            w.close()
+    finally:
+        cluster.close()

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from redis_stats.background import survive
+from redis_stats.connection import is_cluster
 from redis_stats.load import FIELDS, EngineLoad, LoadView, decode_entries, engine_load
 from redis_stats.server.source import Source
 from redis_stats.server.states.load_feed import LoadBody, LoadFeed, feed_of
@@ -212,12 +213,21 @@ class WatchFeed:
 
     def _read_hashes(self) -> tuple[float, dict[str, Any]]:
         """(Redis' time in ms, every shard's load hash: field -> stored entry), in one pipeline
-        (no transaction: each hash is whole, and the entries are absolute values)."""
-        pipe = self.reader.client.pipeline(transaction=False)
-        pipe.time()
-        for keys in self.reader.shard_keys:
-            pipe.hgetall(keys.load)
+        (no transaction: each hash is whole, and the entries are absolute values); on a Cluster,
+        where redis-py sends no keyless command in a pipeline, the time is asked of shard 0's
+        node apart."""
+        client: Any = self.reader.client
+        keys = [k.load for k in self.reader.shard_keys]
+        pipe = client.pipeline(transaction=False)
+        cluster = is_cluster(client)
+        if not cluster:
+            pipe.time()
+        for key in keys:
+            pipe.hgetall(key)
         replies = pipe.execute(raise_on_error=False)
+        if cluster:
+            now = client.execute_command("TIME", target_nodes=client.get_node_from_key(keys[0]))
+            replies = [now, *replies]
         now = replies[0]
         now_ms = now[0] * 1000.0 + now[1] / 1000.0 if isinstance(now, (list, tuple)) else time.time() * 1000.0
         out: dict[str, Any] = {}
