@@ -153,7 +153,12 @@ def main() -> None:
     cluster = Cluster().start()
     procs: list[Any] = []
     exporter = None
-    result: dict[str, Any] = {"engines": n, "writers": 2 * n, "period_s": opts.period}
+    result: dict[str, Any] = {
+        "engines": n,
+        "writers": 2 * n,
+        "period_s": opts.period,
+        "drivers": opts.drivers,
+    }
     try:
         nodes = [redis.Redis(host="127.0.0.1", port=node.port) for node in cluster.nodes]
         ctx = mp.get_context("spawn")
@@ -213,6 +218,7 @@ def main() -> None:
         stop.set()
         poller.join()
         cpu1, ex1, t1 = master_cpu(nodes), proc_cpu(exporter.pid), time.monotonic()
+        result["drivers_alive"] = sum(p.is_alive() for p in procs)  # a dead one: its writers stopped
         load1 = os.getloadavg()[0]
         seen = out.get()
         subs.join()
@@ -288,6 +294,8 @@ def report(r: dict[str, Any]) -> None:
         f"    change -> /watch subscriber ({r['watch_ms']['n']} samples): p50 {r['watch_ms']['p50']:.0f} ms, "
         f"p99 {r['watch_ms']['p99']:.0f} ms"
     )
+    if r["drivers_alive"] < r["drivers"]:
+        print(f"    ONLY {r['drivers_alive']} of {r['drivers']} drivers ran to the end: the figures are low")
     cpus = ", ".join(f"{c:.3f}" for c in r["master_cpu"])
     scaled = ", ".join(f"{c:.2f}" for c in r["master_cpu_at_1s"])
     mem = ", ".join(f"{m:.0f}" for m in r["master_memory_mb"])
