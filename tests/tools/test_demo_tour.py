@@ -15,6 +15,7 @@ import urllib.request
 import pytest
 
 from tests.conftest import PYTHON, ROOT
+from tests.tools.test_doc_samples import Step, compare, samples_of
 
 pytestmark = pytest.mark.redis_server
 
@@ -52,6 +53,10 @@ def test_every_router_view_answers_on_the_demo_as_printed(python_env):
             if line.startswith("periodic log lines"):
                 break
         text = "".join(lines)
+        (sample,) = [s for s in samples_of(ROOT / "docs" / "cli.md") if s.mode == "demo"]
+        (step,) = sample.steps  # docs/cli.md's sample, up to the log lines: what the demo printed
+        shown = step.output[: next(i for i, x in enumerate(step.output) if x.startswith("periodic")) + 1]
+        compare(Step(step.command, shown), [line.rstrip("\n") for line in lines])
         view = re.search(r"Redis view of every engine: (http://\S+)/metrics", text).group(1)
         assert "engines 0, 1 behind endpoint demo-0:8000" in text, text
         curls = printed_curl_urls(lines)

@@ -138,3 +138,39 @@ def test_every_relative_link_of_the_readme_and_the_docs_reaches_a_file_and_a_hea
             elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest.read_text()):
                 broken.append(f"{where} (no such heading)")
     assert broken == []
+
+
+def _cells(markdown: str) -> list[tuple[str, str]]:
+    """(the heading above it, the cell) of every table cell of a page, outside code blocks."""
+    out, fence, heading = [], False, ""
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            fence = not fence
+        elif not fence and line.startswith("#"):
+            heading = line
+        elif not fence and line.startswith("|"):
+            out += [(heading, c) for c in re.sub(r"`[^`]*`", "`x`", line).strip().strip("|").split("|")]
+    return out
+
+
+def test_routers_md_leads_with_what_to_set_in_cells_a_reader_can_scan():
+    page = (ROOT / "docs" / "routers.md").read_text()
+    assert page.split("\n## ", 2)[1].startswith("What to set\n")  # the first section
+    words = {(h, c.strip()[:60]): len(c.split()) for h, c in _cells(page)}
+    first = {k: n for k, n in words.items() if k[0] == "## What to set"}
+    assert len(first) >= 40 and max(first.values()) <= 20, max(first.items(), key=lambda kv: kv[1])
+    assert max(words.values()) <= 45, max(words.items(), key=lambda kv: kv[1])  # was 94
+    for router in ("vllm-router", "sglang-router", "SGLang's model gateway", "endpoint picker", "KEDA",
+                   "a router of your own", "production-stack"):  # fmt: skip
+        assert any(router in c for h, c in _cells(page) if h == "## What to set"), router
+
+
+def test_the_docs_stay_readable_in_length():
+    """A newcomer reads the README and ONE page for their layout; the quickstart is its own bound
+    (tests/tools/test_quickstart.py); the whole set may grow by a page, not by a book."""
+    readme = len((ROOT / "README.md").read_text().split())
+    for page in ("vllm.md", "bridge.md", "library.md"):
+        words = readme + len((ROOT / "docs" / page).read_text().split())
+        assert words < 5000, f"README.md and docs/{page}: {words} words"
+    total = sum(len(p.read_text().split()) for p in (ROOT / "docs").glob("*.md"))
+    assert total <= 80_000, f"docs/ holds {total:,} words"  # 76,011 with docs/quickstart.md
