@@ -36,6 +36,7 @@ import argparse
 import gc
 import heapq
 import json
+import math
 import multiprocessing as mp
 import os
 import random
@@ -262,6 +263,7 @@ def redis_run(
     lane_writers: list[tuple[int, int]],
     interval: float,
     per_call: int = 1,
+    flushes: bool = True,
 ) -> dict[str, Any]:
     from fleet import cpu_seconds, drive
 
@@ -276,7 +278,7 @@ def redis_run(
         ctx.Process(
             target=drive, args=(url, namespace, writers[d::drivers], seconds, start_at, queue, 1, 0.0)
         )
-        for d in range(drivers)
+        for d in range(drivers if flushes else 0)
     ]
     lane_procs = [
         ctx.Process(
@@ -300,8 +302,10 @@ def redis_run(
     time.sleep(max(0.0, start_at + 2.0 - time.time()))  # from the third second, as bench/fleet.py
     cpu0, t0 = cpu_seconds(node), time.monotonic()
     results = [queue.get() for _ in procs]
+    sent = 0 if procs else sum(lanes.get() for _ in lane_procs)  # the lane alone: until it ends
     cpu1, wall = cpu_seconds(node), time.monotonic() - t0
-    sent = sum(lanes.get() for _ in lane_procs)
+    if procs:
+        sent = sum(lanes.get() for _ in lane_procs)
     for p in procs + lane_procs:
         p.join()
     node.close()
@@ -309,8 +313,8 @@ def redis_run(
         "cpu": (cpu1 - cpu0) / wall,
         "flushes_per_s": sum(len(lat) for lat, _ in results) / wall,
         "lane_calls_per_s": sent / (seconds - 2.0),
-        "flush_p99_ms": pct([x for lat, _ in results for x in lat], 0.99) * 1e3,
-        "behind_s": max(b for _, b in results),
+        "flush_p99_ms": pct([x for lat, _ in results for x in lat], 0.99) * 1e3 if results else math.nan,
+        "behind_s": max((b for _, b in results), default=0.0),
     }
 
 
@@ -331,6 +335,9 @@ def part_redis(url: str, opts: Any) -> dict[str, Any]:
         rows[f"+ lane, every writer changes every {LANE} s (worst case)"] = redis_run(
             url, n, opts.seconds, every, LANE
         )
+    alone = {
+        k: redis_run(url, n, opts.seconds, one, LANE, k, flushes=False) for k in sorted({1, opts.per_call})
+    }
     base = next(iter(rows.values()))["cpu"]
     print(
         f"\n(2) Redis CPU, {n} engines x 2 writers, flushes 1/s each (1.0 = one core), {opts.seconds:.0f} s; "
@@ -346,7 +353,26 @@ def part_redis(url: str, opts: Any) -> dict[str, Any]:
             f"{r['lane_calls_per_s']:>14.0f}"
             f"{r['flush_p99_ms']:>14.2f}{r['behind_s']:>10.2f}"
         )
-    return rows
+    # The budget from parts measured apart: the flushes at their full pace (2 per engine a
+    # second; the first row's CPU scaled when its drivers fell behind on a loaded machine), and
+    # the lane alone at its pace (its calls keep time: a few per connection a second).
+    flushes = rows["flushes only (before: no lane)"]
+    at_pace = flushes["cpu"] * 2 * n / max(flushes["flushes_per_s"], 1.0)
+    print(
+        f"    the lane alone, one API server per engine changing every {LANE} s "
+        f"({n / LANE:,.0f} entries/s), and the budget: the flushes at 2,048/s ({at_pace:.3f}) + the lane"
+    )
+    for k, r in alone.items():
+        per_call = 1e6 * r["cpu"] / max(r["lane_calls_per_s"], 1.0)
+        print(
+            f"      {k} engine(s) a call: {r['lane_calls_per_s']:>7,.0f} calls/s, Redis CPU {r['cpu']:.3f} "
+            f"({per_call:.1f} µs a call, {per_call / k:.1f} µs an entry); flushes + lane "
+            f"{at_pace + r['cpu']:.3f} of a core"
+        )
+    out = dict(rows)
+    out.update({f"the lane alone, {k} a call": r for k, r in alone.items()})
+    out["flushes_at_pace_cpu"] = {"cpu": at_pace}
+    return out
 
 
 # -- (3) the writer's host -------------------------------------------------------------------------

@@ -286,7 +286,7 @@ def phase(
             lat["lane + /watch, example router"].append(when - at)
         elif path == "load":
             lat["lane + /load polled" if engine == PROBE_LANE else "no lane + /load polled"].append(when - at)
-    print(f"\n  {name}: exporter of {root}{' ' + ' '.join(extra) if extra else ''}")
+    print(f"\n  {name}: exporter of {root}{' ' + ' '.join(extra) if extra else ''}", flush=True)
     print(f"    load average {load_before:.1f} -> {load_after:.1f}")
     print(f"    {'':<32}{'p50':>8}{'p99':>8}{'max':>8}{'samples':>9}")
     for key, xs in lat.items():
@@ -387,9 +387,8 @@ def main() -> None:
                 results[name].append(phase(name, root, extra, server.url, namespace, gauges, opts, ctx))
         for w in probes.values():
             w.close()
-        for _ in drivers:
-            queue.get()  # a driver cannot exit before its results are read
-        for p in drivers:
+        for p in drivers:  # done: a driver behind on a loaded machine would send its late flushes still
+            p.terminate()
             p.join()
     if len(exporters) > 1:
         first = exporters[0][0]
