@@ -116,9 +116,8 @@ def main() -> None:
                     f"{r['events_per_read']:>15.0f}{os.getloadavg()[0]:>10.1f}",
                     flush=True,
                 )
-        for _ in drivers:
-            queue.get()
-        for p in drivers:
+        for p in drivers:  # done: a driver behind on a loaded machine would send its late flushes still
+            p.terminate()
             p.join()
 
 
