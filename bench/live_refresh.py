@@ -58,7 +58,11 @@ def cpu_ms_each(step, seconds, pause):
 reader = StatsReader(StatsConfig(url=url, namespace=namespace), vllm_catalog())
 load = LoadFeed(reader)
 refresh_ms, refreshes = cpu_ms_each(load._refresh_once, seconds, 0.25)
-feed = WatchFeed(SimpleNamespace(reader=reader), lambda: load)
+# What a feed asks of a namespace's source (its reader; the server's budget, its kept entries: a
+# checkout whose feed bounds its history by them)
+options = SimpleNamespace(view_budget=256 << 20)
+source = SimpleNamespace(reader=reader, options=options, kept=lambda *a, **k: None)
+feed = WatchFeed(source, lambda: load)
 feed._read_once()
 first = feed.seq
 read_ms, reads = cpu_ms_each(feed._read_once, seconds, 0.02)

@@ -395,6 +395,9 @@ FIELDS = (
     "max_running_requests",
     "prefix_cache_queries_per_second",
     "prefix_cache_hits_per_second",
+    # appended in 0.3 (issue 47): requests the engine's front end holds (arrived, not yet ended),
+    # counted by the process that received them (redis_stats.arrivals); summed over the writers
+    "in_flight",
 )
 
 # The stored entry's format (its first component): the version of its layout, not of its field
@@ -507,3 +510,32 @@ def decode_entries(stored: list[Any]) -> list[LoadEntry | None]:
             if rows is not None and len(rows) == len(stored):
                 return [_plain(r) if r.__class__ is list else None for r in rows]
     return [decode_entry(s) for s in stored]
+
+
+# --- a booking (docs/key-schema.md, the bookings hash; docs/routers.md) -------------------------
+#
+# ``book.lua`` stores ``<request id>`` -> ``<engine>|<ends ms>|<router>`` (the ends in the server's
+# clock: the booking's bounded time); the router's lease is its score in the ``routers`` zset.
+
+
+class Booking(NamedTuple):
+    """One router's booking of one request on one engine, as stored."""
+
+    engine: int
+    ends_ms: float
+    router: str
+
+
+def decode_booking(stored: Any) -> Booking | None:
+    """A stored booking (``<engine>|<ends ms>|<router>``), or None when it is not one."""
+    if stored.__class__ is not str:
+        return None
+    engine, sep, rest = stored.partition(SEP)
+    ends, sep2, router = rest.partition(SEP)
+    if not (sep and sep2 and router and engine.isascii() and engine.isdigit() and len(engine) < 10):
+        return None
+    try:
+        ends_ms = float(ends)
+    except ValueError:
+        return None
+    return Booking(int(engine), ends_ms, router) if math.isfinite(ends_ms) else None

@@ -718,11 +718,13 @@ READ_ELSEWHERE = frozenset(
         "REDIS_STATS_WEB_CONFIG_FILE",
         "REDIS_STATS_WEB_TOKEN_FILE",
         "REDIS_STATS_WEB_OPEN",
+        "REDIS_STATS_TENANT_HEADER",
+        "REDIS_STATS_LITELLM_TENANT",
     }
 )
 """The ``REDIS_STATS_*`` variables read outside :class:`StatsConfig`'s options by other parts of
-this distribution (the vLLM plugin's view, its access control and pod index, the private server's
-binary), by name
+this distribution (the vLLM plugin's view, its access control, pod index and tenant header, the
+LiteLLM callback's tenant, the private server's binary), by name
 only: so that :func:`warn_unknown_variables` knows them in a process that imported none of those
 parts (the library's :meth:`StatsConfig.from_env`). ``tests/unit/test_misconfiguration.py`` keeps
 it equal to the :class:`EnvVar` declarations."""

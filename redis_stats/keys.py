@@ -26,6 +26,7 @@ from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 __all__ = [
     "MAX_LISTED_SHARDS",
     "SCHEMA_VERSION",
+    "USAGE_FIXED",
     "Keys",
     "parse_shard_counts",
     "shard_of",
@@ -38,6 +39,9 @@ __all__ = [
 # 1: deltas merged into one field per series by the flush script, gauges in their own hash.
 SCHEMA_VERSION = "2"
 
+
+USAGE_FIXED = ("seq", "seen", "conf", "e", "t", "rank", "sum")
+"""The usage ledger's keys of fixed names under ``<prefix>u:`` (docs/key-schema.md, "Usage")."""
 
 # How many salts a shard's tag is chosen from (the one whose slot is nearest the shard's target):
 # 4,096 tries land within ~2 slots of it, and cost ~1 ms per shard, once per process.
@@ -142,6 +146,11 @@ class Keys:
     """Integer: the last fencing token handed out with the log lease."""
     gc_lock: str = field(init=False, repr=False, compare=False)
     """String with a TTL: the process currently collecting garbage."""
+    bookings: str = field(init=False, repr=False, compare=False)
+    """Hash: ``<request id>`` -> ``<engine>|<ends ms>|<router>``, a router's booking of a request
+    on an engine of this shard not yet confirmed by the engine's front end (redis_stats.bookings)."""
+    routers: str = field(init=False, repr=False, compare=False)
+    """Zset: router id -> the end of its lease (server ms): its bookings count until then."""
     bridges: str = field(init=False, repr=False, compare=False)
     """Hash: ``<owner digest>|<writer id>`` -> a bridge writer's handover record (JSON: what
     the writers before it held of its source; redis_stats/integrations/bridge/handover.py)."""
@@ -151,7 +160,8 @@ class Keys:
         prefix = f"{root}v{SCHEMA_VERSION}:"
         names = {"root": root, "prefix": prefix, "leader": root + "leader"}
         names |= {"leader_epoch": root + "leader_epoch", "gc_lock": root + "gc"}
-        kept = ("meta", "engines", "writers", "seq", "claims", "conflicts", "load", "bridges")
+        kept: tuple[str, ...] = ("meta", "engines", "writers", "seq", "claims", "conflicts", "load")
+        kept += ("bridges", "bookings", "routers")
         names |= {k: prefix + k for k in kept}
         for name, value in names.items():
             object.__setattr__(self, name, value)  # frozen: set once, here
@@ -170,6 +180,15 @@ class Keys:
     def shard(self, shard: int, shards: int) -> Keys:
         """The keys of *shard* of this namespace split into *shards* (shard 0: these keys)."""
         return self if shard == 0 else Keys(self.namespace, shard_tag(self.namespace, shard, shards))
+
+    def usage(self, name: str) -> str:
+        """A key of the usage ledger (docs/usage.md): ``<prefix>u:<name>``."""
+        return f"{self.prefix}u:{name}"
+
+    def usage_fixed(self) -> list[str]:
+        """The usage ledger's keys of fixed names (its bucket keys expire by themselves):
+        KEYS[1..7] of ``usage.lua``, in that order."""
+        return [self.usage(x) for x in USAGE_FIXED]
 
     def writer_stats(self, writer_id: str) -> str:
         """Hash: one writer's self-metrics (flushes, errors, drops, flush durations, ...)."""

@@ -44,6 +44,7 @@ from redis_stats.codec import (
 from redis_stats.snapshot import Skipped
 
 __all__ = [  # the load entry's codec (redis_stats/codec.py) too: where callers have taken it from
+    "COUNTED_FIELDS",
     "ENTRY_VERSION",
     "FIELDS",
     "GAUGE_FIELDS",
@@ -56,6 +57,8 @@ __all__ = [  # the load entry's codec (redis_stats/codec.py) too: where callers 
     "LoadMap",
     "LoadSource",
     "LoadView",
+    "add_bookings",
+    "count_bookings",
     "decode_entries",
     "decode_entry",
     "encode_entry",
@@ -69,12 +72,20 @@ __all__ = [  # the load entry's codec (redis_stats/codec.py) too: where callers 
 LOAD_SCHEMA_VERSION = 1
 
 RATE_FIELDS = tuple(f for f in FIELDS if f.endswith("_per_second"))
-GAUGE_FIELDS = tuple(f for f in FIELDS if f not in RATE_FIELDS)
+COUNTED_FIELDS = ("in_flight",)
+"""Fields a writer's process counts itself (the requests its front end holds: redis_stats.arrivals),
+summed over an engine's live writers whatever their metrics' modes: each process holds its own."""
+GAUGE_FIELDS = tuple(f for f in FIELDS if f not in RATE_FIELDS and f not in COUNTED_FIELDS)
+MAPPED_FIELDS = tuple(f for f in FIELDS if f not in COUNTED_FIELDS)
+"""The fields a metric feeds (a :class:`LoadMap`'s)."""
+SUMMARISED = (*FIELDS, "booked", "expected_in_flight")
+"""What ``/load``'s ``fleet`` sums, averages and maxes over the live engines."""
 
 # Field index -> its index among the rates (the rate fields' running totals), and the gauge fields'
 # indexes, in FIELDS order.
 _RATE_AT = {FIELDS.index(f): j for j, f in enumerate(RATE_FIELDS)}
-_GAUGE_AT = tuple(i for i in range(len(FIELDS)) if i not in _RATE_AT)
+_GAUGE_AT = tuple(FIELDS.index(f) for f in GAUGE_FIELDS)
+_SUMMED_AT = (*_RATE_AT, *(FIELDS.index(f) for f in COUNTED_FIELDS))  # added up over the writers
 
 # Seconds over which a writer computes the recent rates it stores.
 RATE_WINDOW = 5.0
@@ -113,7 +124,7 @@ class LoadMap:
     prefix_cache_hits_per_second: LoadSource | None = None
 
     def __post_init__(self) -> None:
-        for name in FIELDS:
+        for name in MAPPED_FIELDS:
             source = getattr(self, name)
             if source is None:
                 continue
@@ -132,7 +143,7 @@ class LoadMap:
 
     def sources(self) -> dict[str, LoadSource]:
         """Field -> its source, for the fields that have one."""
-        return {name: s for name in FIELDS if (s := getattr(self, name)) is not None}
+        return {name: s for name in MAPPED_FIELDS if (s := getattr(self, name)) is not None}
 
 
 @dataclass
@@ -154,6 +165,13 @@ class EngineLoad:
     max_running_requests: float | None = None
     prefix_cache_queries_per_second: float | None = None
     prefix_cache_hits_per_second: float | None = None
+    in_flight: float | None = None
+    """Requests the engine's front end holds (arrived, not ended), over its live writers' processes;
+    None where no front end counts them (redis_stats.arrivals)."""
+    booked: int | None = None
+    """Routers' bookings of requests on this engine not yet confirmed by its front end, ended or
+    timed out, of routers whose lease is live (redis_stats.bookings); None when the engine is not
+    up."""
     writers: int = 0
     """Live writers whose entries make up this engine's numbers."""
     state: str = ""
@@ -188,7 +206,25 @@ class EngineLoad:
         for name in FIELDS:
             v = getattr(self, name)
             out[name] = None if v is None else _rounded(name, v)
+        out["booked"] = self.booked
+        expected = self.expected_in_flight
+        out["expected_in_flight"] = None if expected is None else _rounded("in_flight", expected)
         return out
+
+    @property
+    def expected_in_flight(self) -> float | None:
+        """What a router balances on: the engine's own count (:attr:`in_flight`, or requests
+        running plus waiting where no front end counts arrivals) plus :attr:`booked`; None when
+        the engine is not up or reports neither."""
+        if not self.up:
+            return None
+        truth = self.in_flight
+        if truth is None:
+            counts = [v for v in (self.requests_running, self.requests_waiting) if v is not None]
+            truth = float_sum(counts) if counts else None
+        if truth is None:
+            return None if self.booked is None else float(self.booked)
+        return truth + (self.booked or 0)
 
 
 def _rounded(name: str, v: float) -> float | int | None:
@@ -222,7 +258,7 @@ class LoadView:
         engines that report it (``null`` when none does)."""
         live = [e for e in self.engines.values() if e.up]
         out: dict[str, Any] = {"engines": len(self.engines), "engines_up": len(live)}
-        for name in FIELDS:
+        for name in SUMMARISED:
             values = [v for e in live if (v := getattr(e, name)) is not None]
             if not values:
                 out[name] = {"sum": None, "mean": None, "max": None, "engines": 0}
@@ -269,7 +305,7 @@ class LoadView:
     def signature(self) -> str:
         """What a body of this view says but its times (ages, ``time``): equal for equal
         values and ups (``/load``'s ETag is a digest of it)."""
-        rows = [(e, v.up, v.state, v.values()) for e, v in sorted(self.engines.items())]
+        rows = [(e, v.up, v.state, v.values(), v.booked) for e, v in sorted(self.engines.items())]
         return repr((rows, sorted(self.skipped.items())))
 
     def to_dict(self, *, namespace: str | None = None) -> dict[str, Any]:
@@ -344,7 +380,9 @@ def read_view(
         live_of[int(name)] = here
         newest = _newest_seq(seqs, parts, owners & here)
         about[int(name)] = (state, newest, rule.endpoint_of(owners, here))
-    view = load_view(now_ms, states, live_of, load_flat, skipped)
+    view = load_view(
+        now_ms, states, live_of, load_flat, skipped, booked=count_bookings(replies, now_ms, skipped)
+    )
     frozen: dict[int, frozenset[str]] = {}  # one copy per set: most engines share their shard's
     for engine, (state, newest, endpoint) in about.items():
         load = view.engines[engine]
@@ -377,18 +415,61 @@ def _seqs(flat: Any) -> dict[str, int]:
     }
 
 
+def count_bookings(replies: list[ShardReply], now_ms: float, skipped: Skipped) -> dict[int, int] | None:
+    """Per engine, the bookings that count at server time *now_ms*: stored in the shards'
+    ``bookings`` hashes, not past their bounded time, of a router whose lease (its score in the
+    ``routers`` zset) has not ended. None when the read did not fetch bookings; a booking that
+    cannot be read is skipped and counted (``bad_booking``)."""
+    if all(r.bookings is None for r in replies):
+        return None
+    counts: dict[int, int] = {}
+    for reply in replies:
+        if (why := unreadable(reply.routers)) is not None:
+            skipped.note(why, reply.keys.routers)
+            continue
+        if (why := unreadable(reply.bookings)) is not None:
+            skipped.note(why, reply.keys.bookings)
+            continue
+        flat = reply.routers or []
+        leases = {r: float(end) for r, end in zip(flat[0::2], flat[1::2])}
+        bad = add_bookings(counts, (reply.bookings or [])[1::2], leases, now_ms)
+        for _ in range(bad):
+            skipped.note("bad_booking", reply.keys.bookings)
+    return counts
+
+
+def add_bookings(
+    counts: dict[int, int], stored: Iterable[Any], leases: Mapping[str, float], now_ms: float
+) -> int:
+    """Add to *counts* (engine -> bookings) the *stored* bookings (the values of a bookings hash)
+    that count at server time *now_ms*: not past their bound, of a router whose lease (*leases*:
+    router -> its end, ms) has not ended; how many could not be read."""
+    bad = 0
+    for text in stored:
+        booking = codec.decode_booking(text)
+        if booking is None:
+            bad += 1
+        elif booking.ends_ms > now_ms and leases.get(booking.router, 0.0) > now_ms:
+            counts[booking.engine] = counts.get(booking.engine, 0) + 1
+    return bad
+
+
 def load_view(
     now_ms: float,
     engines: Mapping[int, tuple[bool, float]],
     live: Mapping[int, set[str]],
     load_flat: list[Any],
     skipped: Mapping[str, int] | None = None,
+    *,
+    booked: Mapping[int, int] | None = None,
 ) -> LoadView:
     """The view of one read: *engines* (engine -> (up, age of its heartbeat in s), as the
     reader judged them), *live* (engine -> the writers whose values in it count, by the
     reader's rule), *load_flat* (the load hashes' fields and values, flat; several shards'
     concatenated). An entry of a writer not live in its engine, or of an engine not up, is not
-    counted; one that cannot be read is skipped and counted as ``bad_entry``."""
+    counted; one that cannot be read is skipped and counted as ``bad_entry``. *booked*: the
+    bookings that count, by engine (:func:`count_bookings`); an engine up gets its number (0
+    without one), one not up None."""
     skipped = dict(skipped or {})
     found, bad = _live_entries(live, load_flat)
     if bad:
@@ -401,6 +482,8 @@ def load_view(
             if entries
             else EngineLoad(engine, up, beat_age)
         )
+        if up and booked is not None:
+            out[engine].booked = booked.get(engine, 0)
     return LoadView(now_ms / 1000.0, out, skipped)
 
 
@@ -459,9 +542,9 @@ def _rolled_up(entries: list[LoadEntry]) -> list[float | None]:
         for i in _GAUGE_AT:
             readings = [(e.stamp_ms, v, "") for e in entries if (v := e.values[i]) is not None]
             values[i] = roll_up(entries[0].mode(i), readings) if readings else None
-    for i in _RATE_AT:
-        rates = [v for e in entries if (v := e.values[i]) is not None]
-        values[i] = float_sum(rates) if rates else None
+    for i in _SUMMED_AT:
+        summed = [v for e in entries if (v := e.values[i]) is not None]
+        values[i] = float_sum(summed) if summed else None
     return values
 
 

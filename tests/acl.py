@@ -17,6 +17,9 @@ ADMIN = (
 )
 # The log lease (a writer that also reports with leader=lease).
 LEASE = "+get +set +pexpire +incr +del"
+# The usage ledger's additions (docs/acl.md): usage.lua's commands for a writer, its reads for a reader.
+USAGE_WRITER = "+zrangebyscore +zrem +expireat +get +set"
+USAGE_READER = "+hmget +hlen +zrevrange +get"
 
 
 def rules(namespace: str, password: str, commands: str, *, read_only: bool = False) -> list[str]:

@@ -142,7 +142,7 @@ def _script_names(client: Any) -> dict[str, str]:
     from redis_stats._scripts import load_script
 
     out = {}
-    for name in ("flush", "read", "gc", "lease", "shards", "drop"):
+    for name in ("flush", "read", "gc", "lease", "shards", "drop", "book", "router_lease", "usage"):
         source = load_script(name)
         out[hashlib.sha1(source.encode()).hexdigest()] = name
     return out

@@ -24,7 +24,8 @@ class CuttingProxy:
     ``cut_probability``: chance that a reply from the server is dropped and both sides closed
     (the server applied the command; the client never hears so).
     ``reset_probability``: chance that a request is dropped and both sides closed before the
-    server sees it. ``delay``: seconds added before each reply is forwarded.
+    server sees it. ``delay``: seconds added before each reply is forwarded;
+    ``late_probability``: chance that a reply is held ``late_delay`` seconds.
     """
 
     def __init__(self, target_port: int, *, seed: int = 1) -> None:
@@ -33,6 +34,11 @@ class CuttingProxy:
         self.cut_probability = 0.0
         self.reset_probability = 0.0
         self.delay = 0.0
+        # late_probability: chance that a reply is held late_delay seconds first (past a client's
+        # timeout: it gives up, the server has applied the command).
+        self.late_probability = 0.0
+        self.late_delay = 0.0
+        self.lates = 0
         # Added to the server time (ms) in flush.lua's replies: the writers behind this proxy see
         # a server whose clock is this far ahead (emulates a server clock; TIME inside the script,
         # which heartbeats use, stays the server's own).
@@ -80,6 +86,12 @@ class CuttingProxy:
                 return True
             return False
 
+    def _late(self) -> bool:
+        with self._lock:
+            late = self._rng.random() < self.late_probability
+            self.lates += late
+            return late
+
     def _pump(self, src: socket.socket, dst: socket.socket, is_reply: bool) -> None:
         try:
             while True:
@@ -89,6 +101,8 @@ class CuttingProxy:
                 self.flowing.wait()
                 if is_reply and self.delay:
                     time.sleep(self.delay)
+                if is_reply and self.late_probability and self._late():
+                    time.sleep(self.late_delay)
                 if self._should_cut(is_reply):
                     break
                 if is_reply and self.shift_ms:

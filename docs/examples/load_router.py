@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import random
 import time
 import urllib.error
 import urllib.request
@@ -98,6 +99,34 @@ def pick(doc: dict[str, Any], refreshed: float, stale: float = 2.0) -> int | Non
 
     found = candidates(doc, refreshed, stale)
     return min(found, key=cost)[0] if found else None
+
+
+def pick_least(
+    doc: dict[str, Any],
+    field: str | None = "expected_in_flight",
+    newer: list[int] | None = None,
+    rng: random.Random | None = None,
+) -> int | None:
+    """For router replicas (docs/routers.md, "Router replicas"): the candidate engine with the
+    fewest requests expected, ties broken at random (replicas that agree must not all pick the
+    lowest index). *field*: ``expected_in_flight`` (the engine's count plus every replica's
+    bookings), ``in_flight`` (requests counted where they landed), or None (running + waiting,
+    the engine's own numbers); an engine that does not report *field* is read by running +
+    waiting. *newer*: per engine, this replica's dispatches since *doc* was read (what no document
+    can show yet)."""
+    found = candidates(doc, doc.get("time", 0.0))
+    if not found:
+        return None
+
+    def expected(engine: int, load: dict[str, Any]) -> float:
+        value = load.get(field) if field else None
+        if value is None:
+            value = (load.get("requests_running") or 0) + (load.get("requests_waiting") or 0)
+        return float(value) + (newer[engine] if newer is not None and engine < len(newer) else 0)
+
+    costs = [(expected(engine, load), engine) for engine, load in found]
+    low = min(cost for cost, _ in costs)
+    return (rng or random).choice([engine for cost, engine in costs if cost == low])
 
 
 class WatchClient:

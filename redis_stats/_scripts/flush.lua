@@ -365,7 +365,9 @@ if nstats > 0 then
   redis.call('HSET', stats_key, unpack(ARGV, stats_at, stats_at + 2 * nstats - 1))
 end
 
-if nspecs > 0 then
+if nspecs > 0 or confirmed == 0 then
+  -- A whole-state batch marks the catalogue too, specs or none: a writer of no metrics (one
+  -- that records only usage) is otherwise found "behind" (no catalogue) by every other flush.
   redis.call('HSET', KEYS[4], 'schema', ARGV[5])
 end
 if #to_store > 0 then

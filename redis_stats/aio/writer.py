@@ -66,6 +66,7 @@ class AsyncStatsWriter(WriterCore):
         self._client = client
         self._script = AsyncScript(client, load_script("flush"))
         self._shards_script = AsyncScript(client, load_script("shards"))
+        self._named: dict[str, AsyncScript] = {}  # scripts of the attached parts, by name
 
     def _forked(self) -> None:
         super()._forked()
@@ -108,12 +109,19 @@ class AsyncStatsWriter(WriterCore):
                 return False
             calls = self.lane.calls()
             self.stats.lane_calls += len(calls)  # the lane's attempts, what its errors are a share of
+            stored = True
             for key, args in calls:
                 try:
                     result = await self._client.execute_command("HSET", key, *args)
                 except Exception as exc:  # counted; every entry goes again with the next call
                     result = exc
+                stored = stored and not isinstance(result, Exception)
                 self.lane.done(result, self.stats)
+            for key, ids in self.lane.confirm_calls(stored):  # the routers' bookings these count
+                try:
+                    await self._client.execute_command("HDEL", key, *ids)
+                except Exception as exc:  # the bookings end by their bounded time instead
+                    self.lane.done(exc, self.stats)
             return bool(calls)
 
     async def flush(self, *, closing: bool = False) -> bool:
@@ -130,6 +138,11 @@ class AsyncStatsWriter(WriterCore):
             return await acheck_step(self._client, self.config, what, arg)
         if what == "shards":
             return await self._shards_script(*arg)
+        if what == "script":  # an attached part's (the usage ledger's)
+            name, keys, args = arg
+            if name not in self._named:
+                self._named[name] = AsyncScript(self._client, load_script(name))
+            return await self._named[name](keys, args)
         return await self._call(*arg)
 
     async def _call(self, keys: list[str], args: list[str]) -> Any:

@@ -2,8 +2,9 @@
 while any writer of it is live.
 
 Which keys: each shard's data keys by name (docs/key-schema.md: ``meta``, ``engines``,
-``writers``, ``seq``, ``claims``, ``conflicts``, ``load``, ``bridges``, each listed engine's
-hashes, each listed writer's self-metrics) and shard 0's lease keys (``leader``,
+``writers``, ``seq``, ``claims``, ``conflicts``, ``load``, ``bridges``, ``bookings``, ``routers``,
+the usage ledger's keys of fixed names (its hour and day buckets expire by themselves), each listed
+engine's hashes, each listed writer's self-metrics) and shard 0's lease keys (``leader``,
 ``leader_epoch``, ``gc``); and, where the user may ``SCAN``, whatever else matches the shard's
 prefix ``rs:{TAG}:*`` (schema 1 keys, an engine hash whose engine left the list). Each shard
 is removed by ``drop.lua``, which checks in the same atomic call that no writer of that shard is
@@ -74,6 +75,7 @@ def _members(client: Client, key: str) -> list[str]:
 def _named_keys(client: Client, shard: Keys, root: bool) -> list[str]:
     """The keys of *shard* known by name (docs/key-schema.md), writers' list excluded."""
     names = [shard.meta, shard.engines, shard.seq, shard.claims, shard.conflicts, shard.load, shard.bridges]
+    names += [shard.bookings, shard.routers, *shard.usage_fixed()]  # usage's buckets expire alone
     for engine in _members(client, shard.engines):
         names += [shard.counters(engine), shard.base(engine), shard.gauges(engine)]
     names += [shard.writer_stats(w) for w in _members(client, shard.writers)]

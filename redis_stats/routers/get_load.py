@@ -3,9 +3,12 @@
 vllm-router (``--policy power_of_two``) polls ``GET <worker URL>/get_load`` and reads
 ``{"load": N}`` (an integer: its source reads it with serde_json's ``as_i64``): :func:`endpoint_answer`.
 sglang-router (0.3.x, before it read ``/v1/loads``) reads a JSON list of ranks and sums them:
-:func:`rank_list_answer`. The load is the requests running plus waiting summed over the
-endpoint's **live** engines (``up`` or ``stale``, the one rule of every view; a ``down`` engine
-is left out), as the load feed holds them (``redis_stats.load``).
+:func:`rank_list_answer`. The load is summed over the endpoint's **live** engines (``up`` or
+``stale``, the one rule of every view; a ``down`` engine is left out), as the load feed holds
+them (``redis_stats.load``): each engine's ``expected_in_flight``, its requests in flight where its
+front end counts them (``in_flight``, else running plus waiting) plus the routers' bookings not
+yet counted (``booked``): so a router that only polls ``/get_load`` sees every replica's
+dispatches once they land, with no change to it (docs/routers.md, "Router replicas").
 
 Both are pure: an endpoint id and its engines' loads (one read of the load feed) in, (HTTP
 status, document) out. The exporter serves them (``/get_load?endpoint=<id>``,
@@ -22,6 +25,8 @@ import math
 from typing import Any
 
 from redis_stats.load import EngineLoad, LoadView
+from redis_stats.routers.ranks import ranks_of
+from redis_stats.routers.vouch import NOT_REPORTED, describe, impossible, withheld
 
 __all__ = ["PATH", "endpoint_answer", "engines_of", "rank_list_answer"]
 
@@ -45,17 +50,22 @@ def endpoint_answer(endpoint: str, mine: list[EngineLoad]) -> tuple[int, dict[st
             "its load is not known",
             "endpoint": endpoint,
         }
-    silent = [e.engine for e in live if not _counted(e)]
+    silent = {e.engine: why for e in live if (why := withheld(e)) and not _counts_arrivals(e, why)}
     running = sum(e.requests_running or 0.0 for e in live)
     waiting = sum(e.requests_waiting or 0.0 for e in live)
+    in_flight = [e.in_flight for e in live if e.in_flight is not None]
+    booked = sum(e.booked or 0 for e in live)
+    load = sum(e.expected_in_flight or 0.0 for e in live)
     if silent:
         return 503, {
             "error": "no_load",
-            "detail": f"engines {silent} of endpoint {endpoint!r} report no finite requests running "
-            "or waiting (a writer without the load feed, or no step recorded yet)",
+            "detail": f"engines {sorted(silent)} of endpoint {endpoint!r} report no request counts an "
+            f"engine can have ({'; '.join(f'{e}: {describe(w)}' for e, w in sorted(silent.items()))}): "
+            "a writer without the load feed, no step recorded yet, or a bad gauge",
             "endpoint": endpoint,
+            "withheld": {str(e): w for e, w in sorted(silent.items())},
         }
-    if not math.isfinite(running + waiting):  # every count finite, their sum past the float range
+    if not math.isfinite(running + waiting + load):  # every count finite, their sum past the float range
         return 503, {
             "error": "no_load",
             "detail": f"the requests of engines {[e.engine for e in live]} of endpoint {endpoint!r} "
@@ -64,9 +74,12 @@ def endpoint_answer(endpoint: str, mine: list[EngineLoad]) -> tuple[int, dict[st
         }
     return 200, {
         # An integer: vllm-router reads it with as_i64, which reads 5.0 as nothing.
-        "load": round(running + waiting),
+        "load": round(load),
         "running": round(running),
         "waiting": round(waiting),
+        # requests counted where they landed (null: no front end of the endpoint counts them)
+        "in_flight": round(sum(in_flight)) if in_flight else None,
+        "booked": booked,
         "endpoint": endpoint,
         "engines": [e.engine for e in live],
         "engines_down": down,
@@ -74,9 +87,11 @@ def endpoint_answer(endpoint: str, mine: list[EngineLoad]) -> tuple[int, dict[st
     }
 
 
-def _counted(load: EngineLoad) -> bool:
-    values = (load.requests_running, load.requests_waiting)
-    return all(v is not None and math.isfinite(v) for v in values)
+def _counts_arrivals(load: EngineLoad, why: dict[str, str]) -> bool:
+    """Whether *load*'s engine has a load without running and waiting counts of its own: its
+    front end counts its requests in flight, and it reports no count (one it reports that no
+    engine can have is still withheld)."""
+    return impossible("in_flight", load.in_flight) is None and set(why.values()) == {NOT_REPORTED}
 
 
 def rank_list_answer(endpoint: str, mine: list[EngineLoad]) -> tuple[int, Any]:
@@ -90,11 +105,15 @@ def rank_list_answer(endpoint: str, mine: list[EngineLoad]) -> tuple[int, Any]:
     if status != 200:
         return status, doc
     ranks = []
-    for rank, load in enumerate(mine):
+    place = ranks_of(e.engine for e in mine)
+    for load in mine:
+        rank = place[load.engine]
         if not load.up:
             continue
         usage, capacity = load.kv_cache_usage, load.kv_cache_capacity_tokens
-        if usage is None or capacity is None or not math.isfinite(usage * capacity):
+        bad = withheld(load, ("kv_cache_usage", "kv_cache_capacity_tokens"))
+        tokens = None if bad or usage is None or capacity is None else usage * capacity
+        if tokens is None or not math.isfinite(tokens):
             return 503, {
                 "error": "no_tokens",
                 "detail": f"engine {load.engine} of endpoint {endpoint!r} reports no KV usage and capacity "
@@ -107,7 +126,7 @@ def rank_list_answer(endpoint: str, mine: list[EngineLoad]) -> tuple[int, Any]:
                 "dp_rank": rank,
                 "num_reqs": running + waiting,
                 "num_waiting_reqs": waiting,
-                "num_tokens": round(usage * capacity),
+                "num_tokens": round(tokens),
             }
         )
     return 200, ranks

@@ -14,7 +14,8 @@ Here they are exact, from the store: the mean over the namespace's **live** engi
 one engine standing for a data-parallel pod, not an average of scrapes), from the ``/load``
 feed's newest read, one series each, labelled ``name`` (the
 namespace, as the picker labels its pool). A family some live engine has no number of is not
-served (a mean over the engines that report is not the pool's):
+served (a mean over the engines that report is not the pool's), nor one some live engine reports
+with a value no engine can have (:mod:`redis_stats.routers.vouch`: a negative queue):
 ``redis_stats_pool_withheld{family,engine}`` says which; with no live engine, none is served
 (the extractor then records nothing, never a zero).
 """
@@ -25,6 +26,7 @@ from prometheus_client.utils import floatToGoString
 
 from redis_stats.load import LoadView
 from redis_stats.prometheus.exposition import label_pairs
+from redis_stats.routers.vouch import impossible
 
 __all__ = ["CONTENT_TYPE", "FAMILIES", "PATH", "pool_text"]
 
@@ -67,7 +69,7 @@ def pool_text(view: LoadView, name: str) -> str:
     withheld = []
     for family, field, help_text in FAMILIES:
         values = [getattr(e, field) for e in live]
-        missing = [e.engine for e, v in zip(live, values) if v is None or v != v]
+        missing = [e.engine for e in live if impossible(field, getattr(e, field))]
         if not live or missing:
             withheld += [(family, e) for e in missing]
             continue

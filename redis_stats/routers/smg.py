@@ -17,11 +17,15 @@ does with each answer, read in that source:
   remembered until the worker is replaced: it never asks again. So this document never answers
   those for a condition that passes (an endpoint not stored yet, Redis down): ``503``.
 
-A rank that is ``down`` (and one that is live but has no request counts yet) is left out of
-``loads``: the gateway picks the least-loaded rank among those it was given, so a rank listed at
-zero would draw every request, while a rank not listed is never picked; the averages it takes are
-over the ranks listed. The document also names the left-out ranks (``ranks_down``,
-``ranks_without_load``), and adds SGLang's own ``aggregate``: keys the gateway ignores.
+A rank is the engine's place in its endpoint (:mod:`redis_stats.routers.ranks`: engines {0, 2, 3}
+stay ranks 0, 2 and 3), never its place in the list of what answered. A rank that is ``down``, and
+one without load (live but without request counts yet, with a value no engine can have — a
+negative or fractional count, :mod:`redis_stats.routers.vouch` — or not stored at all) is left
+out of ``loads``: the gateway picks the least-loaded rank among those it was given, so a rank
+listed at zero (or at -5) would draw every request, while a rank not listed is never picked; the
+averages it takes are over the ranks listed. The document also names the left-out ranks
+(``ranks_down``, ``ranks_without_load``, and why each has no load: ``withheld``), and adds
+SGLang's own ``aggregate``: keys the gateway ignores.
 
 :func:`loads_document` is pure: a :class:`redis_stats.load.LoadView` (one read of the load feed)
 and an endpoint id in, (HTTP status, document) out: the exporter's views
@@ -38,6 +42,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from redis_stats.load import EngineLoad, LoadView
+from redis_stats.routers.ranks import missing_ranks, ranks_of
+from redis_stats.routers.vouch import optional_problems, withheld
 
 __all__ = [
     "FLEET_PATH",
@@ -81,13 +87,16 @@ def loads_document(
             "detail": f"{view.why_no_engine_behind(endpoint)}: its load is not known",
             "endpoint": endpoint,
         }
-    loads, down, silent = _ranks(view, engines)
+    loads, down, silent, why = _ranks(view, engines)
     if not loads:
         return 503, {
             "error": "endpoint_down",
             "detail": f"no rank of endpoint {endpoint!r} is up with request counts (down: {down}, "
             f"without counts: {silent}): its load is not known",
             "endpoint": endpoint,
+            "ranks_down": down,
+            "ranks_without_load": silent,
+            "withheld": why,
         }
     if dp_rank is not None:
         loads = [entry for entry in loads if entry["dp_rank"] == int(dp_rank)]
@@ -99,22 +108,34 @@ def loads_document(
         "endpoint": endpoint,
         "ranks_down": down,
         "ranks_without_load": silent,
+        "withheld": why,
     }
 
 
-def _ranks(view: LoadView, engines: list[int]) -> tuple[list[dict[str, Any]], list[int], list[int]]:
-    """The entries of *engines* (an endpoint's, in engine order: their place is their rank), and
-    the ranks left out: down, and live without request counts."""
+def _ranks(
+    view: LoadView, engines: list[int]
+) -> tuple[list[dict[str, Any]], list[int], list[int], dict[str, dict[str, str]]]:
+    """The entries of *engines* (an endpoint's stored engines), each with its rank, its place in
+    the endpoint (:mod:`redis_stats.routers.ranks`); the ranks left out: down, and without load
+    (live without request counts an engine can have, or not stored at all); and why each rank
+    without load has none (rank -> field -> reason, :mod:`redis_stats.routers.vouch`)."""
     loads, down, silent = [], [], []
-    for rank, engine in enumerate(engines):
-        load = view.engines[engine]
+    why: dict[str, dict[str, str]] = {}
+    place = ranks_of(engines)
+    for engine in engines:
+        load, rank = view.engines[engine], place[engine]
+        problems = {**withheld(load), **optional_problems(load)}
         if not load.up:
             down.append(rank)
-        elif not _counted(load):
+        elif problems:
             silent.append(rank)
+            why[str(rank)] = problems
         else:
             loads.append(_snapshot(rank, load))
-    return loads, down, silent
+    for rank in missing_ranks(place):
+        silent.append(rank)
+        why[str(rank)] = {"engine": "not_stored"}
+    return loads, down, sorted(silent), why
 
 
 def fleet_document(view: LoadView, *, include: str | None = None) -> tuple[int, dict[str, Any]]:
@@ -130,11 +151,14 @@ def fleet_document(view: LoadView, *, include: str | None = None) -> tuple[int, 
     by_endpoint, unassigned = view.by_endpoint()
     loads: list[dict[str, Any]] = []
     down: dict[str, list[int]] = {}
+    withheld_by: dict[str, dict[str, dict[str, str]]] = {}
     for endpoint, engines in sorted(by_endpoint.items()):
-        entries, gone, silent = _ranks(view, engines)
+        entries, gone, silent, why = _ranks(view, engines)
         loads += [{**entry, "worker": endpoint, "worker_type": "regular"} for entry in entries]
         if gone or silent:
-            down[endpoint] = gone + silent
+            down[endpoint] = sorted(gone + silent)
+        if why:
+            withheld_by[endpoint] = why
     if not loads:
         return 503, _why_no_rank(view, by_endpoint, unassigned)
     return 200, {
@@ -144,6 +168,7 @@ def fleet_document(view: LoadView, *, include: str | None = None) -> tuple[int, 
         "aggregate": _aggregate(loads),
         "workers": len(by_endpoint),
         "ranks_not_reported": down,
+        "withheld": withheld_by,
         "unassigned": unassigned,
     }
 
@@ -166,7 +191,9 @@ def _why_no_rank(view: LoadView, by_endpoint: dict[str, list[int]], unassigned: 
             "their writers one (REDIS_STATS_ENDPOINT, or endpoint=); GET /load lists every engine",
             "unassigned": unassigned,
         }
-    ranks = {endpoint: list(range(len(engines))) for endpoint, engines in sorted(by_endpoint.items())}
+    ranks = {
+        endpoint: sorted(ranks_of(engines).values()) for endpoint, engines in sorted(by_endpoint.items())
+    }
     return {
         "error": "fleet_down",
         "detail": "no rank of any endpoint is up with request counts (down, or live without "
@@ -188,11 +215,6 @@ def _query_problem(include: str | None, dp_rank: str | None) -> str | None:
         if not (text.lstrip("-").isdigit() and text.isascii() and len(text) < 12):
             return f"dp_rank={dp_rank!r} is not an integer (a data-parallel rank of this endpoint)"
     return None
-
-
-def _counted(load: EngineLoad) -> bool:
-    values = (load.requests_running, load.requests_waiting)
-    return all(v is not None and math.isfinite(v) for v in values)
 
 
 def _snapshot(rank: int, load: EngineLoad) -> dict[str, Any]:
@@ -218,6 +240,11 @@ def _snapshot(rank: int, load: EngineLoad) -> dict[str, Any]:
         "utilization": 0.0,
         "max_running_requests": _i32(load.max_running_requests),
         "engine": load.engine,
+        # keys the gateway ignores: requests counted where they landed, routers' bookings not yet
+        # counted, their sum (docs/routers.md, "Router replicas"; null: not counted)
+        "in_flight": None if load.in_flight is None else _i32(load.in_flight),
+        "booked": load.booked,
+        "expected_in_flight": None if load.expected_in_flight is None else _i32(load.expected_in_flight),
     }
 
 

@@ -47,11 +47,13 @@ S = TypeVar("S")
 class Route:
     """A path's view and what it serves. *private*: business data (per-tenant usage), never served
     without credentials unless the operator says ``insecure_private_views`` (True, or a function of
-    the options: ``/metrics`` is private when it carries the top tenants). A plain view in the
-    route table is a route that is not private."""
+    the options: ``/metrics`` is private when it carries the top tenants). *writes*: the route
+    changes the store, answered to ``POST`` only (every other route to ``GET`` and ``HEAD``
+    only). A plain view in the route table is a route that is not private and reads."""
 
     view: View
     private: bool | Callable[[ServeOptions], bool] = False
+    writes: bool = False
 
     def is_private(self, options: ServeOptions) -> bool:
         """Whether the route serves business data with these *options*."""
@@ -133,6 +135,9 @@ class App:
                 return denied
         if route is None:
             raise HTTPError(404, "not found", paths=list(self.routes))
+        if (request.method == "POST") != route.writes:
+            allowed = "POST" if route.writes else "GET, HEAD"
+            raise HTTPError(405, f"{request.path} answers {allowed}, not {request.method}", allow=allowed)
         return route.view(self, request)
 
     def source(self, request: Request) -> Source:

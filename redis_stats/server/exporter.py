@@ -59,7 +59,8 @@ class Exporter:
     one *options*): *engines* or *slice* serve part of one namespace; *namespaces* or
     *all_namespaces* several; *request_timeout* bounds a connection's request and each write of
     its answer; at most *max_connections* are served at once (more get ``503`` with
-    ``Retry-After: 1``); *gc_interval* > 0 runs retention (``redis_stats.ops.retention``) that
+    ``Retry-After: 1``), and apart from them at most *max_streams* streams and long polls
+    (``/watch``: more get ``503``); *gc_interval* > 0 runs retention (``redis_stats.ops.retention``) that
     often; *self_metrics* adds the exporter's own process and views to ``/metrics``;
     *web_config_file*, *web_token_file*, *web_open* and *insecure_private_views* set its access
     control (:mod:`redis_stats.server.access`; :class:`~redis_stats.errors.WebConfigError` when it
@@ -77,6 +78,7 @@ class Exporter:
                 (self.options.host, self.options.port),
                 self.app,
                 max_connections=self.options.max_connections,
+                max_streams=self.options.max_streams,
                 request_timeout=self.options.request_timeout,
                 guard=self.app.gate if self.app.gate.enabled else None,
             )

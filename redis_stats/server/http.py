@@ -14,6 +14,9 @@ It is hardened as prometheus_client's own server is not:
 - **a bound on connections served at once** (:class:`Server`): past it a connection is answered
   ``503`` with ``Retry-After`` by one responder thread (:class:`_BusyResponder`) and closed, so
   the clients being served keep their threads and a scraper sees a clear answer, not a timeout;
+- **long-lived answers apart** (a stream, a long poll: :meth:`Request.long_lived`): such a
+  connection leaves the request slots for a stream slot, bounded on its own (*max_streams*), so
+  subscribers at their limit never keep a scrape or a health check from answering;
 - **TLS inside both** when a :class:`Guard` secures connections (:mod:`redis_stats.server.access`):
   the handshake runs on the connection's own thread, after its slot is taken and before its
   request, under the same deadline (a client that opens TCP and never says hello holds its
@@ -107,6 +110,16 @@ class Request:
     client_cert: bool = False
     """Whether the connection presented a client certificate that TLS verified (against the web
     configuration's client CA)."""
+    hold: Callable[[], None] | None = field(default=None, compare=False, repr=False)
+    """The server's move of this connection to a stream slot (:meth:`long_lived`)."""
+
+    def long_lived(self) -> None:
+        """This request's answer will be long-lived (a stream, a long poll): its connection moves
+        from the slots of requests (``max_connections``) to those of streams (``max_streams``)
+        for the rest of its life, so subscribers never take the scrapes' room; a ``503`` when
+        the streams are at their limit. Nothing without a server (a view called directly)."""
+        if self.hold is not None:
+            self.hold()
 
     @property
     def head(self) -> bool:
@@ -150,7 +163,7 @@ class Response:
     """A body written a chunk at a time as the iterator gives them (Server-Sent Events): no
     ``Content-Length``, never gzipped; the answer ends when the iterator does, or the client
     leaves (then the iterator is closed). It holds its connection, and one of the server's
-    ``max_connections``, meanwhile."""
+    stream slot (``max_streams``, :meth:`Request.long_lived`) meanwhile."""
 
 
 def json_response(status: int, doc: Any, headers: tuple[tuple[str, str], ...] = ()) -> Response:
@@ -356,15 +369,20 @@ class Server(ThreadingHTTPServer):
         max_connections: int,
         request_timeout: float,
         guard: Guard | None = None,
+        max_streams: int = 256,
     ) -> None:
         self._slots = threading.BoundedSemaphore(max_connections)
+        self._streams = threading.BoundedSemaphore(max_streams)
+        self.max_streams = max_streams
+        self._held = threading.local()  # .stream: this connection's thread holds a stream slot
+        self.streams_refused = 0  # long-lived answers refused for max_streams (a self-metric)
         # socketserver listens with a backlog of 5: a burst of more clients at once had its
         # connection attempts dropped by the kernel and retried by TCP a second or more later,
         # under the cap. Room for every connection served and every one refused.
-        self.request_queue_size = max_connections + _BUSY_QUEUE
+        self.request_queue_size = max_connections + max_streams + _BUSY_QUEUE
         self._busy = _BusyResponder(guard)
         self.refused = 0  # connections refused for the cap, answered 503 or not (a self-metric)
-        super().__init__(address, _handler(app, request_timeout, guard))
+        super().__init__(address, _handler(app, request_timeout, guard, self.hold_stream))
 
     def serve_forever(self, poll_interval: float = 0.5) -> None:
         """Serve until shutdown (the responder of refused connections with it)."""
@@ -390,11 +408,28 @@ class Server(ThreadingHTTPServer):
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
-        """Serve the connection, then free its slot."""
+        """Serve the connection, then free its slot (a request's, or the stream's it moved to)."""
+        self._held.stream = False
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            (self._streams if self._held.stream else self._slots).release()
+
+    def hold_stream(self) -> None:
+        """Move this connection (the calling thread's) to a stream slot for the rest of its life
+        (:meth:`Request.long_lived`); a ``503`` when *max_streams* are held already."""
+        if getattr(self._held, "stream", True):
+            return  # already a stream's (or not a connection thread of this server)
+        if not self._streams.acquire(blocking=False):
+            self.streams_refused += 1
+            raise HTTPError(
+                503,
+                f"{self.max_streams} streams and long polls are open already (--max-streams): "
+                "retry later, or raise the limit",
+                retry_after=1,
+            )
+        self._held.stream = True
+        self._slots.release()  # the request's slot goes back to the requests
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A debug line (see below), not a traceback."""
@@ -418,7 +453,9 @@ def answer(app: App, request: Request) -> Response:
         return _INTERNAL
 
 
-def _handler(app: App, request_timeout: float, guard: Guard | None) -> type[BaseHTTPRequestHandler]:
+def _handler(
+    app: App, request_timeout: float, guard: Guard | None, hold: Callable[[], None] | None = None
+) -> type[BaseHTTPRequestHandler]:
     extra: Callable[[], tuple[tuple[str, str], ...]] = guard.headers if guard is not None else tuple
 
     class Handler(BaseHTTPRequestHandler):
@@ -464,6 +501,19 @@ def _handler(app: App, request_timeout: float, guard: Guard | None) -> type[Base
             """The view's answer."""
             self._serve()
 
+        def do_POST(self) -> None:
+            """A route that writes (``Route(writes=True)``): its parameters are in the query; a
+            request with a body is refused and the connection closed (no body is ever read, so
+            none can be taken for a next request)."""
+            length = self.headers.get("Content-Length", "0").strip()
+            if self.headers.get("Transfer-Encoding") or length not in ("", "0"):
+                self.close_connection = True
+                doc = {"error": "give the parameters in the query string: a POST here carries no body"}
+                path, _, query = self.path.partition("?")
+                self._write(Request("POST", path, query, self.headers), json_response(413, doc))
+                return
+            self._serve()
+
         def do_HEAD(self) -> None:
             """The view's answer, headers only."""
             # The same work and headers as GET (Content-Length included), without the body.
@@ -471,7 +521,7 @@ def _handler(app: App, request_timeout: float, guard: Guard | None) -> type[Base
 
         def _serve(self) -> None:
             path, _, query = self.path.partition("?")
-            request = Request(self.command, path, query, self.headers, self._client_cert)
+            request = Request(self.command, path, query, self.headers, self._client_cert, hold)
             self._write(request, answer(app, request))
 
         def _write(self, request: Request, response: Response) -> None:

@@ -120,6 +120,9 @@ class ServeOptions:
     basic-auth users); *web_token_file*, bearer tokens, one a line; *web_open*, the paths served
     without credentials (``["/healthz"]`` for a kubelet's probe); *insecure_private_views*, serve
     private views (per-tenant usage) without credentials all the same.
+
+    Usage (docs/usage.md): *usage* serves ``GET /usage`` and puts the *usage_top* tenants (and
+    one ``(other)`` series) in ``/metrics``: business data, so both then need credentials.
     """
 
     engines: Sequence[int] | None = None
@@ -129,6 +132,7 @@ class ServeOptions:
     gc_interval: float = 0.0
     request_timeout: float = 10.0
     max_connections: int = 64
+    max_streams: int = 256
     window: float = 30.0
     window_budget: int = WINDOW_BUDGET
     history_budget: int = HISTORY_BUDGET
@@ -149,6 +153,12 @@ class ServeOptions:
     web_token_file: str | None = None
     web_open: Sequence[str] = ()
     insecure_private_views: bool = False
+    bookings: bool = False
+    """Serve ``POST /bookings``: routers not written in Python book their dispatches through the
+    exporter (it writes Redis: a private route, never served without credentials unless
+    *insecure_private_views*; docs/routers.md, "Router replicas")."""
+    usage: bool = False
+    usage_top: int = 10
 
     def __post_init__(self) -> None:
         _seconds("request_timeout", self.request_timeout, "a connection's time to send its request")
@@ -157,6 +167,7 @@ class ServeOptions:
         _seconds("load_idle", self.load_idle, "the /load refresher's idle time")
         _seconds("view_idle", self.view_idle, "how long a slice's or endpoint's reader is kept unused")
         _whole("max_connections", self.max_connections, 1, "connections served at once; more get 503")
+        _whole("max_streams", self.max_streams, 1, "streams and long polls open at once, apart from requests")
         _whole(
             "window_budget",
             self.window_budget,
@@ -173,6 +184,9 @@ class ServeOptions:
         )
         _whole("view_budget", self.view_budget, 0, "kept for requests' slices and endpoints", " of bytes")
         _whole("max_namespaces", self.max_namespaces, 1, "namespaces served at most")
+        _whole("usage_top", self.usage_top, 0, "tenants in /metrics with --usage; the rest is (other)")
+        if self.usage_top > 1000:
+            raise ValueError(f"usage_top={self.usage_top!r}: at most 1000 tenants in /metrics (bounded)")
         if not self.gc_interval >= 0:
             raise ValueError(f"gc_interval={self.gc_interval!r} must be a number of seconds >= 0 (0: no gc)")
         problems = summary_problems(self.summary) + history_problems(self.history)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from redis_stats.server.app import Route, View
 from redis_stats.server.views import (
+    bookings,
     endpoints,
     families,
     get_load,
@@ -29,6 +30,7 @@ from redis_stats.server.views import (
     page,
     pool,
     snapshot,
+    usage,
     watch,
 )
 
@@ -36,7 +38,7 @@ __all__ = ["ROUTES"]
 
 ROUTES: dict[str, View | Route] = {
     "/": page.answer,
-    "/metrics": metrics.answer,
+    "/metrics": Route(metrics.answer, private=lambda o: o.usage and o.usage_top > 0),
     "/snapshot": snapshot.answer,
     "/history": history.answer,
     "/families": families.answer,
@@ -49,5 +51,9 @@ ROUTES: dict[str, View | Route] = {
     "/watch": watch.answer,
     "/healthz": health.answer,
     "/namespaces": namespaces.answer,
+    # POST only, and only with --bookings: it writes the store (routers' bookings)
+    "/bookings": Route(bookings.answer, private=lambda options: options.bookings, writes=True),
+    # Business data (per-tenant usage): private with --usage (the view answers 404 without it).
+    "/usage": Route(usage.answer, private=lambda o: o.usage),
 }
-"""Path -> the view answering it (``GET`` and ``HEAD``)."""
+"""Path -> the view answering it (``GET`` and ``HEAD``; a route that writes: ``POST``)."""

@@ -1,6 +1,6 @@
 """The ``redis-stats`` command: the group, and the commands it adds (one module each, in
 :mod:`redis_stats.tools.commands`): demo, dev-redis, simulate, exporter, top, inspect, gc,
-drop-namespace, namespaces, bridge, load-proxy (retired). What they share (which Redis and
+drop-namespace, namespaces, bridge, usage, load-proxy (retired). What they share (which Redis and
 namespace, how its failures end a command) is :mod:`redis_stats.tools.redis_options`."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from redis_stats.tools.commands.load_proxy import load_proxy
 from redis_stats.tools.commands.namespaces import namespaces
 from redis_stats.tools.commands.simulate import simulate
 from redis_stats.tools.commands.top import top
+from redis_stats.tools.commands.usage import usage
 
 __all__ = ["main"]
 
@@ -64,5 +65,6 @@ for command in (
     namespaces,
     bridge,
     load_proxy,
+    usage,
 ):
     main.add_command(command)

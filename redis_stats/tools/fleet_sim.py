@@ -39,6 +39,7 @@ from typing import Any, TextIO
 from redis_stats.catalog import Catalog
 from redis_stats.config import ENV_PREFIX, StatsConfig
 from redis_stats.tools.embedded import tied_to_me
+from redis_stats.tools.redis_options import plural
 
 __all__ = [
     "MAX_WRITERS",
@@ -168,14 +169,14 @@ class _Fleet:
         _say(
             self.out,
             f"simulating {opts.engines:,} engines x {opts.api_servers} API servers ({writers:,} writers "
-            f"in {_count(len(self.parts), 'process', 'processes')}) into {self.config.safe_url}, namespace "
+            f"in {plural(len(self.parts), 'process', 'processes')}) into {self.config.safe_url}, namespace "
             f"{self.config.namespace!r}, model {opts.model!r}",
         )
         hot = load.hot()
         shown = ", ".join(str(e) for e in hot[:8]) + (", ..." if len(hot) > 8 else "")
         _say(
             self.out,
-            f"  {_count(len(hot), 'hot engine', 'hot engines')} ({shown}): their queue rises over a "
+            f"  {plural(len(hot), 'hot engine')} ({shown}): their queue rises over a "
             f"{opts.period:g} s cycle, "
             f"then drains; the others run at 20-50 % of capacity (arrivals x{opts.scale:g})",
         )
@@ -523,11 +524,6 @@ def totals_in_redis(config: StatsConfig) -> dict[str, float]:
             if name in names:
                 out[names[name]] += value
     return out
-
-
-def _count(n: int, one: str, many: str) -> str:
-    """``1 process``, ``2 processes``: a line a reader reads as English."""
-    return f"{n:,} {one if n == 1 else many}"
 
 
 def _main() -> None:

@@ -231,9 +231,9 @@ def seconds_option(name: str, low: float, high: float | None = None, **settings:
     return click.option(name, type=Finite(low, high), **settings)
 
 
-def plural(n: int, word: str) -> str:
-    """*n* *word*, plural when *n* is not 1."""
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """*n* *word*, plural (*many*, else *word* + s) when *n* is not 1."""
+    return f"{n} {word}" if n == 1 else f"{n} {many or word + 's'}"
 
 
 WRITERS_SHOWN = 5

@@ -31,6 +31,7 @@ GIL).
 """
 
 from redis_stats.errors import ReplicationLag, error_kind  # both importable from here as they always were
+from redis_stats.writer.arrivals import Arrival, Arrivals
 from redis_stats.writer.blocking import StatsWriter
 from redis_stats.writer.core import WriterCore
 from redis_stats.writer.handles import CounterSeries, GaugeSeries, HistogramSeries, MetricHandle
@@ -39,6 +40,8 @@ from redis_stats.writer.lane_group import LaneGroup
 from redis_stats.writer.stats import WriterStats
 
 __all__ = [
+    "Arrival",
+    "Arrivals",
     "CounterSeries",
     "GaugeSeries",
     "HistogramSeries",

@@ -93,6 +93,7 @@ class StatsWriter(WriterCore):
         self._client = client
         self._script = Script(client, load_script("flush"))
         self._shards_script = Script(client, load_script("shards"))
+        self._named: dict[str, Script] = {}  # scripts of the attached parts, by name
         kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
         if self._own_client and HIREDIS_AVAILABLE and isinstance(kwargs, dict):
             kwargs.setdefault("command_packer", SlicedPacker())
@@ -188,6 +189,11 @@ class StatsWriter(WriterCore):
             return check_step(self._client, self.config, what, arg)
         if what == "shards":
             return self._shards_script(*arg)
+        if what == "script":  # an attached part's (the usage ledger's)
+            name, keys, args = arg
+            if name not in self._named:
+                self._named[name] = Script(self._client, load_script(name))
+            return self._named[name](keys, args)
         return self._call(*arg)
 
     def _call(self, keys: list[str], args: list[str]) -> Any:
@@ -222,12 +228,19 @@ class StatsWriter(WriterCore):
             return False
         with self._flush_lock:
             calls = self.lane_calls()
+            stored = True
             for key, args in calls:
                 try:
                     result = self._client.execute_command("HSET", key, *args)
                 except Exception as exc:  # counted; every entry goes again with the next call
                     result = exc
+                stored = stored and not isinstance(result, Exception)
                 self.lane_done(result)
+            for key, ids in self.lane_confirms(stored):  # the routers' bookings these count
+                try:
+                    self._client.execute_command("HDEL", key, *ids)
+                except Exception as exc:  # the bookings end by their bounded time instead
+                    self.lane_done(exc)
             return bool(calls)
 
     lane_group: Any = None
@@ -254,6 +267,13 @@ class StatsWriter(WriterCore):
         calls = self.lane.calls()
         self.stats.lane_calls += len(calls)  # the lane's attempts, what its errors are a share of
         return calls
+
+    def lane_confirms(self, stored: bool) -> list[tuple[str, list[str]]]:
+        """After :meth:`lane_calls`' calls (*stored*: all of them succeeded): the ``HDEL`` calls
+        that end the routers' bookings of the requests those entries count
+        (:meth:`redis_stats.writer.lane.LoadLane.confirm_calls`); call with :attr:`lane_lock`
+        still held, each failure given to :meth:`lane_done`."""
+        return self.lane.confirm_calls(stored) if self.lane is not None else []
 
     def lane_done(self, result: Any) -> None:
         """What one of :meth:`lane_calls`' calls came to (its reply, or the exception): a failure

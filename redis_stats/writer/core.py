@@ -115,6 +115,7 @@ class WriterCore:
         # room for EXTRA_WORDS of them; the rest go with the next part).
         self._extras: dict[int, tuple[list[int], list[int]]] = {}
         self._closed = False
+        self._parts_attached: list[Any] = []  # more parts of each flush round (attach)
         # Self-metrics Redis holds for this writer (as far as we know), and those the flush in
         # flight sends: only the ones that changed go with a flush (each field costs Redis time).
         self._stats_stored: dict[str, str] = {}
@@ -202,7 +203,14 @@ class WriterCore:
 
     def pending(self) -> bool:
         """Whether any update has not been confirmed by Redis yet."""
-        return self._protocol.has_pending()
+        return self._protocol.has_pending() or any(p.pending() for p in self._parts_attached)
+
+    def attach(self, part: Any) -> None:
+        """Have every flush round carry out *part*'s steps after the writer's own (the usage
+        ledger, :class:`redis_stats.usage.UsageRecorder`): its ``flush_steps(closing)`` (steps
+        ``("script", (name, KEYS, ARGV))``: ``<name>.lua``), ``pending()`` (a close waits for
+        it) and ``forked(writer_id)`` (in a child after fork)."""
+        self._parts_attached.append(part)
 
     def _before_fork(self) -> None:
         """In the parent, just before fork(), before the record lock is taken (no I/O)."""
@@ -221,8 +229,16 @@ class WriterCore:
         self._protocol = FlushProtocol(self._acc)
         if self.load is not None:
             self.load.forked()
+        for part in self._parts_attached:
+            part.forked(self.writer_id)
 
     def lost_summary(self) -> str:
+        """What is not confirmed by Redis yet, in words (for the line logged when it is given
+        up): the writer's series, then each attached part's (the usage ledger's)."""
+        parts = "".join(f"; {p.lost_summary()}" for p in self._parts_attached if p.pending())
+        return self._series_lost() + parts
+
+    def _series_lost(self) -> str:
         """What is not confirmed by Redis yet, in words (for the line logged when it is given up)."""
         series, pending = self._protocol.in_flight_series(), self._acc.pending_series()
         if self.shards == 1:
@@ -535,6 +551,8 @@ class WriterCore:
                     continue
                 self.flush_succeeded(reply, time.perf_counter() - started, shard)
             calls = self.prepare_flushes(closing=closing, parts=self._parts) if self._parts else []
+        for part in self._parts_attached:
+            ok = (yield from part.flush_steps(closing)) and ok
         return ok
 
     def shards_call(self) -> tuple[list[str], list[str]]:

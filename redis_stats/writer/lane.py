@@ -60,15 +60,16 @@ class LoadLane:
         self._keys = keys
         self._config = config
 
-    def entries(self, engines: list[int], closing: bool) -> list[str]:
+    def entries(self, engines: list[int], closing: bool, *, carry: bool = False) -> list[str]:
         """The load entries (``engine, entry`` pairs) of *engines* (this writer's, in one
         shard), for its flush there (``flush.lua`` stores them with the batch) or alone (the
-        load lane). A closing flush's name the engines only: the script deletes their entries."""
+        load lane). A closing flush's name the engines only: the script deletes their entries.
+        *carry*: the lane's (the request ids arrived on them are confirmed once stored)."""
         if not engines:
             return []
         if closing:
             return [x for e in engines for x in (str(e), "")]
-        return self.tracker.entries(engines, self._acc.server_ms)
+        return self.tracker.entries(engines, self._acc.server_ms, carry=carry)
 
     def calls(self) -> list[tuple[str, list[str]]]:
         """The load lane's calls: ``HSET <load hash> <field> <value> ...`` of the engines whose
@@ -87,7 +88,7 @@ class LoadLane:
             engines = [e for e in changed if shard_of(e, shards) == shard]
             stamp = f"{flow.server_ms(time.monotonic()):.0f},"
             for i in range(0, len(engines), per_call):
-                entries = self.entries(engines[i : i + per_call], False)
+                entries = self.entries(engines[i : i + per_call], False, carry=True)
                 args = [
                     x
                     for engine, entry in zip(entries[0::2], entries[1::2])
@@ -95,6 +96,28 @@ class LoadLane:
                 ]
                 calls.append((flow.keys(self._keys, shards).load, args))
         return calls
+
+    def confirm_calls(self, stored: bool) -> list[tuple[str, list[str]]]:
+        """After the lane's calls: ``HDEL <bookings hash> <request id> ...`` (one per shard) of
+        the requests the entries just sent count, once they are all *stored*: a router's booking
+        of such a request ends as the engine's own count shows it, never before (so a reader sees
+        it booked, then counted; at worst both for a moment, never neither). Not stored: the ids
+        go with the next entries."""
+        carried = self.tracker.carried()
+        if not carried:
+            return []
+        if not stored:
+            self.tracker.uncarry(carried)
+            return []
+        shards = self._config.shards
+        by_key: dict[str, list[str]] = {}
+        for engine, ids in sorted(carried.items()):
+            key = self._acc.flows[shard_of(engine, shards)].keys(self._keys, shards).bookings
+            by_key.setdefault(key, []).extend(ids)
+        per_call = MAX_CALL_WORDS - 2
+        return [
+            (key, ids[i : i + per_call]) for key, ids in by_key.items() for i in range(0, len(ids), per_call)
+        ]
 
     def done(self, result: Any, stats: WriterStats) -> None:
         """What storing the load entries came to (the lane's reply, or the error a flush reported

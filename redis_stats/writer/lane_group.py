@@ -19,7 +19,9 @@ turn (the flush stores its entries). A call that fails (a connection lost, a ref
 one of its writers' failure: each counts it (``flush_errors_total{kind="load_<kind>"}``) and
 sends every entry again at the next turn, and its next flush stores them anyway; the calls of a
 turn are each one ``HSET``, applied whole or not at all. Every writer counts each call its entries
-were in (``redis_stats_writer_load_lane_calls_total``).
+were in (``redis_stats_writer_load_lane_calls_total``). The routers' bookings of the requests
+the stored entries count end as each writer's own lane ends them (``HDEL``, in a second round
+trip of the turn, only when there are some), once all of that writer's entries were stored.
 """
 
 from __future__ import annotations
@@ -116,23 +118,34 @@ class LaneGroup:
             if not taken:
                 return False
             calls = _packed(taken)
-            results = self._send(calls)
+            results = self._send([("HSET", key, args) for (key, args), _ in calls])
+            failed: set[StatsWriter] = set()
             for (_, members), result in zip(calls, results):
                 for w in members:
                     w.lane_done(result)
+                    if isinstance(result, Exception):
+                        failed.add(w)
+            # The routers' bookings of the requests the stored entries count end now (a writer
+            # whose entries were not all stored carries their ids to its next entries instead).
+            confirms = [(w, key, ids) for w in held for key, ids in w.lane_confirms(w not in failed)]
+            if confirms:
+                done = self._send([("HDEL", key, ids) for _, key, ids in confirms])
+                for (w, _, _), result in zip(confirms, done):
+                    if isinstance(result, Exception):  # the bookings end by their bounded time
+                        w.lane_done(result)
             self.calls += 1
             return True
         finally:
             for w in held:
                 w.lane_lock.release()
 
-    def _send(self, calls: list[tuple[tuple[str, list[str]], list[StatsWriter]]]) -> list[Any]:
-        """Every call's ``HSET``, in one pipeline; each call's reply or exception (a connection
-        lost: every call's)."""
+    def _send(self, calls: list[tuple[str, str, list[str]]]) -> list[Any]:
+        """Every call (command, key, its arguments) in one pipeline: each call's reply or
+        exception (a connection lost: every call's)."""
         try:
             pipe = self.client.pipeline(transaction=False)
-            for (key, args), _ in calls:
-                pipe.execute_command("HSET", key, *args)
+            for command, key, args in calls:
+                pipe.execute_command(command, key, *args)
             return list(pipe.execute(raise_on_error=False))
         except Exception as exc:  # counted by each writer; every entry goes again
             return [exc] * len(calls)

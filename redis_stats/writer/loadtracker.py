@@ -26,6 +26,7 @@ __all__ = ["LoadTracker"]
 
 _MAX = sys.float_info.max
 _RATE_AT = {FIELDS.index(f): j for j, f in enumerate(RATE_FIELDS)}  # field index -> its rate's
+_IN_FLIGHT_AT = FIELDS.index("in_flight")
 
 
 class _Counted:
@@ -70,17 +71,27 @@ class LoadTracker:
         self._by_metric: dict[str, list[tuple[int, LoadSource]]] = {}
         self._constants: list[float | None] = [None] * len(FIELDS)
         for i, name in enumerate(FIELDS):
-            source = getattr(load_map, name)
+            source = getattr(load_map, name, None)  # in_flight: counted here (arrive), no metric
             if source is not None and source.constant is not None:
                 self._constants[i] = float(source.constant)
             elif source is not None:
                 self._by_metric.setdefault(source.metric, []).append((i, source))
         self._modes: list[str] = ["mostrecent"] * len(FIELDS)
         self._state: dict[int, _EngineState] = {}
+        self.counting = False  # whether a front end counts arrivals (in_flight: 0, not null)
+        # Request ids arrived and not yet confirmed to the routers (their bookings end), by engine;
+        # and those carried by the load lane's entries in flight (confirmed once stored).
+        self._arrived: dict[int, list[str]] = {}
+        self._carried: dict[int, list[str]] = {}
 
     def forked(self) -> None:
-        """In a forked child: a new lock (the parent's may be held by a thread not copied)."""
+        """In a forked child: a new lock (the parent's may be held by a thread not copied), and
+        no request in flight (the parent's requests are the parent's: it still counts them)."""
         self.lock = threading.Lock()
+        for state in self._state.values():
+            if state.in_flight is not None:
+                state.in_flight = 0
+        self._arrived, self._carried = {}, {}
 
     @property
     def metrics(self) -> set[str]:
@@ -112,7 +123,55 @@ class LoadTracker:
         found = self._state.get(engine)
         if found is None:
             found = self._state[engine] = _EngineState(time.monotonic(), self._constants)
+            if self.counting:
+                found.in_flight = 0
         return found
+
+    def count_arrivals(self, engines: Iterable[int]) -> None:
+        """From now on every engine's entry reports ``in_flight`` (0 until a request arrives),
+        *engines* (stored indexes) included: a front end counts this writer's requests."""
+        with self.lock:
+            self.counting = True
+            for engine in engines:
+                self._engine(engine)
+            for state in self._state.values():
+                if state.in_flight is None:
+                    state.in_flight = 0
+
+    def arrive(self, engine: int, request_id: str | None = None) -> None:
+        """A request arrived for *engine*: counted in its ``in_flight`` until :meth:`depart`;
+        its *request_id* (where the front end sees one) is confirmed to the routers with the
+        entry that counts it (their booking of it ends then)."""
+        with self.lock:
+            state = self._engine(engine)
+            state.in_flight = (state.in_flight or 0) + 1
+            if request_id:
+                self._arrived.setdefault(engine, []).append(request_id)
+
+    def depart(self, engine: int) -> None:
+        """A request counted by :meth:`arrive` for *engine* ended (finished, aborted, failed)."""
+        with self.lock:
+            state = self._engine(engine)
+            state.in_flight = max(0, (state.in_flight or 0) - 1)
+
+    def in_flight(self, engines: Iterable[int] | None = None) -> int:
+        """Requests counted by :meth:`arrive` and not departed, over *engines* (default: all)."""
+        with self.lock:
+            wanted = self._state if engines is None else [e for e in engines if e in self._state]
+            return sum(self._state[e].in_flight or 0 for e in wanted)
+
+    def carried(self) -> dict[int, list[str]]:
+        """The request ids the load lane's last entries counted (taken: once stored, their
+        bookings may end; :meth:`uncarry` gives them back after a failed call)."""
+        with self.lock:
+            out, self._carried = self._carried, {}
+        return out
+
+    def uncarry(self, ids: dict[int, list[str]]) -> None:
+        """Request ids whose entries may not be stored: confirmed with the next ones."""
+        with self.lock:
+            for engine, taken in ids.items():
+                self._arrived.setdefault(engine, [])[:0] = taken
 
     def engines(self) -> list[int]:
         """The engines (stored indexes) with a series that feeds a field."""
@@ -125,7 +184,11 @@ class LoadTracker:
         what a load lane sends (rates move with every token; they ride along, and with every
         flush)."""
         with self.lock:
-            return [e for e, state in sorted(self._state.items()) if state.gauge_values()[0] != state.sent]
+            return [
+                e
+                for e, state in sorted(self._state.items())
+                if e in self._arrived or state.gauge_values()[0] != state.sent
+            ]
 
     def resend(self) -> None:
         """Forget what the last entries held: every engine counts as changed until its next entry
@@ -135,13 +198,19 @@ class LoadTracker:
                 state.sent = None
 
     def entries(
-        self, engines: Iterable[int] | None = None, server_ms: Callable[[int, float], float] | None = None
+        self,
+        engines: Iterable[int] | None = None,
+        server_ms: Callable[[int, float], float] | None = None,
+        *,
+        carry: bool = False,
     ) -> list[str]:
         """``engine, entry, ...`` (``load.lua``'s arguments) for *engines* (default: every
         engine with a series that feeds a field; engines without one are left out). A gauge's
         stamp is monotonic (its ``set``): *server_ms* (engine, stamp) puts it in the engine's
         server clock, as the writer stamps the gauges it flushes (``Accumulator.server_ms``);
-        without it, the stamps are this process's monotonic milliseconds."""
+        without it, the stamps are this process's monotonic milliseconds. With *carry* (the load
+        lane), the request ids arrived so far on these engines are carried by these entries
+        (:meth:`carried`): their arrivals are in the values."""
         now = time.monotonic()
         out: list[str] = []
         with self.lock:
@@ -149,6 +218,8 @@ class LoadTracker:
             for engine in wanted:
                 state = self._state[engine]
                 values, stamp = state.gauge_values()
+                if carry and engine in self._arrived:
+                    self._carried.setdefault(engine, []).extend(self._arrived.pop(engine))
                 state.sent = values
                 row = list(values)
                 for i, rate in zip(_RATE_AT, state.rates(now, self.window)):
@@ -175,7 +246,7 @@ def _factor(source: LoadSource, spec: MetricSpec, values: tuple[str, ...]) -> fl
 class _EngineState:
     """What a :class:`LoadTracker` holds of one engine."""
 
-    __slots__ = ("constants", "gauges", "history", "rated", "sent", "totals")
+    __slots__ = ("constants", "gauges", "history", "in_flight", "rated", "sent", "totals")
 
     def __init__(self, started: float, constants: list[float | None]) -> None:
         # per field (the gauge ones): {id(series): (series, factor or None)}
@@ -185,6 +256,7 @@ class _EngineState:
         self.rated = [False] * len(RATE_FIELDS)  # whether a counter feeds it
         self.history: deque[tuple[float, tuple[float, ...]]] = deque([(started, tuple(self.totals))])
         self.sent: tuple[float | None, ...] | None = None  # the gauge values of the last entry
+        self.in_flight: int | None = None  # requests its front end holds (None: none counts them)
 
     def gauge_values(self) -> tuple[tuple[float | None, ...], float]:
         """Each field's gauge value, in FIELDS order (the sum of its series that were set, or its
@@ -205,6 +277,8 @@ class _EngineState:
             # Not finite: stored as null (encode_entry), and compared as such by changed() (a NaN
             # would differ from itself, and make every poll a change).
             values.append(total if total is None or math.isfinite(total) else None)
+        if self.in_flight is not None:
+            values[_IN_FLIGHT_AT] = float(self.in_flight)
         return tuple(values), stamp
 
     def rates(self, now: float, window: float) -> list[float | None]:

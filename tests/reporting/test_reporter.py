@@ -154,6 +154,25 @@ def test_lease_has_one_holder_and_fails_over_after_expiry(fake_client, namespace
     assert not a.renew()
 
 
+def test_a_new_holder_gets_a_larger_token_after_redis_went_back_to_an_older_snapshot(fake_client, namespace):
+    # Found by the nemesis run (issue 48, SEED=2): Redis restarted from an RDB taken before the
+    # last holders took the lease (its counter of tokens older) handed the next holder a token
+    # already handed out, smaller than the last holder's.
+    keys = Keys(namespace)
+    admin = fake_client()
+    a = LeaseLeader(fake_client(), keys, "a", ttl=30, start=False)
+    b = LeaseLeader(fake_client(), keys, "b", ttl=30, start=False)
+    assert a.renew()
+    older = admin.get(keys.leader_epoch)  # what the snapshot holds
+    a.close()
+    assert b.renew()
+    last = b.token
+    admin.flushdb()  # Redis comes back from the snapshot: the lease as it was before
+    admin.set(keys.leader_epoch, older)
+    assert a.renew()  # b's lease is gone with the rest
+    assert a.token > last
+
+
 def test_lease_release_hands_over_at_once(fake_client, namespace):
     keys = Keys(namespace)
     a = LeaseLeader(fake_client(), keys, "a", ttl=30, start=False)

@@ -211,22 +211,30 @@ def test_the_query_as_sglang_reads_it_and_never_a_404(cfg):
 
 def test_bodies_stay_decodable_at_the_limits(cfg):
     """Counts past i32 are clamped to it, floats past the range to the largest float: a body the
-    gateway cannot decode is one it never asks for again."""
+    gateway cannot decode is one it never asks for again. A count no engine can have (waiting -5)
+    is withheld with its reason, never served to a least-loaded policy."""
     config = cfg.replace(endpoint="10.0.1.9:8000")
-    writer = StatsWriter(config, vllm_catalog(), engines=[40], start=False, load=LOAD_MAP)
+    writer = StatsWriter(config, vllm_catalog(), engines=[40, 41], start=False, load=LOAD_MAP)
     try:
         writer.metric("vllm:num_requests_running").labels(40, model_name="m").set(1e12)
-        writer.metric("vllm:num_requests_waiting").labels(40, model_name="m").set(-5)
+        writer.metric("vllm:num_requests_waiting").labels(40, model_name="m").set(0)
         writer.metric("vllm:kv_cache_usage_perc").labels(40, model_name="m").set(1.7e308)
         writer.metric("vllm:generation_tokens").labels(40, model_name="m").inc(1e300)
+        writer.metric("vllm:num_requests_running").labels(41, model_name="m").set(2)
+        writer.metric("vllm:num_requests_waiting").labels(41, model_name="m").set(-5)
         assert writer.flush()
         app = GetLoadMiddleware(inner_app, config=config, ttl=0)
         status, _, body = asgi_get(app, "/v1/loads", QUERY)
         verdict, response = smg_decode.probe(status, body)
         assert verdict == "available" and response is not None
-        snap = response["loads"][0]
-        assert snap["num_running_reqs"] == 2**31 - 1 and snap["num_waiting_reqs"] == -5
+        (snap,) = response["loads"]
+        assert (
+            snap["dp_rank"] == 0 and snap["num_running_reqs"] == 2**31 - 1 and snap["num_waiting_reqs"] == 0
+        )
         assert snap["num_total_reqs"] == 2**31 - 1
         assert snap["max_total_num_tokens"] == 0 and snap["num_used_tokens"] == 0  # capacity unknown
+        doc = json.loads(body)
+        assert doc["ranks_without_load"] == [1]
+        assert doc["withheld"] == {"1": {"requests_waiting": "negative"}}
     finally:
         writer.close()

@@ -19,6 +19,7 @@ import pytest
 import redis
 
 from redis_stats import StatsConfig, StatsReader, StatsWriter
+from redis_stats.bookings import Bookings
 from redis_stats.connection import make_client
 from redis_stats.keys import Keys
 from redis_stats.leader import LeaseLeader
@@ -26,6 +27,8 @@ from redis_stats.ops.removal import remove_namespace
 from redis_stats.ops.retention import collect_garbage
 from redis_stats.reader import EngineSlice
 from redis_stats.tools.embedded import binary_of_kind
+from redis_stats.usage import Usage, UsageReader, UsageRecorder
+from redis_stats.writer import Arrivals
 from tests.conftest import scripted_client
 from tests.keyaudit import KeyAudit
 from tests.server.test_load_feed import LOAD, catalog, record
@@ -33,7 +36,7 @@ from tests.servers import refuses_multi_over_maxmemory
 
 pytestmark = pytest.mark.redis_server
 
-EVERY_SCRIPT = {"flush", "read", "gc", "lease", "shards", "drop"}
+EVERY_SCRIPT = {"flush", "read", "gc", "lease", "shards", "drop", "book", "router_lease", "usage"}
 
 
 def _fleet(url: str, namespace: str, shards: int, *, cluster: bool) -> set[str]:
@@ -58,8 +61,24 @@ def _fleet(url: str, namespace: str, shards: int, *, cluster: bool) -> set[str]:
     for e in range(5):
         record(stay, e, e, 1, 0.25)
         stay.metric("other").labels(e, k="b").inc(e + 1)
+    # The usage ledger (usage.lua): tenants spread over the shards, two hours, a retried batch.
+    usage = UsageRecorder(stay, clock=lambda: 1_796_000_000.0)
+    for i in range(20):
+        usage.record(Usage(tenant=f"t{i}", adapter=None, model="m", prompt_tokens=i, generation_tokens=1))
     assert gone.flush() and stay.flush() and stay.flush()
+    usage._clock = lambda: 1_796_003_600.0  # the next hour
+    usage.record(Usage(tenant="t1", adapter="a", model="m", prompt_tokens=1, generation_tokens=1))
+    assert stay.flush()
+    assert UsageReader(cfg).query().total.get("requests") == 21
     stay.flush_load()  # the load lane: a plain HSET, no script (nothing changed since the flush: no call)
+    # routers' bookings (book.lua, router_lease.lua) on engines of every shard; an arrival that
+    # confirms one (the lane's HSET, then its HDEL: plain commands)
+    router = Bookings(cfg, router="audit", start=False, bound=60.0)
+    for e in range(5):
+        router.book(e, f"req-{e}")
+    Arrivals(stay).begin(rank=4, request_id="req-4")
+    assert stay.flush_load()
+    router.renew()
     client = make_client(cfg)
     readers = [StatsReader(cfg, cat)]
     if not cluster:
@@ -67,6 +86,7 @@ def _fleet(url: str, namespace: str, shards: int, *, cluster: bool) -> set[str]:
     for reader in readers:
         assert reader.snapshot().engines[4].counter("other", "a") == 3
         assert reader.load().engines[0].requests_running == 0
+        assert [reader.load().engines[e].booked for e in range(5)] == [1, 1, 1, 1, 0]
         assert sorted(reader.snapshot(EngineSlice(1, 2)).engines) == [1, 3, 5]
         assert reader.load(EngineSlice(0, 2)).engines.keys() == {0, 2, 4}
     gone._closed = True  # dies: gc folds it once it is past the retention
@@ -75,6 +95,7 @@ def _fleet(url: str, namespace: str, shards: int, *, cluster: bool) -> set[str]:
     removed = collect_garbage(cfg, client=client)
     assert gone.writer_id in removed.writers and 5 in removed.engines and removed.folded >= 1
     assert StatsReader(cfg, cat).snapshot().engines[4].counter("other", "a") == 3  # folded, kept
+    router.close()  # router_lease.lua's release
     leader = LeaseLeader(client, Keys(namespace), "audit", ttl=5.0, start=False)
     assert leader.renew()
     leader.close()

@@ -23,7 +23,11 @@ def feed_of(cfg: StatsConfig) -> tuple[WatchFeed, LoadFeed]:
     reader = StatsReader(cfg)
     load = LoadFeed(reader, refresh=60.0)
     load._refresh_once()
-    return WatchFeed(SimpleNamespace(reader=reader), lambda: load), load  # type: ignore[arg-type]
+    # What the feed asks of a namespace's source: its reader, the server's budget, its kept entries.
+    source = SimpleNamespace(
+        reader=reader, options=SimpleNamespace(view_budget=256 << 20), kept=lambda *a, **k: None
+    )
+    return WatchFeed(source, lambda: load), load  # type: ignore[arg-type]
 
 
 def events(feed: WatchFeed, since: int) -> list[dict]:
@@ -51,12 +55,16 @@ def test_the_same_numbers_stored_again_make_no_event_and_a_change_after_them_doe
         assert w.flush()
         feed._read_once()
         assert [(d["engine"], d["requests_waiting"]) for d in events(feed, seq)] == [(1, 5)]
-        # A second writer of engine 0 (a field the feed never saw): its numbers count at once.
+        # A second writer of engine 0 (a field the feed never saw), its entry read before the
+        # /load refresh counts it live: its numbers count at the first read after that refresh,
+        # its entry unchanged (before: only once its entry changed again, up to a flush later).
         other = StatsWriter(cfg, vllm_catalog(), engines=[0], role="b", start=False, load=VLLM_LOAD)
         other.metric("vllm:num_requests_running").labels(0, model_name="m").set(3)
         assert other.flush()
-        load._refresh_once()  # its liveness, as the refresher's next read gives it
         seq = feed.seq
+        feed._read_once()  # its entry read; not live yet by the last refresh: not counted
+        assert events(feed, seq) == []
+        load._refresh_once()  # its liveness, as the refresher's next read gives it
         feed._read_once()
         assert [(d["engine"], d["requests_running"]) for d in events(feed, seq)] == [(0, 3)]
         other.close()

@@ -28,13 +28,17 @@ is stopped then.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pty
 import re
+import select
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -113,7 +117,7 @@ CHECKED = [s for s in ALL if s.mode]
 def test_every_sample_says_whether_it_is_checked():
     unmarked = [s.id for s in ALL if s.mode is None and not s.why]
     assert unmarked == [], "samples with no <!-- sample: ... --> comment above them"
-    assert len(CHECKED) >= 21, [s.id for s in CHECKED]  # 21 of 23 this round
+    assert len(CHECKED) >= 24, [s.id for s in CHECKED]  # 24 of 25 this round
 
 
 # --- normalising --------------------------------------------------------------------------------
@@ -266,9 +270,53 @@ def _command(sample: Sample, step: Step, view: str | None) -> str:
 _LOAD_SAID = re.compile(r"process \d+ \(engines \d+\.\.\d+\) is behind: ")
 
 
+def _end(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL *proc*'s process group, if it still runs."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+_QUESTION = re.compile(r"\? \[y/N\]: (\S+)$")
+
+
+def run_answering(command: str, want: list[str], env: dict[str, str], timeout: float = 60) -> list[str]:
+    """Run *command* on a terminal (a pty: a command that asks reads only from one) and type each
+    answer the sample shows after its ``[y/N]:`` question when the question comes."""
+    answers = [m[1] for line in want if (m := _QUESTION.search(line))]
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        ["bash", "-c", command], cwd=ROOT, env=env, stdin=slave, stdout=slave, stderr=slave,
+        start_new_session=True,
+    )  # fmt: skip
+    os.close(slave)
+    out, deadline = b"", time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if not select.select([master], [], [], 0.2)[0]:
+                if proc.poll() is not None:
+                    break
+                continue
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the command ended and closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+            if answers and out.rstrip().endswith(b"[y/N]:"):
+                os.write(master, answers.pop(0).encode() + b"\n")
+    finally:
+        os.close(master)
+        _end(proc)
+        proc.wait(timeout=20)
+    return out.decode().replace("\r\n", "\n").splitlines()
+
+
 def run_step(command: str, want: list[str], env: dict[str, str], timeout: float = 60) -> list[str]:
     """Run *command* (bash) and read what it prints (stdout then stderr, as a terminal shows an
     error); stop it once it printed what the sample shows (a ``^C`` line: SIGINT there)."""
+    if any(_QUESTION.search(line) for line in want):
+        return run_answering(command, want, env, timeout)
     interrupt_at = next((i for i, line in enumerate(want) if line.strip() == "^C"), None)
     before = want if interrupt_at is None else want[:interrupt_at]
     needed = None if is_json(want) else len(before)
@@ -279,7 +327,10 @@ def run_step(command: str, want: list[str], env: dict[str, str], timeout: float 
     )  # fmt: skip
     assert proc.stdout is not None
     printed: list[str] = []
-    deadline = time.monotonic() + timeout
+    # A command that prints less than the sample and never ends (a server, a stream that stalled)
+    # is ended at the deadline, which ends the read below: a silent hang never hangs the suite.
+    watchdog = threading.Timer(timeout, _end, (proc,))
+    watchdog.start()
     stream = is_json(want) and want and want[0].startswith(("event:", "id:", "data:"))
     data_wanted = sum(1 for line in want if line.startswith("data:"))
     try:
@@ -291,13 +342,12 @@ def run_step(command: str, want: list[str], env: dict[str, str], timeout: float 
                 break
             if needed is not None and len(printed) >= needed:
                 break
-            if time.monotonic() > deadline:
-                break
         if interrupt_at is not None:
             os.killpg(proc.pid, signal.SIGINT)
             rest, _ = proc.communicate(timeout=timeout)
             printed += rest.splitlines()
     finally:
+        watchdog.cancel()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             try:

@@ -199,3 +199,17 @@ def test_what_the_page_says_of_alerts_and_labels_is_what_the_files_hold():
     (rule,) = [d for d in build(KUBE / "alerts") if d["kind"] == "PrometheusRule"]
     release = rule["metadata"]["labels"]["release"]  # monitor-labels/ sets it
     assert f"helm install {release} " in text and f"`release: {release}`" in text
+
+
+def test_the_router_waits_for_the_vllm_pods_as_long_as_they_may_take_to_start():
+    """vllm-router listens once its workers are healthy: a liveness probe that acts before the
+    vLLM pods' own startup allowance would restart it in a loop while the model loads."""
+
+    def allowance(probe: dict) -> int:
+        return probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3)
+
+    (vllm,) = _vllm_pods(KUBE)
+    (router,) = [c for d in build(KUBE / "router") for c in containers(d)]
+    args = router["args"]
+    assert allowance(router["startupProbe"]) >= allowance(vllm["startupProbe"])
+    assert int(args[args.index("--worker-startup-timeout-secs") + 1]) >= allowance(vllm["startupProbe"])

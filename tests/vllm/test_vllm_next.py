@@ -66,3 +66,59 @@ def test_families_the_next_vllm_adds_come_through_its_own_classes(trees):
         if OUTSIDE_THE_STAT_LOGGER.get(line.split()[1]) in files:
             continue  # known, and documented: not a family the plugin can see
         assert all(f.startswith(HANDED_CLASSES) for f in files), line
+
+
+def _source(tree: Path, relative: str) -> str:
+    return (tree / relative).read_text()
+
+
+def _function(text: str, name: str) -> str:
+    """The source of method *name* in *text* (up to the next def at its indentation or less)."""
+    start = text.index(f"def {name}(")
+    indent = text.rfind("\n", 0, start) + 1
+    pad = start - indent
+    rest = text[start:].split("\n")
+    body = [rest[0]]
+    for line in rest[1:]:
+        stripped = line.lstrip()
+        if stripped.startswith(("def ", "async def ", "class ")) and len(line) - len(stripped) <= pad:
+            break
+        body.append(line)
+    return "\n".join(body)
+
+
+def test_what_the_usage_join_reads_is_there_in_both_vllms(trees):
+    """usage_join.py and usage_middleware.py rely on these, in the installed vLLM and the next."""
+    for tree in trees:
+        stats = _source(tree, "v1/metrics/stats.py")
+        finished = stats[stats.index("class FinishedRequestStats") :]
+        assert "request_id: str | None" in finished.split("\nclass ")[0], tree
+        processor = _source(tree, "v1/engine/output_processor.py")
+        # the id the stats carry is the external one (chatcmpl-<X-Request-Id>), one per child
+        assert "request_id=req_state.external_req_id" in processor, tree
+        for attr in (
+            "self.external_req_id =",
+            "self.prompt_len =",
+            "self.num_cached_tokens =",
+            "self.request_states",
+        ):
+            assert attr in processor, (tree, attr)
+        # an abort pops the request without a FinishedRequestStats: why the middleware watches it
+        abort = _function(processor, "abort_requests")
+        assert "def abort_requests(self, request_ids" in abort and "request_states.pop" in abort, tree
+        assert "_update_stats_from_finished" not in abort, tree
+        for path, prefix in (
+            (
+                "entrypoints/openai/chat_completion/serving.py",
+                'f"chatcmpl-{self._base_request_id(raw_request',
+            ),
+            ("entrypoints/openai/completion/serving.py", 'f"cmpl-{self._base_request_id(raw_request'),
+        ):
+            assert prefix in _source(tree, path), (tree, path)
+        serving = _source(tree, "entrypoints/serve/engine/serving.py")
+        assert 'raw_request.headers.get("X-Request-Id")' in _function(serving, "_base_request_id"), tree
+        register = _source(tree, "entrypoints/serve/middleware/register.py")
+        # --middleware classes are added last: outermost
+        tail = register[register.index("for middleware in args.middleware") :]
+        assert "app.add_middleware(imported)" in tail, tree
+        assert "add_middleware" not in tail.split("app.add_middleware(imported)", 1)[1], tree

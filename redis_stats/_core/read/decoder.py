@@ -110,6 +110,11 @@ class ShardReply(NamedTuple):
     seq: Any = None
     """The seq hash, flat (writer -> ``x<seq>:<ms>``: the load feed's read; None in the
     snapshot's)."""
+    bookings: Any = None
+    """The bookings hash, flat (request id -> ``<engine>|<ends ms>|<router>``: the load feed's
+    read; None in the snapshot's)."""
+    routers: Any = None
+    """The routers zset, flat (router -> the end of its lease, server ms: the load feed's read)."""
 
 
 class Read(NamedTuple):

@@ -57,6 +57,9 @@ class Fetch:
     base: bool
     writer: str
     seq: bool = False
+    bookings: bool = False
+    """Read the shard's routers' bookings and leases too (the ``bookings`` hash, the ``routers``
+    zset: small, the unconfirmed dispatches only), after the lists."""
     owners: bool = False
     """Read only the writers holding chunks in the engines read (found in their hashes' field
     names), not every writer listed: a view of a few engines that shows no writer's self-metrics
@@ -80,6 +83,8 @@ class Fetch:
                 ("h", getattr(keys, self.own), ""),
             ]
         ]
+        if self.bookings:
+            out[0] += [("h", keys.bookings, ""), ("z", keys.routers, "")]
 
         for e in plan[0]:
             group = [(self.engine, keys.counters(e), "")]
@@ -106,7 +111,7 @@ and of each only what liveness and the endpoint views need (``stale_ms``, ``flus
 endpoint view), whose read of a few engines of a large fleet was otherwise mostly every writer's
 stats (6,144 reads of writers' fields for a 4-engine endpoint at 2,048 writers)."""
 
-LOAD = Fetch("load", "load", "k", False, "g", seq=True)
+LOAD = Fetch("load", "load", "k", False, "g", seq=True, bookings=True)
 """The load feed: the load hash, each writer's entry of the seq hash (its newest flush), the engines' field
 names (their chunk writers), the writers' ``stale_ms``, ``flush_ms`` and ``endpoint``; never an
 engine's values (an engine hash holds ~28 KB at vLLM's catalogue)."""
@@ -165,6 +170,10 @@ def shard_reply(
     shape) as its reply, and what it found: the plan of the next read. Of what the lists hold and
     *plan* did not (or the reverse), the reply shows what was both listed and read."""
     engine_flat, writer_flat, version, listed, own = results[:_FIXED]
+    bookings = routers = None
+    if fetch.bookings:
+        bookings, routers = results[_FIXED : _FIXED + 2]
+        results = results[:_FIXED] + results[_FIXED + 2 :]
     # The lists in member order, not Redis' (by heartbeat, which a live fleet reorders with every
     # flush): the plan compares equal while the same engines and writers are listed, so a read
     # is not made again for an order and its commands stay packed (in a fleet of 2,048 flushing
@@ -186,7 +195,20 @@ def shard_reply(
         writer_flat, stats = _read_of(writer_flat, dict(zip(plan[1], stats)))
     conflicts, load = (own, None) if fetch.own == "conflicts" else (None, own)
     reply = ShardReply(
-        keys, now_ms, engine_flat, writer_flat, version, listed, conflicts, load, hashes, bases, stats, seq
+        keys,
+        now_ms,
+        engine_flat,
+        writer_flat,
+        version,
+        listed,
+        conflicts,
+        load,
+        hashes,
+        bases,
+        stats,
+        seq,
+        bookings,
+        routers,
     )
     return reply, found
 

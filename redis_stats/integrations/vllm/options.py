@@ -23,6 +23,7 @@ __all__ = [
     "POD_IP",
     "PORT",
     "SWITCH",
+    "TENANT_HEADER",
     "VARIABLES",
     "VIEW",
     "WEB_CONFIG_FILE",
@@ -31,6 +32,7 @@ __all__ = [
     "default_endpoint",
     "plugin_config",
     "plugin_enabled",
+    "tenant_header",
     "warn_mistyped_variables",
 ]
 
@@ -118,6 +120,15 @@ POD_INDEX = EnvVar(
     "parallelism inside each pod); not with `REDIS_STATS_ENGINE_OFFSET`",
 )
 
+TENANT_HEADER = EnvVar(
+    "REDIS_STATS_TENANT_HEADER",
+    "",
+    _PLUGIN,
+    "record usage per tenant (docs/usage.md): the request header naming a request's tenant, e.g. "
+    "`x-tenant-id`, read by `--middleware redis_stats.integrations.vllm.usage_middleware.UsageMiddleware`; "
+    "unset: no usage is recorded",
+)
+
 VARIABLES = (
     SWITCH,
     NAMESPACE,
@@ -130,6 +141,7 @@ VARIABLES = (
     WEB_OPEN,
     POD_IP,
     POD_INDEX,
+    TENANT_HEADER,
 )
 
 # StatsConfig's own option (engine_offset), looked at here only to refuse it beside POD_INDEX.
@@ -139,6 +151,24 @@ _OFFSET = EnvVar("REDIS_STATS_ENGINE_OFFSET", "", _PLUGIN, "option `engine_offse
 def plugin_enabled(environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``REDIS_STATS_URL`` is set: without it the plugin does nothing."""
     return bool(SWITCH.get(environ))
+
+
+_TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def tenant_header(environ: Mapping[str, str] | None = None) -> str | None:
+    """The header ``REDIS_STATS_TENANT_HEADER`` names, lower case (None: usage is not recorded);
+    :class:`ConfigError` naming the variable for a value that is no HTTP header name."""
+    raw = TENANT_HEADER.get(environ).strip()
+    if not raw:
+        return None
+    if not set(raw) <= _TOKEN or len(raw) > 256:
+        raise ConfigError(
+            f"{TENANT_HEADER.name}={raw!r} is not an HTTP header name (letters, digits and "
+            "!#$%&'*+-.^_`|~, at most 256): set it to the header your gateway puts the tenant in, "
+            "e.g. x-tenant-id, or unset it to record no usage"
+        )
+    return raw.lower()
 
 
 VLLM_PORT = 8000

@@ -20,12 +20,19 @@ from redis_stats.connection import make_client
 from redis_stats.integrations.vllm.catalog import BUCKET_FAMILIES, vllm_catalog
 from redis_stats.integrations.vllm.load import load_map_for
 from redis_stats.integrations.vllm.logline import VllmLogLines
-from redis_stats.integrations.vllm.options import plugin_config, plugin_enabled, warn_mistyped_variables
+from redis_stats.integrations.vllm.options import (
+    plugin_config,
+    plugin_enabled,
+    tenant_header,
+    warn_mistyped_variables,
+)
 from redis_stats.integrations.vllm.prom import metric_classes
 from redis_stats.integrations.vllm.recorder import VllmFeatures, VllmRecorder
+from redis_stats.integrations.vllm.usage_join import UsageJoin
 from redis_stats.leader import make_leader
 from redis_stats.reader import StatsReader
 from redis_stats.reporting import StatsReporter
+from redis_stats.usage import UsageRecorder
 from redis_stats.writer import StatsWriter
 
 __all__ = ["RedisStatLogger", "VllmOwnMetrics", "VllmRecording", "catalog_for", "features_from_config"]
@@ -222,6 +229,23 @@ def _warn_mistyped_variables() -> None:
     )
 
 
+def _usage_join(writer: StatsWriter, model: str) -> UsageJoin | None:
+    """With ``REDIS_STATS_TENANT_HEADER`` set: the join of this process's requests to their
+    tenants (docs/usage.md), recorded through *writer*, and registered for the middleware."""
+    from redis_stats.integrations.vllm.usage_middleware import register_join
+
+    header = tenant_header()
+    join = None if header is None else UsageJoin(UsageRecorder(writer), model, tenant_header=header)
+    register_join(join)
+    if join is not None:
+        log.info(
+            "redis_stats: recording usage per tenant (header %r); add --middleware "
+            "redis_stats.integrations.vllm.usage_middleware.UsageMiddleware to join requests to tenants",
+            header,
+        )
+    return join
+
+
 class RedisStatLogger(AggregateStatLoggerBase):
     """Writes every engine's stats to Redis; optionally serves the Redis view on REDIS_STATS_PORT."""
 
@@ -232,6 +256,7 @@ class RedisStatLogger(AggregateStatLoggerBase):
         self.recorder: VllmRecorder | None = None
         self.writer: StatsWriter | None = None
         self.reporter: StatsReporter | None = None
+        self.usage: UsageJoin | None = None
         self._tick_thread: threading.Thread | None = None
         self.vllm_config = vllm_config
         _warn_mistyped_variables()  # before the switch: a mistyped REDIS_STATS_URL is one too
@@ -261,6 +286,7 @@ class RedisStatLogger(AggregateStatLoggerBase):
         )
         self.recording = VllmRecording(vllm_config, self.writer, self.engine_indexes)
         self.recorder = self.recording.recorder
+        self.usage = _usage_join(self.writer, str(vllm_config.model_config.served_model_name))
         log.info(
             "redis_stats: recording engines %s to %s namespace %r as %s",
             self.engine_indexes,
@@ -272,6 +298,9 @@ class RedisStatLogger(AggregateStatLoggerBase):
         from redis_stats.integrations.vllm.serve import maybe_serve
 
         register_config(config)  # `--middleware ...get_load.GetLoadMiddleware` answers for this endpoint
+        from redis_stats.integrations.vllm.arrivals import register_writer
+
+        register_writer(self.writer)  # `--middleware ...arrivals.ArrivalsMiddleware` counts in it
 
         recorded = [e + config.engine_offset for e in self.engine_indexes]
         maybe_serve(config, catalog, recorded)
@@ -294,6 +323,8 @@ class RedisStatLogger(AggregateStatLoggerBase):
         """One engine-step batch: memory only."""
         if self.recording is not None:
             self.recording.record(scheduler_stats, iteration_stats, mm_cache_stats, engine_idx)
+        if self.usage is not None and iteration_stats is not None:
+            self.usage.finished_stats(iteration_stats)
 
     def log_engine_initialized(self) -> None:
         """Records ``vllm:cache_config_info``."""

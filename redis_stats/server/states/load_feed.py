@@ -38,6 +38,7 @@ from redis_stats.errors import error_kind
 from redis_stats.load import LoadView
 from redis_stats.outage import Outage, shared
 from redis_stats.reader import EngineSlice, StatsReader
+from redis_stats.routers.vouch import unknown_document
 from redis_stats.server.http import GZIP_LEVEL
 from redis_stats.server.source import Source
 
@@ -216,14 +217,12 @@ class LoadFeed:
     def _stale(self, age: float) -> LoadBody:
         """The ``503`` of a view whose last successful refresh is *age* s old (no ETag: never a
         ``304`` that would keep a router on the kept body)."""
-        doc = {
-            "error": "stale",
-            "detail": (
-                f"the load was last refreshed {age:.1f} s ago, more than the {self.max_age:g} s a "
-                "body is served for: the refresher is waiting on Redis"
-            ),
-            "age_seconds": round(age, 3),
-        }
+        doc = unknown_document(
+            "stale",
+            f"the load was last refreshed {age:.1f} s ago, more than the {self.max_age:g} s a "
+            "body is served for: the refresher is waiting on Redis",
+            age_seconds=round(age, 3),
+        )
         return _encode(503, doc, "", self._refreshed)
 
     def _body_of(self, view: LoadView, kept: tuple[int, LoadBody] | None, refreshed: float) -> LoadBody:
@@ -301,7 +300,7 @@ class LoadFeed:
             self._outage().failed(kind, redact(str(exc), self.reader.config.url))
         else:
             survived("load", exc, log)
-        doc = {"error": kind, "detail": redact(str(exc), self.reader.config.url)}
+        doc = unknown_document(kind, redact(str(exc), self.reader.config.url))
         with self._lock:
             self._error = _encode(503, doc, "", 0.0)
             self._generation += 1

@@ -36,6 +36,7 @@ from redis_stats.server.http import HTTPError, Request, Response, encode_body
 from redis_stats.server.source import Source
 from redis_stats.server.states.endpoints import EndpointViews, EngineMoved, UnknownEndpoint, endpoint_param
 from redis_stats.server.states.scrapes import Clashes, ScrapeStats, SliceReaders, SliceText
+from redis_stats.server.states.usage import UsageState
 
 if TYPE_CHECKING:
     from redis_stats.server.app import App
@@ -135,6 +136,37 @@ def _slice_of(source: Source, part: EngineSlice) -> tuple[RedisCollector, SliceT
     return source.state(SliceReaders).collector(part)
 
 
+class _Extra:
+    """The collectors rendered after the namespaces' series: the top tenants of each namespace
+    served (``--usage``; one family each, the namespaces' series merged in it) and the exporter's
+    own metrics."""
+
+    def __init__(self, usage: list[Any], own: Any) -> None:
+        self.usage = usage
+        self.own = own
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for collector in self.usage:
+            for family in collector.collect():
+                found = merged.setdefault(family.name, family)
+                if found is not family:
+                    found.samples += family.samples
+        yield from merged.values()
+        if self.own is not None:
+            yield from self.own.collect()
+
+
+def _usage(app: App, request: Request, query: ScrapeQuery) -> list[Any]:
+    """The top-tenant collectors of the namespaces a whole ``/metrics`` serves (``--usage``)."""
+    whole = query.slice is None and query.endpoint is None and query.engine is None
+    if not (app.options.usage and app.options.usage_top and whole):
+        return []
+    several = app.sources.several and request.one("namespace") is None
+    sources = app.sources.all() if several else [app.source(request)]
+    return [s.state(UsageState).collector for s in sources]
+
+
 class _Both:
     """A collector and the exporter's own metrics as one (for prometheus_client's writers)."""
 
@@ -220,7 +252,10 @@ def answer(app: App, request: Request) -> Response:
         content_type = OPENMETRICS_1_0
     # The exporter's own metrics are the whole exporter's: not in one namespace's ?namespace=
     # of an exporter of several, which is served as an exporter of it alone (without them) would.
-    own = app.own_registry if not (app.sources.several and request.one("namespace")) else None
+    own: Any = app.own_registry if not (app.sources.several and request.one("namespace")) else None
+    usage = _usage(app, request, query)
+    if usage:
+        own = _Extra(usage, own)
     with app.building:
         started = time.perf_counter()
         try:

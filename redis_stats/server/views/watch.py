@@ -28,8 +28,15 @@ Answers (JSON):
   (:data:`~redis_stats.server.states.watch_feed.KEEPALIVE`). No request
   per change: a subscriber costs a wakeup per read that changed something.
 
-A waiting or streaming subscriber holds one of the server's connections (``--max-connections``):
-give it room for the subscribers beside the scrapers.
+While the load is not known (the store cannot be read: :mod:`redis_stats.routers.vouch`), the
+whole state and a long poll answer ``503`` with ``{"load": "unknown", "error", "detail"}``, and a
+stream gets that document as an ``event: unknown``; once it is known again, a new ``epoch``
+starts from the whole state (a stream's ``event: state``, a long poll's gap).
+
+A streaming or waiting subscriber holds one of the server's **stream** slots
+(``--max-streams``), apart from the connections for requests (``--max-connections``): subscribers
+at their limit get ``503`` themselves, and never keep ``/metrics``, ``/load`` or ``/healthz``
+from answering.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from redis_stats.server.http import HTTPError, Request, Response, json_response
-from redis_stats.server.states.watch_feed import WatchFeed, watch_of
+from redis_stats.server.states.watch_feed import FeedUnknown, WatchFeed, watch_of
 
 if TYPE_CHECKING:
     from redis_stats.server.app import App
@@ -61,17 +68,27 @@ def answer(app: App, request: Request) -> Response:
     headers = (("Cache-Control", "no-store"),)
     if "text/event-stream" in request.header("Accept"):
         return _stream(feed, request, since, epoch)
-    if since is None:
-        return json_response(200, feed.snapshot(), headers)
-    if not (since.isascii() and since.isdigit()):
-        raise HTTPError(400, f"since={since!r} is not a sequence number (the seq of your last answer)")
+    if since is not None and not _sequence(since):
+        raise HTTPError(400, f"since={since[:40]!r} is not a sequence number (the seq of your last answer)")
     try:
         seconds = DEFAULT_WAIT if wait is None else float(wait)
     except ValueError:
-        raise HTTPError(400, f"wait={wait!r} is not a number of seconds") from None
+        raise HTTPError(400, f"wait={(wait or '')[:40]!r} is not a number of seconds") from None
     if not 0 <= seconds <= MAX_WAIT:
-        raise HTTPError(400, f"wait={wait!r} must be 0 to {MAX_WAIT:g} seconds")
-    return Response(200, feed.since(int(since), epoch or "", seconds), headers=headers)
+        raise HTTPError(400, f"wait={(wait or '')[:40]!r} must be 0 to {MAX_WAIT:g} seconds")
+    try:
+        if since is None:
+            return json_response(200, feed.snapshot(), headers)
+        if seconds > 0:
+            request.long_lived()  # a waiting subscriber holds a stream's slot, not a request's
+        return Response(200, feed.since(int(since), epoch or "", seconds), headers=headers)
+    except FeedUnknown as unknown:
+        return json_response(503, unknown.doc, headers)
+
+
+def _sequence(text: str) -> bool:
+    """Whether *text* is a sequence number (at most 18 digits: a feed's seq is an int64)."""
+    return text.isascii() and text.isdigit() and len(text) <= 18
 
 
 def _stream(feed: WatchFeed, request: Request, since: str | None, epoch: str | None) -> Response:
@@ -80,7 +97,8 @@ def _stream(feed: WatchFeed, request: Request, since: str | None, epoch: str | N
     resume = request.header("Last-Event-ID")
     if resume:
         epoch, _, since = resume.rpartition("-")
-    if since is not None and not (since.isascii() and since.isdigit() and len(since) <= 18):
-        raise HTTPError(400, f"since={since!r} is not a sequence number (the seq of your last event)")
+    if since is not None and not _sequence(since):
+        raise HTTPError(400, f"since={since[:40]!r} is not a sequence number (the seq of your last event)")
     start = None if since is None else int(since)
+    request.long_lived()  # a stream's slot, or a 503 when the streams are at their limit
     return Response(200, content_type="text/event-stream", stream=feed.stream(start, epoch or ""))

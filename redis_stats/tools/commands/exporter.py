@@ -115,6 +115,14 @@ def _engines(text: str | None) -> list[int] | None:
     help="HTTP connections served at once (a thread each); more are answered 503 with Retry-After.",
 )
 @click.option(
+    "--max-streams",
+    default=256,
+    type=click.IntRange(1, 100_000),
+    help="Streams and long polls (/watch subscribers) open at once, a thread each, apart from "
+    "--max-connections: subscribers at their limit get 503, and never keep /metrics, /load or "
+    "/healthz from answering.",
+)
+@click.option(
     "--slice",
     "slice_text",
     default=None,
@@ -193,6 +201,28 @@ def _engines(text: str | None) -> list[int] | None:
     help="Serve private views (per-tenant usage: business data) without credentials: anyone who "
     "reaches the port reads them. Without it, an exporter asked to serve them with no access "
     "control refuses to start.",
+)
+@click.option(
+    "--bookings",
+    is_flag=True,
+    help="Take routers' bookings over HTTP (POST /bookings, for routers not in Python; "
+    "docs/routers.md): it writes Redis, so it is a private route (credentials, or "
+    "--insecure-private-views).",
+)
+@click.option(
+    "--usage",
+    is_flag=True,
+    help="Serve the usage ledger (docs/usage.md): GET /usage, and the top tenants in /metrics. "
+    "Business data: needs access control (--web-config-file or --web-token-file) or "
+    "--insecure-private-views.",
+)
+@click.option(
+    "--usage-top",
+    default=10,
+    type=click.IntRange(0, 1000),
+    show_default=True,
+    metavar="N",
+    help="With --usage: the N tenants with the most tokens in /metrics, one (other) series for the rest.",
 )
 def exporter(
     redis_url: str | None,
