@@ -38,6 +38,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -98,14 +99,17 @@ def get(url: str, timeout: float = 120.0) -> tuple[float, bytes]:
     return time.perf_counter() - t0, body
 
 
-def poll_load(url: str, stop: threading.Event, out: list[tuple[float, int]]) -> None:
-    """A router polling ``/load`` every 50 ms (whole bodies: no ETag sent)."""
+def poll_load(url: str, stop: threading.Event, out: list[tuple[float, int, int]]) -> None:
+    """A router polling ``/load`` every 50 ms (whole bodies: no ETag sent): (time, bytes, status)."""
     while not stop.is_set():
+        t0 = time.perf_counter()
         try:
             took, body = get(url + "/load", 30)
-            out.append((took, len(body)))
+            out.append((took, len(body), 200))
+        except urllib.error.HTTPError as exc:  # a 503: the refresh older than its max age
+            out.append((time.perf_counter() - t0, len(exc.read()), exc.code))
         except OSError:
-            out.append((math.inf, 0))
+            out.append((math.inf, 0, 0))
         time.sleep(0.05)
 
 
@@ -210,7 +214,7 @@ def main() -> None:
         subs.start()
         time.sleep(8.0)  # every subscriber has its state
         stop = threading.Event()
-        polled: list[tuple[float, int]] = []
+        polled: list[tuple[float, int, int]] = []
         poller = threading.Thread(target=poll_load, args=(url, stop, polled), daemon=True)
         cpu0, ex0, t0 = master_cpu(nodes), proc_cpu(exporter.pid), time.monotonic()
         calls0 = flush_calls(nodes)
@@ -237,12 +241,15 @@ def main() -> None:
             for path, e, v, when in seen
             if path != "load" and e == PROBE_LANE and v in set_at
         ]
-        times = [t for t, _ in polled]
+        times = [t for t, _, _ in polled]
         result.update(
             {
                 "load_average": [load0, load1],
                 "load_ms": {"p50": 1e3 * pct(times, 0.5), "p99": 1e3 * pct(times, 0.99), "n": len(times)},
-                "load_body_kb": max((b for _, b in polled), default=0) / 1024,
+                "load_status": {
+                    str(c): sum(1 for _, _, x in polled if x == c) for c in {x for _, _, x in polled}
+                },
+                "load_body_kb": max((b for _, b, c in polled if c == 200), default=0) / 1024,
                 "watch_ms": {"p50": 1e3 * pct(lat, 0.5), "p99": 1e3 * pct(lat, 0.99), "n": len(lat)},
                 "master_cpu": [(b - a) / wall for a, b in zip(cpu0, cpu1)],
                 "master_memory_mb": [node.info("memory")["used_memory"] / MIB for node in nodes],
@@ -268,6 +275,14 @@ def main() -> None:
             except OSError as exc:
                 slices.append({"n": parts, "error": str(exc)})
         result["slices"] = slices
+        # What one refresh and one feed read cost in CPU at this size (bench/live_refresh.py's
+        # measure, in a process of its own): robust to the machine's load, unlike the times above.
+        from live_refresh import measure
+
+        try:
+            result["cpu_ms"] = measure(ROOT, cluster.url, namespace, 6.0)
+        except Exception as exc:  # reported, the rest stands
+            result["cpu_ms"] = {"error": str(exc)[-300:]}
         result["exporter_memory_mb_after_slices"] = proc_memory(exporter.pid)
         ok = [s for s in slices if "body_mib" in s]
         if ok:
@@ -308,6 +323,13 @@ def report(r: dict[str, Any]) -> None:
         f"p50 {r['load_ms']['p50']:.0f} ms, p99 {r['load_ms']['p99']:.0f} ms; the first "
         f"{1e3 * r['first_load_s']:.0f} ms"
     )
+    print(f"    /load answers by status: {r['load_status']}")
+    cpu = r.get("cpu_ms", {})
+    if "refresh_ms" in cpu:
+        print(
+            f"    CPU: a /load refresh {cpu['refresh_ms']:.0f} ms, a /watch read {cpu['read_ms']:.0f} ms "
+            f"({cpu['events_per_read']:.0f} events a read)"
+        )
     print(
         f"    change -> /watch subscriber ({r['watch_ms']['n']} samples): p50 {r['watch_ms']['p50']:.0f} ms, "
         f"p99 {r['watch_ms']['p99']:.0f} ms"

@@ -55,7 +55,7 @@ def cpu_ms_each(step, seconds, pause):
     return 1000 * cpu / calls, calls
 
 
-reader = StatsReader(StatsConfig(url=url, namespace=namespace), vllm_catalog())
+reader = StatsReader(StatsConfig(url=url, namespace=namespace, socket_timeout_ms=30_000), vllm_catalog())
 load = LoadFeed(reader)
 refresh_ms, refreshes = cpu_ms_each(load._refresh_once, seconds, 0.25)
 # What a feed asks of a namespace's source (its reader; the server's budget, its kept entries: a
