@@ -42,6 +42,8 @@ __all__ = ["LaneGroup"]
 
 log = logging.getLogger("redis_stats.writer")
 
+_Taken = tuple["StatsWriter", str, list[str]]  # a writer's lane call: (writer, key, fields and values)
+
 
 class LaneGroup:
     """The load lanes of the writers :meth:`add`-ed to it, sent by one thread on *client* (a
@@ -108,13 +110,7 @@ class LaneGroup:
             writers = list(self._writers)
         held: list[StatsWriter] = []
         try:
-            taken: list[tuple[StatsWriter, str, list[str]]] = []
-            for w in writers:
-                # Never wait for a writer's flush (its entries go with it), nor hold this turn.
-                if not w.lane_lock.acquire(blocking=False):
-                    continue
-                held.append(w)
-                taken += [(w, key, args) for key, args in w.lane_calls()]
+            taken = self._take(writers, held)
             if not taken:
                 return False
             calls = _packed(taken)
@@ -125,19 +121,37 @@ class LaneGroup:
                     w.lane_done(result)
                     if isinstance(result, Exception):
                         failed.add(w)
-            # The routers' bookings of the requests the stored entries count end now (a writer
-            # whose entries were not all stored carries their ids to its next entries instead).
-            confirms = [(w, key, ids) for w in held for key, ids in w.lane_confirms(w not in failed)]
-            if confirms:
-                done = self._send([("HDEL", key, ids) for _, key, ids in confirms])
-                for (w, _, _), result in zip(confirms, done):
-                    if isinstance(result, Exception):  # the bookings end by their bounded time
-                        w.lane_done(result)
+            self._confirm(held, failed)
             self.calls += 1
             return True
         finally:
             for w in held:
                 w.lane_lock.release()
+
+    @staticmethod
+    def _take(
+        writers: list[StatsWriter], held: list[StatsWriter]
+    ) -> list[tuple[StatsWriter, str, list[str]]]:
+        """Each writer's lane calls, its lock taken (and added to *held*, for the caller to
+        release); a writer whose flush runs is passed over (its entries go with that flush)."""
+        taken: list[_Taken] = []
+        for w in writers:
+            if not w.lane_lock.acquire(blocking=False):  # never wait for a flush, nor hold the turn
+                continue
+            held.append(w)
+            taken += [(w, key, args) for key, args in w.lane_calls()]
+        return taken
+
+    def _confirm(self, held: list[StatsWriter], failed: set[StatsWriter]) -> None:
+        """The routers' bookings of the requests the stored entries count end now (a writer whose
+        entries were not all stored carries their ids to its next entries instead)."""
+        confirms = [(w, key, ids) for w in held for key, ids in w.lane_confirms(w not in failed)]
+        if not confirms:
+            return
+        done = self._send([("HDEL", key, ids) for _, key, ids in confirms])
+        for (w, _, _), result in zip(confirms, done):
+            if isinstance(result, Exception):  # the bookings end by their bounded time
+                w.lane_done(result)
 
     def _send(self, calls: list[tuple[str, str, list[str]]]) -> list[Any]:
         """Every call (command, key, its arguments) in one pipeline: each call's reply or

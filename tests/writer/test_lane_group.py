@@ -192,3 +192,32 @@ def test_a_closed_writer_leaves_the_group(redis_server, namespace, client):
     assert not group.turn()
     for w in writers[1:]:
         w.close()
+
+
+def test_a_booking_ends_with_the_arrival_the_groups_call_stored(redis_server, namespace, client):
+    """The routers' bookings of a request end once the entry counting it is stored, as each
+    writer's own lane ends them (issue 47, items 1-2): by the group's turn, never before."""
+    from redis_stats.bookings import Bookings
+    from redis_stats.writer import Arrivals
+
+    writers, cfg = fleet(redis_server, namespace, client)
+    group = LaneGroup(client)
+    for w in writers:
+        group.add(w)
+    reader = StatsReader(cfg)
+    router = Bookings(cfg, router="r1", bound=30.0)
+    arrivals = Arrivals(writers[4])
+    try:
+        router.book(4, "req-9")
+        arrival = arrivals.begin(request_id="req-9")
+        assert reader.load().engines[4].booked == 1  # the arrival not stored yet: the booking stands
+        assert group.turn()
+        load = reader.load().engines[4]
+        assert (load.booked, load.in_flight, load.expected_in_flight) == (0, 1, 1)
+        arrival.end()
+        assert group.turn()
+        assert reader.load().engines[4].in_flight == 0
+    finally:
+        router.close()
+        for w in writers:
+            w.close()
