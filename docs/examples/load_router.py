@@ -22,6 +22,13 @@ without a waiting count (``null``: never read as 0) or with counts no engine can
 is never picked; while the exporter says the load is unknown (``/load`` answers ``503``, ``/watch``
 sends ``event: unknown``) it picks nothing at all, until the whole state comes again. Only the
 standard library: copy it into a router.
+
+**As one of N replicas** (docs/routers.md, "Router replicas"): ``--book`` books each pick through
+the exporter (:class:`HttpBookings`: ``POST /bookings``, an exporter started with ``--bookings``)
+and picks by ``expected_in_flight`` (``pick_least``: the engines' own counts plus every replica's
+bookings), so N copies of this router, each its own process, spread their dispatches as one::
+
+    python docs/examples/load_router.py http://127.0.0.1:9400 --poll --book --count 20
 """
 
 from __future__ import annotations
@@ -30,9 +37,12 @@ import argparse
 import gzip
 import json
 import random
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+import uuid
 from typing import Any
 
 SCHEMA_VERSION = 1  # the /load version this code reads (docs/load.md: what a version promises)
@@ -152,6 +162,58 @@ def pick_least(
     return (rng or random).choice([engine for cost, engine in costs if cost == low])
 
 
+class HttpBookings:
+    """This replica's bookings through the exporter (``POST /bookings``, docs/routers.md): book a
+    pick before sending the request with ``X-Request-Id: <its id>``, end it when the response
+    ended; a thread renews the lease every third of it. *token*: a bearer token when the
+    exporter's access control asks for one."""
+
+    def __init__(self, base_url: str, lease: float = 2.0, bound: float = 2.0, token: str = "") -> None:
+        self.url = base_url.rstrip("/") + "/bookings"
+        self.router = f"example-{uuid.uuid4().hex[:12]}"
+        self.lease, self.bound, self.token = lease, bound, token
+        self.open: dict[str, int] = {}  # request id -> engine, booked and not ended
+        self._stop = threading.Event()
+        threading.Thread(target=self._renew, daemon=True).start()
+
+    def _post(self, **params: Any) -> dict[str, Any]:
+        query = urllib.parse.urlencode({"router": self.router, "lease": self.lease, **params})
+        request = urllib.request.Request(f"{self.url}?{query}", method="POST", data=b"")
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        with urllib.request.urlopen(request, timeout=2.0) as resp:
+            return json.loads(resp.read())  # type: ignore[no-any-return]
+
+    def book(self, engine: int) -> str:
+        """Book a request on *engine*: its id, to send as ``X-Request-Id``. Where the store had
+        lost this router's lease (Redis restarted), its open bookings are booked again."""
+        request_id = uuid.uuid4().hex
+        answer = self._post(op="book", engine=engine, request_id=request_id, bound=self.bound)
+        self.open[request_id] = engine
+        if answer.get("lease_lost"):
+            for rid, e in list(self.open.items()):
+                self._post(op="book", engine=e, request_id=rid, bound=self.bound)
+        return request_id
+
+    def end(self, request_id: str) -> None:
+        """The response of *request_id* ended (or its send failed)."""
+        engine = self.open.pop(request_id, None)
+        if engine is not None:
+            self._post(op="end", engine=engine, request_id=request_id)
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.lease / 3):
+            try:
+                self._post(op="renew")
+            except OSError:
+                pass  # the next renewal tries again; past the lease, the bookings stop counting
+
+    def close(self) -> None:
+        """End the lease and every booking of this replica."""
+        self._stop.set()
+        self._post(op="release")
+
+
 class WatchClient:
     """Every engine's state from ``/watch``, as Server-Sent Events on one connection: the whole
     state first, then each change as it comes; reconnected with ``Last-Event-ID`` after the
@@ -260,7 +322,15 @@ def main() -> None:
         "--stale", type=float, default=2.0, help="seconds after which an engine's data is unknown"
     )
     parser.add_argument("--poll", action="store_true", help="poll /load instead of following /watch")
+    parser.add_argument(
+        "--book",
+        action="store_true",
+        help="as one of N replicas: book each pick (POST /bookings), pick least expected",
+    )
     opts = parser.parse_args()
+    if opts.book:
+        replicas(opts)
+        return
     if not opts.poll:
         watch = WatchClient(opts.url)
         watch.start()
@@ -284,6 +354,22 @@ def main() -> None:
             f"KV max {fleet['kv_cache_usage']['max']}, 304s {client.not_modified}"
         )
         time.sleep(opts.every)
+
+
+def replicas(opts: argparse.Namespace) -> None:
+    """``--book``: poll ``/load``, pick the engine with the fewest requests expected, book it."""
+    client, bookings = LoadClient(opts.url), HttpBookings(opts.url)
+    try:
+        for _ in range(opts.count):
+            doc = client.poll()
+            engine = pick_least(doc)
+            if engine is not None:
+                bookings.book(engine)  # then send the request with X-Request-Id: the id
+            expected = doc["fleet"].get("expected_in_flight", {}).get("sum")
+            print(f"send to engine {engine}; expected in flight {expected}, booked here {len(bookings.open)}")
+            time.sleep(opts.every)
+    finally:
+        bookings.close()
 
 
 if __name__ == "__main__":
