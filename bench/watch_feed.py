@@ -23,6 +23,8 @@ the exporter process's CPU over the run, with and without the subscribers (the s
 window each).
 
 Usage: python bench/watch_feed.py [--engines 1024] [--subscribers 100] [--changes 30]
+       python bench/watch_feed.py --edges [--before DIR] ...   # bench/watch_edges.py: an outage
+                                                                # mid-stream, 1,000 subscribers' memory
 """
 
 from __future__ import annotations
@@ -314,6 +316,11 @@ PHASE_VALUES = 10_000  # each phase sets values of its own range: a phase never 
 
 
 def main() -> None:
+    if "--edges" in sys.argv:  # the feed at its edges (issue 46): bench/watch_edges.py
+        import watch_edges
+
+        watch_edges.main([a for a in sys.argv[1:] if a != "--edges"])
+        return
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -17,7 +17,7 @@ instead, and continues from there.
 reads follows). While the store cannot be read — the feed's own read fails, the ``/load`` feed
 it judges liveness by answers ``503``, or the last good read is older than the ``/load`` feed's
 bound (a read stuck on a frozen Redis) — the feed is **unknown**: one event says so
-(``{"load": "unknown", "error", "detail"}``, an ``event: unknown`` on a stream), and a long poll
+(``{"feed": "unknown", "error", "detail"}``, an ``event: unknown`` on a stream), and a long poll
 or the whole state answers ``503`` with the reason instead of the last numbers. When a read
 succeeds again the feed starts a new ``epoch`` from the whole state read then: a stream gets an
 ``event: state``, a long poll a gap and the whole state. An engine is ``up``/``stale`` only with
@@ -206,15 +206,13 @@ class WatchFeed:
         """Drop the history and the state (nobody watches, or the budget needs the room): a
         subscriber that comes back gets the whole state of a new epoch; memory goes back."""
         with self.changed:
-            dropped = self.history_bytes
             self.events.clear()
             self.history_bytes = 0
             self.state, self._raw = {}, {}
             self.epoch = secrets.token_hex(6)
             self._whole = True
             self.changed.notify_all()
-        if dropped:
-            release_memory()
+        release_memory()  # the history's, and what the subscribers' threads left in the heap
 
     def _read_once(self) -> None:
         """One read of the load hashes; an event for each engine whose state or numbers changed
@@ -465,8 +463,11 @@ class WatchFeed:
         first (an ``event: state``) unless *since* of *epoch* is still held, then every event as
         it comes (``id: <epoch>-<seq>``, what ``Last-Event-ID`` gives back on a reconnect), a
         comment every :data:`KEEPALIVE` seconds without one; an ``event: unknown`` while the load
-        is not known, and the whole state again once it is. One subscriber is one connection
-        and one thread, woken once per read that changed something: no request per change."""
+        is not known, and the whole state again once it is. An empty chunk now and then (every
+        ``max_age`` s without an event): the server writes nothing and checks the subscriber has
+        not left, so a gone subscriber's slot comes back without waiting for a write to fail.
+        One subscriber is one connection and one thread, woken once per read that changed
+        something: no request per change."""
         last, gap = since, since is None
         quiet = time.monotonic()
         while not self._stop.is_set():
@@ -486,10 +487,12 @@ class WatchFeed:
                     chunk, last = b"".join(framed for _, _, framed in events), events[-1][0]
                 elif time.monotonic() - quiet >= KEEPALIVE:
                     chunk = b": keepalive\n\n"
-                else:  # woken by a change (looked at from the top), the store's bound, or the keepalive
-                    self.changed.wait(min(KEEPALIVE - (time.monotonic() - quiet), self.max_age))
-                    continue
-            quiet = time.monotonic()
+                elif self.changed.wait(min(KEEPALIVE - (time.monotonic() - quiet), self.max_age)):
+                    continue  # woken by a change: looked at from the top
+                else:  # nothing for a while: an empty chunk, on which the server checks the
+                    chunk = b""  # subscriber is still there (it is written nothing)
+            if chunk:
+                quiet = time.monotonic()
             yield chunk
 
     def _after(self, seq: int) -> list[tuple[int, bytes, bytes]]:
