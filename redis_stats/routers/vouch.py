@@ -60,9 +60,17 @@ COUNTS = ("requests_running", "requests_waiting")
 """The counts every load a router reads is made of: an engine without both has no load."""
 
 WHOLE = frozenset(
-    {"requests_running", "requests_waiting", "kv_cache_capacity_tokens", "max_running_requests"}
+    {
+        "requests_running",
+        "requests_waiting",
+        "kv_cache_capacity_tokens",
+        "max_running_requests",
+        "in_flight",
+        "booked",
+    }
 )
-"""Fields that count requests or tokens: whole numbers (SGLang's gateway reads them as ``i32``)."""
+"""Fields that count requests or tokens: whole numbers (SGLang's gateway reads them as ``i32``;
+``in_flight`` and ``booked`` count requests too)."""
 
 NOT_REPORTED, NOT_A_NUMBER, NEGATIVE, NOT_WHOLE = "not_reported", "not_a_number", "negative", "not_whole"
 
@@ -124,6 +132,6 @@ def describe(problems: dict[str, str]) -> str:
 
 
 def unknown_document(error: str, detail: str, **extra: Any) -> dict[str, Any]:
-    """The document of an answer that has no load to give: ``load: unknown``, the *error* kind
+    """The document of an answer that has no load to give: ``feed: unknown``, the *error* kind
     (``connection``, ``stale``, ...) and a *detail* a person can act on."""
-    return {"load": UNKNOWN, "error": error, "detail": detail, **extra}
+    return {"feed": UNKNOWN, "error": error, "detail": detail, **extra}
