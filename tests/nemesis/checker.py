@@ -394,6 +394,12 @@ class _Checker:
         for tenant, values in (e.get("u") or {}).items():
             for i, what in enumerate(USAGE_FIELDS):
                 s = f"usage|{tenant}"
+                self.checked["final ledger values"] += 1
+                self.finals[f"ledger {what} {s}"] = (
+                    values[i],
+                    self.bounds.lower(s)[i],
+                    self.bounds.upper(s, e["t"])[i],
+                )
                 if values[i] < self.inc.lower(s)[i] or values[i] < self.bounds.lower(s)[i] - 1e-6:
                     self._final_value(s, f"ledger {what}", values[i], e, i, self.inc)
                 if self.inc.lower(s)[i] <= values[i] < self.bounds.lower(s)[i] and e["k"] == "final":
