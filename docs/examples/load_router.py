@@ -18,7 +18,7 @@ own rule (round robin). An engine whose data is older than ``--stale`` seconds c
 as the llm-d endpoint picker treats data older than 2 s.
 
 It routes only on what the feed vouches for (docs/load.md, "What is not known"): an engine
-without request counts (``null``: never read as 0) or with counts no engine can have (negative)
+without a waiting count (``null``: never read as 0) or with counts no engine can have (negative)
 is never picked; while the exporter says the load is unknown (``/load`` answers ``503``, ``/watch``
 sends ``event: unknown``) it picks nothing at all, until the whole state comes again. Only the
 standard library: copy it into a router.
@@ -97,13 +97,14 @@ def candidates(doc: dict[str, Any], refreshed: float, stale: float = 2.0) -> lis
     """The engines a request may go to: those ``up`` with data at most *stale* seconds old (the
     document's ages are as of its ``time``; the exporter confirmed them at *refreshed*); when
     there is none, the ``stale`` ones (up, a flush or more behind: better than no engine); never
-    a ``down`` one, nor one without request counts it can have. A document without ``state``
+    a ``down`` one, nor one without a waiting count, or with a count no engine can have. A document without ``state``
     (an older exporter) is read by ``up``."""
     fresh, behind = [], []
     for name, engine in doc["engines"].items():
         state = engine.get("state", "up" if engine["up"] else "down")
-        if not all(counted(engine.get(f)) for f in ("requests_running", "requests_waiting")):
-            continue  # no numbers (null is not 0), or numbers no engine has: not vouched for
+        running = engine.get("requests_running")
+        if not counted(engine.get("requests_waiting")) or not (running is None or counted(running)):
+            continue  # no queue (null is not 0), or a count no engine has: not vouched for
         age = engine["age_seconds"] + max(0.0, refreshed - doc["time"])
         if state == "up" and age <= stale:
             fresh.append((int(name), engine))

@@ -69,8 +69,10 @@ def fleet(own_redis_server, namespace):
         request_timeout=5.0,
         self_metrics=True,
     ).start()
-    yield SimpleNamespace(cfg=cfg, writers=writers, writer=writer, exporter=exporter, server=own_redis_server)
+    ns = SimpleNamespace(cfg=cfg, writers=writers, writer=writer, exporter=exporter, server=own_redis_server)
+    yield ns
     exporter.close()
+    ns.exporter.close()  # a test may have started another
     for w in writers:
         w.close()
 
@@ -379,3 +381,30 @@ def test_a_slow_subscriber_is_dropped_and_never_holds_the_others_back(redis_serv
         exporter.close()
         for w in writers:
             w.close()
+
+
+def test_the_example_router_rides_two_exporter_restarts(fleet):
+    sys.path.insert(0, str(ROOT / "docs" / "examples"))
+    try:
+        import load_router
+    finally:
+        sys.path.pop(0)
+    port = fleet.exporter.port
+    client = load_router.WatchClient(fleet.exporter.url, timeout=5.0)
+    client.start()
+    epochs = {client.epoch}
+    for restart in range(2):
+        fleet.exporter.close()
+        deadline = time.monotonic() + 10
+        while client.pick() is not None:  # the exporter gone: nothing vouched for
+            assert time.monotonic() < deadline
+            client.follow()
+        fleet.exporter = Exporter(StatsReader(fleet.cfg), port=port, load_refresh=0.1).start()
+        value = 20 + restart
+        fleet.writers[1].metric("vllm:num_requests_waiting").labels(1, model_name="m").set(value)
+        while client.pick() is None or client.engines[1].get("requests_waiting") != value:
+            assert time.monotonic() < deadline + 10
+            client.follow()
+        epochs.add(client.epoch)  # a new run of the feed: the whole state, not a resumed one
+    assert len(epochs) == 3
+    client.close()
