@@ -1,6 +1,6 @@
 """Router replicas on one load plane (issue 47): imbalance and queue wait, four views, one run.
 
-    python bench/router_replicas.py [--seconds 20] [--bursts 3] [--load 0.8] [--rounds 3]
+    python bench/router_replicas.py [--seconds 20] [--bursts 2] [--load 0.8] [--rounds 3]
 
 16 stand-in engines (one process: each a queue with ``--slots`` requests served at once, an
 exponential service time of mean ``--service`` s, reporting ``requests_running`` and
@@ -10,15 +10,16 @@ API server of 16 data-parallel ranks, its load lane on, and counting arrivals wi
 processes running the example router's rule (``docs/examples/load_router.py``: ``pick_least``,
 fewest expected requests, ties at random). Each mode runs the same traffic: Poisson arrivals at
 ``--load`` x the fleet's capacity for ``--seconds``, then ``--bursts`` bursts of 512 requests at
-once (split over the routers), 3 s apart. Modes:
+once (split over the routers), each drained before the next (1.5 x 512 x service / slots). Modes:
 
 (i)   4 replicas, each on its own view: the engines' running + waiting from the feed;
 (ii)  4 replicas, with arrivals: the feed's ``in_flight`` (counted where requests land);
 (iii) 4 replicas, with bookings too: ``expected_in_flight`` (in_flight + every replica's bookings);
 (iv)  1 router alone (the ideal): its own exact count of what it sent and what came back.
 
-Every replica reads the feed itself (``StatsReader.load()``) every ``--view`` s and adds its own
-dispatches made since that read began (what it knows that the view cannot show yet). Measured at
+Every replica reads the feed itself (``StatsReader.load()``) every ``--view`` s, adds its own
+dispatches made since that read began and takes off its own completions since a lane interval
+before it (what it knows that the view cannot show yet). Measured at
 the engines: imbalance, the most requests held by one engine over the mean per engine, summed
 over 10 ms samples (so weighted by load: a drain's last few requests weigh little), and the p99
 (and p50) queue wait, from arrival to service start; and the engines' event-loop lag (how late
@@ -118,8 +119,10 @@ class Engine:
         self._report()
 
 
-def engines_main(url: str, namespace: str, ports: list[int], slots: int, service: float, conn: Any) -> None:
-    cfg = StatsConfig(url=url, namespace=namespace, flush_interval=1.0, stale_after=10.0)
+def engines_main(
+    url: str, namespace: str, ports: list[int], slots: int, service: float, lane: float, conn: Any
+) -> None:
+    cfg = StatsConfig(url=url, namespace=namespace, flush_interval=1.0, stale_after=10.0, load_interval=lane)
 
     async def run() -> None:
         writer = StatsWriter(cfg, catalog(), engines=list(range(ENGINES)), role="engines", load=LOAD)
@@ -196,6 +199,7 @@ def router_main(
     view = View(cfg, plan["view"]) if mode != "iv" else None
     bookings = Bookings(cfg, bound=5.0) if mode == "iii" else None
     sent: list[tuple[float, int]] = []  # (time, engine) of this replica's dispatches
+    done: list[tuple[float, int]] = []  # (time, engine) of their completions
     outstanding = [0] * ENGINES  # the ideal's exact count (mode iv)
     rng = random.Random(os.getpid())
 
@@ -208,6 +212,11 @@ def router_main(
             if at < view.read_at:
                 break
             newer[e] += 1
+        # its own completions the view may not show yet: since a lane interval before the read
+        for at, e in reversed(done):
+            if at < view.read_at - plan["lane"]:
+                break
+            newer[e] -= 1
         engine = pick_least(view.doc, FIELD[mode], newer, rng)
         return engine if engine is not None else rng.randrange(ENGINES)
 
@@ -225,6 +234,7 @@ def router_main(
             writer.close()
         finally:
             outstanding[engine] -= 1
+            done.append((time.monotonic(), engine))
             if booking is not None:
                 booking.end()
 
@@ -250,7 +260,7 @@ def router_main(
                 go()
         else:
             for b in range(plan["bursts"]):
-                await asyncio.sleep(max(0.0, start + 3.0 * b - time.time()))
+                await asyncio.sleep(max(0.0, start + plan["gap"] * b - time.time()))
                 for _ in range(int(BURST * share)):
                     go()
         while tasks:
@@ -324,34 +334,40 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seconds", type=float, default=20.0, help="seconds of Poisson arrivals per mode")
-    parser.add_argument("--bursts", type=int, default=3, help="bursts of 512 requests per mode")
+    parser.add_argument("--bursts", type=int, default=2, help="bursts of 512 requests per mode")
     parser.add_argument("--load", type=float, default=0.8, help="the Poisson rate, a share of capacity")
     parser.add_argument("--slots", type=int, default=4, help="requests an engine serves at once")
-    parser.add_argument("--service", type=float, default=0.2, help="mean service time (s)")
+    parser.add_argument("--service", type=float, default=1.0, help="mean service time (s)")
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument(
-        "--view", type=float, default=0.02, help="seconds between a replica's reads of the feed"
+        "--view", type=float, default=0.05, help="seconds between a replica's reads of the feed"
     )
     parser.add_argument("--modes", default="i,ii,iii,iv")
     parser.add_argument("--rounds", type=int, default=3, help="runs of every mode (medians reported)")
+    parser.add_argument("--lane", type=float, default=0.08, help="the engines' writer's load_interval (s)")
+    parser.add_argument("--kinds", default="poisson,burst", help="the traffic: poisson, burst or both")
     parser.add_argument(
         "--seed", type=int, default=1, help="the Poisson arrivals' seed (every mode the same)"
     )
     opts = parser.parse_args()
     plan = vars(opts)
+    # seconds between two bursts: one burst drains (512 requests over every slot) well before the next
+    plan["gap"] = max(3.0, 1.5 * BURST * opts.service / (ENGINES * opts.slots))
     server = EmbeddedRedis().start()
     ports = [free_port() for _ in range(ENGINES)]
     ctx = mp.get_context("spawn")
     mine, theirs = ctx.Pipe()
     engines = ctx.Process(
-        target=engines_main, args=(server.url, "bench", ports, opts.slots, opts.service, theirs), daemon=True
+        target=engines_main,
+        args=(server.url, "bench", ports, opts.slots, opts.service, opts.lane, theirs),
+        daemon=True,
     )
     engines.start()
     try:
         mine.recv()
         time.sleep(1.5)  # every writer's first flush
         modes = opts.modes.split(",")
-        for kind in ("poisson", "burst"):
+        for kind in opts.kinds.split(","):
             runs: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
             for r in range(opts.rounds):
                 for mode in modes if r % 2 == 0 else modes[::-1]:

@@ -215,15 +215,16 @@ class EngineLoad:
     def expected_in_flight(self) -> float | None:
         """What a router balances on: the engine's own count (:attr:`in_flight`, or requests
         running plus waiting where no front end counts arrivals) plus :attr:`booked`; None when
-        the engine is not up or reports neither."""
+        the engine is not up, reports neither, or reports a count no engine can have (a bad
+        gauge: negative, not finite): not a number to balance on."""
         if not self.up:
             return None
         truth = self.in_flight
         if truth is None:
             counts = [v for v in (self.requests_running, self.requests_waiting) if v is not None]
-            truth = float_sum(counts) if counts else None
-        if truth is None:
-            return None if self.booked is None else float(self.booked)
+            if not counts or not all(0 <= v < math.inf for v in counts):
+                return None
+            truth = float_sum(counts)
         return truth + (self.booked or 0)
 
 

@@ -15,8 +15,20 @@ then the fewest running.
 It falls back on ``stale`` engines (up, but a flush or more behind) only when no engine is ``up``,
 and never sends to a ``down`` one: with none left it answers None, and the caller routes by its
 own rule (round robin). An engine whose data is older than ``--stale`` seconds counts as unknown,
-as the llm-d endpoint picker treats data older than 2 s. Only the standard library: copy it into
-a router.
+as the llm-d endpoint picker treats data older than 2 s.
+
+It routes only on what the feed vouches for (docs/load.md, "What is not known"): an engine
+without a waiting count (``null``: never read as 0) or with counts no engine can have (negative)
+is never picked; while the exporter says the load is unknown (``/load`` answers ``503``, ``/watch``
+sends ``event: unknown``) it picks nothing at all, until the whole state comes again. Only the
+standard library: copy it into a router.
+
+**As one of N replicas** (docs/routers.md, "Router replicas"): ``--book`` books each pick through
+the exporter (:class:`HttpBookings`: ``POST /bookings``, an exporter started with ``--bookings``)
+and picks by ``expected_in_flight`` (``pick_least``: the engines' own counts plus every replica's
+bookings), so N copies of this router, each its own process, spread their dispatches as one::
+
+    python docs/examples/load_router.py http://127.0.0.1:9400 --poll --book --count 20
 """
 
 from __future__ import annotations
@@ -25,9 +37,12 @@ import argparse
 import gzip
 import json
 import random
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+import uuid
 from typing import Any
 
 SCHEMA_VERSION = 1  # the /load version this code reads (docs/load.md: what a version promises)
@@ -43,9 +58,11 @@ class LoadClient:
         self.doc: dict[str, Any] | None = None
         self.refreshed = 0.0  # the exporter's X-Load-Refreshed: its last read of Redis (server s)
         self.not_modified = 0
+        self.unknown: dict[str, Any] | None = None  # why the exporter has no load now (a 503)
 
     def poll(self) -> dict[str, Any]:
-        """The current document (the kept one when the exporter answers 304)."""
+        """The current document (the kept one when the exporter answers 304); while the exporter
+        says the load is unknown (a ``503``), a document of no engine (and :attr:`unknown` why)."""
         headers = {"Accept-Encoding": "gzip"}
         if self.etag:
             headers["If-None-Match"] = self.etag
@@ -60,7 +77,14 @@ class LoadClient:
                     raise ValueError(f"/load schema_version {doc.get('schema_version')!r}, this code reads 1")
                 self.doc, self.etag = doc, resp.headers.get("ETag", "")
                 self.refreshed = float(resp.headers.get("X-Load-Refreshed", doc["time"]))
+                self.unknown = None
         except urllib.error.HTTPError as exc:
+            if exc.code == 503:  # the load is not known: route by nothing of it
+                body = exc.read()
+                if exc.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                self.doc, self.etag, self.unknown = None, "", json.loads(body or b"{}")
+                return {"time": 0.0, "engines": {}, "fleet": None}
             if exc.code != 304 or self.doc is None:
                 raise
             self.not_modified += 1
@@ -73,16 +97,25 @@ def candidates(doc: dict[str, Any], refreshed: float, stale: float = 2.0) -> lis
     """The engines a request may go to: those ``up`` with data at most *stale* seconds old (the
     document's ages are as of its ``time``; the exporter confirmed them at *refreshed*); when
     there is none, the ``stale`` ones (up, a flush or more behind: better than no engine); never
-    a ``down`` one. A document without ``state`` (an older exporter) is read by ``up``."""
+    a ``down`` one, nor one without a waiting count, or with a count no engine can have. A document without ``state``
+    (an older exporter) is read by ``up``."""
     fresh, behind = [], []
     for name, engine in doc["engines"].items():
         state = engine.get("state", "up" if engine["up"] else "down")
+        running = engine.get("requests_running")
+        if not counted(engine.get("requests_waiting")) or not (running is None or counted(running)):
+            continue  # no queue (null is not 0), or a count no engine has: not vouched for
         age = engine["age_seconds"] + max(0.0, refreshed - doc["time"])
         if state == "up" and age <= stale:
             fresh.append((int(name), engine))
         elif state == "stale":
             behind.append((int(name), engine))
     return fresh or behind
+
+
+def counted(value: Any) -> bool:
+    """Whether *value* is a count an engine can have (a number, not negative)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf")
 
 
 def pick(doc: dict[str, Any], refreshed: float, stale: float = 2.0) -> int | None:
@@ -129,6 +162,58 @@ def pick_least(
     return (rng or random).choice([engine for cost, engine in costs if cost == low])
 
 
+class HttpBookings:
+    """This replica's bookings through the exporter (``POST /bookings``, docs/routers.md): book a
+    pick before sending the request with ``X-Request-Id: <its id>``, end it when the response
+    ended; a thread renews the lease every third of it. *token*: a bearer token when the
+    exporter's access control asks for one."""
+
+    def __init__(self, base_url: str, lease: float = 2.0, bound: float = 2.0, token: str = "") -> None:
+        self.url = base_url.rstrip("/") + "/bookings"
+        self.router = f"example-{uuid.uuid4().hex[:12]}"
+        self.lease, self.bound, self.token = lease, bound, token
+        self.open: dict[str, int] = {}  # request id -> engine, booked and not ended
+        self._stop = threading.Event()
+        threading.Thread(target=self._renew, daemon=True).start()
+
+    def _post(self, **params: Any) -> dict[str, Any]:
+        query = urllib.parse.urlencode({"router": self.router, "lease": self.lease, **params})
+        request = urllib.request.Request(f"{self.url}?{query}", method="POST", data=b"")
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        with urllib.request.urlopen(request, timeout=2.0) as resp:
+            return json.loads(resp.read())  # type: ignore[no-any-return]
+
+    def book(self, engine: int) -> str:
+        """Book a request on *engine*: its id, to send as ``X-Request-Id``. Where the store had
+        lost this router's lease (Redis restarted), its open bookings are booked again."""
+        request_id = uuid.uuid4().hex
+        answer = self._post(op="book", engine=engine, request_id=request_id, bound=self.bound)
+        self.open[request_id] = engine
+        if answer.get("lease_lost"):
+            for rid, e in list(self.open.items()):
+                self._post(op="book", engine=e, request_id=rid, bound=self.bound)
+        return request_id
+
+    def end(self, request_id: str) -> None:
+        """The response of *request_id* ended (or its send failed)."""
+        engine = self.open.pop(request_id, None)
+        if engine is not None:
+            self._post(op="end", engine=engine, request_id=request_id)
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.lease / 3):
+            try:
+                self._post(op="renew")
+            except OSError:
+                pass  # the next renewal tries again; past the lease, the bookings stop counting
+
+    def close(self) -> None:
+        """End the lease and every booking of this replica."""
+        self._stop.set()
+        self._post(op="release")
+
+
 class WatchClient:
     """Every engine's state from ``/watch``, as Server-Sent Events on one connection: the whole
     state first, then each change as it comes; reconnected with ``Last-Event-ID`` after the
@@ -142,6 +227,7 @@ class WatchClient:
         self.epoch = ""
         self.gaps = 0
         self.last_id = ""
+        self.unknown: dict[str, Any] | None = None  # why the feed vouches for nothing now
         self._stream: Any = None
 
     def _connect(self) -> None:
@@ -170,9 +256,10 @@ class WatchClient:
                 data = value
 
     def start(self) -> None:
-        """Connect and take the whole state (the first event)."""
+        """Connect and take the whole state (the first event), or the feed's word that the load
+        is not known."""
         self._connect()
-        while not self.epoch:
+        while not self.epoch and self.unknown is None:
             self.follow()
 
     def follow(self) -> list[dict[str, Any]]:
@@ -181,15 +268,22 @@ class WatchClient:
         try:
             got = self._next()
         except (OSError, ConnectionError):
-            self._connect()
+            try:
+                self._connect()
+            except OSError as exc:  # the exporter is not there: nothing is vouched for
+                self.unknown, self.engines = {"error": "connection", "detail": str(exc)}, {}
+                time.sleep(0.2)
             return []
         if got is None:
             return []
         kind, doc = got
+        if kind == "unknown":  # the store cannot be read: nothing held is vouched for any more
+            self.unknown, self.engines = doc, {}
+            return []
         if kind == "state":
             self.gaps += 1 if self.epoch else 0
             self.engines = {int(e): d for e, d in doc["engines"].items()}
-            self.seq, self.epoch = doc["seq"], doc["epoch"]
+            self.seq, self.epoch, self.unknown = doc["seq"], doc["epoch"], None
             return []
         if doc["state"] == "gone":
             self.engines.pop(doc["engine"], None)
@@ -200,7 +294,10 @@ class WatchClient:
 
     def pick(self) -> int | None:
         """The engine to send the next request to (:func:`pick`'s rule on the followed state: an
-        ``up`` engine, else a ``stale`` one, never a ``down`` one), or None."""
+        ``up`` engine, else a ``stale`` one, never a ``down`` or ``unknown`` one), or None (and
+        None while the feed says the load is unknown)."""
+        if self.unknown is not None:
+            return None
         engines = {
             str(e): {**d, "age_seconds": 0.0, "up": d["state"] != "down"} for e, d in self.engines.items()
         }
@@ -225,7 +322,15 @@ def main() -> None:
         "--stale", type=float, default=2.0, help="seconds after which an engine's data is unknown"
     )
     parser.add_argument("--poll", action="store_true", help="poll /load instead of following /watch")
+    parser.add_argument(
+        "--book",
+        action="store_true",
+        help="as one of N replicas: book each pick (POST /bookings), pick least expected",
+    )
     opts = parser.parse_args()
+    if opts.book:
+        replicas(opts)
+        return
     if not opts.poll:
         watch = WatchClient(opts.url)
         watch.start()
@@ -239,12 +344,32 @@ def main() -> None:
     for _ in range(opts.count):
         doc = client.poll()
         fleet = doc["fleet"]
+        if fleet is None:
+            print(f"no engine: the load is not known ({client.unknown})")
+            time.sleep(opts.every)
+            continue
         print(
             f"send to engine {pick(doc, client.refreshed, opts.stale)}; "
             f"{fleet['engines_up']}/{fleet['engines']} up, waiting {fleet['requests_waiting']['sum']}, "
             f"KV max {fleet['kv_cache_usage']['max']}, 304s {client.not_modified}"
         )
         time.sleep(opts.every)
+
+
+def replicas(opts: argparse.Namespace) -> None:
+    """``--book``: poll ``/load``, pick the engine with the fewest requests expected, book it."""
+    client, bookings = LoadClient(opts.url), HttpBookings(opts.url)
+    try:
+        for _ in range(opts.count):
+            doc = client.poll()
+            engine = pick_least(doc)
+            if engine is not None:
+                bookings.book(engine)  # then send the request with X-Request-Id: the id
+            expected = doc["fleet"].get("expected_in_flight", {}).get("sum")
+            print(f"send to engine {engine}; expected in flight {expected}, booked here {len(bookings.open)}")
+            time.sleep(opts.every)
+    finally:
+        bookings.close()
 
 
 if __name__ == "__main__":

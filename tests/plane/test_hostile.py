@@ -127,3 +127,19 @@ def test_a_rank_not_served_here_counts_on_the_default_engine(fleet):  # type: ig
     held = arrivals.begin(rank="1")
     assert until(lambda: reader.load().engines[1].in_flight == 1)
     held.end()
+
+
+def test_no_expected_count_from_a_count_no_engine_can_have(fleet):  # type: ignore[no-untyped-def]
+    cfg, writer, reader, _ = fleet
+    writer.metric("waiting").labels(0, model="m").set(-5)  # a bad gauge
+    router = Bookings(cfg, router="r", bound=30.0)
+    try:
+        router.book(0, "x")
+        assert until(lambda: reader.load().engines[0].requests_waiting == -5)
+        view = reader.load()
+        # never a negative (or NaN) expectation for a least-loaded policy to send everything to
+        assert view.engines[0].expected_in_flight is None
+        assert view.to_dict()["engines"]["0"]["expected_in_flight"] is None
+        assert view.engines[1].expected_in_flight == 1  # the other engine's is what it reports
+    finally:
+        router.close()

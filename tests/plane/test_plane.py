@@ -330,3 +330,56 @@ def test_a_forked_router_is_a_router_of_its_own(redis_server, namespace):
     finally:
         router.close()
         writer.close()
+
+
+@pytest.mark.asyncio
+async def test_the_asyncio_writer_counts_arrivals_and_ends_bookings_too(redis_server, namespace):
+    from redis_stats.aio import AsyncStatsReader, AsyncStatsWriter
+
+    cfg = cfg_of(redis_server.url, namespace)
+    writer = AsyncStatsWriter(cfg, catalog(), engines=[0], load=LOAD)
+    record(writer, 0, 0, 0, 0.1)  # type: ignore[arg-type]
+    arrivals = Arrivals(writer)
+    router = Bookings(cfg, router="r", bound=30.0)
+    reader = AsyncStatsReader(cfg)
+    try:
+        assert await writer.flush()
+        router.book(0, "aio-1")
+        held = arrivals.begin(request_id="aio-1")
+        assert await writer.flush_load()  # the lane's call: the count, then the booking ended
+        load = (await reader.load()).engines[0]
+        assert (load.in_flight, load.booked) == (1, 0)
+        held.end()
+    finally:
+        router.close()
+        await reader.close()
+        await writer.close()
+
+
+def test_the_middleware_counts_in_the_writer_the_vllm_plugin_registered(redis_server, namespace):
+    from redis_stats.integrations.vllm import arrivals as vllm_arrivals
+
+    cfg = cfg_of(redis_server.url, namespace)
+    writer = StatsWriter(cfg, catalog(), engines=[0, 1], role="api0", load=LOAD)
+    seen: list[int] = []
+
+    async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+        seen.append(writer.load.in_flight([1]))  # type: ignore[union-attr]
+
+    async def nothing(message=None):  # type: ignore[no-untyped-def]
+        return None
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/completions",
+        "headers": [(b"x-data-parallel-rank", b"1")],
+    }
+    try:
+        asyncio.run(ArrivalsMiddleware(app)(scope, nothing, nothing))  # nothing registered: passed through
+        vllm_arrivals.register_writer(writer)  # what RedisStatLogger does
+        asyncio.run(ArrivalsMiddleware(app)(scope, nothing, nothing))
+        assert seen == [0, 1] and writer.load.in_flight() == 0  # type: ignore[union-attr]
+    finally:
+        vllm_arrivals.register_writer(None)
+        writer.close()

@@ -100,6 +100,16 @@ def test_every_layout_it_applies_builds_and_is_valid():
     layouts = applied()
     names = {p.relative_to(KUBE).as_posix() for p, _ in layouts}
     assert {".", "redis", "router", "alerts", "dashboard"} <= names, names
+    # ... and every layout it names to apply instead (data-parallel, ha, vllm-rs, bridge, keda)
+    named = set(re.findall(r"`deploy/kubernetes/([\w/-]+?)/?`", PAGE.read_text())) - names
+    assert {"data-parallel", "ha", "vllm-rs", "bridge", "keda"} <= named, named
+    for name in sorted(named):
+        path = KUBE / name
+        assert path.is_dir(), f"docs/quickstart.md names deploy/kubernetes/{name}, which does not exist"
+        if (path / "kustomization.yaml").exists():
+            layouts.append((path, build(path)))
+        else:  # a directory of recipes (keda/): each one
+            layouts += [(k.parent, build(k.parent)) for k in sorted(path.glob("*/kustomization.yaml"))]
     with pytest.MonkeyPatch.context() as mp:
         _block_network(mp)
         for path, docs in layouts:
@@ -186,7 +196,12 @@ def test_the_dashboard_it_applies_is_the_shipped_one():
     shipped = (ROOT / "compose" / "grafana" / "dashboards" / "redis_stats_fleet.json").read_text()
     (configmap,) = build(KUBE / "dashboard")
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
-    assert json.loads(configmap["data"]["redis_stats_fleet.json"]) == json.loads(shipped)
+    # `kubectl apply` keeps the whole object in an annotation, which Kubernetes bounds at 256 KiB
+    assert len(json.dumps(configmap)) < 200_000, "apply it with --server-side, and say so on the page"
+    assert json.loads(configmap["data"]["redis_stats_fleet.json"]) == json.loads(shipped), (
+        "cp compose/grafana/dashboards/redis_stats_fleet.json deploy/kubernetes/dashboard/ (kustomize "
+        "reads no file outside its directory)"
+    )
 
 
 def test_what_the_page_says_of_alerts_and_labels_is_what_the_files_hold():
@@ -213,3 +228,45 @@ def test_the_router_waits_for_the_vllm_pods_as_long_as_they_may_take_to_start():
     args = router["args"]
     assert allowance(router["startupProbe"]) >= allowance(vllm["startupProbe"])
     assert int(args[args.index("--worker-startup-timeout-secs") + 1]) >= allowance(vllm["startupProbe"])
+
+
+@pytest.mark.slow
+@pytest.mark.redis_server
+def test_the_router_runs_with_the_manifests_arguments(redis_server, namespace, tmp_path):
+    """The real vllm-router binary, started with router/router.yaml's arguments as written (only
+    its address and its workers' replaced: two stub "vLLM"s wrapped in the middleware), polls
+    their /get_load and routes a completion: no flag of the manifest is one it refuses."""
+    import subprocess
+    import time
+
+    from redis_stats import StatsConfig
+    from tests.routers.procs import StubWorker, free_port, router_binary, sent_to
+
+    binary = router_binary()
+    if binary is None:
+        pytest.skip("vllm-router is not installed (the test extra installs it on Linux x86_64/aarch64)")
+    pytest.importorskip("uvicorn")
+    cfg = StatsConfig(url=redis_server.url, namespace=namespace)
+    workers = [StubWorker(name, cfg).start() for name in ("a", "b")]
+    (router,) = [c for d in build(KUBE / "router") for c in containers(d)]
+    args, port = list(router["args"]), free_port()
+    args[args.index("--host") + 1], args[args.index("--port") + 1] = "127.0.0.1", str(port)
+    first, last = args.index("--worker-urls") + 1, args.index("--worker-startup-check-interval")
+    args[first:last] = [w.url for w in workers]
+    log = open(tmp_path / "router.log", "w")
+    proc = subprocess.Popen(
+        [binary, *args, "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not all(w.polls for w in workers):  # it asks each worker's /get_load
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "router.log").read_text()
+            time.sleep(0.1)
+        assert sum(sent_to(f"http://127.0.0.1:{port}", 4).values()) == 4
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        log.close()
+        for w in workers:
+            w.close()

@@ -35,6 +35,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 MIDDLEWARE = "redis_stats.integrations.vllm.usage_middleware.UsageMiddleware"
 NAMESPACE = "usage"
+START_TIMEOUT = 900  # a shared 2-core machine: vLLM starts in 1-2 min alone, far slower beside others
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +97,7 @@ def test_usage_per_tenant_through_a_real_vllm_serve(tiny_model, tmp_path):
         }
         server = VllmServe(tiny_model, tmp_path / "usage.log", env, ["--middleware", MIDDLEWARE])
         try:
-            server.wait_ready(400)
+            server.wait_ready(START_TIMEOUT)
             answers: dict[str, Any] = {}
             # n = 2: one request, the prompt once, both choices' tokens (vLLM's usage says the same)
             status, answers["acme"] = _post(
@@ -177,7 +178,7 @@ def test_usage_with_two_api_servers_joins_each_request_in_its_own_process(tiny_m
         server = VllmServe(tiny_model, tmp_path / "dp2-usage.log", env, args)
         expected: dict[str, dict[str, int]] = {}
         try:
-            server.wait_ready(400)
+            server.wait_ready(START_TIMEOUT)
             for i in range(8):
                 tenant = f"t{i % 3}"
                 body = {"prompt": f"request number {i}", "max_tokens": 2 + i % 3, "ignore_eos": True}
