@@ -190,10 +190,11 @@ def test_prometheus_scrapes_the_top_tenants_with_a_bearer_token_and_the_total_st
         args += ["--usage", "--usage-top", "3", "--web-token-file", str(tmp_path / "token")]
         fleet.start(args, env, "exporter")
         target = {"static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+        bearer = {"type": "Bearer", "credentials_file": str(tmp_path / "token")}
         jobs = [
-            {"job_name": "bearer", "authorization": {"type": "Bearer", "credentials_file": str(tmp_path / "token")}, **target},
+            {"job_name": "bearer", "authorization": bearer, **target},
             {"job_name": "no_credentials", **target},
-        ]  # fmt: skip
+        ]
         api = fleet.prometheus(
             {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"}, "scrape_configs": jobs}
         )
