@@ -143,3 +143,19 @@ def test_no_expected_count_from_a_count_no_engine_can_have(fleet):  # type: igno
         assert view.engines[1].expected_in_flight == 1  # the other engine's is what it reports
     finally:
         router.close()
+
+
+def test_ids_waiting_for_an_unreachable_store_are_bounded():
+    from redis_stats.writer.loadtracker import MAX_CONFIRMING, LoadTracker
+
+    tracker = LoadTracker(LOAD)
+    tracker.count_arrivals([0])
+    for i in range(MAX_CONFIRMING + 500):  # Redis down: the lane never takes them
+        tracker.arrive(0, f"id-{i}")
+        tracker.depart(0)
+    tracker.entries([0], carry=True)
+    carried = tracker.carried()
+    assert len(carried[0]) == MAX_CONFIRMING and carried[0][-1] == f"id-{MAX_CONFIRMING + 499}"
+    tracker.uncarry({0: [f"old-{i}" for i in range(10)]})  # a failed call gives them back: still bounded
+    tracker.entries([0], carry=True)
+    assert len(tracker.carried()[0]) == 10 and tracker.in_flight() == 0
