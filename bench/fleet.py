@@ -162,14 +162,16 @@ def drive(
     queue: Any,
     shards: int = 1,
     load: float | None = None,
+    period: float = 1.0,
 ) -> None:
-    """Send each (engine, api) writer's flushes, one per second, spread over the second, from
+    """Send each (engine, api) writer's flushes, one per second (*period* s), spread over it, from
     wall-clock time *start_at*, to its engine's shard. Latencies are kept from the third second
     (steady state). With *load* (None: off), each flush carries its writer's load entries, and
     with *load* > 0 every writer's load entries go alone (the load lane's ``HSET``, as if every
     number changed every time) that often as well, pipelined per driver."""
     tpl = templates()
-    cfg = StatsConfig(url=url, namespace=namespace, shards=shards)
+    # A loaded machine answers late: a driver must not die of the 1 s default (its writers stop).
+    cfg = StatsConfig(url=url, namespace=namespace, shards=shards, socket_timeout_ms=30_000)
     writer = StatsWriter(cfg, vllm_catalog(), start=False)
     client = writer._client  # the package's own client setup
     writer._shards_script(*writer.shards_call())  # as a sharded writer does once: readers find K
@@ -180,7 +182,7 @@ def drive(
     latencies: list[float] = []
     behind = 0.0
     start = time.monotonic() + (start_at - time.time())
-    total_calls = int(seconds) * len(writers)
+    total_calls = int(seconds / period) * len(writers)
     next_tick = start + (load or 0.0)
     for n in range(total_calls):
         k, idx = divmod(n, len(writers))
@@ -191,7 +193,7 @@ def drive(
         key_list, args = rewrite(
             flushes[at], template_id, keys, ids[idx], engine, k + 1, with_load=load is not None
         )
-        due = start + k + idx / len(writers)
+        due = start + (k + idx / len(writers)) * period
         while load and next_tick <= due:  # the load entries alone, every writer of this driver
             pause = next_tick - time.monotonic()
             if pause > 0:

@@ -15,10 +15,12 @@ at 50 Hz, as the issue measured). *Changes all the time* (``--busy-seconds``): a
 bench/fleet.py (its drivers, realistic vLLM flushes with the load entries in them, one round trip
 each, 1 s apart) alone, then with the lane's calls beside them: one ``HSET`` of a writer's entry per
 round trip, each writer on a connection of its own, at most one per ``load_interval`` per writer,
-when its numbers changed. Three activity models: *one API server per engine sees the changes*
-(vLLM gives each engine step's stats to one front end, the first with outputs: under load the
-same one), *every writer changes in every interval* (the worst case), and *none* (an idle fleet,
-the baseline's cost).
+when its numbers changed. Activity models: *none* (an idle fleet, the baseline's cost), *one API
+server per engine sees the changes* (vLLM gives each engine step's stats to one front end, the
+first with outputs: under load the same one), the same changes with ``--per-call`` engines'
+entries in one call (a process's :class:`~redis_stats.writer.LaneGroup` of one writer per
+engine, or one writer of that many engines: a vLLM API server of a data-parallel deployment),
+and with ``--worst`` *every writer changes in every interval*.
 
 (3) The writer's host: a process recording realistic engine steps (``VllmRecorder``, 2 engines,
 200 steps a second each) for ``--host-seconds`` with its flusher running, without and with the
@@ -34,7 +36,9 @@ import argparse
 import gc
 import heapq
 import json
+import math
 import multiprocessing as mp
+import os
 import random
 import socket
 import statistics
@@ -204,20 +208,26 @@ def lane_driver(
     start_at: float,
     seconds: float,
     queue: Any,
+    per_call: int = 1,
 ) -> None:
-    """The lane's calls of *writers* (engine, api): one HSET per round trip, each writer on its own
-    connection, every *interval* at a random phase (its numbers changed in every interval)."""
+    """The lane's calls of *writers* (engine, api): one HSET per round trip, every *interval* at a
+    random phase (their numbers changed in every interval), each call on its own connection
+    with the entries of *per_call* writers (1: a writer's own lane; more: a process's
+    ``LaneGroup``, or a writer of that many engines)."""
     from fleet import TEMPLATE_ENGINES, templates
 
     tpl = templates()
     host, port = url.split("//")[1].split("/")[0].split(":")
     key = Keys(namespace).load
     conns = []
-    for e, a in writers:
+    for i in range(0, len(writers), per_call):
         s = socket.create_connection((host, int(port)))
         s.setblocking(False)
-        entry = tpl[(e % TEMPLATE_ENGINES) * 2 + a][2][5][2]
-        conns.append((s, f"{e}|fleet:{e}:api{a}", entry))
+        fields = [
+            (f"{e}|fleet:{e}:api{a}", tpl[(e % TEMPLATE_ENGINES) * 2 + a][2][5][2])
+            for e, a in writers[i : i + per_call]
+        ]
+        conns.append((s, fields))
     start = time.monotonic() + (start_at - time.time())
     heap = [(start + random.random() * interval, i) for i in range(len(conns))]
     heapq.heapify(heap)
@@ -230,8 +240,9 @@ def lane_driver(
             time.sleep(min(wait, 0.001))
             continue
         heapq.heappop(heap)
-        s, field, entry = conns[i]
-        s.send(_resp("HSET", key, field, f"{time.time() * 1000:.0f},{entry}"))
+        s, fields = conns[i]
+        stamp = f"{time.time() * 1000:.0f},"
+        s.send(_resp("HSET", key, *[x for field, entry in fields for x in (field, stamp + entry)]))
         sent += 1
         with_replies = 0
         try:
@@ -240,13 +251,19 @@ def lane_driver(
             pass
         del with_replies
         heapq.heappush(heap, (due + interval, i))
-    for s, _, _ in conns:
+    for s, _ in conns:
         s.close()
     queue.put(sent)
 
 
 def redis_run(
-    url: str, engines: int, seconds: float, lane_writers: list[tuple[int, int]], interval: float
+    url: str,
+    engines: int,
+    seconds: float,
+    lane_writers: list[tuple[int, int]],
+    interval: float,
+    per_call: int = 1,
+    flushes: bool = True,
 ) -> dict[str, Any]:
     from fleet import cpu_seconds, drive
 
@@ -261,12 +278,21 @@ def redis_run(
         ctx.Process(
             target=drive, args=(url, namespace, writers[d::drivers], seconds, start_at, queue, 1, 0.0)
         )
-        for d in range(drivers)
+        for d in range(drivers if flushes else 0)
     ]
     lane_procs = [
         ctx.Process(
             target=lane_driver,
-            args=(url, namespace, lane_writers[d::2], interval, start_at + 2.0, seconds - 2.0, lanes),
+            args=(
+                url,
+                namespace,
+                lane_writers[d::2],
+                interval,
+                start_at + 2.0,
+                seconds - 2.0,
+                lanes,
+                per_call,
+            ),
         )
         for d in range(2 if lane_writers else 0)
     ]
@@ -276,8 +302,10 @@ def redis_run(
     time.sleep(max(0.0, start_at + 2.0 - time.time()))  # from the third second, as bench/fleet.py
     cpu0, t0 = cpu_seconds(node), time.monotonic()
     results = [queue.get() for _ in procs]
+    sent = 0 if procs else sum(lanes.get() for _ in lane_procs)  # the lane alone: until it ends
     cpu1, wall = cpu_seconds(node), time.monotonic() - t0
-    sent = sum(lanes.get() for _ in lane_procs)
+    if procs:
+        sent = sum(lanes.get() for _ in lane_procs)
     for p in procs + lane_procs:
         p.join()
     node.close()
@@ -285,8 +313,8 @@ def redis_run(
         "cpu": (cpu1 - cpu0) / wall,
         "flushes_per_s": sum(len(lat) for lat, _ in results) / wall,
         "lane_calls_per_s": sent / (seconds - 2.0),
-        "flush_p99_ms": pct([x for lat, _ in results for x in lat], 0.99) * 1e3,
-        "behind_s": max(b for _, b in results),
+        "flush_p99_ms": pct([x for lat, _ in results for x in lat], 0.99) * 1e3 if results else math.nan,
+        "behind_s": max((b for _, b in results), default=0.0),
     }
 
 
@@ -299,25 +327,52 @@ def part_redis(url: str, opts: Any) -> dict[str, Any]:
         f"+ lane, one API server per engine changes every {LANE} s": redis_run(
             url, n, opts.seconds, one, LANE
         ),
-        f"+ lane, every writer changes every {LANE} s (worst case)": redis_run(
-            url, n, opts.seconds, every, LANE
+        f"+ lane, the same changes, {opts.per_call} engines' entries a call (LaneGroup)": redis_run(
+            url, n, opts.seconds, one, LANE, opts.per_call
         ),
+    }
+    if opts.worst:
+        rows[f"+ lane, every writer changes every {LANE} s (worst case)"] = redis_run(
+            url, n, opts.seconds, every, LANE
+        )
+    alone = {
+        k: redis_run(url, n, opts.seconds, one, LANE, k, flushes=False) for k in sorted({1, opts.per_call})
     }
     base = next(iter(rows.values()))["cpu"]
     print(
-        f"\n(2) Redis CPU, {n} engines x 2 writers, flushes 1/s each (1.0 = one core), {opts.seconds:.0f} s"
+        f"\n(2) Redis CPU, {n} engines x 2 writers, flushes 1/s each (1.0 = one core), {opts.seconds:.0f} s; "
+        f"load average {os.getloadavg()[0]:.1f}"
     )
     print(
-        f"    {'':<62}{'Redis CPU':>10}{'x before':>10}{'flushes/s':>10}{'lane calls/s':>14}"
+        f"    {'':<66}{'Redis CPU':>10}{'x before':>10}{'flushes/s':>10}{'lane calls/s':>14}"
         f"{'flush p99 ms':>14}{'behind s':>10}"
     )
     for name, r in rows.items():
         print(
-            f"    {name:<62}{r['cpu']:>10.3f}{r['cpu'] / base:>10.2f}{r['flushes_per_s']:>10.0f}"
+            f"    {name:<66}{r['cpu']:>10.3f}{r['cpu'] / base:>10.2f}{r['flushes_per_s']:>10.0f}"
             f"{r['lane_calls_per_s']:>14.0f}"
             f"{r['flush_p99_ms']:>14.2f}{r['behind_s']:>10.2f}"
         )
-    return rows
+    # The budget from parts measured apart: the flushes at their full pace (2 per engine a
+    # second; the first row's CPU scaled when its drivers fell behind on a loaded machine), and
+    # the lane alone at its pace (its calls keep time: a few per connection a second).
+    flushes = rows["flushes only (before: no lane)"]
+    at_pace = flushes["cpu"] * 2 * n / max(flushes["flushes_per_s"], 1.0)
+    print(
+        f"    the lane alone, one API server per engine changing every {LANE} s "
+        f"({n / LANE:,.0f} entries/s), and the budget: the flushes at 2,048/s ({at_pace:.3f}) + the lane"
+    )
+    for k, r in alone.items():
+        per_call = 1e6 * r["cpu"] / max(r["lane_calls_per_s"], 1.0)
+        print(
+            f"      {k} engine(s) a call: {r['lane_calls_per_s']:>7,.0f} calls/s, Redis CPU {r['cpu']:.3f} "
+            f"({per_call:.1f} µs a call, {per_call / k:.1f} µs an entry); flushes + lane "
+            f"{at_pace + r['cpu']:.3f} of a core"
+        )
+    out = dict(rows)
+    out.update({f"the lane alone, {k} a call": r for k, r in alone.items()})
+    out["flushes_at_pace_cpu"] = {"cpu": at_pace}
+    return out
 
 
 # -- (3) the writer's host -------------------------------------------------------------------------
@@ -405,6 +460,8 @@ def main() -> None:
     parser.add_argument("--part", default="freshness,redis,host")
     parser.add_argument("--engines", type=int, default=1024)
     parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--per-call", type=int, default=8, help="engines' entries in a grouped lane call")
+    parser.add_argument("--worst", action="store_true", help="(2) also every writer changing (slow)")
     parser.add_argument("--changes", type=int, default=30)
     parser.add_argument("--busy-seconds", type=float, default=10.0)
     parser.add_argument("--host-seconds", type=float, default=20.0)

@@ -188,7 +188,10 @@ def main() -> None:
         }
         out |= memory(client, "bench", args.tenants, before)
         reader = UsageReader(StatsConfig(url=server.url, namespace="bench"))
+        client.config_resetstat()
         out |= checks(reader, client, UsageKeys(Keys("bench")).tenants, args.tenants, args.checks)
+        # Redis' own time per HGET of the checks (and of the floor's): what the ledger costs Redis.
+        out["redis_us_per_hget"] = client.info("commandstats").get("cmdstat_hget", {}).get("usec_per_call")
         out |= http_checks(server.url, "bench", args.tenants, min(args.checks, 5000), Path(tmp))
         out |= record_cost(writer, rec)
         writer.close()

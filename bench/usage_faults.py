@@ -65,7 +65,7 @@ FLUSH = 0.05
 
 def _config(url: str) -> StatsConfig:
     return StatsConfig(
-        url=url, namespace=NAMESPACE, flush_interval=FLUSH, socket_timeout_ms=TIMEOUT_MS, close_timeout=30.0
+        url=url, namespace=NAMESPACE, flush_interval=FLUSH, socket_timeout_ms=TIMEOUT_MS, close_timeout=900.0
     )
 
 
@@ -370,10 +370,10 @@ def run(
             else:
                 server.kill()  # SIGKILL: what it acknowledged is in its AOF (appendfsync always)
                 time.sleep(0.5)
-                server.start()
+                server.start(timeout=180.0)  # AOF replay on a loaded machine
         for slot in slots:
             assert slot.proc is not None
-            slot.proc.wait(timeout=max(60.0, seconds * 4))
+            slot.proc.wait(timeout=seconds * 4 + 900)  # a close drains its backlog (close_timeout)
             assert slot.proc.returncode == 0, f"writer {slot.index} exited {slot.proc.returncode}"
         elapsed = time.monotonic() - started
         proxy.late_probability = 0.0

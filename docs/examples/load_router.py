@@ -15,8 +15,13 @@ then the fewest running.
 It falls back on ``stale`` engines (up, but a flush or more behind) only when no engine is ``up``,
 and never sends to a ``down`` one: with none left it answers None, and the caller routes by its
 own rule (round robin). An engine whose data is older than ``--stale`` seconds counts as unknown,
-as the llm-d endpoint picker treats data older than 2 s. Only the standard library: copy it into
-a router.
+as the llm-d endpoint picker treats data older than 2 s.
+
+It routes only on what the feed vouches for (docs/load.md, "What is not known"): an engine
+without a waiting count (``null``: never read as 0) or with counts no engine can have (negative)
+is never picked; while the exporter says the load is unknown (``/load`` answers ``503``, ``/watch``
+sends ``event: unknown``) it picks nothing at all, until the whole state comes again. Only the
+standard library: copy it into a router.
 
 **As one of N replicas** (docs/routers.md, "Router replicas"): ``--book`` books each pick through
 the exporter (:class:`HttpBookings`: ``POST /bookings``, an exporter started with ``--bookings``)
@@ -53,9 +58,11 @@ class LoadClient:
         self.doc: dict[str, Any] | None = None
         self.refreshed = 0.0  # the exporter's X-Load-Refreshed: its last read of Redis (server s)
         self.not_modified = 0
+        self.unknown: dict[str, Any] | None = None  # why the exporter has no load now (a 503)
 
     def poll(self) -> dict[str, Any]:
-        """The current document (the kept one when the exporter answers 304)."""
+        """The current document (the kept one when the exporter answers 304); while the exporter
+        says the load is unknown (a ``503``), a document of no engine (and :attr:`unknown` why)."""
         headers = {"Accept-Encoding": "gzip"}
         if self.etag:
             headers["If-None-Match"] = self.etag
@@ -70,7 +77,14 @@ class LoadClient:
                     raise ValueError(f"/load schema_version {doc.get('schema_version')!r}, this code reads 1")
                 self.doc, self.etag = doc, resp.headers.get("ETag", "")
                 self.refreshed = float(resp.headers.get("X-Load-Refreshed", doc["time"]))
+                self.unknown = None
         except urllib.error.HTTPError as exc:
+            if exc.code == 503:  # the load is not known: route by nothing of it
+                body = exc.read()
+                if exc.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                self.doc, self.etag, self.unknown = None, "", json.loads(body or b"{}")
+                return {"time": 0.0, "engines": {}, "fleet": None}
             if exc.code != 304 or self.doc is None:
                 raise
             self.not_modified += 1
@@ -83,16 +97,25 @@ def candidates(doc: dict[str, Any], refreshed: float, stale: float = 2.0) -> lis
     """The engines a request may go to: those ``up`` with data at most *stale* seconds old (the
     document's ages are as of its ``time``; the exporter confirmed them at *refreshed*); when
     there is none, the ``stale`` ones (up, a flush or more behind: better than no engine); never
-    a ``down`` one. A document without ``state`` (an older exporter) is read by ``up``."""
+    a ``down`` one, nor one without a waiting count, or with a count no engine can have. A document without ``state``
+    (an older exporter) is read by ``up``."""
     fresh, behind = [], []
     for name, engine in doc["engines"].items():
         state = engine.get("state", "up" if engine["up"] else "down")
+        running = engine.get("requests_running")
+        if not counted(engine.get("requests_waiting")) or not (running is None or counted(running)):
+            continue  # no queue (null is not 0), or a count no engine has: not vouched for
         age = engine["age_seconds"] + max(0.0, refreshed - doc["time"])
         if state == "up" and age <= stale:
             fresh.append((int(name), engine))
         elif state == "stale":
             behind.append((int(name), engine))
     return fresh or behind
+
+
+def counted(value: Any) -> bool:
+    """Whether *value* is a count an engine can have (a number, not negative)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf")
 
 
 def pick(doc: dict[str, Any], refreshed: float, stale: float = 2.0) -> int | None:
@@ -204,6 +227,7 @@ class WatchClient:
         self.epoch = ""
         self.gaps = 0
         self.last_id = ""
+        self.unknown: dict[str, Any] | None = None  # why the feed vouches for nothing now
         self._stream: Any = None
 
     def _connect(self) -> None:
@@ -232,9 +256,10 @@ class WatchClient:
                 data = value
 
     def start(self) -> None:
-        """Connect and take the whole state (the first event)."""
+        """Connect and take the whole state (the first event), or the feed's word that the load
+        is not known."""
         self._connect()
-        while not self.epoch:
+        while not self.epoch and self.unknown is None:
             self.follow()
 
     def follow(self) -> list[dict[str, Any]]:
@@ -243,15 +268,22 @@ class WatchClient:
         try:
             got = self._next()
         except (OSError, ConnectionError):
-            self._connect()
+            try:
+                self._connect()
+            except OSError as exc:  # the exporter is not there: nothing is vouched for
+                self.unknown, self.engines = {"error": "connection", "detail": str(exc)}, {}
+                time.sleep(0.2)
             return []
         if got is None:
             return []
         kind, doc = got
+        if kind == "unknown":  # the store cannot be read: nothing held is vouched for any more
+            self.unknown, self.engines = doc, {}
+            return []
         if kind == "state":
             self.gaps += 1 if self.epoch else 0
             self.engines = {int(e): d for e, d in doc["engines"].items()}
-            self.seq, self.epoch = doc["seq"], doc["epoch"]
+            self.seq, self.epoch, self.unknown = doc["seq"], doc["epoch"], None
             return []
         if doc["state"] == "gone":
             self.engines.pop(doc["engine"], None)
@@ -262,7 +294,10 @@ class WatchClient:
 
     def pick(self) -> int | None:
         """The engine to send the next request to (:func:`pick`'s rule on the followed state: an
-        ``up`` engine, else a ``stale`` one, never a ``down`` one), or None."""
+        ``up`` engine, else a ``stale`` one, never a ``down`` or ``unknown`` one), or None (and
+        None while the feed says the load is unknown)."""
+        if self.unknown is not None:
+            return None
         engines = {
             str(e): {**d, "age_seconds": 0.0, "up": d["state"] != "down"} for e, d in self.engines.items()
         }
@@ -309,6 +344,10 @@ def main() -> None:
     for _ in range(opts.count):
         doc = client.poll()
         fleet = doc["fleet"]
+        if fleet is None:
+            print(f"no engine: the load is not known ({client.unknown})")
+            time.sleep(opts.every)
+            continue
         print(
             f"send to engine {pick(doc, client.refreshed, opts.stale)}; "
             f"{fleet['engines_up']}/{fleet['engines']} up, waiting {fleet['requests_waiting']['sum']}, "

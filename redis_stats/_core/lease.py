@@ -53,6 +53,11 @@ class LeaseState:
         # When this process last released the lease (monotonic): a renewal sent before it, whose
         # reply arrives after it, is not a tenure (see answered()).
         self.released_at = float("-inf")
+        # A tenure of this process answered again after it lapsed (its validity ended, or another
+        # holder answered meanwhile): the store may have gone back past a newer holder (a lagging
+        # replica promoted, an older snapshot), so its token is not larger than every token handed
+        # out since. The next call releases it; the one after takes a new, larger token.
+        self.reissue = False
         # Renewals that fail: a warning when this process held the lease as they began (its log
         # line stops within the ttl), else INFO; the end at the same level.
         self.outage = Outage(
@@ -75,8 +80,11 @@ class LeaseState:
         """KEYS and ARGV of one take-or-renew, and its send time (now): validity is counted from
         this moment (before the server applies it, so the local end comes before the key's
         expiry). The caller hands the send time back to :meth:`renewed` with the reply: it is not
-        kept here, since another renewal may be sent before this one's reply arrives."""
-        keys, args = self.call("acquire")
+        kept here, since another renewal may be sent before this one's reply arrives. After a
+        lapsed tenure came back (:attr:`reissue`), this call is its release instead."""
+        op = "release" if self.reissue else "acquire"
+        self.reissue = False
+        keys, args = self.call(op)
         return keys, args, time.monotonic()
 
     def renewed(self, reply: Any, sent: float) -> bool:
@@ -102,6 +110,16 @@ class LeaseState:
             # may have run it first and the release then, which let another holder in.
             return False
         acquired = token != self.token or not self.is_leader()
+        if acquired and 0 < token <= self.token:
+            # The tenure this process had, answered after it lapsed: not resumed (see reissue).
+            self.reissue = True
+            self.valid_until = 0.0
+            log.info(
+                "%s: the log lease came back with its old fencing token %d: taking a new one",
+                self.holder,
+                token,
+            )
+            return False
         self.token = token
         until = sent + self.ttl - self.margin
         # A reply of the same tenure that overtook this one may have proved a later expiry (its

@@ -31,6 +31,17 @@ local confirmed_ms, prune_ms = tonumber(ARGV[4]), tonumber(ARGV[5])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
+-- Every key's type first: a script is not rolled back when a command fails, so a key of the wrong
+-- type met half-way would leave the batch half applied (and its retry would add that half again).
+local want = {'hash', 'zset', 'hash', 'hash', 'hash', 'zset', 'string'}
+for j = 1, #KEYS do
+  local kind = redis.call('TYPE', KEYS[j])['ok']
+  if kind ~= 'none' and kind ~= (want[j] or 'hash') then
+    return redis.error_reply('usage: key ' .. KEYS[j] .. ' is a ' .. kind .. ', not a ' .. (want[j] or 'hash') ..
+      '; nothing was applied: delete it (DEL) and the batch goes again')
+  end
+end
+
 local stored = tonumber(redis.call('HGET', KEYS[1], writer) or '')
 if stored and stored >= seq then return {0, now} end
 local status = 1
@@ -51,24 +62,34 @@ for j = 1, #old, 2 do
   if tonumber(old[j + 1]) > mark then redis.call('HSET', KEYS[1], '', old[j + 1]) end
 end
 
--- Two value lines added field by field (a field one of them lacks counts 0).
-local function plus(a, b)
-  local x, y, out = {}, {}, {}
-  for v in string.gmatch(a, '%d+') do x[#x + 1] = tonumber(v) end
-  for v in string.gmatch(b, '%d+') do y[#y + 1] = tonumber(v) end
-  for j = 1, math.max(#x, #y) do out[j] = string.format('%.0f', (x[j] or 0) + (y[j] or 0)) end
+-- A value line as numbers (the batch's are parsed once, then added to each hash's line).
+local function numbers(text)
+  local out = {}
+  for v in string.gmatch(text, '%d+') do out[#out + 1] = tonumber(v) end
+  return out
+end
+
+-- A stored value line plus numbers, field by field (a field one of them lacks counts 0).
+local function plus(text, add)
+  local out, j = {}, 0
+  for v in string.gmatch(text, '%d+') do
+    j = j + 1
+    local x = tonumber(v) + (add[j] or 0)
+    out[j] = x == 0 and '0' or string.format('%.0f', x)
+  end
+  for k = j + 1, #add do out[k] = add[k] == 0 and '0' or string.format('%.0f', add[k]) end
   return table.concat(out, ' ')
 end
 
-local function add(key, field, values)
+local function add(key, field, values, nums)
   local old_text = redis.call('HGET', key, field)
-  if old_text then values = plus(old_text, values) end
+  if old_text then values = plus(old_text, nums) end
   redis.call('HSET', key, field, values)
   return values
 end
 
 redis.call('HSET', KEYS[3], 'hours', ARGV[6], 'days', ARGV[7])
-local total = redis.call('GET', KEYS[7]) or '0'
+local total_n = {}
 local i = 8 + 2 * tonumber(ARGV[8])
 for j = 9, i, 2 do redis.call('EXPIREAT', KEYS[tonumber(ARGV[j])], ARGV[j + 1]) end
 i = i + 1
@@ -79,19 +100,20 @@ while i <= #ARGV do
   i = i + 5
   for _ = 1, n do
     local tenant, entity, values = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+    local nums = numbers(values)
     i = i + 3
-    add(KEYS[4], entity, values)
-    local sums = add(KEYS[5], tenant, values)
-    add(eh, entity, values)
-    add(th, tenant, values)
-    add(ed, entity, values)
-    add(td, tenant, values)
+    add(KEYS[4], entity, values, nums)
+    local sums = add(KEYS[5], tenant, values, nums)
+    add(eh, entity, values, nums)
+    add(th, tenant, values, nums)
+    add(ed, entity, values, nums)
+    add(td, tenant, values, nums)
     local _, p, _, g = string.match(sums, '^(%d+) (%d+) (%d+) (%d+)')
     redis.call('ZADD', KEYS[6], tonumber(p) + tonumber(g), tenant)
-    total = plus(total, values)
+    for k = 1, #nums do total_n[k] = (total_n[k] or 0) + nums[k] end
   end
 end
-redis.call('SET', KEYS[7], total)
+redis.call('SET', KEYS[7], plus(redis.call('GET', KEYS[7]) or '0', total_n))
 redis.call('HSET', KEYS[1], writer, seq)
 redis.call('ZADD', KEYS[2], now, writer)
 return {status, now}

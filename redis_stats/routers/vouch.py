@@ -2,9 +2,10 @@
 
 A router acts on what it is told: an engine listed ``up`` is sent requests, a count is compared
 with the others', a ``null`` is read as ``0`` by more than one of them. So every view a router
-reads (``/watch``, ``/load``'s fleet figures aside, ``/v1/loads`` and ``/loads``, ``/get_load``,
-``/pool``, and the vLLM middleware's ``/get_load`` and ``/v1/loads``) says only what the store
-holds now, by the rules below, written once here:
+reads (``/load``, ``/watch``, ``/v1/loads`` and ``/loads``, ``/get_load``, ``/pool``, and the vLLM
+middleware's ``/get_load`` and ``/v1/loads``) says only what the store holds now, by the rules
+below, written once here (``/load``, the fleet's raw document, shows an engine's values as
+stored, ``null`` for none: the router documents apply the last two rules):
 
 **The feed.** While the store cannot be read, or the last successful read is older than the
 feed's bound (``/load``'s: ten refreshes, at least 2 s), nothing is vouched for: every answer says
@@ -17,7 +18,8 @@ subscriber gets the whole state, not the changes since (they were not seen).
 is not live, or when its live writers' entries are gone (a writer deletes its entries in the
 same script that marks it closed: the entries are the newer news, so a closing engine goes
 straight to ``down``); ``unknown`` when it is live and no writer stores load numbers for it
-(a writer without the load feed, or none recorded yet): listed, never routed to.
+(a writer without the load feed, or none recorded yet): listed, never routed to (``/watch``'s
+states; the router documents leave such an engine out, or answer ``503``, with why).
 
 **A number** (:func:`impossible`): every field of the load feed is a quantity no engine can have
 below zero (requests, KV usage and capacity, tokens per second, hits), and a count of requests or
@@ -60,9 +62,17 @@ COUNTS = ("requests_running", "requests_waiting")
 """The counts every load a router reads is made of: an engine without both has no load."""
 
 WHOLE = frozenset(
-    {"requests_running", "requests_waiting", "kv_cache_capacity_tokens", "max_running_requests"}
+    {
+        "requests_running",
+        "requests_waiting",
+        "kv_cache_capacity_tokens",
+        "max_running_requests",
+        "in_flight",
+        "booked",
+    }
 )
-"""Fields that count requests or tokens: whole numbers (SGLang's gateway reads them as ``i32``)."""
+"""Fields that count requests or tokens: whole numbers (SGLang's gateway reads them as ``i32``;
+``in_flight`` and ``booked`` count requests too)."""
 
 NOT_REPORTED, NOT_A_NUMBER, NEGATIVE, NOT_WHOLE = "not_reported", "not_a_number", "negative", "not_whole"
 
@@ -124,6 +134,6 @@ def describe(problems: dict[str, str]) -> str:
 
 
 def unknown_document(error: str, detail: str, **extra: Any) -> dict[str, Any]:
-    """The document of an answer that has no load to give: ``load: unknown``, the *error* kind
+    """The document of an answer that has no load to give: ``feed: unknown``, the *error* kind
     (``connection``, ``stale``, ...) and a *detail* a person can act on."""
-    return {"load": UNKNOWN, "error": error, "detail": detail, **extra}
+    return {"feed": UNKNOWN, "error": error, "detail": detail, **extra}

@@ -83,6 +83,7 @@ class App:
         self.building = threading.Lock()  # one body at a time in the process (Source.building)
         self.sources = Sources(reader, options, self.kept, self.building)
         self.refused: Callable[[], int] = lambda: 0  # connections the server refused (set by it)
+        self.streams: Callable[[], tuple[int, int]] = lambda: (0, 0)  # streams open, refused (set by it)
         self._states: dict[Any, Any] = {}
         self._lock = threading.Lock()
         self.own_registry: CollectorRegistry | None = None
@@ -91,6 +92,7 @@ class App:
                 [self.sources, self.kept, self.gate],
                 lambda: list(self._states.values()),
                 lambda: self.refused(),
+                lambda: self.streams(),
             )
 
     def _open_paths(self) -> frozenset[str]:

@@ -86,6 +86,7 @@ class Exporter:
             self.app.close()
             raise
         self.app.refused = lambda: self._server.refused
+        self.app.streams = lambda: (self._server.streams_open, self._server.streams_refused)
         self._thread: threading.Thread | None = None
         self._serving = False  # serve_forever() runs (or is about to): close() must shut it down
         self._stop = threading.Event()

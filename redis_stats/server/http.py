@@ -31,6 +31,7 @@ import io
 import json
 import logging
 import queue
+import select
 import socket
 import ssl
 import threading
@@ -376,6 +377,7 @@ class Server(ThreadingHTTPServer):
         self.max_streams = max_streams
         self._held = threading.local()  # .stream: this connection's thread holds a stream slot
         self.streams_refused = 0  # long-lived answers refused for max_streams (a self-metric)
+        self.streams_open = 0  # connections holding a stream slot now (a self-metric; GIL-atomic +=)
         # socketserver listens with a backlog of 5: a burst of more clients at once had its
         # connection attempts dropped by the kernel and retried by TCP a second or more later,
         # under the cap. Room for every connection served and every one refused.
@@ -413,7 +415,11 @@ class Server(ThreadingHTTPServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
-            (self._streams if self._held.stream else self._slots).release()
+            if self._held.stream:
+                self.streams_open -= 1
+                self._streams.release()
+            else:
+                self._slots.release()
 
     def hold_stream(self) -> None:
         """Move this connection (the calling thread's) to a stream slot for the rest of its life
@@ -429,6 +435,7 @@ class Server(ThreadingHTTPServer):
                 retry_after=1,
             )
         self._held.stream = True
+        self.streams_open += 1
         self._slots.release()  # the request's slot goes back to the requests
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -451,6 +458,19 @@ def answer(app: App, request: Request) -> Response:
     except Exception:
         log.exception("serving %s failed", request.path)
         return _INTERNAL
+
+
+def _client_left(sock: socket.socket) -> bool:
+    """Whether the client of *sock* closed its end (a read would give the end of the stream),
+    found without writing; a TLS connection is not asked (its records cannot be peeked): its
+    departure is found by the next write."""
+    if isinstance(sock, ssl.SSLSocket):
+        return False
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
 
 
 def _handler(
@@ -557,6 +577,10 @@ def _handler(
                 if request.head:
                     return
                 for chunk in chunks:
+                    if not chunk:  # nothing to send: has the client left? (its slot comes back)
+                        if _client_left(self.connection):
+                            break
+                        continue
                     self.wfile.write(chunk)
                     self.wfile.flush()
             except OSError:  # the client left (or stopped reading past the request timeout)

@@ -11,11 +11,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from redis_stats.background import background_errors
 
-__all__ = ["background_family", "own_registry"]
+__all__ = ["background_family", "own_registry", "streams_families"]
 
 
 def background_family() -> Metric:
@@ -57,8 +57,29 @@ def refused_family(refused: int) -> Metric:
     return fam
 
 
+def streams_families(open_now: int, refused: int) -> list[Metric]:
+    """``redis_stats_exporter_streams_open`` and ``..._streams_refused_total``: the long-lived
+    answers (``/watch`` streams and long polls) on their own slots (``max_streams``)."""
+    held = GaugeMetricFamily(
+        "redis_stats_exporter_streams_open",
+        "Streams and long polls (/watch subscribers) open now, on their own slots apart from "
+        "max_connections (at most max_streams).",
+    )
+    held.add_metric([], float(open_now))
+    fam = CounterMetricFamily(
+        "redis_stats_exporter_streams_refused",
+        "Streams and long polls refused (503) because max_streams were open already: subscribers "
+        "at their limit, never a scrape or a health check refused.",
+    )
+    fam.add_metric([], float(refused))
+    return [held, fam]
+
+
 def own_registry(
-    collectors: list[Any], states: Callable[[], list[Any]], refused: Callable[[], int]
+    collectors: list[Any],
+    states: Callable[[], list[Any]],
+    refused: Callable[[], int],
+    streams: Callable[[], tuple[int, int]] = lambda: (0, 0),
 ) -> CollectorRegistry:
     """The exporter's registry: its process (``process_*``, ``python_*``), its background errors,
     the connections its server *refused*, *collectors* (its namespaces, what it keeps), and the
@@ -66,7 +87,11 @@ def own_registry(
     registry = CollectorRegistry(auto_describe=False)
     for own in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR, *collectors):
         registry.register(own)
-    registry.register(_Collected(lambda: iter([background_family(), refused_family(refused())])))
+    registry.register(
+        _Collected(
+            lambda: iter([background_family(), refused_family(refused()), *streams_families(*streams())])
+        )
+    )
 
     def of_states() -> Iterator[Metric]:
         for state in states():

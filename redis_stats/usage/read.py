@@ -10,6 +10,7 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from operator import add
 from typing import Any
 
 from redis_stats.config import StatsConfig
@@ -132,6 +133,45 @@ def parse_time(text: str, now: float) -> int:
         f"time {text[:40]!r} is not understood: give now, 24h, 7d, a unix time or a UTC date "
         "(2026-12-07, 2026-12-07T13, 2026-12-07T13:00:00Z)"
     )
+
+
+def _checked(by: tuple[str, ...], sort: str | None) -> tuple[str, ...]:
+    """*by* as given, once checked with *sort* (a :class:`UsageQueryError` naming a bad one)."""
+    for b in by:
+        if b not in BY:
+            raise UsageQueryError(f"by={b[:40]!r}: group by one or more of {', '.join(BY)}")
+    if not by or len(set(by)) != len(by):
+        raise UsageQueryError(f"by={','.join(by)[:80]!r}: name each of {', '.join(BY)} at most once")
+    if sort is not None and sort not in FIELDS:
+        raise UsageQueryError(f"sort={sort[:40]!r}: sort by one of {', '.join(FIELDS)}")
+    return by
+
+
+def _grouped(
+    hashes: list[dict[str, Any]], by: tuple[str, ...], want: tuple[str | None, ...], tenants: bool
+) -> tuple[dict[tuple[str, ...], list[int]], int]:
+    """The fields of *hashes* (entity or, *tenants*, tenant -> values) added up per name *by*
+    groups, only those matching *want* (tenant, adapter, model; None: any); and how many fields
+    were garbage (skipped)."""
+    groups: dict[tuple[str, ...], list[int]] = {}
+    skipped = 0
+    pick = [BY.index(b) for b in by]
+    for fields in hashes:
+        for field_name, text in fields.items():
+            values = decode_values(text)
+            parts = (field_name, "", "") if tenants else decode_entity(field_name)
+            if values is None or parts is None:
+                skipped += 1
+                continue
+            if any(w is not None and w != p for w, p in zip(want, parts)):
+                continue
+            name = tuple(parts[i] for i in pick)
+            found = groups.get(name)
+            if found is None:
+                groups[name] = list(values)
+            else:
+                found[:] = map(add, found, values)
+    return groups, skipped
 
 
 def _text(x: Any) -> str:
@@ -264,14 +304,7 @@ class UsageReader:
         ``[since, until)`` (whole UTC hours; *until* None: now), only of the *tenant*, *adapter*
         or *model* named; rows by name, or by *sort* (a field, largest first: top N is
         ``limit=N``); the page ``[offset, offset + limit)``."""
-        by = tuple(by)
-        for b in by:
-            if b not in BY:
-                raise UsageQueryError(f"by={b!r}: group by one or more of {', '.join(BY)}")
-        if not by or len(set(by)) != len(by):
-            raise UsageQueryError(f"by={','.join(by)!r}: name each of {', '.join(BY)} at most once")
-        if sort is not None and sort not in FIELDS:
-            raise UsageQueryError(f"sort={sort!r}: sort by one of {', '.join(FIELDS)}")
+        by = _checked(tuple(by), sort)
         want = (
             clean_name(tenant) if tenant is not None else None,
             clean_name(adapter, NO_ADAPTER) if adapter is not None else None,
@@ -281,21 +314,8 @@ class UsageReader:
             since, until = self.window(since, until)
         by_tenant_only = by == ("tenant",) and want[1] is None and want[2] is None
         keys, names = self._keys_of(since, until, by_tenant_only)
-        groups: dict[tuple[str, ...], Totals] = {}
-        skipped = 0
-        pick = [BY.index(b) for b in by]
-        for key_fields in self._read(keys):
-            for field_name, text in key_fields.items():
-                values = decode_values(text)
-                parts = (field_name, "", "") if by_tenant_only else decode_entity(_text(field_name))
-                if values is None or parts is None:
-                    skipped += 1
-                    continue
-                if any(w is not None and w != p for w, p in zip(want, parts)):
-                    continue
-                name = tuple(parts[i] for i in pick)
-                groups[name] = groups.get(name, Totals()) + Totals(values)
-        rows = [Row(n, t) for n, t in groups.items()]
+        groups, skipped = _grouped(self._read(keys), by, want, by_tenant_only)
+        rows = [Row(n, Totals(tuple(v))) for n, v in groups.items()]
         rows.sort(key=lambda r: r.names)
         if sort is not None:
             rows.sort(key=lambda r: -r.totals.get(sort))

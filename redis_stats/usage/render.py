@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from redis.exceptions import RedisError
 
 from redis_stats.usage.layout import FIELDS
 from redis_stats.usage.read import Answer, TenantUsage, UsageReader
@@ -92,8 +93,13 @@ class UsageCollector:
         self.labels = dict(labels or {})
 
     def collect(self) -> Iterator[Metric]:
-        """The usage families (prometheus_client's collector protocol)."""
-        tops, other = self.reader.top(self.top)
+        """The usage families (prometheus_client's collector protocol); none while the ledger
+        cannot be read (the scrape still answers: ``redis_stats_up`` says why)."""
+        try:
+            tops, other = self.reader.top(self.top)
+            tenants_held = self.reader.tenant_count()
+        except RedisError:
+            return
         names = [*self.labels, "tenant"]
         rows = [(name, totals) for name, totals in tops] + [(OTHER, other)]
         for field, help_text in _FAMILIES:
@@ -109,5 +115,5 @@ class UsageCollector:
         tenants = GaugeMetricFamily(
             "redis_stats_usage_tenants", "Tenants the usage ledger holds", labels=list(self.labels)
         )
-        tenants.add_metric(list(self.labels.values()), self.reader.tenant_count())
+        tenants.add_metric(list(self.labels.values()), tenants_held)
         yield tenants

@@ -20,9 +20,10 @@ keep working in the child and count for the child. See docs/operations.md for th
 The package, one concept a module: :mod:`~redis_stats.writer.blocking` (:class:`StatsWriter`, the
 flusher thread and its client), :mod:`~redis_stats.writer.core` (:class:`WriterCore`, the
 sans-I/O writer it shares with the asyncio one: its flush round), :mod:`~redis_stats.writer.lane`
-(the load entries between two flushes), :mod:`~redis_stats.writer.loadtracker` (which series
-feed them), :mod:`~redis_stats.writer.arrivals` (the requests a front end holds, counted where they
-land: ``in_flight``), :mod:`~redis_stats.writer.outages` (what the log says of its flushes' outages),
+(the load entries between two flushes), :mod:`~redis_stats.writer.lane_group` (several writers'
+load lanes in one round trip), :mod:`~redis_stats.writer.loadtracker` (which series feed them),
+:mod:`~redis_stats.writer.arrivals` (the requests a front end holds, counted where they land:
+``in_flight``), :mod:`~redis_stats.writer.outages` (what the log says of its flushes' outages),
 :mod:`~redis_stats.writer.handles` (metric handles and the bound series' types),
 :mod:`~redis_stats.writer.stats` (the self-metrics), :mod:`~redis_stats.writer.identity` (writer
 ids, and the checks of what a writer is given), :mod:`~redis_stats.writer.forking` (the at-fork
@@ -36,6 +37,7 @@ from redis_stats.writer.blocking import StatsWriter
 from redis_stats.writer.core import WriterCore
 from redis_stats.writer.handles import CounterSeries, GaugeSeries, HistogramSeries, MetricHandle
 from redis_stats.writer.identity import new_writer_id
+from redis_stats.writer.lane_group import LaneGroup
 from redis_stats.writer.stats import WriterStats
 
 __all__ = [
@@ -44,6 +46,7 @@ __all__ = [
     "CounterSeries",
     "GaugeSeries",
     "HistogramSeries",
+    "LaneGroup",
     "MetricHandle",
     "ReplicationLag",
     "StatsWriter",

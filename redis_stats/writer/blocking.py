@@ -152,6 +152,7 @@ class StatsWriter(WriterCore):
         self._closing = threading.Event()
         self._closed_done = threading.Event()
         had_thread, self._thread = self._thread is not None, None
+        self.lane_group = None  # its thread is the parent's: the child's flusher runs its lane
         if self._own_client:
             # The parent's sockets are the parent's: build a new pool on the next flush. (A
             # client passed in is the caller's; redis-py resets its pool itself after fork.)
@@ -221,12 +222,12 @@ class StatsWriter(WriterCore):
         """The load lane: store the entries of the engines whose router numbers changed since
         their last entry (:meth:`redis_stats.writer.lane.LoadLane.calls`), once the writer's first
         flush was confirmed (it is in the writers zset then). True if a call was made; never
-        raises."""
+        raises. A writer added to a :class:`~redis_stats.writer.lane_group.LaneGroup` makes no
+        call of its own: the group sends its entries with its other writers'."""
+        if self.lane_group is not None:
+            return False
         with self._flush_lock:
-            if self._client is None or not self.stats.flushes or self.lane is None:
-                return False
-            calls = self.lane.calls()
-            self.stats.lane_calls += len(calls)  # the lane's attempts, what its errors are a share of
+            calls = self.lane_calls()
             stored = True
             for key, args in calls:
                 try:
@@ -234,13 +235,51 @@ class StatsWriter(WriterCore):
                 except Exception as exc:  # counted; every entry goes again with the next call
                     result = exc
                 stored = stored and not isinstance(result, Exception)
-                self.lane.done(result, self.stats)
-            for key, ids in self.lane.confirm_calls(stored):  # the routers' bookings these count
+                self.lane_done(result)
+            for key, ids in self.lane_confirms(stored):  # the routers' bookings these count
                 try:
                     self._client.execute_command("HDEL", key, *ids)
                 except Exception as exc:  # the bookings end by their bounded time instead
-                    self.lane.done(exc, self.stats)
+                    self.lane_done(exc)
             return bool(calls)
+
+    lane_group: Any = None
+    """The :class:`~redis_stats.writer.lane_group.LaneGroup` that sends this writer's load lane
+    (set by its ``add``), or None: the flusher does."""
+
+    @property
+    def lane_lock(self) -> threading.Lock:
+        """The lock a flush and a load lane call hold: entries are taken and sent under it, so a
+        flush never runs between the two (a lane group holds it while its call is answered)."""
+        return self._flush_lock
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def lane_calls(self) -> list[tuple[str, list[str]]]:
+        """The load lane's calls now (``HSET`` key and its fields and values: the entries that
+        changed; none before the first confirmed flush), each counted as an attempt; call with
+        :attr:`lane_lock` held, and give each call's outcome to :meth:`lane_done`."""
+        if self._client is None or not self.stats.flushes or self.lane is None or self._closed:
+            return []
+        calls = self.lane.calls()
+        self.stats.lane_calls += len(calls)  # the lane's attempts, what its errors are a share of
+        return calls
+
+    def lane_confirms(self, stored: bool) -> list[tuple[str, list[str]]]:
+        """After :meth:`lane_calls`' calls (*stored*: all of them succeeded): the ``HDEL`` calls
+        that end the routers' bookings of the requests those entries count
+        (:meth:`redis_stats.writer.lane.LoadLane.confirm_calls`); call with :attr:`lane_lock`
+        still held, each failure given to :meth:`lane_done`."""
+        return self.lane.confirm_calls(stored) if self.lane is not None else []
+
+    def lane_done(self, result: Any) -> None:
+        """What one of :meth:`lane_calls`' calls came to (its reply, or the exception): a failure
+        is counted and every entry sent again (:meth:`redis_stats.writer.lane.LoadLane.done`)."""
+        if self.lane is not None:
+            self.lane.done(result, self.stats)
 
     def close(self, timeout: float | None = None) -> bool:
         """Stop the thread and flush what is left, for at most *timeout* seconds (default

@@ -163,3 +163,53 @@ def test_prometheus_scrapes_through_tls_basic_auth_bearer_tokens_and_client_cert
     for name in ("exporter-a", "exporter-b"):  # no secret in what they printed
         log = (tmp_path / f"{name}.log").read_text()
         assert PASSWORD not in log and TOKEN not in log, log
+
+
+def test_prometheus_scrapes_the_top_tenants_with_a_bearer_token_and_the_total_stays_exact(
+    redis_server, python_env, tmp_path
+):
+    """With --usage, /metrics carries the usage ledger's top tenants and one (other) series: a real
+    Prometheus with the token gets them and their sum is the ledger's exact total; without the
+    token it gets nothing (up 0): the tenants are business data."""
+    from redis_stats.usage import Usage, UsageRecorder
+
+    namespace = f"e2e-usage{os.getpid()}"
+    writer = StatsWriter(StatsConfig(url=redis_server.url, namespace=namespace), start=False)
+    usage = UsageRecorder(writer)
+    for i in range(40):
+        usage.record(
+            Usage(tenant=f"team-{i % 8}", adapter=None, model="m", prompt_tokens=i, generation_tokens=i + 1)
+        )
+    assert writer.flush()
+    (tmp_path / "token").write_text(TOKEN)
+    fleet = Fleet(tmp_path)
+    env = {**python_env, "REDIS_STATS_URL": redis_server.url, "REDIS_STATS_NAMESPACE": namespace}
+    try:
+        port = free_port()
+        args = [sys.executable, "-m", "redis_stats", "exporter", "--gc-interval", "0", "--port", str(port)]
+        args += ["--usage", "--usage-top", "3", "--web-token-file", str(tmp_path / "token")]
+        fleet.start(args, env, "exporter")
+        target = {"static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+        bearer = {"type": "Bearer", "credentials_file": str(tmp_path / "token")}
+        jobs = [
+            {"job_name": "bearer", "authorization": bearer, **target},
+            {"job_name": "no_credentials", **target},
+        ]
+        api = fleet.prometheus(
+            {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"}, "scrape_configs": jobs}
+        )
+        deadline = time.monotonic() + 40
+        up: dict[str, float] = {}
+        while time.monotonic() < deadline:
+            up = api.by("up", "job")
+            if up.get("bearer") == 1 and api.by("redis_stats_usage_generation_tokens_total", "tenant"):
+                break
+            time.sleep(0.5)
+        assert up == {"bearer": 1, "no_credentials": 0}, up
+        tenants = api.by("redis_stats_usage_generation_tokens_total", "tenant")
+        assert len(tenants) == 4 and "(other)" in tenants, tenants  # the top 3 and the rest
+        assert sum(tenants.values()) == sum(i + 1 for i in range(40))
+        assert api.scalar("redis_stats_usage_tenants") == 8
+    finally:
+        fleet.stop()
+        writer.close()

@@ -56,13 +56,11 @@ KILL_CLEAR = 5.0
 """Seconds before a kill without a fault in the way of the writer's flushes (Redis, the writers'
 proxy, a pause of that writer) for :data:`KILL_SLACK` to be the bound."""
 
-KNOWN = {
-    "/watch answered 200 with engines": "issue 46 item 1 (the feed helper's): /watch's whole state "
-    "answers 200 with every engine up while the store cannot be read",
-}
+KNOWN = {}
 """Anomalies already filed, by the start of their text, with where: printed, not counted as new
 (the run fails only on a new one). Remove an entry when its fix lands."""
 LATENCY = 0.3
+USAGE_FIELDS = ("requests", "prompt tokens", "cached prompt tokens", "generation tokens")
 
 
 @dataclass
@@ -81,6 +79,7 @@ class Report:
     start: float
     fault_windows: list[tuple[float, float, str]]
     finals: dict[str, tuple[float, int, int]] = field(default_factory=dict)
+    ledger_lost: dict[str, float] = field(default_factory=dict)
 
     def around(self, t: float, margin: float = 5.0) -> list[str]:
         return [
@@ -103,6 +102,11 @@ class Report:
             "the end state (the library's read, after the writers closed): value, acknowledged, recorded"
         )
         lines += [f"  {s}: {v:g}, {low}, {high}" for s, (v, low, high) in sorted(self.finals.items())]
+        if self.ledger_lost:
+            lines.append(
+                "acknowledged usage Redis going back took from the ledger (not sent again, docs/usage.md):"
+            )
+            lines += [f"  {k}: {v:g}" for k, v in sorted(self.ledger_lost.items())]
         lines.append(f"anomalies: {len(self.new)} new, {len(self.anomalies) - len(self.new)} known")
         shown: Counter[str] = Counter()
         for a in self.anomalies:
@@ -151,31 +155,51 @@ class _Bounds:
 
     KEEP = 120.0  # seconds of floor changes kept to look back from (an RDB is noted once it is written)
 
-    def __init__(self) -> None:
+    def __init__(self, increments: bool = False) -> None:
+        # increments: the floor of a store of increments (the usage ledger), which a Redis gone
+        # back loses for good: a live writer's next flushes add to what is left, never restore it.
+        self.increments = increments
+        self.lost: dict[str, tuple[int, ...]] = {}  # process -> what Redis going back took of it
         self.series: dict[str, str] = {}  # process -> series
         self.of_series: dict[str, list[str]] = defaultdict(list)  # series -> its processes
-        self.recorded: dict[str, tuple[list[float], list[tuple[int, int]]]] = defaultdict(lambda: ([], []))
-        self.floor: dict[str, tuple[int, int]] = {}  # process -> (c, h) the store must hold now
+        self.recorded: dict[str, tuple[list[float], list[tuple[int, ...]]]] = defaultdict(lambda: ([], []))
+        self.floor: dict[str, tuple[int, ...]] = {}  # process -> the values the store must hold now
         # Recent changes of the floor, (when, process, its value before), and the floors saved at
         # the moments Redis may go back to (an RDB taken, a replica last in sync).
-        self.changes: deque[tuple[float, str, tuple[int, int] | None]] = deque()
-        self.saved: dict[float, dict[str, tuple[int, int]]] = {}
+        self.changes: deque[tuple[float, str, tuple[int, ...] | None]] = deque()
+        self.saved: dict[float, dict[str, tuple[int, ...]]] = {}
         self.last_loss = -math.inf  # when acknowledged data last went away by design
 
+    @staticmethod
+    def parts(e: dict[str, Any]) -> list[tuple[str, str, tuple[int, ...]]]:
+        """(process, series, values) of a ``rec`` or ``ack`` line: the writer's series (prompt
+        tokens, observations), and each tenant's usage as a series of its own (``usage|<tenant>``,
+        requests, prompt, cached and generation tokens) under a process ``<p>#<tenant>``."""
+        out = [(e["p"], e["s"], (e["c"], e["h"]))]
+        out += [(f"{e['p']}#{t}", f"usage|{t}", tuple(v)) for t, v in (e.get("u") or {}).items()]
+        return out
+
     def rec(self, e: dict[str, Any]) -> None:
-        if e["p"] not in self.series:
-            self.series[e["p"]] = e["s"]
-            self.of_series[e["s"]].append(e["p"])
-        times, values = self.recorded[e["p"]]
-        times.append(e["t"])
-        values.append((e["c"], e["h"]))
+        for p, s, values in self.parts(e):
+            if p not in self.series:
+                self.series[p] = s
+                self.of_series[s].append(p)
+            times, recorded = self.recorded[p]
+            times.append(e["t"])
+            recorded.append(values)
 
     def ack(self, e: dict[str, Any]) -> None:
-        if e.get("t0", -math.inf) < self.last_loss:
-            return  # sent before data went away, answered after: not known to hold
-        self._set(e["t"], e["p"], (e["c"], e["h"]))
+        straddles = e.get("t0", -math.inf) < self.last_loss  # sent before data went away, answered after
+        for p, _, values in self.parts(e):
+            lost = (*self.lost.get(p, ()), 0, 0, 0, 0)[: len(values)]
+            floor = (*self.floor.get(p, ()), 0, 0, 0, 0)[: len(values)]
+            value = tuple(v - x for v, x in zip(values, lost))
+            if not straddles:
+                self._set(e["t"], p, value)
+            elif self.increments:  # what it added may be gone for good: never counted on
+                self.lost[p] = tuple(x + max(0, v - f) for x, v, f in zip(lost, value, floor))
 
-    def _set(self, t: float, p: str, value: tuple[int, int] | None) -> None:
+    def _set(self, t: float, p: str, value: tuple[int, ...] | None) -> None:
         self.changes.append((t, p, self.floor.get(p)))
         if value is None:
             self.floor.pop(p, None)
@@ -184,8 +208,11 @@ class _Bounds:
         while self.changes and self.changes[0][0] < t - self.KEEP:
             self.changes.popleft()
 
-    def raise_floor(self, t: float, p: str, value: tuple[int, int]) -> None:
-        self._set(t, p, value)
+    def raise_floor(self, t: float, p: str, value: tuple[int, ...]) -> None:
+        lost = self.lost.get(p, ())
+        value = tuple(v - (lost[i] if i < len(lost) else 0) for i, v in enumerate(value))
+        if value > self.floor.get(p, ()):
+            self._set(t, p, value)
 
     def save(self, taken: float) -> None:
         """The floor as it was at *taken* (a copy Redis may be sent back to)."""
@@ -200,30 +227,38 @@ class _Bounds:
         self.saved[taken] = floor
 
     def travel(self, taken: float, now: float) -> None:
+        saved = self.saved.get(taken, {})
         for p in list(self.floor):
+            self._went_back(p, self.floor[p], saved.get(p, ()))
             self._set(now, p, None)
-        for p, value in self.saved.get(taken, {}).items():
+        for p, value in saved.items():
             self._set(now, p, value)
 
     def evicted(self, now: float) -> None:
         for p in list(self.floor):
+            self._went_back(p, self.floor[p], ())
             self._set(now, p, None)
 
-    def upper(self, series: str, t: float) -> tuple[int, int]:
-        c = h = 0
+    def _went_back(self, p: str, before: tuple[int, ...], after: tuple[int, ...]) -> None:
+        if self.increments:
+            after = (*after, 0, 0, 0, 0)[: len(before)]
+            lost = (*self.lost.get(p, ()), 0, 0, 0, 0)[: len(before)]
+            self.lost[p] = tuple(x + b - a for x, b, a in zip(lost, before, after))
+
+    def upper(self, series: str, t: float) -> tuple[int, ...]:
+        total = [0, 0, 0, 0]
         for p in self.of_series.get(series, ()):
             times, values = self.recorded[p]
             i = bisect.bisect_right(times, t) - 1
             if i >= 0:
-                c, h = c + values[i][0], h + values[i][1]
-        return c, h
+                total = [a + b for a, b in zip(total, (*values[i], 0, 0))]
+        return tuple(total)
 
-    def lower(self, series: str) -> tuple[int, int]:
-        c = h = 0
+    def lower(self, series: str) -> tuple[int, ...]:
+        total = [0, 0, 0, 0]
         for p in self.of_series.get(series, ()):
-            pc, ph = self.floor.get(p, (0, 0))
-            c, h = c + pc, h + ph
-        return c, h
+            total = [a + b for a, b in zip(total, (*self.floor.get(p, ()), 0, 0, 0, 0))]
+        return tuple(total)
 
 
 class _Checker:
@@ -233,6 +268,8 @@ class _Checker:
         self.anomalies: list[Anomaly] = []
         self.checked: Counter[str] = Counter()
         self.bounds = _Bounds()
+        self.inc = _Bounds(increments=True)  # the ledger's floor, as a store of increments
+        self.both = (self.bounds, self.inc)
         self.gauges: dict[str, set[float]] = defaultdict(set)
         self.engine_gauges: dict[str, set[float]] = defaultdict(set)
         self.outages: list[tuple[float, float]] = []
@@ -244,6 +281,7 @@ class _Checker:
         self.watch: dict[str, tuple[Any, int]] = {}
         self.load_states: dict[tuple[int, str], tuple[float, str]] = {}
         self.finals: dict[str, tuple[float, int, int]] = {}
+        self.ledger_lost: dict[str, float] = {}  # acknowledged usage Redis going back took (documented)
         self.flush_faults: list[tuple[float, float, str]] = []
         self.incarnation: dict[str, str] = {}  # slot -> its process now
         self._scan_windows()
@@ -286,8 +324,8 @@ class _Checker:
 
     def run(self) -> None:
         handlers = {
-            "rec": self.bounds.rec,
-            "ack": self.bounds.ack,
+            "rec": lambda e: [b.rec(e) for b in self.both],
+            "ack": lambda e: [b.ack(e) for b in self.both],
             "gauge": self._gauge,
             "metrics": self._metrics,
             "final": self._final,
@@ -295,17 +333,20 @@ class _Checker:
             "watch_state": self._watch_state,
             "watch_poll": self._watch_poll,
             "print": self._print,
-            "travel": lambda e: self.bounds.travel(e["taken"], e["t"]),
-            "failover": lambda e: self.bounds.travel(e["taken"], e["t"]),
-            "rdb": lambda e: self.bounds.save(e["taken"]),
-            "replica_synced": lambda e: self.bounds.save(e["taken"]),
+            "travel": lambda e: [b.travel(e["taken"], e["t"]) for b in self.both],
+            "failover": lambda e: [b.travel(e["taken"], e["t"]) for b in self.both],
+            "rdb": lambda e: [b.save(e["taken"]) for b in self.both],
+            "replica_synced": lambda e: [b.save(e["taken"]) for b in self.both],
             "evict_end": self._evict_end,
+            "usage": self._usage,
+            "drained": self._drained,
             "spawn": lambda e: self.incarnation.__setitem__(e["slot"], e["name"]),
             "killed": self._killed,
         }
         for e in self.events:
             if e["k"] == "loss":  # Redis is killed to come back older (a time travel, a failover)
-                self.bounds.last_loss = e["t"]
+                for b in self.both:
+                    b.last_loss = e["t"]
             if e["k"] == "evict" and e.get("lru"):
                 self.lru = True
             handler = handlers.get(e["k"])
@@ -322,16 +363,19 @@ class _Checker:
             return
         if any(a <= k and b >= k - KILL_CLEAR and who in ("", slot) for a, b, who in self.flush_faults):
             return
-        times, values = self.bounds.recorded[name]
-        i = bisect.bisect_right(times, k - KILL_SLACK) - 1
-        if i >= 0 and values[i] > self.bounds.floor.get(name, (0, 0)):
-            self.checked["writers killed with their flushes going through"] += 1
-            self.bounds.raise_floor(k, name, values[i])
+        self.checked["writers killed with their flushes going through"] += 1
+        for p in [p for p in self.bounds.series if p == name or p.startswith(name + "#")]:
+            times, values = self.bounds.recorded[p]
+            i = bisect.bisect_right(times, k - KILL_SLACK) - 1
+            if i >= 0:
+                for b in self.both:
+                    b.raise_floor(k, p, values[i])
 
     def _evict_end(self, e: dict[str, Any]) -> None:
         if getattr(self, "lru", False):
-            self.bounds.last_loss = e["t"]
-            self.bounds.evicted(e["t"])
+            for b in self.both:
+                b.last_loss = e["t"]
+                b.evicted(e["t"])
             self.lru = False
 
     def _gauge(self, e: dict[str, Any]) -> None:
@@ -347,12 +391,53 @@ class _Checker:
     def _final(self, e: dict[str, Any]) -> None:
         self.checked["final reads (library)"] += 1
         self._series(e, final=True)
+        for tenant, values in (e.get("u") or {}).items():
+            for i, what in enumerate(USAGE_FIELDS):
+                s = f"usage|{tenant}"
+                self.checked["final ledger values"] += 1
+                self.finals[f"ledger {what} {s}"] = (
+                    values[i],
+                    self.bounds.lower(s)[i],
+                    self.bounds.upper(s, e["t"])[i],
+                )
+                if values[i] < self.inc.lower(s)[i] or values[i] < self.bounds.lower(s)[i] - 1e-6:
+                    self._final_value(s, f"ledger {what}", values[i], e, i, self.inc)
+                if self.inc.lower(s)[i] <= values[i] < self.bounds.lower(s)[i] and e["k"] == "final":
+                    # docs/usage.md: batches Redis lost going back are not sent again
+                    self.ledger_lost[f"{what} of {tenant}"] = self.bounds.lower(s)[i] - values[i]
+
+    def _usage(self, e: dict[str, Any]) -> None:
+        """A read of the ledger while faults run: never above what was recorded."""
+        for tenant, values in (e.get("u") or {}).items():
+            self.checked["ledger values"] += 4
+            high = self.bounds.upper(f"usage|{tenant}", e["t"])
+            for i, what in enumerate(USAGE_FIELDS):
+                if values[i] > high[i]:
+                    self.flag(
+                        f"ledger {what} of {tenant} = {values[i]} above what was recorded ({high[i]})",
+                        e["t"],
+                        e,
+                    )
+
+    def _drained(self, e: dict[str, Any]) -> None:
+        """After every front end's requests and router's bookings ended: 0 in flight, 0 booked."""
+        self.checked["/load reads after the drain"] += 1
+        if e.get("status") != 200:
+            self.flag(
+                f"/load of port {e['port']} answered {e.get('status')} after the faults stopped", e["t"], e
+            )
+            return
+        for engine, st in (e.get("states") or {}).items():
+            state, _, in_flight, booked = (*st, None, None, None)[:4]
+            if (state == "up" and (in_flight or 0) != 0) or (booked or 0) != 0:
+                what = f"engine {engine} {state} with in_flight {in_flight}, booked {booked} after the drain"
+                self.flag(what, e["t"], e)
 
     def _series(self, e: dict[str, Any], final: bool) -> None:
         t = e["t"]
         for s, value in e.get("c", {}).items():
             self.checked["counter values"] += 1
-            up_c, _ = self.bounds.upper(s, t)
+            up_c = self.bounds.upper(s, t)[0]
             if value > up_c + 1e-6:
                 self.flag(f"counter {s} = {value:g} above what was recorded ({up_c})", t, e)
             if final:
@@ -365,9 +450,11 @@ class _Checker:
             if float(value) not in self.gauges[s]:
                 self.flag(f"gauge {s} = {value:g}, a value no writer set", t, e)
 
-    def _final_value(self, s: str, what: str, value: float, e: dict[str, Any], i: int) -> None:
-        self.checked[f"final {what}s"] += 1
-        low, high = self.bounds.lower(s)[i], self.bounds.upper(s, e["t"])[i]
+    def _final_value(
+        self, s: str, what: str, value: float, e: dict[str, Any], i: int, bounds: _Bounds | None = None
+    ) -> None:
+        self.checked[f"final {what} values"] += 1
+        low, high = (bounds or self.bounds).lower(s)[i], self.bounds.upper(s, e["t"])[i]
         if e["k"] == "final":
             self.finals[f"{what} {s}"] = (value, low, high)
         if not low - 1e-6 <= value <= high + 1e-6:
@@ -378,7 +465,7 @@ class _Checker:
                 e,
             )
         elif low == high:
-            self.checked[f"final {what}s exact"] += 1
+            self.checked[f"final {what} values exact"] += 1
 
     def _histogram(self, s: str, h: dict[str, Any], e: dict[str, Any], final: bool) -> None:
         t = e["t"]
@@ -391,7 +478,7 @@ class _Checker:
         if torn:
             self.flag(f"histogram {s} torn: count {count}, +Inf {inf}, sum {h.get('sum')}", t, e)
             return
-        _, up_h = self.bounds.upper(s, t)
+        up_h = self.bounds.upper(s, t)[1]
         if count > up_h:
             self.flag(f"histogram {s} count {count:g} above what was observed ({up_h})", t, e)
         if final:
@@ -406,8 +493,13 @@ class _Checker:
                 self.flag(
                     f"/load answered 200 with engines {up} up while the store could not be read", e["t"], e
                 )
-        for engine, (state, running) in (states or {}).items():
+        for engine, st in (states or {}).items():
+            state, running, in_flight, booked = (*st, None, None, None)[:4]
             self._state(f"/load of port {e['port']}", int(engine), state, e)
+            if (in_flight or 0) < 0 or (booked or 0) < 0:
+                self.flag(
+                    f"/load engine {engine}: in_flight {in_flight}, booked {booked} (negative)", e["t"], e
+                )
             if running is not None and float(running) not in self.engine_gauges[engine]:
                 self.flag(
                     f"/load engine {engine} requests_running {running}, a value no writer set", e["t"], e
@@ -490,7 +582,7 @@ def check_events(events: list[dict[str, Any]], seed: int, directory: Path | None
     c.run()
     if directory is not None:
         c.logs(directory)
-    return Report(seed, c.anomalies, c.checked, c.faults, c.start, c.windows, c.finals)
+    return Report(seed, c.anomalies, c.checked, c.faults, c.start, c.windows, c.finals, c.ledger_lost)
 
 
 def check(directory: str | Path, seed: int) -> Report:

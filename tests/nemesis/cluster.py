@@ -123,17 +123,17 @@ class Server:
         self.snapshots.append((taken, copy))
         self.rec("rdb", taken=taken)
 
-    def in_sync(self, replica: Server) -> bool:
-        """Whether *replica* has applied everything this master sent (offsets equal): then it
-        holds every flush acknowledged so far."""
+    def in_sync(self) -> float | None:
+        """When the replica last held everything this master had applied: a write of its own
+        (a key outside the store) that ``WAIT`` saw the replica acknowledge; None when it did
+        not within a second (the replica still syncing)."""
         try:
-            info = self.client().info("replication")
-            mine = replica.client().info("replication")
+            c = self.client()
+            taken = time.monotonic()
+            c.set("nemesis:sync", str(taken))
+            return taken if c.wait(1, 1000) >= 1 else None
         except redis.exceptions.RedisError:
-            return False
-        return mine.get("master_link_status") == "up" and info.get("master_repl_offset") == mine.get(
-            "slave_repl_offset"
-        )
+            return None
 
     def promote(self) -> None:
         """This replica becomes the master (``REPLICAOF NO ONE``)."""
@@ -287,7 +287,7 @@ def previous_release(commit: str, into: Path) -> Path | None:
     return into
 
 
-def wait_port(port: int, timeout: float = 30.0) -> None:
+def wait_port(port: int, timeout: float = 300.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

@@ -24,7 +24,8 @@ class Recorder:
 
     def __init__(self, directory: str | Path, name: str) -> None:
         self.name = name
-        self._file = open(Path(directory) / f"{name}.jsonl", "a", buffering=1)
+        self.path = str(Path(directory) / f"{name}.jsonl")
+        self._file = open(self.path, "a", buffering=1)
 
     def __call__(self, event: str, **fields: Any) -> float:
         """Write one event of kind *event*; returns its stamp."""

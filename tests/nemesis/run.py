@@ -26,6 +26,7 @@ from tests.nemesis import checker
 from tests.nemesis.cluster import Processes, Server, previous_release, wait_port
 from tests.nemesis.history import Recorder
 from tests.nemesis.schedule import EVICTION_POLICIES, PROCESS_SLOTS, Fault, make_schedule
+from tests.nemesis.workers import get, ledger, states
 from tests.proxy import CuttingProxy
 from tests.store.test_load_rolling_upgrade import LAST_RELEASE
 
@@ -88,12 +89,9 @@ class Nemesis:
     # -- faults: each a start and an end ----------------------------------------------------
 
     def begin(self, fault: Fault) -> None:
-        self.rec("fault", phase="start", what=fault.describe(), kind=fault.kind, target=fault.target)
-        self.injected[
-            fault.kind
-            if fault.target in ("redis", "w", "r")
-            else f"{fault.kind} {PROCESS_SLOTS[fault.target]}"
-        ] += 1
+        of = PROCESS_SLOTS.get(fault.target)
+        self.rec("fault", phase="start", what=fault.describe(), kind=fault.kind, target=fault.target, of=of)
+        self.injected[f"{fault.kind} {of}" if of else fault.kind] += 1
         self._apply(fault, on=True)
 
     def end(self, fault: Fault) -> None:
@@ -128,7 +126,7 @@ class Nemesis:
         """Start: the replica stops applying (once it holds everything); end: the master is killed,
         the lagging replica promoted, the clients sent to it, the old master its replica."""
         if on:
-            self.synced_at = time.monotonic() if self.server.in_sync(self.replica) else None
+            self.synced_at = self.server.in_sync()
             if self.synced_at is not None:
                 self.rec("replica_synced", taken=self.synced_at)
                 self.replica.freeze(True)
@@ -210,7 +208,8 @@ class Nemesis:
         for proxy in self.proxies.values():
             proxy.delay, proxy.cut_probability, proxy.reset_probability, proxy.shift_ms = 0.0, 0.0, 0.0, 0
             proxy.resume()
-        time.sleep(max(0.0, self.duration - 12 - self.now()))
+        time.sleep(max(0.0, self.duration - 16 - self.now()))
+        self.drain()
         writers = [s for s, k in PROCESS_SLOTS.items() if k in WRITER_KINDS]
         self.procs.terminate(writers)
         self._end_orphans()
@@ -219,6 +218,18 @@ class Nemesis:
         time.sleep(max(2.0, self.duration - self.now()))
         final_read(self.server.url, self.namespace, self.rec)
         self.procs.terminate([s for s in PROCESS_SLOTS if s not in writers] + ["observer"], timeout=10)
+
+    def drain(self) -> None:
+        """Every front end's requests and every router's bookings end: 4 s later every live
+        engine's ``in_flight`` and ``booked`` must read 0 on both exporters."""
+        (self.dir / "drain").touch()
+        self.rec("drain")
+        time.sleep(4.0)
+        for port in self.exporter_ports.values():
+            t0 = time.monotonic()
+            status, doc = get(f"http://127.0.0.1:{port}/load", 5.0, "application/json")
+            ok = status == 200 and isinstance(doc, dict)
+            self.rec("drained", t0=t0, port=port, status=status, states=states(doc) if ok else None)
 
     def _end_orphans(self) -> None:
         """Forked writers whose parent was killed carry on alone: closed now, by their pids."""
@@ -252,7 +263,7 @@ def final_read(url: str, namespace: str, rec: Recorder) -> None:
     reader = StatsReader(StatsConfig(url=url, namespace=namespace))
     snap = reader.snapshot()
     reader.close()
-    rec("final", **checker.snapshot_series(snap))
+    rec("final", **checker.snapshot_series(snap), u=ledger(url, namespace))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -145,3 +145,47 @@ def test_a_writer_killed_while_redis_answered_loses_less_than_a_flush_interval()
     # 280 recorded 2 s before the kill: flushed by then unless something stood in the way
     assert run(fault=False) == ["final counter 0|sync0 = 140: acknowledged 280, recorded 350 (lost 140)"]
     assert run(fault=True) == []
+
+
+def test_the_ledger_is_exact_and_never_above_what_was_recorded():
+    h = History().add("rec", "w.0", s=S, c=0, h=0, u={"acme": [1, 70, 10, 20]})
+    h.add("usage", "observer", t0=h.t, u={"acme": [1, 70, 10, 20]})
+    h.add("ack", "w.0", s=S, c=0, h=0, t0=h.t, u={"acme": [1, 70, 10, 20]}).add("writers_closed")
+    h.add("final", c={}, h={}, g={}, u={"acme": [1, 70, 10, 20]})
+    assert h.check() == []
+    h.add("usage", "observer", t0=h.t, u={"acme": [2, 70, 10, 20]})
+    h.add("final", c={}, h={}, g={}, u={"acme": [1, 63, 10, 20]})
+    assert h.check() == [
+        "ledger requests of acme = 2 above what was recorded (1)",
+        "final ledger prompt tokens usage|acme = 63: acknowledged 70, recorded 70 (lost 7)",
+    ]
+
+
+def test_in_flight_and_bookings_come_back_to_zero_once_drained():
+    h = History().add(
+        "drained", t0=0.5, port=1, status=200, states={"0": ["up", 3, 0, 0], "4": ["up", 3, None, 0]}
+    )
+    assert h.check() == []
+    h.add("drained", t0=1.5, port=1, status=200, states={"0": ["up", 3, 1, 0], "1": ["down", None, None, 2]})
+    assert h.check() == [
+        "engine 0 up with in_flight 1, booked 0 after the drain",
+        "engine 1 down with in_flight None, booked 2 after the drain",
+    ]
+
+
+def test_the_ledger_may_lose_what_an_ack_straddling_an_eviction_confirmed_and_no_more():
+    h = History().add("rec", "w.0", s=S, c=0, h=0, u={"acme": [1, 70, 10, 20]})
+    h.add("ack", "w.0", s=S, c=0, h=0, t0=h.t, u={"acme": [1, 70, 10, 20]})
+    h.add("evict", policy="allkeys-lru", lru=True).add(
+        "rec", "w.0", s=S, c=0, h=0, u={"acme": [2, 140, 20, 40]}
+    )
+    h.add("evict_end")  # keys evicted meanwhile: the first request, and maybe the second
+    h.add("ack", "w.0", s=S, c=0, h=0, t0=h.t - 2.5, u={"acme": [2, 140, 20, 40]})  # sent before the end
+    h.add("rec", "w.0", s=S, c=0, h=0, u={"acme": [3, 210, 30, 60]})
+    h.add("ack", "w.0", s=S, c=0, h=0, t0=h.t, u={"acme": [3, 210, 30, 60]}).add("writers_closed")
+    h.add("final", c={}, h={}, g={}, u={"acme": [1, 70, 10, 20]})  # only the third is sure to be there
+    assert h.check() == []
+    report = check_events(h.events, seed=7)
+    assert report.ledger_lost["requests of acme"] == 2  # acknowledged, taken by the eviction
+    h.add("final", c={}, h={}, g={}, u={"acme": [0, 0, 0, 0]})
+    assert "final ledger requests usage|acme = 0: acknowledged 1, recorded 3 (lost 1)" in h.check()

@@ -33,6 +33,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -45,6 +46,35 @@ LATENCY = 0.3  # every observation
 COUNTER = "vllm:prompt_tokens"
 HISTOGRAM = "vllm:e2e_request_latency_seconds"
 GAUGE = "vllm:num_requests_running"
+TENANTS = ("acme", "globex", "initech", None)  # None: the ledger's "(none)"
+
+
+def _usage_recorder(writer: Any) -> Any:
+    """The writer's usage ledger (``redis_stats.usage``), or None in a release without it."""
+    try:
+        from redis_stats.usage import UsageRecorder
+    except ImportError:
+        return None
+    if not hasattr(writer, "attach"):  # a previous release's writer (the module found elsewhere)
+        return None
+    return UsageRecorder(writer)
+
+
+def _arrivals(writer: Any) -> Any:
+    """The writer's arrivals (``in_flight``), or None in a release without them."""
+    try:
+        from redis_stats.writer.arrivals import Arrivals
+    except ImportError:
+        return None
+    if not hasattr(writer.load, "count_arrivals"):  # a previous release's writer
+        return None
+    return Arrivals(writer)
+
+
+def draining(directory: str) -> bool:
+    """Whether the harness asked every front end and router to let its requests end (the file
+    ``drain`` in the run's directory): ``in_flight`` and ``booked`` must come back to 0."""
+    return os.path.exists(os.path.join(directory, "drain"))
 
 
 def skew_clock() -> None:
@@ -87,7 +117,12 @@ class Workload:
     def __init__(self, rec: Recorder, writer: Any, engine: int, model: str, seed: int) -> None:
         self.rec = rec
         self.writer = writer
+        self.model = model
         self.series = f"{engine}|{model}"
+        self.usage = _usage_recorder(writer)
+        self.arrivals = _arrivals(writer)
+        self.open: list[Any] = []  # arrivals not ended yet
+        self.u: dict[str, list[int]] = {}  # usage recorded per tenant: requests, prompt, cached, generation
         self.rng = random.Random(seed)
         self.tokens = writer.metric(COUNTER).labels(engine, model_name=model)
         self.latency = writer.metric(HISTOGRAM).labels(engine, model_name=model)
@@ -100,16 +135,25 @@ class Workload:
     def restart_as_child(self, rec: Recorder, seed: int) -> None:
         """In a forked child: its own history and totals (the child is a new writer)."""
         self.rec, self.rng, self.c, self.h = rec, random.Random(seed), 0, 0
+        self.u, self.open = {}, []  # the parent's: not this writer's to count or end
 
     def chunk(self) -> None:
         """Record one chunk, announced first."""
         n = self.rng.randint(1, 40)
         self.c += n * AMOUNT
         self.h += n
-        self.rec("rec", s=self.series, c=self.c, h=self.h)
+        tenant = self.rng.choice(TENANTS)
+        if self.usage is not None:
+            u = self.u.setdefault(tenant or "(none)", [0, 0, 0, 0])
+            for i, v in enumerate((1, n * AMOUNT, n, 2 * n)):
+                u[i] += v
+        self.rec("rec", s=self.series, c=self.c, h=self.h, u=self.u)
         for _ in range(n):
             self.tokens.inc(AMOUNT)
             self.latency.observe(LATENCY)
+        if self.usage is not None:
+            self._use(tenant, n)
+        self._arrive()
         now = time.monotonic()
         if now >= self.next_gauge:
             value = self.rng.randrange(0, 64)
@@ -117,23 +161,45 @@ class Workload:
             self.running.set(value)
             self.next_gauge = now + self.rng.uniform(0.1, 0.5)
 
-    def ack_due(self) -> tuple[int, int, float] | None:
+    def _use(self, tenant: str | None, n: int) -> None:
+        from redis_stats.usage import Usage
+
+        self.usage.record(
+            Usage(tenant=tenant, adapter=None, model=self.model, prompt_tokens=n * AMOUNT,
+                  cached_prompt_tokens=n, generation_tokens=2 * n)
+        )  # fmt: skip
+
+    def _arrive(self) -> None:
+        """Requests arrive and end (``in_flight``); all end once the harness drains."""
+        if self.arrivals is None:
+            return
+        if draining(os.path.dirname(self.rec.path)):
+            for arrival in self.open:
+                arrival.end()
+            self.open = []
+            return
+        for _ in range(self.rng.randint(0, 2)):
+            self.open.append(self.arrivals.begin())
+        for _ in range(min(len(self.open), self.rng.randint(0, 2))):
+            self.open.pop(0).end()
+
+    def ack_due(self) -> tuple[int, int, float, dict[str, list[int]]] | None:
         """The totals to acknowledge if a flush is due now (then made by the caller), and when
         it is sent (``t0`` of the ``ack`` line: Redis applied it after that)."""
         now = time.monotonic()
         if now < self.next_ack:
             return None
         self.next_ack = now + self.rng.uniform(0.2, 1.0)
-        return self.c, self.h, now
+        return self.c, self.h, now, {k: list(v) for k, v in self.u.items()}
 
-    def acked(self, totals: tuple[int, int, float], ok: bool) -> None:
+    def acked(self, totals: tuple[int, int, float, dict[str, list[int]]], ok: bool) -> None:
         if ok and not self.writer.pending():
-            self.rec("ack", s=self.series, c=totals[0], h=totals[1], t0=totals[2])
+            self.rec("ack", s=self.series, c=totals[0], h=totals[1], t0=totals[2], u=totals[3])
 
     def closed(self, ok: bool, t0: float) -> None:
         self.rec("closed", s=self.series, ok=ok, c=self.c, h=self.h)
         if ok:
-            self.rec("ack", s=self.series, c=self.c, h=self.h, t0=t0)
+            self.rec("ack", s=self.series, c=self.c, h=self.h, t0=t0, u=self.u)
 
 
 def _writer_parts(argv: list[str]) -> tuple[Recorder, Any, int, str, int]:
@@ -254,7 +320,7 @@ def run_lease(argv: list[str], stop: Stop) -> None:
     rec("closed")
 
 
-def _get(url: str, timeout: float, accept: str = "") -> tuple[int, Any]:
+def get(url: str, timeout: float, accept: str = "") -> tuple[int, Any]:
     request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as answer:
@@ -272,23 +338,47 @@ def _get(url: str, timeout: float, accept: str = "") -> tuple[int, Any]:
     return status, body.decode(errors="replace")
 
 
-def _states(doc: dict[str, Any]) -> dict[str, Any]:
+def states(doc: dict[str, Any]) -> dict[str, Any]:
     """Each engine's state and requests running, of a ``/load`` or ``/watch`` document."""
     engines = doc.get("engines") or {}
     items = engines.items() if isinstance(engines, dict) else ((e.get("engine"), e) for e in engines)
-    return {str(k): [e.get("state"), e.get("requests_running")] for k, e in items if isinstance(e, dict)}
+    fields = ("state", "requests_running", "in_flight", "booked")
+    return {str(k): [e.get(f) for f in fields] for k, e in items if isinstance(e, dict)}
+
+
+def book(directory: str, url: str, namespace: str, seed: int, stop: Stop) -> None:
+    """A router's dispatches, booked (:mod:`redis_stats.bookings`) and ended 0.1-1 s later; all
+    ended once the harness drains (``booked`` back to 0)."""
+    try:
+        from redis_stats.bookings import Bookings
+    except ImportError:
+        return
+    rng = random.Random(seed)
+    bookings = Bookings(config(url, namespace))
+    open_: list[tuple[float, Any]] = []
+    while not stop.asked:
+        now = time.monotonic()
+        drain = draining(directory)
+        if not drain and rng.random() < 0.5:
+            open_.append((now + rng.uniform(0.1, 1.0), bookings.book(rng.randrange(0, 5))))
+        for due, booking in [b for b in open_ if drain or b[0] <= now]:
+            booking.end()
+            open_.remove((due, booking))
+        time.sleep(0.05)
+    bookings.close()
 
 
 def run_watch(argv: list[str], stop: Stop) -> None:
     directory, name, port = argv[0], argv[1], int(argv[5])
     rec = Recorder(directory, name)
     rec.start(port=port)
+    threading.Thread(target=book, args=(directory, argv[2], argv[3], int(argv[4]), stop), daemon=True).start()
     base = f"http://127.0.0.1:{port}/watch"
     epoch, seq, whole_at = None, None, 0.0
     while not stop.asked:
         t0 = time.monotonic()
         if seq is None or t0 - whole_at > 5.0:  # the whole state: at first, and now and then
-            status, doc = _get(base, 5.0, "application/json")
+            status, doc = get(base, 5.0, "application/json")
             whole_at = t0
             ok = status == 200 and isinstance(doc, dict)
             rec(
@@ -297,14 +387,14 @@ def run_watch(argv: list[str], stop: Stop) -> None:
                 status=status,
                 epoch=doc.get("epoch") if ok else None,
                 seq=doc.get("seq") if ok else None,
-                states=_states(doc) if ok else None,
+                states=states(doc) if ok else None,
             )
             if ok:
                 epoch, seq = doc.get("epoch"), doc.get("seq")
             else:
                 time.sleep(0.2)
             continue
-        status, doc = _get(f"{base}?since={seq}&epoch={epoch}&wait=2", 6.0, "application/json")
+        status, doc = get(f"{base}?since={seq}&epoch={epoch}&wait=2", 6.0, "application/json")
         if status != 200 or not isinstance(doc, dict):
             rec("watch_poll", t0=t0, status=status, since=seq, epoch=epoch)
             seq = None
@@ -321,7 +411,7 @@ def run_watch(argv: list[str], stop: Stop) -> None:
             seq=doc.get("seq"),
             gap=bool(doc.get("gap")),
             events=events,
-            states=_states(doc) if doc.get("gap") else None,
+            states=states(doc) if doc.get("gap") else None,
         )
         if doc.get("epoch") != epoch or doc.get("gap"):
             epoch = doc.get("epoch")
@@ -353,6 +443,25 @@ def parse_metrics(text: str) -> dict[str, Any]:
     return out
 
 
+def ledger(url: str, namespace: str) -> dict[str, list[int]]:
+    """Every tenant's all-time usage (requests, prompt, cached, generation) in the ledger."""
+    from redis_stats.usage.read import UsageReader
+
+    reader = UsageReader(config(url, namespace))
+    try:
+        return {t or "(none)": list(reader.tenant(t).total.values[:4]) for t in TENANTS}
+    finally:
+        reader.client.close()
+
+
+def _read_usage(rec: Recorder, url: str, namespace: str) -> None:
+    t0 = time.monotonic()
+    try:
+        rec("usage", t0=t0, u=ledger(url, namespace))
+    except Exception as exc:  # Redis down: no read
+        rec("usage", t0=t0, error=type(exc).__name__)
+
+
 def run_observe(argv: list[str], stop: Stop) -> None:
     directory, name = argv[0], argv[1]
     ports = [int(p) for p in argv[5:]]
@@ -361,13 +470,14 @@ def run_observe(argv: list[str], stop: Stop) -> None:
     while not stop.asked:
         for port in ports:
             t0 = time.monotonic()
-            status, text = _get(f"http://127.0.0.1:{port}/metrics", 5.0)
+            status, text = get(f"http://127.0.0.1:{port}/metrics", 5.0)
             parsed = parse_metrics(text) if status == 200 and isinstance(text, str) else None
             rec("metrics", t0=t0, port=port, status=status, **(parsed or {}))
             t0 = time.monotonic()
-            status, doc = _get(f"http://127.0.0.1:{port}/load", 5.0, "application/json")
+            status, doc = get(f"http://127.0.0.1:{port}/load", 5.0, "application/json")
             ok = status == 200 and isinstance(doc, dict)
-            rec("load", t0=t0, port=port, status=status, states=_states(doc) if ok else None)
+            rec("load", t0=t0, port=port, status=status, states=states(doc) if ok else None)
+        _read_usage(rec, argv[2], argv[3])
         time.sleep(0.2)
     rec("closed")
 

@@ -561,7 +561,7 @@ def test_a_refresh_that_raises_answers_503_with_why_and_the_refresher_goes_on(cf
         assert until(lambda: _get(exporter.port, "/load")[0] == 503)
         status, headers, body = _get(exporter.port, "/load")
         assert status == 503 and "ETag" not in headers
-        assert json.loads(body) == {"load": "unknown", "error": "other", "detail": "math range error"}
+        assert json.loads(body) == {"feed": "unknown", "error": "other", "detail": "math range error"}
         assert overflows() > before  # counted, and shown in the exporter's own metrics
         monkeypatch.setattr(LoadView, "to_dict", real)
         assert until(lambda: _get(exporter.port, "/load")[0] == 200)

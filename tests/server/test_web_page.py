@@ -1046,3 +1046,46 @@ def test_while_the_window_measures_latencies_show_at_once_and_the_page_says_when
         and f"first read of this fleet was at {first}" in note
     )
     assert cells[11] == ["0.9 s", "vllm since"], cells  # TTFT p99: dim, "since the engine started"
+
+
+@pytest.mark.redis_server
+@pytest.mark.slow
+def test_the_top_tenants_are_shown_with_usage_on_as_text(redis_server, namespace, tmp_path):
+    """With ``--usage`` the page shows the usage ledger's top tenants (most generated tokens
+    first); a tenant's name came from a client and is shown as text, never run; without it no
+    panel is shown."""
+    if why := browser.missing():
+        pytest.skip(why)
+    from redis_stats.usage import Usage, UsageRecorder
+
+    config = StatsConfig(url=redis_server.url, namespace=namespace)
+    writer = _recording_writer(config, [0], "api", start=False)
+    usage = UsageRecorder(writer)
+    for i, tenant in enumerate(["small", HOSTILE.format("tenant"), "big"]):
+        usage.record(Usage(tenant=tenant, adapter=None, model="m", prompt_tokens=10, generation_tokens=10**i))
+    assert writer.flush()
+    reader = StatsReader(config, vllm_catalog())
+    on = Exporter(reader, port=0, window=10, usage=True, insecure_private_views=True).start()
+    off = _page_exporter(config)
+    pages = [Page(on), Page(off)]
+    try:
+        rows = pages[0].wait(
+            "the top tenants",
+            "return document.querySelectorAll('#usage-rows tr').length === 3"
+            " && Array.from(document.querySelectorAll('#usage-rows tr'))"
+            ".map(r => Array.from(r.cells).map(c => c.textContent))",
+            20,
+        )
+        pwned = pages[0].js("return window.__pwned === undefined ? null : window.__pwned")
+        pages[1].wait("a first poll", "return (window.__renders || []).length >= 1", 20)
+        time.sleep(0.5)
+        hidden = pages[1].js("return document.getElementById('usage-panel').style.display")
+    finally:
+        for page in pages:
+            page.close()
+        on.close()
+        off.close()
+        writer.close()
+    assert [r[0] for r in rows] == ["big", HOSTILE.format("tenant"), "small"], rows
+    assert rows[0][4] == "100" and pwned is None
+    assert hidden == "none"

@@ -28,6 +28,7 @@ def test_the_vllm_plugins_variables_are_documented_as_declared():
     from redis_stats.tools.config_table import table
 
     assert table("vllm") in (ROOT / "docs" / "configuration.md").read_text()
+    assert table("litellm") in (ROOT / "docs" / "configuration.md").read_text()
     vllm_doc = (ROOT / "docs" / "vllm.md").read_text()
     from redis_stats.integrations.vllm.options import VARIABLES
 

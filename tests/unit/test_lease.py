@@ -52,6 +52,26 @@ def test_a_new_fencing_token_is_a_new_tenure_and_on_acquire_runs_once_per_tenure
     assert calls == [5, 9]
 
 
+def test_a_lapsed_tenure_answered_again_is_released_and_a_new_token_taken():
+    # Found by the nemesis run (issue 48, SEED=855465088): a lagging replica promoted gave a
+    # holder back the lease it had lost, with its old token, after another had printed with a
+    # newer one. The old tenure is not resumed: released, then a new token taken.
+    state, calls = _state(0.5), []
+    state.on_acquire = lambda: calls.append(state.token)
+    sent = state.renewal()[2]
+    assert state.renewed(5, sent)
+    sent = state.renewal()[2]
+    assert not state.renewed(0, sent)  # lost: another holds it (with a newer token)
+    sent = state.renewal()[2]
+    assert not state.renewed(5, sent) and not state.is_leader()  # the store went back: not resumed
+    _, args, sent = state.renewal()
+    assert args == ["me", 0, "release"]  # the old tenure given up...
+    state.renewed(0, sent)
+    sent = state.renewal()[2]
+    assert state.renewed(8, sent) and state.is_leader()  # ...and a new one taken
+    assert calls == [5, 8]
+
+
 def test_a_failing_on_acquire_callback_does_not_lose_the_lease():
     state = _state()
     state.on_acquire = lambda: 1 / 0

@@ -170,3 +170,74 @@ def test_a_close_that_gives_up_says_what_usage_it_lost(namespace, caplog):
     writer.close(timeout=0.3)
     assert "usage of 3 requests in 1 unconfirmed batches" in caplog.text
     assert "and of 1 more requests recorded since" in caplog.text
+
+
+def test_redis_restarted_empty_is_told_and_the_next_batches_still_count_once(redis_server, namespace, caplog):
+    writer, rec, reader = _setup(redis_server.url, namespace)
+    rec.record(_use("acme", p=100))
+    assert writer.flush()
+    client = redis.Redis.from_url(redis_server.url)
+    for key in client.scan_iter(match=f"rs:{{{namespace}}}:*"):
+        client.delete(key)  # what a restart from nothing leaves of this namespace
+    rec.record(_use("acme", p=7))
+    assert writer.flush() and writer.flush()
+    rec.record(_use("acme", p=1))
+    assert writer.flush()
+    assert rec.stats["behind"] == 1 and "had lost writer" in caplog.text
+    assert reader.tenant("acme").total.get("prompt_tokens") == 8  # the lost batch is not resent
+
+
+def test_a_key_of_the_wrong_type_stops_only_usage_and_says_which(redis_server, namespace, caplog):
+    writer, rec, reader = _setup(redis_server.url, namespace)
+    client = redis.Redis.from_url(redis_server.url)
+    client.set(Keys(namespace).usage("t"), "not a hash")
+    rec.record(_use("acme"))
+    assert not writer.flush()
+    assert rec.pending() and "is a string, not a hash; nothing was applied" in caplog.text
+    assert reader.tenant("acme").total.get("requests") == 0  # read as nothing, never a failure
+    assert reader.query(["model"]).total.get("requests") == 0  # nothing half applied
+    client.delete(Keys(namespace).usage("t"))
+    assert writer.flush() and reader.tenant("acme").total.get("requests") == 1  # kept, then applied once
+    assert reader.query(["model"]).total.get("requests") == 1
+
+
+def test_a_forked_child_records_its_own_usage_never_the_parents_again(redis_server, namespace):
+    import os
+
+    writer, rec, reader = _setup(redis_server.url, namespace)
+    rec.record(_use("acme", p=100))  # pending in the parent at the fork
+    pid = os.fork()
+    if pid == 0:  # the child: a new writer, nothing pending
+        code = 1
+        try:
+            rec.record(_use("acme", p=1))
+            code = 0 if writer.flush() and rec.writer_id == writer.writer_id else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert writer.flush()
+    total = reader.tenant("acme").total
+    assert (total.get("requests"), total.get("prompt_tokens")) == (2, 101)
+    writer.close()
+
+
+def test_threads_recording_while_the_flusher_runs_lose_and_double_nothing(redis_server, namespace):
+    import threading
+
+    cfg = StatsConfig(url=redis_server.url, namespace=namespace, flush_interval=0.01)
+    writer = StatsWriter(cfg)  # its flusher thread runs
+    rec = UsageRecorder(writer)
+
+    def work(k: int) -> None:
+        for i in range(1500):
+            rec.record(_use(f"t{i % 50}", p=k + 1, g=1))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    writer.close()
+    total = UsageReader(cfg).query().total
+    assert total.get("requests") == 9_000 and total.get("prompt_tokens") == 1500 * sum(range(1, 7))

@@ -157,3 +157,22 @@ def test_hostile_names_are_safe_in_json_csv_and_prometheus_text(serve):
     assert 'x"y\\z\nw</script><b>' in tenants and tenants.count("(other)") == 1
     one = json.loads(_get(exporter, "/usage?tenant=" + quote('x"y\\z\nw</script><b>'))[1])
     assert one["total"]["requests"] == 1
+
+
+def test_with_redis_down_metrics_still_answers_and_usage_says_503(tmp_path):
+    from redis_stats import StatsConfig
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text(TOKEN + "\n")
+    config = StatsConfig(url="redis://127.0.0.1:1/0", namespace="down", socket_timeout_ms=300)
+    exporter = Exporter(
+        StatsReader(config, sample_catalog()), port=0, usage=True, web_token_file=str(tokens)
+    ).start()
+    try:
+        status, body = _get(exporter, "/metrics")
+        assert status == 200 and b"redis_stats_up 0" in body and b"redis_stats_usage" not in body
+        status, body = _get(exporter, "/usage?tenant=acme")
+        assert status == 503 and "cannot be read" in json.loads(body)["error"]
+        assert _get(exporter, "/usage")[0] == 503
+    finally:
+        exporter.close()

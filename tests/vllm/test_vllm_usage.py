@@ -35,6 +35,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 MIDDLEWARE = "redis_stats.integrations.vllm.usage_middleware.UsageMiddleware"
 NAMESPACE = "usage"
+START_TIMEOUT = 900  # a shared 2-core machine: vLLM starts in 1-2 min alone, far slower beside others
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +79,17 @@ def _stream_and_leave(server: VllmServe, headers: dict[str, str], chunks: int) -
     return read
 
 
+def _wait_and_leave(server: VllmServe, headers: dict[str, str], seconds: float) -> None:
+    """A non-streamed completion of up to 120 tokens whose client closes the connection after
+    *seconds*, before the answer (vLLM cancels the handler when its client is gone)."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    body = {"model": server.model, "prompt": "wait for me", "max_tokens": 120, "ignore_eos": True}
+    conn.request("POST", "/v1/completions", json.dumps(body), {"content-type": "application/json", **headers})
+    time.sleep(seconds)
+    conn.sock.close()
+    conn.close()
+
+
 def _generation_total(server: VllmServe) -> float:
     total = 0.0
     for fam in text_string_to_metric_families(server.metrics()):
@@ -96,7 +108,7 @@ def test_usage_per_tenant_through_a_real_vllm_serve(tiny_model, tmp_path):
         }
         server = VllmServe(tiny_model, tmp_path / "usage.log", env, ["--middleware", MIDDLEWARE])
         try:
-            server.wait_ready(400)
+            server.wait_ready(START_TIMEOUT)
             answers: dict[str, Any] = {}
             # n = 2: one request, the prompt once, both choices' tokens (vLLM's usage says the same)
             status, answers["acme"] = _post(
@@ -124,6 +136,9 @@ def test_usage_per_tenant_through_a_real_vllm_serve(tiny_model, tmp_path):
             assert status == 404
             # a client that leaves a stream: aborted, with what was generated
             read = _stream_and_leave(server, {"x-tenant-id": "gone"}, chunks=3)
+            # a client that leaves a non-streamed request before its answer
+            _wait_and_leave(server, {"x-tenant-id": "left"}, seconds=1.5)
+            time.sleep(3)  # vLLM notices the disconnect (its handler listens for it) and aborts
             # prefill/decode: both legs share the X-Request-Id and report the full prompt
             leg = {"prompt": "split me in two legs", "ignore_eos": True}
             pd_headers = {"x-tenant-id": "pd", "x-request-id": "pd-1"}
@@ -145,7 +160,8 @@ def test_usage_per_tenant_through_a_real_vllm_serve(tiny_model, tmp_path):
             server.stop()
         reader = UsageReader(StatsConfig(url=redis.url, namespace=NAMESPACE))
         got = {
-            t: reader.tenant(t).total.as_dict() for t in ("acme", "beta", None, "err", "gone", "pd", "tick")
+            t: reader.tenant(t).total.as_dict()
+            for t in ("acme", "beta", None, "err", "gone", "left", "pd", "tick")
         }
     for tenant in ("acme", "beta", None, "pd"):
         usage = answers[tenant]["usage"]
@@ -158,6 +174,9 @@ def test_usage_per_tenant_through_a_real_vllm_serve(tiny_model, tmp_path):
     assert gone["requests"] == gone["abort"] == 1, gone
     assert read <= gone["generation_tokens"] < 100, gone  # at least what the client read
     assert gone["prompt_tokens"] > 0
+    left = got["left"]
+    assert left["requests"] == left["abort"] == 1 and left["prompt_tokens"] > 0, left
+    assert left["generation_tokens"] < 120, left  # cut short, what was generated counted (sum below)
     # Exact: every token vLLM counted is in the ledger once (the aborted stream's included), but
     # the prefill leg's one token, which the decode leg generates again.
     assert sum(g["generation_tokens"] for g in got.values()) == vllm_generated - 1
@@ -177,7 +196,7 @@ def test_usage_with_two_api_servers_joins_each_request_in_its_own_process(tiny_m
         server = VllmServe(tiny_model, tmp_path / "dp2-usage.log", env, args)
         expected: dict[str, dict[str, int]] = {}
         try:
-            server.wait_ready(400)
+            server.wait_ready(START_TIMEOUT)
             for i in range(8):
                 tenant = f"t{i % 3}"
                 body = {"prompt": f"request number {i}", "max_tokens": 2 + i % 3, "ignore_eos": True}

@@ -33,11 +33,13 @@ TENANT_FIELDS = {
     "team": "user_api_key_team_id",
     "user": "user_api_key_user_id",
     "org": "user_api_key_org_id",
+    "project": "user_api_key_project_id",
     "end_user": "user_api_key_end_user_id",
 }
 """Which of the proxy's identities is the tenant (``REDIS_STATS_LITELLM_TENANT``): the virtual
-key (its hash, as LiteLLM keeps it), the key's alias, its team, its user, its organization, or the
-end user the request names."""
+key (its hash, as LiteLLM keeps it), the key's alias, its team, its user, its organization, its
+project, or the end user the request names (the fields of LiteLLM 1.110's
+``StandardLoggingUserAPIKeyMetadata``)."""
 
 TENANT = EnvVar(
     "REDIS_STATS_LITELLM_TENANT",

@@ -51,6 +51,7 @@ from redis_stats.load import EngineLoad, LoadView
 from redis_stats.reader import StatsReader
 from redis_stats.routers import smg
 from redis_stats.routers.get_load import PATH, endpoint_answer, engines_of, rank_list_answer
+from redis_stats.routers.vouch import unknown_document
 from redis_stats.server.states.endpoints import EndpointMap, UnknownEndpoint
 
 __all__ = [
@@ -119,7 +120,9 @@ class EndpointRead(NamedTuple):
 
 
 def _failed(doc: dict[str, Any]) -> EndpointRead:
-    return EndpointRead(None, (), 0.0, doc)
+    """A read that has no load to give: the document says so as every view does
+    (:func:`redis_stats.routers.vouch.unknown_document`: ``feed: unknown``, the error, why)."""
+    return EndpointRead(None, (), 0.0, unknown_document(doc["error"], doc["detail"]))
 
 
 def _not_configured() -> tuple[int, dict[str, Any]]:
@@ -228,7 +231,7 @@ class GetLoadMiddleware:
                 return _body(*(read.get_load_list() if self.rank_list else read.get_load()))
             return _body(*read.v1_loads(query))
         except Exception as exc:  # never an exception into vLLM's server
-            return _body(503, {"error": "other", "detail": f"{type(exc).__name__}: {exc}"})
+            return _body(503, unknown_document("other", f"{type(exc).__name__}: {exc}"))
 
     @staticmethod
     def _route(scope: Scope) -> str | None:

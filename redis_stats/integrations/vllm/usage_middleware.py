@@ -152,7 +152,7 @@ class UsageMiddleware:
             join is None
             or scope.get("type") != "http"
             or scope.get("method") != "POST"
-            or scope.get("path", "") not in PATHS
+            or not _joined_path(scope)
         ):
             await self.app(scope, receive, send)
             return
@@ -208,6 +208,17 @@ class UsageMiddleware:
             _close(join, key, state["status"], bool(state["gone"] and not state["done"]))
 
 
+def _joined_path(scope: Scope) -> str | None:
+    """The one of :data:`PATHS` *scope* asks for (under vLLM's ``--root-path`` too), or None."""
+    path = scope.get("path", "")
+    if path in PATHS:
+        return str(path)
+    root = scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root) :] in PATHS:
+        return str(path[len(root) :])
+    return None
+
+
 def _open(join: UsageJoin, scope: Scope, body: bytes) -> tuple[str | None, Scope]:
     """Open *scope*'s entry in *join*: (its key, the scope to hand on, with the key as its
     ``X-Request-Id``), or (None, *scope*) when the table is full."""
@@ -222,7 +233,7 @@ def _open(join: UsageJoin, scope: Scope, body: bytes) -> tuple[str | None, Scope
         tenant,
         _adapter(scope, parsed, join.model),
         leg=legs(parsed),
-        expected=_expected(parsed, scope["path"]),
+        expected=_expected(parsed, _joined_path(scope) or ""),
     )
     if key is None or key == sent_id:
         return key, scope

@@ -29,7 +29,7 @@ Answers (JSON):
   per change: a subscriber costs a wakeup per read that changed something.
 
 While the load is not known (the store cannot be read: :mod:`redis_stats.routers.vouch`), the
-whole state and a long poll answer ``503`` with ``{"load": "unknown", "error", "detail"}``, and a
+whole state and a long poll answer ``503`` with ``{"feed": "unknown", "error", "detail"}``, and a
 stream gets that document as an ``event: unknown``; once it is known again, a new ``epoch``
 starts from the whole state (a stream's ``event: state``, a long poll's gap).
 

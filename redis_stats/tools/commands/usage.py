@@ -22,14 +22,37 @@ _COLUMNS = ("requests", "prompt_tokens", "cached_prompt_tokens", "generation_tok
 @click.option(
     "--by", default="tenant", metavar="FIELDS", help="Group by tenant, adapter, model (comma-separated)."
 )
-@click.option("--since", metavar="TIME", help="Start: 24h, 7d, 2026-12-07, 2026-12-07T13, a unix time (UTC).")
-@click.option("--until", metavar="TIME", help="End (default: now); the window is widened to whole UTC hours.")
-@click.option("--tenant", help="Only this tenant (alone: its totals all time, today and this hour).")
-@click.option("--adapter", help="Only this adapter ((base): the base model).")
-@click.option("--model", help="Only this model.")
-@click.option("--sort", metavar="FIELD", help="Largest first by this field (e.g. generation_tokens).")
 @click.option(
-    "--limit", type=click.IntRange(0), default=None, help="At most this many rows (with --sort: top N)."
+    "--since",
+    metavar="TIME",
+    show_default="all time",
+    help="Start: 24h, 7d, 2026-12-07, 2026-12-07T13, a unix time (UTC).",
+)
+@click.option(
+    "--until",
+    metavar="TIME",
+    show_default="now",
+    help="End (default: now); the window is widened to whole UTC hours.",
+)
+@click.option(
+    "--tenant",
+    show_default="every tenant",
+    help="Only this tenant (alone: its totals all time, today and this hour).",
+)
+@click.option("--adapter", show_default="every adapter", help="Only this adapter ((base): the base model).")
+@click.option("--model", show_default="every model", help="Only this model.")
+@click.option(
+    "--sort",
+    metavar="FIELD",
+    show_default="by name",
+    help="Largest first by this field (e.g. generation_tokens).",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(0),
+    default=None,
+    show_default="every row",
+    help="At most this many rows (with --sort: top N).",
 )
 @click.option(
     "--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", help="Output format."

@@ -450,3 +450,12 @@ def test_a_request_refused_as_unauthenticated_adds_no_tenant():
     clock.now += join.grace + 1
     join.sweep()
     assert [(u.tenant, u.outcome) for u in sink.records] == [("made-up-429", "error")]
+
+
+def test_paths_under_a_root_path_are_joined_and_others_passed_on():
+    from redis_stats.integrations.vllm.usage_middleware import _joined_path
+
+    assert _joined_path({"path": "/v1/completions"}) == "/v1/completions"
+    assert _joined_path({"path": "/api/v1/chat/completions", "root_path": "/api"}) == "/v1/chat/completions"
+    assert _joined_path({"path": "/v1/embeddings"}) is None
+    assert _joined_path({"path": "/api/v1/completions"}) is None  # no root path declared
