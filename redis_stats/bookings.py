@@ -202,6 +202,11 @@ class Bookings:
         self._stop = threading.Event()
         self.errors = 0
         """Calls to Redis that failed (a booking not stored counts nowhere: the router routes on)."""
+        self.skipped = 0
+        """Bookings not sent: made within a third of a lease after a call failed (a router must
+        not wait a timeout per dispatch while Redis cannot be reached); the renewals try on."""
+        self._retry_at = 0.0
+        self._unsent = False  # a booking skipped or failed: the next renewal that works sends it
         self._thread: threading.Thread | None = None
         self._named = router is not None
         if start:
@@ -233,6 +238,10 @@ class Bookings:
         booking = Booking(self, engine, request_id)
         with self._lock:
             self._open[request_id] = booking
+        if time.monotonic() < self._retry_at:
+            self.skipped += 1  # booked by the renewal that finds the store back
+            self._unsent = True
+            return booking
         try:
             lost = self.store.book(self.router, self.lease, self.bound, request_id, engine)
         except Exception as exc:
@@ -263,13 +272,17 @@ class Bookings:
 
     def renew(self) -> None:
         """Extend the lease (in every shard) and drop the bookings that no longer count; book the
-        open ones again where the store lost them. Never raises (counted in :attr:`errors`)."""
+        open ones again where the store lost them, or where some could not be sent (a booking
+        the engine's front end ended meanwhile then counts again until it ends here or its
+        bound: over, never under). Never raises (counted in :attr:`errors`)."""
         try:
             lost = self.store.lease(self.router, self.lease, "renew")
         except Exception as exc:
             self._failed(exc)
             return
-        if lost:
+        self._retry_at = 0.0  # the store answers: book again at once
+        if lost or self._unsent:
+            self._unsent = False
             self._rebook()
 
     def _rebook(self) -> None:
@@ -286,7 +299,9 @@ class Bookings:
                 return
 
     def _failed(self, exc: BaseException) -> None:
+        self._unsent = True
         self.errors += 1
+        self._retry_at = time.monotonic() + self.lease / 3
         (log.warning if self.errors == 1 else log.debug)(
             "bookings at %s: %s (%s)", self.config.safe_url, error_kind(exc), exc
         )

@@ -21,8 +21,9 @@ The package, one concept a module: :mod:`~redis_stats.writer.blocking` (:class:`
 flusher thread and its client), :mod:`~redis_stats.writer.core` (:class:`WriterCore`, the
 sans-I/O writer it shares with the asyncio one: its flush round), :mod:`~redis_stats.writer.lane`
 (the load entries between two flushes), :mod:`~redis_stats.writer.lane_group` (several writers'
-load lanes in one round trip) and :mod:`~redis_stats.writer.loadtracker` (which series
-feed them), :mod:`~redis_stats.writer.outages` (what the log says of its flushes' outages),
+load lanes in one round trip), :mod:`~redis_stats.writer.loadtracker` (which series feed them),
+:mod:`~redis_stats.writer.arrivals` (the requests a front end holds, counted where they land:
+``in_flight``), :mod:`~redis_stats.writer.outages` (what the log says of its flushes' outages),
 :mod:`~redis_stats.writer.handles` (metric handles and the bound series' types),
 :mod:`~redis_stats.writer.stats` (the self-metrics), :mod:`~redis_stats.writer.identity` (writer
 ids, and the checks of what a writer is given), :mod:`~redis_stats.writer.forking` (the at-fork

@@ -27,6 +27,10 @@ __all__ = ["LoadTracker"]
 _MAX = sys.float_info.max
 _RATE_AT = {FIELDS.index(f): j for j, f in enumerate(RATE_FIELDS)}  # field index -> its rate's
 _IN_FLIGHT_AT = FIELDS.index("in_flight")
+MAX_CONFIRMING = 4096
+"""Request ids kept per engine to end their bookings with (the newest): while Redis cannot be
+reached they wait for the lane, and a booking outlives its bound only for seconds, so an older id
+ends nothing any more."""
 
 
 class _Counted:
@@ -146,7 +150,10 @@ class LoadTracker:
             state = self._engine(engine)
             state.in_flight = (state.in_flight or 0) + 1
             if request_id:
-                self._arrived.setdefault(engine, []).append(request_id)
+                ids = self._arrived.setdefault(engine, [])
+                ids.append(request_id)
+                if len(ids) > MAX_CONFIRMING:
+                    del ids[: len(ids) - MAX_CONFIRMING]
 
     def depart(self, engine: int) -> None:
         """A request counted by :meth:`arrive` for *engine* ended (finished, aborted, failed)."""
@@ -171,7 +178,10 @@ class LoadTracker:
         """Request ids whose entries may not be stored: confirmed with the next ones."""
         with self.lock:
             for engine, taken in ids.items():
-                self._arrived.setdefault(engine, [])[:0] = taken
+                kept = self._arrived.setdefault(engine, [])
+                kept[:0] = taken
+                if len(kept) > MAX_CONFIRMING:
+                    del kept[: len(kept) - MAX_CONFIRMING]
 
     def engines(self) -> list[int]:
         """The engines (stored indexes) with a series that feeds a field."""

@@ -174,3 +174,15 @@ def answered(url: str) -> dict:  # type: ignore[type-arg]
         return get_json(url)
     except urllib.error.HTTPError:
         return {}
+
+
+def test_a_store_that_cannot_be_reached_is_a_503_saying_so(namespace):
+    from redis_stats.tools.embedded import free_port
+
+    cfg = StatsConfig(url=f"redis://127.0.0.1:{free_port()}/0", namespace=namespace, socket_timeout_ms=500)
+    exporter = Exporter(StatsReader(cfg), port=0, bookings=True, insecure_private_views=True).start()
+    try:
+        status, doc = post(exporter.port, "/bookings?op=book&router=r&engine=0&request_id=a")
+        assert status == 503 and "did not take it" in doc["detail"] and doc["error"] == "connection"
+    finally:
+        exporter.close()

@@ -143,3 +143,51 @@ def test_no_expected_count_from_a_count_no_engine_can_have(fleet):  # type: igno
         assert view.engines[1].expected_in_flight == 1  # the other engine's is what it reports
     finally:
         router.close()
+
+
+def test_ids_waiting_for_an_unreachable_store_are_bounded():
+    from redis_stats.writer.loadtracker import MAX_CONFIRMING, LoadTracker
+
+    tracker = LoadTracker(LOAD)
+    tracker.count_arrivals([0])
+    for i in range(MAX_CONFIRMING + 500):  # Redis down: the lane never takes them
+        tracker.arrive(0, f"id-{i}")
+        tracker.depart(0)
+    tracker.entries([0], carry=True)
+    carried = tracker.carried()
+    assert len(carried[0]) == MAX_CONFIRMING and carried[0][-1] == f"id-{MAX_CONFIRMING + 499}"
+    tracker.uncarry({0: [f"old-{i}" for i in range(10)]})  # a failed call gives them back: still bounded
+    tracker.entries([0], carry=True)
+    assert len(tracker.carried()[0]) == 10 and tracker.in_flight() == 0
+
+
+def test_a_router_does_not_wait_on_an_unreachable_store_for_every_dispatch(namespace):
+    from redis_stats.tools.embedded import free_port
+
+    cfg = StatsConfig(url=f"redis://127.0.0.1:{free_port()}/0", namespace=namespace)
+    router = Bookings(cfg, router="r", lease=3.0, start=False)
+    for _ in range(100):
+        router.book(0)  # never raises: the request is routed all the same
+    assert (router.errors, router.skipped) == (1, 99)  # one attempt, then none for a third of a lease
+    assert len(router.open()) == 100  # kept: booked again once a renewal finds the store back
+
+
+def test_bookings_not_sent_while_the_store_was_away_are_sent_when_it_answers(own_redis_server, namespace):
+    cfg = StatsConfig(url=own_redis_server.url, namespace=namespace, flush_interval=0.2, stale_after=5.0)
+    writer = StatsWriter(cfg, catalog(), engines=[0], role="fe", load=LOAD)
+    record(writer, 0, 0, 0, 0.1)
+    reader = StatsReader(cfg)
+    router = Bookings(cfg, router="r", lease=30.0, bound=60.0, start=False)
+    try:
+        assert until(lambda: 0 in reader.load().engines)
+        router.book(0, "before")
+        own_redis_server.stop(keep_data=True)
+        router.book(0, "during")  # fails: counted
+        router.book(0, "during-2")  # not tried (a third of the lease)
+        assert (router.errors, router.skipped) == (1, 1)
+        own_redis_server.start()  # with its data: the lease was not lost
+        router.renew()
+        assert until(lambda: reader.load().engines[0].booked == 3)
+    finally:
+        router.close()
+        writer.close()
