@@ -191,7 +191,9 @@ class LeaseState:
         """Redis did not answer: keep the lease only while it is still valid."""
         log.debug("lease renewal failed: %s", exc)
         held = self.is_leader()
-        level = logging.WARNING if held else logging.INFO
+        # A warning too when replicas did not acknowledge: this process has the lease on the
+        # master but cannot count it (nobody prints), e.g. wait_replicas above the replicas there.
+        level = logging.WARNING if held or isinstance(exc, ReplicationLag) else logging.INFO
         self.outage.failed(error_kind(exc), str(exc), level=level)
         return held
 

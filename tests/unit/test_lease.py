@@ -2,6 +2,7 @@
 holder stops counting itself leader, and when there is something to release."""
 
 import asyncio
+import logging
 import threading
 import time
 from typing import Any
@@ -181,7 +182,7 @@ def test_a_reply_to_a_renewal_sent_before_the_release_does_not_make_it_leader_ag
     assert state.renewed(5, state.renewal()[2]) and state.is_leader() and acquired == [1, 1]
 
 
-def test_with_wait_replicas_a_renewal_fewer_replicas_acknowledged_does_not_extend_the_validity():
+def test_with_wait_replicas_a_renewal_fewer_replicas_acknowledged_does_not_extend_the_validity(caplog):
     # Issue 48 (SEED=855465088): a renewal only the master holds is undone by a failover to a
     # replica that missed it, where another holder takes the lease; it must not keep this one
     # printing past the validity of its last acknowledged renewal.
@@ -190,8 +191,12 @@ def test_with_wait_replicas_a_renewal_fewer_replicas_acknowledged_does_not_exten
     assert state.wait_args(0) is None and state.wait_args(ConnectionError("down")) is None
     assert state.wait_args(5) == (1, 50)
     sent = state.renewal()[2]
-    assert not state.renewed(state.acknowledged(5, 0), sent)  # taken on the master only: not yet
+    with caplog.at_level(logging.INFO, logger="redis_stats.leader"):
+        assert not state.renewed(state.acknowledged(5, 0), sent)  # taken on the master only: not yet
     assert calls == [] and state.token == 0
+    # Nobody prints while replicas do not acknowledge: said as a warning, with how many did.
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert "0 of 1 replicas" in caplog.text
     sent = state.renewal()[2]
     assert state.renewed(state.acknowledged(5, 1), sent) and calls == [5]  # acknowledged: held
     acknowledged_until = state.valid_until
