@@ -385,9 +385,14 @@ class StatsConfig:
     wait_replicas: int = _opt(
         0,
         "Opt-in durability: a flush counts as done only once this many replicas acknowledged it "
-        "(WAIT); until then it is retried (exactly once). 0: done when the master applied it.",
+        "(WAIT); until then it is retried (exactly once). 0: done when the master applied it. "
+        "With `leader=lease`, a take or renewal of the log lease extends the holder's validity only "
+        "once acknowledged too: set it with replicas and failover, or two processes can print across "
+        "a failover (docs/logging.md).",
     )
-    wait_timeout_ms: int = _opt(500, "How long a flush waits for ``wait_replicas`` acknowledgements.")
+    wait_timeout_ms: int = _opt(
+        500, "How long a flush (or a lease renewal) waits for ``wait_replicas`` acknowledgements."
+    )
     leader: str = _opt(
         "rank0",
         "Who prints the periodic log: ``rank0`` (the process managing engine ``leader_rank``), "

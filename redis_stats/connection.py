@@ -230,6 +230,12 @@ def is_cluster(client: Any) -> bool:
     return hasattr(client, "get_node_from_key")
 
 
+def key_target(client: Any, key: str) -> dict[str, Any]:
+    """Keyword arguments of ``execute_command`` that send a keyless command (``WAIT``) to the node
+    holding *key*: ``target_nodes`` on a Cluster, none elsewhere."""
+    return {"target_nodes": client.get_node_from_key(key)} if is_cluster(client) else {}
+
+
 def make_client(config: StatsConfig) -> Client:
     """Return a synchronous client (``redis.Redis``, a Sentinel master, or a ``RedisCluster``
     as a :class:`LazyCluster`: no I/O here for any scheme)."""

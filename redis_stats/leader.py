@@ -6,6 +6,11 @@ monotonic clock; the key expires in Redis no earlier than ``ttl`` after the serv
 renewal, which is later than when it was sent. So a holder that cannot renew (dead, partitioned,
 paused) stops printing *before* anyone else can take the lease: there is never a moment with two
 printers. Every new holder gets a larger fencing token.
+
+Across a failover that promise needs the promoted replica to hold the renewal: with
+``wait_replicas`` > 0 a take or renewal counts only once that many replicas acknowledged it
+(``WAIT``); with 0 (the default) a failover to a replica that missed the last renewal can give
+another holder the lease while this one still prints (docs/reliability.md, issue 48).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 from redis_stats._core.lease import LeaseHolder, LeaseState, log
 from redis_stats._scripts import Script, load_script
 from redis_stats.background import survive
+from redis_stats.connection import key_target
 from redis_stats.keys import Keys
 
 if TYPE_CHECKING:
@@ -57,7 +63,10 @@ class LeaseLeader(LeaseHolder):
 
     *ttl* seconds: how long the lease lives without renewal (failover time is at most ``ttl`` plus
     one renewal period). Renewal runs every ``ttl / 3``. :meth:`close` waits at most
-    *close_timeout* seconds (``make_leader`` gives the config's ``close_timeout``).
+    *close_timeout* seconds (``make_leader`` gives the config's ``close_timeout``). With
+    *wait_replicas* > 0 a take or renewal extends this process's validity only once that many
+    replicas acknowledged it within *wait_timeout_ms* (``make_leader`` gives the config's): set it
+    when Redis has replicas and fails over to them.
     """
 
     def __init__(
@@ -69,8 +78,12 @@ class LeaseLeader(LeaseHolder):
         ttl: float = 10.0,
         start: bool = True,
         close_timeout: float = 1.0,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 500,
     ) -> None:
-        self.state = LeaseState(keys, holder, ttl)
+        self.state = LeaseState(
+            keys, holder, ttl, wait_replicas=wait_replicas, wait_timeout_ms=wait_timeout_ms
+        )
         self.client = client
         self.close_timeout = close_timeout
         self._script = Script(client, load_script("lease"))
@@ -102,6 +115,13 @@ class LeaseLeader(LeaseHolder):
             reply = self._script(keys=keys, args=args)
         except Exception as exc:
             reply = exc
+        wait = self.state.wait_args(reply)
+        if wait is not None:
+            try:
+                acked = self.client.execute_command("WAIT", *wait, **key_target(self.client, keys[0]))
+            except Exception as exc:
+                acked = exc
+            reply = self.state.acknowledged(reply, acked)
         return self.state.renewed(reply, sent)
 
     def _release(self) -> None:
@@ -151,7 +171,13 @@ def make_leader(
     """
     if config.leader == "lease":
         return LeaseLeader(
-            client, Keys(config.namespace), holder, ttl=config.lease_ttl, close_timeout=config.close_timeout
+            client,
+            Keys(config.namespace),
+            holder,
+            ttl=config.lease_ttl,
+            close_timeout=config.close_timeout,
+            wait_replicas=config.wait_replicas,
+            wait_timeout_ms=config.wait_timeout_ms,
         )
     if config.leader == "none":
         return NoLeader()

@@ -13,6 +13,10 @@ only in how they wait:
   overlapping renewals (the renewal thread or task plus a caller of ``renew()``) never judge a
   reply by the other's, later, send time;
 - lose: a reply of 0 ends the tenure at once; no reply keeps it only while it is still valid;
+- replicas: with ``wait_replicas`` > 0 the leader sends ``WAIT`` after each take or renewal, and
+  :meth:`LeaseState.acknowledged` turns a reply fewer replicas acknowledged into a failure (no
+  extension): a replica promoted after a failover holds every renewal that extended a validity,
+  so the lease there outlives it too (found by the nemesis run, issue 48, SEED=855465088);
 - fencing: a token different from the last one is a new tenure (``on_acquire`` runs once);
 - release: :meth:`LeaseState.release` says whether there is anything to release; a reply to a
   renewal sent before it does not make the process leader again.
@@ -25,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from redis_stats.errors import error_kind
+from redis_stats.errors import ReplicationLag, error_kind
 from redis_stats.keys import Keys
 from redis_stats.outage import Outage
 
@@ -37,12 +41,23 @@ class LeaseState:
     """The lease without its I/O: arguments of ``lease.lua`` and what its answers mean (shared by
     :class:`~redis_stats.leader.LeaseLeader` and :class:`~redis_stats.aio.AsyncLeaseLeader`)."""
 
-    def __init__(self, keys: Keys, holder: str, ttl: float) -> None:
+    def __init__(
+        self, keys: Keys, holder: str, ttl: float, *, wait_replicas: int = 0, wait_timeout_ms: int = 500
+    ) -> None:
         if ttl <= 0.3:
             raise ValueError(f"lease ttl={ttl!r} must be more than 0.3 s")
+        if wait_replicas < 0 or wait_timeout_ms < 0:
+            raise ValueError(
+                f"lease wait_replicas={wait_replicas!r}, wait_timeout_ms={wait_timeout_ms!r}: "
+                "both must be >= 0"
+            )
         self.keys = keys
         self.holder = holder
         self.ttl = ttl
+        # A take or renewal counts only once this many replicas acknowledged it (0: once the
+        # master applied it, which a failover to a replica that missed it can undo).
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = wait_timeout_ms
         # Local validity ends this long before the lease could expire in Redis (clock drift, GC).
         self.margin = min(1.0, ttl / 10)
         self.token = 0
@@ -86,6 +101,38 @@ class LeaseState:
         self.reissue = False
         keys, args = self.call(op)
         return keys, args, time.monotonic()
+
+    def wait_args(self, reply: Any) -> tuple[int, int] | None:
+        """The arguments of the ``WAIT`` to send after the script answered *reply*, or None: no
+        ``wait_replicas``, or nothing to wait for (an error, or 0: the script wrote nothing)."""
+        if not self.wait_replicas or isinstance(reply, BaseException):
+            return None
+        try:
+            if int(reply) <= 0:
+                return None
+        except Exception:
+            return None
+        return self.wait_replicas, self.wait_timeout_ms
+
+    def acknowledged(self, reply: Any, acked: Any) -> Any:
+        """*reply* once ``WAIT`` answered *acked* (a count, or the exception raised instead); a
+        :class:`~redis_stats.errors.ReplicationLag` when fewer than ``wait_replicas`` replicas
+        acknowledged: then :meth:`renewed` counts it as unanswered. The take or renewal is applied
+        on the master, but a failover now could promote a replica without it, where another
+        holder could take the lease while this one prints: it does not extend the validity
+        (safety over liveness; the holder stops when its last acknowledged validity ends)."""
+        if isinstance(acked, BaseException):
+            return acked
+        try:
+            count = int(acked)
+        except Exception as exc:
+            return exc
+        if count < self.wait_replicas:
+            return ReplicationLag(
+                f"the log lease {self.keys.leader}: {count} of {self.wait_replicas} replicas "
+                f"acknowledged its renewal within {self.wait_timeout_ms} ms"
+            )
+        return reply
 
     def renewed(self, reply: Any, sent: float) -> bool:
         """The outcome of the :meth:`renewal` sent at *sent*: the script's reply, or the exception
@@ -144,7 +191,9 @@ class LeaseState:
         """Redis did not answer: keep the lease only while it is still valid."""
         log.debug("lease renewal failed: %s", exc)
         held = self.is_leader()
-        level = logging.WARNING if held else logging.INFO
+        # A warning too when replicas did not acknowledge: this process has the lease on the
+        # master but cannot count it (nobody prints), e.g. wait_replicas above the replicas there.
+        level = logging.WARNING if held or isinstance(exc, ReplicationLag) else logging.INFO
         self.outage.failed(error_kind(exc), str(exc), level=level)
         return held
 

@@ -11,18 +11,30 @@ from redis_stats._core.lease import LeaseHolder, LeaseState, log
 from redis_stats._scripts import AsyncScript, load_script
 from redis_stats.aio.stopping import stop_task, within
 from redis_stats.background import survive
+from redis_stats.connection import key_target
 from redis_stats.keys import Keys
 
 __all__ = ["AsyncLeaseLeader"]
 
 
 class AsyncLeaseLeader(LeaseHolder):
-    """The asyncio twin of :class:`~redis_stats.leader.LeaseLeader`: a renewal task."""
+    """The asyncio twin of :class:`~redis_stats.leader.LeaseLeader`: a renewal task (the same
+    *wait_replicas*: a take or renewal counts only once that many replicas acknowledged it)."""
 
     def __init__(
-        self, client: Any, keys: Keys, holder: str, *, ttl: float = 10.0, close_timeout: float = 1.0
+        self,
+        client: Any,
+        keys: Keys,
+        holder: str,
+        *,
+        ttl: float = 10.0,
+        close_timeout: float = 1.0,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 500,
     ) -> None:
-        self.state = LeaseState(keys, holder, ttl)
+        self.state = LeaseState(
+            keys, holder, ttl, wait_replicas=wait_replicas, wait_timeout_ms=wait_timeout_ms
+        )
         self.client = client
         self.close_timeout = close_timeout
         self._script = AsyncScript(client, load_script("lease"))
@@ -49,6 +61,13 @@ class AsyncLeaseLeader(LeaseHolder):
             reply = await self._script(keys, args)
         except Exception as exc:
             reply = exc
+        wait = self.state.wait_args(reply)
+        if wait is not None:  # see LeaseLeader.renew: counts only once replicas hold it
+            try:
+                acked = await self.client.execute_command("WAIT", *wait, **key_target(self.client, keys[0]))
+            except Exception as exc:
+                acked = exc
+            reply = self.state.acknowledged(reply, acked)
         return self.state.renewed(reply, sent)
 
     def close(self, timeout: float | None = None) -> None:

@@ -306,7 +306,11 @@ def run_lease(argv: list[str], stop: Stop) -> None:
     rec = Recorder(directory, name)
     rec.start()
     cfg = config(url, namespace)
-    leader = LeaseLeader(make_client(cfg), Keys(namespace), name, ttl=cfg.lease_ttl)
+    # The pair fails over to a lagging replica: a renewal counts only once the replica holds it
+    # (docs/logging.md, "The log lease"; issue 48, SEED=855465088). Shorter than a renewal period.
+    leader = LeaseLeader(
+        make_client(cfg), Keys(namespace), name, ttl=cfg.lease_ttl, wait_replicas=1, wait_timeout_ms=200
+    )
 
     def lines(previous: Any, current: Any) -> list[Any]:
         rec("print", token=leader.token)  # called only when the reporter would print

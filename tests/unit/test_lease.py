@@ -2,6 +2,7 @@
 holder stops counting itself leader, and when there is something to release."""
 
 import asyncio
+import logging
 import threading
 import time
 from typing import Any
@@ -179,3 +180,82 @@ def test_a_reply_to_a_renewal_sent_before_the_release_does_not_make_it_leader_ag
     assert not state.renewed(4, in_flight) and not state.is_leader()
     assert acquired == [1] and state.release() is None
     assert state.renewed(5, state.renewal()[2]) and state.is_leader() and acquired == [1, 1]
+
+
+def test_with_wait_replicas_a_renewal_fewer_replicas_acknowledged_does_not_extend_the_validity(caplog):
+    # Issue 48 (SEED=855465088): a renewal only the master holds is undone by a failover to a
+    # replica that missed it, where another holder takes the lease; it must not keep this one
+    # printing past the validity of its last acknowledged renewal.
+    state, calls = LeaseState(Keys("ns"), "me", 0.5, wait_replicas=1, wait_timeout_ms=50), []
+    state.on_acquire = lambda: calls.append(state.token)
+    assert state.wait_args(0) is None and state.wait_args(ConnectionError("down")) is None
+    assert state.wait_args(5) == (1, 50)
+    sent = state.renewal()[2]
+    with caplog.at_level(logging.INFO, logger="redis_stats.leader"):
+        assert not state.renewed(state.acknowledged(5, 0), sent)  # taken on the master only: not yet
+    assert calls == [] and state.token == 0
+    # Nobody prints while replicas do not acknowledge: said as a warning, with how many did.
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert "0 of 1 replicas" in caplog.text
+    sent = state.renewal()[2]
+    assert state.renewed(state.acknowledged(5, 1), sent) and calls == [5]  # acknowledged: held
+    acknowledged_until = state.valid_until
+    time.sleep(0.05)
+    sent = state.renewal()[2]
+    assert state.renewed(state.acknowledged(5, 0), sent)  # still inside the acknowledged validity...
+    assert state.valid_until == acknowledged_until  # ...which it does not extend
+    assert state.renewed(state.acknowledged(5, ConnectionError("lost")), sent)
+    assert state.valid_until == acknowledged_until
+    time.sleep(acknowledged_until - time.monotonic() + 0.01)
+    assert not state.renewed(state.acknowledged(5, 0), state.renewal()[2]) and not state.is_leader()
+
+
+def test_without_wait_replicas_no_wait_is_sent():
+    state = _state()
+    assert state.wait_args(5) is None
+    with pytest.raises(ValueError, match="wait_replicas"):
+        LeaseState(Keys("ns"), "me", 3.0, wait_replicas=-1)
+
+
+class _Replicated:
+    """A client whose replicas acknowledge *acked* writes; it records the WAITs sent."""
+
+    def __init__(self, acked: int) -> None:
+        self.acked, self.waits = acked, []  # type: list[tuple[Any, ...]]
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        self.waits.append(args)
+        return self.acked
+
+
+def test_the_lease_leader_waits_for_replicas_after_a_take_or_renewal_it_won():
+    client = _Replicated(acked=0)
+    leader = LeaseLeader(client, Keys("ns"), "me", ttl=3.0, start=False, wait_replicas=2, wait_timeout_ms=70)
+    replies = iter([7, 7, 0])
+    leader._script = lambda keys, args: next(replies)  # type: ignore[assignment]
+    assert not leader.renew() and client.waits == [("WAIT", 2, 70)]  # 0 of 2: not leader
+    client.acked = 2
+    assert leader.renew() and leader.token == 7
+    assert not leader.renew() and len(client.waits) == 2  # another holds it: nothing to wait for
+
+
+def test_the_async_lease_leader_waits_for_replicas_too():
+    class _Async(_Replicated):
+        async def execute_command(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+            self.waits.append(args)
+            return self.acked
+
+    async def main() -> tuple[bool, bool, list[tuple[Any, ...]]]:
+        client = _Async(acked=0)
+        leader = AsyncLeaseLeader(client, Keys("ns"), "me", ttl=3.0, wait_replicas=1, wait_timeout_ms=70)
+
+        async def script(keys: list[str], args: list[Any]) -> Any:
+            return 4
+
+        leader._script = script  # type: ignore[assignment]
+        first = await leader.renew()
+        client.acked = 1
+        return first, await leader.renew(), client.waits
+
+    first, second, waits = asyncio.run(main())
+    assert (first, second) == (False, True) and waits == [("WAIT", 1, 70), ("WAIT", 1, 70)]
