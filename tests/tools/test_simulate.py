@@ -95,9 +95,10 @@ def test_a_simulated_fleet_has_load_values_queues_that_rise_and_drain_and_stops_
                     drained.add(e)
         assert first_tokens is not None, ("the fleet never came up", lines)
         assert drained, (peak, lines)
-        # Every field a router reads has a value, for every engine (not null).
+        # Every field a router reads has a value, for every engine (not null), but `in_flight`:
+        # requests counted by a front end as they land (docs/routers.md), and simulate has none.
         for e, load in doc["engines"].items():
-            assert None not in load.values(), (e, load)
+            assert {k for k, v in load.items() if v is None} <= {"in_flight"}, (e, load)
             assert load["kv_cache_capacity_tokens"] == FleetLoad(engines).kv_capacity_tokens
             assert 0 <= load["kv_cache_usage"] <= 1
         assert doc["fleet"]["generation_tokens_per_second"]["sum"] > 0
