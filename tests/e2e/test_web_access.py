@@ -150,13 +150,19 @@ def test_prometheus_scrapes_through_tls_basic_auth_bearer_tokens_and_client_cert
         }  # fmt: skip
         # the store's data came through each authenticated scrape
         assert api.by("tokens_total", "job") == {"basic": 1234, "bearer": 1234, "client_cert": 1234}
-        # the exporter counted the refusals it answered
-        refused = api.by('redis_stats_exporter_unauthorized_requests_total{job="basic"}', "job")
-        assert refused["basic"] > 0
-        handshakes = api.by(
-            'sum by (job) (redis_stats_exporter_tls_handshake_failures_total{job="client_cert"})', "job"
-        )
-        assert handshakes["client_cert"] > 0
+        # the exporter counted the refusals it answered: read through the authenticated jobs'
+        # scrapes, whose last one may come before the first refused scrape did (a second apart)
+        counted = {
+            "basic": 'redis_stats_exporter_unauthorized_requests_total{job="basic"}',
+            "client_cert": "sum by (job) "
+            '(redis_stats_exporter_tls_handshake_failures_total{job="client_cert"})',
+        }
+        seen: dict[str, float] = {}
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not all(seen.get(job, 0) > 0 for job in counted):
+            seen = {job: api.by(query, "job").get(job, 0.0) for job, query in counted.items()}
+            time.sleep(0.5)
+        assert seen["basic"] > 0 and seen["client_cert"] > 0, seen
     finally:
         fleet.stop()
         writer.close()
