@@ -10,9 +10,30 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from redis_stats.tools.embedded import EmbeddedRedis, free_port, tied_to_me
+
+
+@contextmanager
+def master_and_replica() -> Iterator[tuple[EmbeddedRedis, EmbeddedRedis]]:
+    """A master and its replica, synced (the replica's link up); both stopped by their pids."""
+    import redis
+
+    master = EmbeddedRedis(extra_args=["--repl-diskless-sync-delay", "0"]).start()
+    replica = EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(master.port)]).start()
+    try:
+        rr = redis.Redis(port=replica.port)
+        deadline = time.monotonic() + 15
+        while rr.info("replication").get("master_link_status") != "up":
+            assert time.monotonic() < deadline, "the replica never synced"
+            time.sleep(0.02)
+        yield master, replica
+    finally:
+        replica.close()
+        master.close()
 
 
 def valkey91_binary() -> str | None:

@@ -16,6 +16,7 @@ import redis
 from redis_stats.keys import Keys
 from redis_stats.leader import LeaseLeader
 from redis_stats.tools.embedded import EmbeddedRedis
+from tests.servers import master_and_replica
 
 pytestmark = pytest.mark.redis_server
 
@@ -23,18 +24,8 @@ pytestmark = pytest.mark.redis_server
 @pytest.fixture
 def pair() -> Iterator[tuple[EmbeddedRedis, EmbeddedRedis]]:
     """A master and its replica, synced."""
-    master = EmbeddedRedis(extra_args=["--repl-diskless-sync-delay", "0"]).start()
-    replica = EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(master.port)]).start()
-    try:
-        rr = redis.Redis(port=replica.port)
-        deadline = time.monotonic() + 15
-        while rr.info("replication").get("master_link_status") != "up":
-            assert time.monotonic() < deadline, "the replica never synced"
-            time.sleep(0.02)
-        yield master, replica
-    finally:
-        replica.close()
-        master.close()
+    with master_and_replica() as both:
+        yield both
 
 
 def _until(renew: Callable[[], bool], what: str) -> None:

@@ -24,6 +24,7 @@ from redis_stats import StatsConfig, StatsReader
 from redis_stats.tools.embedded import EmbeddedRedis
 from tests.conftest import sample_catalog
 from tests.proxy import CuttingProxy
+from tests.servers import master_and_replica
 from tests.store.test_key_loss import _Writer
 
 pytestmark = pytest.mark.redis_server
@@ -31,18 +32,8 @@ pytestmark = pytest.mark.redis_server
 
 @pytest.fixture
 def pair() -> Iterator[tuple[EmbeddedRedis, EmbeddedRedis]]:
-    master = EmbeddedRedis(extra_args=["--repl-diskless-sync-delay", "0"]).start()
-    replica = EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(master.port)]).start()
-    try:
-        rr = redis.Redis(port=replica.port)
-        deadline = time.monotonic() + 15
-        while rr.info("replication").get("master_link_status") != "up":
-            assert time.monotonic() < deadline, "the replica never synced"
-            time.sleep(0.02)
-        yield master, replica
-    finally:
-        replica.close()
-        master.close()
+    with master_and_replica() as both:
+        yield both
 
 
 def _running(port: int, namespace: str, shards: int) -> float:
